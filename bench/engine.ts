@@ -1,0 +1,176 @@
+// Engine throughput on CPU: npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
+//   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N] [--out FILE]
+// Each batch size runs in its own child process so peak RSS is per configuration. Prints a
+// table and writes JSON (default bench/results/engine-cpu.json) with the machine described.
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+
+import { makeModel } from '../models/make-model.js';
+import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
+import { modelCacheDir } from '../src/engine/paths.js';
+
+const { values: args } = parseArgs({
+  options: {
+    preset: { type: 'string', default: 'qwen2.5-0.5b' },
+    model: { type: 'string' },
+    dtype: { type: 'string', default: 'bf16' },
+    batch: { type: 'string', default: '1,8,32' },
+    prompt: { type: 'string', default: '512' },
+    decode: { type: 'string', default: '32' },
+    threads: { type: 'string', default: '0' },
+    'kv-gib': { type: 'string', default: '2' },
+    out: { type: 'string', default: 'bench/results/engine-cpu.json' },
+    worker: { type: 'string' },
+  },
+});
+
+interface WorkerResult {
+  batch: number;
+  prefillTokensPerS: number;
+  prefillMs: number;
+  decodeTokensPerS: number;
+  decodeStepMs: number;
+  peakRssBytes: number;
+  info: Record<string, unknown>;
+}
+
+const promptLen = Number(args.prompt);
+const decodeSteps = Number(args.decode);
+const threads = Number(args.threads);
+const kvBytes = Number(args['kv-gib']) * 2 ** 30;
+
+async function runWorker(modelDir: string, batch: number): Promise<WorkerResult> {
+  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads });
+  const info = engine.info();
+  const seqIds = Uint32Array.from({ length: batch }, (_, i) => i + 1);
+  for (const id of seqIds) {
+    const prompt = Int32Array.from({ length: promptLen }, (_, t) => (t * 31 + id * 7 + 11) % info.vocabSize);
+    engine.addSequence(id, prompt, { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 });
+  }
+  // Prefill all prompts with at most 2048 batched tokens per step (chunked across steps).
+  const remaining = new Array<number>(batch).fill(promptLen);
+  let t0 = performance.now();
+  for (;;) {
+    const ids: number[] = [];
+    const counts: number[] = [];
+    let budget = 2048;
+    for (let i = 0; i < batch && budget > 0; i++) {
+      if (remaining[i] === 0) continue;
+      const n = Math.min(remaining[i], budget);
+      ids.push(seqIds[i]);
+      counts.push(n);
+      remaining[i] -= n;
+      budget -= n;
+    }
+    if (ids.length === 0) break;
+    await engine.step({ seqIds: Uint32Array.from(ids), numTokens: Uint32Array.from(counts) });
+  }
+  const prefillMs = performance.now() - t0;
+  const decodePlan = { seqIds, numTokens: new Uint32Array(batch).fill(1) };
+  await engine.step(decodePlan); // warm-up
+  t0 = performance.now();
+  for (let s = 0; s < decodeSteps; s++) await engine.step(decodePlan);
+  const decodeMs = performance.now() - t0;
+  engine.dispose();
+  return {
+    batch,
+    prefillTokensPerS: (batch * promptLen) / (prefillMs / 1000),
+    prefillMs,
+    decodeTokensPerS: (batch * decodeSteps) / (decodeMs / 1000),
+    decodeStepMs: decodeMs / decodeSteps,
+    peakRssBytes: process.resourceUsage().maxRSS * 1024,
+    info: info as unknown as Record<string, unknown>,
+  };
+}
+
+async function ensureModel(): Promise<string> {
+  if (args.model) return resolve(args.model);
+  const dir = join(modelCacheDir(), `${args.preset}-${args.dtype}`);
+  if (!existsSync(join(dir, 'config.json'))) {
+    process.stderr.write(`making the ${args.preset} (${args.dtype}) model in ${dir}...\n`);
+    await makeModel({
+      preset: args.preset!,
+      out: dir,
+      dtype: args.dtype as 'f32' | 'f16' | 'bf16',
+      seed: 0,
+      onProgress: (done, total) => process.stderr.write(`\r  ${((100 * done) / total).toFixed(0)}%`),
+    });
+    process.stderr.write('\n');
+  }
+  return dir;
+}
+
+async function main(): Promise<void> {
+  if (args.worker) {
+    const result = await runWorker(args.model!, Number(args.worker));
+    process.stdout.write(JSON.stringify(result) + '\n');
+    return;
+  }
+  const modelDir = await ensureModel();
+  process.stderr.write('measuring memory read bandwidth...\n');
+  const bandwidth = await measureMemoryBandwidth(threads, 2 ** 30, 5);
+  const batches = args.batch!.split(',').map(Number);
+  const rows: WorkerResult[] = [];
+  const self = fileURLToPath(import.meta.url);
+  for (const batch of batches) {
+    process.stderr.write(`batch ${batch}: prefill ${batch}x${promptLen} tokens, ${decodeSteps} decode steps...\n`);
+    const child = spawnSync(process.execPath, [self, '--worker', String(batch), '--model', modelDir, '--prompt', String(promptLen),
+      '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib'])], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+    if (child.status !== 0) throw new Error(`bench worker for batch ${batch} failed (exit ${child.status})`);
+    rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
+  }
+  const info = rows[0].info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
+  const roofline = bandwidth / info.weightBytes;
+  const b1 = rows.find((r) => r.batch === 1);
+  const b32 = rows.find((r) => r.batch === 32);
+  const p512 = b1?.prefillTokensPerS;
+  const rssLimit = 1.3 * info.weightBytes + info.kvCacheBytes;
+  const targets = {
+    batch1_decode_vs_roofline: b1 ? b1.decodeTokensPerS / roofline : null,
+    batch32_over_batch1_decode: b1 && b32 ? b32.decodeTokensPerS / b1.decodeTokensPerS : null,
+    prefill_512_tokens_per_s: p512 ?? null,
+    peak_rss_over_limit: Math.max(...rows.map((r) => r.peakRssBytes)) / rssLimit,
+  };
+
+  console.log(`model ${args.model ?? args.preset} (${info.architecture}, ${info.weightDtype}), weights ${(info.weightBytes / 1e6).toFixed(1)} MB, ` +
+    `KV pool ${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, cpu ${info.simd} x${info.numThreads}`);
+  console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s -> batch-1 decode roofline ${roofline.toFixed(1)} tok/s`);
+  console.log('');
+  console.log('| batch | prefill tok/s | decode tok/s | decode step ms | peak RSS MB |');
+  console.log('|------:|--------------:|-------------:|---------------:|------------:|');
+  for (const r of rows) {
+    console.log(`| ${r.batch} | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
+  }
+  console.log('');
+  const pct = (x: number | null) => (x === null ? 'n/a' : `${(100 * x).toFixed(0)}%`);
+  console.log(`batch-1 decode at ${pct(targets.batch1_decode_vs_roofline)} of roofline (target >= 90%)`);
+  console.log(`batch-32 decode = ${targets.batch32_over_batch1_decode?.toFixed(1) ?? 'n/a'}x batch 1 (target >= 8x)`);
+  console.log(`prefill of a ${promptLen}-token prompt: ${p512?.toFixed(0) ?? 'n/a'} tok/s (target >= 250)`);
+  console.log(`peak RSS at ${pct(targets.peak_rss_over_limit)} of 1.3 x weights + KV budget (target <= 100%)`);
+
+  const result = {
+    bench: 'engine',
+    date: new Date().toISOString(),
+    machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, memoryBytes: os.totalmem(), platform: `${os.platform()} ${os.release()}`, node: process.version },
+    model: { preset: args.model ? null : args.preset, dir: modelDir, ...info },
+    settings: { promptTokens: promptLen, decodeSteps, threads: info.numThreads, prefillChunkTokens: 2048 },
+    memoryBandwidthBytesPerS: bandwidth,
+    decodeRooflineTokensPerS: roofline,
+    rows,
+    targets,
+    simd: nativeAddon().simdLevel(),
+  };
+  for (const r of result.rows) delete (r as Partial<WorkerResult>).info;
+  mkdirSync(dirname(resolve(args.out!)), { recursive: true });
+  writeFileSync(resolve(args.out!), JSON.stringify(result, null, 2) + '\n');
+  console.log(`\nwrote ${args.out}`);
+}
+
+main().catch((err) => {
+  console.error(err instanceof Error ? err.message : err);
+  process.exit(1);
+});

@@ -1,0 +1,78 @@
+// The engine: one loaded model, one backend, one paged KV pool, and the sequences using it.
+//
+// Contract: the caller (the TypeScript scheduler) decides what runs when. A sequence is
+// added with its prompt once; each step names, per sequence, how many of its known but not
+// yet computed tokens to compute. A sequence whose known tokens are all computed after the
+// step samples one new token, which the engine appends (so the next step decodes it).
+// Not thread-safe: one call at a time (the addon serializes calls).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/model_config.h"
+
+namespace sluice {
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string backend = "cpu";        // "cpu" | "cuda"
+  size_t kv_cache_bytes = size_t(1) << 30;
+  int block_size = 16;                // tokens per KV block
+  int num_threads = 0;                // CPU compute threads; 0 = all online CPUs
+};
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy (argmax, lowest id on ties)
+  float top_p = 1.0f;        // nucleus mass in (0, 1]
+  int top_k = 0;             // 0 = off
+  uint64_t seed = 0;         // same seed + same logits = same tokens
+  int logprobs = 0;          // top-N alternatives reported with each sampled token (0..20)
+};
+
+struct StepPlan {
+  std::vector<uint32_t> seq_ids;     // [n]
+  std::vector<uint32_t> num_tokens;  // [n] tokens to compute this step for seq_ids[i]
+};
+
+struct StepResult {
+  std::vector<uint32_t> seq_ids;      // [m] sequences that sampled a token
+  std::vector<int32_t> tokens;        // [m]
+  std::vector<float> logprobs;        // [m] log-softmax of the raw logits at the sampled token
+  int top_n = 0;
+  std::vector<int32_t> top_ids;       // [m * top_n], best first
+  std::vector<float> top_logprobs;    // [m * top_n]
+};
+
+struct EngineInfo {
+  ModelConfig config;
+  std::string weight_dtype;
+  size_t weight_bytes = 0;
+  size_t kv_cache_bytes = 0;
+  int64_t block_size = 0;
+  int64_t num_blocks = 0;
+  std::string backend;
+  std::string simd;
+  int num_threads = 0;
+};
+
+class Engine {
+ public:
+  // Loads config.json and the safetensors weights (memory-mapped) from options.model_dir.
+  static std::unique_ptr<Engine> load(const EngineOptions& options);
+  virtual ~Engine() = default;
+
+  virtual EngineInfo info() const = 0;
+  virtual void add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params) = 0;
+  virtual void free_sequence(uint32_t seq_id) = 0;  // unknown ids are ignored
+  virtual int64_t num_free_blocks() const = 0;
+  virtual int64_t num_sequence_blocks(uint32_t seq_id) const = 0;
+  // Throws Error(kNoKvBlocks) before doing anything when the plan needs more blocks than are free.
+  virtual StepResult step(const StepPlan& plan) = 0;
+};
+
+// Streaming read bandwidth of main memory in bytes/s with `num_threads` threads.
+double measure_memory_bandwidth(int num_threads, size_t bytes = size_t(1) << 30, int repeats = 5);
+
+}  // namespace sluice

@@ -1,0 +1,76 @@
+// CPU kernels used by the model forward pass. Every function is batch invariant: the result
+// for one row (token) does not depend on which other rows are in the call, bit for bit.
+// That is what makes a sequence generate the same tokens alone, in a batch, or prefilled in
+// chunks. Shapes are given as [rows, cols], row-major.
+#pragma once
+#include <cstdint>
+
+#include "cpu/thread_pool.h"
+#include "sluice/dtype.h"
+
+namespace sluice::cpu {
+
+// Which SIMD level the dispatcher picked (for logs, stats and the bench).
+const char* simd_level_name();
+
+// y[T, N] = x[T, K] · W[N, K]^T (+ bias[N] when bias != nullptr).
+// W is the Hugging Face Linear layout [out_features, in_features] in its stored dtype,
+// used in place (never converted to a copy). bias has the same dtype as `bias_dtype`.
+// x and y are f32. For bf16 weights on AVX512-BF16 hardware the activations are rounded to
+// bf16 and multiplied with vdpbf16ps (f32 accumulation).
+void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType w_dtype,
+            int64_t N, const void* bias, DType bias_dtype, float* y);
+
+// out[T, D] = x[T, D] / rms(x) * weight[D]; out may alias x.
+void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype,
+             float eps, float* out);
+
+// out[T, D] = silu(gate_up[T, 0:D]) * gate_up[T, D:2D]   (gate_up is [T, 2D])
+void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, float* out);
+
+// x[i] += y[i]
+void add_inplace(ThreadPool& pool, float* x, const float* y, int64_t n);
+
+// out[T, D] = table[ids[t], :] converted to f32
+void embedding(ThreadPool& pool, const int32_t* ids, int64_t T, const void* table, DType dtype, int64_t D,
+               float* out);
+
+// Rotary embedding, rotate-half (GPT-NeoX / Hugging Face Llama) convention, in place.
+// x: [T, n_heads, head_dim]; inv_freq: [rot_dim/2] (already scaled for llama3/linear);
+// positions: [T]. Only the first rot_dim dims of each head rotate.
+void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+          const float* inv_freq, const int32_t* positions);
+
+// Paged KV cache layout, one per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim], f32.
+struct PagedKV {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t block_size = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Writes k[T, n_kv_heads, head_dim], v[...] into the cache at slots[t] = block * block_size + offset.
+void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const float* v, const int32_t* slots,
+              int64_t T);
+
+// Causal attention over the paged cache for a flattened batch.
+// q: [T, n_heads, head_dim]; token t belongs to sequence token_seq[t] and sits at absolute
+// position token_pos[t]; it attends to positions 0..token_pos[t] of its sequence, read via
+// block_tables[token_seq[t]] (a list of block ids). Those K/V must already be in the cache.
+// out: [T, n_heads, head_dim]. GQA: head h reads kv head h / (n_heads / n_kv_heads).
+struct AttentionBatch {
+  const int32_t* token_seq = nullptr;       // [T]
+  const int32_t* token_pos = nullptr;       // [T]
+  const int32_t* const* block_tables = nullptr;  // [num_seqs] -> [blocks of that sequence]
+  int64_t n_heads = 0;
+  float scale = 0.f;  // usually 1/sqrt(head_dim)
+};
+void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& batch,
+                     const PagedKV& cache, float* out);
+
+// Read bandwidth of main memory in bytes/s, measured by streaming `bytes` with all threads of
+// the pool (best of `repeats`). Used by the bench for the decode roofline.
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats);
+
+}  // namespace sluice::cpu

@@ -1,0 +1,158 @@
+// The CPU backend: the Llama-family forward pass (Llama, Mistral, Qwen2, Qwen3 differ only in
+// flags: q/k/v biases, q/k norms, rope scaling) over CPU kernels and a paged KV cache.
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "engine/backend.h"
+#include "sluice/error.h"
+
+namespace sluice {
+
+namespace {
+
+// out[i] = silu(gate[i]) * up[i] over [T, D]; out may alias gate.
+void silu_mul_split(cpu::ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {
+  pool.parallel_for(T * D, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i++) {
+      float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const ModelConfig& c, const ModelWeights& w, int num_threads)
+      : c_(c), w_(w), pool_(num_threads), inv_freq_(c.rope_inv_freq()) {}
+
+  ~CpuBackend() override {
+    if (kv_mem_) ::munmap(kv_mem_, kv_bytes_);
+  }
+
+  std::string name() const override { return "cpu"; }
+  std::string kernel_info() const override { return cpu::simd_level_name(); }
+  int num_threads() const override { return pool_.size(); }
+
+  size_t kv_bytes_per_block(int64_t block_size) const override {
+    return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * sizeof(float);
+  }
+
+  void allocate_kv(int64_t num_blocks, int64_t block_size) override {
+    kv_bytes_ = kv_bytes_per_block(block_size) * size_t(num_blocks);
+    // Anonymous mapping: pages are committed when first written, so RSS tracks KV actually used.
+    void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw Error(ErrorCode::kOutOfMemory, "cannot reserve " + std::to_string(kv_bytes_) + " bytes for the KV cache");
+    kv_mem_ = p;
+    const size_t per_layer = size_t(num_blocks) * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim);
+    float* base = static_cast<float*>(p);
+    layers_kv_.resize(size_t(c_.num_layers));
+    for (int64_t l = 0; l < c_.num_layers; l++) {
+      cpu::PagedKV& kv = layers_kv_[size_t(l)];
+      kv.k = base + size_t(2 * l) * per_layer;
+      kv.v = base + size_t(2 * l + 1) * per_layer;
+      kv.block_size = block_size;
+      kv.n_kv_heads = c_.num_kv_heads;
+      kv.head_dim = c_.head_dim;
+    }
+  }
+
+  void forward(const ForwardBatch& b, float* logits) override;
+
+ private:
+  void ensure_scratch(int64_t T);
+  void linear(const float* x, int64_t T, const TensorView& w, const TensorView& bias, float* y) {
+    cpu::matmul(pool_, x, T, w.shape[1], w.data, w.dtype, w.shape[0], bias.data, bias.dtype, y);
+  }
+
+  const ModelConfig c_;
+  const ModelWeights& w_;
+  cpu::ThreadPool pool_;
+  std::vector<float> inv_freq_;
+  void* kv_mem_ = nullptr;
+  size_t kv_bytes_ = 0;
+  std::vector<cpu::PagedKV> layers_kv_;
+
+  // Activations for up to scratch_tokens_ tokens.
+  int64_t scratch_tokens_ = 0;
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;  // [T, hidden] / [T, heads*hd] / [T, inter]
+  std::vector<float> last_;  // [R, hidden]
+};
+
+void CpuBackend::ensure_scratch(int64_t T) {
+  if (T <= scratch_tokens_) return;
+  scratch_tokens_ = T;
+  const size_t t = size_t(T);
+  x_.resize(t * size_t(c_.hidden_size));
+  xn_.resize(t * size_t(c_.hidden_size));
+  q_.resize(t * size_t(c_.num_heads * c_.head_dim));
+  k_.resize(t * size_t(c_.num_kv_heads * c_.head_dim));
+  v_.resize(t * size_t(c_.num_kv_heads * c_.head_dim));
+  attn_.resize(t * size_t(c_.num_heads * c_.head_dim));
+  gate_.resize(t * size_t(c_.intermediate_size));
+  up_.resize(t * size_t(c_.intermediate_size));
+}
+
+void CpuBackend::forward(const ForwardBatch& b, float* logits) {
+  const int64_t T = b.num_tokens, H = c_.hidden_size, I = c_.intermediate_size, hd = c_.head_dim;
+  const int64_t nq = c_.num_heads, nkv = c_.num_kv_heads;
+  ensure_scratch(T);
+  float* x = x_.data();    // [T, H] residual stream
+  float* xn = xn_.data();  // [T, H] normed
+  const float eps = float(c_.rms_norm_eps);
+
+  cpu::embedding(pool_, b.token_ids, T, w_.embed.data, w_.embed.dtype, H, x);
+
+  cpu::AttentionBatch ab;
+  ab.token_seq = b.token_seq;
+  ab.token_pos = b.positions;
+  ab.block_tables = b.block_tables;
+  ab.n_heads = nq;
+  ab.scale = float(1.0 / std::sqrt(double(hd)));
+
+  for (int64_t l = 0; l < c_.num_layers; l++) {
+    const LayerWeights& lw = w_.layers[size_t(l)];
+    cpu::rmsnorm(pool_, x, T, H, lw.input_norm.data, lw.input_norm.dtype, eps, xn);
+    linear(xn, T, lw.q, lw.q_bias, q_.data());  // [T, nq*hd]
+    linear(xn, T, lw.k, lw.k_bias, k_.data());  // [T, nkv*hd]
+    linear(xn, T, lw.v, lw.v_bias, v_.data());  // [T, nkv*hd]
+    if (c_.qk_norm) {  // per-head RMSNorm: view q as [T*nq, hd]
+      cpu::rmsnorm(pool_, q_.data(), T * nq, hd, lw.q_norm.data, lw.q_norm.dtype, eps, q_.data());
+      cpu::rmsnorm(pool_, k_.data(), T * nkv, hd, lw.k_norm.data, lw.k_norm.dtype, eps, k_.data());
+    }
+    cpu::rope(pool_, q_.data(), T, nq, hd, c_.rotary_dim(), inv_freq_.data(), b.positions);
+    cpu::rope(pool_, k_.data(), T, nkv, hd, c_.rotary_dim(), inv_freq_.data(), b.positions);
+    cpu::kv_write(pool_, layers_kv_[size_t(l)], k_.data(), v_.data(), b.slots, T);
+    cpu::paged_attention(pool_, q_.data(), T, ab, layers_kv_[size_t(l)], attn_.data());  // [T, nq*hd]
+    linear(attn_.data(), T, lw.o, lw.o_bias, xn);  // [T, H]
+    cpu::add_inplace(pool_, x, xn, T * H);
+
+    cpu::rmsnorm(pool_, x, T, H, lw.post_norm.data, lw.post_norm.dtype, eps, xn);
+    linear(xn, T, lw.gate, lw.gate_bias, gate_.data());  // [T, I]
+    linear(xn, T, lw.up, lw.up_bias, up_.data());        // [T, I]
+    silu_mul_split(pool_, gate_.data(), up_.data(), T, I, gate_.data());
+    linear(gate_.data(), T, lw.down, lw.down_bias, xn);  // [T, H]
+    cpu::add_inplace(pool_, x, xn, T * H);
+  }
+
+  // Only the rows that sample need the final norm and the (large) vocabulary projection.
+  const int64_t R = b.num_logit_rows;
+  if (R == 0) return;
+  last_.resize(size_t(R * H));
+  for (int64_t r = 0; r < R; r++)
+    std::memcpy(last_.data() + r * H, x + int64_t(b.logit_rows[r]) * H, size_t(H) * sizeof(float));
+  cpu::rmsnorm(pool_, last_.data(), R, H, w_.final_norm.data, w_.final_norm.dtype, eps, last_.data());
+  cpu::matmul(pool_, last_.data(), R, H, w_.lm_head.data, w_.lm_head.dtype, c_.vocab_size, nullptr, DType::F32,
+              logits);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads) {
+  return std::make_unique<CpuBackend>(config, weights, num_threads);
+}
+
+}  // namespace sluice

@@ -1,0 +1,230 @@
+// Engine: sequences, block tables and sampling around one backend.
+#include "sluice/engine.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "cpu/kernels.h"
+#include "engine/backend.h"
+#include "kv/block_pool.h"
+#include "model/model_weights.h"
+#include "model/safetensors.h"
+#include "sample/sampler.h"
+#include "sluice/error.h"
+
+namespace sluice {
+
+namespace {
+
+struct Sequence {
+  std::vector<int32_t> tokens;   // prompt + sampled tokens, all known tokens
+  int64_t num_computed = 0;      // tokens whose K/V are in the cache
+  std::vector<int32_t> blocks;   // block table: blocks[i] holds positions [i*bs, (i+1)*bs)
+  SamplingParams params;
+  Rng rng;
+};
+
+std::string join_path(const std::string& dir, const char* name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+class EngineImpl final : public Engine {
+ public:
+  explicit EngineImpl(const EngineOptions& opts) : opts_(opts) {
+    if (opts.block_size <= 0 || opts.block_size > 1024)
+      throw Error(ErrorCode::kInvalidArgument, "block_size must be in 1..1024");
+    const std::string config_path = join_path(opts.model_dir, "config.json");
+    config_ = parse_model_config(read_text_file(config_path), config_path);
+    st_ = SafetensorsModel::open_dir(opts.model_dir);
+    weights_ = bind_weights(*st_, config_, opts.model_dir);
+
+    if (opts.backend == "cpu") {
+      backend_ = create_cpu_backend(config_, weights_, opts.num_threads);
+    } else if (opts.backend == "cuda") {
+      throw Error(ErrorCode::kBackendUnavailable, "the CUDA backend is not compiled into this build (use backend cpu)");
+    } else {
+      throw Error(ErrorCode::kInvalidArgument, "unknown backend \"" + opts.backend + "\" (expected cpu or cuda)");
+    }
+    const size_t per_block = backend_->kv_bytes_per_block(opts.block_size);
+    const int64_t num_blocks = int64_t(opts.kv_cache_bytes / per_block);
+    if (num_blocks < 1)
+      throw Error(ErrorCode::kInvalidArgument, "kv_cache_bytes " + std::to_string(opts.kv_cache_bytes) +
+                                                   " is smaller than one KV block (" + std::to_string(per_block) +
+                                                   " bytes)");
+    backend_->allocate_kv(num_blocks, opts.block_size);
+    blocks_ = std::make_unique<BlockPool>(num_blocks);
+  }
+
+  EngineInfo info() const override {
+    EngineInfo i;
+    i.config = config_;
+    i.weight_dtype = dtype_name(weights_.main_dtype);
+    i.weight_bytes = weights_.total_bytes;
+    i.block_size = opts_.block_size;
+    i.num_blocks = blocks_->num_blocks();
+    i.kv_cache_bytes = backend_->kv_bytes_per_block(opts_.block_size) * size_t(i.num_blocks);
+    i.backend = backend_->name();
+    i.simd = backend_->kernel_info();
+    i.num_threads = backend_->num_threads();
+    return i;
+  }
+
+  void add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p) override {
+    if (seqs_.count(seq_id)) throw Error(ErrorCode::kSequenceExists, "sequence " + std::to_string(seq_id) + " already exists");
+    if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "a sequence needs at least one prompt token");
+    if (int64_t(prompt.size()) > config_.max_position_embeddings)
+      throw Error(ErrorCode::kInvalidArgument, "prompt of " + std::to_string(prompt.size()) +
+                                                   " tokens exceeds the context length " +
+                                                   std::to_string(config_.max_position_embeddings));
+    for (int32_t t : prompt)
+      if (t < 0 || t >= config_.vocab_size)
+        throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(t) + " is outside the vocabulary (size " +
+                                                     std::to_string(config_.vocab_size) + ")");
+    if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature) || !(p.top_p > 0.f && p.top_p <= 1.f) ||
+        p.top_k < 0 || p.logprobs < 0 || p.logprobs > 20)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0, logprobs 0..20)");
+    Sequence s;
+    s.tokens = prompt;
+    s.params = p;
+    s.rng = Rng(p.seed);
+    seqs_.emplace(seq_id, std::move(s));
+  }
+
+  void free_sequence(uint32_t seq_id) override {
+    auto it = seqs_.find(seq_id);
+    if (it == seqs_.end()) return;
+    blocks_->release(it->second.blocks);
+    seqs_.erase(it);
+  }
+
+  int64_t num_free_blocks() const override { return blocks_->num_free(); }
+
+  int64_t num_sequence_blocks(uint32_t seq_id) const override {
+    auto it = seqs_.find(seq_id);
+    return it == seqs_.end() ? 0 : int64_t(it->second.blocks.size());
+  }
+
+  StepResult step(const StepPlan& plan) override;
+
+ private:
+  EngineOptions opts_;
+  ModelConfig config_;
+  std::unique_ptr<SafetensorsModel> st_;
+  ModelWeights weights_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<BlockPool> blocks_;
+  std::unordered_map<uint32_t, Sequence> seqs_;
+
+  // Per-step scratch, reused to keep the decode loop free of allocations.
+  std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, logit_rows_;
+  std::vector<const int32_t*> tables_;
+  std::vector<Sequence*> plan_seqs_;
+  std::vector<float> logits_;
+  std::vector<float> sample_probs_;
+  std::vector<int32_t> sample_order_;
+};
+
+StepResult EngineImpl::step(const StepPlan& plan) {
+  const size_t n = plan.seq_ids.size();
+  if (plan.num_tokens.size() != n) throw Error(ErrorCode::kInvalidArgument, "plan seq_ids and num_tokens differ in length");
+  const int64_t bs = opts_.block_size;
+
+  // Validate everything and count blocks before touching any state: a refused plan changes nothing.
+  plan_seqs_.assign(n, nullptr);
+  int64_t blocks_needed = 0, total_tokens = 0;
+  for (size_t i = 0; i < n; i++) {
+    auto it = seqs_.find(plan.seq_ids[i]);
+    if (it == seqs_.end())
+      throw Error(ErrorCode::kSequenceUnknown, "step plan names unknown sequence " + std::to_string(plan.seq_ids[i]));
+    for (size_t j = 0; j < i; j++)
+      if (plan.seq_ids[j] == plan.seq_ids[i])
+        throw Error(ErrorCode::kInvalidArgument, "step plan names sequence " + std::to_string(plan.seq_ids[i]) + " twice");
+    Sequence& s = it->second;
+    const int64_t count = plan.num_tokens[i];
+    const int64_t end = s.num_computed + count;
+    if (count < 1 || end > int64_t(s.tokens.size()))
+      throw Error(ErrorCode::kInvalidArgument, "step plan asks sequence " + std::to_string(plan.seq_ids[i]) + " for " +
+                                                   std::to_string(count) + " tokens but it has " +
+                                                   std::to_string(int64_t(s.tokens.size()) - s.num_computed) +
+                                                   " uncomputed");
+    if (end > config_.max_position_embeddings)
+      throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(plan.seq_ids[i]) +
+                                                   " would exceed the context length " +
+                                                   std::to_string(config_.max_position_embeddings));
+    blocks_needed += std::max<int64_t>(0, (end + bs - 1) / bs - int64_t(s.blocks.size()));
+    total_tokens += count;
+    plan_seqs_[i] = &s;
+  }
+  if (blocks_needed > blocks_->num_free())
+    throw Error(ErrorCode::kNoKvBlocks, "step needs " + std::to_string(blocks_needed) + " KV blocks, " +
+                                            std::to_string(blocks_->num_free()) + " are free");
+
+  token_ids_.clear();
+  positions_.clear();
+  token_seq_.clear();
+  slots_.clear();
+  logit_rows_.clear();
+  tables_.assign(n, nullptr);
+  for (size_t i = 0; i < n; i++) {
+    Sequence& s = *plan_seqs_[i];
+    const int64_t end = s.num_computed + plan.num_tokens[i];
+    blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
+    tables_[i] = s.blocks.data();
+    for (int64_t pos = s.num_computed; pos < end; pos++) {
+      token_ids_.push_back(s.tokens[size_t(pos)]);
+      positions_.push_back(int32_t(pos));
+      token_seq_.push_back(int32_t(i));
+      slots_.push_back(int32_t(int64_t(s.blocks[size_t(pos / bs)]) * bs + pos % bs));
+    }
+    if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
+  }
+
+  ForwardBatch fb;
+  fb.num_tokens = total_tokens;
+  fb.token_ids = token_ids_.data();
+  fb.positions = positions_.data();
+  fb.token_seq = token_seq_.data();
+  fb.slots = slots_.data();
+  fb.num_seqs = int64_t(n);
+  fb.block_tables = tables_.data();
+  fb.num_logit_rows = int64_t(logit_rows_.size());
+  fb.logit_rows = logit_rows_.data();
+  const int64_t V = config_.vocab_size;
+  logits_.resize(logit_rows_.size() * size_t(V));
+  backend_->forward(fb, logits_.data());
+
+  StepResult result;
+  int top_n = 0;
+  for (size_t i = 0; i < n; i++) top_n = std::max(top_n, plan_seqs_[i]->params.logprobs);
+  result.top_n = top_n;
+  size_t row = 0;
+  for (size_t i = 0; i < n; i++) {
+    Sequence& s = *plan_seqs_[i];
+    s.num_computed += plan.num_tokens[i];
+    if (s.num_computed != int64_t(s.tokens.size())) continue;
+    const size_t r = result.seq_ids.size();
+    result.top_ids.resize((r + 1) * size_t(top_n), -1);
+    result.top_logprobs.resize((r + 1) * size_t(top_n), -INFINITY);
+    SampledToken tok = sample_token(logits_.data() + row * size_t(V), V, s.params, s.rng, s.params.logprobs,
+                                    result.top_ids.data() + r * size_t(top_n),
+                                    result.top_logprobs.data() + r * size_t(top_n), sample_probs_, sample_order_);
+    row++;
+    s.tokens.push_back(tok.token);
+    result.seq_ids.push_back(plan.seq_ids[i]);
+    result.tokens.push_back(tok.token);
+    result.logprobs.push_back(tok.logprob);
+  }
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::load(const EngineOptions& options) { return std::make_unique<EngineImpl>(options); }
+
+double measure_memory_bandwidth(int num_threads, size_t bytes, int repeats) {
+  cpu::ThreadPool pool(num_threads);
+  return cpu::measure_read_bandwidth(pool, bytes, repeats);
+}
+
+}  // namespace sluice

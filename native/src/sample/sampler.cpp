@@ -1,0 +1,136 @@
+#include "sample/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace sluice {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// log(sum(exp(logits))) computed stably in double.
+double log_sum_exp(const float* logits, int64_t n, float max_logit) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += std::exp(double(logits[i]) - double(max_logit));
+  return double(max_logit) + std::log(sum);
+}
+
+// Highest logit wins; ties go to the lowest id so greedy is deterministic.
+int32_t argmax(const float* logits, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (logits[i] > logits[best]) best = i;
+  return int32_t(best);
+}
+
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  uint64_t x = seed;
+  for (auto& s : s_) s = splitmix64(x);
+}
+
+uint64_t Rng::next_u64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::next_double() { return double(next_u64() >> 11) * 0x1.0p-53; }
+
+SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng, int top_n,
+                          int32_t* top_ids, float* top_logprobs, std::vector<float>& probs,
+                          std::vector<int32_t>& order) {
+  const int32_t best = argmax(logits, vocab);
+  const float max_logit = logits[best];
+  const double lse = log_sum_exp(logits, vocab, max_logit);
+
+  SampledToken out;
+  if (params.temperature <= 0.f || params.top_k == 1) {
+    out.token = best;
+  } else {
+    // Candidates sorted by logit (desc, then id) so top-k / top-p cut a well-defined prefix.
+    order.resize(size_t(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    int64_t keep = vocab;
+    if (params.top_k > 0 && params.top_k < vocab) {
+      keep = params.top_k;
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+    } else if (params.top_p < 1.f) {
+      std::sort(order.begin(), order.end(), by_logit);
+    }
+    // softmax(logits / T) over the kept candidates, in double for a stable cumulative sum.
+    const double inv_t = 1.0 / double(params.temperature);
+    probs.resize(size_t(keep));
+    double total = 0;
+    const bool sorted = keep < vocab || params.top_p < 1.f;
+    for (int64_t i = 0; i < keep; i++) {
+      int32_t id = sorted ? order[size_t(i)] : int32_t(i);
+      double p = std::exp((double(logits[id]) - double(max_logit)) * inv_t);
+      probs[size_t(i)] = float(p);
+      total += p;
+    }
+    if (params.top_p < 1.f) {
+      // Smallest prefix whose mass reaches top_p (always at least one token).
+      double cum = 0, target = double(params.top_p) * total;
+      int64_t cut = keep;
+      for (int64_t i = 0; i < keep; i++) {
+        cum += probs[size_t(i)];
+        if (cum >= target) {
+          cut = i + 1;
+          break;
+        }
+      }
+      keep = cut;
+      total = cum;
+    }
+    double u = rng.next_double() * total, acc = 0;
+    int64_t pick = keep - 1;
+    for (int64_t i = 0; i < keep; i++) {
+      acc += probs[size_t(i)];
+      if (u < acc) {
+        pick = i;
+        break;
+      }
+    }
+    out.token = sorted ? order[size_t(pick)] : int32_t(pick);
+  }
+  out.logprob = float(double(logits[out.token]) - lse);
+
+  if (top_n > 0) {
+    const int64_t n = std::min<int64_t>(top_n, vocab);
+    order.resize(size_t(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < top_n; i++) {
+      if (i < n) {
+        top_ids[i] = order[size_t(i)];
+        top_logprobs[i] = float(double(logits[order[size_t(i)]]) - lse);
+      } else {
+        top_ids[i] = -1;
+        top_logprobs[i] = -INFINITY;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace sluice

@@ -1,0 +1,34 @@
+// Token sampling from one row of logits: greedy, temperature, top-k, top-p, seeded, with
+// logprobs of the chosen token and the top N. Pure functions of (logits, params, rng state).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "sluice/engine.h"
+
+namespace sluice {
+
+// xoshiro256** seeded through splitmix64: one stream per sequence, so a sequence's draws do
+// not depend on what else is in the batch.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed = 0);
+  uint64_t next_u64();
+  double next_double();  // uniform in [0, 1), 53 random bits
+
+ private:
+  uint64_t s_[4];
+};
+
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.f;  // log-softmax of the raw logits (temperature does not change it)
+};
+
+// logits: [vocab]. top_ids/top_logprobs: [top_n] outputs (best first) when top_n > 0.
+// scratch is reused between calls to avoid allocations in the decode loop.
+SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng, int top_n,
+                          int32_t* top_ids, float* top_logprobs, std::vector<float>& scratch,
+                          std::vector<int32_t>& index_scratch);
+
+}  // namespace sluice

@@ -1,0 +1,257 @@
+// Engine mechanics on small generated models: loading and its errors, block accounting,
+// batch invariance (alone == batch of 16 == chunked prefill), seeded sampling.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "model/safetensors.h"
+#include "sluice/engine.h"
+#include "sluice/error.h"
+#include "test_util.h"
+#include "tiny_model_writer.h"
+
+using namespace sluice;
+using sluice_test::TinyModelSpec;
+using sluice_test::write_tiny_model;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  return "/tmp/sluice-native-test-" + std::to_string(::getpid()) + "/" + name;
+}
+
+std::unique_ptr<Engine> load(const std::string& dir, size_t kv_bytes = size_t(8) << 20, int threads = 2) {
+  EngineOptions o;
+  o.model_dir = dir;
+  o.kv_cache_bytes = kv_bytes;
+  o.block_size = 4;
+  o.num_threads = threads;
+  return Engine::load(o);
+}
+
+std::vector<int32_t> prompt_of(int len, int salt, int vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; i++) p.push_back((i * 7 + salt * 13 + 3) % vocab);
+  return p;
+}
+
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+};
+
+// Runs seq 0 (the one under test) with `others` companions; prefill in chunks of `chunk` tokens.
+Generated generate(Engine& e, const std::vector<int32_t>& prompt, int n, int others, int chunk,
+                   const SamplingParams& params = {0.f, 1.f, 0, 0, 2}) {
+  const int vocab = int(e.info().config.vocab_size);
+  std::vector<std::vector<int32_t>> prompts{prompt};
+  for (int i = 1; i <= others; i++) prompts.push_back(prompt_of(3 + 5 * i % 17, i, vocab));
+  std::vector<int64_t> remaining(prompts.size());
+  for (size_t i = 0; i < prompts.size(); i++) {
+    e.add_sequence(uint32_t(i), prompts[i], params);
+    remaining[i] = int64_t(prompts[i].size());
+  }
+  Generated g;
+  while (int(g.tokens.size()) < n) {
+    StepPlan plan;
+    for (size_t i = 0; i < prompts.size(); i++) {
+      plan.seq_ids.push_back(uint32_t(i));
+      uint32_t count = remaining[i] > 0 ? uint32_t(std::min<int64_t>(remaining[i], chunk)) : 1;
+      plan.num_tokens.push_back(count);
+      remaining[i] = std::max<int64_t>(0, remaining[i] - count);
+    }
+    StepResult r = e.step(plan);
+    for (size_t j = 0; j < r.seq_ids.size(); j++)
+      if (r.seq_ids[j] == 0) {
+        g.tokens.push_back(r.tokens[j]);
+        g.logprobs.push_back(r.logprobs[j]);
+      }
+  }
+  for (size_t i = 0; i < prompts.size(); i++) e.free_sequence(uint32_t(i));
+  return g;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE(loads_every_architecture_variant) {
+  const char* dtypes[] = {"F32", "F16", "BF16"};
+  for (const char* dt : dtypes) {
+    TinyModelSpec specs[4];
+    specs[1].architecture = "Qwen2ForCausalLM", specs[1].model_type = "qwen2", specs[1].qkv_bias = true, specs[1].tied = true;
+    specs[2].architecture = "Qwen3ForCausalLM", specs[2].model_type = "qwen3", specs[2].qk_norm = true, specs[2].head_dim = 24;
+    specs[3].architecture = "MistralForCausalLM", specs[3].model_type = "mistral";
+    specs[0].extra_config =
+        ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+        "\"original_max_position_embeddings\":64}";
+    for (int i = 0; i < 4; i++) {
+      specs[i].dtype = dt;
+      std::string dir = temp_dir(std::string("arch") + std::to_string(i) + dt);
+      write_tiny_model(dir, specs[i]);
+      auto e = load(dir);
+      CHECK(e->info().config.architecture == specs[i].architecture);
+      Generated g = generate(*e, prompt_of(9, 1, specs[i].vocab), 8, 0, 64);
+      CHECK(g.tokens.size() == 8);
+      for (int32_t t : g.tokens) CHECK(t >= 0 && t < specs[i].vocab);
+      for (float lp : g.logprobs) CHECK(lp <= 0.f && std::isfinite(lp));
+    }
+  }
+}
+
+TEST_CASE(same_tokens_alone_in_batch_and_chunked) {
+  TinyModelSpec spec;
+  spec.extra_config = ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0}";
+  std::string dir = temp_dir("invariance");
+  write_tiny_model(dir, spec);
+  auto e = load(dir);
+  auto prompt = prompt_of(23, 5, spec.vocab);
+  Generated alone = generate(*e, prompt, 40, 0, 1000);
+  Generated batched = generate(*e, prompt, 40, 15, 1000);
+  Generated chunked = generate(*e, prompt, 40, 0, 5);
+  Generated chunked_batched = generate(*e, prompt, 40, 15, 3);
+  CHECK(alone.tokens == batched.tokens);
+  CHECK(alone.tokens == chunked.tokens);
+  CHECK(alone.tokens == chunked_batched.tokens);
+  // Bit-identical logprobs: the kernels are batch invariant, not merely close.
+  CHECK(same_bits(alone.logprobs, batched.logprobs));
+  CHECK(same_bits(alone.logprobs, chunked.logprobs));
+  auto e1 = load(dir, size_t(8) << 20, 1);  // thread count must not matter either
+  CHECK(same_bits(alone.logprobs, generate(*e1, prompt, 40, 0, 7).logprobs));
+}
+
+TEST_CASE(seeded_sampling_repeats_and_differs_by_seed) {
+  TinyModelSpec spec;
+  std::string dir = temp_dir("sampling");
+  write_tiny_model(dir, spec);
+  auto e = load(dir);
+  auto prompt = prompt_of(6, 2, spec.vocab);
+  SamplingParams p{1.0f, 0.9f, 40, 1234, 3};
+  Generated a = generate(*e, prompt, 32, 0, 64, p);
+  Generated b = generate(*e, prompt, 32, 7, 2, p);
+  CHECK(a.tokens == b.tokens);
+  p.seed = 99;
+  Generated c = generate(*e, prompt, 32, 0, 64, p);
+  CHECK(a.tokens != c.tokens);
+  // top_k = 1 is greedy whatever the temperature.
+  Generated greedy = generate(*e, prompt, 16, 0, 64, {0.f, 1.f, 0, 0, 0});
+  Generated k1 = generate(*e, prompt, 16, 0, 64, {1.5f, 1.f, 1, 5, 0});
+  CHECK(greedy.tokens == k1.tokens);
+}
+
+TEST_CASE(logprobs_top_n_are_sorted_and_include_greedy_choice) {
+  TinyModelSpec spec;
+  std::string dir = temp_dir("logprobs");
+  write_tiny_model(dir, spec);
+  auto e = load(dir);
+  e->add_sequence(1, prompt_of(5, 3, spec.vocab), {0.f, 1.f, 0, 0, 5});
+  StepResult r = e->step({{1}, {5}});
+  CHECK(r.top_n == 5 && r.seq_ids.size() == 1);
+  CHECK(r.top_ids[0] == r.tokens[0]);
+  CHECK(r.top_logprobs[0] == r.logprobs[0]);
+  double mass = 0;
+  for (int i = 0; i < 5; i++) {
+    if (i) CHECK(r.top_logprobs[size_t(i)] <= r.top_logprobs[size_t(i - 1)]);
+    mass += std::exp(double(r.top_logprobs[size_t(i)]));
+  }
+  CHECK(mass <= 1.0 + 1e-5);
+}
+
+TEST_CASE(kv_blocks_are_accounted_and_refusal_changes_nothing) {
+  TinyModelSpec spec;
+  std::string dir = temp_dir("blocks");
+  write_tiny_model(dir, spec);
+  // 2 layers * 2 (k,v) * 4 tokens * 2 kv heads * 16 dims * 4 bytes = 2048 bytes per block.
+  auto e = load(dir, 2048 * 5);
+  CHECK(e->info().num_blocks == 5);
+  e->add_sequence(7, prompt_of(10, 1, spec.vocab), {});
+  CHECK_THROWS_CODE(e->add_sequence(7, prompt_of(3, 1, spec.vocab), {}), ErrorCode::kSequenceExists);
+  e->step({{7}, {6}});
+  CHECK(e->num_sequence_blocks(7) == 2 && e->num_free_blocks() == 3);
+  e->add_sequence(8, prompt_of(13, 2, spec.vocab), {});
+  CHECK_THROWS_CODE(e->step({{7, 8}, {4, 13}}), ErrorCode::kNoKvBlocks);  // needs 1 + 4 > 3
+  CHECK(e->num_free_blocks() == 3 && e->num_sequence_blocks(8) == 0);
+  StepResult r = e->step({{7}, {4}});  // completes the prompt: samples one token
+  CHECK(r.seq_ids.size() == 1 && r.seq_ids[0] == 7);
+  e->free_sequence(7);
+  e->free_sequence(7);  // twice is fine
+  CHECK(e->num_free_blocks() == 5);
+  CHECK_THROWS_CODE(e->step({{7}, {1}}), ErrorCode::kSequenceUnknown);
+  CHECK_THROWS_CODE(e->step({{8}, {14}}), ErrorCode::kInvalidArgument);  // more than it has
+  CHECK_THROWS_CODE(e->add_sequence(9, {int32_t(spec.vocab)}, {}), ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE(broken_model_directories_fail_with_named_files) {
+  std::string dir = temp_dir("broken");
+  TinyModelSpec spec;
+  write_tiny_model(dir, spec);
+  // Missing directory.
+  try {
+    load(temp_dir("does-not-exist"));
+    CHECK(false);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kModelFileMissing);
+    CHECK(std::string(e.what()).find("config.json") != std::string::npos);
+  }
+  // Unsupported architecture names the supported ones.
+  TinyModelSpec gpt = spec;
+  gpt.architecture = "GPT2LMHeadModel";
+  gpt.model_type = "gpt2";
+  write_tiny_model(dir + "-gpt", gpt);
+  try {
+    load(dir + "-gpt");
+    CHECK(false);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnsupportedModel);
+    CHECK(std::string(e.what()).find("Qwen2ForCausalLM") != std::string::npos);
+  }
+  // Truncated weights file.
+  std::string trunc = dir + "-trunc";
+  write_tiny_model(trunc, spec);
+  {
+    std::string path = trunc + "/model.safetensors";
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size() / 2));
+  }
+  try {
+    load(trunc);
+    CHECK(false);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kModelFileInvalid);
+    CHECK(std::string(e.what()).find("model.safetensors") != std::string::npos);
+  }
+  // Garbage header.
+  std::string garbage = dir + "-garbage";
+  write_tiny_model(garbage, spec);
+  std::ofstream(garbage + "/model.safetensors", std::ios::binary | std::ios::trunc) << "\x10\0\0\0\0\0\0\0{not json at all";
+  CHECK_THROWS_CODE(load(garbage), ErrorCode::kModelFileInvalid);
+  // Wrong tensor shape against config.
+  std::string shape = dir + "-shape";
+  write_tiny_model(shape, spec);
+  std::ofstream(shape + "/config.json", std::ios::trunc)
+      << "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":100,"
+         "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,\"vocab_size\":96}";
+  try {
+    load(shape);
+    CHECK(false);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kModelFileInvalid);
+    CHECK(std::string(e.what()).find("gate_proj") != std::string::npos);
+  }
+  // Corrupt config.json.
+  std::string badcfg = dir + "-badcfg";
+  write_tiny_model(badcfg, spec);
+  std::ofstream(badcfg + "/config.json", std::ios::trunc) << "{\"hidden_size\": 64,";
+  CHECK_THROWS_CODE(load(badcfg), ErrorCode::kModelFileInvalid);
+}
+
+int main() {
+  int rc = sluice_test::run_all("engine");
+  std::system(("rm -rf /tmp/sluice-native-test-" + std::to_string(::getpid())).c_str());
+  return rc;
+}

@@ -1,0 +1,80 @@
+// The typed boundary to the native addon (native/addon). Only src/engine/native.ts loads the
+// .node file; everything else sees these types. Plans and results cross as typed arrays.
+
+export type BackendName = 'cpu' | 'cuda';
+
+export interface NativeLoadOptions {
+  /** Hugging Face model directory (config.json, *.safetensors). */
+  modelDir: string;
+  backend: BackendName;
+  /** Bytes for the paged KV cache pool. */
+  kvCacheBytes: number;
+  /** Tokens per KV block. */
+  blockSize: number;
+  /** Compute threads (0 = all online CPUs). */
+  numThreads: number;
+}
+
+/** What the native engine reports about the loaded model and its KV pool. */
+export interface NativeModelInfo {
+  architecture: string;        // e.g. "LlamaForCausalLM"
+  modelType: string;           // config.json model_type
+  weightDtype: 'f32' | 'f16' | 'bf16';
+  vocabSize: number;
+  hiddenSize: number;
+  numLayers: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  contextLength: number;       // max_position_embeddings
+  weightBytes: number;         // bytes of all weight tensors as stored
+  kvCacheBytes: number;        // bytes actually allocated for the pool
+  blockSize: number;
+  numBlocks: number;
+  backend: BackendName;
+  simd: string;                // CPU kernel level picked at run time, e.g. "avx512bf16"
+  numThreads: number;
+}
+
+export interface NativeSamplingParams {
+  temperature: number;         // 0 = greedy
+  topP: number;                // 1 = off
+  topK: number;                // 0 = off
+  seed: bigint;                // per-sequence RNG seed
+  logprobs: number;            // top-N logprobs to return per sampled token (0 = chosen token only)
+}
+
+/**
+ * One step: for each i, sequence seqIds[i] computes numTokens[i] more of its known tokens
+ * (prompt chunk while prefilling, 1 while decoding). A sequence whose known tokens are all
+ * computed after the step samples one new token, which the engine appends to it.
+ */
+export interface NativeStepPlan {
+  seqIds: Uint32Array;
+  numTokens: Uint32Array;
+}
+
+/** Sampled tokens of one step, one row per sequence that sampled. */
+export interface NativeStepResult {
+  seqIds: Uint32Array;         // [n]
+  tokens: Int32Array;          // [n]
+  logprobs: Float32Array;      // [n] log-softmax of the raw logits at the sampled token
+  topN: number;                // width of the top arrays
+  topIds: Int32Array;          // [n * topN]
+  topLogprobs: Float32Array;   // [n * topN]
+}
+
+export interface NativeEngineHandle {
+  info(): NativeModelInfo;
+  /** Registers a sequence with its prompt. Throws (code SEQ_EXISTS) if the id is in use. */
+  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams): void;
+  /** Frees a sequence and its KV blocks; unknown ids are ignored (safe to call twice). */
+  freeSequence(seqId: number): void;
+  numFreeBlocks(): number;
+  /** KV blocks a sequence holds now (0 for unknown ids). */
+  numSequenceBlocks(seqId: number): number;
+  /** Runs off the JS thread. Rejects with code NO_KV_BLOCKS (nothing done) when the plan does not fit. */
+  step(plan: NativeStepPlan): Promise<NativeStepResult>;
+  /** Releases weights and the KV pool; safe to call twice. */
+  dispose(): void;
+}

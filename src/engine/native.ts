@@ -1,0 +1,62 @@
+// The only module that loads the compiled addon (build/Release/sluice.node).
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import type { NativeEngineHandle, NativeLoadOptions } from './native-types.js';
+
+interface NativeAddon {
+  load(options: NativeLoadOptions): Promise<NativeEngineHandle>;
+  measureMemoryBandwidth(numThreads: number, bytes: number, repeats: number): Promise<number>;
+  simdLevel(): string;
+  cudaCompiled: boolean;
+}
+
+let addon: NativeAddon | undefined;
+
+/** Finds the package root from this file (src/engine or dist/src/engine). */
+function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (let i = 0; i < 5; i++) {
+    if (existsSync(join(dir, 'package.json'))) return dir;
+    dir = dirname(dir);
+  }
+  throw new Error('cannot locate the sluice package root');
+}
+
+export function nativeAddon(): NativeAddon {
+  if (addon) return addon;
+  const root = packageRoot();
+  const candidates = [
+    process.env.SLUICE_ADDON,
+    join(root, 'build', 'Release', 'sluice.node'),
+    join(root, 'build', 'Debug', 'sluice.node'),
+  ].filter((p): p is string => !!p);
+  const path = candidates.find((p) => existsSync(p));
+  if (!path) {
+    throw Object.assign(new Error(`the native addon is not built (looked for ${candidates.join(', ')}); run \`npm run build:native\``), {
+      code: 'ADDON_MISSING',
+    });
+  }
+  addon = createRequire(import.meta.url)(path) as NativeAddon;
+  return addon;
+}
+
+export function nativeAvailable(): boolean {
+  try {
+    nativeAddon();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export function loadNativeEngine(options: NativeLoadOptions): Promise<NativeEngineHandle> {
+  return nativeAddon().load(options);
+}
+
+/** Streaming read bandwidth of main memory in bytes/s. */
+export function measureMemoryBandwidth(numThreads = 0, bytes = 1 << 30, repeats = 5): Promise<number> {
+  return nativeAddon().measureMemoryBandwidth(numThreads, bytes, repeats);
+}
