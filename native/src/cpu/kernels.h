@@ -13,13 +13,19 @@ namespace sluice::cpu {
 // Which SIMD level the dispatcher picked (for logs, stats and the bench).
 const char* simd_level_name();
 
+// How activations meet bf16 weights on AVX512-BF16 hardware (other dtypes and levels always
+// compute in f32). F32: activations carried as two bf16 terms (~16 mantissa bits), which tracks
+// an f32 computation; BF16: activations rounded to bf16 once, twice the arithmetic throughput.
+enum class MatmulPrecision { F32, BF16 };
+
 // y[T, N] = x[T, K] · W[N, K]^T (+ bias[N] when bias != nullptr).
 // W is the Hugging Face Linear layout [out_features, in_features] in its stored dtype,
 // used in place (never converted to a copy). bias has the same dtype as `bias_dtype`.
-// x and y are f32. For bf16 weights on AVX512-BF16 hardware the activations are rounded to
-// bf16 and multiplied with vdpbf16ps (f32 accumulation).
+// x and y are f32. For bf16 weights on AVX512-BF16 hardware the products use vdpbf16ps with
+// f32 accumulation, activations as `precision` says.
 void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType w_dtype,
-            int64_t N, const void* bias, DType bias_dtype, float* y);
+            int64_t N, const void* bias, DType bias_dtype, float* y,
+            MatmulPrecision precision = MatmulPrecision::F32);
 
 // out[T, D] = x[T, D] / rms(x) * weight[D]; out may alias x.
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype,
@@ -27,6 +33,9 @@ void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void*
 
 // out[T, D] = silu(gate_up[T, 0:D]) * gate_up[T, D:2D]   (gate_up is [T, 2D])
 void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, float* out);
+
+// out[T, D] = silu(gate[T, D]) * up[T, D]; out may alias gate.
+void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out);
 
 // x[i] += y[i]
 void add_inplace(ThreadPool& pool, float* x, const float* y, int64_t n);

@@ -1,0 +1,285 @@
+// Kernel entry points: dispatch by SIMD level, threading, and the portable implementations.
+#include "cpu/kernels.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/cpu_features.h"
+#include "cpu/gemm.h"
+#include "cpu/ops_simd.h"
+
+namespace sluice {
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      uint32_t m = mant;
+      do {
+        e++;
+        m <<= 1;
+      } while (!(m & 0x400));
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00);                 // NaN
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00);                // rounds to inf
+  if (ax < 0x38800000u) {                                               // subnormal or zero in f16
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)));  // units of 2^-24, RNE
+  }
+  uint32_t mant = ax & 0x7fffff, exp = (ax >> 23) - 127 + 15;
+  uint32_t h = exp << 10 | mant >> 13;
+  const uint32_t rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;  // may carry into the exponent: correct
+  return uint16_t(sign | h);
+}
+
+}  // namespace sluice
+
+namespace sluice::cpu {
+
+namespace detail {
+
+float load_scalar(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0.f;
+}
+
+void gemm_generic(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+  for (int64_t t = 0; t < a.T; t++)
+    for (int64_t n = n_begin; n < n_end; n++) {
+      float s = 0.f;
+      for (int64_t k = 0; k < a.K; k++) s += a.x[t * a.K + k] * load_scalar(a.w, a.w_dtype, n * a.K + k);
+      if (a.bias) s += load_scalar(a.bias, a.bias_dtype, n);
+      a.y[t * a.N + n] = s;
+    }
+}
+
+inline const float* kv_row(const float* base, const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
+  const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
+  return base + (slot * c.n_kv_heads + kv_head) * c.head_dim;
+}
+
+void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
+                    float* scores, float* out) {
+  const int64_t hd = c.head_dim, P = pos + 1;
+  float max_score = -INFINITY;
+  for (int64_t p = 0; p < P; p++) {
+    const float* k = kv_row(c.k, table, p, c, kv_head);
+    float s = 0.f;
+    for (int64_t i = 0; i < hd; i++) s += q[i] * k[i];
+    scores[p] = s * scale;
+    max_score = std::max(max_score, scores[p]);
+  }
+  float sum = 0.f;
+  for (int64_t p = 0; p < P; p++) {
+    scores[p] = std::exp(scores[p] - max_score);
+    sum += scores[p];
+  }
+  for (int64_t i = 0; i < hd; i++) out[i] = 0.f;
+  for (int64_t p = 0; p < P; p++) {
+    const float* v = kv_row(c.v, table, p, c, kv_head);
+    for (int64_t i = 0; i < hd; i++) out[i] += scores[p] * v[i];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType w_dtype, int64_t N,
+            const void* bias, DType bias_dtype, float* y, MatmulPrecision precision) {
+  if (T <= 0 || N <= 0) return;
+  GemmArgs a;
+  a.x = x;
+  a.T = T;
+  a.K = K;
+  a.N = N;
+  a.w = W;
+  a.w_dtype = w_dtype;
+  a.bias = bias;
+  a.bias_dtype = bias_dtype;
+  a.y = y;
+  void (*kernel)(const GemmArgs&, int64_t, int64_t) = gemm_generic;
+  const SimdLevel level = simd_level();
+  thread_local std::vector<uint16_t> xb;  // bf16 activations for vdpbf16ps
+  if (level == SimdLevel::Avx512Bf16 && w_dtype == DType::BF16) {
+    const bool split = precision == MatmulPrecision::F32;
+    const int64_t rows = split ? 2 : 1;
+    xb.resize(size_t(rows * T * K));
+    uint16_t* xbp = xb.data();  // NOTE: the workers must see the caller's buffer, not their own thread_local
+    pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + rows * b * K); });
+    a.xb_split = split;
+    a.xb = xbp;
+    kernel = gemm_avx512bf16;
+  } else if (level >= SimdLevel::Avx512) {
+    kernel = gemm_avx512;
+  } else if (level == SimdLevel::Avx2) {
+    kernel = gemm_avx2;
+  }
+  // Each thread owns a contiguous slice of output features and streams its part of W once.
+  pool.parallel_for(N, 16, [&](int64_t b, int64_t e) { kernel(a, b, e); });
+}
+
+void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype, float eps,
+             float* out) {
+  pool.parallel_for(T, 64, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; t++) {
+      const float* row = x + t * D;
+      double ss = 0;  // double: exact enough that the fixed order never matters
+      for (int64_t d = 0; d < D; d++) ss += double(row[d]) * double(row[d]);
+      const float r = float(1.0 / std::sqrt(ss / double(D) + double(eps)));
+      float* o = out + t * D;
+      for (int64_t d = 0; d < D; d++) o[d] = row[d] * r * load_scalar(weight, w_dtype, d);
+    }
+  });
+}
+
+void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, float* out) {
+  for (int64_t t = 0; t < T; t++) silu_mul_split(pool, gate_up + t * 2 * D, gate_up + t * 2 * D + D, 1, D, out + t * D);
+}
+
+void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {
+  auto fn = simd_level() >= SimdLevel::Avx512 ? silu_mul_avx512 : silu_mul_generic;
+  // Split on multiples of 16 so every element goes through the same vector lane position class.
+  const int64_t n = T * D, units = (n + 15) / 16;
+  pool.parallel_for(units, 256, [&](int64_t b, int64_t e) {
+    const int64_t lo = b * 16, hi = std::min(n, e * 16);
+    fn(gate + lo, up + lo, hi - lo, out + lo);
+  });
+}
+
+void add_inplace(ThreadPool& pool, float* x, const float* y, int64_t n) {
+  pool.parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) x[i] += y[i];
+  });
+}
+
+void embedding(ThreadPool& pool, const int32_t* ids, int64_t T, const void* table, DType dtype, int64_t D, float* out) {
+  pool.parallel_for(T, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; t++)
+      for (int64_t d = 0; d < D; d++) out[t * D + d] = load_scalar(table, dtype, int64_t(ids[t]) * D + d);
+  });
+}
+
+void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+          const float* inv_freq, const int32_t* positions) {
+  const int64_t half = rot_dim / 2;
+  pool.parallel_for(T, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> cs(size_t(2 * half));
+    for (int64_t t = b; t < e; t++) {
+      // Angles in double from the f32 frequencies, then rounded: cos/sin depend only on the position.
+      for (int64_t i = 0; i < half; i++) {
+        const double angle = double(positions[t]) * double(inv_freq[i]);
+        cs[size_t(i)] = float(std::cos(angle));
+        cs[size_t(half + i)] = float(std::sin(angle));
+      }
+      for (int64_t h = 0; h < n_heads; h++) {
+        float* v = x + (t * n_heads + h) * head_dim;
+        for (int64_t i = 0; i < half; i++) {
+          const float c = cs[size_t(i)], s = cs[size_t(half + i)];
+          const float x0 = v[i], x1 = v[i + half];
+          v[i] = x0 * c - x1 * s;
+          v[i + half] = x1 * c + x0 * s;
+        }
+      }
+    }
+  });
+}
+
+void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const float* v, const int32_t* slots, int64_t T) {
+  const int64_t row = cache.n_kv_heads * cache.head_dim;
+  for (int64_t t = 0; t < T; t++) {
+    std::memcpy(cache.k + int64_t(slots[t]) * row, k + t * row, size_t(row) * sizeof(float));
+    std::memcpy(cache.v + int64_t(slots[t]) * row, v + t * row, size_t(row) * sizeof(float));
+  }
+}
+
+void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& b, const PagedKV& cache,
+                     float* out) {
+  const int64_t H = b.n_heads, hd = cache.head_dim, group = H / cache.n_kv_heads;
+  AttendFn fn = simd_level() >= SimdLevel::Avx512 && hd <= 256 ? attend_avx512 : attend_generic;
+  // Work items are (token, head) pairs; a token's result never depends on the others.
+  pool.parallel_for(T * H, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    for (int64_t item = begin; item < end; item++) {
+      const int64_t t = item / H, h = item % H;
+      const int64_t pos = b.token_pos[t];
+      if (scores.size() < size_t(pos + 16)) scores.resize(size_t(pos + 16));
+      fn(q + (t * H + h) * hd, b.block_tables[b.token_seq[t]], pos, h / group, cache, b.scale, scores.data(),
+         out + (t * H + h) * hd);
+    }
+  });
+}
+
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
+  const size_t n = bytes / sizeof(uint64_t);
+  void* mem = ::mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return 0;
+  uint64_t* buf = static_cast<uint64_t*>(mem);
+  pool.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) buf[i] = uint64_t(i);
+  });
+  double best = 0;
+  std::vector<uint64_t> sinks(size_t(pool.size()) * 8);
+  for (int r = 0; r < repeats; r++) {
+    auto t0 = std::chrono::steady_clock::now();
+    pool.run([&](int index, int num) {
+      const size_t begin = n * size_t(index) / size_t(num), end = n * size_t(index + 1) / size_t(num);
+      // Four independent accumulators keep the loads in flight; XOR cannot be optimized away.
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      size_t i = begin;
+      for (; i + 4 <= end; i += 4) {
+        s0 ^= buf[i];
+        s1 ^= buf[i + 1];
+        s2 ^= buf[i + 2];
+        s3 ^= buf[i + 3];
+      }
+      for (; i < end; i++) s0 ^= buf[i];
+      sinks[size_t(index) * 8] = s0 ^ s1 ^ s2 ^ s3;
+    });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, double(n * sizeof(uint64_t)) / dt);
+  }
+  ::munmap(mem, n * sizeof(uint64_t));
+  volatile uint64_t keep = sinks[0];
+  (void)keep;
+  return best;
+}
+
+}  // namespace sluice::cpu

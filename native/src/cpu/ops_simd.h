@@ -1,0 +1,21 @@
+// Per-level entry points of the non-matmul kernels that have SIMD versions.
+#pragma once
+#include <cstdint>
+
+#include "cpu/kernels.h"
+
+namespace sluice::cpu::detail {
+
+// Attention for one (token, head): out[hd] from q[hd] over positions 0..pos of one sequence.
+// scores: scratch of at least pos+1 floats.
+using AttendFn = void (*)(const float* q, const int32_t* block_table, int64_t pos, int64_t kv_head,
+                          const PagedKV& cache, float scale, float* scores, float* out);
+void attend_generic(const float* q, const int32_t* block_table, int64_t pos, int64_t kv_head, const PagedKV& cache,
+                    float scale, float* scores, float* out);
+void attend_avx512(const float* q, const int32_t* block_table, int64_t pos, int64_t kv_head, const PagedKV& cache,
+                   float scale, float* scores, float* out);
+
+void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out);
+void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out);
+
+}  // namespace sluice::cpu::detail
