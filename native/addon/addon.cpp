@@ -40,6 +40,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("backend", i.backend);
   o.Set("simd", i.simd);
   o.Set("numThreads", double(i.num_threads));
+  o.Set("matmulPrecision", i.matmul_precision);
   return o;
 }
 
@@ -194,6 +195,7 @@ Napi::Value Load(const Napi::CallbackInfo& info) {
   if (o.Get("kvCacheBytes").IsNumber()) opts.kv_cache_bytes = size_t(o.Get("kvCacheBytes").As<Napi::Number>().Int64Value());
   opts.block_size = int(get_int(o, "blockSize", 16));
   opts.num_threads = int(get_int(o, "numThreads", 0));
+  if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
   AddonData* data = env.GetInstanceData<AddonData>();
   auto* worker = new PromiseWorker<Engine*>(
       env, [opts]() { return Engine::load(opts).release(); },

@@ -46,7 +46,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, json_out;
+  std::string model, json_out, precision = "f32";
   std::vector<int> batches{1, 8, 32};
   int prompt_len = 512, decode_steps = 32, threads = 0;
   size_t kv_bytes = size_t(2) << 30;
@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next().c_str());
     else if (a == "--kv-bytes") kv_bytes = size_t(std::atoll(next().c_str()));
     else if (a == "--json") json_out = next();
+    else if (a == "--precision") precision = next();
     else {
-      std::fprintf(stderr, "usage: sluice_bench --model DIR [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--json FILE]\n");
+      std::fprintf(stderr, "usage: sluice_bench --model DIR [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--precision f32|bf16] [--json FILE]\n");
       return 2;
     }
   }
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
     opts.model_dir = model;
     opts.kv_cache_bytes = kv_bytes;
     opts.num_threads = threads;
+    opts.matmul_precision = precision;
     auto engine = Engine::load(opts);
     const EngineInfo info = engine->info();
     const double roofline = bandwidth / double(info.weight_bytes);
@@ -125,9 +127,9 @@ int main(int argc, char** argv) {
                       1000.0 * decode_s / decode_steps});
       for (uint32_t id : ids) engine->free_sequence(id);
     }
-    std::printf("model %s  %s  weights %.1f MB  backend %s (%s, %d threads)\n", info.config.architecture.c_str(),
-                info.weight_dtype.c_str(), double(info.weight_bytes) / 1e6, info.backend.c_str(), info.simd.c_str(),
-                info.num_threads);
+    std::printf("model %s  %s  weights %.1f MB  backend %s (%s, %d threads, matmul precision %s)\n",
+                info.config.architecture.c_str(), info.weight_dtype.c_str(), double(info.weight_bytes) / 1e6,
+                info.backend.c_str(), info.simd.c_str(), info.num_threads, info.matmul_precision.c_str());
     std::printf("memory read bandwidth %.1f GB/s  batch-1 decode roofline %.1f tok/s\n", bandwidth / 1e9, roofline);
     std::printf("%6s %14s %14s %12s %10s\n", "batch", "prefill tok/s", "decode tok/s", "step ms", "roofline");
     for (const Row& r : rows)

@@ -2,6 +2,7 @@
 // .node file; everything else sees these types. Plans and results cross as typed arrays.
 
 export type BackendName = 'cpu' | 'cuda';
+export type MatmulPrecision = 'f32' | 'bf16';
 
 export interface NativeLoadOptions {
   /** Hugging Face model directory (config.json, *.safetensors). */
@@ -13,6 +14,8 @@ export interface NativeLoadOptions {
   blockSize: number;
   /** Compute threads (0 = all online CPUs). */
   numThreads: number;
+  /** Activation precision against bf16 weights (see EngineOptions::matmul_precision). */
+  matmulPrecision?: MatmulPrecision;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */
@@ -34,6 +37,7 @@ export interface NativeModelInfo {
   backend: BackendName;
   simd: string;                // CPU kernel level picked at run time, e.g. "avx512bf16"
   numThreads: number;
+  matmulPrecision: MatmulPrecision;
 }
 
 export interface NativeSamplingParams {

@@ -37,6 +37,7 @@ class Backend {
   virtual void forward(const ForwardBatch& batch, float* logits) = 0;
 };
 
-std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads);
+std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,
+                                           bool bf16_activations);
 
 }  // namespace sluice

@@ -14,20 +14,14 @@ namespace sluice {
 
 namespace {
 
-// out[i] = silu(gate[i]) * up[i] over [T, D]; out may alias gate.
-void silu_mul_split(cpu::ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {
-  pool.parallel_for(T * D, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i++) {
-      float g = gate[i];
-      out[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
-  });
-}
-
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const ModelConfig& c, const ModelWeights& w, int num_threads)
-      : c_(c), w_(w), pool_(num_threads), inv_freq_(c.rope_inv_freq()) {}
+  CpuBackend(const ModelConfig& c, const ModelWeights& w, int num_threads, bool bf16_activations)
+      : c_(c),
+        w_(w),
+        pool_(num_threads),
+        inv_freq_(c.rope_inv_freq()),
+        precision_(bf16_activations ? cpu::MatmulPrecision::BF16 : cpu::MatmulPrecision::F32) {}
 
   ~CpuBackend() override {
     if (kv_mem_) ::munmap(kv_mem_, kv_bytes_);
@@ -65,13 +59,14 @@ class CpuBackend final : public Backend {
  private:
   void ensure_scratch(int64_t T);
   void linear(const float* x, int64_t T, const TensorView& w, const TensorView& bias, float* y) {
-    cpu::matmul(pool_, x, T, w.shape[1], w.data, w.dtype, w.shape[0], bias.data, bias.dtype, y);
+    cpu::matmul(pool_, x, T, w.shape[1], w.data, w.dtype, w.shape[0], bias.data, bias.dtype, y, precision_);
   }
 
   const ModelConfig c_;
   const ModelWeights& w_;
   cpu::ThreadPool pool_;
   std::vector<float> inv_freq_;
+  cpu::MatmulPrecision precision_;
   void* kv_mem_ = nullptr;
   size_t kv_bytes_ = 0;
   std::vector<cpu::PagedKV> layers_kv_;
@@ -133,7 +128,7 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     cpu::rmsnorm(pool_, x, T, H, lw.post_norm.data, lw.post_norm.dtype, eps, xn);
     linear(xn, T, lw.gate, lw.gate_bias, gate_.data());  // [T, I]
     linear(xn, T, lw.up, lw.up_bias, up_.data());        // [T, I]
-    silu_mul_split(pool_, gate_.data(), up_.data(), T, I, gate_.data());
+    cpu::silu_mul_split(pool_, gate_.data(), up_.data(), T, I, gate_.data());
     linear(gate_.data(), T, lw.down, lw.down_bias, xn);  // [T, H]
     cpu::add_inplace(pool_, x, xn, T * H);
   }
@@ -146,13 +141,14 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     std::memcpy(last_.data() + r * H, x + int64_t(b.logit_rows[r]) * H, size_t(H) * sizeof(float));
   cpu::rmsnorm(pool_, last_.data(), R, H, w_.final_norm.data, w_.final_norm.dtype, eps, last_.data());
   cpu::matmul(pool_, last_.data(), R, H, w_.lm_head.data, w_.lm_head.dtype, c_.vocab_size, nullptr, DType::F32,
-              logits);
+              logits, precision_);
 }
 
 }  // namespace
 
-std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads) {
-  return std::make_unique<CpuBackend>(config, weights, num_threads);
+std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,
+                                           bool bf16_activations) {
+  return std::make_unique<CpuBackend>(config, weights, num_threads, bf16_activations);
 }
 
 }  // namespace sluice

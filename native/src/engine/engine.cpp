@@ -21,7 +21,6 @@ struct Sequence {
   int64_t num_computed = 0;      // tokens whose K/V are in the cache
   std::vector<int32_t> blocks;   // block table: blocks[i] holds positions [i*bs, (i+1)*bs)
   SamplingParams params;
-  Rng rng;
 };
 
 std::string join_path(const std::string& dir, const char* name) {
@@ -38,8 +37,11 @@ class EngineImpl final : public Engine {
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
 
+    if (opts.matmul_precision != "f32" && opts.matmul_precision != "bf16")
+      throw Error(ErrorCode::kInvalidArgument,
+                  "matmul_precision must be \"f32\" or \"bf16\", got \"" + opts.matmul_precision + "\"");
     if (opts.backend == "cpu") {
-      backend_ = create_cpu_backend(config_, weights_, opts.num_threads);
+      backend_ = create_cpu_backend(config_, weights_, opts.num_threads, opts.matmul_precision == "bf16");
     } else if (opts.backend == "cuda") {
       throw Error(ErrorCode::kBackendUnavailable, "the CUDA backend is not compiled into this build (use backend cpu)");
     } else {
@@ -66,6 +68,7 @@ class EngineImpl final : public Engine {
     i.backend = backend_->name();
     i.simd = backend_->kernel_info();
     i.num_threads = backend_->num_threads();
+    i.matmul_precision = opts_.matmul_precision;
     return i;
   }
 
@@ -87,7 +90,6 @@ class EngineImpl final : public Engine {
     Sequence s;
     s.tokens = prompt;
     s.params = p;
-    s.rng = Rng(p.seed);
     seqs_.emplace(seq_id, std::move(s));
   }
 
@@ -206,7 +208,9 @@ StepResult EngineImpl::step(const StepPlan& plan) {
     const size_t r = result.seq_ids.size();
     result.top_ids.resize((r + 1) * size_t(top_n), -1);
     result.top_logprobs.resize((r + 1) * size_t(top_n), -INFINITY);
-    SampledToken tok = sample_token(logits_.data() + row * size_t(V), V, s.params, s.rng, s.params.logprobs,
+    // A fresh stream per (seed, position): a preempted and recomputed sequence draws the same.
+    Rng rng(s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size())));
+    SampledToken tok = sample_token(logits_.data() + row * size_t(V), V, s.params, rng, s.params.logprobs,
                                     result.top_ids.data() + r * size_t(top_n),
                                     result.top_logprobs.data() + r * size_t(top_n), sample_probs_, sample_order_);
     row++;

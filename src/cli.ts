@@ -1,0 +1,50 @@
+#!/usr/bin/env node
+// The sluice command line: argument handling only; the work lives in the modules it calls.
+
+import { isSluiceError } from './errors.js';
+import { GENERATE_HELP, runGenerate } from './cli/generate.js';
+import { MAKE_MODEL_HELP, runMakeModel } from './cli/make-model.js';
+
+const HELP = `usage: sluice <command> [options]
+
+commands:
+  generate     generate text with a model (sluice generate --help)
+  make-model   write a demo / benchmark model with random weights (sluice make-model --help)
+
+  sluice --help          this text
+  sluice <command> -h    help for a command
+`;
+
+const COMMANDS: Record<string, { run: (args: string[]) => Promise<void>; help: string }> = {
+  generate: { run: runGenerate, help: GENERATE_HELP },
+  'make-model': { run: runMakeModel, help: MAKE_MODEL_HELP },
+};
+
+async function main(argv: string[]): Promise<number> {
+  const [command, ...args] = argv;
+  if (command === undefined || command === '--help' || command === '-h' || command === 'help') {
+    if (command === 'help' && args[0] !== undefined && COMMANDS[args[0]]) process.stdout.write(COMMANDS[args[0]]!.help);
+    else process.stdout.write(HELP);
+    return command === undefined ? 1 : 0;
+  }
+  const entry = Object.hasOwn(COMMANDS, command) ? COMMANDS[command] : undefined;
+  if (!entry) {
+    process.stderr.write(`sluice: unknown command "${command}"\n\n${HELP}`);
+    return 1;
+  }
+  await entry.run(args);
+  return 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => { process.exitCode = code; },
+  (err: unknown) => {
+    // Expected failures (SluiceError) print their message only; anything else is a bug, and
+    // SLUICE_DEBUG=1 shows its stack.
+    const message = isSluiceError(err) || !process.env['SLUICE_DEBUG']
+      ? (err as Error)?.message ?? String(err)
+      : (err as Error)?.stack ?? String(err);
+    process.stderr.write(`sluice: ${message}\n`);
+    process.exitCode = 1;
+  },
+);

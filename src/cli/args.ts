@@ -1,0 +1,61 @@
+// Flag parsing helpers for the CLI: node:util parseArgs, with every malformed flag or value
+// turned into SluiceError invalid_argument (printed without a stack trace, exit code 1).
+
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { SluiceError } from '../errors.js';
+
+type Options = NonNullable<ParseArgsConfig['options']>;
+type Parsed<O extends Options> = ReturnType<typeof parseArgs<{ args: string[]; options: O; strict: true; allowPositionals: false }>>;
+
+export function parseFlags<O extends Options>(args: string[], options: O, command: string): Parsed<O> {
+  try {
+    return parseArgs({ args, options, strict: true, allowPositionals: false });
+  } catch (err) {
+    // parseArgs messages name the flag: "Unknown option '--foo'", "Option '--prompt <value>' argument missing".
+    throw new SluiceError('invalid_argument', `${command}: ${(err as Error).message} (see sluice ${command} --help)`);
+  }
+}
+
+function bad(flag: string, expected: string, raw: string): SluiceError {
+  return new SluiceError('invalid_argument', `--${flag} must be ${expected}, got "${raw}"`, { param: flag });
+}
+
+/** Decimal integer within [min, max]. */
+export function intFlag(raw: string | undefined, flag: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
+  if (raw === undefined) return undefined;
+  const value = Number(raw);
+  if (!/^-?\d+$/.test(raw.trim()) || !Number.isSafeInteger(value) || value < min || value > max) {
+    throw bad(flag, max === Number.MAX_SAFE_INTEGER ? `an integer >= ${min}` : `an integer in [${min}, ${max}]`, raw);
+  }
+  return value;
+}
+
+/** Finite number within [min, max]. */
+export function numberFlag(raw: string | undefined, flag: string, min: number, max: number): number | undefined {
+  if (raw === undefined) return undefined;
+  const value = Number(raw);
+  if (raw.trim() === '' || !Number.isFinite(value) || value < min || value > max) {
+    throw bad(flag, `a number in [${min}, ${max}]`, raw);
+  }
+  return value;
+}
+
+/** Unsigned 64-bit integer (decimal). */
+export function u64Flag(raw: string | undefined, flag: string): bigint | undefined {
+  if (raw === undefined) return undefined;
+  if (!/^\d+$/.test(raw.trim()) || BigInt(raw.trim()) >= 2n ** 64n) throw bad(flag, 'an integer in [0, 2^64)', raw);
+  return BigInt(raw.trim());
+}
+
+export function choiceFlag<C extends string>(raw: string | undefined, flag: string, choices: readonly C[]): C | undefined {
+  if (raw === undefined) return undefined;
+  if (!(choices as readonly string[]).includes(raw)) throw bad(flag, `one of ${choices.join(', ')}`, raw);
+  return raw as C;
+}
+
+export function requiredFlag(raw: string | undefined, flag: string, command: string): string {
+  if (raw === undefined || raw === '') {
+    throw new SluiceError('invalid_argument', `${command}: --${flag} is required (see sluice ${command} --help)`, { param: flag });
+  }
+  return raw;
+}

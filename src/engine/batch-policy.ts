@@ -1,0 +1,55 @@
+// Scheduling policy for the Batcher: who is admitted next and who is preempted when KV blocks run
+// out. The Batcher owns the mechanism (planning, KV accounting, native calls); a policy only
+// orders. FcfsPolicy is first come first served; a priority scheduler implements the same interface.
+
+/** What a policy may read about a sequence. Owned and mutated by the Batcher only. */
+export interface SequenceView {
+  /** Submission order (0, 1, 2, ...): stable across preemptions. */
+  readonly arrivalOrder: number;
+  /** Order of the latest admission (-1 before the first); grows with every (re-)admission. */
+  readonly admittedOrder: number;
+  readonly numPromptTokens: number;
+  readonly numGeneratedTokens: number;
+}
+
+export interface SchedulingPolicy {
+  /**
+   * Adds a sequence to the waiting set: a new submission (preempted = false) or a running
+   * sequence that lost its KV blocks (preempted = true).
+   */
+  enqueue(seq: SequenceView, preempted: boolean): void;
+  /** Removes a waiting sequence (admitted, cancelled or failed); unknown sequences are ignored. */
+  remove(seq: SequenceView): void;
+  /** The waiting sequences, next to admit first. The Batcher admits from the front while they fit. */
+  waiting(): readonly SequenceView[];
+  /** Which of `running` (non-empty, oldest admission first) gives up its KV blocks. */
+  pickVictim(running: readonly SequenceView[]): SequenceView;
+}
+
+/**
+ * First come first served: admits in arrival order; a preempted sequence goes back to the front
+ * (it arrived before everything still waiting); the victim is the most recently admitted.
+ */
+export class FcfsPolicy implements SchedulingPolicy {
+  private queue: SequenceView[] = [];
+
+  enqueue(seq: SequenceView, preempted: boolean): void {
+    if (preempted) this.queue.unshift(seq);
+    else this.queue.push(seq);
+  }
+
+  remove(seq: SequenceView): void {
+    const index = this.queue.indexOf(seq);
+    if (index >= 0) this.queue.splice(index, 1);
+  }
+
+  waiting(): readonly SequenceView[] {
+    return this.queue;
+  }
+
+  pickVictim(running: readonly SequenceView[]): SequenceView {
+    let victim = running[0]!;
+    for (const seq of running) if (seq.admittedOrder > victim.admittedOrder) victim = seq;
+    return victim;
+  }
+}

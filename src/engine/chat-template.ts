@@ -1,0 +1,108 @@
+// Renders a model's Jinja chat template (tokenizer_config.json chat_template) into the prompt
+// text, the way Hugging Face's apply_chat_template(..., add_generation_prompt=True) does.
+
+import { Template } from '@huggingface/jinja';
+import { SluiceError } from '../errors.js';
+
+export type ChatRole = 'system' | 'developer' | 'user' | 'assistant';
+
+export interface ChatTextPart {
+  type: 'text';
+  text: string;
+}
+
+export interface ChatMessage {
+  role: ChatRole;
+  /** A string, or a list of text parts which are joined with '\n'. */
+  content: string | readonly ChatTextPart[];
+}
+
+export interface RenderOptions {
+  bosToken?: string | undefined;
+  eosToken?: string | undefined;
+  /** End with the header of an assistant turn so the model answers. Default true. */
+  addGenerationPrompt?: boolean;
+}
+
+const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant']);
+
+/** A compiled chat template. Compile once per model; render per request. */
+export class ChatTemplate {
+  private readonly template: Template;
+
+  /**
+   * @param source Jinja source. A template that does not parse throws model_file_invalid
+   *   (use compileChatTemplate when the model may have none).
+   * @param modelName named in error messages (the model directory).
+   */
+  constructor(readonly source: string, private readonly modelName = 'the model') {
+    try {
+      this.template = new Template(source);
+    } catch (err) {
+      throw new SluiceError('model_file_invalid',
+        `the chat template of ${modelName} does not parse: ${(err as Error).message}`, { cause: err });
+    }
+  }
+
+  /**
+   * Messages -> prompt text. Roles are checked; 'developer' is rendered as 'system' because
+   * open-weight templates know only system/user/assistant. A template's own
+   * raise_exception (e.g. "roles must alternate") becomes SluiceError chat_template_error.
+   */
+  render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
+    const normalized = normalizeMessages(messages);
+    try {
+      return this.template.render({
+        messages: normalized,
+        add_generation_prompt: options.addGenerationPrompt ?? true,
+        bos_token: options.bosToken ?? '',
+        eos_token: options.eosToken ?? '',
+      });
+    } catch (err) {
+      throw new SluiceError('chat_template_error',
+        `the chat template of ${this.modelName} failed on these messages: ${(err as Error).message}`,
+        { cause: err, param: 'messages' });
+    }
+  }
+}
+
+/** Compiles `source`, or throws no_chat_template naming the model when there is none. */
+export function compileChatTemplate(source: string | undefined, modelName: string): ChatTemplate {
+  if (source === undefined || source.trim() === '') {
+    throw new SluiceError('no_chat_template',
+      `${modelName} has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja): ` +
+      'send a plain prompt instead of messages');
+  }
+  return new ChatTemplate(source, modelName);
+}
+
+/** Checks roles and content; flattens text parts to a string. Throws invalid_request. */
+export function normalizeMessages(messages: readonly ChatMessage[]): Array<{ role: string; content: string }> {
+  if (!Array.isArray(messages) || messages.length === 0) {
+    throw new SluiceError('invalid_request', 'messages must be a non-empty array', { param: 'messages' });
+  }
+  return messages.map((message, i) => {
+    const param = `messages[${i}]`;
+    if (message === null || typeof message !== 'object' || !CHAT_ROLES.has(message.role)) {
+      throw new SluiceError('invalid_request',
+        `${param}.role must be one of system, developer, user, assistant`, { param: `${param}.role` });
+    }
+    return { role: message.role === 'developer' ? 'system' : message.role, content: messageText(message.content, param) };
+  });
+}
+
+function messageText(content: ChatMessage['content'], param: string): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) {
+    throw new SluiceError('invalid_request', `${param}.content must be a string or an array of text parts`,
+      { param: `${param}.content` });
+  }
+  return content.map((part, j) => {
+    if (part === null || typeof part !== 'object' || part.type !== 'text' || typeof part.text !== 'string') {
+      throw new SluiceError('invalid_request',
+        `${param}.content[${j}] must be {type: 'text', text: string} (only text is supported)`,
+        { param: `${param}.content[${j}]` });
+    }
+    return part.text;
+  }).join('\n');
+}

@@ -1,0 +1,278 @@
+// The engine facade: load a model directory, turn requests into prompt tokens, run them through
+// the continuous-batching loop, and return text. Library users and the API layer see only this.
+
+import { stat } from 'node:fs/promises';
+import { resolve } from 'node:path';
+import { SluiceError } from '../errors.js';
+import { Batcher } from './batcher.js';
+import { compileChatTemplate, type ChatTemplate } from './chat-template.js';
+import { Generation } from './generation.js';
+import { loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
+import type { BackendName, MatmulPrecision, NativeEngineHandle, NativeModelInfo } from './native-types.js';
+import {
+  checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
+  type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,
+} from './request.js';
+import type { FinishReason } from './stops.js';
+import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
+
+export interface EngineLoadOptions {
+  /** Hugging Face model directory. */
+  model: string;
+  /** 'auto' (default): cuda when the addon has it and it starts, else cpu (with a message). */
+  backend?: BackendName | 'auto';
+  /** KV cache pool size. Default: see defaultKvCacheBytes. */
+  kvCacheBytes?: number;
+  /** Tokens per KV block (default 16). */
+  blockSize?: number;
+  /** Compute threads (default 0 = all online CPUs). */
+  threads?: number;
+  /**
+   * How activations meet bf16 weights (CPU, AVX512-BF16): 'f32' (default) tracks an f32
+   * computation; 'bf16' rounds activations to bf16 for about twice the prefill / large-batch
+   * throughput, as llama.cpp and vLLM do on CPU.
+   */
+  matmulPrecision?: MatmulPrecision;
+  /** Tokens per step (default 512). */
+  maxBatchedTokens?: number;
+  /** Sequences running at once (default 64). */
+  maxNumSeqs?: number;
+  /** Notices such as a backend fallback. Default: written to stderr. */
+  onMessage?: (message: string) => void;
+}
+
+export interface EngineInfo extends NativeModelInfo {
+  modelDir: string;
+  eosTokenIds: number[];
+  hasChatTemplate: boolean;
+  maxBatchedTokens: number;
+  maxNumSeqs: number;
+}
+
+const GiB = 1024 ** 3;
+const DEFAULT_BLOCK_SIZE = 16;
+const DEFAULT_MAX_NUM_SEQS = 64;
+
+export class Engine {
+  readonly info: EngineInfo;
+  private chatTemplate: ChatTemplate | undefined;
+  private disposed = false;
+
+  private constructor(
+    readonly tokenizer: SluiceTokenizer,
+    private readonly handle: NativeEngineHandle,
+    private readonly batcher: Batcher,
+    modelDir: string,
+  ) {
+    this.info = {
+      ...handle.info(),
+      modelDir,
+      eosTokenIds: [...tokenizer.eosTokenIds],
+      hasChatTemplate: tokenizer.chatTemplate !== undefined,
+      maxBatchedTokens: batcher.maxBatchedTokens,
+      maxNumSeqs: batcher.maxNumSeqs,
+    };
+  }
+
+  /** Loads tokenizer and weights. Errors are SluiceError (model_file_missing, backend_unavailable, ...). */
+  static async load(opts: EngineLoadOptions): Promise<Engine> {
+    if (typeof opts?.model !== 'string' || opts.model === '') {
+      throw new SluiceError('invalid_argument', 'model must be the path of a model directory', { param: 'model' });
+    }
+    const modelDir = resolve(opts.model);
+    const dirStat = await stat(modelDir).catch(() => undefined);
+    if (!dirStat?.isDirectory()) {
+      throw new SluiceError('model_file_missing', `model directory ${modelDir} does not exist`, { param: 'model' });
+    }
+    const config = (await readJsonFile(modelDir, 'config.json', { required: true }))!;
+    const tokenizer = await SluiceTokenizer.load(modelDir);
+    const onMessage = opts.onMessage ?? ((message: string) => process.stderr.write(`sluice: ${message}\n`));
+    const maxNumSeqs = opts.maxNumSeqs ?? DEFAULT_MAX_NUM_SEQS;
+    const base = {
+      modelDir,
+      kvCacheBytes: opts.kvCacheBytes ?? defaultKvCacheBytes(config, maxNumSeqs),
+      blockSize: opts.blockSize ?? DEFAULT_BLOCK_SIZE,
+      numThreads: opts.threads ?? 0,
+      matmulPrecision: opts.matmulPrecision ?? 'f32',
+    };
+    if (base.matmulPrecision !== 'f32' && base.matmulPrecision !== 'bf16') {
+      throw new SluiceError('invalid_argument', `matmulPrecision must be 'f32' or 'bf16', got ${String(base.matmulPrecision)}`, { param: 'matmulPrecision' });
+    }
+    checkPositiveInteger(base.kvCacheBytes, 'kvCacheBytes');
+    checkPositiveInteger(base.blockSize, 'blockSize');
+    if (!Number.isInteger(base.numThreads) || base.numThreads < 0) {
+      throw new SluiceError('invalid_argument', `threads must be an integer >= 0, got ${base.numThreads}`, { param: 'threads' });
+    }
+    if (!nativeAvailable()) {
+      throw new SluiceError('native_unavailable', 'the native addon is not built: run `npm run build:native`');
+    }
+
+    const requested = opts.backend ?? 'auto';
+    let handle: NativeEngineHandle;
+    if (requested === 'cuda' || requested === 'cpu') {
+      if (requested === 'cuda' && !nativeAddon().cudaCompiled) {
+        throw new SluiceError('backend_unavailable',
+          'this build of sluice has no CUDA backend; use backend cpu (or rebuild with CUDA)', { param: 'backend' });
+      }
+      handle = await loadHandle({ ...base, backend: requested });
+    } else if (requested === 'auto') {
+      if (nativeAddon().cudaCompiled) {
+        try {
+          handle = await loadHandle({ ...base, backend: 'cuda' });
+        } catch (err) {
+          if ((err as SluiceError).code !== 'backend_unavailable') throw err;
+          onMessage(`the CUDA backend is unavailable (${(err as Error).message}); using the CPU backend`);
+          handle = await loadHandle({ ...base, backend: 'cpu' });
+        }
+      } else {
+        onMessage('this build has no CUDA backend; using the CPU backend');
+        handle = await loadHandle({ ...base, backend: 'cpu' });
+      }
+    } else {
+      throw new SluiceError('invalid_argument', `backend must be cpu, cuda or auto, got ${String(requested)}`, { param: 'backend' });
+    }
+
+    try {
+      const batcher = new Batcher(handle, { maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs });
+      return new Engine(tokenizer, handle, batcher, modelDir);
+    } catch (err) {
+      handle.dispose();
+      throw err;
+    }
+  }
+
+  /** Runs a request to completion. Rejects with SluiceError (invalid_request, cancelled, ...). */
+  async generate(req: GenerateRequest): Promise<GenerateResult> {
+    const tokenIds: number[] = [];
+    const logprobs: TokenLogprob[] = [];
+    let text = '';
+    let last: GenerateChunk | undefined;
+    let promptTokenIds: number[] = [];
+    for await (const chunk of this.run(req, (ids) => { promptTokenIds = ids; })) {
+      text += chunk.text;
+      tokenIds.push(...chunk.tokenIds);
+      if (chunk.logprobs) logprobs.push(...chunk.logprobs);
+      last = chunk;
+    }
+    if (last?.finishReason === undefined || !last.usage || !last.timings) {
+      throw new Error('Engine.generate: the generation ended without a final chunk');
+    }
+    const result: GenerateResult = {
+      text,
+      tokenIds,
+      promptTokenIds,
+      finishReason: last.finishReason as FinishReason,
+      usage: last.usage,
+      timings: last.timings,
+    };
+    if (req.logprobs !== undefined) result.logprobs = logprobs;
+    return result;
+  }
+
+  /**
+   * Streams a request: one chunk per generated token, the last with finishReason, usage and
+   * timings. Errors (validation included) are thrown from the iteration. Leaving the loop early
+   * cancels the request.
+   */
+  stream(req: GenerateRequest): AsyncIterable<GenerateChunk> {
+    return this.run(req, () => {});
+  }
+
+  /** Prompt tokens of a request as the engine would run them (chat template and bos applied). */
+  promptTokenIds(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'promptTokenIds'>): number[] {
+    switch (promptSource(req)) {
+      case 'prompt':
+        return this.tokenizer.encode(req.prompt!);
+      case 'messages': {
+        this.chatTemplate ??= compileChatTemplate(this.tokenizer.chatTemplate, this.info.modelDir);
+        const text = this.chatTemplate.render(req.messages!, {
+          bosToken: this.tokenizer.bosToken, eosToken: this.tokenizer.eosToken, addGenerationPrompt: true,
+        });
+        // The template writes bos itself when the model wants it.
+        return this.tokenizer.encode(text, { addBos: false });
+      }
+      case 'promptTokenIds':
+        return checkPromptTokenIds(req.promptTokenIds, this.info.vocabSize);
+    }
+  }
+
+  /** Stops accepting requests, fails pending ones (engine_disposed), frees the model. Safe to call twice. */
+  async dispose(): Promise<void> {
+    if (this.disposed) return;
+    this.disposed = true;
+    await this.batcher.dispose();
+    this.handle.dispose();
+  }
+
+  private async *run(req: GenerateRequest, onPrompt: (promptTokenIds: number[]) => void): AsyncGenerator<GenerateChunk> {
+    if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
+    const options = validateOptions(req);
+    const promptTokenIds = this.promptTokenIds(req);
+    const maxTokens = resolveMaxTokens(promptTokenIds.length, options.maxTokens, this.info.contextLength,
+      this.batcher.maxSequenceTokens);
+    onPrompt(promptTokenIds);
+
+    // Our own controller, so that leaving the iteration early cancels even without req.signal.
+    const controller = new AbortController();
+    const userSignal = req.signal;
+    const forwardAbort = () => controller.abort(userSignal?.reason);
+    if (userSignal?.aborted) forwardAbort();
+    else userSignal?.addEventListener('abort', forwardAbort, { once: true });
+
+    const generation = new Generation({
+      tokenizer: this.tokenizer,
+      promptTokenIds,
+      maxTokens,
+      stopStrings: options.stopStrings,
+      logprobs: options.logprobs,
+      cancelReason: () => controller.signal.reason,
+    });
+    try {
+      this.batcher.submit({ promptTokenIds, maxTokens, sampling: options.sampling, signal: controller.signal, sink: generation });
+      yield* generation.chunks;
+    } finally {
+      userSignal?.removeEventListener('abort', forwardAbort);
+      if (!generation.isEnded) controller.abort(new SluiceError('cancelled', 'the consumer stopped reading the stream'));
+    }
+  }
+}
+
+/**
+ * Default KV pool: room for min(maxNumSeqs, 8) full contexts, at most 2 GiB. Bytes per token are
+ * estimated from config.json with 4-byte elements (the CPU backend keeps KV in f32); the pool is
+ * reserved, and on the CPU backend pages are committed only as they are used.
+ */
+export function defaultKvCacheBytes(config: Record<string, unknown>, maxNumSeqs: number): number {
+  const num = (key: string): number | undefined => {
+    const v = config[key];
+    return typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : undefined;
+  };
+  const numLayers = num('num_hidden_layers');
+  const numHeads = num('num_attention_heads');
+  const hiddenSize = num('hidden_size');
+  if (numLayers === undefined || numHeads === undefined || hiddenSize === undefined) return GiB;
+  const numKvHeads = num('num_key_value_heads') ?? numHeads;
+  const headDim = num('head_dim') ?? hiddenSize / numHeads;
+  const contextLength = num('max_position_embeddings') ?? 4096;
+  const bytesPerToken = 2 * numLayers * numKvHeads * headDim * 4;
+  const bytes = bytesPerToken * contextLength * Math.min(maxNumSeqs, 8);
+  return Math.min(2 * GiB, Math.ceil(bytes));
+}
+
+function checkPositiveInteger(value: number, param: string): void {
+  if (!Number.isInteger(value) || value < 1) {
+    throw new SluiceError('invalid_argument', `${param} must be an integer >= 1, got ${value}`, { param });
+  }
+}
+
+/** loadNativeEngine with native error codes (MODEL_FILE_MISSING) mapped to SluiceError codes. */
+async function loadHandle(options: Parameters<typeof loadNativeEngine>[0]): Promise<NativeEngineHandle> {
+  try {
+    return await loadNativeEngine(options);
+  } catch (err) {
+    const nativeCode = (err as { code?: unknown }).code;
+    const code = typeof nativeCode === 'string' ? nativeCode.toLowerCase() : 'engine_error';
+    throw new SluiceError(code, `cannot load ${options.modelDir} on ${options.backend}: ${(err as Error).message}`,
+      { cause: err });
+  }
+}

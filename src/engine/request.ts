@@ -1,0 +1,188 @@
+// The engine facade's request and result types, and the validation that turns a GenerateRequest
+// into prompt tokens + native sampling parameters. Failures are SluiceError invalid_request (or
+// context_length_exceeded) naming the field.
+
+import { getRandomValues } from 'node:crypto';
+import { SluiceError } from '../errors.js';
+import type { ChatMessage } from './chat-template.js';
+import type { NativeSamplingParams } from './native-types.js';
+import type { FinishReason } from './stops.js';
+
+export interface GenerateRequest {
+  /** Exactly one of prompt, messages, promptTokenIds. */
+  prompt?: string;
+  /** Rendered with the model's chat template (add_generation_prompt). */
+  messages?: ChatMessage[];
+  promptTokenIds?: number[];
+  /** Generated-token limit, >= 1. Default: what is left of the context (and of the KV pool). */
+  maxTokens?: number;
+  /** 0..2; 0 = greedy. Default 1 (the OpenAI APIs' default; the CLI defaults to 0). */
+  temperature?: number;
+  /** (0, 1]; 1 = off (default). */
+  topP?: number;
+  /** Integer >= 0; 0 = off (default). */
+  topK?: number;
+  /** Sampling seed, 0..2^64-1. Default: random. */
+  seed?: number | bigint;
+  /** Return the top N (0..20) alternatives per generated token; undefined = no logprobs. */
+  logprobs?: number;
+  /** Output is cut before the first of these (non-empty) strings. */
+  stop?: string[];
+  signal?: AbortSignal;
+}
+
+export interface TopLogprob {
+  id: number;
+  token: string;
+  logprob: number;
+}
+
+export interface TokenLogprob extends TopLogprob {
+  /** The `logprobs` most likely tokens at this position, best first. */
+  top: TopLogprob[];
+}
+
+export interface Usage {
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** Milliseconds. Time to first token = queuedMs + prefillMs. */
+export interface Timings {
+  /** Submission -> first scheduled step. */
+  queuedMs: number;
+  /** First scheduled step -> first generated token. */
+  prefillMs: number;
+  /** First generated token -> last. */
+  decodeMs: number;
+  /** Decode throughput: (completionTokens - 1) / decode seconds; 0 with one token. */
+  tokensPerSecond: number;
+}
+
+export interface GenerateResult {
+  text: string;
+  /** Every generated token, including a final eos or the token that completed a stop string. */
+  tokenIds: number[];
+  promptTokenIds: number[];
+  finishReason: FinishReason;
+  /** One entry per generated token when the request asked for logprobs. */
+  logprobs?: TokenLogprob[];
+  usage: Usage;
+  timings: Timings;
+}
+
+/** One piece of a streamed generation. */
+export interface GenerateChunk {
+  /** New text; '' while text is held back (incomplete character, possible stop-string start). */
+  text: string;
+  /** Tokens generated since the previous chunk. */
+  tokenIds: number[];
+  logprobs?: TokenLogprob[];
+  /** The last chunk carries finishReason, usage and timings. */
+  finishReason?: FinishReason;
+  usage?: Usage;
+  timings?: Timings;
+}
+
+export const MAX_LOGPROBS = 20;
+
+/** Validated sampling and limits, before the prompt-dependent maxTokens default. */
+export interface ValidatedOptions {
+  sampling: NativeSamplingParams;
+  /** undefined = the caller did not ask for logprobs. */
+  logprobs: number | undefined;
+  maxTokens: number | undefined;
+  stopStrings: string[];
+}
+
+function invalid(param: string, message: string): SluiceError {
+  return new SluiceError('invalid_request', `${param} ${message}`, { param });
+}
+
+function checkNumber(value: unknown, param: string, ok: (v: number) => boolean, range: string): number | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'number' || !Number.isFinite(value) || !ok(value)) {
+    throw invalid(param, `must be ${range}, got ${JSON.stringify(value) ?? String(value)}`);
+  }
+  return value;
+}
+
+export function randomSeed(): bigint {
+  return getRandomValues(new BigUint64Array(1))[0]!;
+}
+
+/** Checks the sampling fields of a request; throws invalid_request naming the first bad one. */
+export function validateOptions(req: GenerateRequest): ValidatedOptions {
+  if (req === null || typeof req !== 'object') throw new SluiceError('invalid_request', 'the request must be an object');
+  const temperature = checkNumber(req.temperature, 'temperature', (v) => v >= 0 && v <= 2, 'a number in [0, 2]') ?? 1;
+  const topP = checkNumber(req.topP, 'topP', (v) => v > 0 && v <= 1, 'a number in (0, 1]') ?? 1;
+  const topK = checkNumber(req.topK, 'topK', (v) => Number.isInteger(v) && v >= 0, 'an integer >= 0') ?? 0;
+  const logprobs = checkNumber(req.logprobs, 'logprobs',
+    (v) => Number.isInteger(v) && v >= 0 && v <= MAX_LOGPROBS, `an integer in [0, ${MAX_LOGPROBS}]`);
+  const maxTokens = checkNumber(req.maxTokens, 'maxTokens', (v) => Number.isInteger(v) && v >= 1, 'an integer >= 1');
+
+  let seed: bigint;
+  if (req.seed === undefined) seed = randomSeed();
+  else if (typeof req.seed === 'bigint' && req.seed >= 0n && req.seed < 2n ** 64n) seed = req.seed;
+  else if (typeof req.seed === 'number' && Number.isSafeInteger(req.seed) && req.seed >= 0) seed = BigInt(req.seed);
+  else throw invalid('seed', `must be an integer in [0, 2^64), got ${String(req.seed)}`);
+
+  const stop = req.stop ?? [];
+  if (!Array.isArray(stop) || stop.some((s) => typeof s !== 'string' || s.length === 0)) {
+    throw invalid('stop', 'must be an array of non-empty strings');
+  }
+  return {
+    sampling: { temperature, topP, topK, seed, logprobs: logprobs ?? 0 },
+    logprobs,
+    maxTokens,
+    stopStrings: [...stop],
+  };
+}
+
+/** Checks that exactly one prompt source is given; returns which. */
+export function promptSource(req: GenerateRequest): 'prompt' | 'messages' | 'promptTokenIds' {
+  const given = (['prompt', 'messages', 'promptTokenIds'] as const).filter((k) => req[k] !== undefined);
+  if (given.length !== 1) {
+    throw new SluiceError('invalid_request',
+      given.length === 0 ? 'give one of prompt, messages or promptTokenIds'
+        : `give only one of prompt, messages or promptTokenIds (got ${given.join(' and ')})`);
+  }
+  const source = given[0]!;
+  if (source === 'prompt' && typeof req.prompt !== 'string') throw invalid('prompt', 'must be a string');
+  return source;
+}
+
+/** Token ids given directly must be integers in [0, vocabSize). */
+export function checkPromptTokenIds(ids: unknown, vocabSize: number): number[] {
+  if (!Array.isArray(ids) || ids.some((id) => !Number.isInteger(id) || id < 0 || id >= vocabSize)) {
+    throw invalid('promptTokenIds', `must be an array of integers in [0, ${vocabSize})`);
+  }
+  return [...(ids as number[])];
+}
+
+/**
+ * Resolves maxTokens against the context: prompt + maxTokens must be <= contextLength
+ * (context_length_exceeded otherwise, stating both numbers). The default is what is left of the
+ * context, capped by what one sequence can hold in the KV pool (`maxSequenceTokens`).
+ */
+export function resolveMaxTokens(
+  numPromptTokens: number, maxTokens: number | undefined, contextLength: number, maxSequenceTokens: number,
+): number {
+  if (numPromptTokens === 0) throw new SluiceError('invalid_request', 'the prompt is empty (0 tokens)', { param: 'prompt' });
+  if (maxTokens === undefined) {
+    if (numPromptTokens >= contextLength) {
+      throw new SluiceError('context_length_exceeded',
+        `the prompt has ${numPromptTokens} tokens, which leaves no room to generate in the model's ` +
+        `context length of ${contextLength} tokens`);
+    }
+    // +1: the last generated token never needs KV.
+    return Math.max(1, Math.min(contextLength - numPromptTokens, maxSequenceTokens - numPromptTokens + 1));
+  }
+  if (numPromptTokens + maxTokens > contextLength) {
+    throw new SluiceError('context_length_exceeded',
+      `the prompt has ${numPromptTokens} tokens and maxTokens is ${maxTokens}: together ` +
+      `${numPromptTokens + maxTokens} tokens, more than the model's context length of ${contextLength}`,
+      { param: 'maxTokens' });
+  }
+  return maxTokens;
+}

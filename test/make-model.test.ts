@@ -1,0 +1,465 @@
+import { createHash } from 'node:crypto';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Template } from '@huggingface/jinja';
+import { Tokenizer } from '@huggingface/tokenizers';
+import { afterAll, describe, expect, it } from 'vitest';
+import { PRESETS, makeModel, paramCount, resolvePreset, weightBytes } from '../models/make-model.js';
+
+const root = mkdtempSync(join(tmpdir(), 'sluice-make-model-'));
+afterAll(() => rmSync(root, { recursive: true, force: true }));
+let counter = 0;
+const freshDir = (name: string) => join(root, `${name}-${counter++}`);
+
+const readJson = (p: string) => JSON.parse(readFileSync(p, 'utf8'));
+
+interface HeaderEntry {
+  dtype: string;
+  shape: number[];
+  data_offsets: [number, number];
+}
+
+/** Parse a safetensors file's header independently of the writer. */
+function readHeader(path: string): { header: Record<string, HeaderEntry>; meta: unknown; headerLen: number; size: number } {
+  const buf = readFileSync(path);
+  const headerLen = Number(buf.readBigUInt64LE(0));
+  const json = JSON.parse(buf.subarray(8, 8 + headerLen).toString('utf8'));
+  const meta = json.__metadata__;
+  delete json.__metadata__;
+  return { header: json, meta, headerLen, size: buf.length };
+}
+
+function tensorBytes(dir: string, file: string, name: string): Buffer {
+  const buf = readFileSync(join(dir, file));
+  const { header, headerLen } = readHeader(join(dir, file));
+  const e = header[name]!;
+  return buf.subarray(8 + headerLen + e.data_offsets[0], 8 + headerLen + e.data_offsets[1]);
+}
+
+/** Expected HF tensor names and shapes of a preset, written out independently. */
+function expectedTensors(preset: string): Map<string, number[]> {
+  const s = resolvePreset(preset);
+  const m = new Map<string, number[]>();
+  const h = s.hiddenSize;
+  const q = s.numHeads * s.headDim;
+  const kv = s.numKvHeads * s.headDim;
+  m.set('model.embed_tokens.weight', [s.vocabSize, h]);
+  for (let i = 0; i < s.numLayers; i++) {
+    const p = `model.layers.${i}.`;
+    m.set(p + 'input_layernorm.weight', [h]);
+    m.set(p + 'post_attention_layernorm.weight', [h]);
+    m.set(p + 'self_attn.q_proj.weight', [q, h]);
+    m.set(p + 'self_attn.k_proj.weight', [kv, h]);
+    m.set(p + 'self_attn.v_proj.weight', [kv, h]);
+    m.set(p + 'self_attn.o_proj.weight', [h, q]);
+    if (s.architecture === 'Qwen2ForCausalLM') {
+      m.set(p + 'self_attn.q_proj.bias', [q]);
+      m.set(p + 'self_attn.k_proj.bias', [kv]);
+      m.set(p + 'self_attn.v_proj.bias', [kv]);
+    }
+    if (s.architecture === 'Qwen3ForCausalLM') {
+      m.set(p + 'self_attn.q_norm.weight', [s.headDim]);
+      m.set(p + 'self_attn.k_norm.weight', [s.headDim]);
+    }
+    m.set(p + 'mlp.gate_proj.weight', [s.intermediateSize, h]);
+    m.set(p + 'mlp.up_proj.weight', [s.intermediateSize, h]);
+    m.set(p + 'mlp.down_proj.weight', [h, s.intermediateSize]);
+  }
+  m.set('model.norm.weight', [h]);
+  if (!s.tieWordEmbeddings) m.set('lm_head.weight', [s.vocabSize, h]);
+  return m;
+}
+
+const TEST_PRESETS = ['test-llama', 'test-llama-linear', 'test-qwen2', 'test-qwen3', 'test-mistral'];
+
+describe('makeModel: files and weights', () => {
+  it('writes a complete tiny model directory with valid safetensors', async () => {
+    const dir = freshDir('tiny');
+    let last: [number, number] = [0, -1];
+    await makeModel({ preset: 'tiny', out: dir, onProgress: (d, t) => (last = [d, t]) });
+    for (const f of ['config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json', 'model.safetensors']) {
+      expect(existsSync(join(dir, f)), f).toBe(true);
+    }
+    expect(existsSync(join(dir, 'model.safetensors.index.json'))).toBe(false);
+    expect(readdirSync(dir).filter((f) => f.includes('.tmp-'))).toEqual([]);
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg.architectures).toEqual(['LlamaForCausalLM']);
+    expect(cfg.model_type).toBe('llama');
+    expect(cfg.torch_dtype).toBe('bfloat16');
+    expect(cfg.hidden_act).toBe('silu');
+    expect(cfg.tie_word_embeddings).toBe(true);
+    expect(cfg.attention_bias).toBe(false);
+    expect(cfg.mlp_bias).toBe(false);
+    expect(cfg.vocab_size).toBe(2051);
+    const { header, meta, headerLen, size } = readHeader(join(dir, 'model.safetensors'));
+    expect(meta).toEqual({ format: 'pt' });
+    expect((8 + headerLen) % 8).toBe(0);
+    const exp = expectedTensors('tiny');
+    expect(Object.keys(header).sort()).toEqual([...exp.keys()].sort());
+    // Offsets are contiguous, cover the data exactly, and match shapes.
+    const entries = Object.values(header).sort((a, b) => a.data_offsets[0] - b.data_offsets[0]);
+    let pos = 0;
+    for (const e of entries) {
+      expect(e.dtype).toBe('BF16');
+      expect(e.data_offsets[0]).toBe(pos);
+      pos = e.data_offsets[1];
+    }
+    for (const [name, e] of Object.entries(header)) {
+      expect(e.shape).toEqual(exp.get(name));
+      expect(e.data_offsets[1] - e.data_offsets[0]).toBe(e.shape.reduce((a, b) => a * b, 1) * 2);
+    }
+    expect(size).toBe(8 + headerLen + pos);
+    expect(last).toEqual([pos, pos]);
+    expect(weightBytes('tiny')).toBe(pos);
+    const gen = readJson(join(dir, 'generation_config.json'));
+    expect(gen.do_sample).toBe(false);
+    expect(gen.eos_token_id).toEqual([2050, 2048]);
+    expect(gen.bos_token_id).toBe(2048);
+  });
+
+  it.each(TEST_PRESETS)('%s: config fields and complete tensor set', async (preset) => {
+    const dir = freshDir(preset);
+    await makeModel({ preset, out: dir, dtype: 'f16' });
+    const s = PRESETS[preset]!;
+    const cfg = readJson(join(dir, 'config.json'));
+    const modelType = { LlamaForCausalLM: 'llama', MistralForCausalLM: 'mistral', Qwen2ForCausalLM: 'qwen2', Qwen3ForCausalLM: 'qwen3' }[s.architecture];
+    expect(cfg).toMatchObject({
+      architectures: [s.architecture],
+      model_type: modelType,
+      hidden_size: s.hiddenSize,
+      intermediate_size: s.intermediateSize,
+      num_hidden_layers: s.numLayers,
+      num_attention_heads: s.numHeads,
+      num_key_value_heads: s.numKvHeads,
+      head_dim: s.headDim,
+      vocab_size: s.vocabSize,
+      max_position_embeddings: s.maxPositionEmbeddings,
+      rms_norm_eps: s.rmsNormEps,
+      rope_theta: s.ropeTheta,
+      rope_scaling: s.ropeScaling,
+      tie_word_embeddings: s.tieWordEmbeddings,
+      torch_dtype: 'float16',
+      hidden_act: 'silu',
+    });
+    if (s.architecture === 'Qwen2ForCausalLM') expect(cfg.use_sliding_window).toBe(false);
+    if (s.architecture === 'Qwen3ForCausalLM') {
+      expect(cfg.attention_bias).toBe(false);
+      expect(cfg.head_dim).not.toBe(cfg.hidden_size / cfg.num_attention_heads);
+    }
+    if (s.architecture === 'MistralForCausalLM') expect(cfg.sliding_window).toBeNull();
+    const { header } = readHeader(join(dir, 'model.safetensors'));
+    const exp = expectedTensors(preset);
+    expect(Object.keys(header).sort()).toEqual([...exp.keys()].sort());
+    for (const [name, e] of Object.entries(header)) {
+      expect(e.shape, name).toEqual(exp.get(name));
+      expect(e.dtype).toBe('F16');
+    }
+  });
+
+  it('shards with an index exactly like transformers, and stale shards are removed', async () => {
+    const dir = freshDir('sharded');
+    await makeModel({ preset: 'test-llama', out: dir, shardBytes: 300_000 });
+    const files = readdirSync(dir).filter((f) => f.endsWith('.safetensors')).sort();
+    expect(files.length).toBeGreaterThan(2);
+    const n = String(files.length).padStart(5, '0');
+    files.forEach((f, i) => expect(f).toBe(`model-${String(i + 1).padStart(5, '0')}-of-${n}.safetensors`));
+    const index = readJson(join(dir, 'model.safetensors.index.json'));
+    const exp = expectedTensors('test-llama');
+    expect(Object.keys(index.weight_map).sort()).toEqual([...exp.keys()].sort());
+    expect(Object.keys(index.weight_map)).toEqual(Object.keys(index.weight_map).sort());
+    let total = 0;
+    for (const f of files) {
+      const { header } = readHeader(join(dir, f));
+      for (const [name, e] of Object.entries(header)) {
+        expect(index.weight_map[name]).toBe(f);
+        total += e.data_offsets[1] - e.data_offsets[0];
+      }
+    }
+    expect(index.metadata.total_size).toBe(total);
+    expect(total).toBe(weightBytes('test-llama'));
+
+    // Sharding does not change the bytes of any tensor.
+    const single = freshDir('single');
+    await makeModel({ preset: 'test-llama', out: single });
+    for (const name of ['model.embed_tokens.weight', 'model.layers.1.mlp.down_proj.weight', 'lm_head.weight']) {
+      expect(tensorBytes(dir, index.weight_map[name], name).equals(tensorBytes(single, 'model.safetensors', name))).toBe(true);
+    }
+    // Rewriting unsharded into the sharded directory leaves no stale shards behind.
+    await makeModel({ preset: 'test-llama', out: dir });
+    expect(readdirSync(dir).filter((f) => f.includes('safetensors'))).toEqual(['model.safetensors']);
+  });
+
+  it('is deterministic per seed', async () => {
+    const hash = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex');
+    const a = freshDir('seed');
+    const b = freshDir('seed');
+    const c = freshDir('seed');
+    await makeModel({ preset: 'test-qwen2', out: a, seed: 7, dtype: 'bf16' });
+    await makeModel({ preset: 'test-qwen2', out: b, seed: 7, dtype: 'bf16' });
+    await makeModel({ preset: 'test-qwen2', out: c, seed: 8, dtype: 'bf16' });
+    for (const f of readdirSync(a)) expect(hash(join(a, f)), f).toBe(hash(join(b, f)));
+    expect(hash(join(a, 'model.safetensors'))).not.toBe(hash(join(c, 'model.safetensors')));
+    expect(hash(join(a, 'tokenizer.json'))).toBe(hash(join(c, 'tokenizer.json')));
+  });
+
+  it('worker-thread generation writes the same bytes as single-threaded', async () => {
+    const a = freshDir('threads');
+    const b = freshDir('threads');
+    await makeModel({ preset: 'test-llama', out: a, dtype: 'f16', threads: 2, overrides: { vocabSize: 40000 } });
+    await makeModel({ preset: 'test-llama', out: b, dtype: 'f16', threads: 0, overrides: { vocabSize: 40000 } });
+    expect(readFileSync(join(a, 'model.safetensors')).equals(readFileSync(join(b, 'model.safetensors')))).toBe(true);
+  });
+
+  it('bf16 is round-to-nearest-even of the f32 weights and f16 is IEEE half', async () => {
+    const d32 = freshDir('f32');
+    const d16 = freshDir('f16');
+    const db16 = freshDir('bf16');
+    await makeModel({ preset: 'test-qwen3', out: d32, dtype: 'f32' });
+    await makeModel({ preset: 'test-qwen3', out: d16, dtype: 'f16' });
+    await makeModel({ preset: 'test-qwen3', out: db16, dtype: 'bf16' });
+    for (const name of ['model.layers.0.self_attn.q_proj.weight', 'model.layers.1.self_attn.k_norm.weight']) {
+      const f = tensorBytes(d32, 'model.safetensors', name);
+      const h = tensorBytes(d16, 'model.safetensors', name);
+      const b = tensorBytes(db16, 'model.safetensors', name);
+      const n = f.length / 4;
+      let maxRel = 0;
+      for (let i = 0; i < n; i++) {
+        const bits = f.readUInt32LE(i * 4);
+        const x = f.readFloatLE(i * 4);
+        // bf16: RNE on the low 16 bits.
+        const low = bits & 0xffff;
+        let hi = bits >>> 16;
+        if (low > 0x8000 || (low === 0x8000 && (hi & 1))) hi += 1;
+        expect(b.readUInt16LE(i * 2)).toBe(hi);
+        // f16: decode and compare (values are normal halves here).
+        const hb = h.readUInt16LE(i * 2);
+        const e = (hb >>> 10) & 0x1f;
+        const v = (hb & 0x8000 ? -1 : 1) * (e === 0 ? (hb & 0x3ff) * 2 ** -24 : (1 + (hb & 0x3ff) / 1024) * 2 ** (e - 15));
+        maxRel = Math.max(maxRel, Math.abs(v - x) / Math.max(Math.abs(x), 2 ** -14));
+      }
+      expect(maxRel).toBeLessThanOrEqual(2 ** -11);
+    }
+  });
+
+  it('norm weights near 1, biases small, linear weights scaled by fan-in', async () => {
+    const dir = freshDir('stats');
+    await makeModel({ preset: 'test-qwen2', out: dir, dtype: 'f32' });
+    const stats = (name: string) => {
+      const b = tensorBytes(dir, 'model.safetensors', name);
+      const xs = Array.from({ length: b.length / 4 }, (_, i) => b.readFloatLE(i * 4));
+      const mean = xs.reduce((a, x) => a + x, 0) / xs.length;
+      const std = Math.sqrt(xs.reduce((a, x) => a + (x - mean) ** 2, 0) / xs.length);
+      return { mean, std };
+    };
+    const norm = stats('model.layers.0.input_layernorm.weight');
+    expect(Math.abs(norm.mean - 1)).toBeLessThan(0.05);
+    expect(norm.std).toBeLessThan(0.2);
+    const bias = stats('model.layers.0.self_attn.q_proj.bias');
+    expect(Math.abs(bias.mean)).toBeLessThan(0.1);
+    expect(bias.std).toBeGreaterThan(0.05);
+    expect(bias.std).toBeLessThan(0.5);
+    const up = stats('model.layers.0.mlp.up_proj.weight');
+    expect(up.std * Math.sqrt(128)).toBeGreaterThan(0.8);
+    expect(up.std * Math.sqrt(128)).toBeLessThan(1.2);
+  });
+
+  it('applies overrides, padding the tokenizer to the vocabulary size', async () => {
+    const dir = freshDir('override');
+    await makeModel({ preset: 'test-mistral', out: dir, overrides: { numLayers: 1, vocabSize: 3000, hiddenSize: 64 } });
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg.num_hidden_layers).toBe(1);
+    expect(cfg.vocab_size).toBe(3000);
+    const { header } = readHeader(join(dir, 'model.safetensors'));
+    expect(header['model.embed_tokens.weight']!.shape).toEqual([3000, 64]);
+    expect(header['model.layers.1.input_layernorm.weight']).toBeUndefined();
+    const tok = readJson(join(dir, 'tokenizer.json'));
+    expect(Object.keys(tok.model.vocab).length + tok.added_tokens.length).toBe(3000);
+    await expect(makeModel({ preset: 'nope', out: dir })).rejects.toThrow(/unknown preset/);
+    await expect(makeModel({ preset: 'tiny', out: dir, overrides: { numKvHeads: 3 } })).rejects.toThrow();
+  });
+});
+
+describe('real-model presets (config and tokenizer only)', () => {
+  const real: Record<string, Record<string, unknown>> = {
+    'qwen2.5-0.5b': {
+      architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', hidden_size: 896, intermediate_size: 4864,
+      num_hidden_layers: 24, num_attention_heads: 14, num_key_value_heads: 2, head_dim: 64, vocab_size: 151936,
+      max_position_embeddings: 32768, rope_theta: 1000000, rms_norm_eps: 1e-6, tie_word_embeddings: true,
+      use_sliding_window: false, rope_scaling: null,
+    },
+    'qwen3-0.6b': {
+      architectures: ['Qwen3ForCausalLM'], model_type: 'qwen3', hidden_size: 1024, intermediate_size: 3072,
+      num_hidden_layers: 28, num_attention_heads: 16, num_key_value_heads: 8, head_dim: 128, vocab_size: 151936,
+      max_position_embeddings: 40960, rope_theta: 1000000, rms_norm_eps: 1e-6, tie_word_embeddings: true,
+      attention_bias: false, rope_scaling: null,
+    },
+    'llama-3.2-1b': {
+      architectures: ['LlamaForCausalLM'], model_type: 'llama', hidden_size: 2048, intermediate_size: 8192,
+      num_hidden_layers: 16, num_attention_heads: 32, num_key_value_heads: 8, head_dim: 64, vocab_size: 128256,
+      max_position_embeddings: 131072, rope_theta: 500000, rms_norm_eps: 1e-5, tie_word_embeddings: true,
+      rope_scaling: { rope_type: 'llama3', factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 },
+    },
+    'llama-3.1-8b': {
+      architectures: ['LlamaForCausalLM'], model_type: 'llama', hidden_size: 4096, intermediate_size: 14336,
+      num_hidden_layers: 32, num_attention_heads: 32, num_key_value_heads: 8, head_dim: 128, vocab_size: 128256,
+      max_position_embeddings: 131072, rope_theta: 500000, rms_norm_eps: 1e-5, tie_word_embeddings: false,
+      rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 },
+    },
+    'mistral-7b': {
+      architectures: ['MistralForCausalLM'], model_type: 'mistral', hidden_size: 4096, intermediate_size: 14336,
+      num_hidden_layers: 32, num_attention_heads: 32, num_key_value_heads: 8, vocab_size: 32768,
+      max_position_embeddings: 32768, rope_theta: 1000000, rms_norm_eps: 1e-5, tie_word_embeddings: false,
+      sliding_window: null,
+    },
+  };
+  // Published parameter counts of these checkpoints.
+  const params: Record<string, number> = {
+    'qwen2.5-0.5b': 494_032_768,
+    'qwen3-0.6b': 596_049_920,
+    'llama-3.2-1b': 1_235_814_400,
+    'llama-3.1-8b': 8_030_261_248,
+    'mistral-7b': 7_248_023_552,
+  };
+
+  it.each(Object.keys(real))('%s matches the published config and parameter count', async (preset) => {
+    const dir = freshDir(preset);
+    await makeModel({ preset, out: dir, weights: false });
+    expect(readdirSync(dir).filter((f) => f.includes('safetensors'))).toEqual([]);
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg).toMatchObject(real[preset]!);
+    expect(cfg.torch_dtype).toBe('bfloat16');
+    expect(paramCount(resolvePreset(preset))).toBe(params[preset]);
+
+    const tj = readJson(join(dir, 'tokenizer.json'));
+    const tc = readJson(join(dir, 'tokenizer_config.json'));
+    expect(Object.keys(tj.model.vocab).length + tj.added_tokens.length).toBe(cfg.vocab_size);
+    const t0 = performance.now();
+    const tok = new Tokenizer(tj, tc);
+    expect(performance.now() - t0).toBeLessThan(1000);
+    const text = 'Random weights, real shapes: 0.5B params → ünïcödé 🚀';
+    expect(tok.decode(tok.encode(text).ids)).toBe(text);
+    const gen = readJson(join(dir, 'generation_config.json'));
+    const eos = Array.isArray(cfg.eos_token_id) ? cfg.eos_token_id : [cfg.eos_token_id];
+    for (const id of eos) expect(gen.eos_token_id).toContain(id);
+    expect(tok.id_to_token(gen.bos_token_id)).toBe(preset.startsWith('llama') ? '<|begin_of_text|>' : '<|endoftext|>');
+  });
+});
+
+describe('tokenizer and chat template', () => {
+  const dir = freshDir('tok');
+  const load = async () => {
+    if (!existsSync(join(dir, 'config.json'))) await makeModel({ preset: 'tiny', out: dir, weights: false });
+    return {
+      tj: readJson(join(dir, 'tokenizer.json')),
+      tc: readJson(join(dir, 'tokenizer_config.json')),
+    };
+  };
+
+  it('is a byte-level BPE with all 256 bytes, valid merges and specials after the vocab', async () => {
+    const { tj } = await load();
+    expect(tj.model.type).toBe('BPE');
+    expect(tj.model.byte_fallback).toBe(false);
+    expect(tj.normalizer).toBeNull();
+    expect(tj.decoder.type).toBe('ByteLevel');
+    expect(tj.pre_tokenizer.pretokenizers.map((p: { type: string }) => p.type)).toEqual(['Split', 'ByteLevel']);
+    expect(tj.pre_tokenizer.pretokenizers[0].behavior).toBe('Isolated');
+    const vocab: Record<string, number> = tj.model.vocab;
+    const ids = Object.values(vocab).sort((a, b) => a - b);
+    expect(ids.length).toBe(2048);
+    ids.forEach((id, i) => expect(id).toBe(i));
+    // GPT-2 byte alphabet: 188 printable bytes map to themselves, the other 68 to U+0100..U+0143.
+    for (let c = 0x21; c <= 0x7e; c++) expect(vocab[String.fromCharCode(c)]).toBeDefined();
+    for (let c = 0x100; c < 0x144; c++) expect(vocab[String.fromCharCode(c)]).toBeDefined();
+    expect(vocab['Ġ']).toBeDefined();
+    expect(tj.model.merges.length).toBe(2048 - 256);
+    for (const m of tj.model.merges as string[]) {
+      const [a, b] = m.split(' ');
+      expect(vocab[a!] !== undefined && vocab[b!] !== undefined && vocab[a! + b!] !== undefined, m).toBe(true);
+    }
+    expect(tj.added_tokens.map((t: { id: number; content: string }) => [t.id, t.content])).toEqual([
+      [2048, '<|endoftext|>'],
+      [2049, '<|im_start|>'],
+      [2050, '<|im_end|>'],
+    ]);
+  });
+
+  it('round-trips arbitrary text through @huggingface/tokenizers', async () => {
+    const { tj, tc } = await load();
+    const tok = new Tokenizer(tj, tc);
+    const texts = [
+      'Hello, world! The quick brown fox jumps over the lazy dog.',
+      "  leading spaces, trailing spaces   \n\n\ttabs\r\nwindows lines  ",
+      'café naïve résumé crème brûlée Zürich Øresund İstanbul',
+      '日本語のテキスト、中文字符，한국어 문장, Ελληνικά, русский, עברית, العربية',
+      'emoji 🙂😀🚀🎉👍🏽 👨‍👩‍👧 🇯🇵 ❤️ and symbols ∑ √ ≈ ∞ € £ ¥',
+      'const x = { a: [1, 2, 3], "b": null }; // comment\nif (x?.a) return x.a.map((v) => v ** 2);',
+      "it's we've they'll I'd YOU'RE 12345678901234567890 3.14159e-10 0x1F",
+      '\u0000\u0001\u001f control \u007f chars \u00a0 nbsp \u200b zwsp',
+      'zzqxj vrk plmn wxyz — unseen words made of rare letters',
+    ];
+    for (const t of texts) {
+      const { ids } = tok.encode(t);
+      expect(ids.every((i: number) => i >= 0 && i < 2048)).toBe(true);
+      expect(tok.decode(ids)).toBe(t);
+    }
+    // Common words are single tokens.
+    expect(tok.encode(' the').ids.length).toBe(1);
+    expect(tok.encode('The lighthouse keeper woke before the gulls.').ids.length).toBeLessThan(15);
+  });
+
+  it('renders the ChatML template with @huggingface/jinja and encodes specials as single ids', async () => {
+    const { tj, tc } = await load();
+    expect(tc.eos_token).toBe('<|im_end|>');
+    expect(tc.pad_token).toBe('<|endoftext|>');
+    expect(tc.add_bos_token).toBe(false);
+    expect(tc.tokenizer_class).toBe('PreTrainedTokenizerFast');
+    expect(tc.added_tokens_decoder['2050'].content).toBe('<|im_end|>');
+    const messages = [
+      { role: 'system', content: 'You are terse.' },
+      { role: 'developer', content: 'Use metric units.' },
+      { role: 'user', content: 'Hi there!' },
+      { role: 'assistant', content: 'Hello.' },
+      { role: 'user', content: [{ type: 'text', text: 'Part one, ' }, { type: 'text', text: 'part two.' }] },
+    ];
+    const text = new Template(tc.chat_template).render({ messages, add_generation_prompt: true, bos_token: tc.bos_token, eos_token: tc.eos_token });
+    expect(text).toBe(
+      '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>developer\nUse metric units.<|im_end|>\n' +
+        '<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n' +
+        '<|im_start|>user\nPart one, part two.<|im_end|>\n<|im_start|>assistant\n',
+    );
+    const noPrompt = new Template(tc.chat_template).render({ messages: messages.slice(2, 3), add_generation_prompt: false });
+    expect(noPrompt).toBe('<|im_start|>user\nHi there!<|im_end|>\n');
+    const tok = new Tokenizer(tj, tc);
+    const ids = tok.encode(text).ids;
+    expect(ids[0]).toBe(2049);
+    expect(ids.filter((i: number) => i === 2049).length).toBe(6);
+    expect(ids.filter((i: number) => i === 2050).length).toBe(5);
+    expect(tok.decode(ids)).toBe(text);
+  });
+
+  it('renders the Llama 3 template of the llama presets', async () => {
+    const d = freshDir('llama-tok');
+    await makeModel({ preset: 'llama-3.2-1b', out: d, weights: false });
+    const tc = readJson(join(d, 'tokenizer_config.json'));
+    const tok = new Tokenizer(readJson(join(d, 'tokenizer.json')), tc);
+    const text = new Template(tc.chat_template).render({
+      messages: [{ role: 'system', content: ' Be kind. ' }, { role: 'user', content: 'Hi' }],
+      add_generation_prompt: true,
+      bos_token: tc.bos_token,
+    });
+    expect(text).toBe(
+      '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe kind.<|eot_id|>' +
+        '<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n',
+    );
+    const ids = tok.encode(text).ids;
+    expect(ids[0]).toBe(128000);
+    expect(ids).toContain(128009);
+    expect(ids).toContain(128006);
+    expect(ids).toContain(128007);
+    const cfg = readJson(join(d, 'config.json'));
+    expect(cfg.bos_token_id).toBe(128000);
+    expect(cfg.eos_token_id).toEqual([128001, 128008, 128009]);
+    expect(statSync(join(d, 'tokenizer.json')).size).toBeGreaterThan(1000);
+  });
+});
