@@ -1,0 +1,241 @@
+// CPU kernels against plain double-precision loops, at every SIMD level this machine runs,
+// with odd sizes, plus bit-exact batch invariance (a row's result never depends on the batch).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/cpu_features.h"
+#include "cpu/kernels.h"
+#include "test_util.h"
+
+using namespace sluice;
+using namespace sluice::cpu;
+
+namespace {
+
+std::mt19937 rng(12345);
+
+std::vector<float> randn(size_t n, float scale = 1.f) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Weights stored in `dt`, plus their exact values as doubles.
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<double> exact;
+};
+Weights make_weights(size_t n, DType dt, float scale) {
+  Weights w;
+  w.bytes.resize(n * dtype_size(dt));
+  w.exact.resize(n);
+  std::vector<float> v = randn(n, scale);
+  for (size_t i = 0; i < n; i++) {
+    if (dt == DType::F32) {
+      std::memcpy(w.bytes.data() + 4 * i, &v[i], 4);
+      w.exact[i] = v[i];
+    } else {
+      uint16_t h = dt == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+      w.exact[i] = dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  }
+  return w;
+}
+
+std::vector<const char*> levels() {
+  std::vector<const char*> out{"generic"};
+  if (detected_simd_level() >= SimdLevel::Avx2) out.push_back("avx2");
+  if (detected_simd_level() >= SimdLevel::Avx512) out.push_back("avx512");
+  if (detected_simd_level() >= SimdLevel::Avx512Bf16) out.push_back("avx512bf16");
+  return out;
+}
+
+bool bits_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+}  // namespace
+
+TEST_CASE(half_conversions_round_trip_and_round_to_nearest_even) {
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    float f = f16_to_f32(uint16_t(h));
+    if (std::isnan(f)) continue;
+    CHECK(f32_to_f16(f) == h);  // every f16 value survives the round trip
+  }
+  CHECK(f16_to_f32(0x3c00) == 1.0f && f16_to_f32(0xc000) == -2.0f && f16_to_f32(0x0001) == std::ldexp(1.f, -24));
+  CHECK(f32_to_f16(1.0f + std::ldexp(1.f, -11)) == 0x3c00);  // tie -> even
+  CHECK(f32_to_f16(1e6f) == 0x7c00);
+  CHECK(f32_to_bf16(1.0f + std::ldexp(1.f, -8)) == 0x3f80);  // tie -> even
+  CHECK(bf16_to_f32(f32_to_bf16(3.140625f)) == 3.140625f);
+}
+
+TEST_CASE(matmul_matches_double_reference_at_every_level) {
+  ThreadPool pool(2);
+  const int64_t shapes[][3] = {{1, 64, 10}, {3, 100, 37}, {17, 96, 13}, {5, 896, 70}, {70, 33, 9}};
+  const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (auto& s : shapes) {
+      const int64_t T = s[0], K = s[1], N = s[2];
+      for (DType dt : dtypes) {
+        for (MatmulPrecision prec : {MatmulPrecision::F32, MatmulPrecision::BF16}) {
+          std::vector<float> x = randn(size_t(T * K));
+          Weights w = make_weights(size_t(N * K), dt, 0.2f);
+          Weights bias = make_weights(size_t(N), dt, 0.5f);
+          std::vector<float> y(size_t(T * N));
+          matmul(pool, x.data(), T, K, w.bytes.data(), dt, N, bias.bytes.data(), dt, y.data(), prec);
+          // bf16-rounded activations (precision BF16 with vdpbf16ps) carry 8 mantissa bits: the
+          // error bound scales with sum |x w|; every other path is f32 arithmetic.
+          const bool rounded = prec == MatmulPrecision::BF16 && dt == DType::BF16 && !std::strcmp(level, "avx512bf16");
+          const double rel = rounded ? std::ldexp(1.0, -8) : (dt == DType::BF16 && !std::strcmp(level, "avx512bf16") ? 2e-5 : 2e-6);
+          for (int64_t t = 0; t < T; t++)
+            for (int64_t n = 0; n < N; n++) {
+              double want = bias.exact[size_t(n)], mag = std::fabs(want);
+              for (int64_t k = 0; k < K; k++) {
+                want += double(x[size_t(t * K + k)]) * w.exact[size_t(n * K + k)];
+                mag += std::fabs(double(x[size_t(t * K + k)]) * w.exact[size_t(n * K + k)]);
+              }
+              const double err = std::fabs(double(y[size_t(t * N + n)]) - want);
+              if (!(err <= rel * mag + 1e-6)) {
+                std::printf("  level %s dtype %s T=%ld K=%ld N=%ld: err %g > %g\n", level, dtype_name(dt), long(T), long(K),
+                            long(N), err, rel * mag);
+                CHECK(false);
+                t = T;
+                break;
+              }
+            }
+        }
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(matmul_rows_are_bit_identical_whatever_the_batch_and_threads) {
+  ThreadPool one(1), two(2);
+  const int64_t K = 200, N = 53, T = 37;
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      Weights w = make_weights(size_t(N * K), dt, 0.1f);
+      std::vector<float> x = randn(size_t(T * K));
+      std::vector<float> all(size_t(T * N)), single(static_cast<size_t>(N)), all1(size_t(T * N));
+      matmul(two, x.data(), T, K, w.bytes.data(), dt, N, nullptr, DType::F32, all.data());
+      matmul(one, x.data(), T, K, w.bytes.data(), dt, N, nullptr, DType::F32, all1.data());
+      CHECK(bits_equal(all.data(), all1.data(), all.size()));
+      for (int64_t t : {int64_t(0), int64_t(5), int64_t(36)}) {
+        matmul(two, x.data() + t * K, 1, K, w.bytes.data(), dt, N, nullptr, DType::F32, single.data());
+        CHECK(bits_equal(single.data(), all.data() + t * N, size_t(N)));
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (int64_t group : {1, 2, 7}) {
+      for (int64_t hd : {16, 48, 64, 128}) {
+        const int64_t n_kv = 2, H = n_kv * group, bs = 4, num_blocks = 40;
+        PagedKV c;
+        std::vector<float> k = randn(size_t(num_blocks * bs * n_kv * hd)), v = randn(size_t(num_blocks * bs * n_kv * hd));
+        c.k = k.data();
+        c.v = v.data();
+        c.block_size = bs;
+        c.n_kv_heads = n_kv;
+        c.head_dim = hd;
+        // Two sequences with non-contiguous, shuffled block tables.
+        std::vector<int32_t> table0{7, 3, 19, 0, 11, 25}, table1{2, 39, 14, 5};
+        const int32_t* tables[] = {table0.data(), table1.data()};
+        std::vector<int32_t> seq{0, 0, 1, 0, 1}, pos{0, 22, 15, 9, 3};
+        const int64_t T = int64_t(seq.size());
+        std::vector<float> q = randn(size_t(T * H * hd)), out(size_t(T * H * hd));
+        AttentionBatch b;
+        b.token_seq = seq.data();
+        b.token_pos = pos.data();
+        b.block_tables = tables;
+        b.n_heads = H;
+        b.scale = float(1.0 / std::sqrt(double(hd)));
+        paged_attention(pool, q.data(), T, b, c, out.data());
+        double worst = 0;
+        for (int64_t t = 0; t < T; t++)
+          for (int64_t h = 0; h < H; h++) {
+            const int32_t* tab = tables[seq[size_t(t)]];
+            const int64_t P = pos[size_t(t)] + 1, kvh = h / group;
+            std::vector<double> s(static_cast<size_t>(P));
+            double mx = -1e300, sum = 0;
+            for (int64_t p = 0; p < P; p++) {
+              const float* kr = k.data() + ((int64_t(tab[p / bs]) * bs + p % bs) * n_kv + kvh) * hd;
+              double d = 0;
+              for (int64_t i = 0; i < hd; i++) d += double(q[size_t((t * H + h) * hd + i)]) * kr[i];
+              s[size_t(p)] = d * b.scale;
+              mx = std::max(mx, s[size_t(p)]);
+            }
+            for (auto& e : s) sum += (e = std::exp(e - mx));
+            for (int64_t i = 0; i < hd; i++) {
+              double o = 0;
+              for (int64_t p = 0; p < P; p++)
+                o += s[size_t(p)] / sum * v[size_t(((int64_t(tab[p / bs]) * bs + p % bs) * n_kv + kvh) * hd + i)];
+              worst = std::max(worst, std::fabs(o - out[size_t((t * H + h) * hd + i)]));
+            }
+          }
+        CHECK(worst < 1e-4);
+        // The same token alone gives the same bits.
+        std::vector<float> alone(size_t(H * hd));
+        AttentionBatch b1 = b;
+        b1.token_seq = seq.data() + 1;
+        b1.token_pos = pos.data() + 1;
+        paged_attention(pool, q.data() + H * hd, 1, b1, c, alone.data());
+        CHECK(bits_equal(alone.data(), out.data() + H * hd, size_t(H * hd)));
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(elementwise_kernels_match_reference) {
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    const int64_t T = 7, D = 45;
+    std::vector<float> x = randn(size_t(T * D)), out(size_t(T * D));
+    Weights w = make_weights(size_t(D), DType::BF16, 1.f);
+    rmsnorm(pool, x.data(), T, D, w.bytes.data(), DType::BF16, 1e-5f, out.data());
+    for (int64_t t = 0; t < T; t++) {
+      double ss = 0;
+      for (int64_t d = 0; d < D; d++) ss += double(x[size_t(t * D + d)]) * x[size_t(t * D + d)];
+      const double r = 1 / std::sqrt(ss / D + 1e-5);
+      for (int64_t d = 0; d < D; d++) CHECK(std::fabs(out[size_t(t * D + d)] - x[size_t(t * D + d)] * r * w.exact[size_t(d)]) < 1e-5);
+    }
+    std::vector<float> g = randn(1000, 4.f), u = randn(1000), s(1000);
+    silu_mul_split(pool, g.data(), u.data(), 1, 1000, s.data());
+    for (size_t i = 0; i < 1000; i++) {
+      const double want = double(g[i]) / (1 + std::exp(-double(g[i]))) * u[i];
+      CHECK(std::fabs(s[i] - want) <= 1e-6 * (1 + std::fabs(want)));
+    }
+    // RoPE: position 0 is the identity; rotation preserves each pair's norm.
+    std::vector<float> inv{1.f, 0.1f, 0.01f, 0.001f}, q = randn(2 * 3 * 8), q0 = q;
+    std::vector<int32_t> p{0, 1000};
+    rope(pool, q.data(), 2, 3, 8, 8, inv.data(), p.data());
+    CHECK(bits_equal(q.data(), q0.data(), 24));
+    for (int h = 0; h < 3; h++)
+      for (int i = 0; i < 4; i++) {
+        const float* a = q0.data() + 24 + h * 8;
+        const float* b = q.data() + 24 + h * 8;
+        CHECK(std::fabs(std::hypot(a[i], a[i + 4]) - std::hypot(b[i], b[i + 4])) < 1e-5);
+      }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(bandwidth_measurement_is_plausible) {
+  ThreadPool pool(2);
+  const double bw = measure_read_bandwidth(pool, size_t(64) << 20, 2);
+  CHECK(bw > 1e9 && bw < 1e13);
+}
+
+int main() { return sluice_test::run_all("kernels"); }
