@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -143,7 +144,9 @@ void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* 
     const int64_t rows = split ? 2 : 1;
     xb.resize(size_t(rows * T * K));
     uint16_t* xbp = xb.data();  // NOTE: the workers must see the caller's buffer, not their own thread_local
-    pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + rows * b * K); });
+    // A few rows convert faster on this thread than a parallel region costs to start.
+    if (T * K <= 16384) rows_to_bf16_avx512bf16(x, T, K, split, xbp);
+    else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + rows * b * K); });
     a.xb_split = split;
     a.xb = xbp;
     kernel = gemm_avx512bf16;
@@ -152,8 +155,19 @@ void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* 
   } else if (level == SimdLevel::Avx2) {
     kernel = gemm_avx2;
   }
-  // Each thread owns a contiguous slice of output features and streams its part of W once.
-  pool.parallel_for(N, 16, [&](int64_t b, int64_t e) { kernel(a, b, e); });
+  // Threads take contiguous chunks of output features from a shared counter, so a thread slowed
+  // by something else on the machine does not hold the others up; each chunk streams its rows
+  // of W once. Which thread computes an output never changes its value.
+  const int threads = pool.size();
+  const int64_t chunk = std::max<int64_t>(24, (N / (int64_t(threads) * 8) + 5) / 6 * 6);
+  if (threads == 1 || N <= chunk) {
+    kernel(a, 0, N);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  pool.run([&](int, int) {
+    for (int64_t b = next.fetch_add(chunk); b < N; b = next.fetch_add(chunk)) kernel(a, b, std::min(N, b + chunk));
+  });
 }
 
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype, float eps,
