@@ -1,7 +1,10 @@
 // Engine throughput on CPU: npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
-//   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N] [--out FILE]
-// Each batch size runs in its own child process so peak RSS is per configuration. Prints a
-// table and writes JSON (default bench/results/engine-cpu.json) with the machine described.
+//   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N]
+//   [--precision f32,bf16] [--out FILE]
+// Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
+// Memory bandwidth is sampled in that same process right before and after the decode loop
+// (this machine's bandwidth drifts with its neighbours), and the batch-1 roofline uses the
+// median sample. Prints a table and writes JSON (default bench/results/engine-cpu.json).
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -11,6 +14,7 @@ import { parseArgs } from 'node:util';
 
 import { makeModel } from '../models/make-model.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
+import type { MatmulPrecision } from '../src/engine/native-types.js';
 import { modelCacheDir } from '../src/engine/paths.js';
 
 const { values: args } = parseArgs({
@@ -23,13 +27,17 @@ const { values: args } = parseArgs({
     decode: { type: 'string', default: '32' },
     threads: { type: 'string', default: '0' },
     'kv-gib': { type: 'string', default: '2' },
+    precision: { type: 'string', default: 'f32,bf16' },
     out: { type: 'string', default: 'bench/results/engine-cpu.json' },
     worker: { type: 'string' },
   },
 });
 
 interface WorkerResult {
+  precision: MatmulPrecision;
   batch: number;
+  /** Read bandwidth samples (bytes/s) taken around the decode loop. */
+  bandwidthSamples: number[];
   prefillTokensPerS: number;
   prefillMs: number;
   decodeTokensPerS: number;
@@ -43,8 +51,10 @@ const decodeSteps = Number(args.decode);
 const threads = Number(args.threads);
 const kvBytes = Number(args['kv-gib']) * 2 ** 30;
 
-async function runWorker(modelDir: string, batch: number): Promise<WorkerResult> {
-  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads });
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+async function runWorker(modelDir: string, batch: number, precision: MatmulPrecision): Promise<WorkerResult> {
+  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision });
   const info = engine.info();
   const seqIds = Uint32Array.from({ length: batch }, (_, i) => i + 1);
   for (const id of seqIds) {
@@ -72,12 +82,16 @@ async function runWorker(modelDir: string, batch: number): Promise<WorkerResult>
   const prefillMs = performance.now() - t0;
   const decodePlan = { seqIds, numTokens: new Uint32Array(batch).fill(1) };
   await engine.step(decodePlan); // warm-up
+  const bandwidthSamples = [await measureMemoryBandwidth(threads, 2 ** 29, 3)];
   t0 = performance.now();
   for (let s = 0; s < decodeSteps; s++) await engine.step(decodePlan);
   const decodeMs = performance.now() - t0;
+  bandwidthSamples.push(await measureMemoryBandwidth(threads, 2 ** 29, 3));
   engine.dispose();
   return {
+    precision,
     batch,
+    bandwidthSamples,
     prefillTokensPerS: (batch * promptLen) / (prefillMs / 1000),
     prefillMs,
     decodeTokensPerS: (batch * decodeSteps) / (decodeMs / 1000),
@@ -106,51 +120,61 @@ async function ensureModel(): Promise<string> {
 
 async function main(): Promise<void> {
   if (args.worker) {
-    const result = await runWorker(args.model!, Number(args.worker));
+    const result = await runWorker(args.model!, Number(args.worker), args.precision as MatmulPrecision);
     process.stdout.write(JSON.stringify(result) + '\n');
     return;
   }
   const modelDir = await ensureModel();
-  process.stderr.write('measuring memory read bandwidth...\n');
-  const bandwidth = await measureMemoryBandwidth(threads, 2 ** 30, 5);
   const batches = args.batch!.split(',').map(Number);
+  const precisions = args.precision!.split(',') as MatmulPrecision[];
   const rows: WorkerResult[] = [];
   const self = fileURLToPath(import.meta.url);
-  for (const batch of batches) {
-    process.stderr.write(`batch ${batch}: prefill ${batch}x${promptLen} tokens, ${decodeSteps} decode steps...\n`);
-    const child = spawnSync(process.execPath, [self, '--worker', String(batch), '--model', modelDir, '--prompt', String(promptLen),
-      '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib'])], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
-    if (child.status !== 0) throw new Error(`bench worker for batch ${batch} failed (exit ${child.status})`);
-    rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
+  for (const precision of precisions) {
+    for (const batch of batches) {
+      process.stderr.write(`precision ${precision}, batch ${batch}: prefill ${batch}x${promptLen} tokens, ${decodeSteps} decode steps...\n`);
+      const child = spawnSync(process.execPath, [self, '--worker', String(batch), '--model', modelDir, '--prompt', String(promptLen),
+        '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', precision],
+        { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+      if (child.status !== 0) throw new Error(`bench worker for batch ${batch} failed (exit ${child.status})`);
+      rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
+    }
   }
-  const info = rows[0].info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
-  const roofline = bandwidth / info.weightBytes;
-  const b1 = rows.find((r) => r.batch === 1);
-  const b32 = rows.find((r) => r.batch === 32);
-  const p512 = b1?.prefillTokensPerS;
+  const info = rows[0]!.info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
+  const bandwidth = median(rows.flatMap((r) => r.bandwidthSamples));
   const rssLimit = 1.3 * info.weightBytes + info.kvCacheBytes;
-  const targets = {
-    batch1_decode_vs_roofline: b1 ? b1.decodeTokensPerS / roofline : null,
-    batch32_over_batch1_decode: b1 && b32 ? b32.decodeTokensPerS / b1.decodeTokensPerS : null,
-    prefill_512_tokens_per_s: p512 ?? null,
-    peak_rss_over_limit: Math.max(...rows.map((r) => r.peakRssBytes)) / rssLimit,
+  const evaluate = (precision: MatmulPrecision) => {
+    const b1 = rows.find((r) => r.precision === precision && r.batch === 1);
+    const b32 = rows.find((r) => r.precision === precision && r.batch === 32);
+    const roofline = b1 ? median(b1.bandwidthSamples) / info.weightBytes : null;
+    return {
+      precision,
+      decodeRooflineTokensPerS: roofline,
+      batch1DecodeVsRoofline: b1 && roofline ? b1.decodeTokensPerS / roofline : null,
+      batch32OverBatch1Decode: b1 && b32 ? b32.decodeTokensPerS / b1.decodeTokensPerS : null,
+      prefillTokensPerS: b1?.prefillTokensPerS ?? null,
+      peakRssOverLimit: Math.max(...rows.filter((r) => r.precision === precision).map((r) => r.peakRssBytes)) / rssLimit,
+    };
   };
+  const targets = precisions.map(evaluate);
 
   console.log(`model ${args.model ?? args.preset} (${info.architecture}, ${info.weightDtype}), weights ${(info.weightBytes / 1e6).toFixed(1)} MB, ` +
     `KV pool ${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, cpu ${info.simd} x${info.numThreads}`);
-  console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s -> batch-1 decode roofline ${roofline.toFixed(1)} tok/s`);
+  console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s (median of ${rows.length * 2} samples) -> batch-1 decode roofline ${(bandwidth / info.weightBytes).toFixed(1)} tok/s`);
   console.log('');
-  console.log('| batch | prefill tok/s | decode tok/s | decode step ms | peak RSS MB |');
-  console.log('|------:|--------------:|-------------:|---------------:|------------:|');
+  console.log('| precision | batch | prefill tok/s | decode tok/s | decode step ms | bandwidth GB/s | peak RSS MB |');
+  console.log('|-----------|------:|--------------:|-------------:|---------------:|---------------:|------------:|');
   for (const r of rows) {
-    console.log(`| ${r.batch} | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
+    console.log(`| ${r.precision} | ${r.batch} | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ` +
+      `${(median(r.bandwidthSamples) / 1e9).toFixed(1)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
   }
   console.log('');
   const pct = (x: number | null) => (x === null ? 'n/a' : `${(100 * x).toFixed(0)}%`);
-  console.log(`batch-1 decode at ${pct(targets.batch1_decode_vs_roofline)} of roofline (target >= 90%)`);
-  console.log(`batch-32 decode = ${targets.batch32_over_batch1_decode?.toFixed(1) ?? 'n/a'}x batch 1 (target >= 8x)`);
-  console.log(`prefill of a ${promptLen}-token prompt: ${p512?.toFixed(0) ?? 'n/a'} tok/s (target >= 250)`);
-  console.log(`peak RSS at ${pct(targets.peak_rss_over_limit)} of 1.3 x weights + KV budget (target <= 100%)`);
+  for (const t of targets) {
+    console.log(`[${t.precision}] batch-1 decode at ${pct(t.batch1DecodeVsRoofline)} of roofline (target >= 90%); ` +
+      `batch-32 decode = ${t.batch32OverBatch1Decode?.toFixed(1) ?? 'n/a'}x batch 1 (target >= 8x); ` +
+      `prefill of ${promptLen} tokens ${t.prefillTokensPerS?.toFixed(0) ?? 'n/a'} tok/s (target >= 250); ` +
+      `peak RSS ${pct(t.peakRssOverLimit)} of 1.3 x weights + KV budget (target <= 100%)`);
+  }
 
   const result = {
     bench: 'engine',
@@ -159,7 +183,7 @@ async function main(): Promise<void> {
     model: { preset: args.model ? null : args.preset, dir: modelDir, ...info },
     settings: { promptTokens: promptLen, decodeSteps, threads: info.numThreads, prefillChunkTokens: 2048 },
     memoryBandwidthBytesPerS: bandwidth,
-    decodeRooflineTokensPerS: roofline,
+    decodeRooflineTokensPerS: bandwidth / info.weightBytes,
     rows,
     targets,
     simd: nativeAddon().simdLevel(),
