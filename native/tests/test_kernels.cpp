@@ -232,6 +232,29 @@ TEST_CASE(elementwise_kernels_match_reference) {
   force_simd_level(nullptr);
 }
 
+TEST_CASE(logits_stats_match_reference) {
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    const int64_t R = 3, V = 1001;
+    std::vector<float> logits = randn(size_t(R * V), 3.f);
+    logits[size_t(V + 500)] = 50.f;  // row 1: a clear winner
+    logits[size_t(2 * V + 7)] = logits[size_t(2 * V + 900)] = 60.f;  // row 2: a tie goes to the lower id
+    std::vector<int32_t> am(static_cast<size_t>(R));
+    std::vector<float> lse(static_cast<size_t>(R));
+    logits_stats(pool, logits.data(), R, V, am.data(), lse.data());
+    CHECK(am[1] == 500 && am[2] == 7);
+    for (int64_t r = 0; r < R; r++) {
+      double mx = -1e300, sum = 0;
+      for (int64_t i = 0; i < V; i++) mx = std::max(mx, double(logits[size_t(r * V + i)]));
+      for (int64_t i = 0; i < V; i++) sum += std::exp(double(logits[size_t(r * V + i)]) - mx);
+      CHECK(std::fabs(lse[size_t(r)] - (mx + std::log(sum))) < 1e-5 * (1 + std::fabs(mx)));
+      CHECK(logits[size_t(r * V + am[size_t(r)])] == float(mx));
+    }
+  }
+  force_simd_level(nullptr);
+}
+
 TEST_CASE(bandwidth_measurement_is_plausible) {
   ThreadPool pool(2);
   const double bw = measure_read_bandwidth(pool, size_t(64) << 20, 2);

@@ -115,6 +115,16 @@ void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t k
   for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
+void logits_row_stats_generic(const float* row, int64_t V, int32_t* argmax, float* lse) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; i++)
+    if (row[i] > row[best]) best = i;
+  double sum = 0;
+  for (int64_t i = 0; i < V; i++) sum += std::exp(double(row[i]) - double(row[best]));
+  *argmax = int32_t(best);
+  *lse = float(double(row[best]) + std::log(sum));
+}
+
 void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
@@ -246,18 +256,34 @@ void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const floa
 
 void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& b, const PagedKV& cache,
                      float* out) {
-  const int64_t H = b.n_heads, hd = cache.head_dim, group = H / cache.n_kv_heads;
-  AttendFn fn = simd_level() >= SimdLevel::Avx512 && hd <= 256 ? attend_avx512 : attend_generic;
-  // Work items are (token, head) pairs; a token's result never depends on the others.
-  pool.parallel_for(T * H, 1, [&](int64_t begin, int64_t end) {
+  const int64_t H = b.n_heads, hd = cache.head_dim, n_kv = cache.n_kv_heads, group = H / n_kv;
+  const bool simd = simd_level() >= SimdLevel::Avx512 && hd <= 256;
+  // Work items are (token, kv head) pairs covering that kv head's query heads; a token's result
+  // never depends on the others. Items go to threads through a shared counter: long and short
+  // contexts in one batch would leave a static split unbalanced.
+  std::atomic<int64_t> next{0};
+  const int64_t items = T * n_kv;
+  pool.run([&](int, int) {
     thread_local std::vector<float> scores;
-    for (int64_t item = begin; item < end; item++) {
-      const int64_t t = item / H, h = item % H;
+    for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) {
+      const int64_t t = item / n_kv, kvh = item % n_kv;
       const int64_t pos = b.token_pos[t];
-      if (scores.size() < size_t(pos + 16)) scores.resize(size_t(pos + 16));
-      fn(q + (t * H + h) * hd, b.block_tables[b.token_seq[t]], pos, h / group, cache, b.scale, scores.data(),
-         out + (t * H + h) * hd);
+      if (scores.size() < size_t(group * (pos + 16))) scores.resize(size_t(group * (pos + 16)));
+      const float* q_group = q + (t * H + kvh * group) * hd;
+      float* out_group = out + (t * H + kvh * group) * hd;
+      const int32_t* table = b.block_tables[b.token_seq[t]];
+      if (simd && attend_group_avx512(q_group, group, table, pos, kvh, cache, b.scale, scores.data(), out_group)) continue;
+      AttendFn fn = simd ? attend_avx512 : attend_generic;
+      for (int64_t g = 0; g < group; g++)
+        fn(q_group + g * hd, table, pos, kvh, cache, b.scale, scores.data(), out_group + g * hd);
     }
+  });
+}
+
+void logits_stats(ThreadPool& pool, const float* logits, int64_t R, int64_t V, int32_t* argmax, float* log_sum_exp) {
+  auto fn = simd_level() >= SimdLevel::Avx512 ? logits_row_stats_avx512 : logits_row_stats_generic;
+  pool.parallel_for(R, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) fn(logits + r * V, V, argmax + r, log_sum_exp + r);
   });
 }
 

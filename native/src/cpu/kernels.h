@@ -78,6 +78,10 @@ struct AttentionBatch {
 void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& batch,
                      const PagedKV& cache, float* out);
 
+// Per row of logits[R, V]: the argmax (lowest index on ties) and log(sum(exp(row))).
+// Each row is reduced in a fixed order, independent of R.
+void logits_stats(ThreadPool& pool, const float* logits, int64_t R, int64_t V, int32_t* argmax, float* log_sum_exp);
+
 // Read bandwidth of main memory in bytes/s, measured by streaming `bytes` with all threads of
 // the pool (best of `repeats`). Used by the bench for the decode roofline.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats);

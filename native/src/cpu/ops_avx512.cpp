@@ -1,6 +1,7 @@
 // AVX-512 versions of attention and the SwiGLU activation, with a vector exp.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/ops_simd.h"
@@ -80,6 +81,106 @@ void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv
   const __m512 is = _mm512_set1_ps(inv_sum);
   for (int64_t i = 0; i < chunks; i++)
     _mm512_mask_storeu_ps(out + 16 * i, i + 1 < chunks ? 0xffff : tail, _mm512_mul_ps(o[i], is));
+}
+
+// All heads of one GQA group for one token: each K/V row is loaded once and used by up to HB
+// heads at a time (their q / output accumulators stay in registers). Per head the arithmetic
+// is exactly the single-head order, so grouping never changes a result.
+template <int CH, int HB>
+void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c,
+                       float scale, float* scores, float* out) {
+  const int64_t P = pos + 1;
+  for (int64_t g0 = 0; g0 < G; g0 += HB) {
+    const int hb = int(std::min<int64_t>(HB, G - g0));
+    float* sc[HB];
+    for (int h = 0; h < HB; h++) sc[h] = scores + (h < hb ? h : 0) * P;
+    __m512 qv[HB][CH];
+    for (int h = 0; h < HB; h++)
+      for (int i = 0; i < CH; i++) qv[h][i] = h < hb ? _mm512_loadu_ps(q + (g0 + h) * CH * 16 + 16 * i) : _mm512_setzero_ps();
+    float mx[HB];
+    for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
+    for (int64_t p = 0; p < P; p++) {
+      const float* k = kv_row(c.k, table, p, c, kv_head);
+      __m512 kv[CH];
+      for (int i = 0; i < CH; i++) kv[i] = _mm512_loadu_ps(k + 16 * i);
+      for (int h = 0; h < HB; h++) {
+        if (h >= hb) break;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < CH; i++) acc = _mm512_fmadd_ps(qv[h][i], kv[i], acc);
+        const float s = _mm512_reduce_add_ps(acc) * scale;
+        sc[h][p] = s;
+        mx[h] = s > mx[h] ? s : mx[h];
+      }
+    }
+    float inv_sum[HB];
+    for (int h = 0; h < hb; h++) {
+      const __m512 m = _mm512_set1_ps(mx[h]);
+      __m512 sumv = _mm512_setzero_ps();
+      int64_t p = 0;
+      for (; p + 16 <= P; p += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc[h] + p), m));
+        _mm512_storeu_ps(sc[h] + p, e);
+        sumv = _mm512_add_ps(sumv, e);
+      }
+      if (p < P) {
+        const __mmask16 mk = __mmask16((1u << (P - p)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sc[h] + p), m)));
+        _mm512_mask_storeu_ps(sc[h] + p, mk, e);
+        sumv = _mm512_add_ps(sumv, e);
+      }
+      inv_sum[h] = 1.0f / _mm512_reduce_add_ps(sumv);
+    }
+    __m512 o[HB][CH];
+    for (int h = 0; h < HB; h++)
+      for (int i = 0; i < CH; i++) o[h][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < P; j++) {
+      const float* v = kv_row(c.v, table, j, c, kv_head);
+      __m512 vv[CH];
+      for (int i = 0; i < CH; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
+      for (int h = 0; h < HB; h++) {
+        if (h >= hb) break;
+        const __m512 w = _mm512_set1_ps(sc[h][j]);
+        for (int i = 0; i < CH; i++) o[h][i] = _mm512_fmadd_ps(w, vv[i], o[h][i]);
+      }
+    }
+    for (int h = 0; h < hb; h++) {
+      const __m512 is = _mm512_set1_ps(inv_sum[h]);
+      for (int i = 0; i < CH; i++) _mm512_storeu_ps(out + (g0 + h) * CH * 16 + 16 * i, _mm512_mul_ps(o[h][i], is));
+    }
+  }
+}
+
+bool attend_group_avx512(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head,
+                         const PagedKV& c, float scale, float* scores, float* out) {
+  switch (c.head_dim) {
+    case 16: attend_group_impl<1, 8>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 32: attend_group_impl<2, 8>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 48: attend_group_impl<3, 4>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 64: attend_group_impl<4, 4>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 128: attend_group_impl<8, 2>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    default: return false;
+  }
+}
+
+void logits_row_stats_avx512(const float* row, int64_t V, int32_t* argmax, float* lse) {
+  // Pass 1: the maximum, then its lowest index.
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= V; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(row + i));
+  float mx = _mm512_reduce_max_ps(mv);
+  for (; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+  int64_t best = 0;
+  while (best < V && !(row[best] == mx)) best++;
+  *argmax = int32_t(best < V ? best : 0);
+  // Pass 2: sum of exp(x - max) in 16 fixed lanes, then a fixed reduction.
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= V; i += 16) sum = _mm512_add_ps(sum, exp512(_mm512_sub_ps(_mm512_loadu_ps(row + i), m)));
+  if (i < V) {
+    const __mmask16 mk = __mmask16((1u << (V - i)) - 1);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, row + i), m))));
+  }
+  *lse = mx + std::log(_mm512_reduce_add_ps(sum));
 }
 
 void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out) {

@@ -35,6 +35,8 @@ class Backend {
   virtual void allocate_kv(int64_t num_blocks, int64_t block_size) = 0;
   // Writes the batch's K/V into the cache and the logits of the selected rows: [R, vocab] f32.
   virtual void forward(const ForwardBatch& batch, float* logits) = 0;
+  // Per row of logits [R, vocab]: argmax (lowest id on ties) and log-sum-exp, for sampling.
+  virtual void logits_stats(const float* logits, int64_t R, int64_t vocab, int32_t* argmax, float* log_sum_exp) = 0;
 };
 
 std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,

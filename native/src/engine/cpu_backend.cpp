@@ -55,6 +55,9 @@ class CpuBackend final : public Backend {
   }
 
   void forward(const ForwardBatch& b, float* logits) override;
+  void logits_stats(const float* logits, int64_t R, int64_t vocab, int32_t* argmax, float* lse) override {
+    cpu::logits_stats(pool_, logits, R, vocab, argmax, lse);
+  }
 
  private:
   void ensure_scratch(int64_t T);

@@ -122,7 +122,9 @@ class EngineImpl final : public Engine {
   std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, logit_rows_;
   std::vector<const int32_t*> tables_;
   std::vector<Sequence*> plan_seqs_;
-  std::vector<float> logits_;
+  std::vector<float> logits_;     // [R, vocab]
+  std::vector<int32_t> row_argmax_;  // [R]
+  std::vector<float> row_lse_;       // [R]
   std::vector<float> sample_probs_;
   std::vector<int32_t> sample_order_;
 };
@@ -195,6 +197,9 @@ StepResult EngineImpl::step(const StepPlan& plan) {
   const int64_t V = config_.vocab_size;
   logits_.resize(logit_rows_.size() * size_t(V));
   backend_->forward(fb, logits_.data());
+  row_argmax_.resize(logit_rows_.size());
+  row_lse_.resize(logit_rows_.size());
+  backend_->logits_stats(logits_.data(), int64_t(logit_rows_.size()), V, row_argmax_.data(), row_lse_.data());
 
   StepResult result;
   int top_n = 0;
@@ -210,7 +215,8 @@ StepResult EngineImpl::step(const StepPlan& plan) {
     result.top_logprobs.resize((r + 1) * size_t(top_n), -INFINITY);
     // A fresh stream per (seed, position): a preempted and recomputed sequence draws the same.
     Rng rng(s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size())));
-    SampledToken tok = sample_token(logits_.data() + row * size_t(V), V, s.params, rng, s.params.logprobs,
+    SampledToken tok = sample_token(logits_.data() + row * size_t(V), V, row_argmax_[row], row_lse_[row], s.params, rng,
+                                    s.params.logprobs,
                                     result.top_ids.data() + r * size_t(top_n),
                                     result.top_logprobs.data() + r * size_t(top_n), sample_probs_, sample_order_);
     row++;

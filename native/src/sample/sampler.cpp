@@ -17,21 +17,6 @@ uint64_t splitmix64(uint64_t& x) {
 
 inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-// log(sum(exp(logits))) computed stably in double.
-double log_sum_exp(const float* logits, int64_t n, float max_logit) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; i++) sum += std::exp(double(logits[i]) - double(max_logit));
-  return double(max_logit) + std::log(sum);
-}
-
-// Highest logit wins; ties go to the lowest id so greedy is deterministic.
-int32_t argmax(const float* logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (logits[i] > logits[best]) best = i;
-  return int32_t(best);
-}
-
 }  // namespace
 
 Rng::Rng(uint64_t seed) {
@@ -53,12 +38,11 @@ uint64_t Rng::next_u64() {
 
 double Rng::next_double() { return double(next_u64() >> 11) * 0x1.0p-53; }
 
-SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng, int top_n,
-                          int32_t* top_ids, float* top_logprobs, std::vector<float>& probs,
-                          std::vector<int32_t>& order) {
-  const int32_t best = argmax(logits, vocab);
+SampledToken sample_token(const float* logits, int64_t vocab, int32_t best, float log_sum_exp,
+                          const SamplingParams& params, Rng& rng, int top_n, int32_t* top_ids, float* top_logprobs,
+                          std::vector<float>& probs, std::vector<int32_t>& order) {
   const float max_logit = logits[best];
-  const double lse = log_sum_exp(logits, vocab, max_logit);
+  const double lse = log_sum_exp;
 
   SampledToken out;
   if (params.temperature <= 0.f || params.top_k == 1) {

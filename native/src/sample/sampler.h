@@ -25,10 +25,11 @@ struct SampledToken {
   float logprob = 0.f;  // log-softmax of the raw logits (temperature does not change it)
 };
 
-// logits: [vocab]. top_ids/top_logprobs: [top_n] outputs (best first) when top_n > 0.
-// scratch is reused between calls to avoid allocations in the decode loop.
-SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng, int top_n,
-                          int32_t* top_ids, float* top_logprobs, std::vector<float>& scratch,
-                          std::vector<int32_t>& index_scratch);
+// logits: [vocab], with its argmax (lowest id on ties) and log-sum-exp precomputed by the
+// backend. top_ids/top_logprobs: [top_n] outputs (best first) when top_n > 0. The scratch
+// vectors are reused between calls to keep the decode loop free of allocations.
+SampledToken sample_token(const float* logits, int64_t vocab, int32_t argmax, float log_sum_exp,
+                          const SamplingParams& params, Rng& rng, int top_n, int32_t* top_ids, float* top_logprobs,
+                          std::vector<float>& scratch, std::vector<int32_t>& index_scratch);
 
 }  // namespace sluice
