@@ -104,6 +104,7 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
 async function ensureModel(): Promise<string> {
   if (args.model) return resolve(args.model);
   const dir = join(modelCacheDir(), `${args.preset}-${args.dtype}`);
+  let lastPct = -1;
   if (!existsSync(join(dir, 'config.json'))) {
     process.stderr.write(`making the ${args.preset} (${args.dtype}) model in ${dir}...\n`);
     await makeModel({
@@ -111,7 +112,10 @@ async function ensureModel(): Promise<string> {
       out: dir,
       dtype: args.dtype as 'f32' | 'f16' | 'bf16',
       seed: 0,
-      onProgress: (done, total) => process.stderr.write(`\r  ${((100 * done) / total).toFixed(0)}%`),
+      onProgress: (done, total) => {
+        const pct = Math.floor((100 * done) / total);
+        if (pct !== lastPct) process.stderr.write(`\r  ${(lastPct = pct)}%`);
+      },
     });
     process.stderr.write('\n');
   }

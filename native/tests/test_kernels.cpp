@@ -134,6 +134,32 @@ TEST_CASE(matmul_rows_are_bit_identical_whatever_the_batch_and_threads) {
   force_simd_level(nullptr);
 }
 
+TEST_CASE(matmul_multi_equals_separate_matmuls) {
+  ThreadPool pool(2);
+  const int64_t T = 9, K = 130;
+  const int64_t Ns[3] = {70, 19, 301};
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    std::vector<float> x = randn(size_t(T * K));
+    std::vector<Weights> ws;
+    std::vector<std::vector<float>> fused, alone;
+    std::vector<LinearOut> outs;
+    for (int i = 0; i < 3; i++) {
+      ws.push_back(make_weights(size_t(Ns[i] * K), i == 1 ? DType::F32 : DType::BF16, 0.1f));
+      fused.emplace_back(size_t(T * Ns[i]));
+      alone.emplace_back(size_t(T * Ns[i]));
+    }
+    for (int i = 0; i < 3; i++) {
+      DType dt = i == 1 ? DType::F32 : DType::BF16;
+      outs.push_back({ws[size_t(i)].bytes.data(), dt, Ns[i], nullptr, DType::F32, fused[size_t(i)].data()});
+      matmul(pool, x.data(), T, K, ws[size_t(i)].bytes.data(), dt, Ns[i], nullptr, DType::F32, alone[size_t(i)].data());
+    }
+    matmul_multi(pool, x.data(), T, K, outs.data(), 3);
+    for (int i = 0; i < 3; i++) CHECK(bits_equal(fused[size_t(i)].data(), alone[size_t(i)].data(), fused[size_t(i)].size()));
+  }
+  force_simd_level(nullptr);
+}
+
 TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
   ThreadPool pool(2);
   for (const char* level : levels()) {

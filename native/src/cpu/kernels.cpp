@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "cpu/cpu_features.h"
@@ -133,51 +134,82 @@ void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out)
 
 using namespace detail;
 
-void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType w_dtype, int64_t N,
-            const void* bias, DType bias_dtype, float* y, MatmulPrecision precision) {
-  if (T <= 0 || N <= 0) return;
-  GemmArgs a;
-  a.x = x;
-  a.T = T;
-  a.K = K;
-  a.N = N;
-  a.w = W;
-  a.w_dtype = w_dtype;
-  a.bias = bias;
-  a.bias_dtype = bias_dtype;
-  a.y = y;
-  void (*kernel)(const GemmArgs&, int64_t, int64_t) = gemm_generic;
+void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
+                  MatmulPrecision precision) {
+  if (T <= 0 || num_outs <= 0) return;
   const SimdLevel level = simd_level();
+  bool any_bf16 = false;
+  for (int i = 0; i < num_outs; i++) any_bf16 |= outs[i].w_dtype == DType::BF16;
   thread_local std::vector<uint16_t> xb;  // bf16 activations for vdpbf16ps
-  if (level == SimdLevel::Avx512Bf16 && w_dtype == DType::BF16) {
-    const bool split = precision == MatmulPrecision::F32;
+  const bool split = precision == MatmulPrecision::F32;
+  uint16_t* xbp = nullptr;  // NOTE: the workers must see the caller's buffer, not their own thread_local
+  if (level == SimdLevel::Avx512Bf16 && any_bf16) {
     const int64_t rows = split ? 2 : 1;
     xb.resize(size_t(rows * T * K));
-    uint16_t* xbp = xb.data();  // NOTE: the workers must see the caller's buffer, not their own thread_local
+    xbp = xb.data();
     // A few rows convert faster on this thread than a parallel region costs to start.
     if (T * K <= 16384) rows_to_bf16_avx512bf16(x, T, K, split, xbp);
     else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + rows * b * K); });
-    a.xb_split = split;
-    a.xb = xbp;
-    kernel = gemm_avx512bf16;
-  } else if (level >= SimdLevel::Avx512) {
-    kernel = gemm_avx512;
-  } else if (level == SimdLevel::Avx2) {
-    kernel = gemm_avx2;
   }
-  // Threads take contiguous chunks of output features from a shared counter, so a thread slowed
-  // by something else on the machine does not hold the others up; each chunk streams its rows
-  // of W once. Which thread computes an output never changes its value.
+  using Kernel = void (*)(const GemmArgs&, int64_t, int64_t);
+  GemmArgs args[8];
+  Kernel kernels[8];
+  if (num_outs > 8) throw std::invalid_argument("matmul_multi: at most 8 outputs");
+  // Work list: contiguous chunks of output features of every output. Threads take chunks from a
+  // shared counter, so a thread slowed by something else on the machine does not hold the others
+  // up, and one parallel region serves all outputs. Which thread computes an output never
+  // changes its value.
+  struct Chunk {
+    int out;
+    int64_t begin, end;
+  };
+  thread_local std::vector<Chunk> chunks;
+  chunks.clear();
   const int threads = pool.size();
-  const int64_t chunk = std::max<int64_t>(24, (N / (int64_t(threads) * 8) + 5) / 6 * 6);
-  if (threads == 1 || N <= chunk) {
-    kernel(a, 0, N);
+  for (int i = 0; i < num_outs; i++) {
+    const LinearOut& o = outs[i];
+    GemmArgs& a = args[i];
+    a = GemmArgs{};
+    a.x = x;
+    a.T = T;
+    a.K = K;
+    a.N = o.N;
+    a.w = o.w;
+    a.w_dtype = o.w_dtype;
+    a.bias = o.bias;
+    a.bias_dtype = o.bias_dtype;
+    a.y = o.y;
+    kernels[i] = gemm_generic;
+    if (level == SimdLevel::Avx512Bf16 && o.w_dtype == DType::BF16) {
+      a.xb = xbp;
+      a.xb_split = split;
+      kernels[i] = gemm_avx512bf16;
+    } else if (level >= SimdLevel::Avx512) {
+      kernels[i] = gemm_avx512;
+    } else if (level == SimdLevel::Avx2) {
+      kernels[i] = gemm_avx2;
+    }
+    const int64_t chunk = std::max<int64_t>(24, (o.N / (int64_t(threads) * 8) + 5) / 6 * 6);
+    for (int64_t b = 0; b < o.N; b += chunk) chunks.push_back({i, b, std::min(o.N, b + chunk)});
+  }
+  Chunk* list = chunks.data();
+  const int64_t num_chunks = int64_t(chunks.size());
+  if (threads == 1 || num_chunks == 1) {
+    for (int64_t c = 0; c < num_chunks; c++) kernels[list[c].out](args[list[c].out], list[c].begin, list[c].end);
     return;
   }
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
-    for (int64_t b = next.fetch_add(chunk); b < N; b = next.fetch_add(chunk)) kernel(a, b, std::min(N, b + chunk));
+    for (int64_t c = next.fetch_add(1); c < num_chunks; c = next.fetch_add(1))
+      kernels[list[c].out](args[list[c].out], list[c].begin, list[c].end);
   });
+}
+
+void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType w_dtype, int64_t N,
+            const void* bias, DType bias_dtype, float* y, MatmulPrecision precision) {
+  if (N <= 0) return;
+  const LinearOut out{W, w_dtype, N, bias, bias_dtype, y};
+  matmul_multi(pool, x, T, K, &out, 1, precision);
 }
 
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype, float eps,

@@ -27,6 +27,19 @@ void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* 
             int64_t N, const void* bias, DType bias_dtype, float* y,
             MatmulPrecision precision = MatmulPrecision::F32);
 
+// Several projections of the same activations in one parallel region (q/k/v, gate/up):
+// y_i[T, N_i] = x[T, K] · W_i[N_i, K]^T (+ bias_i). At most 8 outputs. Same results as matmul().
+struct LinearOut {
+  const void* w;
+  DType w_dtype;
+  int64_t N;
+  const void* bias;
+  DType bias_dtype;
+  float* y;
+};
+void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
+                  MatmulPrecision precision = MatmulPrecision::F32);
+
 // out[T, D] = x[T, D] / rms(x) * weight[D]; out may alias x.
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype,
              float eps, float* out);

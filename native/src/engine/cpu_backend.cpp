@@ -61,6 +61,9 @@ class CpuBackend final : public Backend {
 
  private:
   void ensure_scratch(int64_t T);
+  static cpu::LinearOut out(const TensorView& w, const TensorView& bias, float* y) {
+    return {w.data, w.dtype, w.shape[0], bias.data, bias.dtype, y};
+  }
   void linear(const float* x, int64_t T, const TensorView& w, const TensorView& bias, float* y) {
     cpu::matmul(pool_, x, T, w.shape[1], w.data, w.dtype, w.shape[0], bias.data, bias.dtype, y, precision_);
   }
@@ -114,9 +117,12 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
   for (int64_t l = 0; l < c_.num_layers; l++) {
     const LayerWeights& lw = w_.layers[size_t(l)];
     cpu::rmsnorm(pool_, x, T, H, lw.input_norm.data, lw.input_norm.dtype, eps, xn);
-    linear(xn, T, lw.q, lw.q_bias, q_.data());  // [T, nq*hd]
-    linear(xn, T, lw.k, lw.k_bias, k_.data());  // [T, nkv*hd]
-    linear(xn, T, lw.v, lw.v_bias, v_.data());  // [T, nkv*hd]
+    {
+      const cpu::LinearOut qkv[3] = {out(lw.q, lw.q_bias, q_.data()),   // [T, nq*hd]
+                                     out(lw.k, lw.k_bias, k_.data()),   // [T, nkv*hd]
+                                     out(lw.v, lw.v_bias, v_.data())};  // [T, nkv*hd]
+      cpu::matmul_multi(pool_, xn, T, H, qkv, 3, precision_);
+    }
     if (c_.qk_norm) {  // per-head RMSNorm: view q as [T*nq, hd]
       cpu::rmsnorm(pool_, q_.data(), T * nq, hd, lw.q_norm.data, lw.q_norm.dtype, eps, q_.data());
       cpu::rmsnorm(pool_, k_.data(), T * nkv, hd, lw.k_norm.data, lw.k_norm.dtype, eps, k_.data());
@@ -129,8 +135,11 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
     cpu::add_inplace(pool_, x, xn, T * H);
 
     cpu::rmsnorm(pool_, x, T, H, lw.post_norm.data, lw.post_norm.dtype, eps, xn);
-    linear(xn, T, lw.gate, lw.gate_bias, gate_.data());  // [T, I]
-    linear(xn, T, lw.up, lw.up_bias, up_.data());        // [T, I]
+    {
+      const cpu::LinearOut gate_up[2] = {out(lw.gate, lw.gate_bias, gate_.data()),  // [T, I]
+                                         out(lw.up, lw.up_bias, up_.data())};       // [T, I]
+      cpu::matmul_multi(pool_, xn, T, H, gate_up, 2, precision_);
+    }
     cpu::silu_mul_split(pool_, gate_.data(), up_.data(), T, I, gate_.data());
     linear(gate_.data(), T, lw.down, lw.down_bias, xn);  // [T, H]
     cpu::add_inplace(pool_, x, xn, T * H);
