@@ -34,6 +34,26 @@ inline const float* kv_row(const float* base, const int32_t* table, int64_t p, c
   return base + (slot * c.n_kv_heads + kv_head) * c.head_dim;
 }
 
+// scores[0:P] = exp(scores - max_score) in place; returns 1 / their sum. The sum runs in 16
+// fixed lanes then a fixed reduction, so it depends only on the scores.
+inline float softmax_weights(float* scores, int64_t P, float max_score) {
+  const __m512 mx = _mm512_set1_ps(max_score);
+  __m512 sumv = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 16 <= P; p += 16) {
+    __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + p), mx));
+    _mm512_storeu_ps(scores + p, e);
+    sumv = _mm512_add_ps(sumv, e);
+  }
+  if (p < P) {
+    const __mmask16 m = __mmask16((1u << (P - p)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p), mx)));
+    _mm512_mask_storeu_ps(scores + p, m, e);
+    sumv = _mm512_add_ps(sumv, e);
+  }
+  return 1.0f / _mm512_reduce_add_ps(sumv);
+}
+
 }  // namespace
 
 void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
@@ -54,22 +74,7 @@ void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv
     scores[p] = s;
     max_score = s > max_score ? s : max_score;
   }
-  // Softmax weights, 16 at a time; the sum uses one fixed lane-wise order then a fixed reduction.
-  const __m512 mx = _mm512_set1_ps(max_score);
-  __m512 sumv = _mm512_setzero_ps();
-  int64_t p = 0;
-  for (; p + 16 <= P; p += 16) {
-    __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + p), mx));
-    _mm512_storeu_ps(scores + p, e);
-    sumv = _mm512_add_ps(sumv, e);
-  }
-  if (p < P) {
-    const __mmask16 m = __mmask16((1u << (P - p)) - 1);
-    __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p), mx)));
-    _mm512_mask_storeu_ps(scores + p, m, e);
-    sumv = _mm512_add_ps(sumv, e);
-  }
-  const float inv_sum = 1.0f / _mm512_reduce_add_ps(sumv);
+  const float inv_sum = softmax_weights(scores, P, max_score);
   __m512 o[16];
   for (int64_t i = 0; i < chunks; i++) o[i] = _mm512_setzero_ps();
   for (int64_t j = 0; j < P; j++) {
@@ -113,23 +118,7 @@ void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t 
       }
     }
     float inv_sum[HB];
-    for (int h = 0; h < hb; h++) {
-      const __m512 m = _mm512_set1_ps(mx[h]);
-      __m512 sumv = _mm512_setzero_ps();
-      int64_t p = 0;
-      for (; p + 16 <= P; p += 16) {
-        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc[h] + p), m));
-        _mm512_storeu_ps(sc[h] + p, e);
-        sumv = _mm512_add_ps(sumv, e);
-      }
-      if (p < P) {
-        const __mmask16 mk = __mmask16((1u << (P - p)) - 1);
-        __m512 e = _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sc[h] + p), m)));
-        _mm512_mask_storeu_ps(sc[h] + p, mk, e);
-        sumv = _mm512_add_ps(sumv, e);
-      }
-      inv_sum[h] = 1.0f / _mm512_reduce_add_ps(sumv);
-    }
+    for (int h = 0; h < hb; h++) inv_sum[h] = softmax_weights(sc[h], P, mx[h]);
     __m512 o[HB][CH];
     for (int h = 0; h < HB; h++)
       for (int i = 0; i < CH; i++) o[h][i] = _mm512_setzero_ps();
