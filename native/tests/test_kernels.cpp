@@ -163,14 +163,26 @@ TEST_CASE(matmul_multi_equals_separate_matmuls) {
 TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
   ThreadPool pool(2);
   for (const char* level : levels()) {
-    force_simd_level(level);
+   force_simd_level(level);
+   for (DType kv_dtype : {DType::F32, DType::BF16}) {
     for (int64_t group : {1, 2, 7}) {
       for (int64_t hd : {16, 48, 64, 128}) {
         const int64_t n_kv = 2, H = n_kv * group, bs = 4, num_blocks = 40;
         PagedKV c;
         std::vector<float> k = randn(size_t(num_blocks * bs * n_kv * hd)), v = randn(size_t(num_blocks * bs * n_kv * hd));
-        c.k = k.data();
-        c.v = v.data();
+        // A bf16 cache holds the rounded values; the reference then uses those exact values.
+        std::vector<uint16_t> k16(k.size()), v16(v.size());
+        for (size_t i = 0; i < k.size(); i++) {
+          k16[i] = f32_to_bf16(k[i]);
+          v16[i] = f32_to_bf16(v[i]);
+          if (kv_dtype == DType::BF16) {
+            k[i] = bf16_to_f32(k16[i]);
+            v[i] = bf16_to_f32(v16[i]);
+          }
+        }
+        c.k = kv_dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
+        c.v = kv_dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
+        c.dtype = kv_dtype;
         c.block_size = bs;
         c.n_kv_heads = n_kv;
         c.head_dim = hd;
@@ -219,6 +231,7 @@ TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
         CHECK(bits_equal(alone.data(), out.data() + H * hd, size_t(H * hd)));
       }
     }
+   }
   }
   force_simd_level(nullptr);
 }

@@ -86,9 +86,9 @@ void gemm_generic(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
     }
 }
 
-inline const float* kv_row(const float* base, const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
+inline int64_t kv_offset(const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
   const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
-  return base + (slot * c.n_kv_heads + kv_head) * c.head_dim;
+  return (slot * c.n_kv_heads + kv_head) * c.head_dim;
 }
 
 void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
@@ -96,9 +96,9 @@ void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t k
   const int64_t hd = c.head_dim, P = pos + 1;
   float max_score = -INFINITY;
   for (int64_t p = 0; p < P; p++) {
-    const float* k = kv_row(c.k, table, p, c, kv_head);
+    const int64_t off = kv_offset(table, p, c, kv_head);
     float s = 0.f;
-    for (int64_t i = 0; i < hd; i++) s += q[i] * k[i];
+    for (int64_t i = 0; i < hd; i++) s += q[i] * load_scalar(c.k, c.dtype, off + i);
     scores[p] = s * scale;
     max_score = std::max(max_score, scores[p]);
   }
@@ -109,8 +109,8 @@ void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t k
   }
   for (int64_t i = 0; i < hd; i++) out[i] = 0.f;
   for (int64_t p = 0; p < P; p++) {
-    const float* v = kv_row(c.v, table, p, c, kv_head);
-    for (int64_t i = 0; i < hd; i++) out[i] += scores[p] * v[i];
+    const int64_t off = kv_offset(table, p, c, kv_head);
+    for (int64_t i = 0; i < hd; i++) out[i] += scores[p] * load_scalar(c.v, c.dtype, off + i);
   }
   const float inv = 1.f / sum;
   for (int64_t i = 0; i < hd; i++) out[i] *= inv;
@@ -281,8 +281,18 @@ void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_d
 void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const float* v, const int32_t* slots, int64_t T) {
   const int64_t row = cache.n_kv_heads * cache.head_dim;
   for (int64_t t = 0; t < T; t++) {
-    std::memcpy(cache.k + int64_t(slots[t]) * row, k + t * row, size_t(row) * sizeof(float));
-    std::memcpy(cache.v + int64_t(slots[t]) * row, v + t * row, size_t(row) * sizeof(float));
+    const int64_t dst = int64_t(slots[t]) * row;
+    if (cache.dtype == DType::F32) {
+      std::memcpy(static_cast<float*>(cache.k) + dst, k + t * row, size_t(row) * sizeof(float));
+      std::memcpy(static_cast<float*>(cache.v) + dst, v + t * row, size_t(row) * sizeof(float));
+    } else {
+      uint16_t* kd = static_cast<uint16_t*>(cache.k) + dst;
+      uint16_t* vd = static_cast<uint16_t*>(cache.v) + dst;
+      for (int64_t i = 0; i < row; i++) {
+        kd[i] = f32_to_bf16(k[t * row + i]);
+        vd[i] = f32_to_bf16(v[t * row + i]);
+      }
+    }
   }
 }
 

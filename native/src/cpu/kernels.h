@@ -63,10 +63,12 @@ void embedding(ThreadPool& pool, const int32_t* ids, int64_t T, const void* tabl
 void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
           const float* inv_freq, const int32_t* positions);
 
-// Paged KV cache layout, one per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim], f32.
+// Paged KV cache layout, one per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim]
+// in `dtype` (f32, or bf16 to halve the bytes attention reads; rounded to nearest even on write).
 struct PagedKV {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::F32;
   int64_t block_size = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cpu/ops_simd.h"
 
@@ -29,9 +30,20 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline const float* kv_row(const float* base, const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
+inline int64_t kv_offset(const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
   const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
-  return base + (slot * c.n_kv_heads + kv_head) * c.head_dim;
+  return (slot * c.n_kv_heads + kv_head) * c.head_dim;
+}
+
+// 16 K/V elements as f32 from an f32 or bf16 cache (KV = float or uint16_t), masked.
+template <typename KV>
+inline __m512 load_kv16(const void* base, int64_t off, __mmask16 m) {
+  if constexpr (std::is_same_v<KV, float>) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + off);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + off);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
 }
 
 // scores[0:P] = exp(scores - max_score) in place; returns 1 / their sum. The sum runs in 16
@@ -56,7 +68,8 @@ inline float softmax_weights(float* scores, int64_t P, float max_score) {
 
 }  // namespace
 
-void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
+template <typename KV>
+void attend_single(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                    float* scores, float* out) {
   const int64_t hd = c.head_dim, P = pos + 1;
   const int64_t chunks = (hd + 15) / 16;
@@ -66,10 +79,10 @@ void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv
   for (int64_t i = 0; i < chunks; i++) qv[i] = _mm512_maskz_loadu_ps(i + 1 < chunks ? 0xffff : tail, q + 16 * i);
   float max_score = -INFINITY;
   for (int64_t p = 0; p < P; p++) {
-    const float* k = kv_row(c.k, table, p, c, kv_head);
+    const int64_t off = kv_offset(table, p, c, kv_head);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < chunks; i++)
-      acc = _mm512_fmadd_ps(qv[i], _mm512_maskz_loadu_ps(i + 1 < chunks ? 0xffff : tail, k + 16 * i), acc);
+      acc = _mm512_fmadd_ps(qv[i], load_kv16<KV>(c.k, off + 16 * i, i + 1 < chunks ? 0xffff : tail), acc);
     const float s = _mm512_reduce_add_ps(acc) * scale;
     scores[p] = s;
     max_score = s > max_score ? s : max_score;
@@ -78,20 +91,26 @@ void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv
   __m512 o[16];
   for (int64_t i = 0; i < chunks; i++) o[i] = _mm512_setzero_ps();
   for (int64_t j = 0; j < P; j++) {
-    const float* v = kv_row(c.v, table, j, c, kv_head);
+    const int64_t off = kv_offset(table, j, c, kv_head);
     const __m512 w = _mm512_set1_ps(scores[j]);
     for (int64_t i = 0; i < chunks; i++)
-      o[i] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(i + 1 < chunks ? 0xffff : tail, v + 16 * i), o[i]);
+      o[i] = _mm512_fmadd_ps(w, load_kv16<KV>(c.v, off + 16 * i, i + 1 < chunks ? 0xffff : tail), o[i]);
   }
   const __m512 is = _mm512_set1_ps(inv_sum);
   for (int64_t i = 0; i < chunks; i++)
     _mm512_mask_storeu_ps(out + 16 * i, i + 1 < chunks ? 0xffff : tail, _mm512_mul_ps(o[i], is));
 }
 
+void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
+                   float* scores, float* out) {
+  if (c.dtype == DType::BF16) attend_single<uint16_t>(q, table, pos, kv_head, c, scale, scores, out);
+  else attend_single<float>(q, table, pos, kv_head, c, scale, scores, out);
+}
+
 // All heads of one GQA group for one token: each K/V row is loaded once and used by up to HB
 // heads at a time (their q / output accumulators stay in registers). Per head the arithmetic
 // is exactly the single-head order, so grouping never changes a result.
-template <int CH, int HB>
+template <typename KV, int CH, int HB>
 void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c,
                        float scale, float* scores, float* out) {
   const int64_t P = pos + 1;
@@ -105,9 +124,9 @@ void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t 
     float mx[HB];
     for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
     for (int64_t p = 0; p < P; p++) {
-      const float* k = kv_row(c.k, table, p, c, kv_head);
+      const int64_t off = kv_offset(table, p, c, kv_head);
       __m512 kv[CH];
-      for (int i = 0; i < CH; i++) kv[i] = _mm512_loadu_ps(k + 16 * i);
+      for (int i = 0; i < CH; i++) kv[i] = load_kv16<KV>(c.k, off + 16 * i, 0xffff);
       for (int h = 0; h < HB; h++) {
         if (h >= hb) break;
         __m512 acc = _mm512_setzero_ps();
@@ -123,9 +142,9 @@ void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t 
     for (int h = 0; h < HB; h++)
       for (int i = 0; i < CH; i++) o[h][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < P; j++) {
-      const float* v = kv_row(c.v, table, j, c, kv_head);
+      const int64_t off = kv_offset(table, j, c, kv_head);
       __m512 vv[CH];
-      for (int i = 0; i < CH; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
+      for (int i = 0; i < CH; i++) vv[i] = load_kv16<KV>(c.v, off + 16 * i, 0xffff);
       for (int h = 0; h < HB; h++) {
         if (h >= hb) break;
         const __m512 w = _mm512_set1_ps(sc[h][j]);
@@ -139,16 +158,23 @@ void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t 
   }
 }
 
-bool attend_group_avx512(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head,
-                         const PagedKV& c, float scale, float* scores, float* out) {
+template <typename KV>
+bool attend_group_typed(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c,
+                        float scale, float* scores, float* out) {
   switch (c.head_dim) {
-    case 16: attend_group_impl<1, 8>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
-    case 32: attend_group_impl<2, 8>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
-    case 48: attend_group_impl<3, 4>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
-    case 64: attend_group_impl<4, 4>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
-    case 128: attend_group_impl<8, 2>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 16: attend_group_impl<KV, 1, 8>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 32: attend_group_impl<KV, 2, 8>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 48: attend_group_impl<KV, 3, 4>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 64: attend_group_impl<KV, 4, 4>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
+    case 128: attend_group_impl<KV, 8, 2>(q, G, table, pos, kv_head, c, scale, scores, out); return true;
     default: return false;
   }
+}
+
+bool attend_group_avx512(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head,
+                         const PagedKV& c, float scale, float* scores, float* out) {
+  return c.dtype == DType::BF16 ? attend_group_typed<uint16_t>(q, G, table, pos, kv_head, c, scale, scores, out)
+                                : attend_group_typed<float>(q, G, table, pos, kv_head, c, scale, scores, out);
 }
 
 void logits_row_stats_avx512(const float* row, int64_t V, int32_t* argmax, float* lse) {

@@ -21,7 +21,10 @@ class CpuBackend final : public Backend {
         w_(w),
         pool_(num_threads),
         inv_freq_(c.rope_inv_freq()),
-        precision_(bf16_activations ? cpu::MatmulPrecision::BF16 : cpu::MatmulPrecision::F32) {}
+        precision_(bf16_activations ? cpu::MatmulPrecision::BF16 : cpu::MatmulPrecision::F32),
+        // Precision bf16 also keeps K/V in bf16 (as vLLM does for bf16 models): half the bytes
+        // that attention reads. Precision f32 keeps them in f32.
+        kv_dtype_(bf16_activations ? DType::BF16 : DType::F32) {}
 
   ~CpuBackend() override {
     if (kv_mem_) ::munmap(kv_mem_, kv_bytes_);
@@ -32,7 +35,7 @@ class CpuBackend final : public Backend {
   int num_threads() const override { return pool_.size(); }
 
   size_t kv_bytes_per_block(int64_t block_size) const override {
-    return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * sizeof(float);
+    return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * dtype_size(kv_dtype_);
   }
 
   void allocate_kv(int64_t num_blocks, int64_t block_size) override {
@@ -41,13 +44,16 @@ class CpuBackend final : public Backend {
     void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw Error(ErrorCode::kOutOfMemory, "cannot reserve " + std::to_string(kv_bytes_) + " bytes for the KV cache");
     kv_mem_ = p;
-    const size_t per_layer = size_t(num_blocks) * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim);
-    float* base = static_cast<float*>(p);
+    // [num_blocks, block_size, n_kv_heads, head_dim] elements per layer, k then v.
+    const size_t per_layer = size_t(num_blocks) * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) *
+                             dtype_size(kv_dtype_);
+    uint8_t* base = static_cast<uint8_t*>(p);
     layers_kv_.resize(size_t(c_.num_layers));
     for (int64_t l = 0; l < c_.num_layers; l++) {
       cpu::PagedKV& kv = layers_kv_[size_t(l)];
       kv.k = base + size_t(2 * l) * per_layer;
       kv.v = base + size_t(2 * l + 1) * per_layer;
+      kv.dtype = kv_dtype_;
       kv.block_size = block_size;
       kv.n_kv_heads = c_.num_kv_heads;
       kv.head_dim = c_.head_dim;
@@ -73,6 +79,7 @@ class CpuBackend final : public Backend {
   cpu::ThreadPool pool_;
   std::vector<float> inv_freq_;
   cpu::MatmulPrecision precision_;
+  DType kv_dtype_;
   void* kv_mem_ = nullptr;
   size_t kv_bytes_ = 0;
   std::vector<cpu::PagedKV> layers_kv_;
