@@ -20,6 +20,42 @@ inline float bias_at(const GemmArgs& a, int64_t n) {
   return a.bias ? load_scalar(a.bias, a.bias_dtype, n) : 0.f;
 }
 
+// Horizontal sums of 16 accumulators at once (lane j of the result = sum of v[j]), by a
+// transpose-and-add tree: within each 128-bit quarter (l0 + l2) + (l1 + l3), then quarters
+// (q0 + q1) + (q2 + q3). Every slot gets the same tree, and zero padding leaves other slots
+// untouched, so an output's value never depends on its position in a tile.
+inline __m512 reduce16(const __m512* v) {
+  __m512 s[8], w[4], y[2];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; k++)
+    s[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; k++) {
+    const __m512d a = _mm512_castps_pd(s[2 * k]), b = _mm512_castps_pd(s[2 * k + 1]);
+    w[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+#pragma GCC unroll 2
+  for (int k = 0; k < 2; k++)
+    y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88), _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+}
+
+// y[t0 + i, n0 + j] = sum(acc[i][j]) + bias[n0 + j]
+template <int MR, int NR>
+inline void store_tile(const __m512 (&acc)[MR][NR], const GemmArgs& a, int64_t t0, int64_t n0) {
+  constexpr int kTotal = MR * NR;
+  alignas(64) float sums[(kTotal + 15) / 16 * 16];
+#pragma GCC unroll 2
+  for (int g = 0; g < kTotal; g += 16) {
+    __m512 v[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) v[i] = g + i < kTotal ? acc[(g + i) / NR][(g + i) % NR] : _mm512_setzero_ps();
+    _mm512_store_ps(sums + g, reduce16(v));
+  }
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) a.y[(t0 + i) * a.N + n0 + j] = sums[i * NR + j] + bias_at(a, n0 + j);
+}
+
 // ---- bf16 weights with vdpbf16ps -------------------------------------------------------------
 // SPLIT (precision f32): activations are split as x = hi + lo, both bf16 (hi = bf16(x),
 // lo = bf16(x - hi)); two vdpbf16ps per chunk carry ~16 mantissa bits of x instead of 8, so
@@ -71,8 +107,7 @@ void tile_bf16(const GemmArgs& a, int64_t t0, int64_t n0) {
       }
     }
   }
-  for (int i = 0; i < MR; i++)
-    for (int j = 0; j < NR; j++) a.y[(t0 + i) * a.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias_at(a, n0 + j);
+  store_tile<MR, NR>(acc, a, t0, n0);
 }
 
 // ---- f32 accumulate: weights f32 / f16 / bf16 widened to f32 in registers --------------------
@@ -131,8 +166,7 @@ void tile_f32(const GemmArgs& a, int64_t t0, int64_t n0) {
       for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; i++)
-    for (int j = 0; j < NR; j++) a.y[(t0 + i) * a.N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias_at(a, n0 + j);
+  store_tile<MR, NR>(acc, a, t0, n0);
 }
 
 using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
