@@ -1,5 +1,8 @@
 // AVX2 + FMA + F16C matmul (the baseline x86-64 level): f32 activations, weights widened to
 // f32 in registers, one 8-lane accumulator per output over K (see gemm.h for the contract).
+// NOTE: this file is compiled for one ISA; it calls no inline function or template shared with
+// baseline files (no std::min, no dtype.h helpers), so the linker can never hand a baseline
+// caller a copy built with these instructions.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -9,6 +12,8 @@
 namespace sluice::cpu::detail {
 
 namespace {
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 constexpr int kMR = 4, kNR = 3;  // 12 accumulators + 3 weight + 1 activation registers
 constexpr int64_t kTB = 64;
@@ -77,10 +82,10 @@ void gemm_avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   static const Table<DType::BF16> bf16;
   const auto& fns = a.w_dtype == DType::F32 ? f32.fns : a.w_dtype == DType::F16 ? f16.fns : bf16.fns;
   for (int64_t tb = 0; tb < a.T; tb += kTB) {
-    const int64_t te = std::min(a.T, tb + kTB);
+    const int64_t te = min64(a.T, tb + kTB);
     for (int64_t n = n_begin; n < n_end; n += kNR) {
-      const int nr = int(std::min<int64_t>(kNR, n_end - n));
-      for (int64_t t = tb; t < te; t += kMR) fns[std::min<int64_t>(kMR, te - t)][nr](a, t, n);
+      const int nr = int(min64(kNR, n_end - n));
+      for (int64_t t = tb; t < te; t += kMR) fns[min64(kMR, te - t)][nr](a, t, n);
     }
   }
 }

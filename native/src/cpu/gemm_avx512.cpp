@@ -2,6 +2,9 @@
 // K (chunks of 32 bf16 pairs with vdpbf16ps, or 16 f32 with FMA), reduced once at the end.
 // Tiles of MR activation rows x NR weight rows share loads; tails use smaller tiles, which
 // changes nothing for any single output (see gemm.h).
+// NOTE: this file is compiled for one ISA; it calls no inline function or template shared with
+// baseline files (no std::min, no dtype.h helpers), so the linker can never hand a baseline
+// caller a copy built with these instructions.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -11,6 +14,22 @@
 namespace sluice::cpu::detail {
 
 namespace {
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+// Local copies of the bf16 conversions (round to nearest even), see the NOTE above.
+inline uint16_t to_bf16(float f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+inline float from_bf16(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
 
 constexpr int kMR = 4;   // activation rows per tile
 constexpr int kNR = 6;   // weight rows per tile: 24 accumulators + 6 weight + 1 activation registers
@@ -206,11 +225,11 @@ struct Bf16WidenMaker {
 
 void run_tiles(const TileFn (&fns)[kMR + 1][kNR + 1], const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   for (int64_t tb = 0; tb < a.T; tb += kTB) {
-    const int64_t te = std::min(a.T, tb + kTB);
+    const int64_t te = min64(a.T, tb + kTB);
     for (int64_t n = n_begin; n < n_end; n += kNR) {
-      const int nr = int(std::min<int64_t>(kNR, n_end - n));
+      const int nr = int(min64(kNR, n_end - n));
       for (int64_t t = tb; t < te; t += kMR) {
-        const int mr = int(std::min<int64_t>(kMR, te - t));
+        const int mr = int(min64(kMR, te - t));
         fns[mr][nr](a, t, n);
       }
     }
@@ -242,7 +261,7 @@ void rows_to_bf16_avx512bf16(const float* x, int64_t rows, int64_t K, bool split
       int64_t i = 0;
       for (; i + 16 <= K; i += 16)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-      for (; i < K; i++) hi[i] = f32_to_bf16(src[i]);
+      for (; i < K; i++) hi[i] = to_bf16(src[i]);
       continue;
     }
     int64_t i = 0;
@@ -254,8 +273,8 @@ void rows_to_bf16_avx512bf16(const float* x, int64_t rows, int64_t K, bool split
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
     }
     for (; i < K; i++) {
-      hi[i] = f32_to_bf16(src[i]);
-      lo[i] = f32_to_bf16(src[i] - bf16_to_f32(hi[i]));
+      hi[i] = to_bf16(src[i]);
+      lo[i] = to_bf16(src[i] - from_bf16(hi[i]));
     }
   }
 }

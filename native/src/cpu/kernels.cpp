@@ -227,7 +227,10 @@ void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void*
 }
 
 void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, float* out) {
-  for (int64_t t = 0; t < T; t++) silu_mul_split(pool, gate_up + t * 2 * D, gate_up + t * 2 * D + D, 1, D, out + t * D);
+  auto fn = simd_level() >= SimdLevel::Avx512 ? silu_mul_avx512 : silu_mul_generic;
+  pool.parallel_for(T, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; t++) fn(gate_up + t * 2 * D, gate_up + t * 2 * D + D, D, out + t * D);
+  });
 }
 
 void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {

@@ -1,4 +1,7 @@
 // AVX-512 versions of attention and the SwiGLU activation, with a vector exp.
+// NOTE: this file is compiled for one ISA; it calls no inline function or template shared with
+// baseline files (no std::min, no dtype.h helpers), so the linker can never hand a baseline
+// caller a copy built with these instructions.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -10,6 +13,8 @@
 namespace sluice::cpu::detail {
 
 namespace {
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // exp(x) to ~2 ulp: x = n*ln2 + r with |r| <= ln2/2 (Cody-Waite split), a degree-6
 // polynomial for e^r, then scale by 2^n. Large negative inputs underflow to 0.
@@ -115,7 +120,7 @@ void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t 
                        float scale, float* scores, float* out) {
   const int64_t P = pos + 1;
   for (int64_t g0 = 0; g0 < G; g0 += HB) {
-    const int hb = int(std::min<int64_t>(HB, G - g0));
+    const int hb = int(min64(HB, G - g0));
     float* sc[HB];
     for (int h = 0; h < HB; h++) sc[h] = scores + (h < hb ? h : 0) * P;
     __m512 qv[HB][CH];
@@ -195,7 +200,7 @@ void logits_row_stats_avx512(const float* row, int64_t V, int32_t* argmax, float
     const __mmask16 mk = __mmask16((1u << (V - i)) - 1);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mk, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, row + i), m))));
   }
-  *lse = mx + std::log(_mm512_reduce_add_ps(sum));
+  *lse = mx + logf(_mm512_reduce_add_ps(sum));
 }
 
 void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out) {
