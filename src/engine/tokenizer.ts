@@ -105,11 +105,20 @@ export class SluiceTokenizer implements TokenDecoder {
     return new SluiceTokenizer({ inner, tokenizerConfig, specialTokenIds, eosTokenIds, chatTemplate });
   }
 
-  /** Text -> token ids. Special-token text in `text` (e.g. "<|im_start|>") maps to its id. */
+  /**
+   * Text -> token ids. Special-token text in `text` (e.g. "<|im_start|>") maps to its id.
+   * Without `addBos`, the tokenizer's own post-processor decides, as transformers' tokenizer(text)
+   * does (Llama 3 prepends <|begin_of_text|>, Qwen adds nothing), plus bos when
+   * tokenizer_config.json sets add_bos_token and the post-processor did not already add it.
+   */
   encode(text: string, options: EncodeOptions = {}): number[] {
+    if (options.addBos === undefined) {
+      const ids = this.inner.encode(text, { add_special_tokens: true }).ids;
+      if (this.addBosByDefault && ids[0] !== this.bosTokenId) return [this.bosTokenId!, ...ids];
+      return ids;
+    }
     const ids = this.inner.encode(text, { add_special_tokens: false }).ids;
-    const addBos = options.addBos ?? this.addBosByDefault;
-    if (addBos && this.bosTokenId !== undefined) return [this.bosTokenId, ...ids];
+    if (options.addBos && this.bosTokenId !== undefined) return [this.bosTokenId, ...ids];
     return ids;
   }
 
