@@ -52,37 +52,52 @@ SampledToken sample_token(const float* logits, int64_t vocab, int32_t best, floa
     order.resize(size_t(vocab));
     std::iota(order.begin(), order.end(), 0);
     auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-    int64_t keep = vocab;
-    if (params.top_k > 0 && params.top_k < vocab) {
-      keep = params.top_k;
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-    } else if (params.top_p < 1.f) {
-      std::sort(order.begin(), order.end(), by_logit);
-    }
-    // softmax(logits / T) over the kept candidates, in double for a stable cumulative sum.
     const double inv_t = 1.0 / double(params.temperature);
-    probs.resize(size_t(keep));
-    double total = 0;
-    const bool sorted = keep < vocab || params.top_p < 1.f;
-    for (int64_t i = 0; i < keep; i++) {
-      int32_t id = sorted ? order[size_t(i)] : int32_t(i);
-      double p = std::exp((double(logits[id]) - double(max_logit)) * inv_t);
-      probs[size_t(i)] = float(p);
-      total += p;
-    }
-    if (params.top_p < 1.f) {
-      // Smallest prefix whose mass reaches top_p (always at least one token).
-      double cum = 0, target = double(params.top_p) * total;
-      int64_t cut = keep;
-      for (int64_t i = 0; i < keep; i++) {
-        cum += probs[size_t(i)];
-        if (cum >= target) {
-          cut = i + 1;
-          break;
+    auto weight = [&](int32_t id) { return std::exp((double(logits[id]) - double(max_logit)) * inv_t); };
+    int64_t keep = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
+    const bool nucleus = params.top_p < 1.f;
+    const bool sorted = keep < vocab || nucleus;
+    double total = 0;  // softmax(logits / T) mass of the kept candidates, in double
+    if (nucleus) {
+      // Only the head of the distribution can be in the nucleus: sort a growing prefix (64, 256,
+      // ...) until it holds top_p of the mass, instead of sorting the whole vocabulary per token.
+      double all = 0;
+      if (keep < vocab) {
+        std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+        for (int64_t i = 0; i < keep; i++) all += weight(order[size_t(i)]);
+      } else {
+        for (int64_t i = 0; i < vocab; i++) all += weight(int32_t(i));
+      }
+      const double target = double(params.top_p) * all;
+      int64_t sorted_len = keep < vocab ? keep : 0;
+      probs.clear();
+      double cum = 0;
+      int64_t cut = 0;
+      for (int64_t want = std::min<int64_t>(64, keep); cut == 0; want = std::min<int64_t>(want * 4, keep)) {
+        if (want > sorted_len) {
+          std::partial_sort(order.begin() + sorted_len, order.begin() + want, order.end(), by_logit);
+          sorted_len = want;
         }
+        for (int64_t i = int64_t(probs.size()); i < want; i++) {
+          probs.push_back(float(weight(order[size_t(i)])));
+          cum += probs.back();
+          if (cum >= target) {
+            cut = i + 1;
+            break;
+          }
+        }
+        if (want == keep && cut == 0) cut = keep;  // rounding left the target just out of reach
       }
       keep = cut;
-      total = cum;
+      total = 0;
+      for (int64_t i = 0; i < keep; i++) total += probs[size_t(i)];
+    } else {
+      if (keep < vocab) std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+      probs.resize(size_t(keep));
+      for (int64_t i = 0; i < keep; i++) {
+        probs[size_t(i)] = float(weight(sorted ? order[size_t(i)] : int32_t(i)));
+        total += probs[size_t(i)];
+      }
     }
     double u = rng.next_double() * total, acc = 0;
     int64_t pick = keep - 1;

@@ -1,0 +1,116 @@
+// Sampling: greedy, temperature, top-k and top-p draw from exactly the distribution they
+// define (checked by frequencies over many seeded draws), and logprobs are log-softmax values.
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "sample/sampler.h"
+#include "test_util.h"
+
+using namespace sluice;
+
+namespace {
+
+struct Draws {
+  std::map<int32_t, int> counts;
+  int n = 0;
+};
+
+Draws draw(const std::vector<float>& logits, const SamplingParams& p, int n) {
+  std::vector<float> probs;
+  std::vector<int32_t> order;
+  int32_t best = 0;
+  double mx = logits[0];
+  for (size_t i = 1; i < logits.size(); i++)
+    if (logits[i] > logits[size_t(best)]) best = int32_t(i), mx = logits[i];
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  const float lse = float(mx + std::log(sum));
+  Draws d;
+  for (int i = 0; i < n; i++) {
+    Rng rng(p.seed + uint64_t(i) * 7919);
+    SampledToken t = sample_token(logits.data(), int64_t(logits.size()), best, lse, p, rng, 0, nullptr, nullptr, probs, order);
+    CHECK(std::fabs(t.logprob - (logits[size_t(t.token)] - lse)) < 1e-5);
+    d.counts[t.token]++;
+    d.n++;
+  }
+  return d;
+}
+
+// Expected probabilities of softmax(logits / T) restricted to `allowed`.
+std::map<int32_t, double> expected(const std::vector<float>& logits, float T, const std::vector<int32_t>& allowed) {
+  std::map<int32_t, double> e;
+  double z = 0;
+  for (int32_t id : allowed) z += std::exp(double(logits[size_t(id)]) / T);
+  for (int32_t id : allowed) e[id] = std::exp(double(logits[size_t(id)]) / T) / z;
+  return e;
+}
+
+void check_frequencies(const Draws& d, const std::map<int32_t, double>& want) {
+  for (auto& [id, c] : d.counts) CHECK(want.count(id) == 1);  // nothing outside the allowed set
+  for (auto& [id, p] : want) {
+    const double got = double(d.counts.count(id) ? d.counts.at(id) : 0) / d.n;
+    const double sigma = std::sqrt(p * (1 - p) / d.n);
+    if (!(std::fabs(got - p) <= 5 * sigma + 1e-3)) {
+      std::printf("  token %d: frequency %.4f, expected %.4f\n", id, got, p);
+      CHECK(false);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE(greedy_and_top_k_1_pick_the_argmax_lowest_id_on_ties) {
+  std::vector<float> logits{0.f, 3.f, 1.f, 3.f};
+  Draws g = draw(logits, {0.f, 1.f, 0, 1, 0}, 50);
+  CHECK(g.counts.size() == 1 && g.counts.count(1) == 1);
+  Draws k1 = draw(logits, {1.3f, 1.f, 1, 9, 0}, 50);
+  CHECK(k1.counts.size() == 1 && k1.counts.count(1) == 1);
+}
+
+TEST_CASE(temperature_top_k_and_top_p_sample_their_distributions) {
+  std::vector<float> logits{2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f};
+  const int n = 40000;
+  check_frequencies(draw(logits, {1.0f, 1.f, 0, 11, 0}, n), expected(logits, 1.0f, {0, 1, 2, 3, 4, 5}));
+  check_frequencies(draw(logits, {0.5f, 1.f, 0, 12, 0}, n), expected(logits, 0.5f, {0, 1, 2, 3, 4, 5}));
+  check_frequencies(draw(logits, {1.0f, 1.f, 3, 13, 0}, n), expected(logits, 1.0f, {0, 1, 2}));
+  // softmax: 0.561, 0.206, 0.125, 0.076, ... -> top_p 0.8 keeps the first three (0.561 + 0.206 < 0.8).
+  check_frequencies(draw(logits, {1.0f, 0.8f, 0, 14, 0}, n), expected(logits, 1.0f, {0, 1, 2}));
+  check_frequencies(draw(logits, {1.0f, 0.5f, 0, 15, 0}, n), expected(logits, 1.0f, {0}));
+  check_frequencies(draw(logits, {1.0f, 0.9f, 2, 16, 0}, n), expected(logits, 1.0f, {0, 1}));
+}
+
+TEST_CASE(top_p_over_a_flat_large_vocabulary_widens_past_the_first_candidates) {
+  // 150k tokens with equal logits but 1000 slightly preferred ones: the nucleus (p = 0.5) needs
+  // far more than the first 64 sorted candidates.
+  std::vector<float> logits(150000, 0.f);
+  for (int i = 0; i < 1000; i++) logits[size_t(i * 150)] = 0.01f;
+  Draws d = draw(logits, {1.0f, 0.5f, 0, 21, 0}, 300);
+  int preferred = 0;
+  for (auto& [id, c] : d.counts) preferred += (id % 150 == 0 && id < 150000) ? c : 0;
+  CHECK(d.counts.size() > 250);  // many distinct tokens: the nucleus is wide
+  // Every kept token must rank within the top half of the mass: the 1000 preferred + the lowest ids.
+  int32_t max_id_unpreferred = 0;
+  for (auto& [id, c] : d.counts)
+    if (id % 150 != 0) max_id_unpreferred = std::max(max_id_unpreferred, id);
+  CHECK(max_id_unpreferred < 76000);  // ties broken by id: the nucleus is a prefix of the id order
+  CHECK(preferred > 0);
+}
+
+TEST_CASE(same_seed_same_draw) {
+  std::vector<float> logits{0.3f, 0.2f, 0.1f, 0.0f};
+  std::vector<float> probs;
+  std::vector<int32_t> order;
+  for (uint64_t seed : {1ull, 2ull, 99ull}) {
+    Rng a(seed), b(seed);
+    SamplingParams p{1.f, 1.f, 0, seed, 0};
+    for (int i = 0; i < 20; i++) {
+      auto x = sample_token(logits.data(), 4, 0, 1.5f, p, a, 0, nullptr, nullptr, probs, order);
+      auto y = sample_token(logits.data(), 4, 0, 1.5f, p, b, 0, nullptr, nullptr, probs, order);
+      CHECK(x.token == y.token);
+    }
+  }
+}
+
+int main() { return sluice_test::run_all("sampler"); }
