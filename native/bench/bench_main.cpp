@@ -1,8 +1,10 @@
 // Native engine bench, no Node needed:
-//   sluice_bench --model DIR [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N]
-//                [--kv-bytes BYTES] [--json FILE]
-// Prints a table: memory bandwidth, batch-1 decode roofline, and per batch size the prefill
-// and decode throughput. The Node bench (bench/engine.ts) drives the same engine through the addon.
+//   sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt 512] [--decode 32]
+//                [--threads N] [--kv-bytes BYTES] [--gpu-memory-utilization F] [--json FILE]
+// Prints a table: memory bandwidth (CPU: streaming read; CUDA: device-to-device copy, read +
+// written bytes), the batch-1 decode roofline (weight bytes / bandwidth), and per batch size the
+// prefill and decode throughput. The Node bench (bench/engine.ts) drives the same engine through
+// the addon.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -46,10 +48,11 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, json_out, precision = "f32";
+  std::string model, json_out, precision = "f32", backend = "cpu";
   std::vector<int> batches{1, 8, 32};
   int prompt_len = 512, decode_steps = 32, threads = 0;
-  size_t kv_bytes = size_t(2) << 30;
+  size_t kv_bytes = 0;
+  double gpu_util = 0.9;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -67,8 +70,10 @@ int main(int argc, char** argv) {
     else if (a == "--kv-bytes") kv_bytes = size_t(std::atoll(next().c_str()));
     else if (a == "--json") json_out = next();
     else if (a == "--precision") precision = next();
+    else if (a == "--backend") backend = next();
+    else if (a == "--gpu-memory-utilization") gpu_util = std::atof(next().c_str());
     else {
-      std::fprintf(stderr, "usage: sluice_bench --model DIR [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--precision f32|bf16] [--json FILE]\n");
+      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--json FILE]\n");
       return 2;
     }
   }
@@ -77,12 +82,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    std::fprintf(stderr, "measuring memory bandwidth...\n");
-    const double bandwidth = measure_memory_bandwidth(threads);
+    const bool cuda = backend == "cuda";
+    std::fprintf(stderr, "measuring %s bandwidth...\n", cuda ? "device" : "memory");
+    const double bandwidth = cuda ? measure_device_bandwidth() : measure_memory_bandwidth(threads);
     std::fprintf(stderr, "loading %s...\n", model.c_str());
     EngineOptions opts;
     opts.model_dir = model;
-    opts.kv_cache_bytes = kv_bytes;
+    opts.backend = backend;
+    opts.kv_cache_bytes = kv_bytes ? kv_bytes : cuda ? 0 : size_t(2) << 30;
+    opts.gpu_memory_utilization = gpu_util;
     opts.num_threads = threads;
     opts.matmul_precision = precision;
     auto engine = Engine::load(opts);
@@ -130,7 +138,10 @@ int main(int argc, char** argv) {
     std::printf("model %s  %s  weights %.1f MB  backend %s (%s, %d threads, matmul precision %s)\n",
                 info.config.architecture.c_str(), info.weight_dtype.c_str(), double(info.weight_bytes) / 1e6,
                 info.backend.c_str(), info.simd.c_str(), info.num_threads, info.matmul_precision.c_str());
-    std::printf("memory read bandwidth %.1f GB/s  batch-1 decode roofline %.1f tok/s\n", bandwidth / 1e9, roofline);
+    std::printf("%s bandwidth %.1f GB/s  batch-1 decode roofline %.1f tok/s\n",
+                cuda ? "device-to-device copy" : "memory read", bandwidth / 1e9, roofline);
+    if (cuda) std::printf("device memory held %.1f MB (KV pool %.1f MB)\n", double(info.device_bytes) / 1e6,
+                          double(info.kv_cache_bytes) / 1e6);
     std::printf("%6s %14s %14s %12s %10s\n", "batch", "prefill tok/s", "decode tok/s", "step ms", "roofline");
     for (const Row& r : rows)
       std::printf("%6d %14.1f %14.1f %12.2f %9.0f%%\n", r.batch, r.prefill_tps, r.decode_tps, r.decode_step_ms,
@@ -141,10 +152,12 @@ int main(int argc, char** argv) {
       out << "{\"model\":\"" << info.config.architecture << "\",\"weight_dtype\":\"" << info.weight_dtype
           << "\",\"weight_bytes\":" << info.weight_bytes << ",\"memory_bandwidth_bytes_per_s\":" << bandwidth
           << ",\"decode_roofline_tokens_per_s\":" << roofline << ",\"peak_rss_bytes\":" << peak_rss_bytes()
-          << ",\"backend\":\"" << info.backend << "\",\"rows\":[";
+          << ",\"backend\":\"" << info.backend << "\",\"device\":\"" << info.simd
+          << "\",\"device_bytes\":" << info.device_bytes << ",\"kv_cache_bytes\":" << info.kv_cache_bytes << ",\"rows\":[";
       for (size_t i = 0; i < rows.size(); i++)
         out << (i ? "," : "") << "{\"batch\":" << rows[i].batch << ",\"prefill_tokens_per_s\":" << rows[i].prefill_tps
-            << ",\"decode_tokens_per_s\":" << rows[i].decode_tps << "}";
+            << ",\"decode_tokens_per_s\":" << rows[i].decode_tps << ",\"decode_step_ms\":" << rows[i].decode_step_ms
+            << "}";
       out << "]}\n";
     }
   } catch (const Error& e) {

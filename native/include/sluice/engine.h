@@ -18,7 +18,11 @@ namespace sluice {
 struct EngineOptions {
   std::string model_dir;
   std::string backend = "cpu";        // "cpu" | "cuda"
-  size_t kv_cache_bytes = size_t(1) << 30;
+  // KV pool bytes; 0 = the backend's default (CPU: 1 GiB; CUDA: what gpu_memory_utilization
+  // leaves after weights and activations).
+  size_t kv_cache_bytes = 0;
+  // CUDA: the fraction of the device's memory this engine may hold (weights, activations, KV).
+  double gpu_memory_utilization = 0.9;
   int block_size = 16;                // tokens per KV block
   int num_threads = 0;                // CPU compute threads; 0 = all online CPUs
   // Activations against bf16 weights: "f32" tracks an f32 computation (activations carried as
@@ -57,7 +61,8 @@ struct EngineInfo {
   int64_t block_size = 0;
   int64_t num_blocks = 0;
   std::string backend;
-  std::string simd;
+  std::string simd;              // CPU: SIMD level; CUDA: the device
+  size_t device_bytes = 0;       // accelerator memory held (CUDA: weights + activations + KV)
   int num_threads = 0;
   std::string matmul_precision;
 };
@@ -79,5 +84,12 @@ class Engine {
 
 // Streaming read bandwidth of main memory in bytes/s with `num_threads` threads.
 double measure_memory_bandwidth(int num_threads, size_t bytes = size_t(1) << 30, int repeats = 5);
+
+// Device-to-device copy bandwidth of the CUDA device in bytes/s (bytes read + bytes written),
+// best of `repeats`. Throws Error(kBackendUnavailable) without the CUDA backend or a device.
+double measure_device_bandwidth(size_t bytes = size_t(1) << 30, int repeats = 10);
+
+// Whether the CUDA backend is compiled in and a device is usable; if not, *why says why.
+bool cuda_available(std::string* why = nullptr);
 
 }  // namespace sluice

@@ -1,17 +1,20 @@
-// The interface every compute backend implements (CPU now, CUDA beside it). The engine owns
-// sequences, block tables and sampling; a backend owns weights on its device, the KV memory
-// and the forward pass over one flattened batch.
+// The interface every compute backend implements (CPU and CUDA). The engine owns sequences,
+// block tables and the sampling parameters; a backend owns weights on its device, the KV
+// memory, the forward pass over one flattened batch, and the sampling of its logits (which stay
+// on the backend's device: copying [R, vocab] logits to the host would cost more than the step).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "model/model_weights.h"
+#include "sluice/engine.h"
 #include "sluice/model_config.h"
 
 namespace sluice {
 
 // One step's tokens, flattened across sequences. Host pointers, valid during forward().
+// Tokens of one sequence are contiguous and in position order.
 struct ForwardBatch {
   int64_t num_tokens = 0;                   // T
   const int32_t* token_ids = nullptr;       // [T]
@@ -20,8 +23,25 @@ struct ForwardBatch {
   const int32_t* slots = nullptr;           // [T] KV slot = block_id * block_size + offset
   int64_t num_seqs = 0;                     // S
   const int32_t* const* block_tables = nullptr;  // [S] -> block ids covering positions 0..max pos
+  const int32_t* num_seq_blocks = nullptr;  // [S] length of each block table
   int64_t num_logit_rows = 0;               // R
   const int32_t* logit_rows = nullptr;      // [R] indices into the T tokens whose logits are wanted
+};
+
+// How to sample one logit row of the last forward() (rows in ForwardBatch::logit_rows order).
+struct SampleRow {
+  SamplingParams params;     // temperature, top_p, top_k; params.logprobs = top-N wanted
+  uint64_t stream_seed = 0;  // seeds this row's draw (Rng): same sequence seed and position, same draw
+};
+
+// Sampled tokens, [R] each, and the top-N alternatives, [R * top_n] (best first; id -1 and
+// logprob -inf past the vocabulary). Logprobs are the log-softmax of the raw logits.
+struct SampleOutput {
+  int32_t* tokens = nullptr;
+  float* logprobs = nullptr;
+  int top_n = 0;
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
 };
 
 class Backend {
@@ -31,15 +51,28 @@ class Backend {
   virtual std::string kernel_info() const = 0;  // e.g. SIMD level, device name
   virtual int num_threads() const = 0;
   virtual size_t kv_bytes_per_block(int64_t block_size) const = 0;
+  // The KV pool size to allocate: `requested` bytes, or when it is 0 the backend's own default
+  // (CUDA: what gpu_memory_utilization leaves after weights and activations).
+  virtual size_t kv_budget_bytes(size_t requested) const = 0;
   // Called once before the first forward().
   virtual void allocate_kv(int64_t num_blocks, int64_t block_size) = 0;
-  // Writes the batch's K/V into the cache and the logits of the selected rows: [R, vocab] f32.
-  virtual void forward(const ForwardBatch& batch, float* logits) = 0;
-  // Per row of logits [R, vocab]: argmax (lowest id on ties) and log-sum-exp, for sampling.
-  virtual void logits_stats(const float* logits, int64_t R, int64_t vocab, int32_t* argmax, float* log_sum_exp) = 0;
+  // Writes the batch's K/V into the cache and keeps the logits of the selected rows.
+  virtual void forward(const ForwardBatch& batch) = 0;
+  // Samples one token per logit row of the last forward().
+  virtual void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) = 0;
+  // Copies the logits of the last forward() to the host: [R, vocab] f32 (tests and tools).
+  virtual void read_logits(float* out) = 0;
+  // Accelerator memory the backend holds (weights, activations, KV); 0 for the CPU.
+  virtual size_t device_bytes() const { return 0; }
 };
 
 std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,
                                            bool bf16_activations);
+
+// Whether this build has the CUDA backend and a usable device; when not, *why says why.
+bool cuda_backend_available(std::string* why);
+// Throws Error(kBackendUnavailable) when cuda_backend_available() is false.
+std::unique_ptr<Backend> create_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
+                                            const EngineOptions& options);
 
 }  // namespace sluice

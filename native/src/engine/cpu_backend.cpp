@@ -8,6 +8,7 @@
 
 #include "cpu/kernels.h"
 #include "engine/backend.h"
+#include "sample/sampler.h"
 #include "sluice/error.h"
 
 namespace sluice {
@@ -60,10 +61,11 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void forward(const ForwardBatch& b, float* logits) override;
-  void logits_stats(const float* logits, int64_t R, int64_t vocab, int32_t* argmax, float* lse) override {
-    cpu::logits_stats(pool_, logits, R, vocab, argmax, lse);
-  }
+  size_t kv_budget_bytes(size_t requested) const override { return requested ? requested : size_t(1) << 30; }
+
+  void forward(const ForwardBatch& b) override;
+  void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) override;
+  void read_logits(float* out) override { std::memcpy(out, logits_.data(), logits_.size() * sizeof(float)); }
 
  private:
   void ensure_scratch(int64_t T);
@@ -88,6 +90,13 @@ class CpuBackend final : public Backend {
   int64_t scratch_tokens_ = 0;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;  // [T, hidden] / [T, heads*hd] / [T, inter]
   std::vector<float> last_;  // [R, hidden]
+
+  // Logits of the last forward() and sampling scratch.
+  std::vector<float> logits_;        // [R, vocab]
+  std::vector<int32_t> row_argmax_;  // [R]
+  std::vector<float> row_lse_;       // [R]
+  std::vector<float> sample_probs_;
+  std::vector<int32_t> sample_order_;
 };
 
 void CpuBackend::ensure_scratch(int64_t T) {
@@ -104,7 +113,7 @@ void CpuBackend::ensure_scratch(int64_t T) {
   up_.resize(t * size_t(c_.intermediate_size));
 }
 
-void CpuBackend::forward(const ForwardBatch& b, float* logits) {
+void CpuBackend::forward(const ForwardBatch& b) {
   const int64_t T = b.num_tokens, H = c_.hidden_size, I = c_.intermediate_size, hd = c_.head_dim;
   const int64_t nq = c_.num_heads, nkv = c_.num_kv_heads;
   ensure_scratch(T);
@@ -154,13 +163,32 @@ void CpuBackend::forward(const ForwardBatch& b, float* logits) {
 
   // Only the rows that sample need the final norm and the (large) vocabulary projection.
   const int64_t R = b.num_logit_rows;
+  logits_.resize(size_t(R * c_.vocab_size));
   if (R == 0) return;
+  float* logits = logits_.data();
   last_.resize(size_t(R * H));
   for (int64_t r = 0; r < R; r++)
     std::memcpy(last_.data() + r * H, x + int64_t(b.logit_rows[r]) * H, size_t(H) * sizeof(float));
   cpu::rmsnorm(pool_, last_.data(), R, H, w_.final_norm.data, w_.final_norm.dtype, eps, last_.data());
   cpu::matmul(pool_, last_.data(), R, H, w_.lm_head.data, w_.lm_head.dtype, c_.vocab_size, nullptr, DType::F32,
               logits, precision_);
+}
+
+void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {
+  const int64_t V = c_.vocab_size;
+  if (int64_t(logits_.size()) != R * V) throw Error(ErrorCode::kInternal, "sample() rows differ from the last forward()");
+  row_argmax_.resize(size_t(R));
+  row_lse_.resize(size_t(R));
+  cpu::logits_stats(pool_, logits_.data(), R, V, row_argmax_.data(), row_lse_.data());
+  for (int64_t r = 0; r < R; r++) {
+    Rng rng(rows[r].stream_seed);
+    const SampledToken tok =
+        sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
+                     out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, sample_probs_,
+                     sample_order_);
+    out.tokens[r] = tok.token;
+    out.logprobs[r] = tok.logprob;
+  }
 }
 
 }  // namespace

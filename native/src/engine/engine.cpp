@@ -43,15 +43,16 @@ class EngineImpl final : public Engine {
     if (opts.backend == "cpu") {
       backend_ = create_cpu_backend(config_, weights_, opts.num_threads, opts.matmul_precision == "bf16");
     } else if (opts.backend == "cuda") {
-      throw Error(ErrorCode::kBackendUnavailable, "the CUDA backend is not compiled into this build (use backend cpu)");
+      backend_ = create_cuda_backend(config_, weights_, opts);
     } else {
       throw Error(ErrorCode::kInvalidArgument, "unknown backend \"" + opts.backend + "\" (expected cpu or cuda)");
     }
     const size_t per_block = backend_->kv_bytes_per_block(opts.block_size);
-    const int64_t num_blocks = int64_t(opts.kv_cache_bytes / per_block);
+    const size_t kv_bytes = backend_->kv_budget_bytes(opts.kv_cache_bytes);
+    const int64_t num_blocks = int64_t(kv_bytes / per_block);
     if (num_blocks < 1)
-      throw Error(ErrorCode::kInvalidArgument, "kv_cache_bytes " + std::to_string(opts.kv_cache_bytes) +
-                                                   " is smaller than one KV block (" + std::to_string(per_block) +
+      throw Error(ErrorCode::kInvalidArgument, "the KV cache budget of " + std::to_string(kv_bytes) +
+                                                   " bytes is smaller than one KV block (" + std::to_string(per_block) +
                                                    " bytes)");
     backend_->allocate_kv(num_blocks, opts.block_size);
     blocks_ = std::make_unique<BlockPool>(num_blocks);
@@ -67,6 +68,7 @@ class EngineImpl final : public Engine {
     i.kv_cache_bytes = backend_->kv_bytes_per_block(opts_.block_size) * size_t(i.num_blocks);
     i.backend = backend_->name();
     i.simd = backend_->kernel_info();
+    i.device_bytes = backend_->device_bytes();
     i.num_threads = backend_->num_threads();
     i.matmul_precision = opts_.matmul_precision;
     return i;
@@ -121,12 +123,10 @@ class EngineImpl final : public Engine {
   // Per-step scratch, reused to keep the decode loop free of allocations.
   std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, logit_rows_;
   std::vector<const int32_t*> tables_;
+  std::vector<int32_t> table_lens_;
   std::vector<Sequence*> plan_seqs_;
-  std::vector<float> logits_;     // [R, vocab]
-  std::vector<int32_t> row_argmax_;  // [R]
-  std::vector<float> row_lse_;       // [R]
-  std::vector<float> sample_probs_;
-  std::vector<int32_t> sample_order_;
+  std::vector<SampleRow> sample_rows_;      // [m] one per sequence that samples this step
+  std::vector<Sequence*> sampling_seqs_;    // [m]
 };
 
 StepResult EngineImpl::step(const StepPlan& plan) {
@@ -170,11 +170,13 @@ StepResult EngineImpl::step(const StepPlan& plan) {
   slots_.clear();
   logit_rows_.clear();
   tables_.assign(n, nullptr);
+  table_lens_.assign(n, 0);
   for (size_t i = 0; i < n; i++) {
     Sequence& s = *plan_seqs_[i];
     const int64_t end = s.num_computed + plan.num_tokens[i];
     blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
     tables_[i] = s.blocks.data();
+    table_lens_[i] = int32_t(s.blocks.size());
     for (int64_t pos = s.num_computed; pos < end; pos++) {
       token_ids_.push_back(s.tokens[size_t(pos)]);
       positions_.push_back(int32_t(pos));
@@ -192,45 +194,44 @@ StepResult EngineImpl::step(const StepPlan& plan) {
   fb.slots = slots_.data();
   fb.num_seqs = int64_t(n);
   fb.block_tables = tables_.data();
+  fb.num_seq_blocks = table_lens_.data();
   fb.num_logit_rows = int64_t(logit_rows_.size());
   fb.logit_rows = logit_rows_.data();
-  const int64_t V = config_.vocab_size;
-  logits_.resize(logit_rows_.size() * size_t(V));
-  backend_->forward(fb, logits_.data());
-  row_argmax_.resize(logit_rows_.size());
-  row_lse_.resize(logit_rows_.size());
-  backend_->logits_stats(logits_.data(), int64_t(logit_rows_.size()), V, row_argmax_.data(), row_lse_.data());
+  backend_->forward(fb);
 
+  // The sequences whose known tokens are now all computed sample, in plan order (= logit row order).
   StepResult result;
   int top_n = 0;
-  for (size_t i = 0; i < n; i++) top_n = std::max(top_n, plan_seqs_[i]->params.logprobs);
-  result.top_n = top_n;
-  size_t row = 0;
+  sample_rows_.clear();
+  sampling_seqs_.clear();
   for (size_t i = 0; i < n; i++) {
     Sequence& s = *plan_seqs_[i];
     s.num_computed += plan.num_tokens[i];
     if (s.num_computed != int64_t(s.tokens.size())) continue;
-    const size_t r = result.seq_ids.size();
-    result.top_ids.resize((r + 1) * size_t(top_n), -1);
-    result.top_logprobs.resize((r + 1) * size_t(top_n), -INFINITY);
+    sampling_seqs_.push_back(&s);
+    top_n = std::max(top_n, s.params.logprobs);
     // A fresh stream per (seed, position): a preempted and recomputed sequence draws the same.
-    Rng rng(s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size())));
-    SampledToken tok = sample_token(logits_.data() + row * size_t(V), V, row_argmax_[row], row_lse_[row], s.params, rng,
-                                    s.params.logprobs,
-                                    result.top_ids.data() + r * size_t(top_n),
-                                    result.top_logprobs.data() + r * size_t(top_n), sample_probs_, sample_order_);
-    row++;
-    s.tokens.push_back(tok.token);
+    sample_rows_.push_back({s.params, s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size()))});
     result.seq_ids.push_back(plan.seq_ids[i]);
-    result.tokens.push_back(tok.token);
-    result.logprobs.push_back(tok.logprob);
   }
+  const size_t m = sample_rows_.size();
+  result.top_n = top_n;
+  result.tokens.resize(m);
+  result.logprobs.resize(m);
+  result.top_ids.assign(m * size_t(top_n), -1);
+  result.top_logprobs.assign(m * size_t(top_n), -INFINITY);
+  SampleOutput out{result.tokens.data(), result.logprobs.data(), top_n, result.top_ids.data(),
+                   result.top_logprobs.data()};
+  backend_->sample(sample_rows_.data(), int64_t(m), out);
+  for (size_t r = 0; r < m; r++) sampling_seqs_[r]->tokens.push_back(result.tokens[r]);
   return result;
 }
 
 }  // namespace
 
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) { return std::make_unique<EngineImpl>(options); }
+
+bool cuda_available(std::string* why) { return cuda_backend_available(why); }
 
 double measure_memory_bandwidth(int num_threads, size_t bytes, int repeats) {
   cpu::ThreadPool pool(num_threads);

@@ -1,0 +1,536 @@
+// The CUDA backend: the same Llama-family forward pass as the CPU backend (flags select Qwen2
+// biases, Qwen3 q/k norms, rope scaling), over the kernels in kernels.h, with the paged KV cache
+// in device memory and sampling on the GPU. Pure decode steps replay a CUDA graph captured per
+// padded batch size; other steps (prefill chunks, mixed batches) launch the kernels directly.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "cuda/check.h"
+#include "cuda/device_weights.h"
+#include "cuda/kernels.h"
+#include "engine/backend.h"
+#include "sample/sampler.h"
+
+namespace sluice {
+
+namespace {
+
+using cuda::DeviceBuffer;
+
+constexpr int kMaxTopN = 32;
+// Decode batch sizes with a captured graph; a batch runs the smallest bucket that holds it.
+constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+constexpr int kMaxGraphBatch = 256;
+constexpr int kMaxAttnSplits = 16;
+
+int graph_bucket(int64_t n) {
+  for (int b : kGraphBuckets)
+    if (n <= b) return b;
+  return 0;
+}
+
+// Pinned host memory (for asynchronous copies).
+class PinnedBuffer {
+ public:
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  void reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    if (ptr_) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    SLUICE_CUDA_CHECK(cudaMallocHost(&ptr_, bytes));
+    bytes_ = bytes;
+  }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const ModelConfig& c, const ModelWeights& w, const EngineOptions& opts);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  std::string kernel_info() const override { return device_desc_; }
+  int num_threads() const override { return num_sms_; }
+  size_t kv_bytes_per_block(int64_t block_size) const override {
+    return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * 2;
+  }
+  size_t kv_budget_bytes(size_t requested) const override;
+  void allocate_kv(int64_t num_blocks, int64_t block_size) override;
+  void forward(const ForwardBatch& b) override;
+  void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) override;
+  void read_logits(float* out) override;
+  size_t device_bytes() const override;
+
+ private:
+  // Step inputs live at fixed device offsets so that captured graphs can replay them.
+  struct StepLayout {
+    int64_t tokens = 0, rows = 0, seqs = 0, table = 0;  // capacities
+    size_t off_ids = 0, off_pos = 0, off_seq = 0, off_slot = 0, off_rows = 0, off_stride = 0, off_tables = 0;
+    size_t bytes = 0;
+  };
+  void ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table_width);
+  void run_layers(int64_t T, int64_t R, int attn_splits);
+  int choose_attn_splits(int64_t T, int64_t max_ctx) const;
+  void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
+  const int32_t* dev_i32(size_t off) const { return reinterpret_cast<const int32_t*>(step_dev_.get<uint8_t>() + off); }
+
+  const ModelConfig c_;
+  int device_ = 0;
+  int num_sms_ = 0;
+  size_t total_mem_ = 0;
+  double mem_util_;
+  std::string device_desc_;
+  cudaStream_t stream_ = nullptr;
+  cuda::DeviceWeights w_;
+  DType e_;
+  size_t esz_ = 2;
+
+  // KV: per layer k then v, each [num_blocks + 1, block_size, nkv, hd] E; the extra block is
+  // scratch for the padding tokens of graph batches.
+  DeviceBuffer kv_;
+  int64_t num_blocks_ = 0, block_size_ = 0;
+  int32_t scratch_block_ = 0;
+
+  // Activations, sized for cap_tokens_ tokens and cap_rows_ logit rows.
+  int64_t cap_tokens_ = 0, cap_rows_ = 0;
+  DeviceBuffer x_, xn_, qkv_, q_, attn_, h_, cos_sin_, last_, logits_, attn_part_acc_, attn_part_ml_;
+  DeviceBuffer gemm_partials_, gemm_tickets_;
+  size_t attn_part_capacity_ = 0;  // floats of attn_part_acc_
+  StepLayout layout_;
+  DeviceBuffer step_dev_;
+  PinnedBuffer step_host_;
+  cudaEvent_t step_copied_ = nullptr;  // the last upload from step_host_ has been read
+  int64_t last_rows_ = 0;  // logit rows of the last forward()
+
+  DeviceBuffer sample_params_, sample_out_;
+  PinnedBuffer sample_host_;
+
+  std::map<int, cudaGraphExec_t> graphs_;  // decode batch bucket -> graph
+  void drop_graphs();
+};
+
+CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const EngineOptions& opts)
+    : c_(c), mem_util_(opts.gpu_memory_utilization) {
+  if (!(mem_util_ > 0.0 && mem_util_ <= 1.0))
+    throw Error(ErrorCode::kInvalidArgument, "gpu_memory_utilization must be in (0, 1]");
+  if (c.head_dim % 8 != 0 || c.head_dim > 256)
+    throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend needs head_dim a multiple of 8, at most 256 (got " +
+                                                  std::to_string(c.head_dim) + ")");
+  SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  SLUICE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  num_sms_ = prop.multiProcessorCount;
+  total_mem_ = prop.totalGlobalMem;
+  device_desc_ = std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+                 std::to_string(num_sms_) + " SMs)";
+  if (prop.major < 8)
+    throw Error(ErrorCode::kBackendUnavailable, device_desc_ + " is older than compute capability 8.0 (Ampere)");
+  SLUICE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
+  w_ = cuda::upload_weights(c, w);
+  e_ = w_.dtype;
+  gemm_tickets_.allocate(sizeof(int) * 65536);
+  gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20));
+  sample_out_.allocate(size_t(kMaxGraphBatch) * (2 + 2 * kMaxTopN) * 4);
+  ensure_capacity(512, kMaxGraphBatch, kMaxGraphBatch + 1, 1);
+}
+
+CudaBackend::~CudaBackend() {
+  drop_graphs();
+  if (step_copied_) cudaEventDestroy(step_copied_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::drop_graphs() {
+  for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+size_t CudaBackend::device_bytes() const {
+  size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes();
+  for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_,
+                                &attn_part_ml_, &sample_params_, &sample_out_})
+    n += b->bytes();
+  return n;
+}
+
+size_t CudaBackend::kv_budget_bytes(size_t requested) const {
+  size_t free_mem = 0, total = 0;
+  SLUICE_CUDA_CHECK(cudaMemGetInfo(&free_mem, &total));
+  // Headroom for activation growth (longer prefill chunks), graphs and the CUDA context.
+  const size_t reserve = size_t(512) << 20;
+  const double allowed = mem_util_ * double(total) - double(total - free_mem) - double(reserve);
+  if (requested) {
+    if (double(requested) > double(free_mem) - double(reserve))
+      throw Error(ErrorCode::kOutOfMemory, "a KV cache of " + std::to_string(requested) + " bytes does not fit: " +
+                                               std::to_string(free_mem >> 20) + " MiB of device memory are free");
+    return requested;
+  }
+  if (allowed < double(kv_bytes_per_block(16)))
+    throw Error(ErrorCode::kOutOfMemory, "gpu_memory_utilization " + std::to_string(mem_util_) +
+                                             " leaves no room for the KV cache after the weights (" +
+                                             std::to_string(w_.bytes >> 20) + " MiB)");
+  return size_t(allowed);
+}
+
+void CudaBackend::allocate_kv(int64_t num_blocks, int64_t block_size) {
+  num_blocks_ = num_blocks;
+  block_size_ = block_size;
+  scratch_block_ = int32_t(num_blocks);
+  kv_.allocate(kv_bytes_per_block(block_size) * size_t(num_blocks + 1));
+  // Block tables get a fixed stride capacity (the longest context) so growing sequences never
+  // move the step buffers, which would invalidate the captured graphs.
+  const int64_t max_blocks = (c_.max_position_embeddings + block_size - 1) / block_size;
+  ensure_capacity(cap_tokens_, cap_rows_, kMaxGraphBatch + 1, max_blocks);
+}
+
+void CudaBackend::ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table_width) {
+  const bool grow_acts = T > cap_tokens_ || R > cap_rows_;
+  const bool grow_step = T > layout_.tokens || R > layout_.rows || S > layout_.seqs || table_width > layout_.table;
+  if (!grow_acts && !grow_step) return;
+  drop_graphs();  // graphs hold the old addresses
+  SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t H = size_t(c_.hidden_size), nq = size_t(c_.num_heads), hd = size_t(c_.head_dim);
+  if (grow_acts) {
+    cap_tokens_ = std::max(cap_tokens_, T);
+    cap_rows_ = std::max(cap_rows_, R);
+    const size_t t = size_t(cap_tokens_), r = size_t(cap_rows_);
+    x_.allocate(t * H * 4);
+    xn_.allocate(t * size_t(w_.ld_h) * esz_);
+    qkv_.allocate(t * size_t(w_.qkv_rows) * 4);
+    q_.allocate(t * nq * hd * 4);
+    attn_.allocate(t * size_t(w_.ld_attn) * esz_);
+    h_.allocate(t * size_t(w_.inter_pad) * esz_);
+    cos_sin_.allocate(t * size_t(c_.rotary_dim()) * 4 + 4);
+    last_.allocate(r * size_t(w_.ld_h) * esz_);
+    logits_.allocate(r * size_t(c_.vocab_size) * 4);
+    // Split attention is used for up to kMaxGraphBatch tokens (decode); prefill uses one split.
+    const size_t split_tokens = std::min<size_t>(t, kMaxGraphBatch);
+    attn_part_capacity_ = split_tokens * nq * kMaxAttnSplits * hd;
+    attn_part_acc_.allocate(attn_part_capacity_ * 4);
+    attn_part_ml_.allocate(split_tokens * nq * kMaxAttnSplits * 2 * 4);
+    sample_params_.allocate(r * sizeof(cuda::SampleRowParams));
+    sample_out_.allocate(r * (2 + 2 * kMaxTopN) * 4);
+  }
+  if (grow_step) {
+    StepLayout& L = layout_;
+    L.tokens = std::max(L.tokens, T);
+    L.rows = std::max(L.rows, R);
+    L.seqs = std::max(L.seqs, S);
+    L.table = std::max(L.table, table_width);
+    size_t off = 0;
+    auto take = [&](int64_t n) {
+      const size_t o = off;
+      off += (size_t(n) * 4 + 255) / 256 * 256;
+      return o;
+    };
+    L.off_ids = take(L.tokens);
+    L.off_pos = take(L.tokens);
+    L.off_seq = take(L.tokens);
+    L.off_slot = take(L.tokens);
+    L.off_rows = take(L.rows);
+    L.off_stride = take(1);
+    L.off_tables = take(L.seqs * L.table);
+    L.bytes = off;
+    step_dev_.allocate(off);
+    step_host_.reserve(off);
+  }
+}
+
+int CudaBackend::choose_attn_splits(int64_t T, int64_t max_ctx) const {
+  if (T > kMaxGraphBatch) return 1;
+  const int64_t heads_blocks = T * c_.num_kv_heads * std::max<int64_t>(1, (c_.num_heads / c_.num_kv_heads + 7) / 8);
+  int64_t splits = (2 * num_sms_ + heads_blocks - 1) / heads_blocks;
+  splits = std::min<int64_t>({splits, kMaxAttnSplits, std::max<int64_t>(1, max_ctx / 64)});
+  return int(std::max<int64_t>(1, splits));
+}
+
+void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t width) {
+  // The previous step's asynchronous copy may still be reading the pinned buffer.
+  SLUICE_CUDA_CHECK(cudaEventSynchronize(step_copied_));
+  uint8_t* h = step_host_.get<uint8_t>();
+  const StepLayout& L = layout_;
+  auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(h + off); };
+  const int64_t T = b.num_tokens, S = b.num_seqs;
+  std::memcpy(i32(L.off_ids), b.token_ids, size_t(T) * 4);
+  std::memcpy(i32(L.off_pos), b.positions, size_t(T) * 4);
+  std::memcpy(i32(L.off_seq), b.token_seq, size_t(T) * 4);
+  std::memcpy(i32(L.off_slot), b.slots, size_t(T) * 4);
+  for (int64_t t = T; t < T_pad; t++) {  // graph padding: token 0 at position 0 of a scratch sequence
+    i32(L.off_ids)[t] = 0;
+    i32(L.off_pos)[t] = 0;
+    i32(L.off_seq)[t] = int32_t(S);
+    i32(L.off_slot)[t] = int32_t(scratch_block_ * block_size_);
+  }
+  std::memcpy(i32(L.off_rows), b.logit_rows, size_t(b.num_logit_rows) * 4);
+  for (int64_t r = b.num_logit_rows; r < R_pad; r++) i32(L.off_rows)[r] = int32_t(r);
+  *i32(L.off_stride) = int32_t(width);
+  int32_t* tables = i32(L.off_tables);
+  for (int64_t s = 0; s < S; s++) {
+    std::memcpy(tables + s * width, b.block_tables[s], size_t(b.num_seq_blocks[s]) * 4);
+    std::fill(tables + s * width + b.num_seq_blocks[s], tables + (s + 1) * width, scratch_block_);
+  }
+  if (T_pad > T) std::fill(tables + S * width, tables + (S + 1) * width, scratch_block_);
+  const int64_t table_rows = S + (T_pad > T ? 1 : 0);
+  // Everything up to the end of the used table rows, in one copy.
+  const size_t bytes = L.off_tables + size_t(table_rows * width) * 4;
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(step_dev_.get(), h, bytes, cudaMemcpyHostToDevice, stream_));
+  SLUICE_CUDA_CHECK(cudaEventRecord(step_copied_, stream_));
+}
+
+void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
+  const int64_t H = c_.hidden_size, hd = c_.head_dim, nq = c_.num_heads, nkv = c_.num_kv_heads;
+  const float eps = float(c_.rms_norm_eps);
+  const int32_t* ids = dev_i32(layout_.off_ids);
+  const int32_t* pos = dev_i32(layout_.off_pos);
+  cuda::GemmWorkspace ws{gemm_partials_.get<float>(), gemm_partials_.bytes() / 4, gemm_tickets_.get<int>(),
+                         int(gemm_tickets_.bytes() / 4), num_sms_};
+  float* x = x_.get<float>();
+  const int ti = int(T);
+
+  cuda::embedding(ids, ti, w_.embed.get(), int(w_.ld_h), e_, int(H), x, stream_);
+  cuda::rope_table(pos, ti, w_.inv_freq.get<float>(), int(c_.rotary_dim() / 2), cos_sin_.get<float>(), stream_);
+
+  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(nkv * hd) * esz_;
+  for (int64_t l = 0; l < c_.num_layers; l++) {
+    const cuda::DeviceLayer& L = w_.layers[size_t(l)];
+    uint8_t* k_cache = kv_.get<uint8_t>() + size_t(2 * l) * layer_kv;
+    uint8_t* v_cache = k_cache + layer_kv;
+
+    cuda::rmsnorm(x, ti, int(H), nullptr, L.input_norm.get<float>(), eps, xn_.get(), int(w_.ld_h), e_, stream_);
+    cuda::GemmArgs g;
+    g.x = xn_.get();
+    g.ld_x = int(w_.ld_h);
+    g.w = L.qkv_w.get();
+    g.ld_w = int(w_.ld_h);
+    g.bias = L.qkv_b.get<float>();
+    g.T = ti;
+    g.N = int(w_.qkv_rows);
+    g.K = int(H);
+    g.epilogue = cuda::Epilogue::kStore;
+    g.y = qkv_.get<float>();
+    g.ld_y = int(w_.qkv_rows);
+    cuda::gemm(g, e_, ws, stream_);
+
+    cuda::QkvPostArgs qa;
+    qa.qkv = qkv_.get<float>();
+    qa.T = ti;
+    qa.nq = int(nq);
+    qa.nkv = int(nkv);
+    qa.hd = int(hd);
+    qa.rot_half = int(c_.rotary_dim() / 2);
+    qa.q_norm = L.q_norm.get<float>();
+    qa.k_norm = L.k_norm.get<float>();
+    qa.eps = eps;
+    qa.cos_sin = cos_sin_.get<float>();
+    qa.slots = dev_i32(layout_.off_slot);
+    qa.k_cache = k_cache;
+    qa.v_cache = v_cache;
+    qa.q_out = q_.get<float>();
+    cuda::qkv_post(qa, e_, stream_);
+
+    cuda::AttentionArgs aa;
+    aa.q = q_.get<float>();
+    aa.T = ti;
+    aa.nq = int(nq);
+    aa.nkv = int(nkv);
+    aa.hd = int(hd);
+    aa.token_seq = dev_i32(layout_.off_seq);
+    aa.positions = pos;
+    aa.block_tables = dev_i32(layout_.off_tables);
+    aa.table_stride = dev_i32(layout_.off_stride);
+    aa.block_size = int(block_size_);
+    aa.k_cache = k_cache;
+    aa.v_cache = v_cache;
+    aa.scale = float(1.0 / std::sqrt(double(hd)));
+    aa.num_splits = splits;
+    aa.partial_acc = attn_part_acc_.get<float>();
+    aa.partial_ml = attn_part_ml_.get<float>();
+    aa.out = attn_.get();
+    aa.ld_out = int(w_.ld_attn);
+    cuda::paged_attention(aa, e_, stream_);
+
+    g.x = attn_.get();
+    g.ld_x = int(w_.ld_attn);
+    g.w = L.o_w.get();
+    g.ld_w = int(w_.ld_attn);
+    g.bias = L.o_b.get<float>();
+    g.N = int(H);
+    g.K = int(nq * hd);
+    g.epilogue = cuda::Epilogue::kAddTo;
+    g.y = x;
+    g.ld_y = int(H);
+    cuda::gemm(g, e_, ws, stream_);
+
+    cuda::rmsnorm(x, ti, int(H), nullptr, L.post_norm.get<float>(), eps, xn_.get(), int(w_.ld_h), e_, stream_);
+    g.x = xn_.get();
+    g.ld_x = int(w_.ld_h);
+    g.w = L.gate_up_w.get();
+    g.ld_w = int(w_.ld_h);
+    g.bias = L.gate_up_b.get<float>();
+    g.N = int(2 * w_.inter_pad);
+    g.K = int(H);
+    g.epilogue = cuda::Epilogue::kSiluMul;
+    g.h = h_.get();
+    g.ld_h = int(w_.inter_pad);
+    cuda::gemm(g, e_, ws, stream_);
+
+    g.x = h_.get();
+    g.ld_x = int(w_.inter_pad);
+    g.w = L.down_w.get();
+    g.ld_w = int(w_.inter_pad);
+    g.bias = L.down_b.get<float>();
+    g.N = int(H);
+    g.K = int(w_.inter_pad);
+    g.epilogue = cuda::Epilogue::kAddTo;
+    g.y = x;
+    g.ld_y = int(H);
+    cuda::gemm(g, e_, ws, stream_);
+  }
+
+  if (R == 0) return;
+  // Only the rows that sample need the final norm and the vocabulary projection.
+  cuda::rmsnorm(x, int(R), int(H), dev_i32(layout_.off_rows), w_.final_norm.get<float>(), eps, last_.get(),
+                int(w_.ld_h), e_, stream_);
+  cuda::GemmArgs g;
+  g.x = last_.get();
+  g.ld_x = int(w_.ld_h);
+  g.w = w_.lm_head_ptr();
+  g.ld_w = int(w_.ld_h);
+  g.T = int(R);
+  g.N = int(c_.vocab_size);
+  g.K = int(H);
+  g.epilogue = cuda::Epilogue::kStore;
+  g.y = logits_.get<float>();
+  g.ld_y = int(c_.vocab_size);
+  cuda::gemm(g, e_, ws, stream_);
+}
+
+void CudaBackend::forward(const ForwardBatch& b) {
+  SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  const int64_t T = b.num_tokens, R = b.num_logit_rows, S = b.num_seqs;
+  int64_t width = 1, max_ctx = 1;
+  for (int64_t s = 0; s < S; s++) width = std::max<int64_t>(width, b.num_seq_blocks[s]);
+  for (int64_t t = 0; t < T; t++) max_ctx = std::max<int64_t>(max_ctx, int64_t(b.positions[t]) + 1);
+  last_rows_ = R;
+
+  // A pure decode step (one token per sequence, every one sampling) replays a graph.
+  const int bucket = T == S && R == T ? graph_bucket(T) : 0;
+  if (bucket) {
+    ensure_capacity(bucket, bucket, bucket + 1, width);
+    upload_step(b, bucket, bucket, width);
+    auto it = graphs_.find(bucket);
+    if (it == graphs_.end()) {
+      // Capture with splits chosen for the longest context the model allows: a replay adapts
+      // the per-split ranges to the actual contexts in the kernel.
+      const int splits = choose_attn_splits(bucket, c_.max_position_embeddings);
+      run_layers(bucket, bucket, splits);  // warm-up outside the capture (first launches load modules)
+      cudaGraph_t graph = nullptr;
+      SLUICE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        run_layers(bucket, bucket, splits);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      SLUICE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      SLUICE_CUDA_CHECK(err);
+      it = graphs_.emplace(bucket, exec).first;
+    }
+    SLUICE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    return;
+  }
+  ensure_capacity(T, R, S, width);
+  upload_step(b, T, R, width);
+  run_layers(T, R, choose_attn_splits(T, max_ctx));
+}
+
+void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {
+  SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  if (R == 0) return;
+  if (R != last_rows_) throw Error(ErrorCode::kInternal, "sample() rows differ from the last forward()");
+  if (out.top_n > kMaxTopN) throw Error(ErrorCode::kInvalidArgument, "at most 32 logprobs alternatives on CUDA");
+  const size_t params_bytes = size_t(R) * sizeof(cuda::SampleRowParams);
+  const size_t out_bytes = size_t(R) * (2 + 2 * size_t(out.top_n)) * 4;
+  sample_host_.reserve(std::max(params_bytes, out_bytes));
+  auto* p = sample_host_.get<cuda::SampleRowParams>();
+  for (int64_t r = 0; r < R; r++) {
+    const SamplingParams& sp = rows[r].params;
+    Rng rng(rows[r].stream_seed);
+    p[r] = {sp.temperature, sp.top_p, sp.top_k, 0, rng.next_double()};
+  }
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(sample_params_.get(), p, params_bytes, cudaMemcpyHostToDevice, stream_));
+  int32_t* d_tokens = sample_out_.get<int32_t>();
+  float* d_logprobs = reinterpret_cast<float*>(d_tokens + R);
+  int32_t* d_top_ids = reinterpret_cast<int32_t*>(d_logprobs + R);
+  float* d_top_lps = reinterpret_cast<float*>(d_top_ids + R * out.top_n);
+  cuda::SampleArgs a;
+  a.logits = logits_.get<float>();
+  a.R = int(R);
+  a.V = int(c_.vocab_size);
+  a.params = sample_params_.get<cuda::SampleRowParams>();
+  a.top_n = out.top_n;
+  a.tokens = d_tokens;
+  a.logprobs = d_logprobs;
+  a.top_ids = d_top_ids;
+  a.top_logprobs = d_top_lps;
+  cuda::sample(a, stream_);
+  uint8_t* h = sample_host_.get<uint8_t>();
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(h, d_tokens, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(out.tokens, h, size_t(R) * 4);
+  std::memcpy(out.logprobs, h + size_t(R) * 4, size_t(R) * 4);
+  if (out.top_n > 0) {
+    std::memcpy(out.top_ids, h + size_t(R) * 8, size_t(R) * size_t(out.top_n) * 4);
+    std::memcpy(out.top_logprobs, h + size_t(R) * (8 + 4 * size_t(out.top_n)), size_t(R) * size_t(out.top_n) * 4);
+  }
+}
+
+void CudaBackend::read_logits(float* out) {
+  SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(out, logits_.get(), size_t(last_rows_) * size_t(c_.vocab_size) * 4,
+                                    cudaMemcpyDeviceToHost, stream_));
+  SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace
+
+bool cuda_backend_available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    if (why)
+      *why = err != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")"
+                                : std::string("no CUDA device found");
+    cudaGetLastError();  // clear the sticky-free error state of the failed query
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> create_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
+                                            const EngineOptions& options) {
+  std::string why;
+  if (!cuda_backend_available(&why)) throw Error(ErrorCode::kBackendUnavailable, why);
+  return std::make_unique<CudaBackend>(config, weights, options);
+}
+
+}  // namespace sluice

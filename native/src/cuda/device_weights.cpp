@@ -1,0 +1,186 @@
+#include "cuda/device_weights.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "cuda/check.h"
+
+namespace sluice::cuda {
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::allocate(size_t bytes) {
+  release();
+  if (bytes == 0) return;
+  SLUICE_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  bytes_ = bytes;
+  SLUICE_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
+}
+
+void DeviceBuffer::release() {
+  if (ptr_) cudaFree(ptr_);  // NOTE: unchecked: runs in destructors, possibly during unwinding
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+namespace {
+
+// Element i of a tensor as E's 16-bit pattern: the stored bits when the dtype matches, else
+// converted through f32 (f32 -> bf16 or f16 rounds to nearest even).
+uint16_t element_bits(const TensorView& t, int64_t i, DType e) {
+  if (t.dtype == e) return static_cast<const uint16_t*>(t.data)[i];
+  float f;
+  switch (t.dtype) {
+    case DType::F32: f = static_cast<const float*>(t.data)[i]; break;
+    case DType::BF16: f = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
+    default: f = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]); break;
+  }
+  return e == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+}
+
+float element_f32(const TensorView& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32: return static_cast<const float*>(t.data)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    default: return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+  }
+}
+
+// Builds matrices row by row in host memory, then uploads each in one copy.
+class Packer {
+ public:
+  Packer(DType e, size_t* total) : e_(e), total_(total) {}
+
+  // Starts a [rows, ld] matrix (zero padded).
+  void begin(int64_t rows, int64_t ld) {
+    rows_ = rows;
+    ld_ = ld;
+    host_.assign(size_t(rows * ld), 0);
+  }
+  // Copies source row `src_row` of `t` ([*, cols]) to destination row `dst_row`.
+  void row(const TensorView& t, int64_t src_row, int64_t dst_row) {
+    const int64_t cols = t.shape[1];
+    uint16_t* dst = host_.data() + dst_row * ld_;
+    if (t.dtype == e_) {
+      std::memcpy(dst, static_cast<const uint16_t*>(t.data) + src_row * cols, size_t(cols) * 2);
+    } else {
+      for (int64_t c = 0; c < cols; c++) dst[c] = element_bits(t, src_row * cols + c, e_);
+    }
+  }
+  void rows(const TensorView& t, int64_t dst_row0) {
+    for (int64_t r = 0; r < t.shape[0]; r++) row(t, r, dst_row0 + r);
+  }
+  DeviceBuffer finish() {
+    DeviceBuffer b(host_.size() * 2);
+    SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), host_.data(), host_.size() * 2, cudaMemcpyHostToDevice));
+    *total_ += b.bytes();
+    return b;
+  }
+
+ private:
+  DType e_;
+  size_t* total_;
+  int64_t rows_ = 0, ld_ = 0;
+  std::vector<uint16_t> host_;
+};
+
+// A vector (or several, concatenated in order) as f32; `order` maps destination -> source index.
+DeviceBuffer upload_f32(const std::vector<float>& host, size_t* total) {
+  DeviceBuffer b(host.size() * sizeof(float));
+  SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  *total += b.bytes();
+  return b;
+}
+
+std::vector<float> to_f32(const TensorView& t) {
+  std::vector<float> out(size_t(t.numel()));
+  for (int64_t i = 0; i < t.numel(); i++) out[size_t(i)] = element_f32(t, i);
+  return out;
+}
+
+}  // namespace
+
+DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
+  DeviceWeights d;
+  d.dtype = w.main_dtype == DType::F16 ? DType::F16 : DType::BF16;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t q_rows = c.num_heads * hd, kv_rows = c.num_kv_heads * hd;
+  d.ld_h = round_up8(H);
+  d.ld_attn = round_up8(q_rows);
+  d.inter_pad = round_up8(I);
+  d.qkv_rows = q_rows + 2 * kv_rows;
+  Packer pk(d.dtype, &d.bytes);
+
+  pk.begin(c.vocab_size, d.ld_h);
+  pk.rows(w.embed, 0);
+  d.embed = pk.finish();
+  if (w.lm_head.data != w.embed.data) {
+    pk.begin(c.vocab_size, d.ld_h);
+    pk.rows(w.lm_head, 0);
+    d.lm_head = pk.finish();
+  }
+  d.final_norm = upload_f32(to_f32(w.final_norm), &d.bytes);
+  d.inv_freq = upload_f32(c.rope_inv_freq(), &d.bytes);
+
+  d.layers.resize(size_t(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; l++) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    DeviceLayer& dl = d.layers[size_t(l)];
+    pk.begin(d.qkv_rows, d.ld_h);
+    pk.rows(lw.q, 0);
+    pk.rows(lw.k, q_rows);
+    pk.rows(lw.v, q_rows + kv_rows);
+    dl.qkv_w = pk.finish();
+    if (c.qkv_bias) {
+      std::vector<float> b = to_f32(lw.q_bias), kb = to_f32(lw.k_bias), vb = to_f32(lw.v_bias);
+      b.insert(b.end(), kb.begin(), kb.end());
+      b.insert(b.end(), vb.begin(), vb.end());
+      dl.qkv_b = upload_f32(b, &d.bytes);
+    }
+    pk.begin(H, d.ld_attn);
+    pk.rows(lw.o, 0);
+    dl.o_w = pk.finish();
+    if (c.o_bias) dl.o_b = upload_f32(to_f32(lw.o_bias), &d.bytes);
+
+    // Fused row r of group j = r / 16: gate row 8j + r % 16 for r % 16 < 8, else up row 8j + r % 16 - 8.
+    pk.begin(2 * d.inter_pad, d.ld_h);
+    for (int64_t i = 0; i < I; i++) {
+      pk.row(lw.gate, i, (i / 8) * 16 + i % 8);
+      pk.row(lw.up, i, (i / 8) * 16 + 8 + i % 8);
+    }
+    dl.gate_up_w = pk.finish();
+    if (c.mlp_bias) {
+      const std::vector<float> gb = to_f32(lw.gate_bias), ub = to_f32(lw.up_bias);
+      std::vector<float> b(size_t(2 * d.inter_pad), 0.f);
+      for (int64_t i = 0; i < I; i++) {
+        b[size_t((i / 8) * 16 + i % 8)] = gb[size_t(i)];
+        b[size_t((i / 8) * 16 + 8 + i % 8)] = ub[size_t(i)];
+      }
+      dl.gate_up_b = upload_f32(b, &d.bytes);
+      dl.down_b = upload_f32(to_f32(lw.down_bias), &d.bytes);
+    }
+    pk.begin(H, d.inter_pad);
+    pk.rows(lw.down, 0);
+    dl.down_w = pk.finish();
+
+    dl.input_norm = upload_f32(to_f32(lw.input_norm), &d.bytes);
+    dl.post_norm = upload_f32(to_f32(lw.post_norm), &d.bytes);
+    if (c.qk_norm) {
+      dl.q_norm = upload_f32(to_f32(lw.q_norm), &d.bytes);
+      dl.k_norm = upload_f32(to_f32(lw.k_norm), &d.bytes);
+    }
+  }
+  return d;
+}
+
+}  // namespace sluice::cuda

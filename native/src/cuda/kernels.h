@@ -1,0 +1,120 @@
+// Host-side launchers of the CUDA kernels used by the CUDA backend's forward pass and sampler.
+// Every launcher enqueues on `stream` and checks the launch. Element type E of activations,
+// weights and KV is bf16 or f16 (the model's dtype); residuals, norms and logits are f32.
+// Row-major shapes; `ld_*` are row strides in elements. GEMM operands have ld % 8 == 0 and
+// zero padding past K, so 16-byte copies never need a ragged tail.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sluice/dtype.h"
+
+namespace sluice::cuda {
+
+// x[T, H] f32 = table[ids[t], 0:H] (E, rows of ld_table elements).
+void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float* x,
+               cudaStream_t stream);
+
+// out[r, 0:D] (E) = x[src, 0:D] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r.
+void rmsnorm(const float* x, int R, int D, const int32_t* rows, const float* w, float eps, void* out, int ld_out,
+             DType e, cudaStream_t stream);
+
+// cos_sin[T, 2 * half]: cos then sin of positions[t] * inv_freq[i], angles in double (as the CPU).
+void rope_table(const int32_t* positions, int T, const float* inv_freq, int half, float* cos_sin,
+                cudaStream_t stream);
+
+// After the fused q/k/v projection: optional per-head RMSNorm of q and k (Qwen3), rotary
+// embedding (rotate-half) of the first 2*rot_half dims of every q and k head, q to q_out (f32),
+// k and v into the paged cache at slots[t] (E).
+struct QkvPostArgs {
+  const float* qkv = nullptr;  // [T, (nq + 2 nkv) * hd]: q heads, k heads, v heads
+  int T = 0, nq = 0, nkv = 0, hd = 0, rot_half = 0;
+  const float* q_norm = nullptr;  // [hd] or nullptr
+  const float* k_norm = nullptr;  // [hd] or nullptr
+  float eps = 1e-6f;
+  const float* cos_sin = nullptr;  // [T, 2 * rot_half]
+  const int32_t* slots = nullptr;  // [T]
+  void* k_cache = nullptr;         // [slots, nkv, hd] E, this layer
+  void* v_cache = nullptr;
+  float* q_out = nullptr;          // [T, nq * hd]
+};
+void qkv_post(const QkvPostArgs& a, DType e, cudaStream_t stream);
+
+// y = x · W^T (+ bias), then the epilogue. x: [T, K] E (ld_x), W: [N, K] E (ld_w, the Hugging
+// Face Linear layout). Tensor cores (mma.sync m16n8k16, f32 accumulate). Small grids split K;
+// the last block of a tile adds the partial sums in split order, so results are deterministic.
+enum class Epilogue {
+  kStore,    // y[t, n] = acc + bias[n]                       (f32, ld_y)
+  kAddTo,    // y[t, n] += acc + bias[n]  (residual add)       (f32, ld_y)
+  kSiluMul,  // W rows interleaved in 16-row groups [gate 8 | up 8]: h[t, i] = silu(gate_i) * up_i (E, ld_h)
+};
+struct GemmArgs {
+  const void* x = nullptr;
+  int ld_x = 0;
+  const void* w = nullptr;
+  int ld_w = 0;
+  const float* bias = nullptr;  // [N] or nullptr
+  int T = 0, N = 0, K = 0;
+  Epilogue epilogue = Epilogue::kStore;
+  float* y = nullptr;
+  int ld_y = 0;
+  void* h = nullptr;
+  int ld_h = 0;
+  int splits = 0;  // K splits; 0 chooses (benchmarks force others)
+};
+struct GemmWorkspace {
+  float* partials = nullptr;  // split-K partial sums
+  size_t partial_floats = 0;
+  int* tickets = nullptr;     // one per output tile, zero between launches (the last block resets it)
+  int num_tickets = 0;
+  int num_sms = 0;
+};
+void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stream);
+
+// Causal attention over the paged cache. Token t (query heads q[t]) attends to positions
+// 0..positions[t] of sequence token_seq[t], read through block_tables[seq * (*table_stride) + i].
+// The KV range is cut into num_splits parts (flash-decoding) combined by a second kernel.
+struct AttentionArgs {
+  const float* q = nullptr;  // [T, nq, hd]
+  int T = 0, nq = 0, nkv = 0, hd = 0;
+  const int32_t* token_seq = nullptr;     // [T]
+  const int32_t* positions = nullptr;     // [T]
+  const int32_t* block_tables = nullptr;  // [S, *table_stride]
+  const int32_t* table_stride = nullptr;  // device scalar (so a captured graph stays valid)
+  int block_size = 0;
+  const void* k_cache = nullptr;  // [slots, nkv, hd] E
+  const void* v_cache = nullptr;
+  float scale = 0.f;
+  int num_splits = 1;
+  float* partial_acc = nullptr;  // [T, nq, num_splits, hd] when num_splits > 1
+  float* partial_ml = nullptr;   // [T, nq, num_splits, 2]
+  void* out = nullptr;           // [T, nq * hd] E (ld_out)
+  int ld_out = 0;
+};
+void paged_attention(const AttentionArgs& a, DType e, cudaStream_t stream);
+
+// Per logit row: sampling as the CPU sampler defines it (greedy; else top-k, then top-p over
+// softmax(logits / temperature), then an inverse-CDF draw in (logit desc, id asc) order), and
+// the log-softmax of the raw logits for the chosen token and the top_n best.
+struct SampleRowParams {
+  float temperature;  // <= 0: greedy
+  float top_p;        // 1: off
+  int32_t top_k;      // 0: off
+  int32_t pad;
+  double uniform;     // the row's draw in [0, 1)
+};
+struct SampleArgs {
+  const float* logits = nullptr;  // [R, V]
+  int R = 0, V = 0;
+  const SampleRowParams* params = nullptr;  // [R] device
+  int top_n = 0;
+  int32_t* tokens = nullptr;        // [R] device
+  float* logprobs = nullptr;        // [R]
+  int32_t* top_ids = nullptr;       // [R, top_n]
+  float* top_logprobs = nullptr;    // [R, top_n]
+};
+void sample(const SampleArgs& a, cudaStream_t stream);
+
+}  // namespace sluice::cuda

@@ -1,0 +1,382 @@
+// CUDA kernels against double-precision references computed on the host from the same
+// (bf16/f16-rounded) inputs. Exits 77 (ctest: skipped) when no CUDA device is present.
+//
+// Tolerances: GEMM outputs in f32 accumulate in f32 over K, so |y - ref| <= 2e-5 * sum|x*w|
+// (+1e-6); outputs rounded to bf16 (SiLU-and-mul, attention) add 2^-8 relative rounding.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/kernels.h"
+#include "sample/sampler.h"
+#include "sluice/dtype.h"
+#include "engine/backend.h"
+#include "test_util.h"
+
+using namespace sluice;
+
+namespace {
+
+#define CUDA_OK(call) CHECK((call) == cudaSuccess)
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    cudaMalloc(&p, count * sizeof(T) + 16);
+    cudaMemset(p, 0xff, count * sizeof(T) + 16);  // poison: NaN for floats
+  }
+  Dev(const std::vector<T>& host) : Dev(host.size()) { cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> read() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+uint16_t to_e(float f, DType e) { return e == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f); }
+float from_e(uint16_t h, DType e) { return e == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
+
+// Random [rows, ld] matrix with zero padding past `cols`, and its rounded values as double.
+std::vector<uint16_t> random_matrix(std::mt19937& rng, int rows, int cols, int ld, float scale, DType e,
+                                    std::vector<double>* values) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<uint16_t> m(static_cast<size_t>(rows) * ld, 0);
+  values->assign(size_t(rows) * cols, 0.0);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      m[size_t(r) * ld + c] = to_e(nd(rng), e);
+      (*values)[size_t(r) * cols + c] = from_e(m[size_t(r) * ld + c], e);
+    }
+  return m;
+}
+
+cuda::GemmWorkspace make_workspace(Dev<float>& partials, Dev<int>& tickets) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  cudaMemset(tickets.p, 0, tickets.n * sizeof(int));
+  return {partials.p, partials.n, tickets.p, int(tickets.n), sms};
+}
+
+void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int ld = (K + 7) / 8 * 8;
+  std::vector<double> xv, wv;
+  auto x = random_matrix(rng, T, K, ld, 1.f, e, &xv);
+  auto w = random_matrix(rng, N, K, ld, 1.f / std::sqrt(float(K)), e, &wv);
+  std::vector<float> b(static_cast<size_t>(N)), y0(size_t(T) * N);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  for (auto& v : b) v = nd(rng);
+  for (auto& v : y0) v = nd(rng);
+  Dev<uint16_t> dx(x), dw(w);
+  Dev<float> db(b), dy(y0);
+  Dev<uint16_t> dh(static_cast<size_t>(T) * (N / 2 + 8));
+  Dev<float> partials(size_t(4) << 20);
+  Dev<int> tickets(4096);
+  cuda::GemmArgs a;
+  a.x = dx.p, a.ld_x = ld, a.w = dw.p, a.ld_w = ld, a.bias = bias ? db.p : nullptr;
+  a.T = T, a.N = N, a.K = K, a.epilogue = ep, a.y = dy.p, a.ld_y = N, a.h = dh.p, a.ld_h = N / 2;
+  cuda::gemm(a, e, make_workspace(partials, tickets), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto y = dy.read();
+  const auto h = dh.read();
+  int bad = 0;
+  double worst = 0;
+  for (int t = 0; t < T; t++) {
+    std::vector<double> ref(static_cast<size_t>(N)), mag(static_cast<size_t>(N));
+    for (int n = 0; n < N; n++) {
+      double s = bias ? b[size_t(n)] : 0.0, m = 0;
+      for (int k = 0; k < K; k++) {
+        s += xv[size_t(t) * K + k] * wv[size_t(n) * K + k];
+        m += std::fabs(xv[size_t(t) * K + k] * wv[size_t(n) * K + k]);
+      }
+      ref[size_t(n)] = s;
+      mag[size_t(n)] = m;
+    }
+    if (ep == cuda::Epilogue::kSiluMul) {
+      for (int i = 0; i < N / 2; i++) {
+        const int gr = (i / 8) * 16 + i % 8, ur = gr + 8;
+        const double g = ref[size_t(gr)], u = ref[size_t(ur)];
+        const double want = g / (1 + std::exp(-g)) * u;
+        const double got = from_e(h[size_t(t) * (N / 2) + i], e);
+        const double tol = 1e-2 * std::fabs(want) + 2e-5 * (mag[size_t(gr)] + mag[size_t(ur)]) * (1 + std::fabs(u) + std::fabs(g)) + 1e-4;
+        worst = std::max(worst, std::fabs(got - want) / tol);
+        if (!(std::fabs(got - want) <= tol)) bad++;
+      }
+    } else {
+      for (int n = 0; n < N; n++) {
+        const double want = ref[size_t(n)] + (ep == cuda::Epilogue::kAddTo ? y0[size_t(t) * N + n] : 0.0);
+        const double got = y[size_t(t) * N + n];
+        const double tol = 2e-5 * mag[size_t(n)] + 1e-5 * std::fabs(want) + 1e-6;
+        worst = std::max(worst, std::fabs(got - want) / tol);
+        if (!(std::fabs(got - want) <= tol)) bad++;
+      }
+    }
+  }
+  if (bad) std::printf("  gemm T=%d N=%d K=%d ep=%d bias=%d %s: %d bad, worst %.2fx tol\n", T, N, K, int(ep), int(bias),
+                       dtype_name(e), bad, worst);
+  CHECK(bad == 0);
+  // Deterministic: the same launch gives the same bits (split-K sums in a fixed order).
+  if (ep == cuda::Epilogue::kStore) {
+    cuda::gemm(a, e, make_workspace(partials, tickets), nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(std::memcmp(dy.read().data(), y.data(), y.size() * 4) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(gemm_matches_double_reference) {
+  const DType types[] = {DType::BF16, DType::F16};
+  struct Shape {
+    int T, N, K;
+  };
+  // Decode (T <= 8: split K), small batches, prefill tiles, ragged edges, K not a multiple of 64.
+  const Shape shapes[] = {{1, 96, 64},  {3, 200, 72},   {8, 1000, 4096}, {5, 6144, 1024}, {17, 300, 264},
+                          {32, 128, 48}, {40, 520, 136}, {130, 256, 128}, {300, 777, 520}, {1, 4096, 4096}};
+  uint32_t seed = 1;
+  for (DType e : types)
+    for (const Shape& s : shapes) {
+      check_gemm(s.T, s.N, s.K, cuda::Epilogue::kStore, seed % 2 == 0, e, seed);
+      seed++;
+    }
+  for (const Shape& s : shapes) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kAddTo, true, DType::BF16, seed++);
+  const Shape silu[] = {{1, 512, 64}, {6, 1024, 256}, {20, 4096, 512}, {100, 768, 136}};
+  for (DType e : types)
+    for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kSiluMul, seed % 2 == 1, e, seed++);
+}
+
+namespace {
+
+// A flattened batch over a paged cache with shuffled block tables, checked against double.
+void check_attention(int nq, int nkv, int hd, int splits, DType e, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int bs = 16;
+  // Sequences: (context length, tokens computed this step): decode rows and prefill chunks.
+  const std::vector<std::pair<int, int>> seqs = {{1, 1}, {37, 1}, {300, 1}, {20, 20}, {90, 13}, {600, 1}};
+  int num_blocks = 0;
+  for (auto& s : seqs) num_blocks += (s.first + bs - 1) / bs;
+  std::vector<int> perm(static_cast<size_t>(num_blocks));
+  for (int i = 0; i < num_blocks; i++) perm[size_t(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int max_blocks = 0;
+  for (auto& s : seqs) max_blocks = std::max(max_blocks, (s.first + bs - 1) / bs);
+  std::vector<int32_t> tables(seqs.size() * size_t(max_blocks), 0);
+  int next = 0;
+  for (size_t s = 0; s < seqs.size(); s++)
+    for (int b = 0; b < (seqs[s].first + bs - 1) / bs; b++) tables[s * max_blocks + b] = perm[size_t(next++)];
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t slots = size_t(num_blocks) * bs;
+  std::vector<uint16_t> kc(slots * nkv * hd), vc(slots * nkv * hd);
+  for (auto& v : kc) v = to_e(nd(rng), e);
+  for (auto& v : vc) v = to_e(nd(rng), e);
+  std::vector<int32_t> token_seq, positions;
+  for (size_t s = 0; s < seqs.size(); s++)
+    for (int p = seqs[s].first - seqs[s].second; p < seqs[s].first; p++) {
+      token_seq.push_back(int32_t(s));
+      positions.push_back(p);
+    }
+  const int T = int(token_seq.size());
+  std::vector<float> q(static_cast<size_t>(T) * nq * hd);
+  for (auto& v : q) v = nd(rng);
+  Dev<float> dq(q);
+  Dev<int32_t> dseq(token_seq), dpos(positions), dtab(tables), dstride(std::vector<int32_t>{max_blocks});
+  Dev<uint16_t> dk(kc), dv(vc), dout(size_t(T) * nq * hd);
+  Dev<float> pacc(static_cast<size_t>(T) * nq * splits * hd), pml(size_t(T) * nq * splits * 2);
+  cuda::AttentionArgs a;
+  a.q = dq.p, a.T = T, a.nq = nq, a.nkv = nkv, a.hd = hd, a.token_seq = dseq.p, a.positions = dpos.p;
+  a.block_tables = dtab.p, a.table_stride = dstride.p, a.block_size = bs, a.k_cache = dk.p, a.v_cache = dv.p;
+  a.scale = float(1.0 / std::sqrt(double(hd))), a.num_splits = splits, a.partial_acc = pacc.p, a.partial_ml = pml.p;
+  a.out = dout.p, a.ld_out = nq * hd;
+  cuda::paged_attention(a, e, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto out = dout.read();
+  int bad = 0;
+  for (int t = 0; t < T; t++) {
+    const int s = token_seq[size_t(t)], ctx = positions[size_t(t)] + 1;
+    for (int h = 0; h < nq; h++) {
+      const int kvh = h / (nq / nkv);
+      std::vector<double> sc(static_cast<size_t>(ctx));
+      double mx = -1e300;
+      for (int p = 0; p < ctx; p++) {
+        const size_t slot = size_t(tables[size_t(s) * max_blocks + p / bs]) * bs + p % bs;
+        double d = 0;
+        for (int i = 0; i < hd; i++)
+          d += double(q[(size_t(t) * nq + h) * hd + i]) * from_e(kc[(slot * nkv + kvh) * hd + i], e);
+        sc[size_t(p)] = d / std::sqrt(double(hd));
+        mx = std::max(mx, sc[size_t(p)]);
+      }
+      double sum = 0;
+      for (auto& v : sc) sum += (v = std::exp(v - mx));
+      for (int i = 0; i < hd; i++) {
+        double o = 0;
+        for (int p = 0; p < ctx; p++) {
+          const size_t slot = size_t(tables[size_t(s) * max_blocks + p / bs]) * bs + p % bs;
+          o += sc[size_t(p)] / sum * from_e(vc[(slot * nkv + kvh) * hd + i], e);
+        }
+        const double got = from_e(out[(size_t(t) * nq + h) * hd + i], e);
+        if (!(std::fabs(got - o) <= 1e-2 * std::fabs(o) + 2e-3)) bad++;
+      }
+    }
+  }
+  if (bad) std::printf("  attention nq=%d nkv=%d hd=%d splits=%d %s: %d bad\n", nq, nkv, hd, splits, dtype_name(e), bad);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE(paged_attention_matches_double_reference) {
+  struct Heads {
+    int nq, nkv, hd;
+  };
+  // MHA, GQA 4:1 and 7:1 (Qwen2.5), 16:1 (two blocks of 8 q heads), head dims 16..256.
+  const Heads hs[] = {{4, 4, 16}, {8, 2, 64}, {14, 2, 64}, {32, 8, 128}, {16, 1, 48}, {4, 2, 256}};
+  uint32_t seed = 100;
+  for (const Heads& h : hs)
+    for (int splits : {1, 3, 16}) check_attention(h.nq, h.nkv, h.hd, splits, DType::BF16, seed++);
+  check_attention(8, 2, 64, 4, DType::F16, seed++);
+}
+
+namespace {
+
+struct SampleCase {
+  float temperature, top_p;
+  int top_k;
+};
+
+}  // namespace
+
+TEST_CASE(sampling_matches_the_cpu_sampler) {
+  const int Vs[] = {1000, 151936};
+  const SampleCase cases[] = {{0.f, 1.f, 0},   {1.f, 1.f, 40},  {0.7f, 0.9f, 0}, {1.3f, 0.5f, 50},
+                              {1.f, 0.99f, 0}, {2.f, 1.f, 1},   {0.5f, 0.3f, 5}, {1.f, 0.95f, 100000}};
+  std::mt19937 rng(7);
+  for (int V : Vs) {
+    const int R = 64;
+    std::vector<float> logits(static_cast<size_t>(R) * V);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    for (int r = 0; r < R; r++)
+      for (int i = 0; i < V; i++) {
+        float v = nd(rng);
+        if (r % 8 == 3) v = std::round(v);  // many exact ties
+        logits[size_t(r) * V + i] = v;
+      }
+    std::vector<cuda::SampleRowParams> params(static_cast<size_t>(R));
+    std::vector<SamplingParams> sp(static_cast<size_t>(R));
+    for (int r = 0; r < R; r++) {
+      const SampleCase& c = cases[size_t(r) % 8];
+      sp[size_t(r)] = {c.temperature, c.top_p, c.top_k, uint64_t(r * 31 + V), 5};
+      Rng draw(sp[size_t(r)].seed);
+      params[size_t(r)] = {c.temperature, c.top_p, c.top_k, 0, draw.next_double()};
+    }
+    Dev<float> dl(logits);
+    Dev<cuda::SampleRowParams> dp(params);
+    Dev<int32_t> tok(static_cast<size_t>(R)), top_ids(size_t(R) * 5);
+    Dev<float> lp(static_cast<size_t>(R)), top_lp(size_t(R) * 5);
+    cuda::SampleArgs a;
+    a.logits = dl.p, a.R = R, a.V = V, a.params = dp.p, a.top_n = 5, a.tokens = tok.p, a.logprobs = lp.p;
+    a.top_ids = top_ids.p, a.top_logprobs = top_lp.p;
+    cuda::sample(a, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto gt = tok.read(), gti = top_ids.read();
+    const auto glp = lp.read(), gtlp = top_lp.read();
+    int token_mismatch = 0;
+    std::vector<float> probs;
+    std::vector<int32_t> order;
+    for (int r = 0; r < R; r++) {
+      const float* row = logits.data() + size_t(r) * V;
+      int32_t best = 0;
+      double m = row[0];
+      for (int i = 1; i < V; i++)
+        if (row[i] > m) m = row[i], best = i;
+      double se = 0;
+      for (int i = 0; i < V; i++) se += std::exp(double(row[i]) - m);
+      const float lse = float(m + std::log(se));
+      Rng cpu_rng(sp[size_t(r)].seed);
+      int32_t cti[5];
+      float ctlp[5];
+      const SampledToken ct = sample_token(row, V, best, lse, sp[size_t(r)], cpu_rng, 5, cti, ctlp, probs, order);
+      for (int i = 0; i < 5; i++) {
+        CHECK(gti[size_t(r) * 5 + i] == cti[i]);
+        CHECK(std::fabs(gtlp[size_t(r) * 5 + i] - ctlp[i]) <= 1e-4f * (1 + std::fabs(ctlp[i])));
+      }
+      // The CPU draws in id order when neither top-k nor top-p filters, the GPU always in sorted
+      // order: the same distribution, different tokens for the same draw. Compare the rest exactly
+      // (a draw landing within float rounding of a boundary could differ: allow 1 in 64).
+      const SamplingParams& p = sp[size_t(r)];
+      const bool greedy = p.temperature <= 0.f || p.top_k == 1;
+      const bool sorted_cpu = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.f;
+      if (greedy) CHECK(gt[size_t(r)] == best);
+      else if (sorted_cpu && gt[size_t(r)] != ct.token) token_mismatch++;
+      CHECK(gt[size_t(r)] >= 0 && gt[size_t(r)] < V);
+      CHECK(std::fabs(glp[size_t(r)] - (row[gt[size_t(r)]] - lse)) <= 1e-4f * (1 + std::fabs(glp[size_t(r)])));
+    }
+    if (token_mismatch) std::printf("  sampling V=%d: %d of %d sampled rows differ from the CPU draw\n", V, token_mismatch, R);
+    CHECK(token_mismatch <= 1);
+  }
+}
+
+TEST_CASE(sampling_frequencies_follow_the_distribution) {
+  // One row sampled with many draws: frequencies of temperature/top-p sampling match the
+  // renormalised probabilities (chi-square over the kept tokens, generous bound).
+  const int V = 50, R = 4000;
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int i = 0; i < V; i++) row[size_t(i)] = float(std::sin(i * 1.7) * 2.0);
+  std::vector<float> logits;
+  std::vector<cuda::SampleRowParams> params;
+  for (int r = 0; r < R; r++) {
+    logits.insert(logits.end(), row.begin(), row.end());
+    params.push_back({0.8f, 0.9f, 0, 0, (r + 0.5) / R});
+  }
+  Dev<float> dl(logits);
+  Dev<cuda::SampleRowParams> dp(params);
+  Dev<int32_t> tok(static_cast<size_t>(R));
+  Dev<float> lp(static_cast<size_t>(R));
+  cuda::SampleArgs a;
+  a.logits = dl.p, a.R = R, a.V = V, a.params = dp.p, a.tokens = tok.p, a.logprobs = lp.p;
+  cuda::sample(a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = tok.read();
+  // Expected: sorted by logit, keep the shortest head with >= 0.9 of softmax(row / 0.8).
+  std::vector<int> idx(static_cast<size_t>(V));
+  for (int i = 0; i < V; i++) idx[size_t(i)] = i;
+  std::sort(idx.begin(), idx.end(), [&](int x, int y) { return row[size_t(x)] > row[size_t(y)] || (row[size_t(x)] == row[size_t(y)] && x < y); });
+  std::vector<double> w(static_cast<size_t>(V));
+  double all = 0;
+  for (int i = 0; i < V; i++) all += (w[size_t(i)] = std::exp((row[size_t(i)] - row[size_t(idx[0])]) / 0.8));
+  double cum = 0, kept = 0;
+  std::vector<bool> in(static_cast<size_t>(V), false);
+  for (int i : idx) {
+    in[size_t(i)] = true;
+    cum += w[size_t(i)];
+    if (cum >= 0.9 * all) break;
+  }
+  for (int i = 0; i < V; i++)
+    if (in[size_t(i)]) kept += w[size_t(i)];
+  std::vector<int> count(static_cast<size_t>(V), 0);
+  for (int t : got) count[size_t(t)]++;
+  // Stratified draws (u = (r + 0.5) / R): each kept token's count is within 1 of R * p.
+  for (int i = 0; i < V; i++) {
+    if (!in[size_t(i)]) {
+      CHECK(count[size_t(i)] == 0);
+      continue;
+    }
+    const double want = R * w[size_t(i)] / kept;
+    if (!(std::fabs(count[size_t(i)] - want) <= 1.5)) std::printf("  token %d: %d draws, expected %.1f\n", i, count[size_t(i)], want);
+    CHECK(std::fabs(count[size_t(i)] - want) <= 1.5);
+  }
+}
+
+int main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("cuda kernels: no CUDA device, skipped\n");
+    return 77;
+  }
+  return sluice_test::run_all("cuda kernels");
+}
