@@ -1,4 +1,5 @@
-// Engine throughput on CPU: npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
+// Engine throughput on CPU (with --backend cuda, on a GPU: see engine-cuda.ts):
+//   npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
 //   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N]
 //   [--precision f32,bf16] [--out FILE]
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
@@ -19,6 +20,9 @@ import { modelCacheDir } from '../src/engine/paths.js';
 
 const { values: args } = parseArgs({
   options: {
+    backend: { type: 'string', default: 'cpu' },
+    peer: { type: 'string' },
+    'gpu-memory-utilization': { type: 'string' },
     preset: { type: 'string', default: 'qwen2.5-0.5b' },
     model: { type: 'string' },
     dtype: { type: 'string', default: 'bf16' },
@@ -132,6 +136,8 @@ async function ensureModel(): Promise<string> {
 }
 
 async function main(): Promise<void> {
+  if (args.backend === 'cuda') return (await import('./engine-cuda.js')).main();  // its own options and output
+  if (args.backend !== 'cpu') throw new Error(`--backend must be cpu or cuda, got ${args.backend}`);
   if (args.worker) {
     const result = await runWorker(args.model!, Number(args.worker), args.precision as MatmulPrecision);
     process.stdout.write(JSON.stringify(result) + '\n');

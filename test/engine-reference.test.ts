@@ -9,7 +9,7 @@ import { makeModel } from '../models/make-model.js';
 import { loadNativeEngine } from '../src/engine/native.js';
 import type { NativeEngineHandle } from '../src/engine/native-types.js';
 import { runNative } from './helpers/native-run.js';
-import { loadReferenceModel, logSoftmax, referenceGreedyDetailed, referenceLogits } from './reference/reference-model.js';
+import { compareWithReference, promptFor } from './helpers/reference-compare.js';
 
 type Dtype = 'f32' | 'f16' | 'bf16';
 
@@ -35,38 +35,6 @@ const VARIANTS: Array<[string, Dtype]> = [
   ['test-qwen3', 'bf16'],
   ['test-mistral', 'f16'],
 ];
-const GENERATE = 40;
-
-/**
- * Generates greedily with the engine and compares with the reference: the continuation must
- * match up to the first near tie (reported), and every logprob the engine reports must be
- * within `tol` of the reference's, teacher-forced on the engine's own tokens.
- */
-async function compareWithReference(engine: NativeEngineHandle, dir: string, label: string, tol: number, nearTie: number) {
-  const ref = loadReferenceModel(dir);
-  const prompt = promptFor(engine.info().vocabSize, 11, 1);
-  const got = await runNative(engine, prompt, GENERATE);
-  const want = referenceGreedyDetailed(ref, prompt, GENERATE);
-
-  const diverged = got.tokens.findIndex((t, i) => t !== want.tokens[i]);
-  if (diverged >= 0) {
-    const gap = want.gaps[diverged]!;
-    expect(gap, `${label}: diverged at step ${diverged} with reference top-2 gap ${gap}`).toBeLessThan(nearTie);
-    console.warn(`${label}: near tie at step ${diverged} (reference gap ${gap.toExponential(2)}); tokens agree before it`);
-  } else {
-    expect(got.tokens).toEqual(want.tokens);
-  }
-  const logits = referenceLogits(ref, [...prompt, ...got.tokens.slice(0, -1)]);
-  let worst = 0;
-  for (let i = 0; i < got.tokens.length; i++) {
-    const lsm = logSoftmax(logits[prompt.length - 1 + i]!);
-    worst = Math.max(worst, Math.abs(got.logprobs[i]! - lsm[got.tokens[i]!]!));
-    got.topIds[i]!.forEach((id, k) => {
-      worst = Math.max(worst, Math.abs(got.topLogprobs[i]![k]! - lsm[id]!));
-    });
-  }
-  expect(worst, `${label}: worst logprob difference`).toBeLessThan(tol);
-}
 
 let root: string;
 beforeAll(() => {
@@ -74,9 +42,6 @@ beforeAll(() => {
 });
 afterAll(() => rmSync(root, { recursive: true, force: true }));
 
-function promptFor(vocab: number, len: number, salt: number): number[] {
-  return Array.from({ length: len }, (_, i) => (i * 37 + salt * 101 + 5) % Math.min(vocab, 2000));
-}
 
 describe.each(VARIANTS)('%s in %s', (preset, dtype) => {
   let dir: string;
@@ -88,7 +53,7 @@ describe.each(VARIANTS)('%s in %s', (preset, dtype) => {
   });
   afterAll(() => engine?.dispose());
 
-  it(`greedy ${GENERATE}-token continuation and logprobs match the float64 reference`, async () => {
+  it(`greedy 40-token continuation and logprobs match the float64 reference`, async () => {
     await compareWithReference(engine, dir, `${preset}/${dtype}`, LOGPROB_TOL[dtype], NEAR_TIE_GAP[dtype]);
   });
 

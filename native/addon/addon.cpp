@@ -41,6 +41,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("simd", i.simd);
   o.Set("numThreads", double(i.num_threads));
   o.Set("matmulPrecision", i.matmul_precision);
+  o.Set("deviceBytes", double(i.device_bytes));
   return o;
 }
 
@@ -196,6 +197,8 @@ Napi::Value Load(const Napi::CallbackInfo& info) {
   opts.block_size = int(get_int(o, "blockSize", 16));
   opts.num_threads = int(get_int(o, "numThreads", 0));
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
+  if (o.Get("gpuMemoryUtilization").IsNumber())
+    opts.gpu_memory_utilization = o.Get("gpuMemoryUtilization").As<Napi::Number>().DoubleValue();
   AddonData* data = env.GetInstanceData<AddonData>();
   auto* worker = new PromiseWorker<Engine*>(
       env, [opts]() { return Engine::load(opts).release(); },
@@ -222,12 +225,30 @@ Napi::Value MeasureBandwidth(const Napi::CallbackInfo& info) {
   return p;
 }
 
+Napi::Value MeasureDeviceBandwidth(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  size_t bytes = info[0].IsNumber() ? size_t(info[0].As<Napi::Number>().Int64Value()) : (size_t(1) << 30);
+  int repeats = info[1].IsNumber() ? info[1].As<Napi::Number>().Int32Value() : 10;
+  auto* worker = new PromiseWorker<double>(
+      env, [=]() { return sluice::measure_device_bandwidth(bytes, repeats); },
+      [](Napi::Env e, double& v) -> Napi::Value { return Napi::Number::New(e, v); });
+  Napi::Promise p = worker->promise();
+  worker->Queue();
+  return p;
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   auto* data = new AddonData();
   data->engine_ctor = Napi::Persistent(EngineWrap::Init(env));
   env.SetInstanceData(data);
   exports.Set("load", Napi::Function::New(env, Load));
   exports.Set("measureMemoryBandwidth", Napi::Function::New(env, MeasureBandwidth));
+  exports.Set("measureDeviceBandwidth", Napi::Function::New(env, MeasureDeviceBandwidth));
+  // Whether a CUDA device is usable ('' when it is, else why not); quick, no context kept.
+  exports.Set("cudaUnavailableReason", Napi::Function::New(env, [](const Napi::CallbackInfo& i) -> Napi::Value {
+                std::string why;
+                return Napi::String::New(i.Env(), sluice::cuda_available(&why) ? "" : why);
+              }));
   exports.Set("simdLevel", Napi::Function::New(env, [](const Napi::CallbackInfo& i) -> Napi::Value {
                 return Napi::String::New(i.Env(), sluice::cpu::simd_level_name());
               }));

@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
     // Greedy sampling (argmax + log-sum-exp) and top-p sampling over the vocabulary.
     for (int R : {1, 64, 256}) {
       DeviceBuffer logits(size_t(R) * s.V * 4), params(size_t(R) * sizeof(cuda::SampleRowParams)), outb(size_t(R) * 8);
+      DeviceBuffer stats(size_t(R) * cuda::kSampleStatsFloatsPerRow * 4);
       std::vector<float> h(size_t(R) * s.V);
       std::mt19937 rng(5);
       std::normal_distribution<float> nd(0.f, 3.f);
@@ -199,7 +200,7 @@ int main(int argc, char** argv) {
         SLUICE_CUDA_CHECK(cudaMemcpy(params.get(), p.data(), p.size() * sizeof(p[0]), cudaMemcpyHostToDevice));
         cuda::SampleArgs a;
         a.logits = logits.get<float>(), a.R = R, a.V = s.V, a.params = params.get<cuda::SampleRowParams>();
-        a.tokens = outb.get<int32_t>(), a.logprobs = outb.get<float>() + R;
+        a.tokens = outb.get<int32_t>(), a.logprobs = outb.get<float>() + R, a.row_stats = stats.get<float>();
         const double us = time_us([&](int) { cuda::sample(a, nullptr); });
         rows.push_back({greedy ? "sample greedy" : "sample top-k 50, top-p 0.9", R, us, double(R) * s.V * 4, 0});
       }

@@ -22,7 +22,9 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --logprobs K         with --json: the top K (0..20) alternatives of every token
   --stop TEXT          stop before TEXT (repeatable)
   --json               print one JSON object instead of streaming the text
-  --backend B          cpu | cuda | auto (default auto)
+  --backend B          cpu | cuda | auto (default auto: cuda when a GPU is usable, else cpu)
+  --gpu-memory-utilization F
+                       CUDA: fraction of GPU memory for weights, activations and KV (default 0.9)
   --threads N          compute threads (default: all CPUs)
   --precision P        f32 | bf16: activations against bf16 weights (default f32)
 `;
@@ -43,6 +45,7 @@ export async function runGenerate(args: string[]): Promise<void> {
     stop: { type: 'string', multiple: true },
     json: { type: 'boolean' },
     backend: { type: 'string' },
+    'gpu-memory-utilization': { type: 'string' },
     threads: { type: 'string' },
     precision: { type: 'string' },
     help: { type: 'boolean', short: 'h' },
@@ -65,13 +68,16 @@ export async function runGenerate(args: string[]): Promise<void> {
   const backend = choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'auto'] as const);
   const threads = intFlag(values.threads, 'threads', 0);
   const matmulPrecision = choiceFlag(values.precision, 'precision', ['f32', 'bf16'] as const);
+  const gpuMemoryUtilization = numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1);
   if (request.logprobs !== undefined && !values.json) {
     throw new SluiceError('invalid_argument', '--logprobs needs --json', { param: 'logprobs' });
   }
 
   const log = (message: string) => process.stderr.write(`${message}\n`);
   const model = values.model ?? await ensureDemoModel(log);
-  const engine = await Engine.load({ model, backend, threads, matmulPrecision, onMessage: (m) => log(`sluice: ${m}`) });
+  const engine = await Engine.load({
+    model, backend, threads, matmulPrecision, gpuMemoryUtilization, onMessage: (m) => log(`sluice: ${m}`),
+  });
 
   // Ctrl-C cancels the request (a second one kills the process as usual).
   const controller = new AbortController();
@@ -92,7 +98,8 @@ export async function runGenerate(args: string[]): Promise<void> {
         const t = chunk.timings!;
         log(`${chunk.usage!.completionTokens} tokens (${chunk.finishReason}), ` +
           `${t.tokensPerSecond.toFixed(1)} tokens/s, first token after ${(t.queuedMs + t.prefillMs).toFixed(0)} ms ` +
-          `(${chunk.usage!.promptTokens} prompt tokens, ${engine.info.backend} ${engine.info.simd}, ${engine.info.numThreads} threads)`);
+          `(${chunk.usage!.promptTokens} prompt tokens, ${engine.info.backend} ${engine.info.simd}` +
+          `${engine.info.backend === 'cpu' ? `, ${engine.info.numThreads} threads` : ''})`);
       }
     }
   } finally {

@@ -7,7 +7,7 @@ import { SluiceError } from '../errors.js';
 import { Batcher } from './batcher.js';
 import { compileChatTemplate, type ChatTemplate } from './chat-template.js';
 import { Generation } from './generation.js';
-import { loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
+import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
 import type { BackendName, MatmulPrecision, NativeEngineHandle, NativeModelInfo } from './native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
@@ -21,8 +21,10 @@ export interface EngineLoadOptions {
   model: string;
   /** 'auto' (default): cuda when the addon has it and it starts, else cpu (with a message). */
   backend?: BackendName | 'auto';
-  /** KV cache pool size. Default: see defaultKvCacheBytes. */
+  /** KV cache pool size. Default: CPU, see defaultKvCacheBytes; CUDA, what gpuMemoryUtilization leaves. */
   kvCacheBytes?: number;
+  /** CUDA: fraction of the device's memory for weights, activations and KV (default 0.9, as vLLM). */
+  gpuMemoryUtilization?: number;
   /** Tokens per KV block (default 16). */
   blockSize?: number;
   /** Compute threads (default 0 = all online CPUs). */
@@ -94,7 +96,14 @@ export class Engine {
       blockSize: opts.blockSize ?? DEFAULT_BLOCK_SIZE,
       numThreads: opts.threads ?? 0,
       matmulPrecision: opts.matmulPrecision ?? 'f32',
+      gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
     };
+    // On CUDA the KV pool defaults to what gpuMemoryUtilization leaves (kvCacheBytes 0).
+    const cudaBase = { ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0 };
+    const g = base.gpuMemoryUtilization;
+    if (typeof g !== 'number' || !(g > 0 && g <= 1)) {
+      throw new SluiceError('invalid_argument', `gpuMemoryUtilization must be in (0, 1], got ${String(g)}`, { param: 'gpuMemoryUtilization' });
+    }
     if (base.matmulPrecision !== 'f32' && base.matmulPrecision !== 'bf16') {
       throw new SluiceError('invalid_argument', `matmulPrecision must be 'f32' or 'bf16', got ${String(base.matmulPrecision)}`, { param: 'matmulPrecision' });
     }
@@ -114,16 +123,14 @@ export class Engine {
         throw new SluiceError('backend_unavailable',
           'this build of sluice has no CUDA backend; use backend cpu (or rebuild with CUDA)', { param: 'backend' });
       }
-      handle = await loadHandle({ ...base, backend: requested });
+      handle = await loadHandle(requested === 'cuda' ? cudaBase : { ...base, backend: 'cpu' });
     } else if (requested === 'auto') {
-      if (nativeAddon().cudaCompiled) {
-        try {
-          handle = await loadHandle({ ...base, backend: 'cuda' });
-        } catch (err) {
-          if ((err as SluiceError).code !== 'backend_unavailable') throw err;
-          onMessage(`the CUDA backend is unavailable (${(err as Error).message}); using the CPU backend`);
-          handle = await loadHandle({ ...base, backend: 'cpu' });
-        }
+      const noCuda = nativeAddon().cudaCompiled ? cudaUnavailableReason() : undefined;
+      if (nativeAddon().cudaCompiled && noCuda === undefined) {
+        handle = await loadHandle(cudaBase);
+      } else if (nativeAddon().cudaCompiled) {
+        onMessage(`the CUDA backend is unavailable (${noCuda}); using the CPU backend`);
+        handle = await loadHandle({ ...base, backend: 'cpu' });
       } else {
         onMessage('this build has no CUDA backend; using the CPU backend');
         handle = await loadHandle({ ...base, backend: 'cpu' });

@@ -8,7 +8,7 @@ export interface NativeLoadOptions {
   /** Hugging Face model directory (config.json, *.safetensors). */
   modelDir: string;
   backend: BackendName;
-  /** Bytes for the paged KV cache pool. */
+  /** Bytes for the paged KV cache pool (0: the backend's default; CUDA: from gpuMemoryUtilization). */
   kvCacheBytes: number;
   /** Tokens per KV block. */
   blockSize: number;
@@ -16,6 +16,8 @@ export interface NativeLoadOptions {
   numThreads: number;
   /** Activation precision against bf16 weights (see EngineOptions::matmul_precision). */
   matmulPrecision?: MatmulPrecision;
+  /** CUDA: fraction of device memory the engine may hold; the KV pool gets what weights leave. */
+  gpuMemoryUtilization?: number;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */
@@ -35,9 +37,10 @@ export interface NativeModelInfo {
   blockSize: number;
   numBlocks: number;
   backend: BackendName;
-  simd: string;                // CPU kernel level picked at run time, e.g. "avx512bf16"
+  simd: string;                // CPU kernel level picked at run time, e.g. "avx512bf16"; CUDA: the device
   numThreads: number;
   matmulPrecision: MatmulPrecision;
+  deviceBytes: number;         // accelerator memory held (CUDA: weights + activations + KV), 0 on CPU
 }
 
 export interface NativeSamplingParams {

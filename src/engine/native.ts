@@ -9,6 +9,8 @@ import type { NativeEngineHandle, NativeLoadOptions } from './native-types.js';
 interface NativeAddon {
   load(options: NativeLoadOptions): Promise<NativeEngineHandle>;
   measureMemoryBandwidth(numThreads: number, bytes: number, repeats: number): Promise<number>;
+  measureDeviceBandwidth(bytes: number, repeats: number): Promise<number>;
+  cudaUnavailableReason(): string;
   simdLevel(): string;
   cudaCompiled: boolean;
 }
@@ -54,6 +56,16 @@ export function nativeAvailable(): boolean {
 
 export function loadNativeEngine(options: NativeLoadOptions): Promise<NativeEngineHandle> {
   return nativeAddon().load(options);
+}
+
+/** CUDA device-to-device copy bandwidth in bytes/s (bytes read + written). */
+export function measureDeviceBandwidth(bytes = 2 ** 30, repeats = 10): Promise<number> {
+  return nativeAddon().measureDeviceBandwidth(bytes, repeats);
+}
+
+/** Undefined when the CUDA backend is compiled in and a device is usable, else the reason. */
+export function cudaUnavailableReason(): string | undefined {
+  return nativeAddon().cudaUnavailableReason() || undefined;
 }
 
 /** Streaming read bandwidth of main memory in bytes/s. */

@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t step_copied_ = nullptr;  // the last upload from step_host_ has been read
   int64_t last_rows_ = 0;  // logit rows of the last forward()
 
-  DeviceBuffer sample_params_, sample_out_;
+  DeviceBuffer sample_params_, sample_out_, sample_stats_;
   PinnedBuffer sample_host_;
 
   std::map<int, cudaGraphExec_t> graphs_;  // decode batch bucket -> graph
@@ -163,7 +163,7 @@ void CudaBackend::drop_graphs() {
 size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes();
   for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_,
-                                &attn_part_ml_, &sample_params_, &sample_out_})
+                                &attn_part_ml_, &sample_params_, &sample_out_, &sample_stats_})
     n += b->bytes();
   return n;
 }
@@ -225,6 +225,7 @@ void CudaBackend::ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table
     attn_part_ml_.allocate(split_tokens * nq * kMaxAttnSplits * 2 * 4);
     sample_params_.allocate(r * sizeof(cuda::SampleRowParams));
     sample_out_.allocate(r * (2 + 2 * kMaxTopN) * 4);
+    sample_stats_.allocate(r * cuda::kSampleStatsFloatsPerRow * 4);
   }
   if (grow_step) {
     StepLayout& L = layout_;
@@ -492,6 +493,7 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   a.logprobs = d_logprobs;
   a.top_ids = d_top_ids;
   a.top_logprobs = d_top_lps;
+  a.row_stats = sample_stats_.get<float>();
   cuda::sample(a, stream_);
   uint8_t* h = sample_host_.get<uint8_t>();
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(h, d_tokens, out_bytes, cudaMemcpyDeviceToHost, stream_));

@@ -17,6 +17,9 @@
 
 namespace sluice::cuda {
 
+// gemv.cu: the decode path (T <= 8) without tensor cores.
+void gemv(const GemmArgs& a, DType e, int num_sms, cudaStream_t stream);
+
 namespace {
 
 struct GemmParams {
@@ -343,6 +346,7 @@ void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stre
     throw Error(ErrorCode::kInternal, "gemm: operand strides must be multiples of 8 covering K");
   if (a.epilogue == Epilogue::kSiluMul && a.N % 16)
     throw Error(ErrorCode::kInternal, "gemm: the SiLU-and-mul epilogue needs N % 16 == 0");
+  if (a.T <= 8 && a.splits == 0) return gemv(a, e, ws.num_sms, stream);
   if (e == DType::BF16) gemm_typed<__nv_bfloat16>(a, ws, stream);
   else if (e == DType::F16) gemm_typed<__half>(a, ws, stream);
   else throw Error(ErrorCode::kInternal, "gemm: element type must be bf16 or f16");

@@ -62,7 +62,7 @@ struct GemmArgs {
   int ld_y = 0;
   void* h = nullptr;
   int ld_h = 0;
-  int splits = 0;  // K splits; 0 chooses (benchmarks force others)
+  int splits = 0;  // tensor-core path with this many K splits; 0 chooses (T <= 8 runs a GEMV kernel)
 };
 struct GemmWorkspace {
   float* partials = nullptr;  // split-K partial sums
@@ -114,7 +114,9 @@ struct SampleArgs {
   float* logprobs = nullptr;        // [R]
   int32_t* top_ids = nullptr;       // [R, top_n]
   float* top_logprobs = nullptr;    // [R, top_n]
+  float* row_stats = nullptr;       // scratch: [R, kSampleStatsFloatsPerRow]
 };
+constexpr int kSampleStatsFloatsPerRow = 32 * 3;
 void sample(const SampleArgs& a, cudaStream_t stream);
 
 }  // namespace sluice::cuda

@@ -194,17 +194,33 @@ __device__ Limit select_prefix(const RowCtx& r, Limit lim, bool mass, unsigned l
   return out;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
-  __shared__ Shared sh;
-  const int row = blockIdx.x;
-  const float* logits = a.logits + size_t(row) * a.V;
-  const SampleRowParams prm = a.params[row];
+// Chunks per row for the statistics pass: enough blocks to stream a row at full bandwidth.
+constexpr int kMaxChunks = 32;
+__host__ __device__ inline int stats_chunks(int V) {
+  const int c = (V + 8191) / 8192;
+  return c < 1 ? 1 : c > kMaxChunks ? kMaxChunks : c;
+}
 
-  // One pass: the max with its lowest id, and the sum of exp(l - running max), rescaled when the
-  // max moves (online log-sum-exp).
+// Online (max, sum of exp(l - max), lowest argmax) merge; -inf maxima hold nothing.
+__device__ __forceinline__ void merge_stats(float& m, float& s, int& id, float m2, float s2, int id2) {
+  const float mx = fmaxf(m, m2);
+  const float sum = (m == -INFINITY ? 0.f : s * __expf(m - mx)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mx));
+  if (m2 > m || (m2 == m && id2 < id)) id = id2;
+  m = mx;
+  s = sum;
+}
+
+// Grid (R, chunks): each block reduces a contiguous chunk of a row to (max, sum exp, argmax),
+// with a fixed merge tree, into row_stats[row, chunk, 0..2].
+__global__ void __launch_bounds__(256) row_stats_kernel(SampleArgs a) {
+  const int row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+  const int per = (a.V + chunks - 1) / chunks;
+  const int lo = chunk * per, hi = min(a.V, lo + per);
+  const float* logits = a.logits + size_t(row) * a.V;
   float best = -INFINITY, se = 0.f;
   int best_id = 0x7fffffff;
-  for_each_logit(logits, a.V, [&](float l, int i) {
+  for_each_logit(logits + lo, hi - lo, [&](float l, int i) {
+    i += lo;
     if (l > best) {
       se = se * __expf(best - l) + 1.f;
       best = l;
@@ -214,32 +230,49 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
       if (l == best && i < best_id) best_id = i;
     }
   });
-  auto merge = [](float& m, float& s, int& id, float m2, float s2, int id2) {
-    const float mx = fmaxf(m, m2);
-    const float sum = (m == -INFINITY ? 0.f : s * __expf(m - mx)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mx));
-    if (m2 > m || (m2 == m && id2 < id)) id = id2;
-    m = mx;
-    s = sum;
-  };
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, best, o), s2 = __shfl_xor_sync(0xffffffffu, se, o);
     const int id2 = __shfl_xor_sync(0xffffffffu, best_id, o);
-    merge(best, se, best_id, m2, s2, id2);
+    merge_stats(best, se, best_id, m2, s2, id2);
   }
-  __shared__ float wbest[32], wsum[32];
-  __shared__ int wbest_id[32];
+  __shared__ float wm[8], ws[8];
+  __shared__ int wid[8];
   if ((threadIdx.x & 31) == 0) {
-    wbest[threadIdx.x >> 5] = best;
-    wsum[threadIdx.x >> 5] = se;
-    wbest_id[threadIdx.x >> 5] = best_id;
+    wm[threadIdx.x >> 5] = best;
+    ws[threadIdx.x >> 5] = se;
+    wid[threadIdx.x >> 5] = best_id;
   }
   __syncthreads();
-  best = wbest[0];
-  se = wsum[0];
-  best_id = wbest_id[0];
-  for (int w = 1; w < int(blockDim.x >> 5); w++) merge(best, se, best_id, wbest[w], wsum[w], wbest_id[w]);
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < int(blockDim.x >> 5); w++) merge_stats(wm[0], ws[0], wid[0], wm[w], ws[w], wid[w]);
+  float* st = a.row_stats + (size_t(row) * kMaxChunks + chunk) * 3;
+  st[0] = wm[0];
+  st[1] = ws[0];
+  st[2] = __int_as_float(wid[0]);
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
+  __shared__ Shared sh;
+  const int row = blockIdx.x;
+  const float* logits = a.logits + size_t(row) * a.V;
+  const SampleRowParams prm = a.params[row];
+
+  // The row's max (lowest id on ties) and log-sum-exp, from the chunk partials of row_stats_kernel.
+  float best = -INFINITY, se = 0.f;
+  int best_id = 0x7fffffff;
+  const float* st = a.row_stats + size_t(row) * kMaxChunks * 3;
+  for (int c = 0; c < stats_chunks(a.V); c++)
+    merge_stats(best, se, best_id, st[3 * c], st[3 * c + 1], __float_as_int(st[3 * c + 2]));
   const float lse = best + logf(se);
+  const bool greedy = !(prm.temperature > 0.f && prm.top_k != 1);
+  if (greedy && a.top_n == 0) {
+    if (threadIdx.x == 0) {
+      a.tokens[row] = best_id;
+      a.logprobs[row] = logits[best_id] - lse;
+    }
+    return;
+  }
 
   RowCtx r{logits, a.V, best, 1.f};
   const Limit all{0xffffffffu, 0x7fffffff};
@@ -284,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
 
   int token = best_id;
-  if (prm.temperature > 0.f && prm.top_k != 1) {
+  if (!greedy) {
     r.inv_temp = 1.f / prm.temperature;
     Limit lim = all;
     if (prm.top_k > 0 && prm.top_k < a.V) lim = select_prefix(r, lim, false, (unsigned long long)prm.top_k, sh);
@@ -310,6 +343,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 void sample(const SampleArgs& a, cudaStream_t stream) {
   if (a.R <= 0) return;
   if (a.top_n > kMaxTopN) throw Error(ErrorCode::kInvalidArgument, "at most 32 logprobs alternatives");
+  row_stats_kernel<<<dim3(a.R, stats_chunks(a.V)), 256, 0, stream>>>(a);
+  SLUICE_CUDA_LAUNCH_CHECK("row_stats_kernel");
   sample_kernel<<<a.R, kThreads, 0, stream>>>(a);
   SLUICE_CUDA_LAUNCH_CHECK("sample_kernel");
 }

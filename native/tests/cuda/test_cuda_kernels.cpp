@@ -63,7 +63,7 @@ cuda::GemmWorkspace make_workspace(Dev<float>& partials, Dev<int>& tickets) {
   return {partials.p, partials.n, tickets.p, int(tickets.n), sms};
 }
 
-void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint32_t seed) {
+void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint32_t seed, int splits = 0) {
   std::mt19937 rng(seed);
   const int ld = (K + 7) / 8 * 8;
   std::vector<double> xv, wv;
@@ -80,7 +80,7 @@ void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint
   Dev<int> tickets(4096);
   cuda::GemmArgs a;
   a.x = dx.p, a.ld_x = ld, a.w = dw.p, a.ld_w = ld, a.bias = bias ? db.p : nullptr;
-  a.T = T, a.N = N, a.K = K, a.epilogue = ep, a.y = dy.p, a.ld_y = N, a.h = dh.p, a.ld_h = N / 2;
+  a.T = T, a.N = N, a.K = K, a.epilogue = ep, a.y = dy.p, a.ld_y = N, a.h = dh.p, a.ld_h = N / 2, a.splits = splits;
   cuda::gemm(a, e, make_workspace(partials, tickets), nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const auto y = dy.read();
@@ -118,8 +118,8 @@ void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint
       }
     }
   }
-  if (bad) std::printf("  gemm T=%d N=%d K=%d ep=%d bias=%d %s: %d bad, worst %.2fx tol\n", T, N, K, int(ep), int(bias),
-                       dtype_name(e), bad, worst);
+  if (bad) std::printf("  gemm T=%d N=%d K=%d ep=%d bias=%d %s splits=%d: %d bad, worst %.2fx tol\n", T, N, K, int(ep),
+                       int(bias), dtype_name(e), splits, bad, worst);
   CHECK(bad == 0);
   // Deterministic: the same launch gives the same bits (split-K sums in a fixed order).
   if (ep == cuda::Epilogue::kStore) {
@@ -149,6 +149,12 @@ TEST_CASE(gemm_matches_double_reference) {
   const Shape silu[] = {{1, 512, 64}, {6, 1024, 256}, {20, 4096, 512}, {100, 768, 136}};
   for (DType e : types)
     for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kSiluMul, seed % 2 == 1, e, seed++);
+  // Decode sizes take a GEMV kernel by default; the tensor-core path with forced K splits too.
+  for (int splits : {1, 3, 7}) {
+    check_gemm(5, 600, 1024, cuda::Epilogue::kStore, true, DType::BF16, seed++, splits);
+    check_gemm(40, 300, 520, cuda::Epilogue::kAddTo, false, DType::BF16, seed++, splits);
+    check_gemm(3, 1024, 512, cuda::Epilogue::kSiluMul, true, DType::F16, seed++, splits);
+  }
 }
 
 namespace {
@@ -277,8 +283,9 @@ TEST_CASE(sampling_matches_the_cpu_sampler) {
     Dev<float> dl(logits);
     Dev<cuda::SampleRowParams> dp(params);
     Dev<int32_t> tok(static_cast<size_t>(R)), top_ids(size_t(R) * 5);
-    Dev<float> lp(static_cast<size_t>(R)), top_lp(size_t(R) * 5);
+    Dev<float> lp(static_cast<size_t>(R)), top_lp(size_t(R) * 5), stats(size_t(R) * cuda::kSampleStatsFloatsPerRow);
     cuda::SampleArgs a;
+    a.row_stats = stats.p;
     a.logits = dl.p, a.R = R, a.V = V, a.params = dp.p, a.top_n = 5, a.tokens = tok.p, a.logprobs = lp.p;
     a.top_ids = top_ids.p, a.top_logprobs = top_lp.p;
     cuda::sample(a, nullptr);
@@ -336,8 +343,9 @@ TEST_CASE(sampling_frequencies_follow_the_distribution) {
   Dev<float> dl(logits);
   Dev<cuda::SampleRowParams> dp(params);
   Dev<int32_t> tok(static_cast<size_t>(R));
-  Dev<float> lp(static_cast<size_t>(R));
+  Dev<float> lp(static_cast<size_t>(R)), stats(size_t(R) * cuda::kSampleStatsFloatsPerRow);
   cuda::SampleArgs a;
+  a.row_stats = stats.p;
   a.logits = dl.p, a.R = R, a.V = V, a.params = dp.p, a.tokens = tok.p, a.logprobs = lp.p;
   cuda::sample(a, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
