@@ -10,9 +10,12 @@
 #include "sluice/engine.h"
 #include "sluice/error.h"
 #include "test_util.h"
+#include "engine_driver.h"
 #include "tiny_model_writer.h"
 
 using namespace sluice;
+using sluice_test::prompt_of;
+using sluice_test::run_sequence;
 using sluice_test::TinyModelSpec;
 using sluice_test::write_tiny_model;
 
@@ -31,12 +34,6 @@ std::unique_ptr<Engine> load(const std::string& dir, size_t kv_bytes = size_t(8)
   return Engine::load(o);
 }
 
-std::vector<int32_t> prompt_of(int len, int salt, int vocab) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; i++) p.push_back((i * 7 + salt * 13 + 3) % vocab);
-  return p;
-}
-
 struct Generated {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
@@ -45,31 +42,11 @@ struct Generated {
 // Runs seq 0 (the one under test) with `others` companions; prefill in chunks of `chunk` tokens.
 Generated generate(Engine& e, const std::vector<int32_t>& prompt, int n, int others, int chunk,
                    const SamplingParams& params = {0.f, 1.f, 0, 0, 2}) {
-  const int vocab = int(e.info().config.vocab_size);
-  std::vector<std::vector<int32_t>> prompts{prompt};
-  for (int i = 1; i <= others; i++) prompts.push_back(prompt_of(3 + 5 * i % 17, i, vocab));
-  std::vector<int64_t> remaining(prompts.size());
-  for (size_t i = 0; i < prompts.size(); i++) {
-    e.add_sequence(uint32_t(i), prompts[i], params);
-    remaining[i] = int64_t(prompts[i].size());
-  }
   Generated g;
-  while (int(g.tokens.size()) < n) {
-    StepPlan plan;
-    for (size_t i = 0; i < prompts.size(); i++) {
-      plan.seq_ids.push_back(uint32_t(i));
-      uint32_t count = remaining[i] > 0 ? uint32_t(std::min<int64_t>(remaining[i], chunk)) : 1;
-      plan.num_tokens.push_back(count);
-      remaining[i] = std::max<int64_t>(0, remaining[i] - count);
-    }
-    StepResult r = e.step(plan);
-    for (size_t j = 0; j < r.seq_ids.size(); j++)
-      if (r.seq_ids[j] == 0) {
-        g.tokens.push_back(r.tokens[j]);
-        g.logprobs.push_back(r.logprobs[j]);
-      }
+  for (const auto& s : run_sequence(e, prompt, n, others, chunk, params)) {
+    g.tokens.push_back(s.token);
+    g.logprobs.push_back(s.logprob);
   }
-  for (size_t i = 0; i < prompts.size(); i++) e.free_sequence(uint32_t(i));
   return g;
 }
 

@@ -212,18 +212,22 @@ __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kTh
   const int g = lane >> 2, tig = lane & 3;
   const int fm = m0 + warp_m * WM + g, tn = n0 + warp_n * WN + tig * 2;
 
-  if (p.splits > 1) {
-    // Publish this split's partial tile, then let the last block of the tile finish it.
-    float* part = p.partials + size_t(blockIdx.z) * p.T * p.N;
+  // Calls f(i, j, r, feature n, token t) for every accumulator element acc[i][j][r] of this thread.
+  auto for_each_acc = [&](auto&& f) {
 #pragma unroll
     for (int i = 0; i < C::kMI; i++)
 #pragma unroll
       for (int j = 0; j < C::kNI; j++)
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-          const int n = fm + i * 16 + (r >= 2 ? 8 : 0), t = tn + j * 8 + (r & 1);
-          if (n < p.N && t < p.T) part[size_t(t) * p.N + n] = acc[i][j][r];
-        }
+        for (int r = 0; r < 4; r++) f(i, j, r, fm + i * 16 + (r >= 2 ? 8 : 0), tn + j * 8 + (r & 1));
+  };
+
+  if (p.splits > 1) {
+    // Publish this split's partial tile, then let the last block of the tile finish it.
+    float* part = p.partials + size_t(blockIdx.z) * p.T * p.N;
+    for_each_acc([&](int i, int j, int r, int n, int t) {
+      if (n < p.N && t < p.T) part[size_t(t) * p.N + n] = acc[i][j][r];
+    });
     __threadfence();
     __syncthreads();
     __shared__ int is_last;
@@ -232,36 +236,21 @@ __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kTh
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    // Sum the splits in order 0..S-1 (this block's own from registers: the same bits it wrote),
-    // so the result does not depend on which block finished last. Splits outer, elements inner:
-    // each thread has kMI * kNI * 4 independent loads in flight per split.
-    float sum[C::kMI][C::kNI][4];
-#pragma unroll
-    for (int i = 0; i < C::kMI; i++)
-#pragma unroll
-      for (int j = 0; j < C::kNI; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) sum[i][j][r] = 0.f;
+    // Sum the splits in order 0..S-1 (this block's own from a register copy: the same bits it
+    // wrote), so the result does not depend on which block finished last. Splits outer,
+    // elements inner: each thread has kMI * kNI * 4 independent loads in flight per split.
+    float own[C::kMI][C::kNI][4];
+    for_each_acc([&](int i, int j, int r, int, int) {
+      own[i][j][r] = acc[i][j][r];
+      acc[i][j][r] = 0.f;
+    });
     for (int s = 0; s < p.splits; s++) {
       const float* src = p.partials + size_t(s) * p.T * p.N;
-#pragma unroll
-      for (int i = 0; i < C::kMI; i++)
-#pragma unroll
-        for (int j = 0; j < C::kNI; j++)
-#pragma unroll
-          for (int r = 0; r < 4; r++) {
-            const int n = fm + i * 16 + (r >= 2 ? 8 : 0), t = tn + j * 8 + (r & 1);
-            float v = acc[i][j][r];
-            if (s != int(blockIdx.z)) v = n < p.N && t < p.T ? __ldcg(src + size_t(t) * p.N + n) : 0.f;
-            sum[i][j][r] += v;
-          }
+      const bool mine = s == int(blockIdx.z);
+      for_each_acc([&](int i, int j, int r, int n, int t) {
+        acc[i][j][r] += mine ? own[i][j][r] : n < p.N && t < p.T ? __ldcg(src + size_t(t) * p.N + n) : 0.f;
+      });
     }
-#pragma unroll
-    for (int i = 0; i < C::kMI; i++)
-#pragma unroll
-      for (int j = 0; j < C::kNI; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) acc[i][j][r] = sum[i][j][r];
     if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch (and graph replay)
   }
 

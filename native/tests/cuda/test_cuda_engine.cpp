@@ -15,9 +15,11 @@
 #include "sluice/engine.h"
 #include "sluice/error.h"
 #include "test_util.h"
+#include "engine_driver.h"
 #include "tiny_model_writer.h"
 
 using namespace sluice;
+using sluice_test::prompt_of;
 using sluice_test::TinyModelSpec;
 using sluice_test::write_tiny_model;
 
@@ -41,52 +43,11 @@ std::unique_ptr<Engine> load(const std::string& dir, const std::string& backend)
   return Engine::load(o);
 }
 
-std::vector<int32_t> prompt_of(int len, int salt, int vocab) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; i++) p.push_back((i * 7 + salt * 13 + 3) % vocab);
-  return p;
-}
+using Step = sluice_test::SampledStep;
 
-struct Step {
-  int32_t token;
-  float logprob;
-  std::vector<int32_t> top_ids;
-  std::vector<float> top_lps;
-};
-
-// Sequence 0 under test plus `others` companions, prefill in chunks of `chunk`.
 std::vector<Step> generate(Engine& e, const std::vector<int32_t>& prompt, int n, int others, int chunk,
                            SamplingParams params = {0.f, 1.f, 0, 0, 2}) {
-  const int vocab = int(e.info().config.vocab_size);
-  std::vector<std::vector<int32_t>> prompts{prompt};
-  for (int i = 1; i <= others; i++) prompts.push_back(prompt_of(3 + 5 * i % 17, i, vocab));
-  std::vector<int64_t> remaining(prompts.size());
-  for (size_t i = 0; i < prompts.size(); i++) {
-    e.add_sequence(uint32_t(i), prompts[i], params);
-    remaining[i] = int64_t(prompts[i].size());
-  }
-  std::vector<Step> out;
-  while (int(out.size()) < n) {
-    StepPlan plan;
-    for (size_t i = 0; i < prompts.size(); i++) {
-      plan.seq_ids.push_back(uint32_t(i));
-      const uint32_t count = remaining[i] > 0 ? uint32_t(std::min<int64_t>(remaining[i], chunk)) : 1;
-      plan.num_tokens.push_back(count);
-      remaining[i] = std::max<int64_t>(0, remaining[i] - count);
-    }
-    StepResult r = e.step(plan);
-    for (size_t j = 0; j < r.seq_ids.size(); j++)
-      if (r.seq_ids[j] == 0) {
-        Step s{r.tokens[j], r.logprobs[j], {}, {}};
-        for (int k = 0; k < r.top_n; k++) {
-          s.top_ids.push_back(r.top_ids[j * size_t(r.top_n) + size_t(k)]);
-          s.top_lps.push_back(r.top_logprobs[j * size_t(r.top_n) + size_t(k)]);
-        }
-        out.push_back(s);
-      }
-  }
-  for (size_t i = 0; i < prompts.size(); i++) e.free_sequence(uint32_t(i));
-  return out;
+  return sluice_test::run_sequence(e, prompt, n, others, chunk, params);
 }
 
 // Compares a CUDA continuation with the reference one; returns the number of steps that agree.
@@ -97,7 +58,7 @@ int compare(const std::vector<Step>& ref, const std::vector<Step>& got, const st
     const Step& a = ref[i];
     const Step& b = got[i];
     if (a.token != b.token) {
-      const float gap = a.top_lps.size() >= 2 ? a.top_lps[0] - a.top_lps[1] : 1.f;
+      const float gap = a.top_logprobs.size() >= 2 ? a.top_logprobs[0] - a.top_logprobs[1] : 1.f;
       const bool tie_with_choice = std::find(a.top_ids.begin(), a.top_ids.begin() + 2, b.token) != a.top_ids.begin() + 2;
       std::printf("  %s: near tie at step %zu (reference gap %.3g): tokens agree before it\n", what.c_str(), i, gap);
       CHECK(gap <= kNearTie && tie_with_choice);
@@ -146,7 +107,7 @@ TEST_CASE(greedy_continuations_match_the_cpu_backend) {
     const auto gpu_steps = generate(*gpu, prompt, 8, 0, 1000);
     for (int s = 0; s < std::min(agree, 8); s++)
       for (int k = 0; k < 2; k++) {
-        const float got = gpu_steps[size_t(s)].top_lps[size_t(k)], want = ref[size_t(s)].top_lps[size_t(k)];
+        const float got = gpu_steps[size_t(s)].top_logprobs[size_t(k)], want = ref[size_t(s)].top_logprobs[size_t(k)];
         if (!close_logprobs(got, want))
           std::printf("  %s: step %d top-%d logprob %.5f (id %d) vs reference %.5f (id %d)\n", name.c_str(), s, k, got,
                       gpu_steps[size_t(s)].top_ids[size_t(k)], want, ref[size_t(s)].top_ids[size_t(k)]);
@@ -195,7 +156,7 @@ TEST_CASE(seeded_sampling_repeats_on_the_gpu) {
   CHECK(diff > 0);
   for (const auto& s : a) {
     CHECK(s.logprob <= 0.f && std::isfinite(s.logprob));
-    for (size_t k = 1; k < s.top_lps.size(); k++) CHECK(s.top_lps[k] <= s.top_lps[k - 1]);
+    for (size_t k = 1; k < s.top_logprobs.size(); k++) CHECK(s.top_logprobs[k] <= s.top_logprobs[k - 1]);
   }
 }
 
