@@ -156,6 +156,30 @@ int main(int argc, char** argv) {
       }
     }
 
+    // The decode GEMV's shape: rows per warp x chunks in flight, T = 1, weights past L2.
+    for (const Proj& p : {projs[0], projs[1], projs[3]}) {
+      const size_t wbytes = size_t(p.N) * p.K * 2;
+      const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
+      std::vector<DeviceBuffer> w;
+      for (int c = 0; c < copies; c++) {
+        w.emplace_back(wbytes);
+        fill_random(w.back(), 40 + c);
+      }
+      DeviceBuffer out(size_t(p.N) * 4);
+      const int variants[][2] = {{2, 2}, {2, 4}, {2, 8}, {4, 2}, {4, 4}, {4, 8}, {8, 2}, {8, 4}};
+      for (const auto& v : variants) {
+        cuda::GemmArgs g;
+        g.x = x.get(), g.ld_x = p.K, g.T = 1, g.N = p.N, g.K = p.K, g.ld_w = p.K, g.y = out.get<float>(), g.ld_y = p.N;
+        g.epilogue = p.ep == cuda::Epilogue::kSiluMul ? cuda::Epilogue::kStore : p.ep;
+        const double us = time_us([&](int i) {
+          g.w = w[size_t(i % copies)].get();
+          cuda::gemv_variant(g, v[0], v[1], nullptr);
+        });
+        rows.push_back({std::string(p.op) + " gemv rows " + std::to_string(v[0]) + " unroll " + std::to_string(v[1]), 1,
+                        us, double(wbytes), 2.0 * double(p.N) * p.K});
+      }
+    }
+
     // Decode attention: T sequences of 544 positions each (a 512-token prompt and 32 outputs).
     {
       const int ctx = 544, bs = 16, blocks_per_seq = (ctx + bs - 1) / bs;

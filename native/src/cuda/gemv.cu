@@ -44,7 +44,8 @@ __device__ __forceinline__ int weight_row(int wg, int r, bool silu) {
   return (f / 8) * 16 + f % 8 + (r % 2) * 8;
 }
 
-template <typename E, int TMAX, int ROWS>
+// U: 16-byte chunks per row in flight before any is used.
+template <typename E, int TMAX, int ROWS, int U>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
   const int lane = threadIdx.x & 31;
   const int wg = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
@@ -67,8 +68,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
 #pragma unroll
     for (int t = 0; t < TMAX; t++) acc[r][t] = 0.f;
 
-  // U chunks per row in flight before any is used (fewer when more activation rows need registers).
-  constexpr int U = TMAX <= 2 ? 4 : TMAX <= 4 ? 2 : 1;
   for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
     uint4 wv[U][ROWS];
 #pragma unroll
@@ -133,10 +132,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
   }
 }
 
-template <typename E, int TMAX, int ROWS>
+// Chunks in flight per row. On an H100, 2 beat 4 and 8 for every llama-3.1-8b projection at T = 1
+// (bench/results/cuda-kernels-llama-3.1-8b-h100.json): fewer registers, more resident warps.
+template <int TMAX>
+constexpr int default_unroll() {
+  return TMAX <= 4 ? 2 : 1;
+}
+
+template <typename E, int TMAX, int ROWS, int U = default_unroll<TMAX>()>
 void launch(const GemmArgs& a, cudaStream_t stream) {
   const int warps = (a.N + ROWS - 1) / ROWS;
-  gemv_kernel<E, TMAX, ROWS><<<(warps + kGemvWarps - 1) / kGemvWarps, kGemvWarps * 32, 0, stream>>>(a);
+  gemv_kernel<E, TMAX, ROWS, U><<<(warps + kGemvWarps - 1) / kGemvWarps, kGemvWarps * 32, 0, stream>>>(a);
   SLUICE_CUDA_LAUNCH_CHECK("gemv_kernel");
 }
 
@@ -156,6 +162,18 @@ void gemv_typed(const GemmArgs& a, int num_sms, cudaStream_t stream) {
 }
 
 }  // namespace
+
+void gemv_variant(const GemmArgs& a, int rows, int unroll, cudaStream_t stream) {
+  using E = __nv_bfloat16;
+  if (a.T != 1) throw Error(ErrorCode::kInvalidArgument, "gemv_variant: T must be 1");
+#define SLUICE_GEMV_VARIANT(R, U) \
+  if (rows == R && unroll == U) return launch<E, 1, R, U>(a, stream);
+  SLUICE_GEMV_VARIANT(2, 2) SLUICE_GEMV_VARIANT(2, 4) SLUICE_GEMV_VARIANT(2, 8)
+  SLUICE_GEMV_VARIANT(4, 2) SLUICE_GEMV_VARIANT(4, 4) SLUICE_GEMV_VARIANT(4, 8)
+  SLUICE_GEMV_VARIANT(8, 2) SLUICE_GEMV_VARIANT(8, 4)
+#undef SLUICE_GEMV_VARIANT
+  throw Error(ErrorCode::kInvalidArgument, "gemv_variant: no such variant");
+}
 
 void gemv(const GemmArgs& a, DType e, int num_sms, cudaStream_t stream) {
   if (e == DType::BF16) gemv_typed<__nv_bfloat16>(a, num_sms, stream);

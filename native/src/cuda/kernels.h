@@ -72,6 +72,9 @@ struct GemmWorkspace {
   int num_sms = 0;
 };
 void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stream);
+// Benchmarks only: the decode GEMV (T = 1, bf16) with `rows` weight rows per warp (2, 4, 8) and
+// `unroll` 16-byte chunks per row in flight (2, 4, 8; not 8 with 8 rows).
+void gemv_variant(const GemmArgs& a, int rows, int unroll, cudaStream_t stream);
 
 // Causal attention over the paged cache. Token t (query heads q[t]) attends to positions
 // 0..positions[t] of sequence token_seq[t], read through block_tables[seq * (*table_stride) + i].
