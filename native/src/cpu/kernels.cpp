@@ -228,7 +228,8 @@ void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* 
 
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype, float eps,
              float* out) {
-  auto fn = simd_level() >= SimdLevel::Avx2 ? rmsnorm_row_avx2 : rmsnorm_row_generic;
+  // NOTE: the AVX-512 levels keep the generic row, so their recorded results stay bit for bit.
+  auto fn = pick(rmsnorm_row_generic, rmsnorm_row_avx2, rmsnorm_row_generic);
   pool.parallel_for(T, 64, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; t++) fn(x + t * D, D, weight, w_dtype, eps, out + t * D);
   });

@@ -34,7 +34,7 @@ void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out);
 
 // One row of RMSNorm: out[D] = x[D] / rms(x) * weight[D], the sum of squares in double.
-// The AVX2 row also serves the AVX-512 levels. out may alias x.
+// out may alias x.
 void rmsnorm_row_generic(const float* x, int64_t D, const void* weight, DType w_dtype, float eps, float* out);
 void rmsnorm_row_avx2(const float* x, int64_t D, const void* weight, DType w_dtype, float eps, float* out);
 
