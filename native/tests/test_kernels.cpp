@@ -7,6 +7,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
+#include "cpu/ops_simd.h"
 #include "test_util.h"
 
 using namespace sluice;
@@ -73,7 +74,10 @@ TEST_CASE(half_conversions_round_trip_and_round_to_nearest_even) {
 
 TEST_CASE(matmul_matches_double_reference_at_every_level) {
   ThreadPool pool(2);
-  const int64_t shapes[][3] = {{1, 64, 10}, {3, 100, 37}, {17, 96, 13}, {5, 896, 70}, {70, 33, 9}};
+  // T <= 3 takes the AVX2 decode tiles, larger T the prefill ones; {6, 1536, 1500} spans several
+  // L2 blocks of weight rows per work chunk.
+  const int64_t shapes[][3] = {{1, 64, 10},  {3, 100, 37}, {17, 96, 13},  {5, 896, 70},
+                               {70, 33, 9},  {2, 136, 45}, {1, 904, 203}, {6, 1536, 1500}};
   const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
   for (const char* level : levels()) {
     force_simd_level(level);
@@ -129,6 +133,13 @@ TEST_CASE(matmul_rows_are_bit_identical_whatever_the_batch_and_threads) {
         matmul(two, x.data() + t * K, 1, K, w.bytes.data(), dt, N, nullptr, DType::F32, single.data());
         CHECK(bits_equal(single.data(), all.data() + t * N, size_t(N)));
       }
+      // Every decode (T <= 3) and prefill tile height, from odd offsets.
+      for (int64_t t0 : {int64_t(1), int64_t(30)})
+        for (int64_t rows = 2; rows <= 6; rows++) {
+          std::vector<float> part(size_t(rows * N));
+          matmul(two, x.data() + t0 * K, rows, K, w.bytes.data(), dt, N, nullptr, DType::F32, part.data());
+          CHECK(bits_equal(part.data(), all.data() + t0 * N, part.size()));
+        }
     }
   }
   force_simd_level(nullptr);
@@ -289,6 +300,230 @@ TEST_CASE(logits_stats_match_reference) {
       for (int64_t i = 0; i < V; i++) sum += std::exp(double(logits[size_t(r * V + i)]) - mx);
       CHECK(std::fabs(lse[size_t(r)] - (mx + std::log(sum))) < 1e-5 * (1 + std::fabs(mx)));
       CHECK(logits[size_t(r * V + am[size_t(r)])] == float(mx));
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(avx2_level_runs_on_avx2_hardware) {
+  // The level list above must include the AVX2 kernels wherever the CPU has them, and forcing
+  // that level must select them (a machine without AVX-512 runs nothing else).
+  if (detected_simd_level() < SimdLevel::Avx2) return;
+  force_simd_level("avx2");
+  CHECK(std::strcmp(simd_level_name(), "avx2") == 0);
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(matmul_rows_are_bit_identical_across_l2_blocks_and_decode_tiles) {
+  // Large enough that an AVX2 work chunk spans several L2 blocks of weight rows, and N % 4 != 0
+  // leaves rows outside the four-row decode tiles.
+  ThreadPool one(1), two(2);
+  const int64_t K = 1536, N = 1003, T = 7;
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (DType dt : {DType::BF16, DType::F32}) {
+      Weights w = make_weights(size_t(N * K), dt, 0.05f);
+      std::vector<float> x = randn(size_t(T * K));
+      std::vector<float> all(size_t(T * N)), all1(size_t(T * N));
+      matmul(two, x.data(), T, K, w.bytes.data(), dt, N, nullptr, DType::F32, all.data());
+      matmul(one, x.data(), T, K, w.bytes.data(), dt, N, nullptr, DType::F32, all1.data());
+      CHECK(bits_equal(all.data(), all1.data(), all.size()));
+      for (int64_t rows = 1; rows <= 3; rows++) {
+        std::vector<float> part(size_t(rows * N));
+        matmul(two, x.data() + (T - rows) * K, rows, K, w.bytes.data(), dt, N, nullptr, DType::F32, part.data());
+        CHECK(bits_equal(part.data(), all.data() + (T - rows) * N, part.size()));
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+namespace {
+
+// Attention of query head h of token (q_row, pos) in double, over cache values given as f32
+// (k, v: [slots, n_kv, hd], already rounded when the cache is bf16).
+std::vector<double> attention_reference(const float* q_row, const std::vector<float>& k, const std::vector<float>& v,
+                                        const int32_t* table, int64_t pos, int64_t bs, int64_t n_kv, int64_t kvh,
+                                        int64_t hd, double scale) {
+  const int64_t P = pos + 1;
+  std::vector<double> s(static_cast<size_t>(P)), out(static_cast<size_t>(hd), 0.0);
+  double mx = -1e300, sum = 0;
+  for (int64_t p = 0; p < P; p++) {
+    const int64_t row = ((int64_t(table[p / bs]) * bs + p % bs) * n_kv + kvh) * hd;
+    double d = 0;
+    for (int64_t i = 0; i < hd; i++) d += double(q_row[i]) * k[size_t(row + i)];
+    s[size_t(p)] = d * scale;
+    mx = std::max(mx, s[size_t(p)]);
+  }
+  for (auto& e : s) sum += (e = std::exp(e - mx));
+  for (int64_t p = 0; p < P; p++) {
+    const int64_t row = ((int64_t(table[p / bs]) * bs + p % bs) * n_kv + kvh) * hd;
+    for (int64_t i = 0; i < hd; i++) out[size_t(i)] += s[size_t(p)] / sum * v[size_t(row + i)];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(paged_attention_long_contexts_odd_head_dims_and_wide_groups) {
+  // Contexts past 100 positions (many 8-lane softmax blocks plus tails), a head_dim with a
+  // remainder after 8-lane chunks (single-head path), and 9 query heads per kv head (more than
+  // one pass of grouped heads). Every token's output must also be the same bits alone.
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (DType kv_dtype : {DType::F32, DType::BF16}) {
+      for (int64_t hd : {20, 64}) {
+        const int64_t group = 9, n_kv = 2, H = n_kv * group, bs = 16, num_blocks = 12;
+        std::vector<float> k = randn(size_t(num_blocks * bs * n_kv * hd)), v = randn(size_t(num_blocks * bs * n_kv * hd));
+        std::vector<uint16_t> k16(k.size()), v16(v.size());
+        for (size_t i = 0; i < k.size(); i++) {
+          k16[i] = f32_to_bf16(k[i]);
+          v16[i] = f32_to_bf16(v[i]);
+          if (kv_dtype == DType::BF16) {
+            k[i] = bf16_to_f32(k16[i]);
+            v[i] = bf16_to_f32(v16[i]);
+          }
+        }
+        PagedKV c;
+        c.k = kv_dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
+        c.v = kv_dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
+        c.dtype = kv_dtype;
+        c.block_size = bs;
+        c.n_kv_heads = n_kv;
+        c.head_dim = hd;
+        std::vector<int32_t> table0{5, 0, 11, 2, 9, 7, 1, 10}, table1{3, 8, 4, 6};
+        const int32_t* tables[] = {table0.data(), table1.data()};
+        std::vector<int32_t> seq{0, 1, 0, 1, 0}, pos{127, 63, 100, 7, 0};
+        const int64_t T = int64_t(seq.size());
+        std::vector<float> q = randn(size_t(T * H * hd), 2.f), out(size_t(T * H * hd));
+        AttentionBatch b;
+        b.token_seq = seq.data();
+        b.token_pos = pos.data();
+        b.block_tables = tables;
+        b.n_heads = H;
+        b.scale = float(1.0 / std::sqrt(double(hd)));
+        paged_attention(pool, q.data(), T, b, c, out.data());
+        double worst = 0;
+        for (int64_t t = 0; t < T; t++)
+          for (int64_t h = 0; h < H; h++) {
+            const std::vector<double> want =
+                attention_reference(q.data() + (t * H + h) * hd, k, v, tables[seq[size_t(t)]], pos[size_t(t)], bs, n_kv,
+                                    h / group, hd, b.scale);
+            for (int64_t i = 0; i < hd; i++)
+              worst = std::max(worst, std::fabs(want[size_t(i)] - out[size_t((t * H + h) * hd + i)]));
+          }
+        CHECK(worst < 1e-4);
+        for (int64_t t = 0; t < T; t++) {
+          std::vector<float> alone(size_t(H * hd));
+          AttentionBatch b1 = b;
+          b1.token_seq = seq.data() + t;
+          b1.token_pos = pos.data() + t;
+          paged_attention(pool, q.data() + t * H * hd, 1, b1, c, alone.data());
+          CHECK(bits_equal(alone.data(), out.data() + t * H * hd, size_t(H * hd)));
+        }
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(avx2_grouped_attention_equals_single_head_bit_for_bit) {
+  // The grouped kernel shares K/V loads across heads but must keep the single-head arithmetic.
+  if (detected_simd_level() < SimdLevel::Avx2) return;
+  for (DType kv_dtype : {DType::F32, DType::BF16}) {
+    for (int64_t hd : {8, 64, 128}) {
+      for (int64_t G : {1, 3, 7, 11}) {
+        const int64_t bs = 8, n_kv = 1, pos = 45;
+        std::vector<float> k = randn(size_t(6 * bs * hd)), v = randn(size_t(6 * bs * hd));
+        std::vector<uint16_t> k16(k.size()), v16(v.size());
+        for (size_t i = 0; i < k.size(); i++) {
+          k16[i] = f32_to_bf16(k[i]);
+          v16[i] = f32_to_bf16(v[i]);
+        }
+        PagedKV c;
+        c.k = kv_dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
+        c.v = kv_dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
+        c.dtype = kv_dtype;
+        c.block_size = bs;
+        c.n_kv_heads = n_kv;
+        c.head_dim = hd;
+        std::vector<int32_t> table{4, 1, 5, 0, 3, 2};
+        std::vector<float> q = randn(size_t(G * hd)), grouped(size_t(G * hd)), single(size_t(G * hd));
+        std::vector<float> scores(size_t(G * (pos + 1)));
+        const float scale = 0.125f;
+        CHECK(detail::attend_group_avx2(q.data(), G, table.data(), pos, 0, c, scale, scores.data(), grouped.data()));
+        for (int64_t g = 0; g < G; g++)
+          detail::attend_avx2(q.data() + g * hd, table.data(), pos, 0, c, scale, scores.data(), single.data() + g * hd);
+        CHECK(bits_equal(grouped.data(), single.data(), grouped.size()));
+      }
+    }
+  }
+}
+
+TEST_CASE(silu_and_rmsnorm_match_reference_at_extremes_and_tails) {
+  ThreadPool pool(2);
+  // Gate values across the whole range of the vector exp: underflow, overflow and the clamps.
+  std::vector<float> g = randn(1003, 4.f), u = randn(1003);
+  const float extremes[] = {0.f, -0.f, 1e-3f, -1e-3f, 20.f, -20.f, 87.f, -87.f, 87.5f, -87.5f,
+                            88.5f, -88.5f, 100.f, -100.f, 1000.f, -1000.f, 1e30f, -1e30f};
+  for (size_t i = 0; i < sizeof(extremes) / sizeof(float); i++) g[i * 50] = extremes[i];
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    std::vector<float> s(g.size());
+    silu_mul_split(pool, g.data(), u.data(), 1, int64_t(g.size()), s.data());
+    for (size_t i = 0; i < g.size(); i++) {
+      const double gd = g[i], want = gd / (1 + std::exp(-gd)) * u[i];
+      CHECK(std::fabs(s[i] - want) <= 1e-6 * (1 + std::fabs(want)));
+    }
+    // Fused [T, 2D] layout with D % 8 != 0: every row ends in a masked tail.
+    const int64_t T = 3, D = 45;
+    std::vector<float> gu = randn(size_t(T * 2 * D), 3.f), out(size_t(T * D));
+    silu_mul(pool, gu.data(), T, D, out.data());
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t d = 0; d < D; d++) {
+        const double gd = gu[size_t(t * 2 * D + d)], want = gd / (1 + std::exp(-gd)) * gu[size_t(t * 2 * D + D + d)];
+        CHECK(std::fabs(out[size_t(t * D + d)] - want) <= 1e-6 * (1 + std::fabs(want)));
+      }
+    // RMSNorm: every weight dtype, rows shorter than one vector and with tails, in place.
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+      for (int64_t Dn : {7, 64, 901}) {
+        std::vector<float> x = randn(size_t(5 * Dn), 2.f), y = x;
+        Weights w = make_weights(size_t(Dn), dt, 1.f);
+        rmsnorm(pool, y.data(), 5, Dn, w.bytes.data(), dt, 1e-6f, y.data());
+        for (int64_t t = 0; t < 5; t++) {
+          double ss = 0;
+          for (int64_t d = 0; d < Dn; d++) ss += double(x[size_t(t * Dn + d)]) * x[size_t(t * Dn + d)];
+          const double r = 1 / std::sqrt(ss / double(Dn) + 1e-6);
+          for (int64_t d = 0; d < Dn; d++) {
+            const double want = x[size_t(t * Dn + d)] * r * w.exact[size_t(d)];
+            CHECK(std::fabs(y[size_t(t * Dn + d)] - want) <= 1e-5 * (1 + std::fabs(want)));
+          }
+        }
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(logits_stats_full_vocabulary_masked_entries_and_tail_maximum) {
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    const int64_t V = 151936 + 5;  // a real vocabulary size, plus a tail after 8- and 16-lane blocks
+    std::vector<float> logits = randn(size_t(2 * V), 4.f);
+    for (int64_t i = 0; i < V; i += 3) logits[size_t(i)] = -INFINITY;  // row 0: masked entries
+    logits[size_t(V - 1)] = 40.f;                                       // row 0: the maximum in the tail
+    logits[size_t(V + 9)] = logits[size_t(V + 150000)] = 30.f;          // row 1: a tie far apart
+    std::vector<int32_t> am(2);
+    std::vector<float> lse(2);
+    logits_stats(pool, logits.data(), 2, V, am.data(), lse.data());
+    CHECK(am[0] == int32_t(V - 1) && am[1] == 9);
+    for (int64_t r = 0; r < 2; r++) {
+      double mx = -1e300, sum = 0;
+      for (int64_t i = 0; i < V; i++) mx = std::max(mx, double(logits[size_t(r * V + i)]));
+      for (int64_t i = 0; i < V; i++) sum += std::exp(double(logits[size_t(r * V + i)]) - mx);
+      CHECK(std::fabs(lse[size_t(r)] - (mx + std::log(sum))) < 1e-5 * (1 + std::fabs(mx)));
     }
   }
   force_simd_level(nullptr);

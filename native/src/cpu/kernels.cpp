@@ -126,6 +126,20 @@ void logits_row_stats_generic(const float* row, int64_t V, int32_t* argmax, floa
   *lse = float(double(row[best]) + std::log(sum));
 }
 
+void rmsnorm_row_generic(const float* x, int64_t D, const void* weight, DType w_dtype, float eps, float* out) {
+  double ss = 0;  // double: exact enough that the fixed order never matters
+  for (int64_t d = 0; d < D; d++) ss += double(x[d]) * double(x[d]);
+  const float r = float(1.0 / std::sqrt(ss / double(D) + double(eps)));
+  for (int64_t d = 0; d < D; d++) out[d] = x[d] * r * load_scalar(weight, w_dtype, d);
+}
+
+// Which SIMD version of an elementwise kernel this level runs (the AVX-512 ones need AVX-512F).
+template <typename Fn>
+Fn pick(Fn generic, Fn avx2, Fn avx512) {
+  const SimdLevel level = simd_level();
+  return level >= SimdLevel::Avx512 ? avx512 : level == SimdLevel::Avx2 ? avx2 : generic;
+}
+
 void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
@@ -214,27 +228,22 @@ void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* 
 
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype, float eps,
              float* out) {
+  // NOTE: the AVX-512 levels keep the generic row, so their recorded results stay bit for bit.
+  auto fn = pick(rmsnorm_row_generic, rmsnorm_row_avx2, rmsnorm_row_generic);
   pool.parallel_for(T, 64, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; t++) {
-      const float* row = x + t * D;
-      double ss = 0;  // double: exact enough that the fixed order never matters
-      for (int64_t d = 0; d < D; d++) ss += double(row[d]) * double(row[d]);
-      const float r = float(1.0 / std::sqrt(ss / double(D) + double(eps)));
-      float* o = out + t * D;
-      for (int64_t d = 0; d < D; d++) o[d] = row[d] * r * load_scalar(weight, w_dtype, d);
-    }
+    for (int64_t t = b; t < e; t++) fn(x + t * D, D, weight, w_dtype, eps, out + t * D);
   });
 }
 
 void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, float* out) {
-  auto fn = simd_level() >= SimdLevel::Avx512 ? silu_mul_avx512 : silu_mul_generic;
+  auto fn = pick(silu_mul_generic, silu_mul_avx2, silu_mul_avx512);
   pool.parallel_for(T, 1, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; t++) fn(gate_up + t * 2 * D, gate_up + t * 2 * D + D, D, out + t * D);
   });
 }
 
 void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {
-  auto fn = simd_level() >= SimdLevel::Avx512 ? silu_mul_avx512 : silu_mul_generic;
+  auto fn = pick(silu_mul_generic, silu_mul_avx2, silu_mul_avx512);
   // Split on multiples of 16 so every element goes through the same vector lane position class.
   const int64_t n = T * D, units = (n + 15) / 16;
   pool.parallel_for(units, 256, [&](int64_t b, int64_t e) {
@@ -302,7 +311,10 @@ void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const floa
 void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& b, const PagedKV& cache,
                      float* out) {
   const int64_t H = b.n_heads, hd = cache.head_dim, n_kv = cache.n_kv_heads, group = H / n_kv;
-  const bool simd = simd_level() >= SimdLevel::Avx512 && hd <= 256;
+  const SimdLevel level = simd_level();
+  const bool avx512 = level >= SimdLevel::Avx512 && hd <= 256, avx2 = level == SimdLevel::Avx2;
+  auto group_fn = avx512 ? attend_group_avx512 : avx2 ? attend_group_avx2 : nullptr;
+  AttendFn fn = avx512 ? attend_avx512 : avx2 ? attend_avx2 : attend_generic;
   // Work items are (token, kv head) pairs covering that kv head's query heads; a token's result
   // never depends on the others. Items go to threads through a shared counter: long and short
   // contexts in one batch would leave a static split unbalanced.
@@ -317,8 +329,7 @@ void paged_attention(ThreadPool& pool, const float* q, int64_t T, const Attentio
       const float* q_group = q + (t * H + kvh * group) * hd;
       float* out_group = out + (t * H + kvh * group) * hd;
       const int32_t* table = b.block_tables[b.token_seq[t]];
-      if (simd && attend_group_avx512(q_group, group, table, pos, kvh, cache, b.scale, scores.data(), out_group)) continue;
-      AttendFn fn = simd ? attend_avx512 : attend_generic;
+      if (group_fn && group_fn(q_group, group, table, pos, kvh, cache, b.scale, scores.data(), out_group)) continue;
       for (int64_t g = 0; g < group; g++)
         fn(q_group + g * hd, table, pos, kvh, cache, b.scale, scores.data(), out_group + g * hd);
     }
@@ -326,7 +337,7 @@ void paged_attention(ThreadPool& pool, const float* q, int64_t T, const Attentio
 }
 
 void logits_stats(ThreadPool& pool, const float* logits, int64_t R, int64_t V, int32_t* argmax, float* log_sum_exp) {
-  auto fn = simd_level() >= SimdLevel::Avx512 ? logits_row_stats_avx512 : logits_row_stats_generic;
+  auto fn = pick(logits_row_stats_generic, logits_row_stats_avx2, logits_row_stats_avx512);
   pool.parallel_for(R, 1, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++) fn(logits + r * V, V, argmax + r, log_sum_exp + r);
   });
