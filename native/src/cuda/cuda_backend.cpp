@@ -522,7 +522,7 @@ bool cuda_backend_available(std::string* why) {
     if (why)
       *why = err != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")"
                                 : std::string("no CUDA device found");
-    cudaGetLastError();  // clear the sticky-free error state of the failed query
+    cudaGetLastError();  // the failed query leaves a (non-sticky) error behind: clear it
     return false;
   }
   return true;

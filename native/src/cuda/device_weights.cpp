@@ -94,7 +94,7 @@ class Packer {
   std::vector<uint16_t> host_;
 };
 
-// A vector (or several, concatenated in order) as f32; `order` maps destination -> source index.
+// A host f32 vector (biases, norm weights, RoPE frequencies) as a device buffer.
 DeviceBuffer upload_f32(const std::vector<float>& host, size_t* total) {
   DeviceBuffer b(host.size() * sizeof(float));
   SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));

@@ -195,7 +195,7 @@ __device__ Limit select_prefix(const RowCtx& r, Limit lim, bool mass, unsigned l
 }
 
 // Chunks per row for the statistics pass: enough blocks to stream a row at full bandwidth.
-constexpr int kMaxChunks = 32;
+constexpr int kMaxChunks = kSampleStatsFloatsPerRow / 3;  // (max, sum, argmax) per chunk
 __host__ __device__ inline int stats_chunks(int V) {
   const int c = (V + 8191) / 8192;
   return c < 1 ? 1 : c > kMaxChunks ? kMaxChunks : c;
