@@ -57,6 +57,31 @@ std::vector<const char*> levels() {
 
 bool bits_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
+// A random paged K/V cache of `slots` token slots in `dtype`. For a bf16 cache, k and v hold the
+// rounded values, so references computed from them use exactly what the kernels read.
+struct RandomCache {
+  std::vector<float> k, v;
+  std::vector<uint16_t> k16, v16;
+  PagedKV cache;
+  RandomCache(DType dtype, int64_t slots, int64_t block_size, int64_t n_kv, int64_t hd)
+      : k(randn(size_t(slots * n_kv * hd))), v(randn(size_t(slots * n_kv * hd))), k16(k.size()), v16(v.size()) {
+    for (size_t i = 0; i < k.size(); i++) {
+      k16[i] = f32_to_bf16(k[i]);
+      v16[i] = f32_to_bf16(v[i]);
+      if (dtype == DType::BF16) {
+        k[i] = bf16_to_f32(k16[i]);
+        v[i] = bf16_to_f32(v16[i]);
+      }
+    }
+    cache.k = dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
+    cache.v = dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
+    cache.dtype = dtype;
+    cache.block_size = block_size;
+    cache.n_kv_heads = n_kv;
+    cache.head_dim = hd;
+  }
+};
+
 }  // namespace
 
 TEST_CASE(half_conversions_round_trip_and_round_to_nearest_even) {
@@ -179,24 +204,10 @@ TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
     for (int64_t group : {1, 2, 7}) {
       for (int64_t hd : {16, 48, 64, 128}) {
         const int64_t n_kv = 2, H = n_kv * group, bs = 4, num_blocks = 40;
-        PagedKV c;
-        std::vector<float> k = randn(size_t(num_blocks * bs * n_kv * hd)), v = randn(size_t(num_blocks * bs * n_kv * hd));
-        // A bf16 cache holds the rounded values; the reference then uses those exact values.
-        std::vector<uint16_t> k16(k.size()), v16(v.size());
-        for (size_t i = 0; i < k.size(); i++) {
-          k16[i] = f32_to_bf16(k[i]);
-          v16[i] = f32_to_bf16(v[i]);
-          if (kv_dtype == DType::BF16) {
-            k[i] = bf16_to_f32(k16[i]);
-            v[i] = bf16_to_f32(v16[i]);
-          }
-        }
-        c.k = kv_dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
-        c.v = kv_dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
-        c.dtype = kv_dtype;
-        c.block_size = bs;
-        c.n_kv_heads = n_kv;
-        c.head_dim = hd;
+        RandomCache rc(kv_dtype, num_blocks * bs, bs, n_kv, hd);
+        const PagedKV& c = rc.cache;
+        const std::vector<float>& k = rc.k;
+        const std::vector<float>& v = rc.v;
         // Two sequences with non-contiguous, shuffled block tables.
         std::vector<int32_t> table0{7, 3, 19, 0, 11, 25}, table1{2, 39, 14, 5};
         const int32_t* tables[] = {table0.data(), table1.data()};
@@ -375,23 +386,10 @@ TEST_CASE(paged_attention_long_contexts_odd_head_dims_and_wide_groups) {
     for (DType kv_dtype : {DType::F32, DType::BF16}) {
       for (int64_t hd : {20, 64}) {
         const int64_t group = 9, n_kv = 2, H = n_kv * group, bs = 16, num_blocks = 12;
-        std::vector<float> k = randn(size_t(num_blocks * bs * n_kv * hd)), v = randn(size_t(num_blocks * bs * n_kv * hd));
-        std::vector<uint16_t> k16(k.size()), v16(v.size());
-        for (size_t i = 0; i < k.size(); i++) {
-          k16[i] = f32_to_bf16(k[i]);
-          v16[i] = f32_to_bf16(v[i]);
-          if (kv_dtype == DType::BF16) {
-            k[i] = bf16_to_f32(k16[i]);
-            v[i] = bf16_to_f32(v16[i]);
-          }
-        }
-        PagedKV c;
-        c.k = kv_dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
-        c.v = kv_dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
-        c.dtype = kv_dtype;
-        c.block_size = bs;
-        c.n_kv_heads = n_kv;
-        c.head_dim = hd;
+        RandomCache rc(kv_dtype, num_blocks * bs, bs, n_kv, hd);
+        const PagedKV& c = rc.cache;
+        const std::vector<float>& k = rc.k;
+        const std::vector<float>& v = rc.v;
         std::vector<int32_t> table0{5, 0, 11, 2, 9, 7, 1, 10}, table1{3, 8, 4, 6};
         const int32_t* tables[] = {table0.data(), table1.data()};
         std::vector<int32_t> seq{0, 1, 0, 1, 0}, pos{127, 63, 100, 7, 0};
@@ -435,19 +433,8 @@ TEST_CASE(avx2_grouped_attention_equals_single_head_bit_for_bit) {
     for (int64_t hd : {8, 64, 128}) {
       for (int64_t G : {1, 3, 7, 11}) {
         const int64_t bs = 8, n_kv = 1, pos = 45;
-        std::vector<float> k = randn(size_t(6 * bs * hd)), v = randn(size_t(6 * bs * hd));
-        std::vector<uint16_t> k16(k.size()), v16(v.size());
-        for (size_t i = 0; i < k.size(); i++) {
-          k16[i] = f32_to_bf16(k[i]);
-          v16[i] = f32_to_bf16(v[i]);
-        }
-        PagedKV c;
-        c.k = kv_dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
-        c.v = kv_dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
-        c.dtype = kv_dtype;
-        c.block_size = bs;
-        c.n_kv_heads = n_kv;
-        c.head_dim = hd;
+        RandomCache rc(kv_dtype, 6 * bs, bs, n_kv, hd);
+        const PagedKV& c = rc.cache;
         std::vector<int32_t> table{4, 1, 5, 0, 3, 2};
         std::vector<float> q = randn(size_t(G * hd)), grouped(size_t(G * hd)), single(size_t(G * hd));
         std::vector<float> scores(size_t(G * (pos + 1)));
