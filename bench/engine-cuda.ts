@@ -7,16 +7,15 @@
 // Face transformers runs the same checkpoint, prompts and lengths (bench/peer_transformers.py),
 // and its logits on a fixed prompt are compared with sluice's logprobs (a second reference).
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { makeModel } from '../models/make-model.js';
+import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureDeviceBandwidth } from '../src/engine/native.js';
 import type { NativeEngineHandle } from '../src/engine/native-types.js';
-import { modelCacheDir } from '../src/engine/paths.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -153,15 +152,6 @@ function compareReference(ours: RefStep[], theirs: RefStep[]) {
   return { steps: Math.min(ours.length, theirs.length), greedyAgree: agree, divergedAtGap: nearTie, maxAbsLogprobDiff: maxAbsDiff };
 }
 
-async function ensureModel(preset: string): Promise<string> {
-  const dir = join(modelCacheDir(), `${preset}-bf16`);
-  if (!existsSync(join(dir, 'config.json'))) {
-    process.stderr.write(`making the ${preset} (bf16) model in ${dir}...\n`);
-    await makeModel({ preset, out: dir, dtype: 'bf16', seed: 0 });
-  }
-  return dir;
-}
-
 function runPeer(modelDir: string) {
   const child = spawnSync('python3', [join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bench', 'peer_transformers.py'),
     '--model', modelDir, '--batch', String(args.batch), '--prompt', String(promptLen), '--decode', String(decodeSteps),
@@ -181,7 +171,7 @@ export async function main(): Promise<void> {
     return;
   }
   const targets = args.model ? [{ preset: null, dir: resolve(String(args.model)) }]
-    : await Promise.all(String(args.preset).split(',').map(async (p) => ({ preset: p, dir: await ensureModel(p) })));
+    : await Promise.all(String(args.preset).split(',').map(async (p) => ({ preset: p, dir: await ensureBenchModel(p, 'bf16') })));
   const models = [];
   for (const { preset, dir } of targets) {
     process.stderr.write(`${preset ?? dir}: sluice (cuda)\n`);

@@ -7,16 +7,15 @@
 // machine's bandwidth drifts with its neighbours); the batch-1 roofline ratio compares the best
 // decode round with the best bandwidth sample (the stricter pairing). Prints a table and writes JSON (default bench/results/engine-cpu.json).
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { makeModel } from '../models/make-model.js';
+import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
 import type { MatmulPrecision } from '../src/engine/native-types.js';
-import { modelCacheDir } from '../src/engine/paths.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -114,27 +113,6 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
   };
 }
 
-async function ensureModel(): Promise<string> {
-  if (args.model) return resolve(args.model);
-  const dir = join(modelCacheDir(), `${args.preset}-${args.dtype}`);
-  let lastPct = -1;
-  if (!existsSync(join(dir, 'config.json'))) {
-    process.stderr.write(`making the ${args.preset} (${args.dtype}) model in ${dir}...\n`);
-    await makeModel({
-      preset: args.preset!,
-      out: dir,
-      dtype: args.dtype as 'f32' | 'f16' | 'bf16',
-      seed: 0,
-      onProgress: (done, total) => {
-        const pct = Math.floor((100 * done) / total);
-        if (pct !== lastPct) process.stderr.write(`\r  ${(lastPct = pct)}%`);
-      },
-    });
-    process.stderr.write('\n');
-  }
-  return dir;
-}
-
 async function main(): Promise<void> {
   if (args.backend === 'cuda') return (await import('./engine-cuda.js')).main();  // its own options and output
   if (args.backend !== 'cpu') throw new Error(`--backend must be cpu or cuda, got ${args.backend}`);
@@ -143,7 +121,7 @@ async function main(): Promise<void> {
     process.stdout.write(JSON.stringify(result) + '\n');
     return;
   }
-  const modelDir = await ensureModel();
+  const modelDir = args.model ? resolve(args.model) : await ensureBenchModel(args.preset!, args.dtype as 'f32' | 'f16' | 'bf16');
   const batches = args.batch!.split(',').map(Number);
   const precisions = args.precision!.split(',') as MatmulPrecision[];
   const rows: WorkerResult[] = [];

@@ -1,0 +1,26 @@
+// The benchmark models: a preset's model with seeded random weights, made on first use in the
+// model cache ($SLUICE_HOME/models/<preset>-<dtype>), with progress on stderr.
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+
+import { makeModel } from '../models/make-model.js';
+import { modelCacheDir } from '../src/engine/paths.js';
+
+export async function ensureBenchModel(preset: string, dtype: 'f32' | 'f16' | 'bf16'): Promise<string> {
+  const dir = join(modelCacheDir(), `${preset}-${dtype}`);
+  if (existsSync(join(dir, 'config.json'))) return dir;
+  process.stderr.write(`making the ${preset} (${dtype}) model in ${dir}...\n`);
+  let lastPct = -1;
+  await makeModel({
+    preset,
+    out: dir,
+    dtype,
+    seed: 0,
+    onProgress: (done, total) => {
+      const pct = Math.floor((100 * done) / total);
+      if (pct !== lastPct) process.stderr.write(`\r  ${(lastPct = pct)}%`);
+    },
+  });
+  process.stderr.write('\n');
+  return dir;
+}
