@@ -4,7 +4,7 @@
 import { Template } from '@huggingface/jinja';
 import { SluiceError } from '../errors.js';
 
-export type ChatRole = 'system' | 'developer' | 'user' | 'assistant';
+export type ChatRole = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
 export interface ChatTextPart {
   type: 'text';
@@ -24,7 +24,7 @@ export interface RenderOptions {
   addGenerationPrompt?: boolean;
 }
 
-const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant']);
+const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant', 'tool']);
 
 /** A compiled chat template. Compile once per model; render per request. */
 export class ChatTemplate {
@@ -46,7 +46,7 @@ export class ChatTemplate {
 
   /**
    * Messages -> prompt text. Roles are checked; 'developer' is rendered as 'system' because
-   * open-weight templates know only system/user/assistant. A template's own
+   * open-weight templates know only system/user/assistant (and tool, for tool results). A template's own
    * raise_exception (e.g. "roles must alternate") becomes SluiceError chat_template_error.
    */
   render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
@@ -85,7 +85,7 @@ export function normalizeMessages(messages: readonly ChatMessage[]): Array<{ rol
     const param = `messages[${i}]`;
     if (message === null || typeof message !== 'object' || !CHAT_ROLES.has(message.role)) {
       throw new SluiceError('invalid_request',
-        `${param}.role must be one of system, developer, user, assistant`, { param: `${param}.role` });
+        `${param}.role must be one of system, developer, user, assistant, tool`, { param: `${param}.role` });
     }
     return { role: message.role === 'developer' ? 'system' : message.role, content: messageText(message.content, param) };
   });

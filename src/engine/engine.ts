@@ -49,6 +49,8 @@ export interface EngineInfo extends NativeModelInfo {
   hasChatTemplate: boolean;
   maxBatchedTokens: number;
   maxNumSeqs: number;
+  /** Prompt + generated tokens one sequence can hold in the KV pool. */
+  maxSequenceTokens: number;
 }
 
 const GiB = 1024 ** 3;
@@ -73,6 +75,7 @@ export class Engine {
       hasChatTemplate: tokenizer.chatTemplate !== undefined,
       maxBatchedTokens: batcher.maxBatchedTokens,
       maxNumSeqs: batcher.maxNumSeqs,
+      maxSequenceTokens: batcher.maxSequenceTokens,
     };
   }
 

@@ -1,0 +1,191 @@
+// The Responses surface adapter: a create-response body -> GenerationRequest, and a generation's
+// outcome -> the Response object (OpenAI shape: output is a list of message items).
+
+import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
+import type { GenerateResult } from '../../engine/request.js';
+import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
+import type { ResponseBody } from '../../store/store.js';
+import { invalidRequest } from '../errors.js';
+import type { CreateResponseBody, InputMessage } from '../schemas/responses.js';
+import { checkImageUrl, completionWindowOf, newId, nowSeconds } from './content.js';
+
+/** Input kinds clients may send that the service refuses, with why. */
+const REFUSED_ITEM_TYPES: Record<string, string> = {
+  item_reference: 'item references are not accepted as input; send the messages themselves',
+  input_audio: 'audio input is not accepted',
+  input_file: 'file input is not accepted',
+  file: 'file input is not accepted',
+  function_call: 'tool call items are not accepted as input',
+  function_call_output: 'tool call items are not accepted as input',
+  reasoning: 'reasoning items are not accepted as input',
+};
+
+/**
+ * Gives item references, audio and file inputs a clear 400 before schema validation would report
+ * them as a mismatched field. Runs on the raw body.
+ */
+export function refuseUnsupportedInput(body: unknown): void {
+  const input = (body as { input?: unknown } | null)?.input;
+  const items = Array.isArray(input) ? input
+    : input !== null && typeof input === 'object' && Array.isArray((input as { messages?: unknown }).messages)
+      ? (input as { messages: unknown[] }).messages : undefined;
+  if (!items) return;
+  const base = Array.isArray(input) ? 'input' : 'input.messages';
+  items.forEach((item, i) => {
+    const type = (item as { type?: unknown } | null)?.type;
+    if (typeof type === 'string' && type in REFUSED_ITEM_TYPES) {
+      throw invalidRequest(`${base}[${i}] is of type ${type}: ${REFUSED_ITEM_TYPES[type]}`, `${base}[${i}].type`, 'unsupported_input');
+    }
+    const content = (item as { content?: unknown } | null)?.content;
+    if (!Array.isArray(content)) return;
+    content.forEach((part, j) => {
+      const partType = (part as { type?: unknown } | null)?.type;
+      if (typeof partType === 'string' && partType in REFUSED_ITEM_TYPES) {
+        throw invalidRequest(`${base}[${i}].content[${j}] is of type ${partType}: ${REFUSED_ITEM_TYPES[partType]}`,
+          `${base}[${i}].content[${j}].type`, 'unsupported_input');
+      }
+    });
+  });
+}
+
+function toChatMessages(messages: InputMessage[], base: string): { messages: ChatMessage[]; imageParam?: string } {
+  let imageParam: string | undefined;
+  const out = messages.map((m, i): ChatMessage => {
+    const role: ChatRole = m.role === 'function' ? 'tool' : m.role;
+    if (typeof m.content === 'string') return { role, content: m.content };
+    const texts: string[] = [];
+    m.content.forEach((part, j) => {
+      const param = `${base}[${i}].content[${j}]`;
+      if (part.type === 'input_image') {
+        checkImageUrl(part.image_url, `${param}.image_url`);
+        imageParam ??= param;
+        return;
+      }
+      if (typeof part.text !== 'string') throw invalidRequest(`${param}.text is required for a ${part.type} part`, `${param}.text`);
+      if (part.type === 'output_text' && role !== 'assistant') {
+        throw invalidRequest(`${param}: output_text parts belong to assistant messages`, `${param}.type`);
+      }
+      texts.push(part.text);
+    });
+    return { role, content: texts.join('\n') };
+  });
+  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
+}
+
+export function toGenerationRequest(body: CreateResponseBody, caller: Caller, supportsChat: boolean): GenerationRequest {
+  let input: GenerationRequest['input'];
+  let imageParam: string | undefined;
+  if (typeof body.input === 'string') {
+    // A string is one user turn for chat models, and the raw prompt for completion-only models.
+    input = supportsChat
+      ? { kind: 'messages', messages: [{ role: 'user', content: body.input }] }
+      : { kind: 'prompt', text: body.input };
+  } else {
+    const list = Array.isArray(body.input) ? body.input : body.input.messages;
+    const converted = toChatMessages(list, Array.isArray(body.input) ? 'input' : 'input.messages');
+    input = { kind: 'messages', messages: converted.messages };
+    imageParam = converted.imageParam;
+  }
+  if (typeof body.instructions === 'string' && body.instructions !== '') {
+    if (input.kind === 'messages') input.messages.unshift({ role: 'developer', content: body.instructions });
+    else input = { kind: 'prompt', text: `${body.instructions}\n\n${input.text}` };
+  }
+  const metadata = body.metadata ?? {};
+  const format = body.text?.format;
+  const request: GenerationRequest = {
+    caller,
+    model: body.model,
+    input,
+    sampling: {
+      ...(body.temperature != null && { temperature: body.temperature }),
+      // top_p 0 means "only the most likely token": the engine's smallest nucleus.
+      ...(body.top_p != null && { topP: Math.max(body.top_p, Number.MIN_VALUE) }),
+    },
+    maxOutputTokensParam: 'max_output_tokens',
+    background: body.background === true,
+    metadata,
+  };
+  if (body.max_output_tokens != null) request.maxOutputTokens = body.max_output_tokens;
+  const window = completionWindowOf(metadata);
+  if (window !== undefined) request.completionWindow = window;
+  if (imageParam !== undefined) request.imageParam = imageParam;
+  if (format) request.outputFormat = format as OutputFormat;
+  if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;
+  if (body.user !== undefined) request.user = body.user;
+  return request;
+}
+
+const zeroUsage = () => ({
+  input_tokens: 0,
+  input_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
+  output_tokens: 0,
+  output_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
+  total_tokens: 0,
+});
+
+/** The Response object while the request runs: no output yet, zero usage. */
+export function inProgressResponse(id: string, body: CreateResponseBody, prepared: PreparedGeneration): ResponseBody {
+  const req = prepared.request;
+  return {
+    id,
+    object: 'response',
+    created_at: nowSeconds(),
+    status: 'in_progress',
+    background: req.background,
+    completed_at: null,
+    error: null,
+    incomplete_details: null,
+    instructions: body.instructions ?? null,
+    max_output_tokens: body.max_output_tokens ?? null,
+    model: req.model,
+    output: [],
+    parallel_tool_calls: true,
+    previous_response_id: null,
+    prompt_cache_key: body.prompt_cache_key ?? null,
+    reasoning: { effort: body.reasoning?.effort ?? null, summary: null },
+    store: body.store ?? true,
+    temperature: body.temperature ?? 1,
+    top_p: body.top_p ?? 1,
+    text: { format: body.text?.format ?? { type: 'text' } },
+    tool_choice: 'auto',
+    tools: [],
+    truncation: 'disabled',
+    usage: zeroUsage(),
+    user: body.user ?? null,
+    metadata: req.metadata,
+    completion_window: prepared.window,
+  };
+}
+
+/** The finished Response: one assistant message item; `incomplete` when the token limit cut it. */
+export function finishedResponse(running: ResponseBody, result: GenerateResult): ResponseBody {
+  const cut = result.finishReason === 'length';
+  return {
+    ...running,
+    status: cut ? 'incomplete' : 'completed',
+    completed_at: nowSeconds(),
+    incomplete_details: cut ? { reason: 'max_output_tokens' } : null,
+    output: [{
+      id: newId('msg'),
+      type: 'message',
+      status: cut ? 'incomplete' : 'completed',
+      role: 'assistant',
+      content: [{ type: 'output_text', text: result.text, annotations: [], logprobs: [] }],
+    }],
+    usage: {
+      input_tokens: result.usage.promptTokens,
+      input_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
+      output_tokens: result.usage.completionTokens,
+      output_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
+      total_tokens: result.usage.promptTokens + result.usage.completionTokens,
+    },
+  };
+}
+
+export function failedResponse(running: ResponseBody, code: string, message: string): ResponseBody {
+  return { ...running, status: 'failed', completed_at: nowSeconds(), error: { code, message } };
+}
+
+export function cancelledResponse(running: ResponseBody): ResponseBody {
+  return { ...running, status: 'cancelled', completed_at: nowSeconds() };
+}

@@ -1,0 +1,13 @@
+// What every route module gets: the store, the served models and the generation service.
+
+import type { Store } from '../store/store.js';
+import type { ModelRegistry } from '../serving/model-registry.js';
+import type { GenerationService } from '../serving/generation-service.js';
+
+export interface ApiContext {
+  store: Store;
+  registry: ModelRegistry;
+  service: GenerationService;
+  /** Root of file bytes and other on-disk state (the SQLite file lives here too). */
+  dataDir: string;
+}

@@ -1,0 +1,83 @@
+// The HTTP API as a fastify plugin. `createServer` (app.ts) mounts it under /v1; a Node service can
+// mount it in its own app the same way:
+//
+//   app.register(sluiceApi, { prefix: '/v1', store, registry, dataDir })
+//
+// Inside the plugin's scope: strict body validation (validation.ts), the one error handler, the
+// bearer-key hook, the OpenAPI document and every surface's routes.
+
+import swagger from '@fastify/swagger';
+import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import { GenerationService } from '../serving/generation-service.js';
+import type { ModelRegistry } from '../serving/model-registry.js';
+import type { Store } from '../store/store.js';
+import { makeAuthHook } from './auth.js';
+import type { ApiContext } from './context.js';
+import { ApiError, renderError } from './errors.js';
+import { registerChatCompletionRoutes } from './routes/chat-completions.js';
+import { registerFileRoutes } from './routes/files.js';
+import { registerMessageRoutes } from './routes/messages.js';
+import { registerModelRoutes } from './routes/models.js';
+import { registerResponseRoutes } from './routes/responses.js';
+import { validatorCompiler } from './validation.js';
+
+export const API_VERSION = '2026-08-14';
+
+export interface SluiceApiOptions {
+  store: Store;
+  registry: ModelRegistry;
+  dataDir: string;
+}
+
+const PUBLIC_ROUTES = new Set(['/openapi.json']);
+
+export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: FastifyInstance, opts) => {
+  const ctx: ApiContext = {
+    store: opts.store,
+    registry: opts.registry,
+    service: new GenerationService(opts.registry),
+    dataDir: opts.dataDir,
+  };
+
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'sluice inference API',
+        version: API_VERSION,
+        description: 'Models, Responses, Chat Completions, Messages and Files, served by the sluice engine.',
+      },
+      servers: [{ url: app.prefix || '/' }],
+      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', bearerFormat: 'API key' } } },
+      security: [{ bearer: [] }],
+    },
+  });
+
+  app.setValidatorCompiler(validatorCompiler);
+  // JSON routes take JSON only: text/plain bodies get 415 rather than being parsed as a string.
+  app.removeContentTypeParser('text/plain');
+  app.setErrorHandler((err, request, reply) => {
+    const rendered = renderError(err);
+    if (rendered.internal) request.log.error({ err }, 'request failed');
+    if (reply.raw.destroyed) return; // the client is gone (a cancelled request); nothing to send
+    return reply.code(rendered.statusCode).type('application/json').send(rendered.body);
+  });
+  app.setNotFoundHandler((request) => {
+    throw new ApiError(404, 'invalid_request_error', `no route ${request.method} ${request.url.split('?')[0]}`, null, 'unknown_route');
+  });
+
+  const authenticate = makeAuthHook(opts.store);
+  app.addHook('onRequest', async (request) => {
+    const path = request.routeOptions.url?.slice(app.prefix.length);
+    if (path !== undefined && PUBLIC_ROUTES.has(path)) return;
+    await authenticate(request);
+  });
+
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+
+  registerModelRoutes(app, ctx);
+  registerResponseRoutes(app, ctx);
+  registerChatCompletionRoutes(app, ctx);
+  registerMessageRoutes(app, ctx);
+  await registerFileRoutes(app, ctx);
+};

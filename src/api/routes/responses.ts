@@ -1,0 +1,84 @@
+// POST /v1/responses and GET /v1/responses/{id}. Every response is stored (store=false too): it is
+// inserted in_progress before generation starts and updated when it ends, so GET shows progress.
+// A foreground request whose client disconnects is cancelled and stored as cancelled.
+// background=true returns the in_progress object at once; the generation finishes on its own and
+// updates the stored object.
+
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import { isSluiceError } from '../../errors.js';
+import type { PreparedGeneration } from '../../serving/generation-request.js';
+import type { ResponseBody } from '../../store/store.js';
+import {
+  cancelledResponse, failedResponse, finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest,
+} from '../adapters/responses.js';
+import { newId } from '../adapters/content.js';
+import type { ApiContext } from '../context.js';
+import { notFound } from '../errors.js';
+import { errorResponses } from '../schemas/common.js';
+import {
+  CreateResponseSchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody,
+} from '../schemas/responses.js';
+
+/** Runs a prepared generation and stores how it ended; resolves with the stored final object. */
+async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
+  signal?: AbortSignal): Promise<ResponseBody> {
+  let final: ResponseBody;
+  try {
+    final = finishedResponse(running, await ctx.service.run(prepared, signal));
+  } catch (err) {
+    if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);
+    else if (isSluiceError(err) && err.code !== 'engine_error') final = failedResponse(running, err.code, err.message);
+    else final = failedResponse(running, 'server_error', 'the engine failed while generating this response');
+    await ctx.store.updateResponse(orgId, final);
+    throw err;
+  }
+  await ctx.store.updateResponse(orgId, final);
+  return final;
+}
+
+/** Aborts when the client goes away before the reply was sent. */
+function disconnectSignal(reply: FastifyReply): AbortSignal {
+  const controller = new AbortController();
+  reply.raw.on('close', () => {
+    if (!reply.raw.writableFinished) controller.abort();
+  });
+  return controller.signal;
+}
+
+export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): void {
+  app.post<{ Body: CreateResponseBody }>('/responses', {
+    schema: {
+      summary: 'Create a response',
+      body: CreateResponseSchema,
+      response: { 200: ResponseObjectSchema, ...errorResponses },
+    },
+    preValidation: async (request) => refuseUnsupportedInput(request.body),
+  }, async (request, reply) => {
+    const body = request.body;
+    const caller = request.caller;
+    const model = ctx.registry.resolve(body.model, caller.orgName);
+    const prepared = ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat));
+    const running = inProgressResponse(newId('resp'), body, prepared);
+    await ctx.store.insertResponse(caller.orgId, running);
+
+    if (prepared.request.background) {
+      runToStore(ctx, caller.orgId, running, prepared).catch((err: unknown) => {
+        if (!isSluiceError(err)) request.log.error({ err, response_id: running.id }, 'background response failed');
+      });
+      return running;
+    }
+    return runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply));
+  });
+
+  app.get<{ Params: { response_id: string } }>('/responses/:response_id', {
+    schema: {
+      summary: 'Retrieve a response',
+      params: ResponseIdParamsSchema,
+      response: { 200: ResponseObjectSchema, ...errorResponses },
+    },
+  }, async (request) => {
+    const stored = await ctx.store.getResponse(request.caller.orgId, request.params.response_id);
+    if (!stored) throw notFound(`no response with id "${request.params.response_id}"`, 'response_id');
+    return stored;
+  });
+}

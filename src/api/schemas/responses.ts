@@ -1,0 +1,102 @@
+// Schemas of the Responses surface (POST /v1/responses, GET /v1/responses/{id}): the spec's
+// create-response request and response object. Unknown top-level request fields are accepted;
+// messages and content parts are closed.
+
+import Type, { type Static } from 'typebox';
+import { MetadataSchema } from './common.js';
+
+const Free = Type.Record(Type.String(), Type.Unknown());
+
+/**
+ * A content part. `type` is checked as one enum (clear errors); which fields each type needs is
+ * checked by the adapter. output_text is accepted on assistant turns that clients replay.
+ */
+export const InputPartSchema = Type.Object({
+  type: Type.Enum(['input_text', 'input_image', 'output_text']),
+  text: Type.Optional(Type.String()),
+  image_url: Type.Optional(Type.String()),
+  detail: Type.Optional(Type.Enum(['auto', 'low', 'high'])),
+  annotations: Type.Optional(Type.Array(Type.Unknown())),
+  logprobs: Type.Optional(Type.Array(Type.Unknown())),
+}, { additionalProperties: false });
+
+export const InputMessageSchema = Type.Object({
+  /** OpenAI's clients may tag message items; "message" is the only item type accepted. */
+  type: Type.Optional(Type.Literal('message')),
+  role: Type.Enum(['system', 'developer', 'user', 'assistant', 'tool', 'function']),
+  content: Type.Union([Type.String(), Type.Array(InputPartSchema, { minItems: 1 })]),
+  name: Type.Optional(Type.String()),
+  tool_calls: Type.Optional(Type.Array(Free)),
+  tool_call_id: Type.Optional(Type.String()),
+  function_call: Type.Optional(Free),
+  /** Assistant items read back from an earlier response carry these; they are ignored. */
+  id: Type.Optional(Type.String()),
+  status: Type.Optional(Type.String()),
+}, { additionalProperties: false });
+export type InputMessage = Static<typeof InputMessageSchema>;
+
+export const TextFormatSchema = Type.Union([
+  Type.Object({ type: Type.Literal('text') }, { additionalProperties: false }),
+  Type.Object({
+    type: Type.Literal('json_schema'),
+    name: Type.String({ minLength: 1, maxLength: 64 }),
+    description: Type.Optional(Type.String()),
+    schema: Type.Optional(Free),
+    strict: Type.Optional(Type.Union([Type.Boolean(), Type.Null()])),
+  }, { additionalProperties: false }),
+]);
+
+const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+
+export const CreateResponseSchema = Type.Object({
+  model: Type.String({ minLength: 1 }),
+  input: Type.Union([
+    Type.String({ minLength: 1 }),
+    Type.Array(InputMessageSchema, { minItems: 1 }),
+    Type.Object({ messages: Type.Array(InputMessageSchema, { minItems: 1 }) }, { additionalProperties: false }),
+  ]),
+  /** OpenAI's system-prompt field: rendered as a leading developer message. */
+  instructions: Type.Optional(Nullable(Type.String())),
+  max_output_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
+  temperature: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 2 }))),
+  top_p: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 1 }))),
+  text: Type.Optional(Type.Object({ format: Type.Optional(TextFormatSchema) }, { additionalProperties: true })),
+  reasoning: Type.Optional(Nullable(Type.Object({
+    effort: Type.Optional(Nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high', 'xhigh']))),
+    generate_summary: Type.Optional(Nullable(Type.Enum(['auto', 'concise', 'detailed']))),
+  }, { additionalProperties: true }))),
+  background: Type.Optional(Nullable(Type.Boolean())),
+  prompt_cache_key: Type.Optional(Type.String()),
+  store: Type.Optional(Nullable(Type.Boolean())),
+  truncation: Type.Optional(Nullable(Type.Literal('disabled'))),
+  stream: Type.Optional(Nullable(Type.Literal(false))),
+  user: Type.Optional(Type.String({ maxLength: 256 })),
+  metadata: Type.Optional(Nullable(MetadataSchema)),
+}, { additionalProperties: true });
+export type CreateResponseBody = Static<typeof CreateResponseSchema>;
+
+const TokenDetails = Type.Object({ cached_tokens: Type.Integer(), reasoning_tokens: Type.Integer() }, { additionalProperties: true });
+
+export const ResponseUsageSchema = Type.Object({
+  input_tokens: Type.Integer(),
+  input_tokens_details: TokenDetails,
+  output_tokens: Type.Integer(),
+  output_tokens_details: TokenDetails,
+  total_tokens: Type.Integer(),
+}, { additionalProperties: true });
+
+/** For the OpenAPI document and fast serialization; extra fields are allowed, as the spec says. */
+export const ResponseObjectSchema = Type.Object({
+  id: Type.String(),
+  object: Type.Literal('response'),
+  created_at: Type.Integer(),
+  status: Type.Enum(['in_progress', 'completed', 'incomplete', 'failed', 'cancelled']),
+  model: Type.String(),
+  output: Type.Array(Type.Unknown()),
+  error: Nullable(Type.Object({ code: Type.String(), message: Type.String() }, { additionalProperties: true })),
+  incomplete_details: Nullable(Type.Object({ reason: Type.String() }, { additionalProperties: true })),
+  usage: ResponseUsageSchema,
+  metadata: Type.Record(Type.String(), Type.String()),
+}, { additionalProperties: true });
+
+export const ResponseIdParamsSchema = Type.Object({ response_id: Type.String({ minLength: 1, maxLength: 128 }) });

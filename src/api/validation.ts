@@ -1,0 +1,106 @@
+// Request validation from the declared route schemas. Bodies are checked as sent (no type
+// coercion, nothing removed, so a stray field in a closed object is an error, not silently
+// dropped); query strings and path parameters are coerced from strings as usual. An ajv failure
+// becomes one 400 envelope naming the field (`input[0].content[1].type`) and, for enums, the
+// allowed values and the value received.
+
+import { Ajv, type ErrorObject } from 'ajv';
+import addFormatsModule from 'ajv-formats';
+import type { FastifySchemaCompiler } from 'fastify';
+import { ApiError } from './errors.js';
+
+// ajv-formats is CommonJS with a default export.
+const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv;
+
+function makeAjv(coerce: boolean): Ajv {
+  const ajv = new Ajv({
+    coerceTypes: coerce ? 'array' : false,
+    useDefaults: true,
+    removeAdditional: false,
+    allErrors: false,
+    verbose: true,
+    strict: false,
+  });
+  addFormats(ajv);
+  return ajv;
+}
+
+const bodyAjv = makeAjv(false);
+const paramAjv = makeAjv(true);
+
+export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, httpPart }) => {
+  const validate = (httpPart === 'body' ? bodyAjv : paramAjv).compile(schema as object);
+  return (data: unknown) => {
+    if (validate(data)) return { value: data };
+    return { error: validationError(validate.errors ?? [], httpPart ?? 'body') };
+  };
+};
+
+/** `/input/0/content` -> `input[0].content`. */
+export function pointerToParam(pointer: string): string {
+  let out = '';
+  for (const raw of pointer.split('/').slice(1)) {
+    const seg = raw.replace(/~1/g, '/').replace(/~0/g, '~');
+    out += /^\d+$/.test(seg) ? `[${seg}]` : (out === '' ? seg : `.${seg}`);
+  }
+  return out;
+}
+
+function joinParam(base: string, key: string): string {
+  return base === '' ? key : `${base}.${key}`;
+}
+
+function show(value: unknown): string {
+  const s = JSON.stringify(value);
+  if (s === undefined) return String(value);
+  return s.length > 80 ? `${s.slice(0, 77)}...` : s;
+}
+
+/**
+ * Picks the most useful of ajv's errors. A union (anyOf / oneOf) reports one error per branch and
+ * then a summary; the deepest branch error names the field that is actually wrong, so it wins.
+ */
+function bestError(errors: ErrorObject[]): ErrorObject | undefined {
+  let best: ErrorObject | undefined;
+  let bestDepth = -1;
+  for (const e of errors) {
+    if (e.keyword === 'anyOf' || e.keyword === 'oneOf' || e.keyword === 'if') continue;
+    const depth = e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
+    // Prefer a type error of a deeper path; among equal depths keep the first (ajv's order).
+    if (depth > bestDepth) { best = e; bestDepth = depth; }
+  }
+  return best ?? errors[0];
+}
+
+export function describeAjvError(e: ErrorObject, part: string): { param: string; message: string } {
+  const base = pointerToParam(e.instancePath);
+  const where = part === 'body' ? '' : `${part} `;
+  switch (e.keyword) {
+    case 'required': {
+      const param = joinParam(base, String((e.params as { missingProperty: string }).missingProperty));
+      return { param, message: `${where}${param} is required` };
+    }
+    case 'additionalProperties': {
+      const param = joinParam(base, String((e.params as { additionalProperty: string }).additionalProperty));
+      return { param, message: `${where}${param} is not a recognised field here` };
+    }
+    case 'enum': {
+      const allowed = (e.params as { allowedValues: unknown[] }).allowedValues.map((v) => show(v)).join(', ');
+      return { param: base, message: `${where}${base || 'value'} must be one of ${allowed} (got ${show(e.data)})` };
+    }
+    case 'const': {
+      return { param: base, message: `${where}${base || 'value'} must be ${show((e.params as { allowedValue: unknown }).allowedValue)} (got ${show(e.data)})` };
+    }
+    case 'type':
+      return { param: base, message: `${where}${base || 'the body'} ${e.message ?? 'has the wrong type'} (got ${show(e.data)})` };
+    default:
+      return { param: base, message: `${where}${base || 'the body'} ${e.message ?? 'is invalid'}${e.data !== undefined && typeof e.data !== 'object' ? ` (got ${show(e.data)})` : ''}` };
+  }
+}
+
+export function validationError(errors: ErrorObject[], part: string): ApiError {
+  const e = bestError(errors);
+  if (!e) return new ApiError(400, 'invalid_request_error', `invalid ${part}`, null, 'invalid_request');
+  const { param, message } = describeAjvError(e, part);
+  return new ApiError(400, 'invalid_request_error', message, param === '' ? null : param, 'invalid_request');
+}

@@ -1,0 +1,80 @@
+// `sluice keys create|list|revoke`: API keys in the data directory's store.
+
+import { SluiceError } from '../errors.js';
+import { createApiKey, revokeApiKey } from '../store/api-keys.js';
+import { SqliteStore } from '../store/sqlite-store.js';
+import { storePath } from '../service.js';
+import { parseFlags } from './args.js';
+
+export const KEYS_HELP = `usage: sluice keys <create|list|revoke> [options]
+
+  sluice keys create --org NAME     make a key for an organization (created if new); prints it once
+  sluice keys list                  every key: id, organization, prefix, created, revoked
+  sluice keys revoke ID|KEY         revoke a key by its id (key_...) or the key itself
+
+  --data-dir DIR    the service's data directory (default ./data)
+  --json            machine-readable output
+`;
+
+export async function runKeys(args: string[]): Promise<void> {
+  const [action, ...rest] = args;
+  if (action === undefined || action === '--help' || action === '-h') {
+    process.stdout.write(KEYS_HELP);
+    return;
+  }
+  const positional = rest[0] !== undefined && !rest[0].startsWith('-') ? rest.shift() : undefined;
+  const { values } = parseFlags(rest, {
+    org: { type: 'string' },
+    'data-dir': { type: 'string' },
+    json: { type: 'boolean' },
+    help: { type: 'boolean', short: 'h' },
+  }, `keys ${action}`);
+  if (values.help) {
+    process.stdout.write(KEYS_HELP);
+    return;
+  }
+  const store = new SqliteStore(storePath(values['data-dir'] ?? 'data'));
+  try {
+    switch (action) {
+      case 'create': {
+        const org = values.org;
+        if (org === undefined || org.trim() === '') {
+          throw new SluiceError('invalid_argument', 'keys create: --org NAME is required', { param: 'org' });
+        }
+        const created = await createApiKey(store, org.trim());
+        if (values.json) {
+          process.stdout.write(`${JSON.stringify({ key: created.key, id: created.info.id, organization: created.info.orgName })}\n`);
+        } else {
+          process.stdout.write(`${created.key}\n`);
+          process.stderr.write(`key ${created.info.id} for organization "${created.info.orgName}"; it is shown only now\n`);
+        }
+        return;
+      }
+      case 'list': {
+        const keys = await store.listApiKeys();
+        if (values.json) {
+          process.stdout.write(`${JSON.stringify(keys.map((k) => ({
+            id: k.id, organization: k.orgName, prefix: k.prefix, created_at: k.createdAt, revoked_at: k.revokedAt,
+          })))}\n`);
+          return;
+        }
+        const iso = (s: number | null) => (s === null ? '-' : new Date(s * 1000).toISOString());
+        process.stdout.write('id\torganization\tprefix\tcreated\trevoked\n');
+        for (const k of keys) process.stdout.write(`${k.id}\t${k.orgName}\t${k.prefix}…\t${iso(k.createdAt)}\t${iso(k.revokedAt)}\n`);
+        return;
+      }
+      case 'revoke': {
+        if (positional === undefined) throw new SluiceError('invalid_argument', 'keys revoke: give the key id (key_...) or the key');
+        if (!(await revokeApiKey(store, positional))) {
+          throw new SluiceError('invalid_argument', `keys revoke: no active key matches "${positional.slice(0, 20)}"`);
+        }
+        process.stdout.write(`revoked\n`);
+        return;
+      }
+      default:
+        throw new SluiceError('invalid_argument', `keys: unknown action "${action}"\n\n${KEYS_HELP}`);
+    }
+  } finally {
+    await store.close();
+  }
+}

@@ -1,0 +1,112 @@
+// `sluice serve`: the HTTP service on a model directory, a catalog file, or the tiny demo model.
+
+import { basename } from 'node:path';
+import { SluiceError } from '../errors.js';
+import { loadCatalog, singleModelCatalog, type Catalog } from '../config/catalog.js';
+import { openService } from '../service.js';
+import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
+import { DEMO_PRESET, ensureDemoModel } from './demo-model.js';
+
+export const SERVE_HELP = `usage: sluice serve [--model DIR | --config FILE] [options]
+
+Serves the HTTP API (see README). Without --model or --config it serves the tiny demo model.
+On first start with no API keys it makes one and prints it.
+
+  --model DIR          one model directory (its id is the directory name)
+  --config FILE        a model catalog (JSON; see models/catalog.example.json)
+  --host HOST          listen address (default 127.0.0.1)
+  --port N             listen port (default 8080)
+  --data-dir DIR       keys, responses, files (default ./data)
+  --backend B          cpu | cuda | auto (default auto)
+  --threads N          CPU compute threads (default: all CPUs)
+  --gpu-memory-utilization F
+                       CUDA: fraction of GPU memory to use (default 0.9)
+  --kv-cache-bytes N   KV cache pool size
+  --max-num-seqs N     sequences running at once (default 64)
+  --max-batched-tokens N
+                       tokens per engine step (default 512)
+  --log-level L        fatal | error | warn | info | debug (default info)
+`;
+
+export async function runServe(args: string[]): Promise<void> {
+  const { values } = parseFlags(args, {
+    model: { type: 'string' },
+    config: { type: 'string' },
+    host: { type: 'string' },
+    port: { type: 'string' },
+    'data-dir': { type: 'string' },
+    backend: { type: 'string' },
+    threads: { type: 'string' },
+    'gpu-memory-utilization': { type: 'string' },
+    'kv-cache-bytes': { type: 'string' },
+    'max-num-seqs': { type: 'string' },
+    'max-batched-tokens': { type: 'string' },
+    'log-level': { type: 'string' },
+    help: { type: 'boolean', short: 'h' },
+  }, 'serve');
+  if (values.help) {
+    process.stdout.write(SERVE_HELP);
+    return;
+  }
+  if (values.model !== undefined && values.config !== undefined) {
+    throw new SluiceError('invalid_argument', 'serve: give --model or --config, not both');
+  }
+  const host = values.host ?? '127.0.0.1';
+  const port = intFlag(values.port, 'port', 0, 65535) ?? 8080;
+  const logLevel = choiceFlag(values['log-level'], 'log-level', ['fatal', 'error', 'warn', 'info', 'debug'] as const) ?? 'info';
+  const engineDefaults = {
+    backend: choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'auto'] as const),
+    threads: intFlag(values.threads, 'threads', 0),
+    gpuMemoryUtilization: numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1),
+    kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
+    maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
+    maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),
+  };
+  const log = (message: string) => process.stderr.write(`sluice: ${message}\n`);
+
+  let catalog: Catalog;
+  if (values.config !== undefined) catalog = await loadCatalog(values.config);
+  else if (values.model !== undefined) catalog = singleModelCatalog(values.model, basename(values.model));
+  else catalog = singleModelCatalog(await ensureDemoModel(log), DEMO_PRESET);
+
+  const defined = Object.fromEntries(Object.entries(engineDefaults).filter(([, v]) => v !== undefined));
+  const service = await openService({
+    catalog,
+    dataDir: values['data-dir'] ?? 'data',
+    engineDefaults: defined,
+    logger: { level: logLevel },
+    onProgress: log,
+  });
+
+  const address = await service.app.listen({ host, port });
+  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (data in ${service.dataDir})`);
+  if (service.firstKey) {
+    const model = service.registry.models[0]!.id;
+    process.stdout.write(`
+No API keys existed, so one was made for organization "${service.firstKey.info.orgName}" (shown only now):
+
+  ${service.firstKey.key}
+
+Try it:
+
+  curl ${address}/v1/responses \\
+    -H "Authorization: Bearer ${service.firstKey.key}" \\
+    -H "Content-Type: application/json" \\
+    -d '{"model": "${model}", "input": "Hello", "max_output_tokens": 16}'
+
+`);
+  }
+
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log(`${signal}: shutting down`);
+    service.close().then(() => process.exit(0), (err: unknown) => {
+      log(`shutdown failed: ${(err as Error).message}`);
+      process.exit(1);
+    });
+  };
+  process.once('SIGINT', () => stop('SIGINT'));
+  process.once('SIGTERM', () => stop('SIGTERM'));
+}

@@ -1,0 +1,133 @@
+// The model catalog: which models `sluice serve` serves, what they are called, what they can do,
+// what they cost per completion window, and who may use them. A JSON file (models/catalog.example.json
+// shows every field); checkpoint paths are relative to the file's directory.
+
+import { readFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
+import { Ajv } from 'ajv';
+import addFormatsModule from 'ajv-formats';
+import Type, { type Static } from 'typebox';
+import { SluiceError } from '../errors.js';
+
+const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv;
+
+export const COMPLETION_WINDOWS = ['asap', 'standard', 'flex'] as const;
+export type CompletionWindow = (typeof COMPLETION_WINDOWS)[number];
+
+const Price = Type.Number({ minimum: 0 });
+
+export const ModelPriceSchema = Type.Object({
+  tier: Type.Enum(COMPLETION_WINDOWS),
+  input_per_1m_tokens: Price,
+  cached_input_per_1m_tokens: Price,
+  output_per_1m_tokens: Price,
+}, { additionalProperties: false });
+export type ModelPrice = Static<typeof ModelPriceSchema>;
+
+export const LongContextPricingSchema = Type.Object({
+  above_input_tokens: Type.Integer({ minimum: 1 }),
+  input_multiplier: Type.Number({ minimum: 0 }),
+  output_multiplier: Type.Number({ minimum: 0 }),
+  effective_from: Type.String({ format: 'date' }),
+}, { additionalProperties: false });
+export type LongContextPricing = Static<typeof LongContextPricingSchema>;
+
+const EngineSettingsSchema = Type.Object({
+  backend: Type.Optional(Type.Enum(['auto', 'cpu', 'cuda'])),
+  kv_cache_bytes: Type.Optional(Type.Integer({ minimum: 1 })),
+  gpu_memory_utilization: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1 })),
+  threads: Type.Optional(Type.Integer({ minimum: 0 })),
+  max_num_seqs: Type.Optional(Type.Integer({ minimum: 1 })),
+  max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+}, { additionalProperties: false });
+export type EngineSettings = Static<typeof EngineSettingsSchema>;
+
+const CatalogModelSchema = Type.Object({
+  id: Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:/-]*$', maxLength: 256 }),
+  name: Type.Optional(Type.String({ minLength: 1 })),
+  checkpoint: Type.String({ minLength: 1 }),
+  /** Lowers the checkpoint's context window; never raises it. */
+  context_length: Type.Optional(Type.Integer({ minimum: 2 })),
+  /** Default: true when the checkpoint has a chat template. */
+  supports_chat: Type.Optional(Type.Boolean()),
+  // The engine has no vision encoder and no tool-call parser yet: a catalog may not claim either.
+  supports_image_input: Type.Optional(Type.Literal(false)),
+  supports_tools: Type.Optional(Type.Literal(false)),
+  pricing: Type.Optional(Type.Array(ModelPriceSchema)),
+  long_context_pricing: Type.Optional(LongContextPricingSchema),
+  restricted: Type.Optional(Type.Boolean()),
+  /** Organization names that may see and use a restricted model. */
+  granted_organizations: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
+  /** Organization name -> its rates, replacing the published rate of each tier it lists. */
+  negotiated_pricing: Type.Optional(Type.Record(Type.String(), Type.Array(ModelPriceSchema))),
+  engine: Type.Optional(EngineSettingsSchema),
+}, { additionalProperties: false });
+export type CatalogModel = Static<typeof CatalogModelSchema>;
+
+const CatalogSchema = Type.Object({
+  models: Type.Array(CatalogModelSchema, { minItems: 1 }),
+  /** Engine settings for every model; a model's own `engine` overrides them field by field. */
+  engine: Type.Optional(EngineSettingsSchema),
+}, { additionalProperties: false });
+export type Catalog = Static<typeof CatalogSchema>;
+
+const ajv = new Ajv({ allErrors: false, strict: false });
+addFormats(ajv);
+const validateCatalog = ajv.compile<Catalog>(CatalogSchema);
+
+/** Checks a parsed catalog; `source` names it in errors. Checkpoint paths are resolved against `baseDir`. */
+export function parseCatalog(value: unknown, source: string, baseDir: string): Catalog {
+  if (!validateCatalog(value)) {
+    const e = validateCatalog.errors![0]!;
+    const where = e.instancePath.replace(/^\//, '').replace(/\//g, '.') || '(top level)';
+    const detail = e.keyword === 'additionalProperties'
+      ? `has an unknown field "${(e.params as { additionalProperty: string }).additionalProperty}"`
+      : e.keyword === 'const' && /supports_(image_input|tools)$/.test(e.instancePath)
+        ? 'must be false: sluice has no image encoder or tool-call parser yet'
+        : e.message ?? 'is invalid';
+    throw new SluiceError('invalid_argument', `${source}: ${where} ${detail}`);
+  }
+  const seen = new Set<string>();
+  for (const [i, model] of value.models.entries()) {
+    if (seen.has(model.id)) throw new SluiceError('invalid_argument', `${source}: models.${i}.id "${model.id}" is listed twice`);
+    seen.add(model.id);
+    checkUniqueTiers(model.pricing ?? [], `${source}: models.${i}.pricing`);
+    for (const [org, prices] of Object.entries(model.negotiated_pricing ?? {})) {
+      checkUniqueTiers(prices, `${source}: models.${i}.negotiated_pricing.${org}`);
+    }
+    if (model.granted_organizations?.length && !model.restricted) {
+      throw new SluiceError('invalid_argument',
+        `${source}: models.${i} grants organizations but is not restricted (set "restricted": true)`);
+    }
+    model.checkpoint = resolve(baseDir, model.checkpoint);
+  }
+  return value;
+}
+
+function checkUniqueTiers(prices: readonly ModelPrice[], where: string): void {
+  const tiers = prices.map((p) => p.tier);
+  const dup = tiers.find((t, i) => tiers.indexOf(t) !== i);
+  if (dup) throw new SluiceError('invalid_argument', `${where} lists tier "${dup}" twice`);
+}
+
+export async function loadCatalog(path: string): Promise<Catalog> {
+  const file = resolve(path);
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new SluiceError('invalid_argument', `cannot read the model catalog ${file}: ${(err as Error).message}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    throw new SluiceError('invalid_argument', `the model catalog ${file} is not valid JSON: ${(err as Error).message}`);
+  }
+  return parseCatalog(value, file, dirname(file));
+}
+
+/** The catalog `sluice serve --model DIR` uses: one model, named after its directory, no published rates. */
+export function singleModelCatalog(checkpoint: string, id: string): Catalog {
+  return { models: [{ id, checkpoint: resolve(checkpoint) }] };
+}

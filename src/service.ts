@@ -1,0 +1,70 @@
+// Opens everything `sluice serve` runs: the store under the data directory, the catalog's models,
+// a first API key when there is none, and the HTTP app. Library users call this to run the whole
+// service in their process; createServer (api/app.ts) is the lower level for mounting the API.
+
+import { join, resolve } from 'node:path';
+import type { FastifyInstance, FastifyServerOptions } from 'fastify';
+import { createServer } from './api/app.js';
+import type { Catalog } from './config/catalog.js';
+import type { EngineLoadOptions } from './engine/engine.js';
+import { ModelRegistry } from './serving/model-registry.js';
+import { createApiKey, type CreatedKey } from './store/api-keys.js';
+import { SqliteStore } from './store/sqlite-store.js';
+import type { Store } from './store/store.js';
+
+export const DEFAULT_ORGANIZATION = 'default';
+
+export interface OpenServiceOptions {
+  catalog: Catalog;
+  /** Directory for sluice.db and file bytes (created if missing). */
+  dataDir: string;
+  engineDefaults?: Omit<EngineLoadOptions, 'model'>;
+  logger?: FastifyServerOptions['logger'];
+  onProgress?: (message: string) => void;
+}
+
+export interface Service {
+  app: FastifyInstance;
+  store: Store;
+  registry: ModelRegistry;
+  dataDir: string;
+  /** The key made because the store had none (shown once), else undefined. */
+  firstKey: CreatedKey | undefined;
+  /** Stops the app, frees the models, closes the store. Safe to call twice. */
+  close(): Promise<void>;
+}
+
+export function storePath(dataDir: string): string {
+  return join(resolve(dataDir), 'sluice.db');
+}
+
+export async function openService(opts: OpenServiceOptions): Promise<Service> {
+  const dataDir = resolve(opts.dataDir);
+  const store = new SqliteStore(storePath(dataDir));
+  let registry: ModelRegistry | undefined;
+  try {
+    const registryOptions: Parameters<typeof ModelRegistry.load>[1] = {};
+    if (opts.engineDefaults) registryOptions.engineDefaults = opts.engineDefaults;
+    if (opts.onProgress) registryOptions.onProgress = opts.onProgress;
+    registryOptions.onMessage = opts.onProgress ?? ((m) => process.stderr.write(`sluice: ${m}\n`));
+    registry = await ModelRegistry.load(opts.catalog, registryOptions);
+    const firstKey = (await store.countActiveApiKeys()) === 0 ? await createApiKey(store, DEFAULT_ORGANIZATION) : undefined;
+    const app = await createServer({ store, registry, dataDir, logger: opts.logger });
+    let closed = false;
+    const loaded = registry;
+    return {
+      app, store, registry, dataDir, firstKey,
+      async close() {
+        if (closed) return;
+        closed = true;
+        await app.close();
+        await loaded.dispose();
+        await store.close();
+      },
+    };
+  } catch (err) {
+    await registry?.dispose();
+    await store.close();
+    throw err;
+  }
+}

@@ -1,0 +1,56 @@
+// The one internal request every surface (Responses, Chat Completions, Messages, batch lines)
+// adapts into. The core below this line never knows which surface a request came from.
+
+import type { ChatMessage } from '../engine/chat-template.js';
+import type { CompletionWindow } from '../config/catalog.js';
+
+export interface OutputFormat {
+  type: 'text' | 'json_schema';
+  /** json_schema only. Carried for the constrained decoder of a later issue; not yet enforced. */
+  name?: string;
+  description?: string;
+  schema?: Record<string, unknown>;
+  strict?: boolean;
+}
+
+export interface Caller {
+  orgId: string;
+  orgName: string;
+  keyId: string;
+}
+
+export interface GenerationRequest {
+  caller: Caller;
+  model: string;
+  /** Chat messages (rendered with the model's template) or a raw prompt (models without chat). */
+  input: { kind: 'messages'; messages: ChatMessage[] } | { kind: 'prompt'; text: string };
+  /** The request carried image parts; they are refused unless the model takes images. */
+  imageParam?: string;
+  sampling: {
+    temperature?: number;
+    topP?: number;
+    topK?: number;
+    seed?: number | bigint;
+    stop?: string[];
+    /** Top alternatives per token; undefined = no logprobs. */
+    logprobs?: number;
+  };
+  maxOutputTokens?: number;
+  /** The surface's name for maxOutputTokens, for error messages (max_output_tokens, max_tokens, ...). */
+  maxOutputTokensParam: string;
+  /** From metadata.completion_window; undefined = the model's default. */
+  completionWindow?: string;
+  background: boolean;
+  outputFormat?: OutputFormat;
+  metadata: Record<string, string>;
+  promptCacheKey?: string;
+  user?: string;
+}
+
+/** What prepare() resolved: everything run() needs. */
+export interface PreparedGeneration {
+  request: GenerationRequest;
+  window: CompletionWindow;
+  promptTokenIds: number[];
+  maxTokens: number;
+}

@@ -1,0 +1,159 @@
+// The served models: each catalog entry with its loaded engine, and what a given organization
+// sees of it (visibility of restricted models, negotiated rates, the completion windows it may
+// use). Entries naming the same checkpoint share one engine.
+
+import { SluiceError } from '../errors.js';
+import { Engine, type EngineLoadOptions } from '../engine/engine.js';
+import {
+  COMPLETION_WINDOWS, type Catalog, type CatalogModel, type CompletionWindow, type EngineSettings,
+  type LongContextPricing, type ModelPrice,
+} from '../config/catalog.js';
+
+/** The Model object of GET /v1/models: exactly the spec's fields. */
+export interface ModelObject {
+  id: string;
+  object: 'model';
+  name: string;
+  context_length: number;
+  supports_chat: boolean;
+  supports_image_input: boolean;
+  supports_tools: boolean;
+  restricted?: true;
+  pricing: ModelPrice[];
+  long_context_pricing?: LongContextPricing;
+}
+
+export class ServedModel {
+  readonly contextLength: number;
+  readonly supportsChat: boolean;
+
+  constructor(readonly entry: CatalogModel, readonly engine: Engine) {
+    const native = engine.info.contextLength;
+    if (entry.context_length !== undefined && entry.context_length > native) {
+      throw new SluiceError('invalid_argument',
+        `model ${entry.id}: context_length ${entry.context_length} is more than the checkpoint's ${native}`);
+    }
+    this.contextLength = entry.context_length ?? native;
+    this.supportsChat = entry.supports_chat ?? engine.info.hasChatTemplate;
+    if (this.supportsChat && !engine.info.hasChatTemplate) {
+      throw new SluiceError('invalid_argument',
+        `model ${entry.id}: supports_chat is true but ${entry.checkpoint} has no chat template`);
+    }
+  }
+
+  get id(): string { return this.entry.id; }
+  get supportsImageInput(): boolean { return this.entry.supports_image_input ?? false; }
+
+  visibleTo(orgName: string): boolean {
+    return !this.entry.restricted || (this.entry.granted_organizations ?? []).includes(orgName);
+  }
+
+  /** Published rates with the organization's negotiated rates in place, in window order. */
+  pricingFor(orgName: string): ModelPrice[] {
+    const byTier = new Map<string, ModelPrice>();
+    for (const p of this.entry.pricing ?? []) byTier.set(p.tier, p);
+    for (const p of this.entry.negotiated_pricing?.[orgName] ?? []) byTier.set(p.tier, p);
+    return COMPLETION_WINDOWS.filter((w) => byTier.has(w)).map((w) => ({ ...byTier.get(w)! }));
+  }
+
+  /**
+   * The windows this organization may request: those with a rate. A model that publishes no rate
+   * at all (a bare `--model DIR`) takes every window.
+   */
+  windowsFor(orgName: string): CompletionWindow[] {
+    const priced = this.pricingFor(orgName).map((p) => p.tier);
+    return priced.length > 0 ? priced : [...COMPLETION_WINDOWS];
+  }
+
+  toObject(orgName: string): ModelObject {
+    const obj: ModelObject = {
+      id: this.entry.id,
+      object: 'model',
+      name: this.entry.name ?? this.entry.id,
+      context_length: this.contextLength,
+      supports_chat: this.supportsChat,
+      supports_image_input: this.supportsImageInput,
+      supports_tools: this.entry.supports_tools ?? false,
+      pricing: this.pricingFor(orgName),
+    };
+    if (this.entry.restricted) obj.restricted = true;
+    if (this.entry.long_context_pricing) obj.long_context_pricing = { ...this.entry.long_context_pricing };
+    return obj;
+  }
+}
+
+export interface RegistryLoadOptions {
+  /** Settings under the catalog's own (the serve flags). */
+  engineDefaults?: Omit<EngineLoadOptions, 'model'>;
+  onProgress?: (message: string) => void;
+  onMessage?: (message: string) => void;
+}
+
+function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOptions, 'model'> {
+  const out: Omit<EngineLoadOptions, 'model'> = {};
+  if (!settings) return out;
+  if (settings.backend !== undefined) out.backend = settings.backend;
+  if (settings.kv_cache_bytes !== undefined) out.kvCacheBytes = settings.kv_cache_bytes;
+  if (settings.gpu_memory_utilization !== undefined) out.gpuMemoryUtilization = settings.gpu_memory_utilization;
+  if (settings.threads !== undefined) out.threads = settings.threads;
+  if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
+  if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;
+  return out;
+}
+
+export class ModelRegistry {
+  private readonly byId = new Map<string, ServedModel>();
+
+  private constructor(readonly models: readonly ServedModel[], private readonly engines: readonly Engine[]) {
+    for (const m of models) this.byId.set(m.id, m);
+  }
+
+  /** Loads every checkpoint of the catalog (each once). On failure, what was loaded is freed. */
+  static async load(catalog: Catalog, opts: RegistryLoadOptions = {}): Promise<ModelRegistry> {
+    const engines = new Map<string, Engine>();
+    const models: ServedModel[] = [];
+    try {
+      for (const entry of catalog.models) {
+        let engine = engines.get(entry.checkpoint);
+        if (!engine) {
+          opts.onProgress?.(`loading ${entry.id} from ${entry.checkpoint}…`);
+          const loadOptions: EngineLoadOptions = {
+            ...opts.engineDefaults, ...engineOptions(catalog.engine), ...engineOptions(entry.engine), model: entry.checkpoint,
+          };
+          if (opts.onMessage) loadOptions.onMessage = opts.onMessage;
+          engine = await Engine.load(loadOptions);
+          engines.set(entry.checkpoint, engine);
+        }
+        models.push(new ServedModel(entry, engine));
+      }
+    } catch (err) {
+      await Promise.all([...engines.values()].map((e) => e.dispose()));
+      throw err;
+    }
+    return new ModelRegistry(models, [...engines.values()]);
+  }
+
+  /** Models an organization may see, in catalog order. */
+  listFor(orgName: string): ModelObject[] {
+    return this.models.filter((m) => m.visibleTo(orgName)).map((m) => m.toObject(orgName));
+  }
+
+  /**
+   * The model a request names. Unknown ids fail with model_not_found (404); a restricted model the
+   * organization was not granted fails with model_not_permitted (403).
+   */
+  resolve(modelId: string, orgName: string, param = 'model'): ServedModel {
+    const model = this.byId.get(modelId);
+    if (!model) {
+      throw new SluiceError('model_not_found', `the model "${modelId}" does not exist; GET /v1/models lists the available ones`, { param });
+    }
+    if (!model.visibleTo(orgName)) {
+      throw new SluiceError('model_not_permitted', `your organization has no access to the model "${modelId}"`, { param });
+    }
+    return model;
+  }
+
+  async dispose(): Promise<void> {
+    await Promise.all(this.engines.map((e) => e.dispose()));
+  }
+}

@@ -1,0 +1,183 @@
+// The single-process store: one SQLite file (better-sqlite3, WAL) under the data directory.
+// better-sqlite3 is synchronous and each statement takes microseconds, so the async interface
+// simply wraps its results.
+
+import { randomUUID } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import Database from 'better-sqlite3';
+import { SQLITE_MIGRATIONS } from './migrations.js';
+import type { ApiKeyInfo, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
+
+type Row = Record<string, unknown>;
+
+function keyInfo(row: Row): ApiKeyInfo {
+  return {
+    id: row['id'] as string,
+    orgId: row['org_id'] as string,
+    orgName: row['org_name'] as string,
+    prefix: row['prefix'] as string,
+    createdAt: row['created_at'] as number,
+    revokedAt: (row['revoked_at'] as number | null) ?? null,
+  };
+}
+
+function fileRecord(row: Row): FileRecord {
+  return {
+    id: row['id'] as string,
+    orgId: row['org_id'] as string,
+    bytes: row['bytes'] as number,
+    createdAt: row['created_at'] as number,
+    filename: row['filename'] as string,
+    purpose: row['purpose'] as string,
+    status: row['status'] as string,
+    statusDetails: (row['status_details'] as string | null) ?? null,
+  };
+}
+
+export class SqliteStore implements Store {
+  private readonly db: Database.Database;
+  private readonly stmt: Record<string, Database.Statement>;
+
+  /** Opens (creating if needed) the database at `path` and applies pending migrations. */
+  constructor(path: string) {
+    if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+    this.db = new Database(path);
+    this.db.pragma('journal_mode = WAL');
+    this.db.pragma('synchronous = NORMAL');
+    this.db.pragma('foreign_keys = ON');
+    this.db.pragma('busy_timeout = 5000');
+    migrate(this.db);
+    const keySelect = `SELECT k.*, o.name AS org_name FROM api_keys k JOIN organizations o ON o.id = k.org_id`;
+    const prepare = (sql: string) => this.db.prepare(sql);
+    this.stmt = {
+      orgByName: prepare('SELECT * FROM organizations WHERE name = ?'),
+      insertOrg: prepare('INSERT OR IGNORE INTO organizations (id, name, created_at) VALUES (?, ?, ?)'),
+      insertKey: prepare('INSERT INTO api_keys (id, org_id, hash, prefix, created_at) VALUES (?, ?, ?, ?, ?)'),
+      keyByHash: prepare(`${keySelect} WHERE k.hash = ? AND k.revoked_at IS NULL`),
+      listKeys: prepare(`${keySelect} ORDER BY k.created_at, k.id`),
+      revokeKey: prepare('UPDATE api_keys SET revoked_at = ? WHERE (id = ? OR hash = ?) AND revoked_at IS NULL'),
+      countKeys: prepare('SELECT COUNT(*) AS n FROM api_keys WHERE revoked_at IS NULL'),
+      insertResponse: prepare('INSERT INTO responses (id, org_id, status, created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?)'),
+      updateResponse: prepare('UPDATE responses SET status = ?, updated_at = ?, body = ? WHERE id = ? AND org_id = ?'),
+      getResponse: prepare('SELECT body FROM responses WHERE id = ? AND org_id = ?'),
+      insertFile: prepare(`INSERT INTO files (id, org_id, bytes, created_at, filename, purpose, status, status_details)
+                           VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+      getFile: prepare('SELECT * FROM files WHERE id = ? AND org_id = ?'),
+      listFiles: prepare(`SELECT * FROM files WHERE org_id = ? AND (? IS NULL OR purpose = ?)
+                          AND seq < COALESCE((SELECT seq FROM files WHERE id = ? AND org_id = ?), 9223372036854775807)
+                          ORDER BY seq DESC LIMIT ?`),
+      deleteFile: prepare('DELETE FROM files WHERE id = ? AND org_id = ?'),
+      getIdem: prepare('SELECT * FROM idempotency WHERE org_id = ? AND scope = ? AND key = ?'),
+      insertIdem: prepare('INSERT INTO idempotency (org_id, scope, key, request_hash, created_at) VALUES (?, ?, ?, ?, ?)'),
+      completeIdem: prepare('UPDATE idempotency SET status_code = ?, body = ? WHERE org_id = ? AND scope = ? AND key = ?'),
+      deleteIdem: prepare('DELETE FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL'),
+    };
+  }
+
+  async ensureOrganization(name: string): Promise<Organization> {
+    this.stmt['insertOrg']!.run(`org_${randomUUID().replace(/-/g, '')}`, name, Math.floor(Date.now() / 1000));
+    const row = this.stmt['orgByName']!.get(name) as Row;
+    return { id: row['id'] as string, name: row['name'] as string, createdAt: row['created_at'] as number };
+  }
+
+  async getOrganizationByName(name: string): Promise<Organization | undefined> {
+    const row = this.stmt['orgByName']!.get(name) as Row | undefined;
+    return row && { id: row['id'] as string, name: row['name'] as string, createdAt: row['created_at'] as number };
+  }
+
+  async insertApiKey(key: { id: string; orgId: string; hash: string; prefix: string; createdAt: number }): Promise<void> {
+    this.stmt['insertKey']!.run(key.id, key.orgId, key.hash, key.prefix, key.createdAt);
+  }
+
+  async findActiveKeyByHash(hash: string): Promise<ApiKeyInfo | undefined> {
+    const row = this.stmt['keyByHash']!.get(hash) as Row | undefined;
+    return row && keyInfo(row);
+  }
+
+  async listApiKeys(): Promise<ApiKeyInfo[]> {
+    return (this.stmt['listKeys']!.all() as Row[]).map(keyInfo);
+  }
+
+  async revokeApiKey(idOrHash: string, at: number): Promise<boolean> {
+    return this.stmt['revokeKey']!.run(at, idOrHash, idOrHash).changes > 0;
+  }
+
+  async countActiveApiKeys(): Promise<number> {
+    return (this.stmt['countKeys']!.get() as { n: number }).n;
+  }
+
+  async insertResponse(orgId: string, body: ResponseBody): Promise<void> {
+    const now = Math.floor(Date.now() / 1000);
+    const createdAt = typeof body['created_at'] === 'number' ? body['created_at'] : now;
+    this.stmt['insertResponse']!.run(body.id, orgId, body.status, createdAt, now, JSON.stringify(body));
+  }
+
+  async updateResponse(orgId: string, body: ResponseBody): Promise<boolean> {
+    const now = Math.floor(Date.now() / 1000);
+    return this.stmt['updateResponse']!.run(body.status, now, JSON.stringify(body), body.id, orgId).changes > 0;
+  }
+
+  async getResponse(orgId: string, id: string): Promise<ResponseBody | undefined> {
+    const row = this.stmt['getResponse']!.get(id, orgId) as { body: string } | undefined;
+    return row && (JSON.parse(row.body) as ResponseBody);
+  }
+
+  async insertFile(f: FileRecord): Promise<void> {
+    this.stmt['insertFile']!.run(f.id, f.orgId, f.bytes, f.createdAt, f.filename, f.purpose, f.status, f.statusDetails);
+  }
+
+  async getFile(orgId: string, id: string): Promise<FileRecord | undefined> {
+    const row = this.stmt['getFile']!.get(id, orgId) as Row | undefined;
+    return row && fileRecord(row);
+  }
+
+  async listFiles(orgId: string, opts: { limit: number; purpose?: string; after?: string }): Promise<FileRecord[]> {
+    const purpose = opts.purpose ?? null;
+    const after = opts.after ?? null;
+    return (this.stmt['listFiles']!.all(orgId, purpose, purpose, after, orgId, opts.limit) as Row[]).map(fileRecord);
+  }
+
+  async deleteFile(orgId: string, id: string): Promise<boolean> {
+    return this.stmt['deleteFile']!.run(id, orgId).changes > 0;
+  }
+
+  async beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number): Promise<IdempotencyBegin> {
+    // One transaction: two requests racing on a new key cannot both see it as new.
+    return this.db.transaction((): IdempotencyBegin => {
+      const row = this.stmt['getIdem']!.get(orgId, scope, key) as Row | undefined;
+      if (!row) {
+        this.stmt['insertIdem']!.run(orgId, scope, key, requestHash, at);
+        return { state: 'new' };
+      }
+      if (row['request_hash'] !== requestHash) return { state: 'mismatch' };
+      if (row['status_code'] === null) return { state: 'in_progress' };
+      return { state: 'done', statusCode: row['status_code'] as number, body: JSON.parse(row['body'] as string) };
+    }).immediate();
+  }
+
+  async completeIdempotency(orgId: string, scope: string, key: string, statusCode: number, body: unknown): Promise<void> {
+    this.stmt['completeIdem']!.run(statusCode, JSON.stringify(body), orgId, scope, key);
+  }
+
+  async abandonIdempotency(orgId: string, scope: string, key: string): Promise<void> {
+    this.stmt['deleteIdem']!.run(orgId, scope, key);
+  }
+
+  async close(): Promise<void> {
+    if (this.db.open) this.db.close();
+  }
+}
+
+function migrate(db: Database.Database): void {
+  const current = db.pragma('user_version', { simple: true }) as number;
+  if (current > SQLITE_MIGRATIONS.length) {
+    throw new Error(`the database was written by a newer sluice (schema version ${current}, this one knows ${SQLITE_MIGRATIONS.length})`);
+  }
+  for (let v = current; v < SQLITE_MIGRATIONS.length; v++) {
+    db.transaction(() => {
+      db.exec(SQLITE_MIGRATIONS[v]!);
+      db.pragma(`user_version = ${v + 1}`);
+    })();
+  }
+}

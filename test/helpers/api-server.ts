@@ -1,0 +1,62 @@
+// Starts the real service (store, engine, HTTP) in this process on a free port, for black-box
+// tests with HTTP clients. Each server gets its own temporary data directory and tiny model.
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import { makeModel } from '../../models/make-model.js';
+import type { Catalog } from '../../src/config/catalog.js';
+import { openService, type Service } from '../../src/service.js';
+import { createApiKey } from '../../src/store/api-keys.js';
+
+export interface TestServer {
+  /** http://127.0.0.1:PORT (no /v1). */
+  origin: string;
+  /** origin + /v1: the base URL OpenAI clients take. */
+  baseUrl: string;
+  /** A key of organization "default". */
+  key: string;
+  service: Service;
+  /** The tiny model's directory (catalog checkpoints may point at it). */
+  modelDir: string;
+  dataDir: string;
+  /** A new key for an organization (created if new). */
+  keyFor(org: string): Promise<string>;
+  close(): Promise<void>;
+}
+
+export interface TestServerOptions {
+  /** Builds the catalog from the tiny model's directory. Default: one model "tiny", no rates. */
+  catalog?: (modelDir: string) => Catalog;
+  /** Reuse a data directory (restarts); default a new temporary one, removed on close. */
+  dataDir?: string;
+}
+
+export async function startTestServer(opts: TestServerOptions = {}): Promise<TestServer> {
+  const root = mkdtempSync(join(os.tmpdir(), 'sluice-api-'));
+  const modelDir = join(root, 'tiny');
+  await makeModel({ preset: 'tiny', out: modelDir, seed: 3 });
+  const dataDir = opts.dataDir ?? join(root, 'data');
+  const catalog = opts.catalog?.(modelDir) ?? { models: [{ id: 'tiny', checkpoint: modelDir }] };
+  const service = await openService({
+    catalog,
+    dataDir,
+    engineDefaults: { backend: 'cpu', kvCacheBytes: 64 << 20, threads: 1 },
+    onProgress: () => {},
+  });
+  const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
+  const key = service.firstKey?.key ?? (await createApiKey(service.store, 'default')).key;
+  return {
+    origin: address,
+    baseUrl: `${address}/v1`,
+    key,
+    service,
+    modelDir,
+    dataDir,
+    keyFor: async (org) => (await createApiKey(service.store, org)).key,
+    close: async () => {
+      await service.close();
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}
