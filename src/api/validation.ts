@@ -20,6 +20,9 @@ function makeAjv(coerce: boolean): Ajv {
     allErrors: false,
     verbose: true,
     strict: false,
+    // oneOf with `discriminator` picks the branch by its `type` tag, so errors come from the
+    // branch the client meant (see discriminatedUnion in schemas/common.ts).
+    discriminator: true,
   });
   addFormats(ajv);
   return ajv;
@@ -61,9 +64,16 @@ function show(value: unknown): string {
  * then a summary; the deepest branch error names the field that is actually wrong, so it wins.
  */
 function bestError(errors: ErrorObject[]): ErrorObject | undefined {
+  // A union branch whose `type` discriminator did not match says nothing about the branch the
+  // client meant: drop all of that branch's errors.
+  const wrongBranches = errors
+    .filter((e) => (e.keyword === 'const' || e.keyword === 'enum') && e.instancePath.endsWith('/type'))
+    .map((e) => /^(.*\/(?:anyOf|oneOf)\/\d+\/)/.exec(e.schemaPath)?.[1])
+    .filter((p): p is string => p !== undefined);
+  const relevant = errors.filter((e) => !wrongBranches.some((p) => e.schemaPath.startsWith(p)));
   let best: ErrorObject | undefined;
   let bestDepth = -1;
-  for (const e of errors) {
+  for (const e of relevant.length > 0 ? relevant : errors) {
     if (e.keyword === 'anyOf' || e.keyword === 'oneOf' || e.keyword === 'if') continue;
     const depth = e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
     // Prefer a type error of a deeper path; among equal depths keep the first (ajv's order).
@@ -90,6 +100,13 @@ export function describeAjvError(e: ErrorObject, part: string): { param: string;
     }
     case 'const': {
       return { param: base, message: `${where}${base || 'value'} must be ${show((e.params as { allowedValue: unknown }).allowedValue)} (got ${show(e.data)})` };
+    }
+    case 'discriminator': {
+      const { tag, tagValue } = e.params as { tag: string; tagValue: unknown };
+      const branches = ((e.parentSchema as { oneOf?: Array<{ properties?: Record<string, { const?: unknown }> }> })?.oneOf ?? []);
+      const allowed = branches.map((b) => show(b.properties?.[tag]?.const)).join(', ');
+      const param = joinParam(base, tag);
+      return { param, message: `${where}${param} must be one of ${allowed} (got ${show(tagValue)})` };
     }
     case 'type':
       return { param: base, message: `${where}${base || 'the body'} ${e.message ?? 'has the wrong type'} (got ${show(e.data)})` };

@@ -1,6 +1,6 @@
 // Schemas shared by several surfaces: the error envelope, request metadata, the model object.
 
-import Type from 'typebox';
+import Type, { type Static, type TSchema } from 'typebox';
 import { LongContextPricingSchema, ModelPriceSchema } from '../../config/catalog.js';
 
 export const ErrorEnvelopeSchema = Type.Object({
@@ -41,3 +41,12 @@ export const ModelListSchema = Type.Object({
   object: Type.Literal('list'),
   data: Type.Array(ModelSchema),
 }, { additionalProperties: false });
+
+/**
+ * A union of objects told apart by their `type` property, validated as an OpenAPI discriminated
+ * oneOf: ajv checks only the branch the tag names, so a client error is reported against the
+ * branch the client meant, and an unknown tag lists the known ones.
+ */
+export function discriminatedUnion<T extends TSchema[]>(branches: [...T]) {
+  return Type.Unsafe<Static<T[number]>>({ oneOf: branches, discriminator: { propertyName: 'type' } });
+}

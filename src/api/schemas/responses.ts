@@ -3,7 +3,7 @@
 // messages and content parts are closed.
 
 import Type, { type Static } from 'typebox';
-import { MetadataSchema } from './common.js';
+import { discriminatedUnion, MetadataSchema } from './common.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 
@@ -35,7 +35,7 @@ export const InputMessageSchema = Type.Object({
 }, { additionalProperties: false });
 export type InputMessage = Static<typeof InputMessageSchema>;
 
-export const TextFormatSchema = Type.Union([
+export const TextFormatSchema = discriminatedUnion([
   Type.Object({ type: Type.Literal('text') }, { additionalProperties: false }),
   Type.Object({
     type: Type.Literal('json_schema'),
