@@ -1,0 +1,74 @@
+// The model catalog file: what it accepts, what it refuses (with messages naming the field), and
+// how checkpoints and per-organization rates resolve.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { makeModel } from '../models/make-model.js';
+import { loadCatalog, parseCatalog } from '../src/config/catalog.js';
+import { ModelRegistry } from '../src/serving/model-registry.js';
+import { price } from './helpers/api-catalog.js';
+
+let root: string;
+beforeAll(() => { root = mkdtempSync(join(os.tmpdir(), 'sluice-catalog-')); });
+afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+const model = (extra: Record<string, unknown> = {}) => ({ id: 'm', checkpoint: 'ckpt', ...extra });
+
+describe('parseCatalog', () => {
+  it('resolves checkpoints against the catalog directory', () => {
+    const catalog = parseCatalog({ models: [model(), { id: 'abs', checkpoint: '/models/x' }] }, 'c.json', '/etc/sluice');
+    expect(catalog.models.map((m) => m.checkpoint)).toEqual(['/etc/sluice/ckpt', '/models/x']);
+  });
+
+  it.each([
+    ['no models', { models: [] }, /models must NOT have fewer than 1 items/],
+    ['unknown field', { models: [model({ colour: 'red' })] }, /models\.0 has an unknown field "colour"/],
+    ['bad id', { models: [model({ id: ' spaces ' })] }, /models\.0\.id must match/],
+    ['duplicate id', { models: [model(), model()] }, /"m" is listed twice/],
+    ['unknown tier', { models: [model({ pricing: [{ ...price('asap', 1, 0, 1), tier: 'slow' }] })] }, /pricing\.0\.tier/],
+    ['negative price', { models: [model({ pricing: [price('asap', -1, 0, 1)] })] }, /input_per_1m_tokens must be >= 0/],
+    ['duplicate tier', { models: [model({ pricing: [price('asap', 1, 0, 1), price('asap', 2, 0, 1)] })] }, /lists tier "asap" twice/],
+    ['duplicate negotiated tier', { models: [model({ negotiated_pricing: { acme: [price('flex', 1, 0, 1), price('flex', 1, 0, 1)] } })] }, /negotiated_pricing\.acme lists tier "flex" twice/],
+    ['grants without restricted', { models: [model({ granted_organizations: ['acme'] })] }, /not restricted/],
+    ['image input claimed', { models: [model({ supports_image_input: true })] }, /no image encoder/],
+    ['tools claimed', { models: [model({ supports_tools: true })] }, /tool-call parser/],
+    ['bad effective_from', { models: [model({ long_context_pricing: { above_input_tokens: 10, input_multiplier: 2, output_multiplier: 2, effective_from: '2026-13-01' } })] }, /effective_from must match format "date"/],
+  ])('refuses %s', (_name, value, message) => {
+    expect(() => parseCatalog(value, 'catalog.json', '/')).toThrow(message);
+  });
+
+  it('reports unreadable and non-JSON files with their path', async () => {
+    await expect(loadCatalog(join(root, 'missing.json'))).rejects.toThrow(/cannot read the model catalog .*missing\.json/);
+    writeFileSync(join(root, 'bad.json'), '{ nope');
+    await expect(loadCatalog(join(root, 'bad.json'))).rejects.toThrow(/bad\.json is not valid JSON/);
+  });
+});
+
+describe('ModelRegistry', () => {
+  it('loads each checkpoint once, resolves rates per organization and refuses a context above the checkpoint\'s', async () => {
+    const dir = join(root, 'tiny');
+    await makeModel({ preset: 'tiny', out: dir, seed: 3 });
+    const catalog = parseCatalog({
+      models: [
+        { id: 'a', checkpoint: dir, pricing: [price('standard', 1, 0.5, 2), price('flex', 0.5, 0, 1)], negotiated_pricing: { acme: [price('flex', 0.25, 0, 0.5), price('asap', 9, 0, 9)] } },
+        { id: 'b', checkpoint: dir, context_length: 100 },
+      ],
+    }, 'c.json', root);
+    const registry = await ModelRegistry.load(catalog, { engineDefaults: { backend: 'cpu', kvCacheBytes: 16 << 20 } });
+    try {
+      const [a, b] = registry.models;
+      expect(a!.engine).toBe(b!.engine);
+      expect(a!.windowsFor('someone')).toEqual(['standard', 'flex']);
+      // Negotiated rates replace a tier's published rate and may open a tier for that organization.
+      expect(a!.pricingFor('acme').map((p) => [p.tier, p.input_per_1m_tokens])).toEqual([['asap', 9], ['standard', 1], ['flex', 0.25]]);
+      expect(b!.contextLength).toBe(100);
+      expect(b!.windowsFor('someone')).toEqual(['asap', 'standard', 'flex']);
+    } finally {
+      await registry.dispose();
+    }
+    const tooLong = parseCatalog({ models: [{ id: 'c', checkpoint: dir, context_length: 1_000_000 }] }, 'c.json', root);
+    await expect(ModelRegistry.load(tooLong, { engineDefaults: { backend: 'cpu', kvCacheBytes: 16 << 20 } }))
+      .rejects.toThrow(/context_length 1000000 is more than the checkpoint's 2048/);
+  });
+});
