@@ -13,3 +13,17 @@ export { SluiceError, isSluiceError } from './errors.js';
 export type { SluiceErrorCode } from './errors.js';
 export { makeModel } from '../models/make-model.js';
 export type { MakeModelOptions } from '../models/make-model.js';
+
+// The HTTP service: the whole of `sluice serve` in-process, or the API as a fastify plugin.
+export { openService, DEFAULT_ORGANIZATION } from './service.js';
+export type { OpenServiceOptions, Service } from './service.js';
+export { createServer } from './api/app.js';
+export type { CreateServerOptions } from './api/app.js';
+export { sluiceApi, API_VERSION } from './api/plugin.js';
+export type { SluiceApiOptions } from './api/plugin.js';
+export { loadCatalog, parseCatalog, singleModelCatalog } from './config/catalog.js';
+export type { Catalog, CatalogModel, ModelPrice, LongContextPricing, CompletionWindow } from './config/catalog.js';
+export { ModelRegistry } from './serving/model-registry.js';
+export { SqliteStore } from './store/sqlite-store.js';
+export type { Store } from './store/store.js';
+export { createApiKey, revokeApiKey } from './store/api-keys.js';
