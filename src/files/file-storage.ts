@@ -1,0 +1,105 @@
+// The bytes of uploaded files, one plain file per file id under `<dataDir>/files/`. Metadata lives in
+// the Store; this module knows nothing of organizations or HTTP.
+//
+// Invariant: a name without the temp prefix exists only for a completely written file. Uploads are
+// written to `.upload-<random>` in the same directory and renamed into place (atomic on one file
+// system), so a crash or an aborted upload can leave only temp files, which `open` sweeps.
+
+import { randomBytes } from 'node:crypto';
+import { createWriteStream, type ReadStream, type WriteStream } from 'node:fs';
+import { mkdir, open, readdir, rename, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+
+const TEMP_PREFIX = '.upload-';
+/** File ids are made by the API (`file-` + hex); anything else never reaches the file system. */
+const FILE_ID = /^file-[0-9a-f]{8,64}$/;
+
+export interface TempFile {
+  path: string;
+  /** Open for writing; flushed to disk (fsync) before it closes, so a committed file survives a crash. */
+  stream: WriteStream;
+}
+
+export interface OpenedFile {
+  /** Closes its descriptor when it ends or is destroyed. */
+  stream: ReadStream;
+  bytes: number;
+}
+
+export class FileStorage {
+  private constructor(readonly dir: string) {}
+
+  /** Creates the directory if needed and removes temp files left by uploads that never finished. */
+  static async open(dataDir: string): Promise<FileStorage> {
+    const dir = join(dataDir, 'files');
+    await mkdir(dir, { recursive: true });
+    // NOTE: safe because one process owns the data directory (the SQLite store is single-process).
+    for (const name of await readdir(dir)) {
+      if (name.startsWith(TEMP_PREFIX)) await rm(join(dir, name), { force: true });
+    }
+    return new FileStorage(dir);
+  }
+
+  static isFileId(id: string): boolean {
+    return FILE_ID.test(id);
+  }
+
+  /** A new, empty temp file in the files directory. */
+  createTemp(): TempFile {
+    const path = join(this.dir, `${TEMP_PREFIX}${randomBytes(12).toString('hex')}`);
+    return { path, stream: createWriteStream(path, { flags: 'wx', flush: true }) };
+  }
+
+  /** Removes a temp file; a missing one is fine (the upload may have failed before creating it). */
+  async discardTemp(temp: TempFile): Promise<void> {
+    // A stream destroyed before its open finished still creates the file, so wait for it to close.
+    if (!temp.stream.closed) {
+      const closed = new Promise<void>((resolve) => temp.stream.once('close', () => resolve()));
+      temp.stream.destroy();
+      await closed;
+    }
+    await rm(temp.path, { force: true });
+  }
+
+  /** Moves a completely written temp file to its id's name. */
+  async commit(temp: TempFile, id: string): Promise<void> {
+    await rename(temp.path, this.pathOf(id));
+  }
+
+  /** Removes a file's bytes; false when there were none. Readers that already opened it keep reading. */
+  async remove(id: string): Promise<boolean> {
+    try {
+      await rm(this.pathOf(id));
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Opens a file for reading, or undefined when its bytes are gone. The descriptor is opened before
+   * the stream exists, so a delete that lands after this call cannot fail the read (POSIX unlink).
+   */
+  async openRead(id: string): Promise<OpenedFile | undefined> {
+    let handle;
+    try {
+      handle = await open(this.pathOf(id), 'r');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw err;
+    }
+    try {
+      const { size } = await handle.stat();
+      return { stream: handle.createReadStream({ autoClose: true }), bytes: size };
+    } catch (err) {
+      await handle.close();
+      throw err;
+    }
+  }
+
+  private pathOf(id: string): string {
+    if (!FILE_ID.test(id)) throw new Error(`not a file id: ${JSON.stringify(id)}`);
+    return join(this.dir, id);
+  }
+}
