@@ -75,6 +75,8 @@ describe('Engine', () => {
     const cut = await engine.generate({ prompt: 'Once upon a time', maxTokens: 40, temperature: 0, stop: [stop] });
     expect(cut.finishReason).toBe('stop');
     expect(cut.text).toBe(full.text.slice(0, full.text.indexOf(stop)));
+    expect(cut.stopSequence).toBe(stop);
+    expect(full.stopSequence).toBeUndefined();
   });
 
   it('repeats seeded samples and reports logprobs', async () => {

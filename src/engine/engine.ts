@@ -175,6 +175,7 @@ export class Engine {
       usage: last.usage,
       timings: last.timings,
     };
+    if (last.stopSequence !== undefined) result.stopSequence = last.stopSequence;
     if (req.logprobs !== undefined) result.logprobs = logprobs;
     return result;
   }

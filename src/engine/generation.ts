@@ -101,6 +101,7 @@ export class Generation implements SequenceSink {
     if (this.options.logprobs !== undefined) chunk.logprobs = [this.tokenLogprob(token, this.options.logprobs)];
     if (update.finishReason !== undefined) {
       chunk.finishReason = update.finishReason;
+      if (update.stopString !== undefined) chunk.stopSequence = update.stopString;
       chunk.usage = { promptTokens: this.options.promptTokenIds.length, completionTokens: this.numGeneratedTokens };
       chunk.timings = this.timings(nowMs);
     }

@@ -65,6 +65,8 @@ export interface GenerateResult {
   tokenIds: number[];
   promptTokenIds: number[];
   finishReason: FinishReason;
+  /** The stop string that ended the generation (finishReason 'stop' because of it); absent otherwise. */
+  stopSequence?: string;
   /** One entry per generated token when the request asked for logprobs. */
   logprobs?: TokenLogprob[];
   usage: Usage;
@@ -80,6 +82,8 @@ export interface GenerateChunk {
   logprobs?: TokenLogprob[];
   /** The last chunk carries finishReason, usage and timings. */
   finishReason?: FinishReason;
+  /** On the last chunk: the stop string that ended the generation, if one did. */
+  stopSequence?: string;
   usage?: Usage;
   timings?: Timings;
 }

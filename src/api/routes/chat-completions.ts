@@ -1,6 +1,67 @@
-// Placeholder: filled in by the surface's own change.
+// POST /v1/chat/completions: OpenAI's Chat Completions shape over the same GenerationService path
+// as Responses. Foreground only (no background, no streaming); nothing is stored. n > 1 runs the
+// choices concurrently (the batcher serves them together); a client disconnect cancels them all.
 
 import type { FastifyInstance } from 'fastify';
+import type { GenerateResult } from '../../engine/request.js';
+import type { PreparedGeneration } from '../../serving/generation-request.js';
+import type { GenerationService } from '../../serving/generation-service.js';
+import {
+  chatCompletion, choicesOf, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest,
+} from '../adapters/chat-completions.js';
+import { newId, nowSeconds } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
+import { disconnectSignal } from '../disconnect.js';
+import {
+  ChatCompletionSchema, CreateChatCompletionSchema, type CreateChatCompletionBody,
+} from '../schemas/chat-completions.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 
-export function registerChatCompletionRoutes(_app: FastifyInstance, _ctx: ApiContext): void {}
+/**
+ * Runs every choice; resolves with their results in choice order. The first failure (or the
+ * client going away) cancels the choices still running, and the call rejects with that failure.
+ */
+async function runChoices(service: GenerationService, choices: PreparedGeneration[], signal: AbortSignal): Promise<GenerateResult[]> {
+  if (choices.length === 1) return [await service.run(choices[0]!, signal)];
+  const controller = new AbortController();
+  const cancelAll = () => controller.abort();
+  signal.addEventListener('abort', cancelAll, { once: true });
+  try {
+    return await Promise.all(choices.map((choice) => service.run(choice, controller.signal).catch((err: unknown) => {
+      cancelAll();
+      throw err;
+    })));
+  } finally {
+    signal.removeEventListener('abort', cancelAll);
+  }
+}
+
+/** `chatcmpl-` + 32 hex digits: OpenAI's ids of this object use a hyphen. */
+const completionId = (): string => newId('chatcmpl').replace('_', '-');
+
+export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiContext): void {
+  app.post<{ Body: CreateChatCompletionBody }>('/chat/completions', {
+    schema: {
+      summary: 'Create a chat completion',
+      body: CreateChatCompletionSchema,
+      response: { 200: ChatCompletionSchema, ...errorResponses, 403: ErrorEnvelopeSchema },
+    },
+    preValidation: async (request) => refuseUnsupportedChatInput(request.body),
+  }, async (request, reply) => {
+    const body = request.body;
+    const caller = request.caller;
+    const model = ctx.registry.resolve(body.model, caller.orgName);
+    const { request: generation, n } = toChatGenerationRequest(body, caller, model.supportsChat);
+    // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
+    const prepared = ctx.service.prepare(generation);
+    const created = nowSeconds();
+    const results = await runChoices(ctx.service, choicesOf(prepared, n), disconnectSignal(reply));
+    return chatCompletion({
+      id: completionId(),
+      created,
+      fingerprint: systemFingerprint(ctx.service.modelOf(prepared)),
+      prepared,
+      results,
+    });
+  });
+}

@@ -1,6 +1,85 @@
-// Placeholder: filled in by the surface's own change.
+// POST /v1/messages: Anthropic's Messages shape over the same GenerationService path as the other
+// surfaces. Foreground only (no streaming); a client disconnect cancels the generation. Errors use
+// the spec's error envelope here too (Anthropic's clients map the status to their error classes).
+//
+// Idempotency: `alt-idempotency-key` and `Idempotency-Key` (same behaviour) bind a key, per
+// organization, to a hash of the model and the validated body. The first call runs and its 200
+// body is kept; a repeat with the same body gets that body back without generating (header
+// `idempotent-replayed: true`); a repeat while the first still runs is 409 idempotency_key_in_use;
+// a repeat with a different body is 422 idempotency_key_reused. A call that fails releases its
+// key, so a retry runs afresh.
 
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { Caller } from '../../serving/generation-request.js';
+import { newId, nowSeconds } from '../adapters/content.js';
+import {
+  idempotencyKeyOf, messageObject, refuseUnsupportedMessageInput, requestHash, toMessagesGenerationRequest,
+} from '../adapters/messages.js';
 import type { ApiContext } from '../context.js';
+import { disconnectSignal } from '../disconnect.js';
+import { ApiError } from '../errors.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+import { CreateMessageSchema, MessageObjectSchema, type CreateMessageBody, type MessageObject } from '../schemas/messages.js';
 
-export function registerMessageRoutes(_app: FastifyInstance, _ctx: ApiContext): void {}
+/** The idempotency scope (store key space) of this endpoint. */
+const SCOPE = 'messages';
+
+async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: Caller, reply: FastifyReply): Promise<MessageObject> {
+  const model = ctx.registry.resolve(body.model, caller.orgName);
+  // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
+  const prepared = ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
+  const result = await ctx.service.run(prepared, disconnectSignal(reply));
+  return messageObject(newId('msg'), prepared, result);
+}
+
+export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): void {
+  app.post<{ Body: CreateMessageBody }>('/messages', {
+    schema: {
+      summary: 'Create a message',
+      body: CreateMessageSchema,
+      headers: {
+        type: 'object',
+        properties: {
+          'alt-idempotency-key': { type: 'string', maxLength: 255, description: 'Same as Idempotency-Key.' },
+          'idempotency-key': { type: 'string', maxLength: 255, description: 'A repeat with the same key and body replays the first result.' },
+        },
+      },
+      response: {
+        200: MessageObjectSchema, ...errorResponses,
+        403: ErrorEnvelopeSchema, 409: ErrorEnvelopeSchema, 422: ErrorEnvelopeSchema,
+      },
+    },
+    preValidation: async (request) => refuseUnsupportedMessageInput(request.body),
+  }, async (request, reply) => {
+    const body = request.body;
+    const caller = request.caller;
+    const idem = idempotencyKeyOf(request.headers);
+    if (idem === undefined) return createMessage(ctx, body, caller, reply);
+
+    const begun = await ctx.store.beginIdempotency(caller.orgId, SCOPE, idem.key, requestHash(body), nowSeconds());
+    switch (begun.state) {
+      case 'done':
+        reply.header('idempotent-replayed', 'true');
+        return reply.code(begun.statusCode).send(begun.body);
+      case 'in_progress':
+        throw new ApiError(409, 'conflict_error',
+          `a request with this ${idem.header} is still running; retry once it has finished to get its result`,
+          idem.header, 'idempotency_key_in_use');
+      case 'mismatch':
+        throw new ApiError(422, 'invalid_request_error',
+          `this ${idem.header} was already used with a different request body; use a new key for a new request`,
+          idem.header, 'idempotency_key_reused');
+      case 'new':
+        break;
+    }
+    let message: MessageObject;
+    try {
+      message = await createMessage(ctx, body, caller, reply);
+    } catch (err) {
+      await ctx.store.abandonIdempotency(caller.orgId, SCOPE, idem.key);
+      throw err;
+    }
+    await ctx.store.completeIdempotency(caller.orgId, SCOPE, idem.key, 200, message);
+    return message;
+  });
+}

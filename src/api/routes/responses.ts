@@ -4,7 +4,7 @@
 // background=true returns the in_progress object at once; the generation finishes on its own and
 // updates the stored object.
 
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { isSluiceError } from '../../errors.js';
 import type { PreparedGeneration } from '../../serving/generation-request.js';
 import type { ResponseBody } from '../../store/store.js';
@@ -13,6 +13,7 @@ import {
 } from '../adapters/responses.js';
 import { newId } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
+import { disconnectSignal } from '../disconnect.js';
 import { notFound } from '../errors.js';
 import { errorResponses } from '../schemas/common.js';
 import {
@@ -34,15 +35,6 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   }
   await ctx.store.updateResponse(orgId, final);
   return final;
-}
-
-/** Aborts when the client goes away before the reply was sent. */
-function disconnectSignal(reply: FastifyReply): AbortSignal {
-  const controller = new AbortController();
-  reply.raw.on('close', () => {
-    if (!reply.raw.writableFinished) controller.abort();
-  });
-  return controller.signal;
 }
 
 export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): void {

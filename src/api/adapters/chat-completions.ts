@@ -1,0 +1,247 @@
+// The Chat Completions surface adapter: a create-chat-completion body -> GenerationRequest (plus
+// the number of choices), and the generations' results -> the OpenAI chat.completion object.
+// Every OpenAI field the schema lets through is either honoured here or refused with a 400
+// naming it; nothing is dropped silently.
+
+import { createHash } from 'node:crypto';
+import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
+import type { GenerateResult, TokenLogprob } from '../../engine/request.js';
+import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
+import type { ServedModel } from '../../serving/model-registry.js';
+import { invalidRequest } from '../errors.js';
+import {
+  MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
+} from '../schemas/chat-completions.js';
+import { checkImageUrl, completionWindowOf } from './content.js';
+
+/** Content part types of OpenAI's API that the service refuses, with why. */
+const REFUSED_PART_TYPES: Record<string, string> = {
+  input_audio: 'audio input is not accepted',
+  file: 'file input is not accepted',
+};
+
+/** Known OpenAI request fields that ask for something no served model can do. */
+const REFUSED_FIELDS: Record<string, string> = {
+  audio: 'audio output is not available: the models generate text only',
+  prediction: 'predicted outputs are not supported',
+  web_search_options: 'web search is not available',
+};
+
+const unsupported = (param: string, message: string) => invalidRequest(message, param, 'unsupported_parameter');
+
+/**
+ * Runs on the raw body, before schema validation: gives stream=true and refused content parts
+ * (audio, files) their own clear 400 instead of a schema mismatch.
+ */
+export function refuseUnsupportedChatInput(body: unknown): void {
+  const b = body as { stream?: unknown; messages?: unknown } | null;
+  if (b?.stream === true) {
+    throw invalidRequest('streaming is not available on this endpoint: send stream=false or leave it out', 'stream', 'unsupported_parameter');
+  }
+  if (!Array.isArray(b?.messages)) return;
+  b.messages.forEach((message: unknown, i: number) => {
+    const content = (message as { content?: unknown } | null)?.content;
+    if (!Array.isArray(content)) return;
+    content.forEach((part: unknown, j: number) => {
+      const type = (part as { type?: unknown } | null)?.type;
+      if (typeof type === 'string' && Object.hasOwn(REFUSED_PART_TYPES, type)) {
+        throw invalidRequest(`messages[${i}].content[${j}] is of type ${type}: ${REFUSED_PART_TYPES[type]}`,
+          `messages[${i}].content[${j}].type`, 'unsupported_input');
+      }
+    });
+  });
+}
+
+function toChatMessages(messages: ChatMessageParam[]): { messages: ChatMessage[]; imageParam?: string } {
+  let imageParam: string | undefined;
+  const out = messages.map((m, i): ChatMessage => {
+    // Legacy function results are tool results to the chat template.
+    const role: ChatRole = m.role === 'function' ? 'tool' : m.role;
+    if (m.content === undefined || m.content === null) {
+      // Only an assistant turn that called tools may have no content (OpenAI's rule too).
+      if (m.role !== 'assistant') throw invalidRequest(`messages[${i}].content is required for a ${m.role} message`, `messages[${i}].content`);
+      return { role, content: '' };
+    }
+    if (typeof m.content === 'string') return { role, content: m.content };
+    const texts: string[] = [];
+    m.content.forEach((part, j) => {
+      const param = `messages[${i}].content[${j}]`;
+      if (part.type === 'text') {
+        texts.push(part.text);
+        return;
+      }
+      checkImageUrl(part.image_url.url, `${param}.image_url.url`);
+      imageParam ??= param;
+    });
+    // Parts join with '\n', as on the Responses surface, so both render the same prompt.
+    return { role, content: texts.join('\n') };
+  });
+  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
+}
+
+/** Checks the fields the schema lets through but the service serves only in part. */
+function refuseUnservable(body: CreateChatCompletionBody): void {
+  for (const [field, why] of Object.entries(REFUSED_FIELDS)) {
+    if (body[field as keyof CreateChatCompletionBody] != null) throw unsupported(field, `${field}: ${why}`);
+  }
+  for (const field of ['presence_penalty', 'frequency_penalty'] as const) {
+    if (body[field] != null && body[field] !== 0) throw unsupported(field, `${field} is not supported: only 0 (or null) is accepted`);
+  }
+  if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) {
+    throw unsupported('logit_bias', 'logit_bias is not supported: only an empty object (or null) is accepted');
+  }
+  if (body.stream_options != null) {
+    throw unsupported('stream_options', 'stream_options is only allowed with stream=true, and streaming is not available on this endpoint');
+  }
+  for (const field of ['tools', 'functions'] as const) {
+    if ((body[field]?.length ?? 0) > 0) {
+      throw invalidRequest(`${field}: the models served here cannot call tools; send no ${field} (or an empty list)`, field, 'tools_unsupported');
+    }
+  }
+  for (const field of ['tool_choice', 'function_call'] as const) {
+    const choice = body[field];
+    if (choice != null && choice !== 'none' && choice !== 'auto') {
+      throw invalidRequest(`${field} may only be "none" or "auto": the models served here cannot call tools`, field, 'tools_unsupported');
+    }
+  }
+}
+
+function outputFormatOf(body: CreateChatCompletionBody): OutputFormat | undefined {
+  const format = body.response_format;
+  if (format == null) return undefined;
+  if (format.type === 'text') return { type: 'text' };
+  const js = format.json_schema;
+  const out: OutputFormat = { type: 'json_schema', name: js.name };
+  if (js.description !== undefined) out.description = js.description;
+  if (js.schema !== undefined) out.schema = js.schema;
+  if (js.strict != null) out.strict = js.strict;
+  return out;
+}
+
+function maxTokensOf(body: CreateChatCompletionBody): { value?: number; param: string } {
+  const current = body.max_completion_tokens ?? undefined;
+  const legacy = body.max_tokens ?? undefined;
+  if (current !== undefined && legacy !== undefined && current !== legacy) {
+    throw invalidRequest(`max_tokens (${legacy}) and max_completion_tokens (${current}) disagree: send only max_completion_tokens`, 'max_tokens');
+  }
+  if (current !== undefined) return { value: current, param: 'max_completion_tokens' };
+  if (legacy !== undefined) return { value: legacy, param: 'max_tokens' };
+  return { param: 'max_completion_tokens' };
+}
+
+/** The request of one choice; `n` is how many choices to run (seeds seed, seed+1, ...). */
+export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: Caller, supportsChat: boolean): { request: GenerationRequest; n: number } {
+  refuseUnservable(body);
+  if (!supportsChat) {
+    throw invalidRequest(`the model "${body.model}" does not serve conversations (supports_chat is false); use POST /v1/responses with a string input`,
+      'model', 'chat_unsupported');
+  }
+  if (body.top_logprobs != null && body.logprobs !== true) {
+    throw invalidRequest('top_logprobs requires logprobs=true', 'top_logprobs');
+  }
+  const metadata = body.metadata ?? {};
+  const window = completionWindowOf(metadata);
+  if (window === 'flex') {
+    // flex needs background=true, which this endpoint does not offer.
+    throw invalidRequest('completion_window "flex" needs a background request, which Chat Completions does not offer: use POST /v1/responses with background=true',
+      'metadata.completion_window');
+  }
+  const converted = toChatMessages(body.messages);
+  const maxTokens = maxTokensOf(body);
+  const stop = typeof body.stop === 'string' ? [body.stop] : (body.stop ?? []);
+  if (stop.length > MAX_STOP_STRINGS) throw invalidRequest(`stop may hold at most ${MAX_STOP_STRINGS} strings (got ${stop.length})`, 'stop');
+  const request: GenerationRequest = {
+    caller,
+    model: body.model,
+    input: { kind: 'messages', messages: converted.messages },
+    sampling: {
+      ...(body.temperature != null && { temperature: body.temperature }),
+      // top_p 0 means "only the most likely token": the engine's smallest nucleus.
+      ...(body.top_p != null && { topP: Math.max(body.top_p, Number.MIN_VALUE) }),
+      // OpenAI seeds are int64; the engine's are the same 64 bits read unsigned.
+      ...(body.seed != null && { seed: BigInt.asUintN(64, BigInt(body.seed)) }),
+      ...(stop.length > 0 && { stop }),
+      ...(body.logprobs === true && { logprobs: body.top_logprobs ?? 0 }),
+    },
+    maxOutputTokensParam: maxTokens.param,
+    background: false,
+    metadata,
+  };
+  if (maxTokens.value !== undefined) request.maxOutputTokens = maxTokens.value;
+  if (window !== undefined) request.completionWindow = window;
+  if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
+  const format = outputFormatOf(body);
+  if (format) request.outputFormat = format;
+  if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;
+  const user = body.user ?? body.safety_identifier;
+  if (user !== undefined) request.user = user;
+  return { request, n: body.n ?? 1 };
+}
+
+/**
+ * One prepared generation per choice. With a seed, choice i samples with seed + i (mod 2^64), so
+ * the whole response repeats; without one, each choice draws its own random seed.
+ */
+export function choicesOf(prepared: PreparedGeneration, n: number): PreparedGeneration[] {
+  const seed = prepared.request.sampling.seed;
+  if (n === 1 || seed === undefined) return Array.from({ length: n }, () => prepared);
+  return Array.from({ length: n }, (_, i) => ({
+    ...prepared,
+    request: { ...prepared.request, sampling: { ...prepared.request.sampling, seed: BigInt.asUintN(64, BigInt(seed) + BigInt(i)) } },
+  }));
+}
+
+/** Stable per model and checkpoint: tells a client when the weights behind an id changed. */
+export function systemFingerprint(model: ServedModel): string {
+  return `fp_${createHash('sha256').update(`${model.id}\0${model.entry.checkpoint}`).digest('hex').slice(0, 12)}`;
+}
+
+/** OpenAI reports impossible tokens as -9999 rather than -Infinity (which JSON cannot carry). */
+const finiteLogprob = (logprob: number): number => (Number.isFinite(logprob) ? logprob : -9999);
+const utf8Bytes = (token: string): number[] => [...Buffer.from(token, 'utf8')];
+
+function logprobsContent(logprobs: TokenLogprob[]): NonNullable<ChatChoice['logprobs']>['content'] {
+  return logprobs.map((lp) => ({
+    token: lp.token,
+    logprob: finiteLogprob(lp.logprob),
+    bytes: utf8Bytes(lp.token),
+    top_logprobs: lp.top.map((t) => ({ token: t.token, logprob: finiteLogprob(t.logprob), bytes: utf8Bytes(t.token) })),
+  }));
+}
+
+export interface ChatCompletionParts {
+  id: string;
+  created: number;
+  fingerprint: string;
+  prepared: PreparedGeneration;
+  /** One result per choice, in choice order. */
+  results: GenerateResult[];
+}
+
+/** The chat.completion object. The prompt is counted once, however many choices ran on it. */
+export function chatCompletion(parts: ChatCompletionParts): ChatCompletion {
+  const { prepared, results } = parts;
+  const promptTokens = prepared.promptTokenIds.length;
+  const completionTokens = results.reduce((sum, r) => sum + r.usage.completionTokens, 0);
+  return {
+    id: parts.id,
+    object: 'chat.completion',
+    created: parts.created,
+    model: prepared.request.model,
+    system_fingerprint: parts.fingerprint,
+    choices: results.map((r, index) => ({
+      index,
+      message: { role: 'assistant', content: r.text, refusal: null },
+      logprobs: r.logprobs === undefined ? null : { content: logprobsContent(r.logprobs), refusal: null },
+      finish_reason: r.finishReason,
+    })),
+    usage: {
+      prompt_tokens: promptTokens,
+      completion_tokens: completionTokens,
+      total_tokens: promptTokens + completionTokens,
+      prompt_tokens_details: { cached_tokens: 0 },
+      completion_tokens_details: { reasoning_tokens: 0 },
+    },
+    completion_window: prepared.window,
+  };
+}

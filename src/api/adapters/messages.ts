@@ -1,0 +1,192 @@
+// The Messages surface adapter: a create-message body -> GenerationRequest, a generation's result
+// -> Anthropic's message object, and the idempotency key and request hash of a call.
+//
+// Content blocks: text is served; image is accepted as far as the spec's image rule goes (the
+// service refuses it with a 400 for models without image input, which is all of ours). Every
+// other block kind is refused with a 400 naming it: tool_use / tool_result can never be part of a
+// real conversation here (tools are never shown to the model, so it never calls one), and
+// documents, search results and thinking blocks have no meaning for these models. Rendering them
+// as text would silently change what the caller asked.
+//
+// A final assistant turn (Anthropic's "prefill") is rendered as a finished turn followed by a new
+// assistant turn: the chat template has no way to continue an open one.
+
+import { createHash } from 'node:crypto';
+import type { ChatMessage } from '../../engine/chat-template.js';
+import type { GenerateResult } from '../../engine/request.js';
+import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
+import { invalidRequest } from '../errors.js';
+import type { CreateMessageBody, MessageObject, MessageParam } from '../schemas/messages.js';
+import { checkImageUrl, completionWindowOf } from './content.js';
+
+const REFUSED_BLOCK_TYPES: Record<string, string> = {
+  tool_use: 'the models served here cannot call tools, so a conversation has no tool calls to replay',
+  tool_result: 'the models served here cannot call tools, so there is no tool call to answer',
+  server_tool_use: 'server tools are not available',
+  web_search_tool_result: 'server tools are not available',
+  document: 'document input is not accepted',
+  search_result: 'search result input is not accepted',
+  thinking: 'the models served here do not think, so there is no thinking to replay',
+  redacted_thinking: 'the models served here do not think, so there is no thinking to replay',
+  container_upload: 'file input is not accepted',
+};
+
+/**
+ * Runs on the raw body, before schema validation: gives stream=true and refused block kinds their
+ * own clear 400 instead of a schema mismatch.
+ */
+export function refuseUnsupportedMessageInput(body: unknown): void {
+  const b = body as { stream?: unknown; messages?: unknown } | null;
+  if (b?.stream === true) {
+    throw invalidRequest('streaming is not available on this endpoint: send stream=false or leave it out', 'stream', 'unsupported_parameter');
+  }
+  if (!Array.isArray(b?.messages)) return;
+  b.messages.forEach((message: unknown, i: number) => {
+    const content = (message as { content?: unknown } | null)?.content;
+    if (!Array.isArray(content)) return;
+    content.forEach((block: unknown, j: number) => {
+      const param = `messages[${i}].content[${j}]`;
+      const type = (block as { type?: unknown } | null)?.type;
+      if (typeof type === 'string' && Object.hasOwn(REFUSED_BLOCK_TYPES, type)) {
+        throw invalidRequest(`${param} is of type ${type}: ${REFUSED_BLOCK_TYPES[type]}`, `${param}.type`, 'unsupported_input');
+      }
+    });
+  });
+}
+
+const BASE64 = /^[A-Za-z0-9+/=\s]+$/;
+
+function toChatMessages(body: CreateMessageBody): { messages: ChatMessage[]; imageParam?: string } {
+  let imageParam: string | undefined;
+  const out: ChatMessage[] = [];
+  const system = typeof body.system === 'string' ? body.system : (body.system ?? []).map((b) => b.text).join('\n');
+  if (system !== '') out.push({ role: 'system', content: system });
+  body.messages.forEach((m: MessageParam, i) => {
+    if (typeof m.content === 'string') {
+      out.push({ role: m.role, content: m.content });
+      return;
+    }
+    const texts: string[] = [];
+    m.content.forEach((block, j) => {
+      const param = `messages[${i}].content[${j}]`;
+      if (block.type === 'text') {
+        texts.push(block.text);
+        return;
+      }
+      if (block.source.type === 'url') checkImageUrl(block.source.url, `${param}.source.url`);
+      else if (!BASE64.test(block.source.data)) throw invalidRequest(`${param}.source.data must be base64-encoded image bytes`, `${param}.source.data`);
+      imageParam ??= param;
+    });
+    // Blocks join with '\n', as parts do on the other surfaces, so all render the same prompt.
+    out.push({ role: m.role, content: texts.join('\n') });
+  });
+  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
+}
+
+export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Caller, supportsChat: boolean): GenerationRequest {
+  if (body.thinking?.type === 'enabled') {
+    throw invalidRequest('extended thinking is not available: the models served here do not think (send thinking.type "disabled" or leave it out)',
+      'thinking.type', 'unsupported_parameter');
+  }
+  if (!supportsChat) {
+    throw invalidRequest(`the model "${body.model}" does not serve conversations (supports_chat is false); use POST /v1/responses with a string input`,
+      'model', 'chat_unsupported');
+  }
+  // Request metadata holds strings only; Anthropic's user_id may come as null (= not given).
+  const metadata: Record<string, string> = {};
+  for (const [key, value] of Object.entries(body.metadata ?? {})) if (typeof value === 'string') metadata[key] = value;
+  const window = completionWindowOf(metadata);
+  if (window === 'flex') {
+    throw invalidRequest('completion_window "flex" needs a background request, which Messages does not offer: use POST /v1/responses with background=true',
+      'metadata.completion_window');
+  }
+  const converted = toChatMessages(body);
+  const stop = body.stop_sequences ?? [];
+  const request: GenerationRequest = {
+    caller,
+    model: body.model,
+    input: { kind: 'messages', messages: converted.messages },
+    sampling: {
+      ...(body.temperature !== undefined && { temperature: body.temperature }),
+      // top_p 0 means "only the most likely token": the engine's smallest nucleus.
+      ...(body.top_p !== undefined && { topP: Math.max(body.top_p, Number.MIN_VALUE) }),
+      ...(body.top_k !== undefined && { topK: body.top_k }),
+      ...(stop.length > 0 && { stop }),
+    },
+    maxOutputTokens: body.max_tokens,
+    maxOutputTokensParam: 'max_tokens',
+    background: false,
+    metadata,
+  };
+  if (window !== undefined) request.completionWindow = window;
+  if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
+  if (metadata['user_id'] !== undefined) request.user = metadata['user_id'];
+  return request;
+}
+
+/** Anthropic's message object. content always holds one text block, empty text included. */
+export function messageObject(id: string, prepared: PreparedGeneration, result: GenerateResult): MessageObject {
+  const stopReason = result.finishReason === 'length' ? 'max_tokens'
+    : result.stopSequence !== undefined ? 'stop_sequence' : 'end_turn';
+  return {
+    id,
+    type: 'message',
+    role: 'assistant',
+    content: [{ type: 'text', text: result.text, citations: null }],
+    model: prepared.request.model,
+    stop_reason: stopReason,
+    stop_sequence: result.stopSequence ?? null,
+    usage: {
+      input_tokens: result.usage.promptTokens,
+      output_tokens: result.usage.completionTokens,
+      cache_creation_input_tokens: 0,
+      cache_read_input_tokens: 0,
+    },
+    completion_window: prepared.window,
+  };
+}
+
+/** Both idempotency headers behave the same; the spec's limit applies to either. */
+export const IDEMPOTENCY_HEADERS = ['alt-idempotency-key', 'idempotency-key'] as const;
+export const MAX_IDEMPOTENCY_KEY_LENGTH = 255;
+
+/** The call's idempotency key and the header that carried it; undefined without one. */
+export interface IdempotencyKey {
+  key: string;
+  header: string;
+}
+
+/** Reads the idempotency headers. Throws 400 naming the header when one is malformed or they disagree. */
+export function idempotencyKeyOf(headers: Record<string, string | string[] | undefined>): IdempotencyKey | undefined {
+  let found: IdempotencyKey | undefined;
+  for (const header of IDEMPOTENCY_HEADERS) {
+    const raw = headers[header];
+    if (raw === undefined) continue;
+    const key = Array.isArray(raw) ? raw.join(', ') : raw;
+    if (key.length === 0 || key.length > MAX_IDEMPOTENCY_KEY_LENGTH) {
+      throw invalidRequest(`the ${header} header must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters (got ${key.length})`, header, 'invalid_idempotency_key');
+    }
+    if (found !== undefined && found.key !== key) {
+      throw invalidRequest(`the ${found.header} and ${header} headers carry different keys; send one of them`, header, 'invalid_idempotency_key');
+    }
+    found ??= { key, header };
+  }
+  return found;
+}
+
+/** JSON with object keys sorted at every level: equal bodies give equal text whatever the key order. */
+export function canonicalJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
+  if (value !== null && typeof value === 'object') {
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(',')}}`;
+  }
+  return JSON.stringify(value);
+}
+
+/** What an idempotency key is bound to: the model and the whole validated body. */
+export function requestHash(body: CreateMessageBody): string {
+  return createHash('sha256').update(`messages\0${body.model}\0${canonicalJson(body)}`).digest('hex');
+}
