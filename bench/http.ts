@@ -1,6 +1,6 @@
 // HTTP API throughput and overhead on the tiny model (CPU backend):
 //   npm run bench:http -- [--duration 10] [--connections 64] [--warmup 300] [--serial 5]
-//   [--threads 0] [--preset tiny] [--dtype bf16] [--model DIR] [--out bench/results/http.json]
+//   [--threads N] [--preset tiny] [--dtype bf16] [--model DIR] [--out bench/results/http.json]
 //
 // Three measurements (and a fourth, optional), in one run, on one server process:
 //   1. GET /v1/models at --connections concurrent keep-alive connections (autocannon);
@@ -34,7 +34,7 @@
 //
 // Caveat: on a small machine the load generator shares the CPUs with the server during (1) and
 // (2) but not during (3), which makes the reported overhead an upper bound; the engine's compute
-// threads (default: all CPUs) also share those CPUs with the server's event loop.
+// threads (default, as `sluice serve`: all CPUs but one) share the CPUs with the server's event loop.
 // Prints a table and writes JSON (default bench/results/http.json).
 import { fork, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -53,7 +53,7 @@ const { values: args } = parseArgs({
     connections: { type: 'string', default: '64' },
     warmup: { type: 'string', default: '300' },
     serial: { type: 'string', default: '5' },
-    threads: { type: 'string', default: '0' },
+    threads: { type: 'string' },
     preset: { type: 'string', default: 'tiny' },
     dtype: { type: 'string', default: 'bf16' },
     model: { type: 'string' },
@@ -113,7 +113,7 @@ async function serveChild(): Promise<void> {
   const service = await openService({
     catalog: singleModelCatalog(args.model!, args['model-id']!),
     dataDir: args['data-dir']!,
-    engineDefaults: { backend: 'cpu', threads: Number(args.threads) },
+    engineDefaults: { backend: 'cpu', ...(args.threads !== undefined && { threads: Number(args.threads) }) },
     logger: { level: 'warn' },
     onProgress: () => {},
   });
@@ -230,7 +230,7 @@ async function main(): Promise<void> {
 
   const dataDir = mkdtempSync(join(os.tmpdir(), 'sluice-bench-http-'));
   const proc = fork(fileURLToPath(import.meta.url), [
-    '--serve-child', '--model', modelDir, '--model-id', modelId, '--data-dir', dataDir, '--threads', String(args.threads),
+    '--serve-child', '--model', modelDir, '--model-id', modelId, '--data-dir', dataDir, ...(args.threads !== undefined ? ['--threads', args.threads] : []),
   ], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const server = new ServerChild(proc);
   try {
@@ -375,7 +375,7 @@ async function main(): Promise<void> {
       model: { preset: args.model ? null : args.preset, dir: modelDir, id: modelId, ...ready.engineInfo },
       settings: {
         durationS: seconds, connections, warmupRequests: warmup, serialDurationS: serialSeconds, serialWarmupRequests: serialWarmup,
-        backend: 'cpu', threads: Number(args.threads), request: JSON.parse(postBody) as unknown, promptTokens: ready.promptTokens,
+        backend: 'cpu', threads: args.threads === undefined ? 'serve default (all CPUs but one)' : Number(args.threads), request: JSON.parse(postBody) as unknown, promptTokens: ready.promptTokens,
         loadGenerator: 'autocannon in the parent process, the server in a child process; Engine.generate measured inside the server process',
         latency: 'percentiles over every response time (ms, fractional); per s = completed over the measured wall time',
       },

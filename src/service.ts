@@ -2,6 +2,7 @@
 // a first API key when there is none, and the HTTP app. Library users call this to run the whole
 // service in their process; createServer (api/app.ts) is the lower level for mounting the API.
 
+import os from 'node:os';
 import { join, resolve } from 'node:path';
 import type { FastifyInstance, FastifyServerOptions } from 'fastify';
 import { createServer } from './api/app.js';
@@ -34,6 +35,15 @@ export interface Service {
   close(): Promise<void>;
 }
 
+/**
+ * CPU compute threads when the caller sets none: every core but one, which is left to the HTTP
+ * event loop (parsing, validation, tokenization, storage). Engine threads that take every core
+ * preempt the event loop and cost served throughput on small hosts; CUDA ignores this.
+ */
+export function defaultServeThreads(cores = os.availableParallelism()): number {
+  return Math.max(1, cores - 1);
+}
+
 export function storePath(dataDir: string): string {
   return join(resolve(dataDir), 'sluice.db');
 }
@@ -41,10 +51,13 @@ export function storePath(dataDir: string): string {
 export async function openService(opts: OpenServiceOptions): Promise<Service> {
   const dataDir = resolve(opts.dataDir);
   const store = new SqliteStore(storePath(dataDir));
+  // This process owns the SQLite store: requests in flight when the last one stopped are gone.
+  await store.releasePendingIdempotency();
   let registry: ModelRegistry | undefined;
   try {
-    const registryOptions: Parameters<typeof ModelRegistry.load>[1] = {};
-    if (opts.engineDefaults) registryOptions.engineDefaults = opts.engineDefaults;
+    const registryOptions: Parameters<typeof ModelRegistry.load>[1] = {
+      engineDefaults: { threads: defaultServeThreads(), ...opts.engineDefaults },
+    };
     if (opts.onProgress) registryOptions.onProgress = opts.onProgress;
     registryOptions.onMessage = opts.onProgress ?? ((m) => process.stderr.write(`sluice: ${m}\n`));
     registry = await ModelRegistry.load(opts.catalog, registryOptions);

@@ -55,7 +55,9 @@ describe('ChatTemplate', () => {
     }
     const template = new ChatTemplate(CHATML);
     expect(codeOf(() => template.render([]))).toBe('invalid_request');
-    expect(codeOf(() => template.render([{ role: 'tool' as 'user', content: 'x' }]))).toBe('invalid_request');
+    expect(codeOf(() => template.render([{ role: 'function' as 'user', content: 'x' }]))).toBe('invalid_request');
+    // Tool results pass through to the template under their own role.
+    expect(template.render([{ role: 'tool', content: '42' }], { addGenerationPrompt: false })).toBe('<|im_start|>tool\n42<|im_end|>\n');
     expect(codeOf(() => template.render([{ role: 'user', content: [{ type: 'image' as 'text', text: '' }] }])))
       .toBe('invalid_request');
     const strict = new ChatTemplate(

@@ -68,7 +68,8 @@ function bestError(errors: ErrorObject[]): ErrorObject | undefined {
   // client meant: drop all of that branch's errors.
   const wrongBranches = errors
     .filter((e) => (e.keyword === 'const' || e.keyword === 'enum') && e.instancePath.endsWith('/type'))
-    .map((e) => /^(.*\/(?:anyOf|oneOf)\/\d+\/)/.exec(e.schemaPath)?.[1])
+    // Only a `type` directly under a union branch tells branches apart (not one nested deeper).
+    .map((e) => /^(.*\/(?:anyOf|oneOf)\/\d+\/)properties\/type\/(?:const|enum)$/.exec(e.schemaPath)?.[1])
     .filter((p): p is string => p !== undefined);
   const relevant = errors.filter((e) => !wrongBranches.some((p) => e.schemaPath.startsWith(p)));
   let best: ErrorObject | undefined;

@@ -18,7 +18,7 @@ On first start with no API keys it makes one and prints it.
   --port N             listen port (default 8080)
   --data-dir DIR       keys, responses, files (default ./data)
   --backend B          cpu | cuda | auto (default auto)
-  --threads N          CPU compute threads (default: all CPUs)
+  --threads N          CPU compute threads (default: all CPUs but one, left to HTTP)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory to use (default 0.9)
   --kv-cache-bytes N   KV cache pool size

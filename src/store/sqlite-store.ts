@@ -72,6 +72,7 @@ export class SqliteStore implements Store {
       insertIdem: prepare('INSERT INTO idempotency (org_id, scope, key, request_hash, created_at) VALUES (?, ?, ?, ?, ?)'),
       completeIdem: prepare('UPDATE idempotency SET status_code = ?, body = ? WHERE org_id = ? AND scope = ? AND key = ?'),
       deleteIdem: prepare('DELETE FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL'),
+      deletePendingIdem: prepare('DELETE FROM idempotency WHERE status_code IS NULL'),
     };
   }
 
@@ -162,6 +163,10 @@ export class SqliteStore implements Store {
 
   async abandonIdempotency(orgId: string, scope: string, key: string): Promise<void> {
     this.stmt['deleteIdem']!.run(orgId, scope, key);
+  }
+
+  async releasePendingIdempotency(): Promise<number> {
+    return this.stmt['deletePendingIdem']!.run().changes;
   }
 
   async close(): Promise<void> {

@@ -78,6 +78,12 @@ export interface Store {
   completeIdempotency(orgId: string, scope: string, key: string, statusCode: number, body: unknown): Promise<void>;
   /** Forgets an in-progress key whose request failed before producing a result worth replaying. */
   abandonIdempotency(orgId: string, scope: string, key: string): Promise<void>;
+  /**
+   * Forgets every in-progress key: called at startup by a process that owns the store alone, so
+   * that a key whose request died with the previous process can be retried (instead of 409
+   * forever). Returns how many were released.
+   */
+  releasePendingIdempotency(): Promise<number>;
 
   close(): Promise<void>;
 }

@@ -211,6 +211,8 @@ describe('rejections', () => {
     ['image detail unknown', { ...ok, input: [{ role: 'user', content: [{ ...image, detail: 'max' }] }] }, 400, 'input[0].content[0].detail'],
     ['audio input', { ...ok, input: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AA==', format: 'wav' } }] }] }, 400, 'input[0].content[0].type', 'unsupported_input'],
     ['file input', { ...ok, input: [{ role: 'user', content: [{ type: 'input_file', file_id: 'file-1' }] }] }, 400, 'input[0].content[0].type', 'unsupported_input'],
+    ['unknown part type', { ...ok, input: [{ role: 'user', content: [{ type: 'input_video', url: 'x' }] }] }, 400, 'input[0].content[0].type'],
+    ['item type named like an Object property', { ...ok, input: [{ type: 'constructor', role: 'user', content: 'hi' }] }, 400, 'input[0].type'],
     ['item reference', { ...ok, input: [{ type: 'item_reference', id: 'msg_1' }] }, 400, 'input[0].type', 'unsupported_input'],
     ['conversation to a completion-only model', { ...ok, model: 'tiny-base', input: [{ role: 'user', content: 'hi' }] }, 400, 'input', 'chat_unsupported'],
     ['prompt + max output over the context', { ...ok, model: 'tiny-base', max_output_tokens: 64 }, 400, 'max_output_tokens', 'context_length_exceeded'],

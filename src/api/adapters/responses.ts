@@ -33,14 +33,14 @@ export function refuseUnsupportedInput(body: unknown): void {
   const base = Array.isArray(input) ? 'input' : 'input.messages';
   items.forEach((item, i) => {
     const type = (item as { type?: unknown } | null)?.type;
-    if (typeof type === 'string' && type in REFUSED_ITEM_TYPES) {
+    if (typeof type === 'string' && Object.hasOwn(REFUSED_ITEM_TYPES, type)) {
       throw invalidRequest(`${base}[${i}] is of type ${type}: ${REFUSED_ITEM_TYPES[type]}`, `${base}[${i}].type`, 'unsupported_input');
     }
     const content = (item as { content?: unknown } | null)?.content;
     if (!Array.isArray(content)) return;
     content.forEach((part, j) => {
       const partType = (part as { type?: unknown } | null)?.type;
-      if (typeof partType === 'string' && partType in REFUSED_ITEM_TYPES) {
+      if (typeof partType === 'string' && Object.hasOwn(REFUSED_ITEM_TYPES, partType)) {
         throw invalidRequest(`${base}[${i}].content[${j}] is of type ${partType}: ${REFUSED_ITEM_TYPES[partType]}`,
           `${base}[${i}].content[${j}].type`, 'unsupported_input');
       }
@@ -61,7 +61,6 @@ function toChatMessages(messages: InputMessage[], base: string): { messages: Cha
         imageParam ??= param;
         return;
       }
-      if (typeof part.text !== 'string') throw invalidRequest(`${param}.text is required for a ${part.type} part`, `${param}.text`);
       if (part.type === 'output_text' && role !== 'assistant') {
         throw invalidRequest(`${param}: output_text parts belong to assistant messages`, `${param}.type`);
       }

@@ -1,8 +1,7 @@
-// POST /v1/responses and GET /v1/responses/{id}. Every response is stored (store=false too): it is
-// inserted in_progress before generation starts and updated when it ends, so GET shows progress.
-// A foreground request whose client disconnects is cancelled and stored as cancelled.
-// background=true returns the in_progress object at once; the generation finishes on its own and
-// updates the stored object.
+// POST /v1/responses and GET /v1/responses/{id}. Every response is stored (store=false too). A
+// foreground response is stored once, when it ends (completed, incomplete, failed, or cancelled
+// when its client disconnected). background=true stores the in_progress object, returns it at
+// once, and updates it when the generation ends, so GET shows progress.
 
 import type { FastifyInstance } from 'fastify';
 import { isSluiceError } from '../../errors.js';
@@ -20,9 +19,14 @@ import {
   CreateResponseSchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody,
 } from '../schemas/responses.js';
 
-/** Runs a prepared generation and stores how it ended; resolves with the stored final object. */
+/**
+ * Runs a prepared generation and stores how it ended; resolves with the stored final object.
+ * `inserted`: the in_progress object is already stored (background) and is updated; otherwise
+ * (foreground) the final object is inserted, one write per request.
+ */
 async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
-  signal?: AbortSignal): Promise<ResponseBody> {
+  inserted: boolean, signal?: AbortSignal): Promise<ResponseBody> {
+  const save = (body: ResponseBody) => (inserted ? ctx.store.updateResponse(orgId, body) : ctx.store.insertResponse(orgId, body));
   let final: ResponseBody;
   try {
     final = finishedResponse(running, await ctx.service.run(prepared, signal));
@@ -30,10 +34,10 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
     if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);
     else if (isSluiceError(err) && err.code !== 'engine_error') final = failedResponse(running, err.code, err.message);
     else final = failedResponse(running, 'server_error', 'the engine failed while generating this response');
-    await ctx.store.updateResponse(orgId, final);
+    await save(final);
     throw err;
   }
-  await ctx.store.updateResponse(orgId, final);
+  await save(final);
   return final;
 }
 
@@ -51,15 +55,15 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const model = ctx.registry.resolve(body.model, caller.orgName);
     const prepared = ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat));
     const running = inProgressResponse(newId('resp'), body, prepared);
-    await ctx.store.insertResponse(caller.orgId, running);
 
     if (prepared.request.background) {
-      runToStore(ctx, caller.orgId, running, prepared).catch((err: unknown) => {
+      await ctx.store.insertResponse(caller.orgId, running);
+      runToStore(ctx, caller.orgId, running, prepared, true).catch((err: unknown) => {
         if (!isSluiceError(err)) request.log.error({ err, response_id: running.id }, 'background response failed');
       });
       return running;
     }
-    return runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply));
+    return runToStore(ctx, caller.orgId, running, prepared, false, disconnectSignal(reply));
   });
 
   app.get<{ Params: { response_id: string } }>('/responses/:response_id', {

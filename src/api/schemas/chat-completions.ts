@@ -40,6 +40,9 @@ export const ChatMessageSchema = Type.Object({
   tool_calls: Type.Optional(Type.Array(Free)),
   tool_call_id: Type.Optional(Type.String()),
   function_call: Type.Optional(Nullable(Free)),
+  // An assistant message read back from our own response carries these; accepted and ignored.
+  refusal: Type.Optional(Nullable(Type.String())),
+  annotations: Type.Optional(Type.Array(Type.Unknown())),
 }, { additionalProperties: false });
 export type ChatMessageParam = Static<typeof ChatMessageSchema>;
 

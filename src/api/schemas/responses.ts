@@ -7,18 +7,21 @@ import { discriminatedUnion, MetadataSchema } from './common.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 
-/**
- * A content part. `type` is checked as one enum (clear errors); which fields each type needs is
- * checked by the adapter. output_text is accepted on assistant turns that clients replay.
- */
-export const InputPartSchema = Type.Object({
-  type: Type.Enum(['input_text', 'input_image', 'output_text']),
-  text: Type.Optional(Type.String()),
-  image_url: Type.Optional(Type.String()),
-  detail: Type.Optional(Type.Enum(['auto', 'low', 'high'])),
-  annotations: Type.Optional(Type.Array(Type.Unknown())),
-  logprobs: Type.Optional(Type.Array(Type.Unknown())),
-}, { additionalProperties: false });
+/** A content part; output_text is accepted on assistant turns that clients replay. */
+export const InputPartSchema = discriminatedUnion([
+  Type.Object({ type: Type.Literal('input_text'), text: Type.String() }, { additionalProperties: false }),
+  Type.Object({
+    type: Type.Literal('input_image'),
+    image_url: Type.String(),
+    detail: Type.Optional(Type.Enum(['auto', 'low', 'high'])),
+  }, { additionalProperties: false }),
+  Type.Object({
+    type: Type.Literal('output_text'),
+    text: Type.String(),
+    annotations: Type.Optional(Type.Array(Type.Unknown())),
+    logprobs: Type.Optional(Type.Array(Type.Unknown())),
+  }, { additionalProperties: false }),
+]);
 
 export const InputMessageSchema = Type.Object({
   /** OpenAI's clients may tag message items; "message" is the only item type accepted. */
