@@ -1,5 +1,5 @@
 // HTTP API throughput and overhead on the tiny model (CPU backend):
-//   npm run bench:http -- [--duration 10] [--connections 64] [--warmup 300] [--serial 5]
+//   npm run bench:http -- [--duration 10] [--connections 64] [--warmup 300] [--serial 5] [--rounds 3]
 //   [--threads N] [--preset tiny] [--dtype bf16] [--model DIR] [--out bench/results/http.json]
 //
 // Three measurements (and a fourth, optional), in one run, on one server process:
@@ -53,6 +53,7 @@ const { values: args } = parseArgs({
     connections: { type: 'string', default: '64' },
     warmup: { type: 'string', default: '300' },
     serial: { type: 'string', default: '5' },
+    rounds: { type: 'string', default: '3' },
     threads: { type: 'string' },
     preset: { type: 'string', default: 'tiny' },
     dtype: { type: 'string', default: 'bf16' },
@@ -221,8 +222,9 @@ async function main(): Promise<void> {
   const connections = Number(args.connections);
   const warmup = Number(args.warmup);
   const serialSeconds = Number(args.serial);
-  if (!(seconds > 0) || !(connections >= 1) || !(warmup >= 0) || !(serialSeconds >= 0)) {
-    throw new Error('--duration and --connections must be positive numbers, --warmup and --serial >= 0');
+  const numRounds = Number(args.rounds);
+  if (!(seconds > 0) || !(connections >= 1) || !(warmup >= 0) || !(serialSeconds >= 0) || !(Number.isInteger(numRounds) && numRounds >= 1)) {
+    throw new Error('--duration and --connections must be positive numbers, --warmup and --serial >= 0, --rounds an integer >= 1');
   }
   const modelDir = args.model ? resolve(args.model) : await ensureBenchModel(args.preset!, args.dtype as 'f32' | 'f16' | 'bf16');
   const modelId = args.model ? 'model' : args.preset!;
@@ -315,8 +317,17 @@ async function main(): Promise<void> {
 
     const models = await runHttp({ name: 'GET /v1/models', method: 'GET', path: '/v1/models', connections }, seconds, warmup);
     const responsesPhase: HttpPhase = { name: 'POST /v1/responses (1 token)', method: 'POST', path: '/v1/responses', body: postBody, connections };
-    const responses = await runHttp(responsesPhase, seconds, warmup);
-    const engine = await runEngine(connections, seconds, warmup);
+    // The POST and engine phases alternate for --rounds rounds, and the round with the median p50
+    // overhead is reported: the machine's background load drifts over a run, and pairing each
+    // HTTP phase with the engine phase right after it keeps that drift out of the difference.
+    const rounds: Array<{ responses: HttpResult; engine: LatencyStats; overheadP50: number }> = [];
+    for (let i = 0; i < numRounds; i++) {
+      const r = await runHttp(responsesPhase, seconds, i === 0 ? warmup : Math.min(warmup, connections));
+      const e = await runEngine(connections, seconds, i === 0 ? warmup : Math.min(warmup, connections));
+      rounds.push({ responses: r, engine: e, overheadP50: r.stats.p50Ms - e.p50Ms });
+    }
+    const median = [...rounds].sort((a, b) => a.overheadP50 - b.overheadP50)[Math.floor((rounds.length - 1) / 2)]!;
+    const { responses, engine } = median;
     // One request at a time: the per-request cost of the HTTP layer without queueing behind others.
     const serialWarmup = Math.min(warmup, 50);
     const serial = serialSeconds > 0
@@ -359,7 +370,7 @@ async function main(): Promise<void> {
     const signed = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(2)}`;
     console.log(`GET /v1/models: ${models.stats.perS.toFixed(0)} req/s at ${connections} connections (target >= 5000: ${verdict(models.stats.perS >= 5000)})`);
     console.log(`POST /v1/responses over Engine.generate at ${connections}: p50 ${signed(overheadP50)} ms (target <= 2 ms: ${verdict(overheadP50 <= 2)}), ` +
-      `p99 ${signed(overheadP99)} ms`);
+      `p99 ${signed(overheadP99)} ms (median of ${rounds.length} rounds; p50 overheads ${rounds.map((r) => signed(r.overheadP50)).join(', ')} ms)`);
     if (serial) {
       console.log(`POST /v1/responses over Engine.generate at 1 (no queueing): p50 ${signed(serial.responses.stats.p50Ms - serial.engine.p50Ms)} ms, ` +
         `p99 ${signed(serial.responses.stats.p99Ms - serial.engine.p99Ms)} ms`);
@@ -374,7 +385,7 @@ async function main(): Promise<void> {
       },
       model: { preset: args.model ? null : args.preset, dir: modelDir, id: modelId, ...ready.engineInfo },
       settings: {
-        durationS: seconds, connections, warmupRequests: warmup, serialDurationS: serialSeconds, serialWarmupRequests: serialWarmup,
+        durationS: seconds, rounds: numRounds, connections, warmupRequests: warmup, serialDurationS: serialSeconds, serialWarmupRequests: serialWarmup,
         backend: 'cpu', threads: args.threads === undefined ? 'serve default (all CPUs but one)' : Number(args.threads), request: JSON.parse(postBody) as unknown, promptTokens: ready.promptTokens,
         loadGenerator: 'autocannon in the parent process, the server in a child process; Engine.generate measured inside the server process',
         latency: 'percentiles over every response time (ms, fractional); per s = completed over the measured wall time',
@@ -384,6 +395,9 @@ async function main(): Promise<void> {
       engine,
       overhead_p50_ms: overheadP50,
       overhead_p99_ms: overheadP99,
+      rounds: rounds.map((r) => ({
+        responses: r.responses.stats, engine: r.engine, overhead_p50_ms: r.overheadP50, overhead_p99_ms: r.responses.stats.p99Ms - r.engine.p99Ms,
+      })),
       serial: serial
         ? {
           responses: serial.responses.stats,
