@@ -136,6 +136,21 @@ describe('transport errors use the envelope', () => {
     expectEnvelope(await res.json(), 'request_too_large');
   });
 
+  it('an internal failure -> 500 without internals', async () => {
+    const store = server.service.store;
+    const original = store.getResponse.bind(store);
+    store.getResponse = async () => { throw new Error('SQLITE_CORRUPT at /secret/path/sluice.db'); };
+    try {
+      const res = await get('/v1/responses/resp_x', auth());
+      expect(res.status).toBe(500);
+      const body = await res.json() as { error: { message: string } };
+      expectEnvelope(body, 'server_error');
+      expect(JSON.stringify(body)).not.toMatch(/secret|SQLITE/);
+    } finally {
+      store.getResponse = original;
+    }
+  });
+
   it('unknown routes -> 404, inside and outside /v1', async () => {
     for (const path of ['/v1/nothing-here', '/nothing-here']) {
       const res = await get(path, auth());
