@@ -12,7 +12,7 @@ import { invalidRequest } from '../errors.js';
 import {
   MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
-import { checkImageUrl, completionWindowOf } from './content.js';
+import { checkImageUrl, completionWindowOf, refuseListedTypes, refuseStreaming } from './content.js';
 
 /** Content part types of OpenAI's API that the service refuses, with why. */
 const REFUSED_PART_TYPES: Record<string, string> = {
@@ -34,22 +34,8 @@ const unsupported = (param: string, message: string) => invalidRequest(message, 
  * (audio, files) their own clear 400 instead of a schema mismatch.
  */
 export function refuseUnsupportedChatInput(body: unknown): void {
-  const b = body as { stream?: unknown; messages?: unknown } | null;
-  if (b?.stream === true) {
-    throw invalidRequest('streaming is not available on this endpoint: send stream=false or leave it out', 'stream', 'unsupported_parameter');
-  }
-  if (!Array.isArray(b?.messages)) return;
-  b.messages.forEach((message: unknown, i: number) => {
-    const content = (message as { content?: unknown } | null)?.content;
-    if (!Array.isArray(content)) return;
-    content.forEach((part: unknown, j: number) => {
-      const type = (part as { type?: unknown } | null)?.type;
-      if (typeof type === 'string' && Object.hasOwn(REFUSED_PART_TYPES, type)) {
-        throw invalidRequest(`messages[${i}].content[${j}] is of type ${type}: ${REFUSED_PART_TYPES[type]}`,
-          `messages[${i}].content[${j}].type`, 'unsupported_input');
-      }
-    });
-  });
+  refuseStreaming(body);
+  refuseListedTypes((body as { messages?: unknown } | null)?.messages, 'messages', REFUSED_PART_TYPES);
 }
 
 function toChatMessages(messages: ChatMessageParam[]): { messages: ChatMessage[]; imageParam?: string } {

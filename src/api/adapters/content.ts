@@ -34,3 +34,32 @@ export function checkImageUrl(url: unknown, param: string): void {
 export function completionWindowOf(metadata: Record<string, string> | null | undefined): string | undefined {
   return metadata?.['completion_window'];
 }
+
+/** stream=true on an endpoint without streaming: its own clear 400 rather than a schema mismatch. */
+export function refuseStreaming(body: unknown): void {
+  if ((body as { stream?: unknown } | null)?.stream === true) {
+    throw invalidRequest('streaming is not available on this endpoint: send stream=false or leave it out', 'stream', 'unsupported_parameter');
+  }
+}
+
+/**
+ * Runs on the raw body, before schema validation, so that input kinds the service refuses (audio,
+ * files, item references, tool blocks) get a 400 saying why instead of a schema mismatch.
+ * `refused` maps a `type` to the reason. Checks each item's content parts, and with
+ * `checkItems` the items' own `type` too (Responses input items).
+ */
+export function refuseListedTypes(items: unknown, base: string, refused: Readonly<Record<string, string>>,
+  checkItems = false): void {
+  if (!Array.isArray(items)) return;
+  const check = (value: unknown, param: string) => {
+    const type = (value as { type?: unknown } | null)?.type;
+    if (typeof type === 'string' && Object.hasOwn(refused, type)) {
+      throw invalidRequest(`${param} is of type ${type}: ${refused[type]}`, `${param}.type`, 'unsupported_input');
+    }
+  };
+  items.forEach((item, i) => {
+    if (checkItems) check(item, `${base}[${i}]`);
+    const content = (item as { content?: unknown } | null)?.content;
+    if (Array.isArray(content)) content.forEach((part, j) => check(part, `${base}[${i}].content[${j}]`));
+  });
+}

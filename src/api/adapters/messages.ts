@@ -17,7 +17,7 @@ import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
 import { invalidRequest } from '../errors.js';
 import type { CreateMessageBody, MessageObject, MessageParam } from '../schemas/messages.js';
-import { checkImageUrl, completionWindowOf } from './content.js';
+import { checkImageUrl, completionWindowOf, refuseListedTypes, refuseStreaming } from './content.js';
 
 const REFUSED_BLOCK_TYPES: Record<string, string> = {
   tool_use: 'the models served here cannot call tools, so a conversation has no tool calls to replay',
@@ -36,22 +36,8 @@ const REFUSED_BLOCK_TYPES: Record<string, string> = {
  * own clear 400 instead of a schema mismatch.
  */
 export function refuseUnsupportedMessageInput(body: unknown): void {
-  const b = body as { stream?: unknown; messages?: unknown } | null;
-  if (b?.stream === true) {
-    throw invalidRequest('streaming is not available on this endpoint: send stream=false or leave it out', 'stream', 'unsupported_parameter');
-  }
-  if (!Array.isArray(b?.messages)) return;
-  b.messages.forEach((message: unknown, i: number) => {
-    const content = (message as { content?: unknown } | null)?.content;
-    if (!Array.isArray(content)) return;
-    content.forEach((block: unknown, j: number) => {
-      const param = `messages[${i}].content[${j}]`;
-      const type = (block as { type?: unknown } | null)?.type;
-      if (typeof type === 'string' && Object.hasOwn(REFUSED_BLOCK_TYPES, type)) {
-        throw invalidRequest(`${param} is of type ${type}: ${REFUSED_BLOCK_TYPES[type]}`, `${param}.type`, 'unsupported_input');
-      }
-    });
-  });
+  refuseStreaming(body);
+  refuseListedTypes((body as { messages?: unknown } | null)?.messages, 'messages', REFUSED_BLOCK_TYPES);
 }
 
 const BASE64 = /^[A-Za-z0-9+/=\s]+$/;

@@ -7,7 +7,7 @@ import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from
 import type { ResponseBody } from '../../store/store.js';
 import { invalidRequest } from '../errors.js';
 import type { CreateResponseBody, InputMessage } from '../schemas/responses.js';
-import { checkImageUrl, completionWindowOf, newId, nowSeconds } from './content.js';
+import { checkImageUrl, completionWindowOf, newId, nowSeconds, refuseListedTypes } from './content.js';
 
 /** Input kinds clients may send that the service refuses, with why. */
 const REFUSED_ITEM_TYPES: Record<string, string> = {
@@ -26,26 +26,8 @@ const REFUSED_ITEM_TYPES: Record<string, string> = {
  */
 export function refuseUnsupportedInput(body: unknown): void {
   const input = (body as { input?: unknown } | null)?.input;
-  const items = Array.isArray(input) ? input
-    : input !== null && typeof input === 'object' && Array.isArray((input as { messages?: unknown }).messages)
-      ? (input as { messages: unknown[] }).messages : undefined;
-  if (!items) return;
-  const base = Array.isArray(input) ? 'input' : 'input.messages';
-  items.forEach((item, i) => {
-    const type = (item as { type?: unknown } | null)?.type;
-    if (typeof type === 'string' && Object.hasOwn(REFUSED_ITEM_TYPES, type)) {
-      throw invalidRequest(`${base}[${i}] is of type ${type}: ${REFUSED_ITEM_TYPES[type]}`, `${base}[${i}].type`, 'unsupported_input');
-    }
-    const content = (item as { content?: unknown } | null)?.content;
-    if (!Array.isArray(content)) return;
-    content.forEach((part, j) => {
-      const partType = (part as { type?: unknown } | null)?.type;
-      if (typeof partType === 'string' && Object.hasOwn(REFUSED_ITEM_TYPES, partType)) {
-        throw invalidRequest(`${base}[${i}].content[${j}] is of type ${partType}: ${REFUSED_ITEM_TYPES[partType]}`,
-          `${base}[${i}].content[${j}].type`, 'unsupported_input');
-      }
-    });
-  });
+  if (Array.isArray(input)) refuseListedTypes(input, 'input', REFUSED_ITEM_TYPES, true);
+  else refuseListedTypes((input as { messages?: unknown } | null)?.messages, 'input.messages', REFUSED_ITEM_TYPES, true);
 }
 
 function toChatMessages(messages: InputMessage[], base: string): { messages: ChatMessage[]; imageParam?: string } {
