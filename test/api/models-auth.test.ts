@@ -71,6 +71,21 @@ describe('GET /v1/models', () => {
   });
 });
 
+describe('GET /v1/models/{model}', () => {
+  it('returns one model as the list shows it, and 404 for unknown or hidden ones', async () => {
+    const client = new OpenAI({ baseURL: server.baseUrl, apiKey: server.key });
+    const list = (await client.models.list()).data;
+    expect(await client.models.retrieve('tiny-asap')).toEqual(list.find((m) => m.id === 'tiny-asap'));
+    for (const id of ['nope', 'tiny-restricted']) {
+      const res = await get(`/v1/models/${id}`, { authorization: `Bearer ${server.key}` });
+      expect(res.status).toBe(404);
+      expect((await res.json() as { error: { code: string } }).error.code).toBe('model_not_found');
+    }
+    const granted = await get('/v1/models/tiny-restricted', { authorization: `Bearer ${acmeKey}` });
+    expect(await granted.json()).toMatchObject({ id: 'tiny-restricted', restricted: true });
+  });
+});
+
 describe('authentication', () => {
   it.each([
     ['no header', {}, 'missing_api_key'],

@@ -1,8 +1,12 @@
-// GET /v1/models: the models the caller's organization may use, with its rates.
+// GET /v1/models: the models the caller's organization may use, with its rates. GET
+// /v1/models/{model} (OpenAI's retrieve) returns one of them; a model the organization cannot
+// see is 404 there, as if it did not exist.
 
 import type { FastifyInstance } from 'fastify';
+import Type from 'typebox';
 import type { ApiContext } from '../context.js';
-import { errorResponses, ModelListSchema } from '../schemas/common.js';
+import { notFound } from '../errors.js';
+import { errorResponses, ModelListSchema, ModelSchema } from '../schemas/common.js';
 
 export function registerModelRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.get('/models', {
@@ -11,4 +15,16 @@ export function registerModelRoutes(app: FastifyInstance, ctx: ApiContext): void
       response: { 200: ModelListSchema, 401: errorResponses[401] },
     },
   }, async (request) => ({ object: 'list' as const, data: ctx.registry.listFor(request.caller.orgName) }));
+
+  app.get<{ Params: { model: string } }>('/models/:model', {
+    schema: {
+      summary: 'Retrieve one model',
+      params: Type.Object({ model: Type.String({ minLength: 1 }) }),
+      response: { 200: ModelSchema, ...errorResponses },
+    },
+  }, async (request) => {
+    const model = ctx.registry.listFor(request.caller.orgName).find((m) => m.id === request.params.model);
+    if (!model) throw notFound(`the model "${request.params.model}" does not exist; GET /v1/models lists the available ones`, 'model', 'model_not_found');
+    return model;
+  });
 }
