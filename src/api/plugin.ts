@@ -14,6 +14,7 @@ import type { Store } from '../store/store.js';
 import { makeAuthHook } from './auth.js';
 import type { ApiContext } from './context.js';
 import { ApiError, renderError } from './errors.js';
+import { registerBatchRoutes } from './routes/batches.js';
 import { registerChatCompletionRoutes } from './routes/chat-completions.js';
 import { registerFileRoutes } from './routes/files.js';
 import { registerMessageRoutes } from './routes/messages.js';
@@ -80,4 +81,5 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   registerChatCompletionRoutes(app, ctx);
   registerMessageRoutes(app, ctx);
   await registerFileRoutes(app, ctx);
+  await registerBatchRoutes(app, ctx);
 };
