@@ -1,113 +1,15 @@
-// Unit tests of the continuous-batching mechanism (src/engine/batcher.ts) against an in-test
-// fake of NativeEngineHandle. The fake keeps exact block accounting (and rejects a plan that
-// does not fit with NO_KV_BLOCKS, as the native engine does) and samples a token that depends
-// only on the sequence's tokens, so output is identical whether or not a sequence was preempted
-// and recomputed. The real engine is tested end to end elsewhere.
+// Unit tests of the continuous-batching mechanism (src/engine/batcher.ts) against a fake of
+// NativeEngineHandle (test/helpers/fake-native-handle.ts: exact block accounting, tokens that
+// depend only on the sequence's tokens). The real engine is tested end to end elsewhere;
+// priorities are tested in batcher-priority.test.ts.
 
 import { describe, expect, it } from 'vitest';
 import {
   Batcher, FcfsPolicy, type SequenceOutcome, type SequenceRequest, type SequenceView,
 } from '../src/engine/batcher.js';
-import type {
-  NativeEngineHandle, NativeModelInfo, NativeSamplingParams, NativeStepPlan, NativeStepResult,
-} from '../src/engine/native-types.js';
+import type { NativeSamplingParams } from '../src/engine/native-types.js';
 import { SluiceError } from '../src/errors.js';
-
-interface FakeSequence {
-  tokens: number[];
-  numComputedTokens: number;
-  numBlocks: number;
-}
-
-class FakeHandle implements NativeEngineHandle {
-  readonly sequences = new Map<number, FakeSequence>();
-  readonly plans: Array<Array<{ seqId: number; numTokens: number }>> = [];
-  /** seqIds freed before they finished (the Batcher tells the fake nothing about why). */
-  readonly freedSeqIds: number[] = [];
-  numRejectedSteps = 0;
-  maxLiveSequences = 0;
-  failNextStep: Error | undefined;
-  private numUsedBlocks = 0;
-
-  constructor(readonly numBlocks: number, readonly blockSize: number) {}
-
-  info(): NativeModelInfo {
-    return {
-      architecture: 'Fake', modelType: 'fake', weightDtype: 'f32', vocabSize: 1000, hiddenSize: 8, numLayers: 1,
-      numHeads: 1, numKvHeads: 1, headDim: 8, contextLength: 4096, weightBytes: 0, kvCacheBytes: 0,
-      blockSize: this.blockSize, numBlocks: this.numBlocks, backend: 'cpu', simd: 'none', numThreads: 1,
-    };
-  }
-
-  addSequence(seqId: number, promptTokens: Int32Array, _sampling: NativeSamplingParams): void {
-    if (this.sequences.has(seqId)) throw Object.assign(new Error(`seq ${seqId} exists`), { code: 'SEQ_EXISTS' });
-    this.sequences.set(seqId, { tokens: [...promptTokens], numComputedTokens: 0, numBlocks: 0 });
-    this.maxLiveSequences = Math.max(this.maxLiveSequences, this.sequences.size);
-  }
-
-  freeSequence(seqId: number): void {
-    const seq = this.sequences.get(seqId);
-    if (!seq) return;
-    this.numUsedBlocks -= seq.numBlocks;
-    this.sequences.delete(seqId);
-    this.freedSeqIds.push(seqId);
-  }
-
-  numFreeBlocks(): number {
-    return this.numBlocks - this.numUsedBlocks;
-  }
-
-  numSequenceBlocks(seqId: number): number {
-    return this.sequences.get(seqId)?.numBlocks ?? 0;
-  }
-
-  async step(plan: NativeStepPlan): Promise<NativeStepResult> {
-    await new Promise((resolve) => setImmediate(resolve));
-    if (this.failNextStep) {
-      const err = this.failNextStep;
-      this.failNextStep = undefined;
-      throw err;
-    }
-    const rows = [...plan.seqIds].map((seqId, i) => ({ seqId, numTokens: plan.numTokens[i]! }));
-    let numNewBlocks = 0;
-    for (const { seqId, numTokens } of rows) {
-      const seq = this.sequences.get(seqId);
-      if (!seq) throw new Error(`step names unknown seq ${seqId}`);
-      if (numTokens < 1 || seq.numComputedTokens + numTokens > seq.tokens.length) {
-        throw new Error(`seq ${seqId}: bad numTokens ${numTokens}`);
-      }
-      numNewBlocks += Math.max(0, Math.ceil((seq.numComputedTokens + numTokens) / this.blockSize) - seq.numBlocks);
-    }
-    if (numNewBlocks > this.numFreeBlocks()) {
-      this.numRejectedSteps++;
-      throw Object.assign(new Error('no KV blocks'), { code: 'NO_KV_BLOCKS' });
-    }
-    this.plans.push(rows);
-    const sampled: Array<{ seqId: number; token: number }> = [];
-    for (const { seqId, numTokens } of rows) {
-      const seq = this.sequences.get(seqId)!;
-      seq.numComputedTokens += numTokens;
-      const numBlocks = Math.ceil(seq.numComputedTokens / this.blockSize);
-      this.numUsedBlocks += numBlocks - seq.numBlocks;
-      seq.numBlocks = numBlocks;
-      if (seq.numComputedTokens === seq.tokens.length) {
-        const token = seq.tokens.reduce((h, t) => (h * 31 + t) % 997, 7);
-        seq.tokens.push(token);
-        sampled.push({ seqId, token });
-      }
-    }
-    return {
-      seqIds: Uint32Array.from(sampled, (s) => s.seqId),
-      tokens: Int32Array.from(sampled, (s) => s.token),
-      logprobs: new Float32Array(sampled.length).fill(-0.5),
-      topN: 0,
-      topIds: new Int32Array(0),
-      topLogprobs: new Float32Array(0),
-    };
-  }
-
-  dispose(): void {}
-}
+import { FakeHandle } from './helpers/fake-native-handle.js';
 
 const SAMPLING: NativeSamplingParams = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
 

@@ -1,11 +1,18 @@
 // Scheduling policy for the Batcher: who is admitted next and who is preempted when KV blocks run
 // out. The Batcher owns the mechanism (planning, KV accounting, native calls); a policy only
-// orders. FcfsPolicy is first come first served; a priority scheduler implements the same interface.
+// orders. FcfsPolicy is first come first served; the completion-window scheduler
+// (src/scheduler/window-policy.ts) implements the same interface.
 
 /** What a policy may read about a sequence. Owned and mutated by the Batcher only. */
 export interface SequenceView {
   /** Submission order (0, 1, 2, ...): stable across preemptions. */
   readonly arrivalOrder: number;
+  /**
+   * Urgency, fixed at submission: 0 is the most urgent, larger numbers less (the window scheduler
+   * maps asap, standard, flex to 0, 1, 2). The Batcher gives step budget to lower numbers first and
+   * preempts only larger numbers to admit a sequence; a policy that ignores it orders as it likes.
+   */
+  readonly priority: number;
   /** Order of the latest admission (-1 before the first); grows with every (re-)admission. */
   readonly admittedOrder: number;
   readonly numPromptTokens: number;
@@ -22,12 +29,15 @@ export interface SchedulingPolicy {
   remove(seq: SequenceView): void;
   /** The waiting sequences, next to admit first. The Batcher admits from the front while they fit. */
   waiting(): readonly SequenceView[];
-  /** Which of `running` (non-empty, oldest admission first) gives up its KV blocks. */
+  /**
+   * Which of `running` (non-empty, oldest admission first) gives up its KV blocks. Must return a
+   * member of `running`: the Batcher passes a subset when only some may be preempted.
+   */
   pickVictim(running: readonly SequenceView[]): SequenceView;
 }
 
 /**
- * First come first served: admits in arrival order; a preempted sequence goes back to the front
+ * First come first served, priority ignored: admits in arrival order; a preempted sequence goes back to the front
  * (it arrived before everything still waiting); the victim is the most recently admitted.
  */
 export class FcfsPolicy implements SchedulingPolicy {

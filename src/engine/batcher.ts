@@ -3,24 +3,30 @@
 // Mechanism (this file's Batcher): plan a step, run it off the JS thread, route sampled tokens to
 // their sequences, free finished ones, repeat while there is work. Policy (who is admitted next,
 // who is preempted when KV blocks run out) is a separate SchedulingPolicy; FcfsPolicy is the
-// default (first come first served). A priority scheduler replaces the policy, not the loop.
+// default here (first come first served), the Engine uses the completion-window policy
+// (src/scheduler/window-policy.ts). A priority scheduler replaces the policy, not the loop.
 //
-// Each step carries, within maxBatchedTokens tokens and maxNumSeqs sequences:
-//   1. every running sequence, oldest admission first: 1 token if decoding, the next prompt chunk
-//      if still prefilling (chunked prefill);
-//   2. then newly admitted sequences (policy order), each with its first prompt chunk.
+// Each sequence has a priority (0 most urgent; all equal unless the submitter says otherwise).
+// Each step carries, within maxBatchedTokens tokens and maxNumSeqs sequences, priority by
+// priority (most urgent first):
+//   1. the running sequences of that priority, oldest admission first: 1 token if decoding, the
+//      next prompt chunk if still prefilling (chunked prefill);
+//   2. then waiting sequences of that priority (policy order), each with its first prompt chunk.
+// So less urgent work only gets the budget that more urgent work leaves.
 // KV accounting: a sequence computing n tokens needs ceil((numComputedTokens + n) / blockSize)
 // blocks in all; the step never plans more new blocks than numFreeBlocks(). A running sequence
 // that cannot get a block for even one token preempts the policy's victim (its KV is freed; it is
-// requeued with prompt + generated tokens as its new prompt and recomputed later).
+// requeued with prompt + generated tokens as its new prompt and recomputed later). A waiting
+// sequence that does not fit (blocks or maxNumSeqs) preempts running sequences of a less urgent
+// priority when that makes it fit, never those of its own or a more urgent one.
 
-import type {
-  NativeEngineHandle, NativeSamplingParams, NativeStepPlan, NativeStepResult,
-} from './native-types.js';
+import type { NativeEngineHandle, NativeStepPlan, NativeStepResult } from './native-types.js';
 import { SluiceError } from '../errors.js';
-import { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './batch-policy.js';
+import { FcfsPolicy, type SchedulingPolicy } from './batch-policy.js';
+import { Sequence, type SampledToken, type SequenceOutcome, type SequenceRequest } from './sequence.js';
 
 export { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './batch-policy.js';
+export type { SampledToken, SequenceOutcome, SequenceRequest, SequenceSink } from './sequence.js';
 
 export interface BatcherOptions {
   /** Tokens computed per step, prefill chunks and decodes together (default 512). */
@@ -30,70 +36,21 @@ export interface BatcherOptions {
   policy?: SchedulingPolicy;
 }
 
-/** One sampled token as routed to its sequence. */
-export interface SampledToken {
-  tokenId: number;
-  /** Logprob of the sampled token. */
-  logprob: number;
-  topIds: Int32Array;          // [topN] most likely ids, best first
-  topLogprobs: Float32Array;   // [topN]
-}
-
-export type SequenceOutcome =
-  | { kind: 'finished' }                 // the sink asked to stop, or maxTokens were generated
-  | { kind: 'cancelled' }                // the request's AbortSignal fired
-  | { kind: 'failed'; error: Error };    // engine failure, disposal, or an exception in the sink
-
-/** Callbacks of one sequence. Called on the JS thread, between steps; never after onEnd. */
-export interface SequenceSink {
-  /** The sequence got its first step (called once, not again after a preemption). */
-  onScheduled?(): void;
-  /** A sampled token; return true to finish the sequence now (a stop condition was met). */
-  onToken(token: SampledToken): boolean;
-  /** Called exactly once. */
-  onEnd(outcome: SequenceOutcome): void;
-}
-
-export interface SequenceRequest {
-  promptTokenIds: readonly number[];
-  /** Upper bound on generated tokens (>= 1); the sequence finishes when it is reached. */
-  maxTokens: number;
-  sampling: NativeSamplingParams;
-  signal?: AbortSignal | undefined;
-  sink: SequenceSink;
-}
-
-type SequenceState = 'waiting' | 'running' | 'done';
-
-class Sequence implements SequenceView {
-  state: SequenceState = 'waiting';
-  /** Native id while running (a fresh id per admission). */
-  seqId = 0;
-  admittedOrder = -1;
-  wasScheduled = false;
-  cancelRequested = false;
-  readonly generatedTokenIds: number[] = [];
-  /** Tokens the native engine holds for this sequence (prompt at admission + samples since). */
-  numKnownTokens = 0;
-  /** Tokens whose KV has been computed. Invariant while running: numComputedTokens < numKnownTokens. */
-  numComputedTokens = 0;
-  removeAbortListener: () => void = () => {};
-
-  constructor(readonly request: SequenceRequest, readonly arrivalOrder: number) {}
-
-  get numPromptTokens(): number {
-    return this.request.promptTokenIds.length;
-  }
-  get numGeneratedTokens(): number {
-    return this.generatedTokenIds.length;
-  }
-}
-
 /** One row of a step being planned. */
 interface PlannedRow {
   seq: Sequence;
   numTokens: number;
   numNewBlocks: number;
+}
+
+/** A step while it is being planned. */
+interface StepDraft {
+  rows: Map<Sequence, PlannedRow>;
+  numBudgetTokens: number;
+  /** New blocks the rows will take; not yet taken from the pool. */
+  numPlannedBlocks: number;
+  /** The waiting head did not fit: nothing behind it is admitted this step (no starvation by smaller ones). */
+  admissionBlocked: boolean;
 }
 
 const NO_KV_BLOCKS = 'NO_KV_BLOCKS';
@@ -154,6 +111,9 @@ export class Batcher {
     if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
     if (request.promptTokenIds.length === 0) {
       throw new SluiceError('invalid_request', 'the prompt must have at least one token', { param: 'prompt' });
+    }
+    if (request.priority !== undefined && !(Number.isInteger(request.priority) && request.priority >= 0)) {
+      throw new SluiceError('invalid_request', `priority must be an integer >= 0, got ${String(request.priority)}`, { param: 'priority' });
     }
     const numKvTokens = request.promptTokenIds.length + request.maxTokens - 1;
     if (this.blocksFor(numKvTokens) > this.numTotalBlocks) {
@@ -241,58 +201,108 @@ export class Batcher {
 
   /** Builds one step. Mutates state: admits, preempts (frees KV, requeues). */
   private planStep(): PlannedRow[] {
-    const rows = new Map<Sequence, PlannedRow>();
-    let numBudgetTokens = this.maxBatchedTokens;
-    let numPlannedBlocks = 0;
-    const numFreeBlocks = () => this.handle.numFreeBlocks() - numPlannedBlocks;
-
-    for (const seq of [...this.running]) {
-      if (numBudgetTokens === 0) break;
-      while (seq.state === 'running') {
-        const numHeldBlocks = this.handle.numSequenceBlocks(seq.seqId);
-        const numTokensByBlocks = (numHeldBlocks + numFreeBlocks()) * this.blockSize - seq.numComputedTokens;
-        const numTokens = Math.min(seq.numKnownTokens - seq.numComputedTokens, numBudgetTokens, numTokensByBlocks);
-        if (numTokens >= 1) {
-          const numNewBlocks = Math.max(0, this.blocksFor(seq.numComputedTokens + numTokens) - numHeldBlocks);
-          rows.set(seq, { seq, numTokens, numNewBlocks });
-          numBudgetTokens -= numTokens;
-          numPlannedBlocks += numNewBlocks;
-          break;
-        }
-        // Not even one token fits: free the victim's KV and try again (the victim may be seq).
-        const victim = this.policy.pickVictim(this.running) as Sequence;
-        const victimRow = rows.get(victim);
-        if (victimRow) {
-          rows.delete(victim);
-          numBudgetTokens += victimRow.numTokens;
-          numPlannedBlocks -= victimRow.numNewBlocks;
-        }
-        this.preempt(victim);
-      }
+    const step: StepDraft = { rows: new Map(), numBudgetTokens: this.maxBatchedTokens, numPlannedBlocks: 0, admissionBlocked: false };
+    // Stable sort: with equal priorities this is admission order.
+    const byPriority = [...this.running].sort((a, b) => a.priority - b.priority || a.admittedOrder - b.admittedOrder);
+    for (const seq of byPriority) {
+      // More urgent waiting sequences come before this one (and may preempt it).
+      this.admitWaiting(step, seq.priority);
+      if (step.numBudgetTokens === 0) break;
+      // A sequence preempted and re-admitted within this step already has its admission row.
+      if (!step.rows.has(seq)) this.planRunning(step, seq);
     }
-
-    // Admission: policy order; stop at the first that does not fit so none is starved by
-    // smaller requests behind it. NOTE: a sequence is admitted only when its whole prompt's
-    // blocks are free now, so a running prefill rarely has to preempt anyone.
-    while (numBudgetTokens > 0 && this.running.length < this.maxNumSeqs) {
-      const seq = this.policy.waiting()[0] as Sequence | undefined;
-      if (seq === undefined) break;
-      const promptTokenIds = [...seq.request.promptTokenIds, ...seq.generatedTokenIds];
-      if (this.blocksFor(promptTokenIds.length) > numFreeBlocks()) break;
-      this.admit(seq, promptTokenIds);
-      const numTokens = Math.min(promptTokenIds.length, numBudgetTokens);
-      const numNewBlocks = this.blocksFor(numTokens);
-      rows.set(seq, { seq, numTokens, numNewBlocks });
-      numBudgetTokens -= numTokens;
-      numPlannedBlocks += numNewBlocks;
-    }
-    for (const row of rows.values()) {
+    this.admitWaiting(step, Infinity);
+    for (const row of step.rows.values()) {
       if (!row.seq.wasScheduled) {
         row.seq.wasScheduled = true;
         this.callSink(row.seq, () => row.seq.request.sink.onScheduled?.());
       }
     }
-    return [...rows.values()].filter((row) => row.seq.state === 'running');
+    return [...step.rows.values()].filter((row) => row.seq.state === 'running');
+  }
+
+  /** Plans a running sequence's next tokens; preempts the policy's victim while not even one token fits. */
+  private planRunning(step: StepDraft, seq: Sequence): void {
+    while (seq.state === 'running') {
+      const numHeldBlocks = this.handle.numSequenceBlocks(seq.seqId);
+      const numTokensByBlocks = (numHeldBlocks + this.numFreeBlocks(step)) * this.blockSize - seq.numComputedTokens;
+      const numTokens = Math.min(seq.numKnownTokens - seq.numComputedTokens, step.numBudgetTokens, numTokensByBlocks);
+      if (numTokens >= 1) {
+        const numNewBlocks = Math.max(0, this.blocksFor(seq.numComputedTokens + numTokens) - numHeldBlocks);
+        step.rows.set(seq, { seq, numTokens, numNewBlocks });
+        step.numBudgetTokens -= numTokens;
+        step.numPlannedBlocks += numNewBlocks;
+        return;
+      }
+      // Not even one token fits: free the victim's KV and try again (the victim may be seq).
+      const victim = this.policy.pickVictim(this.running) as Sequence;
+      this.unplan(step, victim);
+      this.preempt(victim);
+    }
+  }
+
+  /**
+   * Admits from the front of the waiting order while the head is more urgent than
+   * `belowPriority` and fits; stops at the first that does not fit so none is starved by smaller
+   * or less urgent requests behind it. NOTE: a sequence is admitted only when its whole prompt's
+   * blocks are free now, so a running prefill rarely has to preempt anyone.
+   */
+  private admitWaiting(step: StepDraft, belowPriority: number): void {
+    while (!step.admissionBlocked && step.numBudgetTokens > 0) {
+      const seq = this.policy.waiting()[0] as Sequence | undefined;
+      if (seq === undefined || seq.priority >= belowPriority) return;
+      const promptTokenIds = [...seq.request.promptTokenIds, ...seq.generatedTokenIds];
+      if (!this.makeRoom(step, seq, this.blocksFor(promptTokenIds.length))) {
+        step.admissionBlocked = true;
+        return;
+      }
+      this.admit(seq, promptTokenIds);
+      const numTokens = Math.min(promptTokenIds.length, step.numBudgetTokens);
+      const numNewBlocks = this.blocksFor(numTokens);
+      step.rows.set(seq, { seq, numTokens, numNewBlocks });
+      step.numBudgetTokens -= numTokens;
+      step.numPlannedBlocks += numNewBlocks;
+    }
+  }
+
+  /**
+   * Whether `seq` (waiting) can be admitted with `numBlocks` blocks, after preempting running
+   * sequences of a less urgent priority if that makes it fit. Preempts nobody when even all of
+   * them would not be enough: their recompute would buy nothing.
+   */
+  private makeRoom(step: StepDraft, seq: Sequence, numBlocks: number): boolean {
+    const fits = () => this.running.length < this.maxNumSeqs && numBlocks <= this.numFreeBlocks(step);
+    if (fits()) return true;
+    const lessUrgent = () => this.running.filter((s) => s.priority > seq.priority);
+    const candidates = lessUrgent();
+    let numReclaimableBlocks = 0;
+    for (const s of candidates) {
+      numReclaimableBlocks += this.handle.numSequenceBlocks(s.seqId) + (step.rows.get(s)?.numNewBlocks ?? 0);
+    }
+    if (candidates.length === 0 || this.running.length - candidates.length >= this.maxNumSeqs ||
+        numBlocks > this.numFreeBlocks(step) + numReclaimableBlocks) {
+      return false;
+    }
+    for (let victims = candidates; !fits() && victims.length > 0; victims = lessUrgent()) {
+      const victim = this.policy.pickVictim(victims) as Sequence;
+      if (!victims.includes(victim)) throw new Error('SchedulingPolicy.pickVictim returned a sequence it was not offered');
+      this.unplan(step, victim);
+      this.preempt(victim);
+    }
+    return fits();
+  }
+
+  /** Takes a sequence's row (if any) out of the step, returning its tokens and blocks. */
+  private unplan(step: StepDraft, seq: Sequence): void {
+    const row = step.rows.get(seq);
+    if (row === undefined) return;
+    step.rows.delete(seq);
+    step.numBudgetTokens += row.numTokens;
+    step.numPlannedBlocks -= row.numNewBlocks;
+  }
+
+  private numFreeBlocks(step: StepDraft): number {
+    return this.handle.numFreeBlocks() - step.numPlannedBlocks;
   }
 
   /** Routes a step's samples. Every planned sequence whose known tokens are now all computed must have sampled. */

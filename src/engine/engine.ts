@@ -5,6 +5,7 @@ import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { Batcher } from './batcher.js';
+import { WindowPriorityPolicy, windowPriority } from '../scheduler/window-policy.js';
 import { compileChatTemplate, type ChatTemplate } from './chat-template.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
@@ -143,7 +144,7 @@ export class Engine {
     }
 
     try {
-      const batcher = new Batcher(handle, { maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs });
+      const batcher = new Batcher(handle, { maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy() });
       return new Engine(tokenizer, handle, batcher, modelDir);
     } catch (err) {
       handle.dispose();
@@ -239,7 +240,10 @@ export class Engine {
       cancelReason: () => controller.signal.reason,
     });
     try {
-      this.batcher.submit({ promptTokenIds, maxTokens, sampling: options.sampling, signal: controller.signal, sink: generation });
+      this.batcher.submit({
+        promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
+        signal: controller.signal, sink: generation,
+      });
       yield* generation.chunks;
     } finally {
       userSignal?.removeEventListener('abort', forwardAbort);

@@ -6,6 +6,7 @@ import { getRandomValues } from 'node:crypto';
 import { SluiceError } from '../errors.js';
 import type { ChatMessage } from './chat-template.js';
 import type { NativeSamplingParams } from './native-types.js';
+import { SCHEDULING_WINDOWS, type SchedulingWindow } from '../scheduler/window-policy.js';
 import type { FinishReason } from './stops.js';
 
 export interface GenerateRequest {
@@ -28,6 +29,13 @@ export interface GenerateRequest {
   logprobs?: number;
   /** Output is cut before the first of these (non-empty) strings. */
   stop?: string[];
+  /**
+   * Scheduling class: 'asap' runs before 'standard', which runs before 'flex' (flex only on
+   * capacity the others leave; running lower windows are preempted to admit higher ones).
+   * Default 'standard', as the HTTP API's default window, so that a library caller can still
+   * put urgent work ahead of its ordinary work.
+   */
+  completionWindow?: SchedulingWindow;
   signal?: AbortSignal;
 }
 
@@ -97,7 +105,10 @@ export interface ValidatedOptions {
   logprobs: number | undefined;
   maxTokens: number | undefined;
   stopStrings: string[];
+  completionWindow: SchedulingWindow;
 }
+
+export const DEFAULT_COMPLETION_WINDOW: SchedulingWindow = 'standard';
 
 function invalid(param: string, message: string): SluiceError {
   return new SluiceError('invalid_request', `${param} ${message}`, { param });
@@ -135,11 +146,16 @@ export function validateOptions(req: GenerateRequest): ValidatedOptions {
   if (!Array.isArray(stop) || stop.some((s) => typeof s !== 'string' || s.length === 0)) {
     throw invalid('stop', 'must be an array of non-empty strings');
   }
+  const completionWindow = req.completionWindow ?? DEFAULT_COMPLETION_WINDOW;
+  if (!SCHEDULING_WINDOWS.includes(completionWindow)) {
+    throw invalid('completionWindow', `must be one of ${SCHEDULING_WINDOWS.join(', ')}, got ${JSON.stringify(completionWindow) ?? String(completionWindow)}`);
+  }
   return {
     sampling: { temperature, topP, topK, seed, logprobs: logprobs ?? 0 },
     logprobs,
     maxTokens,
     stopStrings: [...stop],
+    completionWindow,
   };
 }
 

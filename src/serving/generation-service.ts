@@ -37,6 +37,7 @@ export class GenerationService {
     return model.engine.generate({
       promptTokenIds: prepared.promptTokenIds,
       maxTokens: prepared.maxTokens,
+      completionWindow: prepared.window,
       ...(s.temperature !== undefined && { temperature: s.temperature }),
       ...(s.topP !== undefined && { topP: s.topP }),
       ...(s.topK !== undefined && { topK: s.topK }),
