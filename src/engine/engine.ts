@@ -54,6 +54,13 @@ export interface EngineInfo extends NativeModelInfo {
   maxSequenceTokens: number;
 }
 
+export interface SchedulerStats {
+  /** Sequences holding KV blocks (prefilling or decoding). */
+  numRunning: number;
+  /** Sequences queued for admission, preempted ones included. */
+  numWaiting: number;
+}
+
 const GiB = 1024 ** 3;
 const DEFAULT_BLOCK_SIZE = 16;
 const DEFAULT_MAX_NUM_SEQS = 64;
@@ -206,6 +213,14 @@ export class Engine {
       case 'promptTokenIds':
         return checkPromptTokenIds(req.promptTokenIds, this.info.vocabSize);
     }
+  }
+
+  /**
+   * What the scheduler holds right now (for metrics and tests; changes with every step). NOTE: no
+   * free-block count: the native pool may not be queried while a step runs.
+   */
+  schedulerStats(): SchedulerStats {
+    return { numRunning: this.batcher.numRunning, numWaiting: this.batcher.numWaiting };
   }
 
   /** Stops accepting requests, fails pending ones (engine_disposed), frees the model. Safe to call twice. */
