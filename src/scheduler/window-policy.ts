@@ -57,7 +57,7 @@ export class WindowPriorityPolicy implements SchedulingPolicy {
     return this.ordered;
   }
 
-  /** The least urgent; among those the most recently admitted (it has the least work to lose). */
+  /** The least urgent; among those the most recently admitted (usually the least computed work to lose). */
   pickVictim(running: readonly SequenceView[]): SequenceView {
     let victim = running[0]!;
     for (const seq of running) {
