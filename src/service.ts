@@ -12,6 +12,7 @@ import { ModelRegistry } from './serving/model-registry.js';
 import { createApiKey, type CreatedKey } from './store/api-keys.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import type { Store } from './store/store.js';
+import { BatchRunner, type BatchDeadlines } from './batches/runner.js';
 
 export const DEFAULT_ORGANIZATION = 'default';
 
@@ -22,6 +23,8 @@ export interface OpenServiceOptions {
   engineDefaults?: Omit<EngineLoadOptions, 'model'>;
   logger?: FastifyServerOptions['logger'];
   onProgress?: (message: string) => void;
+  /** Seconds from a batch's creation to its expiry, per window it runs at (24h runs as flex). */
+  batchDeadlines?: Partial<BatchDeadlines>;
 }
 
 export interface Service {
@@ -31,6 +34,8 @@ export interface Service {
   dataDir: string;
   /** The key made because the store had none (shown once), else undefined. */
   firstKey: CreatedKey | undefined;
+  /** Runs the batches; started here, stopped by close() (unfinished batches resume at the next open). */
+  batches: BatchRunner;
   /** Stops the app, frees the models, closes the store. Safe to call twice. */
   close(): Promise<void>;
 }
@@ -62,15 +67,24 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     registryOptions.onMessage = opts.onProgress ?? ((m) => process.stderr.write(`sluice: ${m}\n`));
     registry = await ModelRegistry.load(opts.catalog, registryOptions);
     const firstKey = (await store.countActiveApiKeys()) === 0 ? await createApiKey(store, DEFAULT_ORGANIZATION) : undefined;
-    const app = await createServer({ store, registry, dataDir, logger: opts.logger });
+    let app: FastifyInstance | undefined;
+    const batches = new BatchRunner({
+      store, registry, dataDir, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }),
+      log: { error: (obj, msg) => app?.log.error(obj, msg) },
+    });
+    app = await createServer({ store, registry, dataDir, logger: opts.logger, batches });
+    await batches.start();
     let closed = false;
     const loaded = registry;
+    const started = app;
     return {
-      app, store, registry, dataDir, firstKey,
+      app, store, registry, dataDir, firstKey, batches,
       async close() {
         if (closed) return;
         closed = true;
-        await app.close();
+        await started.close();
+        // After the HTTP app (no new batches or cancels), before the engines go.
+        await batches.stop();
         await loaded.dispose();
         await store.close();
       },

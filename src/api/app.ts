@@ -6,6 +6,7 @@ import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import { ApiError, renderError } from './errors.js';
 import { sluiceApi } from './plugin.js';
+import type { BatchRunner } from '../batches/runner.js';
 
 export interface CreateServerOptions {
   store: Store;
@@ -13,6 +14,8 @@ export interface CreateServerOptions {
   dataDir: string;
   /** fastify's logger option (pino). Default: off. */
   logger?: FastifyServerOptions['logger'];
+  /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
+  batches?: BatchRunner;
 }
 
 /** Largest JSON body: generous for base64 images, and the same order as a batch line (28 MiB). */
@@ -48,6 +51,9 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     throw new ApiError(404, 'invalid_request_error', `no route ${request.method} ${request.url.split('?')[0]}`, null, 'unknown_route');
   });
 
-  await app.register(sluiceApi, { prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir });
+  await app.register(sluiceApi, {
+    prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
+    ...(opts.batches && { batches: opts.batches }),
+  });
   return app;
 }

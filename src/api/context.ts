@@ -3,6 +3,7 @@
 import type { Store } from '../store/store.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { GenerationService } from '../serving/generation-service.js';
+import type { BatchRunner } from '../batches/runner.js';
 
 export interface ApiContext {
   store: Store;
@@ -10,4 +11,6 @@ export interface ApiContext {
   service: GenerationService;
   /** Root of file bytes and other on-disk state (the SQLite file lives here too). */
   dataDir: string;
+  /** Creates, runs, cancels and resumes batches. */
+  batches: BatchRunner;
 }

@@ -21,6 +21,7 @@ import { registerMessageRoutes } from './routes/messages.js';
 import { registerModelRoutes } from './routes/models.js';
 import { registerResponseRoutes } from './routes/responses.js';
 import { validatorCompiler } from './validation.js';
+import { BatchRunner } from '../batches/runner.js';
 
 export const API_VERSION = '2026-08-14';
 
@@ -28,16 +29,29 @@ export interface SluiceApiOptions {
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
+  /**
+   * The batch runner, started and stopped by its owner (openService). Without one the plugin makes
+   * its own with default deadlines, resumed when the app is ready and stopped when it closes.
+   */
+  batches?: BatchRunner;
 }
 
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
 
 export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: FastifyInstance, opts) => {
+  let batches = opts.batches;
+  if (!batches) {
+    const owned = new BatchRunner({ store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log });
+    app.addHook('onReady', async () => owned.start());
+    app.addHook('onClose', async () => owned.stop());
+    batches = owned;
+  }
   const ctx: ApiContext = {
     store: opts.store,
     registry: opts.registry,
     service: new GenerationService(opts.registry),
     dataDir: opts.dataDir,
+    batches,
   };
 
   await app.register(swagger, {

@@ -80,8 +80,9 @@ export class FileStorage {
   /**
    * Opens a file for reading, or undefined when its bytes are gone. The descriptor is opened before
    * the stream exists, so a delete that lands after this call cannot fail the read (POSIX unlink).
+   * `start`: the byte offset the stream begins at (`bytes` is still the whole file's size).
    */
-  async openRead(id: string): Promise<OpenedFile | undefined> {
+  async openRead(id: string, opts: { start?: number } = {}): Promise<OpenedFile | undefined> {
     let handle;
     try {
       handle = await open(this.pathOf(id), 'r');
@@ -91,7 +92,7 @@ export class FileStorage {
     }
     try {
       const { size } = await handle.stat();
-      return { stream: handle.createReadStream({ autoClose: true }), bytes: size };
+      return { stream: handle.createReadStream({ autoClose: true, start: opts.start ?? 0 }), bytes: size };
     } catch (err) {
       await handle.close();
       throw err;

@@ -49,4 +49,45 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
     PRIMARY KEY (org_id, scope, key)
   );
   `,
+  // 2: batches, one row each, and one row per finished request line until the batch is terminal.
+  `
+  CREATE TABLE batches (
+    seq                INTEGER PRIMARY KEY AUTOINCREMENT,  -- creation order (newest first = seq DESC)
+    id                 TEXT NOT NULL UNIQUE,
+    org_id             TEXT NOT NULL REFERENCES organizations(id),
+    org_name           TEXT NOT NULL,       -- the caller's organization and key, for model access
+    key_id             TEXT NOT NULL,
+    endpoint           TEXT NOT NULL,
+    input_file_id      TEXT NOT NULL,
+    completion_window  TEXT NOT NULL,       -- as given (24h included)
+    status             TEXT NOT NULL,
+    errors             TEXT,                -- JSON list of {code, message, line, param}, or NULL
+    output_file_id     TEXT,
+    error_file_id      TEXT,
+    metadata           TEXT,                -- JSON object of strings, or NULL
+    total              INTEGER NOT NULL DEFAULT 0,
+    completed          INTEGER NOT NULL DEFAULT 0,
+    failed             INTEGER NOT NULL DEFAULT 0,
+    next_line          INTEGER NOT NULL DEFAULT 1,  -- every line before it has a batch_results row (or is blank)
+    next_offset        INTEGER NOT NULL DEFAULT 0,  -- byte offset of next_line in the input file
+    created_at         INTEGER NOT NULL,
+    in_progress_at     INTEGER,
+    expires_at         INTEGER NOT NULL,
+    finalizing_at      INTEGER,
+    completed_at       INTEGER,
+    failed_at          INTEGER,
+    expired_at         INTEGER,
+    cancelling_at      INTEGER,
+    cancelled_at       INTEGER
+  );
+  CREATE INDEX batches_org ON batches(org_id, seq);
+  CREATE INDEX batches_status ON batches(status);
+  CREATE TABLE batch_results (
+    batch_id  TEXT NOT NULL,
+    line_no   INTEGER NOT NULL,             -- 1-based line of the input file
+    ok        INTEGER NOT NULL,             -- 1: output file, 0: error file
+    line      TEXT NOT NULL,                -- the JSONL result line, without its newline
+    PRIMARY KEY (batch_id, line_no)
+  ) WITHOUT ROWID;
+  `,
 ];

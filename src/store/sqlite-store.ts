@@ -7,6 +7,8 @@ import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 import { SQLITE_MIGRATIONS } from './migrations.js';
+import { SqliteBatches } from './sqlite-batches.js';
+import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import type { ApiKeyInfo, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 
 type Row = Record<string, unknown>;
@@ -171,6 +173,48 @@ export class SqliteStore implements Store {
 
   async close(): Promise<void> {
     if (this.db.open) this.db.close();
+  }
+
+  // Batches.
+  private batchTables: SqliteBatches | undefined;
+  private get batches(): SqliteBatches {
+    return (this.batchTables ??= new SqliteBatches(this.db));
+  }
+
+  async insertBatch(batch: BatchRecord): Promise<void> {
+    this.batches.insert(batch);
+  }
+
+  async getBatch(orgId: string, id: string): Promise<BatchRecord | undefined> {
+    return this.batches.get(orgId, id);
+  }
+
+  async listBatches(orgId: string, opts: { limit: number; after?: string; before?: string }): Promise<BatchRecord[]> {
+    return this.batches.list(orgId, opts);
+  }
+
+  async listUnfinishedBatches(): Promise<BatchRecord[]> {
+    return this.batches.listUnfinished();
+  }
+
+  async transitionBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch): Promise<BatchRecord | undefined> {
+    return this.batches.transition(id, from, patch);
+  }
+
+  async recordBatchResult(id: string, result: BatchResultRow, progress: BatchProgress): Promise<boolean> {
+    return this.batches.recordResult(id, result, progress);
+  }
+
+  async listBatchResultLines(id: string, fromLine: number): Promise<number[]> {
+    return this.batches.resultLines(id, fromLine);
+  }
+
+  async listBatchResults(id: string, afterLine: number, limit: number): Promise<BatchResultRow[]> {
+    return this.batches.results(id, afterLine, limit);
+  }
+
+  async finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined> {
+    return this.batches.finish(id, from, patch, files);
   }
 }
 

@@ -6,6 +6,8 @@
 // Ownership: every stored object carries its organization id, and every read takes one: an object
 // of another organization is simply not found.
 
+import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
+
 export interface Organization {
   id: string;
   name: string;
@@ -86,4 +88,31 @@ export interface Store {
   releasePendingIdempotency(): Promise<number>;
 
   close(): Promise<void>;
+
+  // Batches.
+  insertBatch(batch: BatchRecord): Promise<void>;
+  getBatch(orgId: string, id: string): Promise<BatchRecord | undefined>;
+  /**
+   * Newest first: below `after` (older than it) and above `before` (newer than it; the `limit`
+   * nearest to it). A cursor that is not a batch of this organization is ignored.
+   */
+  listBatches(orgId: string, opts: { limit: number; after?: string; before?: string }): Promise<BatchRecord[]>;
+  /** Batches of every organization in a status a restart resumes, oldest first. */
+  listUnfinishedBatches(): Promise<BatchRecord[]>;
+  /** Compare-and-set: applies `patch` only while the status is one of `from`; the batch after it, else undefined. */
+  transitionBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch): Promise<BatchRecord | undefined>;
+  /**
+   * Records a finished line, counts it as completed or failed, and advances the progress, in one
+   * transaction. A line already recorded is neither stored nor counted again (returns false).
+   */
+  recordBatchResult(id: string, result: BatchResultRow, progress: BatchProgress): Promise<boolean>;
+  /** Line numbers >= fromLine that have a result, ascending. */
+  listBatchResultLines(id: string, fromLine: number): Promise<number[]>;
+  /** Up to `limit` results after line `afterLine`, in line order. */
+  listBatchResults(id: string, afterLine: number, limit: number): Promise<BatchResultRow[]>;
+  /**
+   * Ends a batch in one transaction: the compare-and-set of transitionBatch, then its result files'
+   * records (an id already recorded is kept), then its result rows are dropped.
+   */
+  finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined>;
 }

@@ -1,0 +1,142 @@
+// Runs one batch request line the way its endpoint would run the same body: the same pre-schema
+// refusals, the same TypeBox schema compiled by the same validator compiler, the same surface
+// adapter and GenerationService, and the same response object. Only the completion window and
+// background come from the batch (so flex is allowed), and nothing is stored per line.
+//
+// The outcome is a value: the result line for the output file, one for the error file, or
+// `aborted` (cancel, expiry, shutdown), which is not a result: the line is left for a later run
+// or simply never counted.
+
+import type { FastifySchema } from 'fastify';
+import { chatCompletion, choicesOf, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest } from '../api/adapters/chat-completions.js';
+import { newId, nowSeconds } from '../api/adapters/content.js';
+import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../api/adapters/messages.js';
+import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../api/adapters/responses.js';
+import { renderError } from '../api/errors.js';
+import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../api/schemas/chat-completions.js';
+import { CreateMessageSchema, type CreateMessageBody } from '../api/schemas/messages.js';
+import { CreateResponseSchema, type CreateResponseBody } from '../api/schemas/responses.js';
+import { validatorCompiler } from '../api/validation.js';
+import type { CompletionWindow } from '../config/catalog.js';
+import { isSluiceError } from '../errors.js';
+import type { Caller, GenerationRequest } from '../serving/generation-request.js';
+import type { GenerationService } from '../serving/generation-service.js';
+
+export type LineOutcome =
+  | { kind: 'ok'; line: string }
+  /** `internal`: the failure was a bug or an engine fault (a 500), kept for the log. */
+  | { kind: 'error'; line: string; internal?: unknown }
+  | { kind: 'aborted' };
+
+type Validate = (body: unknown) => { error?: Error };
+
+interface Surface {
+  /** The route's preValidation: clear refusals before the schema would report a mismatch. */
+  refuse(body: unknown): void;
+  validate: Validate;
+  /** Adapts, prepares, runs; resolves with the endpoint's 200 body. */
+  run(body: unknown, line: LineContext): Promise<unknown>;
+}
+
+interface LineContext {
+  service: GenerationService;
+  caller: Caller;
+  window: CompletionWindow;
+  signal: AbortSignal;
+}
+
+function compileBody(schema: unknown, url: string): Validate {
+  return validatorCompiler({ schema: schema as FastifySchema, httpPart: 'body', method: 'POST', url }) as Validate;
+}
+
+/** The batch decides the window; background lets the flex window through prepare(). */
+function inBatch(request: GenerationRequest, window: CompletionWindow): GenerationRequest {
+  return { ...request, completionWindow: window, background: true };
+}
+
+const SURFACES: Record<string, Surface> = {
+  '/v1/responses': {
+    refuse: refuseUnsupportedInput,
+    validate: compileBody(CreateResponseSchema, '/v1/responses'),
+    async run(raw, { service, caller, window, signal }) {
+      const body = raw as CreateResponseBody;
+      const model = service.registry.resolve(body.model, caller.orgName);
+      const prepared = service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat), window));
+      const running = inProgressResponse(newId('resp'), body, prepared);
+      // The object says what the line asked for; running in the batch's background is not its doing.
+      running['background'] = body.background === true;
+      return finishedResponse(running, await service.run(prepared, signal));
+    },
+  },
+  '/v1/chat/completions': {
+    refuse: refuseUnsupportedChatInput,
+    validate: compileBody(CreateChatCompletionSchema, '/v1/chat/completions'),
+    async run(raw, { service, caller, window, signal }) {
+      const body = raw as CreateChatCompletionBody;
+      const model = service.registry.resolve(body.model, caller.orgName);
+      const { request, n } = toChatGenerationRequest(body, caller, model.supportsChat);
+      const prepared = service.prepare(inBatch(request, window));
+      const created = nowSeconds();
+      // Choices share the line's signal: an abort stops them all, and one failure fails the line.
+      const results = await Promise.all(choicesOf(prepared, n).map((choice) => service.run(choice, signal)));
+      return chatCompletion({
+        id: newId('chatcmpl').replace('_', '-'), created, fingerprint: systemFingerprint(service.modelOf(prepared)), prepared, results,
+      });
+    },
+  },
+  '/v1/messages': {
+    refuse: refuseUnsupportedMessageInput,
+    validate: compileBody(CreateMessageSchema, '/v1/messages'),
+    async run(raw, { service, caller, window, signal }) {
+      const body = raw as CreateMessageBody;
+      const model = service.registry.resolve(body.model, caller.orgName);
+      const prepared = service.prepare(inBatch(toMessagesGenerationRequest(body, caller, model.supportsChat), window));
+      return messageObject(newId('msg'), prepared, await service.run(prepared, signal));
+    },
+  },
+};
+
+/** The runner's view of one input line (already parsed by validation, so it is an object). */
+export interface BatchLineRequest {
+  custom_id: string;
+  url: string;
+  body: unknown;
+}
+
+export interface ExecuteLineOptions extends LineContext {
+  /** Text of the JSONL line (validated at upload: a JSON object with custom_id, method, url, body). */
+  text: string;
+}
+
+const resultLine = (customId: string, response: unknown, error: unknown): string =>
+  JSON.stringify({ id: newId('batch_req'), custom_id: customId, response, error });
+
+/** Runs one line. Never throws: every failure is an error line, or `aborted`. */
+export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome> {
+  let customId = '';
+  try {
+    const request = JSON.parse(opts.text) as BatchLineRequest;
+    customId = String(request.custom_id);
+    const surface = SURFACES[request.url];
+    // Validation made every line's url the batch's endpoint; this guards a file changed under us.
+    if (!surface) throw new Error(`no batch surface for ${request.url}`);
+    surface.refuse(request.body);
+    const checked = surface.validate(request.body);
+    if (checked.error) throw checked.error;
+    const body = await surface.run(request.body, opts);
+    return { kind: 'ok', line: resultLine(customId, { status_code: 200, request_id: newId('req'), body }, null) };
+  } catch (err) {
+    if (opts.signal.aborted || (isSluiceError(err) && (err.code === 'cancelled' || err.code === 'engine_disposed'))) {
+      return { kind: 'aborted' };
+    }
+    const rendered = renderError(err);
+    const { code, message } = rendered.body.error;
+    return {
+      kind: 'error',
+      line: resultLine(customId,
+        { status_code: rendered.statusCode, request_id: newId('req'), body: rendered.body },
+        { code: code ?? rendered.body.error.type, message }),
+      ...(rendered.internal && { internal: err }),
+    };
+  }
+}
