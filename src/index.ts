@@ -21,6 +21,7 @@ export { createServer } from './api/app.js';
 export type { CreateServerOptions } from './api/app.js';
 export { sluiceApi, API_VERSION } from './api/plugin.js';
 export type { SluiceApiOptions } from './api/plugin.js';
+export type { WebhookLog, WebhookSettings } from './webhooks/dispatcher.js';
 export { loadCatalog, parseCatalog, singleModelCatalog } from './config/catalog.js';
 export type { Catalog, CatalogModel, ModelPrice, LongContextPricing, CompletionWindow } from './config/catalog.js';
 export { ModelRegistry } from './serving/model-registry.js';

@@ -11,6 +11,7 @@ import type { EngineLoadOptions } from './engine/engine.js';
 import { ModelRegistry } from './serving/model-registry.js';
 import { createApiKey, type CreatedKey } from './store/api-keys.js';
 import { SqliteStore } from './store/sqlite-store.js';
+import type { WebhookSettings } from './webhooks/dispatcher.js';
 import type { Store } from './store/store.js';
 import { BatchRunner, type BatchDeadlines } from './batches/runner.js';
 
@@ -25,6 +26,8 @@ export interface OpenServiceOptions {
   onProgress?: (message: string) => void;
   /** Seconds from a batch's creation to its expiry, per window it runs at (24h runs as flex). */
   batchDeadlines?: Partial<BatchDeadlines>;
+  /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
+  webhooks?: WebhookSettings;
 }
 
 export interface Service {
@@ -72,7 +75,9 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
       store, registry, dataDir, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }),
       log: { error: (obj, msg) => app?.log.error(obj, msg) },
     });
-    app = await createServer({ store, registry, dataDir, logger: opts.logger, batches });
+    app = await createServer({
+      store, registry, dataDir, logger: opts.logger, batches, ...(opts.webhooks && { webhooks: opts.webhooks }),
+    });
     await batches.start();
     let closed = false;
     const loaded = registry;

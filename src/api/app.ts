@@ -6,6 +6,7 @@ import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import { ApiError, renderError } from './errors.js';
 import { sluiceApi } from './plugin.js';
+import type { WebhookSettings } from '../webhooks/dispatcher.js';
 import type { BatchRunner } from '../batches/runner.js';
 
 export interface CreateServerOptions {
@@ -16,6 +17,8 @@ export interface CreateServerOptions {
   logger?: FastifyServerOptions['logger'];
   /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
   batches?: BatchRunner;
+  /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
+  webhooks?: WebhookSettings;
 }
 
 /** Largest JSON body: generous for base64 images, and the same order as a batch line (28 MiB). */
@@ -54,6 +57,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   await app.register(sluiceApi, {
     prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
     ...(opts.batches && { batches: opts.batches }),
+    ...(opts.webhooks && { webhooks: opts.webhooks }),
   });
   return app;
 }

@@ -4,6 +4,7 @@ import type { Store } from '../store/store.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { GenerationService } from '../serving/generation-service.js';
 import type { BatchRunner } from '../batches/runner.js';
+import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
 
 export interface ApiContext {
   store: Store;
@@ -13,4 +14,6 @@ export interface ApiContext {
   dataDir: string;
   /** Creates, runs, cancels and resumes batches. */
   batches: BatchRunner;
+  /** Completion webhooks: routes enqueue each final object (absent: no callbacks are sent). */
+  webhooks?: WebhookDispatcher;
 }

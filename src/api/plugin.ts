@@ -21,6 +21,7 @@ import { registerMessageRoutes } from './routes/messages.js';
 import { registerModelRoutes } from './routes/models.js';
 import { registerResponseRoutes } from './routes/responses.js';
 import { validatorCompiler } from './validation.js';
+import { WebhookDispatcher, type WebhookSettings } from '../webhooks/dispatcher.js';
 import { BatchRunner } from '../batches/runner.js';
 
 export const API_VERSION = '2026-08-14';
@@ -34,6 +35,8 @@ export interface SluiceApiOptions {
    * its own with default deadlines, resumed when the app is ready and stopped when it closes.
    */
   batches?: BatchRunner;
+  /** Completion webhook retry settings (defaults: the spec's 30 s timeout, 3 retries) and logger. */
+  webhooks?: WebhookSettings;
 }
 
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
@@ -46,12 +49,18 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
     app.addHook('onClose', async () => owned.stop());
     batches = owned;
   }
+  // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
+  // is ready and stops (leaving the unfinished ones pending) when the app closes.
+  const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
+  app.addHook('onReady', async () => webhooks.start());
+  app.addHook('onClose', async () => webhooks.close());
   const ctx: ApiContext = {
     store: opts.store,
     registry: opts.registry,
     service: new GenerationService(opts.registry),
     dataDir: opts.dataDir,
     batches,
+    webhooks,
   };
 
   await app.register(swagger, {

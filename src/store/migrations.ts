@@ -90,4 +90,22 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
     PRIMARY KEY (batch_id, line_no)
   ) WITHOUT ROWID;
   `,
+  // 3: completion webhook deliveries, kept with their state after the last attempt.
+  `
+  CREATE TABLE webhook_deliveries (
+    id                 TEXT PRIMARY KEY,
+    org_id             TEXT NOT NULL,
+    object_id          TEXT NOT NULL,         -- id of the response / chat completion sent
+    url                TEXT NOT NULL,
+    token              TEXT,                  -- NULL: no Authorization header
+    body               TEXT NOT NULL,         -- the exact JSON text POSTed
+    state              TEXT NOT NULL,         -- pending | delivered | failed
+    attempts           INTEGER NOT NULL,
+    next_attempt_at_ms INTEGER NOT NULL,      -- Unix ms; the claim lease while an attempt runs
+    last_error         TEXT,
+    created_at         INTEGER NOT NULL,
+    updated_at         INTEGER NOT NULL
+  );
+  CREATE INDEX webhook_deliveries_due ON webhook_deliveries(state, next_attempt_at_ms);
+  `,
 ];

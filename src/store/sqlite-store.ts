@@ -10,6 +10,7 @@ import { SQLITE_MIGRATIONS } from './migrations.js';
 import { SqliteBatches } from './sqlite-batches.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import type { ApiKeyInfo, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
+import type { WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 
 type Row = Record<string, unknown>;
 
@@ -216,6 +217,60 @@ export class SqliteStore implements Store {
   async finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined> {
     return this.batches.finish(id, from, patch, files);
   }
+
+  // Webhook deliveries. Statements are prepared on first use, next to the methods that run them.
+  private webhookStmts: Record<string, Database.Statement> | undefined;
+
+  private webhookStmt(name: 'insert' | 'due' | 'lease' | 'update' | 'next'): Database.Statement {
+    this.webhookStmts ??= {
+      insert: this.db.prepare(`INSERT INTO webhook_deliveries (id, org_id, object_id, url, token, body, state, attempts,
+                                 next_attempt_at_ms, last_error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      due: this.db.prepare(`SELECT * FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at_ms <= ?
+                              ORDER BY next_attempt_at_ms, id LIMIT ?`),
+      lease: this.db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = ? WHERE id = ?'),
+      update: this.db.prepare(`UPDATE webhook_deliveries SET state = ?, attempts = ?, next_attempt_at_ms = ?, last_error = ?,
+                                 updated_at = ? WHERE id = ?`),
+      next: this.db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries WHERE state = 'pending'`),
+    };
+    return this.webhookStmts[name]!;
+  }
+
+  async insertWebhookDelivery(d: WebhookDelivery): Promise<void> {
+    this.webhookStmt('insert').run(d.id, d.orgId, d.objectId, d.url, d.token, d.body, d.state, d.attempts,
+      d.nextAttemptAtMs, d.lastError, d.createdAt, d.createdAt);
+  }
+
+  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]> {
+    return this.db.transaction((): WebhookDelivery[] => {
+      const rows = (this.webhookStmt('due').all(nowMs, limit) as Row[]).map(webhookDelivery);
+      for (const row of rows) this.webhookStmt('lease').run(leaseUntilMs, row.id);
+      return rows;
+    }).immediate();
+  }
+
+  async updateWebhookDelivery(id: string, u: WebhookDeliveryUpdate): Promise<void> {
+    this.webhookStmt('update').run(u.state, u.attempts, u.nextAttemptAtMs, u.lastError, Math.floor(Date.now() / 1000), id);
+  }
+
+  async nextWebhookAttemptMs(): Promise<number | undefined> {
+    return (this.webhookStmt('next').get() as { at: number | null }).at ?? undefined;
+  }
+}
+
+function webhookDelivery(row: Row): WebhookDelivery {
+  return {
+    id: row['id'] as string,
+    orgId: row['org_id'] as string,
+    objectId: row['object_id'] as string,
+    url: row['url'] as string,
+    token: (row['token'] as string | null) ?? null,
+    body: row['body'] as string,
+    state: row['state'] as WebhookDelivery['state'],
+    attempts: row['attempts'] as number,
+    nextAttemptAtMs: row['next_attempt_at_ms'] as number,
+    lastError: (row['last_error'] as string | null) ?? null,
+    createdAt: row['created_at'] as number,
+  };
 }
 
 function migrate(db: Database.Database): void {

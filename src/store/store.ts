@@ -115,4 +115,43 @@ export interface Store {
    * records (an id already recorded is kept), then its result rows are dropped.
    */
   finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined>;
+
+  // Webhook deliveries.
+  insertWebhookDelivery(delivery: WebhookDelivery): Promise<void>;
+  /**
+   * Takes up to `limit` pending deliveries due at `nowMs` (oldest due first) and moves their next
+   * attempt to `leaseUntilMs`, in one transaction, so a later poll does not take them again while
+   * they are being sent. A process that dies mid-attempt leaves them due again at the lease's end.
+   */
+  claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]>;
+  /** Records an attempt's outcome (or, after a shutdown abort, just the next attempt time). */
+  updateWebhookDelivery(id: string, update: WebhookDeliveryUpdate): Promise<void>;
+  /** The earliest next attempt time (ms) of a pending delivery; undefined when none is pending. */
+  nextWebhookAttemptMs(): Promise<number | undefined>;
 }
+
+/** pending: attempts remain; delivered: a 2xx came back; failed: every attempt failed. */
+export type WebhookDeliveryState = 'pending' | 'delivered' | 'failed';
+
+/** One completion callback to send: persisted before its first attempt so restarts resume it. */
+export interface WebhookDelivery {
+  id: string;
+  orgId: string;
+  /** The `id` of the object sent (response or chat completion): the receiver's deduplication key. */
+  objectId: string;
+  url: string;
+  /** The bearer credential; null sends no Authorization header. */
+  token: string | null;
+  /** The exact JSON text to POST. */
+  body: string;
+  state: WebhookDeliveryState;
+  /** Attempts made so far (a shutdown-aborted attempt is not counted). */
+  attempts: number;
+  /** Unix milliseconds: backoff delays are sub-second in tests. */
+  nextAttemptAtMs: number;
+  lastError: string | null;
+  /** Unix seconds. */
+  createdAt: number;
+}
+
+export type WebhookDeliveryUpdate = Pick<WebhookDelivery, 'state' | 'attempts' | 'nextAttemptAtMs' | 'lastError'>;

@@ -8,6 +8,7 @@ import { makeModel } from '../../models/make-model.js';
 import type { Catalog } from '../../src/config/catalog.js';
 import { openService, type Service } from '../../src/service.js';
 import { createApiKey } from '../../src/store/api-keys.js';
+import type { WebhookSettings } from '../../src/webhooks/dispatcher.js';
 
 export interface TestServer {
   /** http://127.0.0.1:PORT (no /v1). */
@@ -32,6 +33,8 @@ export interface TestServerOptions {
   dataDir?: string;
   /** Batch deadlines per window, seconds. */
   batchDeadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
+  /** Completion webhook retry settings (short timeouts and backoff for tests). */
+  webhooks?: WebhookSettings;
 }
 
 export async function startTestServer(opts: TestServerOptions = {}): Promise<TestServer> {
@@ -46,6 +49,7 @@ export async function startTestServer(opts: TestServerOptions = {}): Promise<Tes
     engineDefaults: { backend: 'cpu', kvCacheBytes: 64 << 20, threads: 1 },
     onProgress: () => {},
     ...(opts.batchDeadlines && { batchDeadlines: opts.batchDeadlines }),
+    ...(opts.webhooks && { webhooks: opts.webhooks }),
   });
   const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
   const key = service.firstKey?.key ?? (await createApiKey(service.store, 'default')).key;

@@ -1,6 +1,7 @@
 // POST /v1/chat/completions: OpenAI's Chat Completions shape over the same GenerationService path
-// as Responses. Foreground only (no background, no streaming); nothing is stored. n > 1 runs the
-// choices concurrently (the batcher serves them together); a client disconnect cancels them all.
+// as Responses. Foreground only (no background, no streaming); nothing is stored but a completion
+// webhook delivery when metadata asks for one. n > 1 runs the choices concurrently (the batcher
+// serves them together); a client disconnect cancels them all.
 
 import type { FastifyInstance } from 'fastify';
 import type { GenerateResult } from '../../engine/request.js';
@@ -16,6 +17,7 @@ import {
   ChatCompletionSchema, CreateChatCompletionSchema, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+import { failedChatCompletion } from '../../webhooks/events.js';
 
 /**
  * Runs every choice; resolves with their results in choice order. The first failure (or the
@@ -55,13 +57,25 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
     const prepared = ctx.service.prepare(generation);
     const created = nowSeconds();
-    const results = await runChoices(ctx.service, choicesOf(prepared, n), disconnectSignal(reply));
-    return chatCompletion({
-      id: completionId(),
+    const id = completionId();
+    let results: GenerateResult[];
+    try {
+      results = await runChoices(ctx.service, choicesOf(prepared, n), disconnectSignal(reply));
+    } catch (err) {
+      // A failed generation still sends its completion webhook (events.ts says with what body).
+      const failed = failedChatCompletion({ id, created, model: prepared.request.model }, err);
+      if (failed) await ctx.webhooks?.enqueue(caller.orgId, body.metadata, failed);
+      throw err;
+    }
+    const completion = chatCompletion({
+      id,
       created,
       fingerprint: systemFingerprint(ctx.service.modelOf(prepared)),
       prepared,
       results,
     });
+    // Chat has no GET: the callback carries the chat.completion object this reply returns.
+    await ctx.webhooks?.enqueue(caller.orgId, body.metadata, completion);
+    return completion;
   });
 }

@@ -26,7 +26,11 @@ import {
  */
 async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
   inserted: boolean, signal?: AbortSignal): Promise<ResponseBody> {
-  const save = (body: ResponseBody) => (inserted ? ctx.store.updateResponse(orgId, body) : ctx.store.insertResponse(orgId, body));
+  // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
+  const save = async (body: ResponseBody) => {
+    await (inserted ? ctx.store.updateResponse(orgId, body) : ctx.store.insertResponse(orgId, body));
+    await ctx.webhooks?.enqueue(orgId, body['metadata'], body);
+  };
   let final: ResponseBody;
   try {
     final = finishedResponse(running, await ctx.service.run(prepared, signal));
