@@ -6,14 +6,15 @@ import os from 'node:os';
 import { join, resolve } from 'node:path';
 import type { FastifyInstance, FastifyServerOptions } from 'fastify';
 import { createServer } from './api/app.js';
+import type { WindowDeadlines } from './api/background-responses.js';
 import type { Catalog } from './config/catalog.js';
 import type { EngineLoadOptions } from './engine/engine.js';
 import { ModelRegistry } from './serving/model-registry.js';
 import { createApiKey, type CreatedKey } from './store/api-keys.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import type { WebhookSettings } from './webhooks/dispatcher.js';
-import type { Store } from './store/store.js';
 import { BatchRunner, type BatchDeadlines } from './batches/runner.js';
+import type { Store } from './store/store.js';
 
 export const DEFAULT_ORGANIZATION = 'default';
 
@@ -24,10 +25,12 @@ export interface OpenServiceOptions {
   engineDefaults?: Omit<EngineLoadOptions, 'model'>;
   logger?: FastifyServerOptions['logger'];
   onProgress?: (message: string) => void;
-  /** Seconds from a batch's creation to its expiry, per window it runs at (24h runs as flex). */
-  batchDeadlines?: Partial<BatchDeadlines>;
+  /** Seconds a background response may stay in_progress, per completion window. */
+  deadlines?: Partial<WindowDeadlines>;
   /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
   webhooks?: WebhookSettings;
+  /** Seconds from a batch's creation to its expiry, per window it runs at (24h runs as flex). */
+  batchDeadlines?: Partial<BatchDeadlines>;
 }
 
 export interface Service {
@@ -76,7 +79,8 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
       log: { error: (obj, msg) => app?.log.error(obj, msg) },
     });
     app = await createServer({
-      store, registry, dataDir, logger: opts.logger, batches, ...(opts.webhooks && { webhooks: opts.webhooks }),
+      store, registry, dataDir, logger: opts.logger, ...(opts.deadlines && { deadlines: opts.deadlines }),
+      ...(opts.webhooks && { webhooks: opts.webhooks }), batches,
     });
     await batches.start();
     let closed = false;

@@ -4,6 +4,7 @@
 import Fastify, { LogController, type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
+import type { WindowDeadlines } from './background-responses.js';
 import { ApiError, renderError } from './errors.js';
 import { sluiceApi } from './plugin.js';
 import type { WebhookSettings } from '../webhooks/dispatcher.js';
@@ -15,10 +16,12 @@ export interface CreateServerOptions {
   dataDir: string;
   /** fastify's logger option (pino). Default: off. */
   logger?: FastifyServerOptions['logger'];
-  /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
-  batches?: BatchRunner;
+  /** Seconds a background response may stay in_progress, per completion window. */
+  deadlines?: Partial<WindowDeadlines>;
   /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
   webhooks?: WebhookSettings;
+  /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
+  batches?: BatchRunner;
 }
 
 /** Largest JSON body: generous for base64 images, and the same order as a batch line (28 MiB). */
@@ -36,7 +39,12 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   });
 
   let closing = false;
-  app.addHook('onClose', async () => { closing = true; });
+  // preClose runs before the listener stops: from then on every response ends its connection, so a
+  // keep-alive socket still busy when close began does not hold shutdown for keepAliveTimeout.
+  app.addHook('preClose', async () => { closing = true; });
+  app.addHook('onSend', async (_request, reply) => {
+    if (closing) reply.header('connection', 'close');
+  });
 
   app.get('/health', { schema: { hide: true } }, async () => ({ status: 'ok' }));
   app.get('/ready', { schema: { hide: true } }, async (_request, reply) => {
@@ -56,8 +64,9 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
 
   await app.register(sluiceApi, {
     prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
-    ...(opts.batches && { batches: opts.batches }),
+    ...(opts.deadlines && { deadlines: opts.deadlines }),
     ...(opts.webhooks && { webhooks: opts.webhooks }),
+    ...(opts.batches && { batches: opts.batches }),
   });
   return app;
 }

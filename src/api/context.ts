@@ -3,8 +3,9 @@
 import type { Store } from '../store/store.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { GenerationService } from '../serving/generation-service.js';
-import type { BatchRunner } from '../batches/runner.js';
+import type { BackgroundResponses } from './background-responses.js';
 import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
+import type { BatchRunner } from '../batches/runner.js';
 
 export interface ApiContext {
   store: Store;
@@ -12,8 +13,10 @@ export interface ApiContext {
   service: GenerationService;
   /** Root of file bytes and other on-disk state (the SQLite file lives here too). */
   dataDir: string;
-  /** Creates, runs, cancels and resumes batches. */
-  batches: BatchRunner;
+  /** Runs, cancels, times out and resumes background responses. */
+  background: BackgroundResponses;
   /** Completion webhooks: routes enqueue each final object (absent: no callbacks are sent). */
   webhooks?: WebhookDispatcher;
+  /** Creates, runs, cancels and resumes batches. */
+  batches: BatchRunner;
 }

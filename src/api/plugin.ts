@@ -12,6 +12,7 @@ import { GenerationService } from '../serving/generation-service.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import { makeAuthHook } from './auth.js';
+import { BackgroundResponses, DEFAULT_WINDOW_DEADLINES, type WindowDeadlines } from './background-responses.js';
 import type { ApiContext } from './context.js';
 import { ApiError, renderError } from './errors.js';
 import { registerBatchRoutes } from './routes/batches.js';
@@ -30,18 +31,30 @@ export interface SluiceApiOptions {
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
+  /** Seconds a background response may stay in_progress, per window (defaults: DEFAULT_WINDOW_DEADLINES). */
+  deadlines?: Partial<WindowDeadlines>;
+  /** Completion webhook retry settings (defaults: the spec's 30 s timeout, 3 retries) and logger. */
+  webhooks?: WebhookSettings;
   /**
    * The batch runner, started and stopped by its owner (openService). Without one the plugin makes
    * its own with default deadlines, resumed when the app is ready and stopped when it closes.
    */
   batches?: BatchRunner;
-  /** Completion webhook retry settings (defaults: the spec's 30 s timeout, 3 retries) and logger. */
-  webhooks?: WebhookSettings;
 }
 
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
 
 export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: FastifyInstance, opts) => {
+  const service = new GenerationService(opts.registry);
+  // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
+  // is ready and stops (leaving the unfinished ones pending) when the app closes.
+  const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
+  app.addHook('onReady', async () => webhooks.start());
+  app.addHook('onClose', async () => webhooks.close());
+  const background = new BackgroundResponses({
+    store: opts.store, service, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
+    onFinished: (orgId, body) => void webhooks.enqueue(orgId, body['metadata'], body),
+  });
   let batches = opts.batches;
   if (!batches) {
     const owned = new BatchRunner({ store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log });
@@ -49,19 +62,11 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
     app.addHook('onClose', async () => owned.stop());
     batches = owned;
   }
-  // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
-  // is ready and stops (leaving the unfinished ones pending) when the app closes.
-  const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
-  app.addHook('onReady', async () => webhooks.start());
-  app.addHook('onClose', async () => webhooks.close());
-  const ctx: ApiContext = {
-    store: opts.store,
-    registry: opts.registry,
-    service: new GenerationService(opts.registry),
-    dataDir: opts.dataDir,
-    batches,
-    webhooks,
-  };
+  const ctx: ApiContext = { store: opts.store, registry: opts.registry, service, dataDir: opts.dataDir, background, webhooks, batches };
+  // Background work left by the previous process resumes (or times out) once the app is ready;
+  // on close it stops without an outcome, to resume at the next start.
+  app.addHook('onReady', async () => background.recover());
+  app.addHook('onClose', async () => background.close());
 
   await app.register(swagger, {
     openapi: {

@@ -25,6 +25,9 @@ On first start with no API keys it makes one and prints it.
   --max-num-seqs N     sequences running at once (default 64)
   --max-batched-tokens N
                        tokens per engine step (default 512)
+  --deadline-asap S, --deadline-standard S, --deadline-flex S
+                       seconds a background response may stay in_progress before it fails
+                       with error.code timeout (defaults 600, 3600, 86400)
   --log-level L        fatal | error | warn | info | debug (default info)
 `;
 
@@ -42,6 +45,9 @@ export async function runServe(args: string[]): Promise<void> {
     'max-num-seqs': { type: 'string' },
     'max-batched-tokens': { type: 'string' },
     'log-level': { type: 'string' },
+    'deadline-asap': { type: 'string' },
+    'deadline-standard': { type: 'string' },
+    'deadline-flex': { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   }, 'serve');
   if (values.help) {
@@ -69,6 +75,9 @@ export async function runServe(args: string[]): Promise<void> {
   else if (values.model !== undefined) catalog = singleModelCatalog(values.model, basename(values.model));
   else catalog = singleModelCatalog(await ensureDemoModel(log), DEMO_PRESET);
 
+  const deadlines = Object.fromEntries((['asap', 'standard', 'flex'] as const)
+    .map((w) => [w, intFlag(values[`deadline-${w}`], `deadline-${w}`, 1)] as const)
+    .filter(([, v]) => v !== undefined));
   const defined = Object.fromEntries(Object.entries(engineDefaults).filter(([, v]) => v !== undefined));
   const service = await openService({
     catalog,
@@ -76,6 +85,7 @@ export async function runServe(args: string[]): Promise<void> {
     engineDefaults: defined,
     logger: { level: logLevel },
     onProgress: log,
+    deadlines,
   });
 
   const address = await service.app.listen({ host, port });

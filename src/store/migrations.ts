@@ -108,4 +108,14 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
   );
   CREATE INDEX webhook_deliveries_due ON webhook_deliveries(state, next_attempt_at_ms);
   `,
+  // 4: background responses still to run (or running): what a restart resumes.
+  `
+  CREATE TABLE background_jobs (
+    response_id TEXT PRIMARY KEY,
+    org_id      TEXT NOT NULL,
+    deadline_at INTEGER NOT NULL,            -- Unix seconds; in_progress past it fails with timeout
+    request     TEXT NOT NULL,               -- the GenerationRequest as JSON
+    created_at  INTEGER NOT NULL
+  );
+  `,
 ];

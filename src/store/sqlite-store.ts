@@ -9,7 +9,7 @@ import Database from 'better-sqlite3';
 import { SQLITE_MIGRATIONS } from './migrations.js';
 import { SqliteBatches } from './sqlite-batches.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
-import type { ApiKeyInfo, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
+import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 
 type Row = Record<string, unknown>;
@@ -76,6 +76,9 @@ export class SqliteStore implements Store {
       completeIdem: prepare('UPDATE idempotency SET status_code = ?, body = ? WHERE org_id = ? AND scope = ? AND key = ?'),
       deleteIdem: prepare('DELETE FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL'),
       deletePendingIdem: prepare('DELETE FROM idempotency WHERE status_code IS NULL'),
+      insertJob: prepare('INSERT INTO background_jobs (response_id, org_id, deadline_at, request, created_at) VALUES (?, ?, ?, ?, ?)'),
+      deleteJob: prepare('DELETE FROM background_jobs WHERE response_id = ? AND org_id = ?'),
+      listJobs: prepare('SELECT * FROM background_jobs ORDER BY created_at, response_id'),
     };
   }
 
@@ -176,6 +179,70 @@ export class SqliteStore implements Store {
     if (this.db.open) this.db.close();
   }
 
+  // Background jobs.
+  async insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void> {
+    this.db.transaction(() => {
+      this.stmt['insertJob']!.run(job.responseId, job.orgId, job.deadlineAt, JSON.stringify(job.request), job.createdAt);
+      const now = Math.floor(Date.now() / 1000);
+      this.stmt['insertResponse']!.run(body.id, job.orgId, body.status, job.createdAt, now, JSON.stringify(body));
+    })();
+  }
+
+  async finishBackgroundResponse(orgId: string, body: ResponseBody): Promise<void> {
+    this.db.transaction(() => {
+      this.stmt['updateResponse']!.run(body.status, Math.floor(Date.now() / 1000), JSON.stringify(body), body.id, orgId);
+      this.stmt['deleteJob']!.run(body.id, orgId);
+    })();
+  }
+
+  async listBackgroundJobs(): Promise<BackgroundJob[]> {
+    return (this.stmt['listJobs']!.all() as Row[]).map((row) => ({
+      responseId: row['response_id'] as string,
+      orgId: row['org_id'] as string,
+      deadlineAt: row['deadline_at'] as number,
+      request: JSON.parse(row['request'] as string) as Record<string, unknown>,
+      createdAt: row['created_at'] as number,
+    }));
+  }
+
+  // Webhook deliveries. Statements are prepared on first use, next to the methods that run them.
+  private webhookStmts: Record<string, Database.Statement> | undefined;
+
+  private webhookStmt(name: 'insert' | 'due' | 'lease' | 'update' | 'next'): Database.Statement {
+    this.webhookStmts ??= {
+      insert: this.db.prepare(`INSERT INTO webhook_deliveries (id, org_id, object_id, url, token, body, state, attempts,
+                                 next_attempt_at_ms, last_error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      due: this.db.prepare(`SELECT * FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at_ms <= ?
+                              ORDER BY next_attempt_at_ms, id LIMIT ?`),
+      lease: this.db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = ? WHERE id = ?'),
+      update: this.db.prepare(`UPDATE webhook_deliveries SET state = ?, attempts = ?, next_attempt_at_ms = ?, last_error = ?,
+                                 updated_at = ? WHERE id = ?`),
+      next: this.db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries WHERE state = 'pending'`),
+    };
+    return this.webhookStmts[name]!;
+  }
+
+  async insertWebhookDelivery(d: WebhookDelivery): Promise<void> {
+    this.webhookStmt('insert').run(d.id, d.orgId, d.objectId, d.url, d.token, d.body, d.state, d.attempts,
+      d.nextAttemptAtMs, d.lastError, d.createdAt, d.createdAt);
+  }
+
+  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]> {
+    return this.db.transaction((): WebhookDelivery[] => {
+      const rows = (this.webhookStmt('due').all(nowMs, limit) as Row[]).map(webhookDelivery);
+      for (const row of rows) this.webhookStmt('lease').run(leaseUntilMs, row.id);
+      return rows;
+    }).immediate();
+  }
+
+  async updateWebhookDelivery(id: string, u: WebhookDeliveryUpdate): Promise<void> {
+    this.webhookStmt('update').run(u.state, u.attempts, u.nextAttemptAtMs, u.lastError, Math.floor(Date.now() / 1000), id);
+  }
+
+  async nextWebhookAttemptMs(): Promise<number | undefined> {
+    return (this.webhookStmt('next').get() as { at: number | null }).at ?? undefined;
+  }
+
   // Batches.
   private batchTables: SqliteBatches | undefined;
   private get batches(): SqliteBatches {
@@ -216,44 +283,6 @@ export class SqliteStore implements Store {
 
   async finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined> {
     return this.batches.finish(id, from, patch, files);
-  }
-
-  // Webhook deliveries. Statements are prepared on first use, next to the methods that run them.
-  private webhookStmts: Record<string, Database.Statement> | undefined;
-
-  private webhookStmt(name: 'insert' | 'due' | 'lease' | 'update' | 'next'): Database.Statement {
-    this.webhookStmts ??= {
-      insert: this.db.prepare(`INSERT INTO webhook_deliveries (id, org_id, object_id, url, token, body, state, attempts,
-                                 next_attempt_at_ms, last_error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-      due: this.db.prepare(`SELECT * FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at_ms <= ?
-                              ORDER BY next_attempt_at_ms, id LIMIT ?`),
-      lease: this.db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = ? WHERE id = ?'),
-      update: this.db.prepare(`UPDATE webhook_deliveries SET state = ?, attempts = ?, next_attempt_at_ms = ?, last_error = ?,
-                                 updated_at = ? WHERE id = ?`),
-      next: this.db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries WHERE state = 'pending'`),
-    };
-    return this.webhookStmts[name]!;
-  }
-
-  async insertWebhookDelivery(d: WebhookDelivery): Promise<void> {
-    this.webhookStmt('insert').run(d.id, d.orgId, d.objectId, d.url, d.token, d.body, d.state, d.attempts,
-      d.nextAttemptAtMs, d.lastError, d.createdAt, d.createdAt);
-  }
-
-  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]> {
-    return this.db.transaction((): WebhookDelivery[] => {
-      const rows = (this.webhookStmt('due').all(nowMs, limit) as Row[]).map(webhookDelivery);
-      for (const row of rows) this.webhookStmt('lease').run(leaseUntilMs, row.id);
-      return rows;
-    }).immediate();
-  }
-
-  async updateWebhookDelivery(id: string, u: WebhookDeliveryUpdate): Promise<void> {
-    this.webhookStmt('update').run(u.state, u.attempts, u.nextAttemptAtMs, u.lastError, Math.floor(Date.now() / 1000), id);
-  }
-
-  async nextWebhookAttemptMs(): Promise<number | undefined> {
-    return (this.webhookStmt('next').get() as { at: number | null }).at ?? undefined;
   }
 }
 

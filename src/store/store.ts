@@ -49,6 +49,17 @@ export type IdempotencyBegin =
   /** The key was used with a different request body. */
   | { state: 'mismatch' };
 
+/** A background response's work, kept until the response is terminal. */
+export interface BackgroundJob {
+  responseId: string;
+  orgId: string;
+  /** Unix seconds. */
+  deadlineAt: number;
+  /** The GenerationRequest, JSON-compatible. */
+  request: Record<string, unknown>;
+  createdAt: number;
+}
+
 export interface Store {
   // Organizations and keys.
   ensureOrganization(name: string): Promise<Organization>;
@@ -89,6 +100,26 @@ export interface Store {
 
   close(): Promise<void>;
 
+  // Background jobs.
+  /** Stores the in_progress response and its job in one transaction. */
+  insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void>;
+  /** Stores the terminal response and drops its job in one transaction. */
+  finishBackgroundResponse(orgId: string, body: ResponseBody): Promise<void>;
+  listBackgroundJobs(): Promise<BackgroundJob[]>;
+
+  // Webhook deliveries.
+  insertWebhookDelivery(delivery: WebhookDelivery): Promise<void>;
+  /**
+   * Takes up to `limit` pending deliveries due at `nowMs` (oldest due first) and moves their next
+   * attempt to `leaseUntilMs`, in one transaction, so a later poll does not take them again while
+   * they are being sent. A process that dies mid-attempt leaves them due again at the lease's end.
+   */
+  claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]>;
+  /** Records an attempt's outcome (or, after a shutdown abort, just the next attempt time). */
+  updateWebhookDelivery(id: string, update: WebhookDeliveryUpdate): Promise<void>;
+  /** The earliest next attempt time (ms) of a pending delivery; undefined when none is pending. */
+  nextWebhookAttemptMs(): Promise<number | undefined>;
+
   // Batches.
   insertBatch(batch: BatchRecord): Promise<void>;
   getBatch(orgId: string, id: string): Promise<BatchRecord | undefined>;
@@ -115,19 +146,6 @@ export interface Store {
    * records (an id already recorded is kept), then its result rows are dropped.
    */
   finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined>;
-
-  // Webhook deliveries.
-  insertWebhookDelivery(delivery: WebhookDelivery): Promise<void>;
-  /**
-   * Takes up to `limit` pending deliveries due at `nowMs` (oldest due first) and moves their next
-   * attempt to `leaseUntilMs`, in one transaction, so a later poll does not take them again while
-   * they are being sent. A process that dies mid-attempt leaves them due again at the lease's end.
-   */
-  claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]>;
-  /** Records an attempt's outcome (or, after a shutdown abort, just the next attempt time). */
-  updateWebhookDelivery(id: string, update: WebhookDeliveryUpdate): Promise<void>;
-  /** The earliest next attempt time (ms) of a pending delivery; undefined when none is pending. */
-  nextWebhookAttemptMs(): Promise<number | undefined>;
 }
 
 /** pending: attempts remain; delivered: a 2xx came back; failed: every attempt failed. */

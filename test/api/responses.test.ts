@@ -64,6 +64,18 @@ describe('creating responses', () => {
     expect((r as any).completion_window).toBe('standard');
   });
 
+  it('reports the engine timings in a Server-Timing header', async () => {
+    const res = await fetch(`${server.baseUrl}/responses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'tiny', input: 'hi', max_output_tokens: 3 }),
+    });
+    const timing = res.headers.get('server-timing') ?? '';
+    const durations = Object.fromEntries([...timing.matchAll(/(\w+);dur=([\d.]+)/g)].map((m) => [m[1], Number(m[2])]));
+    expect(Object.keys(durations)).toEqual(['queue', 'prefill', 'decode']);
+    for (const d of Object.values(durations)) expect(d).toBeGreaterThanOrEqual(0);
+  });
+
   it('is incomplete with reason max_output_tokens when the limit cuts it', async () => {
     const r = await client.responses.create({ model: 'tiny', input: 'Count', max_output_tokens: 1, temperature: 0 });
     const want = await engineGreedy([{ role: 'user', content: 'Count' }], 1);

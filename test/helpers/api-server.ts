@@ -31,10 +31,12 @@ export interface TestServerOptions {
   catalog?: (modelDir: string) => Catalog;
   /** Reuse a data directory (restarts); default a new temporary one, removed on close. */
   dataDir?: string;
-  /** Batch deadlines per window, seconds. */
-  batchDeadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
+  /** Background deadlines per window, seconds. */
+  deadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
   /** Completion webhook retry settings (short timeouts and backoff for tests). */
   webhooks?: WebhookSettings;
+  /** Batch deadlines per window, seconds. */
+  batchDeadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
 }
 
 export async function startTestServer(opts: TestServerOptions = {}): Promise<TestServer> {
@@ -48,8 +50,9 @@ export async function startTestServer(opts: TestServerOptions = {}): Promise<Tes
     dataDir,
     engineDefaults: { backend: 'cpu', kvCacheBytes: 64 << 20, threads: 1 },
     onProgress: () => {},
-    ...(opts.batchDeadlines && { batchDeadlines: opts.batchDeadlines }),
+    ...(opts.deadlines && { deadlines: opts.deadlines }),
     ...(opts.webhooks && { webhooks: opts.webhooks }),
+    ...(opts.batchDeadlines && { batchDeadlines: opts.batchDeadlines }),
   });
   const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
   const key = service.firstKey?.key ?? (await createApiKey(service.store, 'default')).key;

@@ -3,7 +3,8 @@
 // when its client disconnected). background=true stores the in_progress object, returns it at
 // once, and updates it when the generation ends, so GET shows progress.
 
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { Timings } from '../../engine/request.js';
 import { isSluiceError } from '../../errors.js';
 import type { PreparedGeneration } from '../../serving/generation-request.js';
 import type { ResponseBody } from '../../store/store.js';
@@ -13,11 +14,20 @@ import {
 import { newId } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
-import { notFound } from '../errors.js';
-import { errorResponses } from '../schemas/common.js';
+import { ApiError, invalidRequest, notFound } from '../errors.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import {
   CreateResponseSchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody,
 } from '../schemas/responses.js';
+
+/**
+ * The engine's timings as a Server-Timing header (ms): time queued before the first step, the
+ * prefill until the first token (queue + prefill = time to first token), and decoding. Benchmarks
+ * and operators read TTFT from it, since this endpoint does not stream.
+ */
+function serverTiming(t: Timings): string {
+  return `queue;dur=${t.queuedMs.toFixed(2)}, prefill;dur=${t.prefillMs.toFixed(2)}, decode;dur=${t.decodeMs.toFixed(2)}`;
+}
 
 /**
  * Runs a prepared generation and stores how it ended; resolves with the stored final object.
@@ -25,7 +35,7 @@ import {
  * (foreground) the final object is inserted, one write per request.
  */
 async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
-  inserted: boolean, signal?: AbortSignal): Promise<ResponseBody> {
+  inserted: boolean, signal?: AbortSignal, reply?: FastifyReply): Promise<ResponseBody> {
   // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
   const save = async (body: ResponseBody) => {
     await (inserted ? ctx.store.updateResponse(orgId, body) : ctx.store.insertResponse(orgId, body));
@@ -33,7 +43,9 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   };
   let final: ResponseBody;
   try {
-    final = finishedResponse(running, await ctx.service.run(prepared, signal));
+    const result = await ctx.service.run(prepared, signal);
+    if (reply) reply.header('server-timing', serverTiming(result.timings));
+    final = finishedResponse(running, result);
   } catch (err) {
     if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);
     else if (isSluiceError(err) && err.code !== 'engine_error') final = failedResponse(running, err.code, err.message);
@@ -61,13 +73,10 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const running = inProgressResponse(newId('resp'), body, prepared);
 
     if (prepared.request.background) {
-      await ctx.store.insertResponse(caller.orgId, running);
-      runToStore(ctx, caller.orgId, running, prepared, true).catch((err: unknown) => {
-        if (!isSluiceError(err)) request.log.error({ err, response_id: running.id }, 'background response failed');
-      });
+      await ctx.background.start(caller.orgId, running, prepared);
       return running;
     }
-    return runToStore(ctx, caller.orgId, running, prepared, false, disconnectSignal(reply));
+    return runToStore(ctx, caller.orgId, running, prepared, false, disconnectSignal(reply), reply);
   });
 
   app.get<{ Params: { response_id: string } }>('/responses/:response_id', {
@@ -80,5 +89,32 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const stored = await ctx.store.getResponse(request.caller.orgId, request.params.response_id);
     if (!stored) throw notFound(`no response with id "${request.params.response_id}"`, 'response_id');
     return stored;
+  });
+
+  // OpenAI's cancel: background responses only. Cancelling a cancelled response returns it again;
+  // one that already ended otherwise is a 409.
+  app.post<{ Params: { response_id: string } }>('/responses/:response_id/cancel', {
+    schema: {
+      summary: 'Cancel a background response',
+      params: ResponseIdParamsSchema,
+      response: { 200: ResponseObjectSchema, ...errorResponses, 409: ErrorEnvelopeSchema },
+    },
+  }, async (request) => {
+    const { orgId } = request.caller;
+    const id = request.params.response_id;
+    const stored = await ctx.store.getResponse(orgId, id);
+    if (!stored) throw notFound(`no response with id "${id}"`, 'response_id');
+    if (stored['background'] !== true) {
+      throw invalidRequest('only responses created with background=true can be cancelled', 'response_id', 'not_background');
+    }
+    if (stored.status === 'cancelled') return stored;
+    if (stored.status !== 'in_progress') {
+      throw new ApiError(409, 'conflict_error', `the response is already ${stored.status} and cannot be cancelled`, 'response_id', 'response_not_cancellable');
+    }
+    const cancelled = await ctx.background.cancel(orgId, id);
+    if (!cancelled) {
+      throw new ApiError(409, 'conflict_error', 'the response is not running in this server process; retry shortly', 'response_id', 'response_not_running');
+    }
+    return cancelled;
   });
 }
