@@ -85,6 +85,14 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   app.setValidatorCompiler(validatorCompiler);
   // JSON routes take JSON only: text/plain bodies get 415 rather than being parsed as a string.
   app.removeContentTypeParser('text/plain');
+  // An empty JSON body (curl -X POST -H 'content-type: application/json' .../cancel) is no body,
+  // not malformed JSON; routes that need a body then say so through their schema.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+    if (body === '') done(null, undefined);
+    else parseJson(request, body as string, done);
+  });
   app.setErrorHandler((err, request, reply) => {
     const rendered = renderError(err);
     if (rendered.internal) request.log.error({ err }, 'request failed');

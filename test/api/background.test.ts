@@ -42,10 +42,24 @@ describe('cancel', () => {
     expect(cancelled.status).toBe(200);
     expect(cancelled.body).toMatchObject({ id: created.body['id'], status: 'cancelled', object: 'response' });
     expect((await call(server, 'GET', `/responses/${created.body['id']}`)).body['status']).toBe('cancelled');
-    expect((await call(server, 'POST', `/responses/${created.body['id']}/cancel`)).body['status']).toBe('cancelled');
+    // An empty body sent as JSON (as curl -X POST -H 'content-type: application/json' does) is fine.
+    const again = await fetch(`${server.baseUrl}/responses/${created.body['id']}/cancel`, {
+      method: 'POST', headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
+    });
+    expect(again.status).toBe(200);
+    expect(((await again.json()) as Body)['status']).toBe('cancelled');
     // The engine is free again: a new request completes at once.
     const after = await call(server, 'POST', '/responses', { model: 'tiny', input: 'hi', max_output_tokens: 2 });
     expect(after.status).toBe(200);
+  });
+
+  it('works with the openai client\'s responses.cancel', async () => {
+    const { default: OpenAI } = await import('openai');
+    const client = new OpenAI({ baseURL: server.baseUrl, apiKey: server.key });
+    const created = await client.responses.create({ ...LONG, background: true } as never) as unknown as { id: string; status: string };
+    expect(created.status).toBe('in_progress');
+    const cancelled = await client.responses.cancel(created.id);
+    expect(cancelled.status).toBe('cancelled');
   });
 
   it('refuses finished, foreground, unknown and other organizations\' responses', async () => {
