@@ -74,7 +74,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
       info: {
         title: 'sluice inference API',
         version: API_VERSION,
-        description: 'Models, Responses, Chat Completions, Messages and Files, served by the sluice engine.',
+        description: 'Models, Responses, Chat Completions, Messages, Files and Batches, served by the sluice engine.',
       },
       servers: [{ url: app.prefix || '/' }],
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', bearerFormat: 'API key' } } },

@@ -28,6 +28,9 @@ On first start with no API keys it makes one and prints it.
   --deadline-asap S, --deadline-standard S, --deadline-flex S
                        seconds a background response may stay in_progress before it fails
                        with error.code timeout (defaults 600, 3600, 86400)
+  --batch-deadline-asap S, --batch-deadline-standard S, --batch-deadline-flex S
+                       seconds a batch may run before it expires, keeping what finished
+                       (defaults 3600, 86400, 86400; 24h batches run as flex)
   --log-level L        fatal | error | warn | info | debug (default info)
 `;
 
@@ -48,6 +51,9 @@ export async function runServe(args: string[]): Promise<void> {
     'deadline-asap': { type: 'string' },
     'deadline-standard': { type: 'string' },
     'deadline-flex': { type: 'string' },
+    'batch-deadline-asap': { type: 'string' },
+    'batch-deadline-standard': { type: 'string' },
+    'batch-deadline-flex': { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   }, 'serve');
   if (values.help) {
@@ -78,6 +84,9 @@ export async function runServe(args: string[]): Promise<void> {
   const deadlines = Object.fromEntries((['asap', 'standard', 'flex'] as const)
     .map((w) => [w, intFlag(values[`deadline-${w}`], `deadline-${w}`, 1)] as const)
     .filter(([, v]) => v !== undefined));
+  const batchDeadlines = Object.fromEntries((['asap', 'standard', 'flex'] as const)
+    .map((w) => [w, intFlag(values[`batch-deadline-${w}`], `batch-deadline-${w}`, 1)] as const)
+    .filter(([, v]) => v !== undefined));
   const defined = Object.fromEntries(Object.entries(engineDefaults).filter(([, v]) => v !== undefined));
   const service = await openService({
     catalog,
@@ -86,6 +95,7 @@ export async function runServe(args: string[]): Promise<void> {
     logger: { level: logLevel },
     onProgress: log,
     deadlines,
+    batchDeadlines,
   });
 
   const address = await service.app.listen({ host, port });
