@@ -36,7 +36,7 @@
 // (2) but not during (3), which makes the reported overhead an upper bound; the engine's compute
 // threads (default, as `sluice serve`: all CPUs but one) share the CPUs with the server's event loop.
 // Prints a table and writes JSON (default bench/results/http.json).
-import { fork, type ChildProcess } from 'node:child_process';
+import { fork } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -46,6 +46,7 @@ import { parseArgs } from 'node:util';
 import type autocannonType from 'autocannon';
 
 import { ensureBenchModel } from './bench-model.js';
+import { ServerChild } from './server-child.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -170,32 +171,6 @@ async function serveChild(): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // The load generator.
 
-class ServerChild {
-  private readonly waiting: Array<(msg: ChildReply) => void> = [];
-  readonly exited: Promise<never>;
-
-  constructor(readonly proc: ChildProcess) {
-    proc.on('message', (msg: ChildReply) => {
-      const next = this.waiting.shift();
-      if (next) next(msg);
-    });
-    this.exited = new Promise((_, reject) => {
-      proc.on('exit', (code, signal) => reject(new Error(`the server process exited (code ${code}, signal ${signal})`)));
-    });
-    this.exited.catch(() => {});
-  }
-
-  async next<T extends ChildReply['type']>(type: T): Promise<Extract<ChildReply, { type: T }>> {
-    const msg = await Promise.race([new Promise<ChildReply>((r) => this.waiting.push(r)), this.exited]);
-    if (msg.type === 'error') throw new Error(`server process: ${msg.message}`);
-    if (msg.type !== type) throw new Error(`server process: expected ${type}, got ${msg.type}`);
-    return msg as Extract<ChildReply, { type: T }>;
-  }
-
-  send(msg: ChildRequest): void {
-    this.proc.send(msg);
-  }
-}
 
 interface HttpPhase {
   name: string;
@@ -234,7 +209,7 @@ async function main(): Promise<void> {
   const proc = fork(fileURLToPath(import.meta.url), [
     '--serve-child', '--model', modelDir, '--model-id', modelId, '--data-dir', dataDir, ...(args.threads !== undefined ? ['--threads', args.threads] : []),
   ], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-  const server = new ServerChild(proc);
+  const server = new ServerChild<ChildRequest, ChildReply>(proc);
   try {
     const ready = await server.next('ready');
     const headers = { authorization: `Bearer ${ready.key}`, 'content-type': 'application/json' };

@@ -48,7 +48,7 @@
 // Caveat: on a 2-core machine the load generator shares the CPUs with the server's event loop and
 // its compute threads (default, as `sluice serve`: all CPUs but one).
 // Prints tables and writes JSON (default bench/results/serve.json).
-import { fork, type ChildProcess } from 'node:child_process';
+import { fork } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -56,6 +56,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 import { ensureBenchModel } from './bench-model.js';
+import { ServerChild } from './server-child.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -363,32 +364,7 @@ async function serveChild(): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // The load generator.
 
-class ServerChild {
-  private readonly waiting: Array<(msg: ChildReply) => void> = [];
-  readonly exited: Promise<never>;
-
-  constructor(readonly proc: ChildProcess) {
-    proc.on('message', (msg: ChildReply) => {
-      const next = this.waiting.shift();
-      if (next) next(msg);
-    });
-    this.exited = new Promise((_, reject) => {
-      proc.on('exit', (code, signal) => reject(new Error(`the server process exited (code ${code}, signal ${signal})`)));
-    });
-    this.exited.catch(() => {});
-  }
-
-  async next<T extends ChildReply['type']>(type: T): Promise<Extract<ChildReply, { type: T }>> {
-    const msg = await Promise.race([new Promise<ChildReply>((r) => this.waiting.push(r)), this.exited]);
-    if (msg.type === 'error') throw new Error(`server process: ${msg.message}`);
-    if (msg.type !== type) throw new Error(`server process: expected ${type}, got ${msg.type}`);
-    return msg as Extract<ChildReply, { type: T }>;
-  }
-
-  send(msg: ChildRequest): void {
-    this.proc.send(msg);
-  }
-
+class ServeChild extends ServerChild<ChildRequest, ChildReply> {
   async traced<T>(fn: () => Promise<T>): Promise<{ value: T; steps: StepSummary }> {
     this.send({ cmd: 'trace-start' });
     const value = await fn();
@@ -692,7 +668,7 @@ async function main(): Promise<void> {
     '--max-num-seqs', String(maxNumSeqs), '--max-batched-tokens', String(maxBatchedTokens), '--kv-cache-mib', String(kvCacheMiB),
     ...(args.threads !== undefined ? ['--threads', args.threads] : []),
   ], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-  const server = new ServerChild(proc);
+  const server = new ServeChild(proc);
   try {
     const ready = await server.next('ready');
     const headers = { authorization: `Bearer ${ready.key}`, 'content-type': 'application/json' };
