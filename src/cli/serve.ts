@@ -25,6 +25,10 @@ On first start with no API keys it makes one and prints it.
   --max-num-seqs N     sequences running at once (default 64)
   --max-batched-tokens N
                        tokens per engine step (default 512)
+  --flex-deferral R[,H] | off
+                       while asap or standard work runs (or did in the last H ms), flex gets at
+                       most R tokens per step and none in steps that prefill urgent work
+                       (default 8,1000; see README, Scheduling)
   --deadline-asap S, --deadline-standard S, --deadline-flex S
                        seconds a background response may stay in_progress before it fails
                        with error.code timeout (defaults 600, 3600, 86400)
@@ -48,6 +52,7 @@ export async function runServe(args: string[]): Promise<void> {
     'max-num-seqs': { type: 'string' },
     'max-batched-tokens': { type: 'string' },
     'log-level': { type: 'string' },
+    'flex-deferral': { type: 'string' },
     'deadline-asap': { type: 'string' },
     'deadline-standard': { type: 'string' },
     'deadline-flex': { type: 'string' },
@@ -73,6 +78,7 @@ export async function runServe(args: string[]): Promise<void> {
     kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
     maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),
+    flexDeferral: flexDeferralFlag(values['flex-deferral']),
   };
   const log = (message: string) => process.stderr.write(`sluice: ${message}\n`);
 
@@ -129,4 +135,14 @@ Try it:
   };
   process.once('SIGINT', () => stop('SIGINT'));
   process.once('SIGTERM', () => stop('SIGTERM'));
+}
+
+function flexDeferralFlag(raw: string | undefined): { rowsPerStep: number; holdMs: number } | false | undefined {
+  if (raw === undefined) return undefined;
+  if (raw === 'off') return false;
+  const m = /^(\d+)(?:,(\d+))?$/.exec(raw.trim());
+  if (!m || Number(m[1]) < 1) {
+    throw new SluiceError('invalid_argument', `--flex-deferral must be "off" or ROWS[,HOLD_MS] with ROWS >= 1, got "${raw}"`, { param: 'flex-deferral' });
+  }
+  return { rowsPerStep: Number(m[1]), holdMs: m[2] === undefined ? 1000 : Number(m[2]) };
 }

@@ -34,6 +34,27 @@ export interface BatcherOptions {
   /** Sequences running at once (default 64). */
   maxNumSeqs?: number;
   policy?: SchedulingPolicy;
+  /** Keeps steps short for urgent work while background work runs (see DeferralGuard). Default: off. */
+  deferral?: DeferralGuard;
+  /** Milliseconds clock (tests inject one). */
+  now?: () => number;
+}
+
+/**
+ * Deferral of background work. A step cannot be interrupted, so an urgent request that arrives
+ * while a long step of background rows runs waits for it, and then shares its own step with them.
+ * While any sequence more urgent than `fromPriority` is running or waiting, or was within the
+ * last `holdMs`, sequences of priority >= `fromPriority`:
+ *   - get no tokens at all in a step that prefills urgent work;
+ *   - otherwise share `rowsPerStep` tokens per step (decode rows, oldest admission first, then
+ *     admissions' prefill chunks), so a step never waits on a long background batch.
+ * Per-row cost dominates a CPU decode step, so capping rows keeps steps short at little cost to
+ * background throughput; once urgent work has been gone for `holdMs`, the caps lift.
+ */
+export interface DeferralGuard {
+  fromPriority: number;
+  rowsPerStep: number;
+  holdMs: number;
 }
 
 /** One row of a step being planned. */
@@ -51,6 +72,12 @@ interface StepDraft {
   numPlannedBlocks: number;
   /** The waiting head did not fit: nothing behind it is admitted this step (no starvation by smaller ones). */
   admissionBlocked: boolean;
+  /** Deferral active this step (urgent work present or recent). */
+  deferring: boolean;
+  /** An urgent (not deferrable) row of this step prefills. */
+  urgentPrefill: boolean;
+  /** Tokens deferrable rows may still take this step (while deferring). */
+  numDeferredTokens: number;
 }
 
 const NO_KV_BLOCKS = 'NO_KV_BLOCKS';
@@ -88,6 +115,31 @@ export class Batcher {
     this.blockSize = info.blockSize;
     this.numTotalBlocks = info.numBlocks;
     this.policy = options.policy ?? new FcfsPolicy();
+    this.deferral = options.deferral;
+    this.now = options.now ?? (() => performance.now());
+    if (this.deferral && !(Number.isInteger(this.deferral.rowsPerStep) && this.deferral.rowsPerStep >= 1 && this.deferral.holdMs >= 0)) {
+      throw new SluiceError('invalid_argument', 'deferral.rowsPerStep must be an integer >= 1 and deferral.holdMs >= 0', { param: 'deferral' });
+    }
+  }
+
+  private readonly deferral: DeferralGuard | undefined;
+  private readonly now: () => number;
+  /** When urgent work (priority below deferral.fromPriority) was last running or waiting. */
+  private lastUrgentMs = -Infinity;
+
+  /** Whether background work is deferred this step; records urgent work seen now. */
+  private deferringNow(): boolean {
+    if (!this.deferral) return false;
+    const from = this.deferral.fromPriority;
+    const now = this.now();
+    const waiting = this.policy.waiting() as readonly Sequence[];
+    if (this.running.some((s) => s.priority < from) || waiting.some((s) => s.priority < from)) this.lastUrgentMs = now;
+    const anyDeferrable = this.running.some((s) => s.priority >= from) || waiting.some((s) => s.priority >= from);
+    return anyDeferrable && now - this.lastUrgentMs <= this.deferral.holdMs;
+  }
+
+  private deferrable(seq: Sequence, step: StepDraft): boolean {
+    return step.deferring && seq.priority >= this.deferral!.fromPriority;
   }
 
   get numRunning(): number {
@@ -201,7 +253,10 @@ export class Batcher {
 
   /** Builds one step. Mutates state: admits, preempts (frees KV, requeues). */
   private planStep(): PlannedRow[] {
-    const step: StepDraft = { rows: new Map(), numBudgetTokens: this.maxBatchedTokens, numPlannedBlocks: 0, admissionBlocked: false };
+    const step: StepDraft = {
+      rows: new Map(), numBudgetTokens: this.maxBatchedTokens, numPlannedBlocks: 0, admissionBlocked: false,
+      deferring: this.deferringNow(), urgentPrefill: false, numDeferredTokens: this.deferral?.rowsPerStep ?? 0,
+    };
     // Stable sort: with equal priorities this is admission order.
     const byPriority = [...this.running].sort((a, b) => a.priority - b.priority || a.admittedOrder - b.admittedOrder);
     for (const seq of byPriority) {
@@ -209,7 +264,13 @@ export class Batcher {
       this.admitWaiting(step, seq.priority);
       if (step.numBudgetTokens === 0) break;
       // A sequence preempted and re-admitted within this step already has its admission row.
-      if (!step.rows.has(seq)) this.planRunning(step, seq);
+      if (step.rows.has(seq) || seq.state !== 'running') continue;
+      if (this.deferrable(seq, step)) {
+        this.withDeferredCap(step, () => this.planRunning(step, seq));
+        continue;
+      }
+      this.planRunning(step, seq);
+      if ((step.rows.get(seq)?.numTokens ?? 0) > 1) step.urgentPrefill = true;
     }
     this.admitWaiting(step, Infinity);
     for (const row of step.rows.values()) {
@@ -251,18 +312,44 @@ export class Batcher {
     while (!step.admissionBlocked && step.numBudgetTokens > 0) {
       const seq = this.policy.waiting()[0] as Sequence | undefined;
       if (seq === undefined || seq.priority >= belowPriority) return;
-      const promptTokenIds = [...seq.request.promptTokenIds, ...seq.generatedTokenIds];
-      if (!this.makeRoom(step, seq, this.blocksFor(promptTokenIds.length))) {
-        step.admissionBlocked = true;
+      if (this.deferrable(seq, step)) {
+        this.withDeferredCap(step, () => this.admitHead(step, seq));
         return;
       }
-      this.admit(seq, promptTokenIds);
-      const numTokens = Math.min(promptTokenIds.length, step.numBudgetTokens);
-      const numNewBlocks = this.blocksFor(numTokens);
-      step.rows.set(seq, { seq, numTokens, numNewBlocks });
-      step.numBudgetTokens -= numTokens;
-      step.numPlannedBlocks += numNewBlocks;
+      if (!this.admitHead(step, seq)) return;
     }
+  }
+
+  /**
+   * Runs `plan` with the step's budget capped to what deferred work may still take (nothing once
+   * urgent work prefills in this step), and charges what it used to both budgets.
+   */
+  private withDeferredCap(step: StepDraft, plan: () => void): void {
+    const cap = step.urgentPrefill ? 0 : Math.min(step.numBudgetTokens, step.numDeferredTokens);
+    if (cap === 0) return;
+    const saved = step.numBudgetTokens;
+    step.numBudgetTokens = cap;
+    plan();
+    const used = cap - step.numBudgetTokens;
+    step.numBudgetTokens = saved - used;
+    step.numDeferredTokens -= used;
+  }
+
+  /** Admits the waiting head with its first prompt chunk; false (and admission blocked) when it does not fit. */
+  private admitHead(step: StepDraft, seq: Sequence): boolean {
+    const promptTokenIds = [...seq.request.promptTokenIds, ...seq.generatedTokenIds];
+    if (!this.makeRoom(step, seq, this.blocksFor(promptTokenIds.length))) {
+      step.admissionBlocked = true;
+      return false;
+    }
+    this.admit(seq, promptTokenIds);
+    const numTokens = Math.min(promptTokenIds.length, step.numBudgetTokens);
+    if (numTokens > 1 && !this.deferrable(seq, step)) step.urgentPrefill = true;
+    const numNewBlocks = this.blocksFor(numTokens);
+    step.rows.set(seq, { seq, numTokens, numNewBlocks });
+    step.numBudgetTokens -= numTokens;
+    step.numPlannedBlocks += numNewBlocks;
+    return true;
   }
 
   /**

@@ -40,6 +40,12 @@ export interface EngineLoadOptions {
   maxBatchedTokens?: number;
   /** Sequences running at once (default 64). */
   maxNumSeqs?: number;
+  /**
+   * How flex work yields to asap and standard work (see DeferralGuard in batcher.ts): while one of
+   * those runs or waits, or did within `holdMs`, flex gets at most `rowsPerStep` decode rows per
+   * step and no admissions or prefill. Default { rowsPerStep: 8, holdMs: 1000 }; false turns it off.
+   */
+  flexDeferral?: { rowsPerStep: number; holdMs: number } | false;
   /** Notices such as a backend fallback. Default: written to stderr. */
   onMessage?: (message: string) => void;
 }
@@ -64,6 +70,7 @@ export interface SchedulerStats {
 const GiB = 1024 ** 3;
 const DEFAULT_BLOCK_SIZE = 16;
 const DEFAULT_MAX_NUM_SEQS = 64;
+const DEFAULT_FLEX_DEFERRAL = { rowsPerStep: 8, holdMs: 1000 };
 
 export class Engine {
   readonly info: EngineInfo;
@@ -151,7 +158,11 @@ export class Engine {
     }
 
     try {
-      const batcher = new Batcher(handle, { maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy() });
+      const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL : opts.flexDeferral;
+      const batcher = new Batcher(handle, {
+        maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy(),
+        ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
+      });
       return new Engine(tokenizer, handle, batcher, modelDir);
     } catch (err) {
       handle.dispose();
