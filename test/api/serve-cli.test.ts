@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
+import { SqliteStore } from '../../src/store/sqlite-store.js';
 
 const run = promisify(execFile);
 const CLI = join(import.meta.dirname, '..', '..', 'dist', 'src', 'cli.js');
@@ -96,6 +97,41 @@ describe('sluice serve and sluice keys', () => {
       const got = await fetch(`${second.origin}/v1/responses/${responseId!}`, { headers: { authorization: `Bearer ${key}` } });
       expect(got.status).toBe(200);
       expect((await got.json() as { id: string }).id).toBe(responseId!);
+    } finally {
+      expect(await stop(second)).toBe(0);
+    }
+  });
+
+  it('resumes background work after the process is killed (SIGKILL, no shutdown at all)', async () => {
+    const first = await serve();
+    const key = /sk-sluice-[A-Za-z0-9_-]+/.exec(first.stdout)?.[0] ?? (JSON.parse((await cli('keys', 'create', '--org', 'default', '--json')).stdout) as { key: string }).key;
+    const created = await fetch(`${first.origin}/v1/responses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'my-model', input: 'Tell me a long story', max_output_tokens: 1500, temperature: 0, background: true }),
+    });
+    const { id, status } = await created.json() as { id: string; status: string };
+    expect(status).toBe('in_progress');
+    first.child.kill('SIGKILL');
+    await first.exited;
+    // Killed mid-generation: the stored response is still in_progress, with its job.
+    const store = new SqliteStore(join(dataDir, 'sluice.db'));
+    const org = (await store.getOrganizationByName('default'))!.id;
+    expect((await store.getResponse(org, id))!.status).toBe('in_progress');
+    expect((await store.listBackgroundJobs()).map((j) => j.responseId)).toContain(id);
+    await store.close();
+
+    const second = await serve();
+    try {
+      let body: { status: string; usage: { output_tokens: number } } | undefined;
+      for (let i = 0; i < 600; i++) {
+        const res = await fetch(`${second.origin}/v1/responses/${id}`, { headers: { authorization: `Bearer ${key}` } });
+        body = await res.json() as typeof body;
+        if (body!.status !== 'in_progress') break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(['completed', 'incomplete']).toContain(body!.status);
+      expect(body!.usage.output_tokens).toBeGreaterThan(0);
     } finally {
       expect(await stop(second)).toBe(0);
     }
