@@ -64,7 +64,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   const bandwidth = await measureDeviceBandwidth();
   const engine = await loadNativeEngine({
     modelDir, backend: 'cuda', kvCacheBytes: 0, blockSize: 16, numThreads: 0,
-    gpuMemoryUtilization: Number(args['gpu-memory-utilization']),
+    gpuMemoryUtilization: Number(args['gpu-memory-utilization']), prefixCaching: false,
   });
   const info = engine.info();
   const greedy = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
@@ -112,7 +112,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   // bf16 activations, against which transformers' float32 logits should agree closely.
   let cpuReference: RefStep[] | undefined;
   if (args['cpu-reference'] !== false) {
-    const cpu = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: 1 << 30, blockSize: 16, numThreads: 0, matmulPrecision: 'f32' });
+    const cpu = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: 1 << 30, blockSize: 16, numThreads: 0, matmulPrecision: 'f32', prefixCaching: false });
     cpuReference = await referenceSteps(cpu, 1);
     cpu.dispose();
   }

@@ -60,7 +60,7 @@ const DECODE_ROUNDS = 3;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 async function runWorker(modelDir: string, batch: number, precision: MatmulPrecision): Promise<WorkerResult> {
-  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision });
+  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision, prefixCaching: false });
   const info = engine.info();
   const seqIds = Uint32Array.from({ length: batch }, (_, i) => i + 1);
   for (const id of seqIds) {

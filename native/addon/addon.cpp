@@ -42,6 +42,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("numThreads", double(i.num_threads));
   o.Set("matmulPrecision", i.matmul_precision);
   o.Set("deviceBytes", double(i.device_bytes));
+  o.Set("prefixCaching", i.prefix_caching);
   return o;
 }
 
@@ -96,12 +97,13 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       p.seed = uint64_t(seed.As<Napi::Number>().Int64Value());
     }
     std::vector<int32_t> tokens(prompt.Data(), prompt.Data() + prompt.ElementLength());
+    int64_t num_cached = 0;
     try {
-      engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p);
+      num_cached = engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p);
     } catch (const sluice::Error& e) {
       throw make_error(env, sluice::error_code_name(e.code()), e.what());
     }
-    return env.Undefined();
+    return Napi::Number::New(env, double(num_cached));
   }
 
   Napi::Value FreeSequence(const Napi::CallbackInfo& info) {
@@ -197,6 +199,7 @@ Napi::Value Load(const Napi::CallbackInfo& info) {
   opts.block_size = int(get_int(o, "blockSize", 16));
   opts.num_threads = int(get_int(o, "numThreads", 0));
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
+  if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("gpuMemoryUtilization").IsNumber())
     opts.gpu_memory_utilization = o.Get("gpuMemoryUtilization").As<Napi::Number>().DoubleValue();
   AddonData* data = env.GetInstanceData<AddonData>();

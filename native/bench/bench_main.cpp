@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
     opts.gpu_memory_utilization = gpu_util;
     opts.num_threads = threads;
     opts.matmul_precision = precision;
+    opts.prefix_caching = false;  // the same prompts repeat across batch sizes: measure compute, not hits
     auto engine = Engine::load(opts);
     const EngineInfo info = engine->info();
     const double roofline = bandwidth / double(info.weight_bytes);

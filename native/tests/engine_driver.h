@@ -30,8 +30,8 @@ inline std::vector<SampledStep> run_sequence(sluice::Engine& e, const std::vecto
   for (int i = 1; i <= others; i++) prompts.push_back(prompt_of(3 + 5 * i % 17, i, vocab));
   std::vector<int64_t> remaining(prompts.size());
   for (size_t i = 0; i < prompts.size(); i++) {
-    e.add_sequence(uint32_t(i), prompts[i], params);
-    remaining[i] = int64_t(prompts[i].size());
+    // With the prefix cache on, a repeated prompt starts after its cached blocks.
+    remaining[i] = int64_t(prompts[i].size()) - e.add_sequence(uint32_t(i), prompts[i], params);
   }
   std::vector<SampledStep> out;
   while (int(out.size()) < n) {

@@ -25,8 +25,10 @@ std::string temp_dir(const std::string& name) {
   return "/tmp/sluice-native-test-" + std::to_string(::getpid()) + "/" + name;
 }
 
-std::unique_ptr<Engine> load(const std::string& dir, size_t kv_bytes = size_t(8) << 20, int threads = 2) {
+std::unique_ptr<Engine> load(const std::string& dir, size_t kv_bytes = size_t(8) << 20, int threads = 2,
+                             bool prefix_caching = true) {
   EngineOptions o;
+  o.prefix_caching = prefix_caching;
   o.model_dir = dir;
   o.kv_cache_bytes = kv_bytes;
   o.block_size = 4;
@@ -85,7 +87,7 @@ TEST_CASE(same_tokens_alone_in_batch_and_chunked) {
   spec.extra_config = ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0}";
   std::string dir = temp_dir("invariance");
   write_tiny_model(dir, spec);
-  auto e = load(dir);
+  auto e = load(dir, size_t(8) << 20, 2, false);  // every run computes its whole prompt
   auto prompt = prompt_of(23, 5, spec.vocab);
   Generated alone = generate(*e, prompt, 40, 0, 1000);
   Generated batched = generate(*e, prompt, 40, 15, 1000);
@@ -97,7 +99,7 @@ TEST_CASE(same_tokens_alone_in_batch_and_chunked) {
   // Bit-identical logprobs: the kernels are batch invariant, not merely close.
   CHECK(same_bits(alone.logprobs, batched.logprobs));
   CHECK(same_bits(alone.logprobs, chunked.logprobs));
-  auto e1 = load(dir, size_t(8) << 20, 1);  // thread count must not matter either
+  auto e1 = load(dir, size_t(8) << 20, 1, false);  // thread count must not matter either
   CHECK(same_bits(alone.logprobs, generate(*e1, prompt, 40, 0, 7).logprobs));
 }
 

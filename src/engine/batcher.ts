@@ -276,7 +276,7 @@ export class Batcher {
     for (const row of step.rows.values()) {
       if (!row.seq.wasScheduled) {
         row.seq.wasScheduled = true;
-        this.callSink(row.seq, () => row.seq.request.sink.onScheduled?.());
+        this.callSink(row.seq, () => row.seq.request.sink.onScheduled?.(row.seq.numCachedPromptTokens));
       }
     }
     return [...step.rows.values()].filter((row) => row.seq.state === 'running');
@@ -343,9 +343,10 @@ export class Batcher {
       return false;
     }
     this.admit(seq, promptTokenIds);
-    const numTokens = Math.min(promptTokenIds.length, step.numBudgetTokens);
+    // A prefix-cache hit starts the sequence after its cached blocks (already in its block table).
+    const numTokens = Math.min(promptTokenIds.length - seq.numComputedTokens, step.numBudgetTokens);
     if (numTokens > 1 && !this.deferrable(seq, step)) step.urgentPrefill = true;
-    const numNewBlocks = this.blocksFor(numTokens);
+    const numNewBlocks = this.blocksFor(seq.numComputedTokens + numTokens) - this.handle.numSequenceBlocks(seq.seqId);
     step.rows.set(seq, { seq, numTokens, numNewBlocks });
     step.numBudgetTokens -= numTokens;
     step.numPlannedBlocks += numNewBlocks;
@@ -452,11 +453,14 @@ export class Batcher {
     }
     seq.seqId = this.nextSeqId;
     this.nextSeqId = (this.nextSeqId + 1) >>> 0;
-    this.handle.addSequence(seq.seqId, Int32Array.from(promptTokenIds), seq.request.sampling);
+    // NOTE: makeRoom checked blocksFor(whole prompt) <= free; a hit takes k cached blocks (at most
+    // k of them from the free count) and saves k new ones, so the step still fits.
+    const numCachedTokens = this.handle.addSequence(seq.seqId, Int32Array.from(promptTokenIds), seq.request.sampling);
+    if (!seq.wasScheduled) seq.numCachedPromptTokens = numCachedTokens;
     seq.state = 'running';
     seq.admittedOrder = this.numAdmissions++;
     seq.numKnownTokens = promptTokenIds.length;
-    seq.numComputedTokens = 0;
+    seq.numComputedTokens = numCachedTokens;
     this.running.push(seq);
     this.seqIdToSequence.set(seq.seqId, seq);
   }

@@ -36,6 +36,12 @@ export interface EngineLoadOptions {
    * throughput, as llama.cpp and vLLM do on CPU.
    */
   matmulPrecision?: MatmulPrecision;
+  /**
+   * Prefix caching (default true): full KV blocks stay cached after their sequences end and a new
+   * request starts after its longest cached prompt prefix (usage.cachedTokens); false computes
+   * every prompt in full (benchmarks comparing on and off).
+   */
+  prefixCaching?: boolean;
   /** Tokens per step (default 512). */
   maxBatchedTokens?: number;
   /** Sequences running at once (default 64). */
@@ -115,6 +121,7 @@ export class Engine {
       numThreads: opts.threads ?? 0,
       matmulPrecision: opts.matmulPrecision ?? 'f32',
       gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
+      prefixCaching: opts.prefixCaching ?? true,
     };
     // On CUDA the KV pool defaults to what gpuMemoryUtilization leaves (kvCacheBytes 0).
     const cudaBase = { ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0 };

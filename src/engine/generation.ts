@@ -69,6 +69,7 @@ export class Generation implements SequenceSink {
   private scheduledAtMs: number | undefined;
   private firstTokenAtMs: number | undefined;
   private numGeneratedTokens = 0;
+  private numCachedTokens = 0;
   private ended = false;
 
   constructor(private readonly options: GenerationOptions) {
@@ -84,8 +85,9 @@ export class Generation implements SequenceSink {
     return this.ended;
   }
 
-  onScheduled(): void {
+  onScheduled(numCachedTokens = 0): void {
     this.scheduledAtMs = performance.now();
+    this.numCachedTokens = numCachedTokens;
   }
 
   onToken(token: SampledToken): boolean {
@@ -102,7 +104,11 @@ export class Generation implements SequenceSink {
     if (update.finishReason !== undefined) {
       chunk.finishReason = update.finishReason;
       if (update.stopString !== undefined) chunk.stopSequence = update.stopString;
-      chunk.usage = { promptTokens: this.options.promptTokenIds.length, completionTokens: this.numGeneratedTokens };
+      chunk.usage = {
+        promptTokens: this.options.promptTokenIds.length,
+        completionTokens: this.numGeneratedTokens,
+        cachedTokens: this.numCachedTokens,
+      };
       chunk.timings = this.timings(nowMs);
     }
     this.chunks.push(chunk);

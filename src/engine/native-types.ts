@@ -18,6 +18,8 @@ export interface NativeLoadOptions {
   matmulPrecision?: MatmulPrecision;
   /** CUDA: fraction of device memory the engine may hold; the KV pool gets what weights leave. */
   gpuMemoryUtilization?: number;
+  /** Keep full KV blocks cached and start new sequences after their longest cached prefix (default true). */
+  prefixCaching?: boolean;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */
@@ -41,6 +43,7 @@ export interface NativeModelInfo {
   numThreads: number;
   matmulPrecision: MatmulPrecision;
   deviceBytes: number;         // accelerator memory held (CUDA: weights + activations + KV), 0 on CPU
+  prefixCaching?: boolean;     // whether the engine reuses cached prefix blocks
 }
 
 export interface NativeSamplingParams {
@@ -73,9 +76,16 @@ export interface NativeStepResult {
 
 export interface NativeEngineHandle {
   info(): NativeModelInfo;
-  /** Registers a sequence with its prompt. Throws (code SEQ_EXISTS) if the id is in use. */
-  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams): void;
-  /** Frees a sequence and its KV blocks; unknown ids are ignored (safe to call twice). */
+  /**
+   * Registers a sequence with its prompt. Throws (code SEQ_EXISTS) if the id is in use. Returns
+   * the prompt tokens served from the prefix cache (whole blocks, at most length - 1): the
+   * sequence's computed-token count to start from. 0 without a hit or with prefix caching off.
+   */
+  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams): number;
+  /**
+   * Frees a sequence and its KV blocks; unknown ids are ignored (safe to call twice). Its full
+   * blocks stay cached for later prefix hits and count as free (evicted when a step needs room).
+   */
   freeSequence(seqId: number): void;
   numFreeBlocks(): number;
   /** KV blocks a sequence holds now (0 for unknown ids). */

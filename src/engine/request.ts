@@ -53,6 +53,8 @@ export interface TokenLogprob extends TopLogprob {
 export interface Usage {
   promptTokens: number;
   completionTokens: number;
+  /** Prompt tokens served from the prefix cache (whole KV blocks), not computed; 0 without a hit. */
+  cachedTokens: number;
 }
 
 /** Milliseconds. Time to first token = queuedMs + prefillMs. */

@@ -21,8 +21,11 @@ export type SequenceOutcome =
 
 /** Callbacks of one sequence. Called on the JS thread, between steps; never after onEnd. */
 export interface SequenceSink {
-  /** The sequence got its first step (called once, not again after a preemption). */
-  onScheduled?(): void;
+  /**
+   * The sequence got its first step (called once, not again after a preemption);
+   * numCachedTokens: prompt tokens served from the prefix cache at that admission.
+   */
+  onScheduled?(numCachedTokens: number): void;
   /** A sampled token; return true to finish the sequence now (a stop condition was met). */
   onToken(token: SampledToken): boolean;
   /** Called exactly once. */
@@ -54,6 +57,8 @@ export class Sequence implements SequenceView {
   numKnownTokens = 0;
   /** Tokens whose KV has been computed. Invariant while running: numComputedTokens < numKnownTokens. */
   numComputedTokens = 0;
+  /** Prompt tokens served from the prefix cache at the admission that first ran (usage). */
+  numCachedPromptTokens = 0;
   removeAbortListener: () => void = () => {};
 
   constructor(readonly request: SequenceRequest, readonly arrivalOrder: number) {}

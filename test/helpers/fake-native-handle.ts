@@ -35,10 +35,12 @@ export class FakeHandle implements NativeEngineHandle {
     };
   }
 
-  addSequence(seqId: number, promptTokens: Int32Array, _sampling: NativeSamplingParams): void {
+  /** No prefix cache: every prompt is computed in full (returns 0 cached tokens). */
+  addSequence(seqId: number, promptTokens: Int32Array, _sampling: NativeSamplingParams): number {
     if (this.sequences.has(seqId)) throw Object.assign(new Error(`seq ${seqId} exists`), { code: 'SEQ_EXISTS' });
     this.sequences.set(seqId, { tokens: [...promptTokens], numComputedTokens: 0, numBlocks: 0 });
     this.maxLiveSequences = Math.max(this.maxLiveSequences, this.sequences.size);
+    return 0;
   }
 
   freeSequence(seqId: number): void {

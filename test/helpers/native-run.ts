@@ -26,8 +26,8 @@ export async function runNative(
   const sampling = opts.sampling ?? GREEDY;
   const baseId = 1000 + Math.floor(Math.random() * 1e6);
   const ids = prompts.map((_, i) => baseId + i);
-  prompts.forEach((p, i) => engine.addSequence(ids[i]!, Int32Array.from(p), sampling));
-  const remaining = prompts.map((p) => p.length);
+  // With the prefix cache on, a repeated prompt starts after its cached blocks.
+  const remaining = prompts.map((p, i) => p.length - engine.addSequence(ids[i]!, Int32Array.from(p), sampling));
   const out: NativeRun = { tokens: [], logprobs: [], topIds: [], topLogprobs: [] };
   try {
     while (out.tokens.length < n) {

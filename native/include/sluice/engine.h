@@ -29,6 +29,11 @@ struct EngineOptions {
   // two bf16 terms on AVX512-BF16 hardware); "bf16" rounds them to bf16 once, as llama.cpp and
   // vLLM do on CPU, for twice the arithmetic throughput of large batches and prefill.
   std::string matmul_precision = "f32";
+  // Prefix caching: full KV blocks stay cached (under a hash chained over their tokens, their
+  // parent block and the model) after their sequences end, and a new sequence starts from the
+  // longest cached prefix of its prompt. Off: every prompt is computed in full.
+  bool prefix_caching = true;
+  uint64_t prefix_hash_seed = 0;      // seeds the block hash chain (see kv/block_hash.h)
 };
 
 struct SamplingParams {
@@ -65,6 +70,8 @@ struct EngineInfo {
   size_t device_bytes = 0;       // accelerator memory held (CUDA: weights + activations + KV)
   int num_threads = 0;
   std::string matmul_precision;
+  bool prefix_caching = false;
+  int64_t num_cached_blocks = 0;  // blocks in the prefix cache now (in use or evictable)
 };
 
 class Engine {
@@ -74,8 +81,14 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual EngineInfo info() const = 0;
-  virtual void add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params) = 0;
-  virtual void free_sequence(uint32_t seq_id) = 0;  // unknown ids are ignored
+  // Registers a sequence and maps the longest cached prefix of its prompt into its block table
+  // (whole blocks, at most prompt.size() - 1 tokens: the last prompt token is always computed,
+  // since its logits give the first sample). Returns that prefix's length, the sequence's
+  // computed-token count to start from: the first step computes from there.
+  virtual int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params) = 0;
+  // Unknown ids are ignored. Its full blocks stay in the prefix cache (evictable once unreferenced).
+  virtual void free_sequence(uint32_t seq_id) = 0;
+  // Blocks a step can get: free ones plus unreferenced cached ones (evicted on demand).
   virtual int64_t num_free_blocks() const = 0;
   virtual int64_t num_sequence_blocks(uint32_t seq_id) const = 0;
   // Throws Error(kNoKvBlocks) before doing anything when the plan needs more blocks than are free.

@@ -6,6 +6,7 @@
 
 #include "cpu/kernels.h"
 #include "engine/backend.h"
+#include "kv/block_hash.h"
 #include "kv/block_pool.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
@@ -20,6 +21,9 @@ struct Sequence {
   std::vector<int32_t> tokens;   // prompt + sampled tokens, all known tokens
   int64_t num_computed = 0;      // tokens whose K/V are in the cache
   std::vector<int32_t> blocks;   // block table: blocks[i] holds positions [i*bs, (i+1)*bs)
+  // [num full computed blocks] chained hash of blocks[i]'s tokens. blocks[0..size) are full and
+  // read-only from here on (offered to the prefix cache); K/V is written only past them.
+  std::vector<BlockHash> block_hashes;
   SamplingParams params;
 };
 
@@ -33,7 +37,11 @@ class EngineImpl final : public Engine {
     if (opts.block_size <= 0 || opts.block_size > 1024)
       throw Error(ErrorCode::kInvalidArgument, "block_size must be in 1..1024");
     const std::string config_path = join_path(opts.model_dir, "config.json");
-    config_ = parse_model_config(read_text_file(config_path), config_path);
+    const std::string config_text = read_text_file(config_path);
+    config_ = parse_model_config(config_text, config_path);
+    // The model key: blocks are only shared between computations that give the same K/V.
+    model_key_ = fnv1a64(config_text + "\n" + opts.matmul_precision);
+    root_hash_ = root_block_hash(opts.prefix_hash_seed, model_key_);
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
 
@@ -71,10 +79,12 @@ class EngineImpl final : public Engine {
     i.device_bytes = backend_->device_bytes();
     i.num_threads = backend_->num_threads();
     i.matmul_precision = opts_.matmul_precision;
+    i.prefix_caching = opts_.prefix_caching;
+    i.num_cached_blocks = blocks_->num_cached();
     return i;
   }
 
-  void add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p) override {
+  int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p) override {
     if (seqs_.count(seq_id)) throw Error(ErrorCode::kSequenceExists, "sequence " + std::to_string(seq_id) + " already exists");
     if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "a sequence needs at least one prompt token");
     if (int64_t(prompt.size()) > config_.max_position_embeddings)
@@ -92,13 +102,19 @@ class EngineImpl final : public Engine {
     Sequence s;
     s.tokens = prompt;
     s.params = p;
+    if (opts_.prefix_caching) map_cached_prefix(s);
+    const int64_t num_cached = s.num_computed;
     seqs_.emplace(seq_id, std::move(s));
+    return num_cached;
   }
 
   void free_sequence(uint32_t seq_id) override {
     auto it = seqs_.find(seq_id);
     if (it == seqs_.end()) return;
-    blocks_->release(it->second.blocks);
+    // Tail first: of one sequence's evictable blocks the last are evicted first, so a cached
+    // chain loses its leaves before its root (a child without its parent can never be hit).
+    const std::vector<int32_t>& b = it->second.blocks;
+    blocks_->release(std::vector<int32_t>(b.rbegin(), b.rend()));
     seqs_.erase(it);
   }
 
@@ -112,6 +128,39 @@ class EngineImpl final : public Engine {
   StepResult step(const StepPlan& plan) override;
 
  private:
+  BlockHash block_hash(const Sequence& s, size_t block) const {
+    const int64_t bs = opts_.block_size;
+    return hash_block(block == 0 ? root_hash_ : s.block_hashes[block - 1], s.tokens.data() + int64_t(block) * bs,
+                      size_t(bs), model_key_);
+  }
+
+  // Maps the longest chain of cached blocks matching s's prompt into s (a new sequence), whole
+  // blocks only and leaving at least one prompt token to compute.
+  void map_cached_prefix(Sequence& s) {
+    const int64_t bs = opts_.block_size;
+    const size_t max_blocks = size_t((int64_t(s.tokens.size()) - 1) / bs);
+    while (s.blocks.size() < max_blocks) {
+      const BlockHash h = block_hash(s, s.blocks.size());
+      const int32_t b = blocks_->lookup(h);
+      if (b < 0) break;
+      blocks_->acquire(b);
+      s.blocks.push_back(b);
+      s.block_hashes.push_back(h);
+    }
+    s.num_computed = int64_t(s.blocks.size()) * bs;
+  }
+
+  // Offers s's newly completed blocks to the prefix cache (a hash already cached keeps its
+  // block; s's copy stays uncached and is freed with s).
+  void cache_full_blocks(Sequence& s) {
+    const size_t num_full = size_t(s.num_computed / opts_.block_size);
+    while (s.block_hashes.size() < num_full) {
+      const size_t i = s.block_hashes.size();
+      s.block_hashes.push_back(block_hash(s, i));
+      blocks_->register_block(s.blocks[i], s.block_hashes[i]);
+    }
+  }
+
   EngineOptions opts_;
   ModelConfig config_;
   std::unique_ptr<SafetensorsModel> st_;
@@ -119,6 +168,8 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BlockPool> blocks_;
   std::unordered_map<uint32_t, Sequence> seqs_;
+  uint64_t model_key_ = 0;  // extra key of every block hash (config.json + matmul precision)
+  BlockHash root_hash_;     // parent hash of a sequence's first block
 
   // Per-step scratch, reused to keep the decode loop free of allocations.
   std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, logit_rows_;
@@ -207,6 +258,7 @@ StepResult EngineImpl::step(const StepPlan& plan) {
   for (size_t i = 0; i < n; i++) {
     Sequence& s = *plan_seqs_[i];
     s.num_computed += plan.num_tokens[i];
+    if (opts_.prefix_caching) cache_full_blocks(s);
     if (s.num_computed != int64_t(s.tokens.size())) continue;
     sampling_seqs_.push_back(&s);
     top_n = std::max(top_n, s.params.logprobs);
