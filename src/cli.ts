@@ -6,12 +6,14 @@ import { GENERATE_HELP, runGenerate } from './cli/generate.js';
 import { KEYS_HELP, runKeys } from './cli/keys.js';
 import { MAKE_MODEL_HELP, runMakeModel } from './cli/make-model.js';
 import { SERVE_HELP, runServe } from './cli/serve.js';
+import { USAGE_HELP, runUsage } from './cli/usage.js';
 
 const HELP = `usage: sluice <command> [options]
 
 commands:
   serve        run the HTTP API (sluice serve --help)
   keys         create, list and revoke API keys (sluice keys --help)
+  usage        usage and cost totals from the ledger (sluice usage --help)
   generate     generate text with a model (sluice generate --help)
   make-model   write a demo / benchmark model with random weights (sluice make-model --help)
 
@@ -22,6 +24,7 @@ commands:
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<void>; help: string }> = {
   serve: { run: runServe, help: SERVE_HELP },
   keys: { run: runKeys, help: KEYS_HELP },
+  usage: { run: runUsage, help: USAGE_HELP },
   generate: { run: runGenerate, help: GENERATE_HELP },
   'make-model': { run: runMakeModel, help: MAKE_MODEL_HELP },
 };

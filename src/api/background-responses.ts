@@ -16,6 +16,7 @@ import type { GenerationService } from '../serving/generation-service.js';
 import type { ResponseBody, Store } from '../store/store.js';
 import { cancelledResponse, failedResponse, finishedResponse } from './adapters/responses.js';
 import { nowSeconds } from './adapters/content.js';
+import type { Billing } from '../billing/ledger.js';
 
 /** Seconds a background response may stay in_progress, per completion window. */
 export type WindowDeadlines = Record<CompletionWindow, number>;
@@ -38,6 +39,8 @@ export interface BackgroundOptions {
   service: GenerationService;
   deadlines: WindowDeadlines;
   log: FastifyBaseLogger;
+  /** The usage ledger: a run that ends with a result is recorded before its response is stored. */
+  billing?: Billing;
   /** Called with every terminal response object once it is stored (completion webhooks). */
   onFinished?: (orgId: string, body: ResponseBody) => void;
 }
@@ -126,7 +129,9 @@ export class BackgroundResponses {
   private async execute(orgId: string, running: ResponseBody, prepared: PreparedGeneration, signal: AbortSignal): Promise<void> {
     let final: ResponseBody;
     try {
-      final = finishedResponse(running, await this.opts.service.run(prepared, signal));
+      const result = await this.opts.service.run(prepared, signal);
+      await this.opts.billing?.record({ surface: 'responses', requestId: running.id, prepared, results: [result] });
+      final = finishedResponse(running, result);
     } catch (err) {
       const reason = signal.reason;
       if (reason === SHUTDOWN || (this.closed && isSluiceError(err) && err.code === 'engine_disposed')) return;

@@ -6,6 +6,7 @@ import type { GenerationService } from '../serving/generation-service.js';
 import type { BackgroundResponses } from './background-responses.js';
 import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
 import type { BatchRunner } from '../batches/runner.js';
+import type { Billing } from '../billing/ledger.js';
 
 export interface ApiContext {
   store: Store;
@@ -19,4 +20,6 @@ export interface ApiContext {
   webhooks?: WebhookDispatcher;
   /** Creates, runs, cancels and resumes batches. */
   batches: BatchRunner;
+  /** The usage ledger: every request that finishes with a result is recorded once. */
+  billing: Billing;
 }

@@ -24,6 +24,8 @@ import { registerResponseRoutes } from './routes/responses.js';
 import { validatorCompiler } from './validation.js';
 import { WebhookDispatcher, type WebhookSettings } from '../webhooks/dispatcher.js';
 import { BatchRunner } from '../batches/runner.js';
+import { Billing } from '../billing/ledger.js';
+import { registerUsageRoutes } from './routes/usage.js';
 
 export const API_VERSION = '2026-08-14';
 
@@ -51,8 +53,9 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
   app.addHook('onReady', async () => webhooks.start());
   app.addHook('onClose', async () => webhooks.close());
+  const billing = new Billing(opts.store, opts.registry);
   const background = new BackgroundResponses({
-    store: opts.store, service, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
+    store: opts.store, service, billing, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
     onFinished: (orgId, body) => void webhooks.enqueue(orgId, body['metadata'], body),
   });
   let batches = opts.batches;
@@ -62,7 +65,9 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
     app.addHook('onClose', async () => owned.stop());
     batches = owned;
   }
-  const ctx: ApiContext = { store: opts.store, registry: opts.registry, service, dataDir: opts.dataDir, background, webhooks, batches };
+  const ctx: ApiContext = {
+    store: opts.store, registry: opts.registry, service, dataDir: opts.dataDir, background, webhooks, batches, billing,
+  };
   // Background work left by the previous process resumes (or times out) once the app is ready;
   // on close it stops without an outcome, to resume at the next start.
   app.addHook('onReady', async () => background.recover());
@@ -118,4 +123,5 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   registerMessageRoutes(app, ctx);
   await registerFileRoutes(app, ctx);
   await registerBatchRoutes(app, ctx);
+  registerUsageRoutes(app, ctx);
 };

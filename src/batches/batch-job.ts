@@ -19,6 +19,7 @@ import { jsonlLines, type JsonlLine } from './jsonl-lines.js';
 import { executeLine } from './line-executor.js';
 import { writeResultFiles } from './result-files.js';
 import type { Slots } from './slots.js';
+import type { Billing } from '../billing/ledger.js';
 import { checkBatchInput } from './validate-input.js';
 
 /** Why a job stops before its lines are done. `shutdown` keeps the batch's state for a restart. */
@@ -35,6 +36,8 @@ export interface JobDeps {
   service: GenerationService;
   slots: Slots;
   log: BatchLog;
+  /** The usage ledger: each line that ends with a result is recorded once, before its result row. */
+  billing?: Billing;
 }
 
 const now = () => Math.floor(Date.now() / 1000);
@@ -133,6 +136,9 @@ export class BatchJob {
         this.deps.log.error({ err: outcome.internal, batch_id: batch.id, line: line.lineNo }, 'batch line failed inside the service');
       }
       try {
+        if (outcome.kind === 'ok') {
+          await this.deps.billing?.record({ surface: 'batch', requestId: `${batch.id}:${line.lineNo}`, ...outcome.usage });
+        }
         await store.recordBatchResult(batch.id, { lineNo: line.lineNo, ok: outcome.kind === 'ok', line: outcome.line }, progressWithout(line.lineNo));
         inFlight.delete(line.lineNo);
       } catch (err) {

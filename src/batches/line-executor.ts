@@ -19,11 +19,18 @@ import { CreateResponseSchema, type CreateResponseBody } from '../api/schemas/re
 import { validatorCompiler } from '../api/validation.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import { isSluiceError } from '../errors.js';
-import type { Caller, GenerationRequest } from '../serving/generation-request.js';
+import type { GenerateResult } from '../engine/request.js';
+import type { Caller, GenerationRequest, PreparedGeneration } from '../serving/generation-request.js';
 import type { GenerationService } from '../serving/generation-service.js';
 
+/** What a line's generation used, for the usage ledger (billing/ledger.ts). */
+export interface LineUsage {
+  prepared: PreparedGeneration;
+  results: GenerateResult[];
+}
+
 export type LineOutcome =
-  | { kind: 'ok'; line: string }
+  | { kind: 'ok'; line: string; usage: LineUsage }
   /** `internal`: the failure was a bug or an engine fault (a 500), kept for the log. */
   | { kind: 'error'; line: string; internal?: unknown }
   | { kind: 'aborted' };
@@ -34,8 +41,8 @@ interface Surface {
   /** The route's preValidation: clear refusals before the schema would report a mismatch. */
   refuse(body: unknown): void;
   validate: Validate;
-  /** Adapts, prepares, runs; resolves with the endpoint's 200 body. */
-  run(body: unknown, line: LineContext): Promise<unknown>;
+  /** Adapts, prepares, runs; resolves with the endpoint's 200 body and what it used. */
+  run(body: unknown, line: LineContext): Promise<{ body: unknown; usage: LineUsage }>;
 }
 
 interface LineContext {
@@ -65,7 +72,8 @@ const SURFACES: Record<string, Surface> = {
       const running = inProgressResponse(newId('resp'), body, prepared);
       // The object says what the line asked for; running in the batch's background is not its doing.
       running['background'] = body.background === true;
-      return finishedResponse(running, await service.run(prepared, signal));
+      const result = await service.run(prepared, signal);
+      return { body: finishedResponse(running, result), usage: { prepared, results: [result] } };
     },
   },
   '/v1/chat/completions': {
@@ -79,9 +87,10 @@ const SURFACES: Record<string, Surface> = {
       const created = nowSeconds();
       // Choices share the line's signal: an abort stops them all, and one failure fails the line.
       const results = await Promise.all(choicesOf(prepared, n).map((choice) => service.run(choice, signal)));
-      return chatCompletion({
+      const completion = chatCompletion({
         id: newId('chatcmpl').replace('_', '-'), created, fingerprint: systemFingerprint(service.modelOf(prepared)), prepared, results,
       });
+      return { body: completion, usage: { prepared, results } };
     },
   },
   '/v1/messages': {
@@ -91,7 +100,8 @@ const SURFACES: Record<string, Surface> = {
       const body = raw as CreateMessageBody;
       const model = service.registry.resolve(body.model, caller.orgName);
       const prepared = service.prepare(inBatch(toMessagesGenerationRequest(body, caller, model.supportsChat), window));
-      return messageObject(newId('msg'), prepared, await service.run(prepared, signal));
+      const result = await service.run(prepared, signal);
+      return { body: messageObject(newId('msg'), prepared, result), usage: { prepared, results: [result] } };
     },
   },
 };
@@ -123,8 +133,8 @@ export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome
     surface.refuse(request.body);
     const checked = surface.validate(request.body);
     if (checked.error) throw checked.error;
-    const body = await surface.run(request.body, opts);
-    return { kind: 'ok', line: resultLine(customId, { status_code: 200, request_id: newId('req'), body }, null) };
+    const { body, usage } = await surface.run(request.body, opts);
+    return { kind: 'ok', line: resultLine(customId, { status_code: 200, request_id: newId('req'), body }, null), usage };
   } catch (err) {
     if (opts.signal.aborted || (isSluiceError(err) && (err.code === 'cancelled' || err.code === 'engine_disposed'))) {
       return { kind: 'aborted' };

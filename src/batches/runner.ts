@@ -15,6 +15,7 @@ import { UNFINISHED_BATCH_STATUSES, type BatchRecord } from '../store/batch-reco
 import type { Store } from '../store/store.js';
 import { BatchJob, runWindow, type BatchLog } from './batch-job.js';
 import { Slots } from './slots.js';
+import { Billing } from '../billing/ledger.js';
 
 /** Seconds from creation until a batch expires, per window it runs at. */
 export interface BatchDeadlines {
@@ -60,6 +61,7 @@ export class BatchRunner {
   private readonly service: GenerationService;
   private readonly slots: Slots;
   private readonly log: BatchLog;
+  private readonly billing: Billing;
   /** batch id -> its job and the promise of its run. */
   private readonly jobs = new Map<string, { job: BatchJob; done: Promise<void> }>();
   /** Batches waiting while paused (tests hold batches in validating with this). */
@@ -71,6 +73,7 @@ export class BatchRunner {
   constructor(private readonly opts: BatchRunnerOptions) {
     this.deadlines = { ...DEFAULT_BATCH_DEADLINES, ...opts.deadlines };
     this.service = new GenerationService(opts.registry);
+    this.billing = new Billing(opts.store, opts.registry);
     const engineSeqs = opts.registry.models.map((m) => m.engine.info.maxNumSeqs);
     this.slots = new Slots(opts.maxLinesInFlight ?? Math.max(1, ...engineSeqs));
     this.log = opts.log ?? stderrLog;
@@ -154,8 +157,9 @@ export class BatchRunner {
     }
     if (!this.storage) throw new Error('BatchRunner.start() was not called');
     this.held = this.held.filter((b) => b.id !== batch.id);
-    const job = new BatchJob({ store: this.opts.store, storage: this.storage, service: this.service, slots: this.slots, log: this.log },
-      batch.id, batch.orgId);
+    const job = new BatchJob({
+      store: this.opts.store, storage: this.storage, service: this.service, slots: this.slots, log: this.log, billing: this.billing,
+    }, batch.id, batch.orgId);
     const done = job.run().finally(() => {
       this.jobs.delete(batch.id);
     });

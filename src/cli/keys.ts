@@ -9,6 +9,7 @@ import { parseFlags } from './args.js';
 export const KEYS_HELP = `usage: sluice keys <create|list|revoke> [options]
 
   sluice keys create --org NAME     make a key for an organization (created if new); prints it once
+                    [--admin]       the key may also read every organization's usage (GET /v1/admin/usage)
   sluice keys list                  every key: id, organization, prefix, created, revoked
   sluice keys revoke ID|KEY         revoke a key by its id (key_...) or the key itself
 
@@ -25,6 +26,7 @@ export async function runKeys(args: string[]): Promise<void> {
   const positional = rest[0] !== undefined && !rest[0].startsWith('-') ? rest.shift() : undefined;
   const { values } = parseFlags(rest, {
     org: { type: 'string' },
+    admin: { type: 'boolean' },
     'data-dir': { type: 'string' },
     json: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
@@ -41,7 +43,7 @@ export async function runKeys(args: string[]): Promise<void> {
         if (org === undefined || org.trim() === '') {
           throw new SluiceError('invalid_argument', 'keys create: --org NAME is required', { param: 'org' });
         }
-        const created = await createApiKey(store, org.trim());
+        const created = await createApiKey(store, org.trim(), { admin: values.admin === true });
         if (values.json) {
           process.stdout.write(`${JSON.stringify({ key: created.key, id: created.info.id, organization: created.info.orgName })}\n`);
         } else {

@@ -18,13 +18,15 @@ export interface CreatedKey {
   info: ApiKeyInfo;
 }
 
-export async function createApiKey(store: Store, orgName: string): Promise<CreatedKey> {
+/** `admin`: the key may also read every organization's usage (GET /v1/admin/usage). */
+export async function createApiKey(store: Store, orgName: string, opts: { admin?: boolean } = {}): Promise<CreatedKey> {
   const org = await store.ensureOrganization(orgName);
   const key = KEY_PREFIX + randomBytes(32).toString('base64url');
   const id = `key_${randomBytes(8).toString('hex')}`;
   const createdAt = Math.floor(Date.now() / 1000);
   const prefix = key.slice(0, DISPLAY_PREFIX_LENGTH);
   await store.insertApiKey({ id, orgId: org.id, hash: hashApiKey(key), prefix, createdAt });
+  if (opts.admin) await store.setApiKeyAdmin(id, true);
   return { key, info: { id, orgId: org.id, orgName: org.name, prefix, createdAt, revokedAt: null } };
 }
 

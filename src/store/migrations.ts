@@ -118,4 +118,30 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
     created_at  INTEGER NOT NULL
   );
   `,
+  // 5: the usage ledger (append-only, one row per billed request) and admin keys.
+  `
+  CREATE TABLE usage_ledger (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,  -- insertion order
+    id             TEXT NOT NULL UNIQUE,
+    org_id         TEXT NOT NULL,
+    org_name       TEXT NOT NULL,
+    key_id         TEXT NOT NULL,
+    model          TEXT NOT NULL,
+    tier           TEXT NOT NULL,
+    surface        TEXT NOT NULL,         -- responses | chat.completions | messages | batch
+    request_id     TEXT NOT NULL,         -- object id, or <batch id>:<line number>
+    input_tokens   INTEGER NOT NULL,      -- cached included
+    cached_tokens  INTEGER NOT NULL,
+    output_tokens  INTEGER NOT NULL,
+    input_cost     TEXT NOT NULL,         -- exact USD decimal strings (never rounded)
+    cached_cost    TEXT NOT NULL,
+    output_cost    TEXT NOT NULL,
+    cost           TEXT NOT NULL,
+    long_context   INTEGER NOT NULL,      -- 1: long-context multipliers applied
+    completed_at_ms INTEGER NOT NULL,     -- Unix ms
+    UNIQUE (surface, request_id)
+  );
+  CREATE INDEX usage_ledger_completed ON usage_ledger(completed_at_ms);
+  ALTER TABLE api_keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;  -- 1: may read every organization's usage
+  `,
 ];

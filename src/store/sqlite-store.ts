@@ -8,9 +8,11 @@ import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 import { SQLITE_MIGRATIONS } from './migrations.js';
 import { SqliteBatches } from './sqlite-batches.js';
+import { SqliteUsage } from './sqlite-usage.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
+import type { UsageRecord } from './store.js';
 
 type Row = Record<string, unknown>;
 
@@ -283,6 +285,28 @@ export class SqliteStore implements Store {
 
   async finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined> {
     return this.batches.finish(id, from, patch, files);
+  }
+
+  // Usage ledger.
+  private usageTables: SqliteUsage | undefined;
+  private get usage(): SqliteUsage {
+    return (this.usageTables ??= new SqliteUsage(this.db));
+  }
+
+  async insertUsage(record: UsageRecord): Promise<boolean> {
+    return this.usage.insertUsage(record);
+  }
+
+  async listUsage(filter: { orgName?: string; sinceMs?: number }): Promise<UsageRecord[]> {
+    return this.usage.listUsage(filter);
+  }
+
+  async setApiKeyAdmin(keyId: string, admin: boolean): Promise<boolean> {
+    return this.usage.setApiKeyAdmin(keyId, admin);
+  }
+
+  async isAdminKey(keyId: string): Promise<boolean> {
+    return this.usage.isAdminKey(keyId);
   }
 }
 

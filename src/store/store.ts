@@ -146,6 +146,46 @@ export interface Store {
    * records (an id already recorded is kept), then its result rows are dropped.
    */
   finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined>;
+
+  // Usage ledger.
+  /**
+   * Appends one billed request. Idempotent on (surface, requestId): a request already recorded
+   * (a background response or batch line run again after a restart) is not recorded twice (false).
+   */
+  insertUsage(record: UsageRecord): Promise<boolean>;
+  /** Ledger rows completed at or after `sinceMs` (Unix ms), of one organization when named; in insertion order. */
+  listUsage(filter: { orgName?: string; sinceMs?: number }): Promise<UsageRecord[]>;
+  /** Marks a key as an admin key (may read every organization's usage) or not; false when no such key. */
+  setApiKeyAdmin(keyId: string, admin: boolean): Promise<boolean>;
+  isAdminKey(keyId: string): Promise<boolean>;
+}
+
+/** One row of the usage ledger: a finished request and its exact cost (billing/ledger.ts). */
+export interface UsageRecord {
+  id: string;
+  orgId: string;
+  orgName: string;
+  keyId: string;
+  model: string;
+  /** The completion window the request ran in. */
+  tier: string;
+  /** responses | chat.completions | messages | batch */
+  surface: string;
+  /** The object id (resp_..., chatcmpl-..., msg_...) or, for a batch line, `<batch id>:<line number>`. */
+  requestId: string;
+  /** Every prompt token, cached ones included. */
+  inputTokens: number;
+  cachedTokens: number;
+  outputTokens: number;
+  /** Exact USD amounts as plain decimal strings (money.ts); cost = input + cached + output. */
+  inputCost: string;
+  cachedCost: string;
+  outputCost: string;
+  cost: string;
+  /** Whether the long-context multipliers applied. */
+  longContext: boolean;
+  /** Unix milliseconds. */
+  completedAtMs: number;
 }
 
 /** pending: attempts remain; delivered: a 2xx came back; failed: every attempt failed. */

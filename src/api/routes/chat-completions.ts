@@ -67,6 +67,7 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
       if (failed) await ctx.webhooks?.enqueue(caller.orgId, body.metadata, failed);
       throw err;
     }
+    await ctx.billing.record({ surface: 'chat.completions', requestId: id, prepared, results });
     const completion = chatCompletion({
       id,
       created,

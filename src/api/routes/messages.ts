@@ -29,7 +29,9 @@ async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: C
   // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
   const prepared = ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
   const result = await ctx.service.run(prepared, disconnectSignal(reply));
-  return messageObject(newId('msg'), prepared, result);
+  const id = newId('msg');
+  await ctx.billing.record({ surface: 'messages', requestId: id, prepared, results: [result] });
+  return messageObject(id, prepared, result);
 }
 
 export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): void {

@@ -44,6 +44,7 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   let final: ResponseBody;
   try {
     const result = await ctx.service.run(prepared, signal);
+    await ctx.billing.record({ surface: 'responses', requestId: running.id, prepared, results: [result] });
     if (reply) reply.header('server-timing', serverTiming(result.timings));
     final = finishedResponse(running, result);
   } catch (err) {
