@@ -225,7 +225,8 @@ export function chatCompletion(parts: ChatCompletionParts): ChatCompletion {
       prompt_tokens: promptTokens,
       completion_tokens: completionTokens,
       total_tokens: promptTokens + completionTokens,
-      prompt_tokens_details: { cached_tokens: 0 },
+      // The prompt is counted once: what the first choice found in the prefix cache.
+      prompt_tokens_details: { cached_tokens: results[0]?.usage.cachedTokens ?? 0 },
       completion_tokens_details: { reasoning_tokens: 0 },
     },
     completion_window: prepared.window,

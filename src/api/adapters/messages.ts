@@ -123,10 +123,11 @@ export function messageObject(id: string, prepared: PreparedGeneration, result: 
     stop_reason: stopReason,
     stop_sequence: result.stopSequence ?? null,
     usage: {
-      input_tokens: result.usage.promptTokens,
+      // Anthropic's convention: input_tokens excludes what was read from the cache.
+      input_tokens: result.usage.promptTokens - result.usage.cachedTokens,
       output_tokens: result.usage.completionTokens,
       cache_creation_input_tokens: 0,
-      cache_read_input_tokens: 0,
+      cache_read_input_tokens: result.usage.cachedTokens,
     },
     completion_window: prepared.window,
   };

@@ -155,7 +155,7 @@ export function finishedResponse(running: ResponseBody, result: GenerateResult):
     }],
     usage: {
       input_tokens: result.usage.promptTokens,
-      input_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
+      input_tokens_details: { cached_tokens: result.usage.cachedTokens, reasoning_tokens: 0 },
       output_tokens: result.usage.completionTokens,
       output_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
       total_tokens: result.usage.promptTokens + result.usage.completionTokens,
