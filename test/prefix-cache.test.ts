@@ -72,6 +72,33 @@ describe('prefix caching', () => {
     expect(last?.usage?.cachedTokens).toBe(expectedCached(b.length, b.length));  // 28
   });
 
+  it('keeps a keyed prefix (promptCacheKey) under pressure where an unkeyed one is evicted', async () => {
+    // 12 blocks. Two 9-token prompts cache 2 blocks each (the first released first); a 33-token
+    // prompt then needs 9 blocks with 8 free, so one cached block is evicted: with plain LRU the
+    // first prompt's leaf, with the first prompt keyed the unkeyed one's.
+    const first = tokens(9, 6), second = tokens(9, 7), filler = tokens(33, 8);
+    const gen = (engine: Engine, promptTokenIds: number[], promptCacheKey?: string) =>
+      engine.generate({ promptTokenIds, maxTokens: 1, temperature: 0, ...(promptCacheKey && { promptCacheKey }) });
+    const want = [await gen(off, first), await gen(off, second)].map((r) => r.tokenIds);
+    const cachedAfterPressure = async (firstKey?: string) => {
+      const engine = await load({ prefixCaching: true, numBlocks: 12 });
+      expect(engine.info.numBlocks).toBe(12);
+      await gen(engine, first, firstKey);
+      await gen(engine, second);
+      await gen(engine, filler);
+      // Probing allocates too (a 4-token hit needs 2 new blocks with 1 free, evicting again), so
+      // the prompt expected intact is probed first.
+      const [a, b] = firstKey
+        ? [await gen(engine, first, firstKey), await gen(engine, second)]
+        : [await gen(engine, second), await gen(engine, first)].reverse();
+      expect([a!.tokenIds, b!.tokenIds]).toEqual(want);
+      return [a!.usage.cachedTokens, b!.usage.cachedTokens];
+    };
+    expect(await cachedAfterPressure()).toEqual([4, 8]);          // LRU: the first prompt lost its leaf
+    expect(await cachedAfterPressure('tenant-a')).toEqual([8, 4]);  // keyed: kept; the unkeyed one lost its leaf
+    await expect(gen(off, first, 'k'.repeat(257))).rejects.toMatchObject({ code: 'invalid_request', param: 'promptCacheKey' });
+  });
+
   it('keeps every output under eviction pressure with concurrent shared-prefix requests', async () => {
     const small = await load({ prefixCaching: true, numBlocks: 40 });
     const prefixes = [tokens(20, 3), tokens(13, 4), tokens(26, 5)];

@@ -79,7 +79,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   Napi::Value AddSequence(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsTypedArray() || !info[2].IsObject())
-      throw Napi::TypeError::New(env, "addSequence(seqId, Int32Array prompt, sampling)");
+      throw Napi::TypeError::New(env, "addSequence(seqId, Int32Array prompt, sampling, keyed?)");
     Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
     if (ta.TypedArrayType() != napi_int32_array) throw Napi::TypeError::New(env, "prompt must be an Int32Array");
     Napi::Int32Array prompt = ta.As<Napi::Int32Array>();
@@ -97,9 +97,10 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       p.seed = uint64_t(seed.As<Napi::Number>().Int64Value());
     }
     std::vector<int32_t> tokens(prompt.Data(), prompt.Data() + prompt.ElementLength());
+    const bool keyed = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
     int64_t num_cached = 0;
     try {
-      num_cached = engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p);
+      num_cached = engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p, keyed);
     } catch (const sluice::Error& e) {
       throw make_error(env, sluice::error_code_name(e.code()), e.what());
     }

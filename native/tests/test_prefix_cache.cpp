@@ -119,6 +119,59 @@ TEST_CASE(pool_ref_counts_lookup_and_lru_eviction) {
   CHECK(pool.num_free() == 4 && pool.num_evictable() == 0 && pool.lookup(h0) == -1);
 }
 
+TEST_CASE(pool_evicts_unkeyed_lru_before_keyed_lru) {
+  BlockPool pool(6);
+  std::vector<int32_t> a, b;
+  CHECK(pool.allocate(6, &a));
+  for (int32_t i = 0; i < 6; i++) CHECK(pool.register_block(i, BlockHash{uint64_t(300 + i)}));
+  // Block 4 is shared by a keyed and an unkeyed holder; the unkeyed one releases it last.
+  pool.acquire(4);
+  pool.release({0}, true);   // keyed, released first
+  pool.release({1});         // unkeyed
+  pool.release({2}, true);   // keyed
+  pool.release({3});         // unkeyed
+  pool.release({4}, true);   // keyed holder of the shared block (still held once)
+  pool.release({4});         // unkeyed holder: keyed wins
+  CHECK(pool.num_evictable() == 5 && pool.num_keyed_evictable() == 3 && pool.num_free() == 5);
+  // Eviction order: unkeyed LRU (1, 3), then keyed LRU (0, 2, 4).
+  CHECK(pool.allocate(5, &b) && b == (std::vector<int32_t>{1, 3, 0, 2, 4}));
+  CHECK(pool.num_cached() == 1 && pool.lookup(BlockHash{305}) == 5);
+  // Reacquiring an evictable keyed block resets its class: released unkeyed, it is unkeyed.
+  pool.release({5}, true);
+  CHECK(pool.num_keyed_evictable() == 1);
+  pool.acquire(5);
+  pool.release({5});
+  CHECK(pool.num_keyed_evictable() == 0 && pool.num_evictable() == 1);
+  // A reallocated block starts unkeyed: freed uncached, it goes to the free list.
+  pool.release(b, true);
+  CHECK(pool.num_evictable() == 1 && pool.num_free() == 6);
+  pool.clear_cache();
+  CHECK(pool.num_free() == 6 && pool.num_evictable() == 0 && pool.num_keyed_evictable() == 0);
+}
+
+TEST_CASE(keyed_prefix_outlives_unkeyed_prefix_under_pressure) {
+  // 12 blocks of 4 tokens. Two 9-token prompts (2 cached blocks each, one keyed, the keyed one
+  // released first), then a 33-token prompt that needs 9 blocks: 8 free, so exactly one cached
+  // block is evicted. Plain LRU would take the keyed prefix's leaf; the retention class takes
+  // the unkeyed one's.
+  auto on = load(model_dir(), true, 12);
+  const int vocab = int(on->info().config.vocab_size);
+  auto prefill = [&](uint32_t id, const std::vector<int32_t>& prompt, bool keyed) {
+    on->add_sequence(id, prompt, kGreedy, keyed);
+    StepPlan plan;
+    plan.seq_ids = {id};
+    plan.num_tokens = {uint32_t(prompt.size())};
+    on->step(plan);
+    on->free_sequence(id);
+  };
+  const auto keyed = prompt_of(9, 11, vocab), unkeyed = prompt_of(9, 12, vocab);
+  prefill(1, keyed, true);
+  prefill(2, unkeyed, false);
+  prefill(3, prompt_of(33, 5, vocab), false);
+  CHECK(on->add_sequence(10, keyed, kGreedy) == 8);    // keyed prefix intact
+  CHECK(on->add_sequence(11, unkeyed, kGreedy) == 4);  // unkeyed lost its leaf block
+}
+
 TEST_CASE(shared_prefix_hits_at_block_granularity_with_identical_outputs) {
   auto on = load(model_dir(), true);
   auto off = load(model_dir(), false);

@@ -455,7 +455,8 @@ export class Batcher {
     this.nextSeqId = (this.nextSeqId + 1) >>> 0;
     // NOTE: makeRoom checked blocksFor(whole prompt) <= free; a hit takes k cached blocks (at most
     // k of them from the free count) and saves k new ones, so the step still fits.
-    const numCachedTokens = this.handle.addSequence(seq.seqId, Int32Array.from(promptTokenIds), seq.request.sampling);
+    const numCachedTokens = this.handle.addSequence(seq.seqId, Int32Array.from(promptTokenIds), seq.request.sampling,
+      seq.request.keyed ?? false);
     if (!seq.wasScheduled) seq.numCachedPromptTokens = numCachedTokens;
     seq.state = 'running';
     seq.admittedOrder = this.numAdmissions++;

@@ -275,7 +275,7 @@ export class Engine {
     try {
       this.batcher.submit({
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
-        signal: controller.signal, sink: generation,
+        keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation,
       });
       yield* generation.chunks;
     } finally {

@@ -80,8 +80,10 @@ export interface NativeEngineHandle {
    * Registers a sequence with its prompt. Throws (code SEQ_EXISTS) if the id is in use. Returns
    * the prompt tokens served from the prefix cache (whole blocks, at most length - 1): the
    * sequence's computed-token count to start from. 0 without a hit or with prefix caching off.
+   * keyed (default false): the request had a prompt cache key; once unreferenced, its cached
+   * blocks are evicted only after every unkeyed cached block.
    */
-  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams): number;
+  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams, keyed?: boolean): number;
   /**
    * Frees a sequence and its KV blocks; unknown ids are ignored (safe to call twice). Its full
    * blocks stay cached for later prefix hits and count as free (evicted when a step needs room).

@@ -36,6 +36,12 @@ export interface GenerateRequest {
    * put urgent work ahead of its ordinary work.
    */
   completionWindow?: SchedulingWindow;
+  /**
+   * Prompt cache key (1..MAX_PROMPT_CACHE_KEY_LENGTH characters). Requests that share a long
+   * prefix should share a key: their cached prefix blocks are kept longer under KV pressure
+   * (evicted only after every unkeyed cached block). The value itself is not interpreted here.
+   */
+  promptCacheKey?: string;
   signal?: AbortSignal;
 }
 
@@ -99,6 +105,7 @@ export interface GenerateChunk {
 }
 
 export const MAX_LOGPROBS = 20;
+export const MAX_PROMPT_CACHE_KEY_LENGTH = 256;
 
 /** Validated sampling and limits, before the prompt-dependent maxTokens default. */
 export interface ValidatedOptions {
@@ -108,6 +115,7 @@ export interface ValidatedOptions {
   maxTokens: number | undefined;
   stopStrings: string[];
   completionWindow: SchedulingWindow;
+  promptCacheKey: string | undefined;
 }
 
 export const DEFAULT_COMPLETION_WINDOW: SchedulingWindow = 'standard';
@@ -152,12 +160,18 @@ export function validateOptions(req: GenerateRequest): ValidatedOptions {
   if (!SCHEDULING_WINDOWS.includes(completionWindow)) {
     throw invalid('completionWindow', `must be one of ${SCHEDULING_WINDOWS.join(', ')}, got ${JSON.stringify(completionWindow) ?? String(completionWindow)}`);
   }
+  const promptCacheKey = req.promptCacheKey;
+  if (promptCacheKey !== undefined && (typeof promptCacheKey !== 'string' || promptCacheKey.length === 0 ||
+      promptCacheKey.length > MAX_PROMPT_CACHE_KEY_LENGTH)) {
+    throw invalid('promptCacheKey', `must be a string of 1 to ${MAX_PROMPT_CACHE_KEY_LENGTH} characters`);
+  }
   return {
     sampling: { temperature, topP, topK, seed, logprobs: logprobs ?? 0 },
     logprobs,
     maxTokens,
     stopStrings: [...stop],
     completionWindow,
+    promptCacheKey,
   };
 }
 

@@ -39,6 +39,8 @@ export interface SequenceRequest {
   sampling: NativeSamplingParams;
   /** 0 is the most urgent (default 0); see SequenceView.priority. */
   priority?: number;
+  /** Had a prompt cache key: its cached blocks get the keyed retention class (kept longer). */
+  keyed?: boolean;
   signal?: AbortSignal | undefined;
   sink: SequenceSink;
 }

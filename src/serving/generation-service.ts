@@ -3,7 +3,7 @@
 // tokenizes; run() generates. Failures are SluiceErrors with codes the API maps to statuses.
 
 import { SluiceError } from '../errors.js';
-import type { GenerateResult } from '../engine/request.js';
+import { MAX_PROMPT_CACHE_KEY_LENGTH, type GenerateResult } from '../engine/request.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, PreparedGeneration } from './generation-request.js';
 import type { ModelRegistry, ServedModel } from './model-registry.js';
@@ -14,6 +14,10 @@ export class GenerationService {
   prepare(request: GenerationRequest): PreparedGeneration {
     const model = this.registry.resolve(request.model, request.caller.orgName);
     const window = resolveWindow(model, request);
+    if (request.promptCacheKey !== undefined && request.promptCacheKey.length > MAX_PROMPT_CACHE_KEY_LENGTH) {
+      throw new SluiceError('invalid_request',
+        `prompt_cache_key must be at most ${MAX_PROMPT_CACHE_KEY_LENGTH} characters`, { param: 'prompt_cache_key' });
+    }
     if (request.imageParam !== undefined && !model.supportsImageInput) {
       throw new SluiceError('image_input_unsupported',
         `the model "${model.id}" does not accept image input (supports_image_input is false)`, { param: request.imageParam });
@@ -38,6 +42,8 @@ export class GenerationService {
       promptTokenIds: prepared.promptTokenIds,
       maxTokens: prepared.maxTokens,
       completionWindow: prepared.window,
+      // An empty key is no key.
+      ...(request.promptCacheKey && { promptCacheKey: request.promptCacheKey }),
       ...(s.temperature !== undefined && { temperature: s.temperature }),
       ...(s.topP !== undefined && { topP: s.topP }),
       ...(s.topK !== undefined && { topK: s.topK }),

@@ -84,8 +84,11 @@ class Engine {
   // Registers a sequence and maps the longest cached prefix of its prompt into its block table
   // (whole blocks, at most prompt.size() - 1 tokens: the last prompt token is always computed,
   // since its logits give the first sample). Returns that prefix's length, the sequence's
-  // computed-token count to start from: the first step computes from there.
-  virtual int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params) = 0;
+  // computed-token count to start from: the first step computes from there. keyed: the request
+  // carried a prompt_cache_key; its cached blocks, once unreferenced, are evicted only after every
+  // unkeyed evictable block (retention class, see kv/block_pool.h).
+  virtual int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params,
+                               bool keyed = false) = 0;
   // Unknown ids are ignored. Its full blocks stay in the prefix cache (evictable once unreferenced).
   virtual void free_sequence(uint32_t seq_id) = 0;
   // Blocks a step can get: free ones plus unreferenced cached ones (evicted on demand).

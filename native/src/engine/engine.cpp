@@ -25,6 +25,7 @@ struct Sequence {
   // read-only from here on (offered to the prefix cache); K/V is written only past them.
   std::vector<BlockHash> block_hashes;
   SamplingParams params;
+  bool keyed = false;            // added with a prompt_cache_key: its blocks are released as keyed
 };
 
 std::string join_path(const std::string& dir, const char* name) {
@@ -84,7 +85,8 @@ class EngineImpl final : public Engine {
     return i;
   }
 
-  int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p) override {
+  int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p,
+                       bool keyed) override {
     if (seqs_.count(seq_id)) throw Error(ErrorCode::kSequenceExists, "sequence " + std::to_string(seq_id) + " already exists");
     if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "a sequence needs at least one prompt token");
     if (int64_t(prompt.size()) > config_.max_position_embeddings)
@@ -102,6 +104,7 @@ class EngineImpl final : public Engine {
     Sequence s;
     s.tokens = prompt;
     s.params = p;
+    s.keyed = keyed;
     if (opts_.prefix_caching) map_cached_prefix(s);
     const int64_t num_cached = s.num_computed;
     seqs_.emplace(seq_id, std::move(s));
@@ -114,7 +117,7 @@ class EngineImpl final : public Engine {
     // Tail first: of one sequence's evictable blocks the last are evicted first, so a cached
     // chain loses its leaves before its root (a child without its parent can never be hit).
     const std::vector<int32_t>& b = it->second.blocks;
-    blocks_->release(std::vector<int32_t>(b.rbegin(), b.rend()));
+    blocks_->release(std::vector<int32_t>(b.rbegin(), b.rend()), it->second.keyed);
     seqs_.erase(it);
   }
 
