@@ -17,6 +17,8 @@ export interface SequenceView {
   readonly admittedOrder: number;
   readonly numPromptTokens: number;
   readonly numGeneratedTokens: number;
+  /** The request's prompt cache key, if it had one. */
+  readonly promptCacheKey: string | undefined;
 }
 
 export interface SchedulingPolicy {
@@ -34,6 +36,11 @@ export interface SchedulingPolicy {
    * member of `running`: the Batcher passes a subset when only some may be preempted.
    */
   pickVictim(running: readonly SequenceView[]): SequenceView;
+  /**
+   * Optional: the prompt cache keys whose prefixes are hot now (keys of running sequences). The
+   * Batcher calls it before it admits; a policy may use it to co-schedule requests sharing a key.
+   */
+  setHotKeys?(keys: ReadonlySet<string>): void;
 }
 
 /**

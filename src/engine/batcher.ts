@@ -252,7 +252,16 @@ export class Batcher {
   }
 
   /** Builds one step. Mutates state: admits, preempts (frees KV, requeues). */
+  /** Tells the policy which prompt cache keys are hot: those of running sequences. */
+  private shareHotKeys(): void {
+    if (!this.policy.setHotKeys) return;
+    const keys = new Set<string>();
+    for (const seq of this.running) if (seq.promptCacheKey !== undefined) keys.add(seq.promptCacheKey);
+    this.policy.setHotKeys(keys);
+  }
+
   private planStep(): PlannedRow[] {
+    this.shareHotKeys();
     const step: StepDraft = {
       rows: new Map(), numBudgetTokens: this.maxBatchedTokens, numPlannedBlocks: 0, admissionBlocked: false,
       deferring: this.deferringNow(), urgentPrefill: false, numDeferredTokens: this.deferral?.rowsPerStep ?? 0,
@@ -343,6 +352,7 @@ export class Batcher {
       return false;
     }
     this.admit(seq, promptTokenIds);
+    if (seq.promptCacheKey !== undefined) this.shareHotKeys();
     // A prefix-cache hit starts the sequence after its cached blocks (already in its block table).
     const numTokens = Math.min(promptTokenIds.length - seq.numComputedTokens, step.numBudgetTokens);
     if (numTokens > 1 && !this.deferrable(seq, step)) step.urgentPrefill = true;

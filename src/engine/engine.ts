@@ -276,6 +276,7 @@ export class Engine {
       this.batcher.submit({
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
         keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation,
+        ...(options.promptCacheKey !== undefined && { promptCacheKey: options.promptCacheKey }),
       });
       yield* generation.chunks;
     } finally {

@@ -41,6 +41,8 @@ export interface SequenceRequest {
   priority?: number;
   /** Had a prompt cache key: its cached blocks get the keyed retention class (kept longer). */
   keyed?: boolean;
+  /** The key itself: the policy co-schedules requests sharing a hot key. */
+  promptCacheKey?: string;
   signal?: AbortSignal | undefined;
   sink: SequenceSink;
 }
@@ -67,6 +69,10 @@ export class Sequence implements SequenceView {
 
   get priority(): number {
     return this.request.priority ?? 0;
+  }
+
+  get promptCacheKey(): string | undefined {
+    return this.request.promptCacheKey;
   }
 
   get numPromptTokens(): number {
