@@ -13,6 +13,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
 import type { MatmulPrecision } from '../src/engine/native-types.js';
@@ -177,7 +178,7 @@ async function main(): Promise<void> {
   const result = {
     bench: 'engine',
     date: new Date().toISOString(),
-    machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, memoryBytes: os.totalmem(), platform: `${os.platform()} ${os.release()}`, node: process.version },
+    machine: machineInfo(),
     model: { preset: args.model ? null : args.preset, dir: modelDir, ...info },
     settings: { promptTokens: promptLen, decodeSteps, threads: info.numThreads, prefillChunkTokens: 2048 },
     memoryBandwidthBytesPerS: bandwidth,

@@ -45,6 +45,7 @@ import { parseArgs } from 'node:util';
 
 import type autocannonType from 'autocannon';
 
+import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { ServerChild } from './server-child.js';
 
@@ -355,7 +356,7 @@ async function main(): Promise<void> {
       bench: 'http',
       date: new Date().toISOString(),
       machine: {
-        cpu: cpus[0]?.model, cores: cpus.length, memoryBytes: os.totalmem(), platform: `${os.platform()} ${os.release()}`, node: process.version,
+        ...machineInfo(),
         loadAverage1mBefore: loadBefore[0], loadAverage1mAfter: loadAfter[0],
       },
       model: { preset: args.model ? null : args.preset, dir: modelDir, id: modelId, ...ready.engineInfo },

@@ -20,6 +20,7 @@ import { parseArgs } from 'node:util';
 import { makeModel } from '../models/make-model.js';
 import { modelCacheDir } from '../src/engine/paths.js';
 import { openService } from '../src/service.js';
+import { machineInfo } from './machine.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -153,7 +154,7 @@ async function main(): Promise<void> {
   writeFileSync(out, JSON.stringify({
     bench: 'prefix',
     date: new Date().toISOString(),
-    machine: { cpu: cpus[0]?.model, cores: cpus.length, memoryBytes: os.totalmem(), node: process.version, platform: `${os.platform()} ${os.release()}` },
+    machine: machineInfo(),
     settings: { requests: numRequests, prefixTokens, suffixTokens, maxOutputTokens, sharedPrefixTokens: shared, model: modelDir, backend: 'cpu', sequential: true },
     cacheOn: sOn,
     cacheOff: sOff,

@@ -15,15 +15,13 @@
 
 using namespace sluice;
 using sluice_test::prompt_of;
+using sluice_test::temp_dir;
 using sluice_test::run_sequence;
 using sluice_test::TinyModelSpec;
 using sluice_test::write_tiny_model;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  return "/tmp/sluice-native-test-" + std::to_string(::getpid()) + "/" + name;
-}
 
 std::unique_ptr<Engine> load(const std::string& dir, size_t kv_bytes = size_t(8) << 20, int threads = 2,
                              bool prefix_caching = true) {

@@ -18,15 +18,13 @@
 
 using namespace sluice;
 using sluice_test::prompt_of;
+using sluice_test::temp_dir;
 using sluice_test::run_sequence;
 using sluice_test::TinyModelSpec;
 using sluice_test::write_tiny_model;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  return "/tmp/sluice-native-test-" + std::to_string(::getpid()) + "/" + name;
-}
 
 // Tiny model: 2048 bytes per KV block of 4 tokens.
 constexpr size_t kBlockBytes = 2048;

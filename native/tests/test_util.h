@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace sluice_test {
 
 struct Registry {
@@ -20,6 +22,11 @@ struct Registry {
 struct Register {
   Register(const char* name, std::function<void()> fn) { Registry::get().tests.emplace_back(name, std::move(fn)); }
 };
+
+/** A per-process scratch path under /tmp for files a test writes (e.g. a generated model). */
+inline std::string temp_dir(const std::string& name) {
+  return "/tmp/sluice-native-test-" + std::to_string(::getpid()) + "/" + name;
+}
 
 inline int run_all(const char* suite) {
   int passed = 0, failed = 0;

@@ -8,7 +8,7 @@
 // or simply never counted.
 
 import type { FastifySchema } from 'fastify';
-import { chatCompletion, choicesOf, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest } from '../api/adapters/chat-completions.js';
+import { chatCompletion, choicesOf, completionId, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest } from '../api/adapters/chat-completions.js';
 import { newId, nowSeconds } from '../api/adapters/content.js';
 import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../api/adapters/messages.js';
 import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../api/adapters/responses.js';
@@ -85,10 +85,10 @@ const SURFACES: Record<string, Surface> = {
       const { request, n } = toChatGenerationRequest(body, caller, model.supportsChat);
       const prepared = service.prepare(inBatch(request, window));
       const created = nowSeconds();
-      // Choices share the line's signal: an abort stops them all, and one failure fails the line.
-      const results = await Promise.all(choicesOf(prepared, n).map((choice) => service.run(choice, signal)));
+      // One failure (or the line's abort) stops every choice and fails the line.
+      const results = await service.runChoices(choicesOf(prepared, n), signal);
       const completion = chatCompletion({
-        id: newId('chatcmpl').replace('_', '-'), created, fingerprint: systemFingerprint(service.modelOf(prepared)), prepared, results,
+        id: completionId(), created, fingerprint: systemFingerprint(service.modelOf(prepared)), prepared, results,
       });
       return { body: completion, usage: { prepared, results } };
     },

@@ -54,6 +54,25 @@ export class GenerationService {
     });
   }
 
+  /**
+   * Runs several generations of one request (n choices); resolves with their results in order.
+   * The first failure (or `signal`) cancels the ones still running, and the call rejects with it.
+   */
+  async runChoices(choices: PreparedGeneration[], signal: AbortSignal): Promise<GenerateResult[]> {
+    if (choices.length === 1) return [await this.run(choices[0]!, signal)];
+    const controller = new AbortController();
+    const cancelAll = () => controller.abort();
+    signal.addEventListener('abort', cancelAll, { once: true });
+    try {
+      return await Promise.all(choices.map((choice) => this.run(choice, controller.signal).catch((err: unknown) => {
+        cancelAll();
+        throw err;
+      })));
+    } finally {
+      signal.removeEventListener('abort', cancelAll);
+    }
+  }
+
   /** The model a prepared request runs on (its tokenizer decodes logprob tokens). */
   modelOf(prepared: PreparedGeneration): ServedModel {
     return this.registry.resolve(prepared.request.model, prepared.request.caller.orgName);

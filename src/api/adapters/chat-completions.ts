@@ -12,7 +12,7 @@ import { invalidRequest } from '../errors.js';
 import {
   MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
-import { checkImageUrl, completionWindowOf, refuseListedTypes, refuseStreaming } from './content.js';
+import { checkImageUrl, completionWindowOf, newId, refuseListedTypes, refuseStreaming } from './content.js';
 
 /** Content part types of OpenAI's API that the service refuses, with why. */
 const REFUSED_PART_TYPES: Record<string, string> = {
@@ -178,6 +178,9 @@ export function choicesOf(prepared: PreparedGeneration, n: number): PreparedGene
 }
 
 /** Stable per model and checkpoint: tells a client when the weights behind an id changed. */
+/** `chatcmpl-` + 32 hex digits: OpenAI's ids of this object use a hyphen. */
+export const completionId = (): string => newId('chatcmpl').replace('_', '-');
+
 export function systemFingerprint(model: ServedModel): string {
   return `fp_${createHash('sha256').update(`${model.id}\0${model.entry.checkpoint}`).digest('hex').slice(0, 12)}`;
 }

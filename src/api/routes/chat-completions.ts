@@ -5,12 +5,10 @@
 
 import type { FastifyInstance } from 'fastify';
 import type { GenerateResult } from '../../engine/request.js';
-import type { PreparedGeneration } from '../../serving/generation-request.js';
-import type { GenerationService } from '../../serving/generation-service.js';
 import {
-  chatCompletion, choicesOf, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest,
+  chatCompletion, choicesOf, completionId, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest,
 } from '../adapters/chat-completions.js';
-import { newId, nowSeconds } from '../adapters/content.js';
+import { nowSeconds } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import {
@@ -18,28 +16,6 @@ import {
 } from '../schemas/chat-completions.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import { failedChatCompletion } from '../../webhooks/events.js';
-
-/**
- * Runs every choice; resolves with their results in choice order. The first failure (or the
- * client going away) cancels the choices still running, and the call rejects with that failure.
- */
-async function runChoices(service: GenerationService, choices: PreparedGeneration[], signal: AbortSignal): Promise<GenerateResult[]> {
-  if (choices.length === 1) return [await service.run(choices[0]!, signal)];
-  const controller = new AbortController();
-  const cancelAll = () => controller.abort();
-  signal.addEventListener('abort', cancelAll, { once: true });
-  try {
-    return await Promise.all(choices.map((choice) => service.run(choice, controller.signal).catch((err: unknown) => {
-      cancelAll();
-      throw err;
-    })));
-  } finally {
-    signal.removeEventListener('abort', cancelAll);
-  }
-}
-
-/** `chatcmpl-` + 32 hex digits: OpenAI's ids of this object use a hyphen. */
-const completionId = (): string => newId('chatcmpl').replace('_', '-');
 
 export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.post<{ Body: CreateChatCompletionBody }>('/chat/completions', {
@@ -60,7 +36,7 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     const id = completionId();
     let results: GenerateResult[];
     try {
-      results = await runChoices(ctx.service, choicesOf(prepared, n), disconnectSignal(reply));
+      results = await ctx.service.runChoices(choicesOf(prepared, n), disconnectSignal(reply));
     } catch (err) {
       // A failed generation still sends its completion webhook (events.ts says with what body).
       const failed = failedChatCompletion({ id, created, model: prepared.request.model }, err);
