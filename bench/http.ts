@@ -128,7 +128,7 @@ async function serveChild(): Promise<void> {
   // The prompt tokens exactly as POST /v1/responses makes them.
   const body = { model: served.id, input: PROMPT, max_output_tokens: 1, temperature: 0 } as Body;
   const caller = { orgId: created.info.orgId, orgName: created.info.orgName, keyId: created.info.id };
-  const prepared = new GenerationService(service.registry).prepare(toGenerationRequest(body, caller, served.supportsChat));
+  const prepared = await new GenerationService(service.registry).prepare(toGenerationRequest(body, caller, served.supportsChat));
   // The fields GenerationService.run passes for this body.
   const request = { promptTokenIds: prepared.promptTokenIds, maxTokens: prepared.maxTokens, temperature: 0 };
 

@@ -139,6 +139,7 @@ function served(entry: Omit<CatalogModel, 'checkpoint'>): ServedModel {
   const engine = {
     info: { contextLength: 4096, hasChatTemplate: false, maxSequenceTokens: 4096 },
     promptTokenIds: () => [1, 2, 3, 4],
+    preparePrompt: async () => [1, 2, 3, 4],
   } as unknown as Engine;
   return new ServedModel({ checkpoint: '/none', ...entry } as CatalogModel, engine);
 }
@@ -173,41 +174,41 @@ describe('Billing: tiers and negotiated rates', () => {
     sampling: {}, maxOutputTokensParam: 'max_output_tokens', background: false, metadata: {},
     ...(completionWindow !== undefined && { completionWindow }),
   });
-  const bill = (prepared: ReturnType<typeof prepare>, results: GenerateResult[]) =>
-    billing.usageRecord({ surface: 'responses', requestId: 'resp_1', prepared, results, completedAt: AFTER });
+  const bill = async (prepared: ReturnType<typeof prepare>, results: GenerateResult[]) =>
+    billing.usageRecord({ surface: 'responses', requestId: 'resp_1', prepared: await prepared, results, completedAt: AFTER });
 
-  it('standard is the default tier when priced, at the published rates', () => {
-    const row = bill(prepare('both', 'other'), [result(1000, 100)]);
+  it('standard is the default tier when priced, at the published rates', async () => {
+    const row = await bill(prepare('both', 'other'), [result(1000, 100)]);
     expect(row).toMatchObject({ tier: 'standard', orgName: 'other', inputTokens: 1000, outputTokens: 100, cost: '0.00026', longContext: false });
   });
 
-  it('asap is the default when standard is not priced', () => {
-    const row = bill(prepare('asap-only', 'other'), [result(10, 5)]);
+  it('asap is the default when standard is not priced', async () => {
+    const row = await bill(prepare('asap-only', 'other'), [result(10, 5)]);
     expect(row).toMatchObject({ tier: 'asap', cost: '0.00002' }); // 10 × 1 + 5 × 2, per 1M
   });
 
-  it('an explicit tier bills at its rates', () => {
-    expect(bill(prepare('both', 'other', 'asap'), [result(1000, 100)]).cost).toBe('0.00052'); // 1000 × 0.4 + 100 × 1.2
+  it('an explicit tier bills at its rates', async () => {
+    expect((await bill(prepare('both', 'other', 'asap'), [result(1000, 100)])).cost).toBe('0.00052'); // 1000 × 0.4 + 100 × 1.2
   });
 
-  it('negotiated rates replace the published ones for that organization and tier only', () => {
+  it('negotiated rates replace the published ones for that organization and tier only', async () => {
     expect(both.pricingFor('acme').find((p) => p.tier === 'standard')!.input_per_1m_tokens).toBe(0.15);
-    expect(bill(prepare('both', 'acme'), [result(1000, 100)]).cost).toBe('0.0002'); // 1000 × 0.15 + 100 × 0.5
+    expect((await bill(prepare('both', 'acme'), [result(1000, 100)])).cost).toBe('0.0002'); // 1000 × 0.15 + 100 × 0.5
     // The negotiated cached rate is 0: cache hits bill at the negotiated input rate.
-    expect(bill(prepare('both', 'acme'), [result(1000, 100, 600)])).toMatchObject({ cachedTokens: 600, cachedCost: '0.00009', cost: '0.0002' });
+    expect(await bill(prepare('both', 'acme'), [result(1000, 100, 600)])).toMatchObject({ cachedTokens: 600, cachedCost: '0.00009', cost: '0.0002' });
     // asap is not negotiated: the published asap rate.
-    expect(bill(prepare('both', 'acme', 'asap'), [result(1000, 100)]).cost).toBe('0.00052');
+    expect((await bill(prepare('both', 'acme', 'asap'), [result(1000, 100)])).cost).toBe('0.00052');
     // Long context applies to negotiated rates too.
-    expect(bill(prepare('both', 'acme'), [result(1001, 100)])).toMatchObject({ longContext: true, cost: '0.0003753' }); // 1001×0.15×2 + 100×0.5×1.5
+    expect(await bill(prepare('both', 'acme'), [result(1001, 100)])).toMatchObject({ longContext: true, cost: '0.0003753' }); // 1001×0.15×2 + 100×0.5×1.5
   });
 
-  it('a model with no published rate bills 0 and is still recorded', () => {
-    const row = bill(prepare('free', 'other', 'asap'), [result(10, 5)]);
+  it('a model with no published rate bills 0 and is still recorded', async () => {
+    const row = await bill(prepare('free', 'other', 'asap'), [result(10, 5)]);
     expect(row).toMatchObject({ model: 'free', tier: 'asap', cost: '0', inputTokens: 10, outputTokens: 5 });
   });
 
-  it('n choices: the prompt counts once and outputs add up', () => {
-    const row = bill(prepare('both', 'other'), [result(1000, 100), result(1000, 40)]);
+  it('n choices: the prompt counts once and outputs add up', async () => {
+    const row = await bill(prepare('both', 'other'), [result(1000, 100), result(1000, 40)]);
     expect(row).toMatchObject({ inputTokens: 1000, outputTokens: 140, cost: '0.000284' });
   });
 });

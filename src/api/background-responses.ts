@@ -95,7 +95,7 @@ export class BackgroundResponses {
       }
       let prepared: PreparedGeneration;
       try {
-        prepared = this.opts.service.prepare(job.request as unknown as GenerationRequest);
+        prepared = await this.opts.service.prepare(job.request as unknown as GenerationRequest);
       } catch (err) {
         const code = isSluiceError(err) ? err.code : 'server_error';
         await this.finish(job.orgId, failedResponse(stored, code, `the request could not be resumed after a restart: ${(err as Error).message}`));

@@ -68,7 +68,7 @@ const SURFACES: Record<string, Surface> = {
     async run(raw, { service, caller, window, signal }) {
       const body = raw as CreateResponseBody;
       const model = service.registry.resolve(body.model, caller.orgName);
-      const prepared = service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat), window));
+      const prepared = await service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat), window));
       const running = inProgressResponse(newId('resp'), body, prepared);
       // The object says what the line asked for; running in the batch's background is not its doing.
       running['background'] = body.background === true;
@@ -83,7 +83,7 @@ const SURFACES: Record<string, Surface> = {
       const body = raw as CreateChatCompletionBody;
       const model = service.registry.resolve(body.model, caller.orgName);
       const { request, n } = toChatGenerationRequest(body, caller, model.supportsChat);
-      const prepared = service.prepare(inBatch(request, window));
+      const prepared = await service.prepare(inBatch(request, window));
       const created = nowSeconds();
       // One failure (or the line's abort) stops every choice and fails the line.
       const results = await service.runChoices(choicesOf(prepared, n), signal);
@@ -99,7 +99,7 @@ const SURFACES: Record<string, Surface> = {
     async run(raw, { service, caller, window, signal }) {
       const body = raw as CreateMessageBody;
       const model = service.registry.resolve(body.model, caller.orgName);
-      const prepared = service.prepare(inBatch(toMessagesGenerationRequest(body, caller, model.supportsChat), window));
+      const prepared = await service.prepare(inBatch(toMessagesGenerationRequest(body, caller, model.supportsChat), window));
       const result = await service.run(prepared, signal);
       return { body: messageObject(newId('msg'), prepared, result), usage: { prepared, results: [result] } };
     },

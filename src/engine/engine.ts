@@ -234,6 +234,14 @@ export class Engine {
   }
 
   /**
+   * promptTokenIds for untrusted input: the same tokens, but long inputs are rendered and tokenized
+   * off the event loop. (Interim: inline until the tokenizer pool lands.)
+   */
+  async preparePrompt(req: Pick<GenerateRequest, 'prompt' | 'messages'>): Promise<number[]> {
+    return this.promptTokenIds(req);
+  }
+
+  /**
    * What the scheduler holds right now (for metrics and tests; changes with every step). NOTE: no
    * free-block count: the native pool may not be queried while a step runs.
    */

@@ -11,7 +11,7 @@ import type { ModelRegistry, ServedModel } from './model-registry.js';
 export class GenerationService {
   constructor(readonly registry: ModelRegistry) {}
 
-  prepare(request: GenerationRequest): PreparedGeneration {
+  async prepare(request: GenerationRequest): Promise<PreparedGeneration> {
     const model = this.registry.resolve(request.model, request.caller.orgName);
     const window = resolveWindow(model, request);
     if (request.promptCacheKey !== undefined && request.promptCacheKey.length > MAX_PROMPT_CACHE_KEY_LENGTH) {
@@ -27,9 +27,10 @@ export class GenerationService {
         `the model "${model.id}" does not serve conversations (supports_chat is false); send a plain string input`,
         { param: 'input' });
     }
-    const promptTokenIds = request.input.kind === 'messages'
-      ? model.engine.promptTokenIds({ messages: request.input.messages })
-      : model.engine.promptTokenIds({ prompt: request.input.text });
+    // Long inputs are rendered and tokenized off the event loop; over-long ones are refused first.
+    const promptTokenIds = await model.engine.preparePrompt(request.input.kind === 'messages'
+      ? { messages: request.input.messages }
+      : { prompt: request.input.text });
     const maxTokens = resolveMaxTokens(model, promptTokenIds.length, request);
     return { request, window, promptTokenIds, maxTokens };
   }

@@ -31,7 +31,7 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     const model = ctx.registry.resolve(body.model, caller.orgName);
     const { request: generation, n } = toChatGenerationRequest(body, caller, model.supportsChat);
     // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
-    const prepared = ctx.service.prepare(generation);
+    const prepared = await ctx.service.prepare(generation);
     const created = nowSeconds();
     const id = completionId();
     let results: GenerateResult[];

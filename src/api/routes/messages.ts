@@ -27,7 +27,7 @@ const SCOPE = 'messages';
 async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: Caller, reply: FastifyReply): Promise<MessageObject> {
   const model = ctx.registry.resolve(body.model, caller.orgName);
   // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
-  const prepared = ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
+  const prepared = await ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
   const result = await ctx.service.run(prepared, disconnectSignal(reply));
   const id = newId('msg');
   await ctx.billing.record({ surface: 'messages', requestId: id, prepared, results: [result] });

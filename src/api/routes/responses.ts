@@ -70,7 +70,7 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const body = request.body;
     const caller = request.caller;
     const model = ctx.registry.resolve(body.model, caller.orgName);
-    const prepared = ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat));
+    const prepared = await ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat));
     const running = inProgressResponse(newId('resp'), body, prepared);
 
     if (prepared.request.background) {
