@@ -1,7 +1,12 @@
 // The Node binding: a thin wrapper over sluice::Engine. Long calls (load, step, bandwidth)
 // run on the libuv pool through PromiseWorker; the rest are quick and synchronous.
+//
+// Every entry point translates C++ exceptions into JS errors with a `code` (guarded() here,
+// PromiseWorker for the async ones): an exception that reached node-addon-api untranslated would
+// end the process in std::terminate.
 #include <napi.h>
 
+#include <cmath>
 #include <memory>
 
 #include "cpu/kernels.h"
@@ -18,6 +23,46 @@ using sluice::Engine;
 int64_t get_int(const Napi::Object& o, const char* key, int64_t fallback) {
   Napi::Value v = o.Get(key);
   return v.IsNumber() ? v.As<Napi::Number>().Int64Value() : fallback;
+}
+
+// An integer field within [min, max]; absent -> fallback. Anything else is INVALID_ARGUMENT
+// (never a silent wrap: 2^31 must not become -2^31 on its way to an int).
+int32_t get_int32(Napi::Env env, const Napi::Object& o, const char* key, int32_t fallback, int64_t min, int64_t max) {
+  Napi::Value v = o.Get(key);
+  if (v.IsUndefined()) return fallback;
+  const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : NAN;
+  if (!(d >= double(min) && d <= double(max)) || d != std::floor(d))
+    throw make_error(env, "INVALID_ARGUMENT", std::string(key) + " must be an integer in [" + std::to_string(min) +
+                                                  ", " + std::to_string(max) + "]");
+  return int32_t(d);
+}
+
+// Runs a synchronous entry point, turning every C++ exception into a JS error with a code.
+template <typename F>
+Napi::Value guarded(Napi::Env env, F&& body) {
+  try {
+    return body();
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const sluice::Error& e) {
+    throw make_error(env, sluice::error_code_name(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    throw make_error(env, "OUT_OF_MEMORY", "out of memory");
+  } catch (const std::exception& e) {
+    throw make_error(env, "INTERNAL", e.what());
+  }
+}
+
+// prefixHashKey: 32 hex digits -> the two little-endian words of the 16-byte key.
+std::array<uint64_t, 2> parse_hash_key(Napi::Env env, const std::string& hex) {
+  if (hex.size() != 32 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    throw make_error(env, "INVALID_ARGUMENT", "prefixHashKey must be 32 hexadecimal digits (16 bytes)");
+  std::array<uint64_t, 2> key{0, 0};
+  for (size_t i = 0; i < 16; i++) {
+    const uint64_t byte = std::stoul(hex.substr(2 * i, 2), nullptr, 16);
+    key[i / 8] |= byte << (8 * (i % 8));
+  }
+  return key;
 }
 
 Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
@@ -43,6 +88,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("matmulPrecision", i.matmul_precision);
   o.Set("deviceBytes", double(i.device_bytes));
   o.Set("prefixCaching", i.prefix_caching);
+  if (!i.broken_reason.empty()) o.Set("brokenReason", i.broken_reason);
   return o;
 }
 
@@ -54,7 +100,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                         InstanceMethod("freeSequence", &EngineWrap::FreeSequence),
                         InstanceMethod("numFreeBlocks", &EngineWrap::NumFreeBlocks),
                         InstanceMethod("numSequenceBlocks", &EngineWrap::NumSequenceBlocks),
-                        InstanceMethod("step", &EngineWrap::Step), InstanceMethod("dispose", &EngineWrap::Dispose)});
+                        InstanceMethod("step", &EngineWrap::Step), InstanceMethod("injectFault", &EngineWrap::InjectFault),
+                        InstanceMethod("dispose", &EngineWrap::Dispose)});
   }
 
   // Constructed from JS only by load(): new NativeEngine(external)
@@ -72,59 +119,85 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
 
   Napi::Value Info(const Napi::CallbackInfo& info) {
-    if (!engine_) throw make_error(info.Env(), "DISPOSED", "the engine has been disposed");
-    return info_to_js(info.Env(), engine_->info());  // read-only; safe during a step
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      if (!engine_) throw make_error(info.Env(), "DISPOSED", "the engine has been disposed");
+      return info_to_js(info.Env(), engine_->info());  // read-only; safe during a step
+    });
   }
 
   Napi::Value AddSequence(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsTypedArray() || !info[2].IsObject())
-      throw Napi::TypeError::New(env, "addSequence(seqId, Int32Array prompt, sampling, keyed?)");
-    Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
-    if (ta.TypedArrayType() != napi_int32_array) throw Napi::TypeError::New(env, "prompt must be an Int32Array");
-    Napi::Int32Array prompt = ta.As<Napi::Int32Array>();
-    Napi::Object s = info[2].As<Napi::Object>();
-    sluice::SamplingParams p;
-    if (s.Get("temperature").IsNumber()) p.temperature = s.Get("temperature").As<Napi::Number>().FloatValue();
-    if (s.Get("topP").IsNumber()) p.top_p = s.Get("topP").As<Napi::Number>().FloatValue();
-    p.top_k = int(get_int(s, "topK", 0));
-    p.logprobs = int(get_int(s, "logprobs", 0));
-    Napi::Value seed = s.Get("seed");
-    if (seed.IsBigInt()) {
-      bool lossless;
-      p.seed = seed.As<Napi::BigInt>().Uint64Value(&lossless);
-    } else if (seed.IsNumber()) {
-      p.seed = uint64_t(seed.As<Napi::Number>().Int64Value());
-    }
-    std::vector<int32_t> tokens(prompt.Data(), prompt.Data() + prompt.ElementLength());
-    const bool keyed = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
-    int64_t num_cached = 0;
-    try {
-      num_cached = engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p, keyed);
-    } catch (const sluice::Error& e) {
-      throw make_error(env, sluice::error_code_name(e.code()), e.what());
-    }
-    return Napi::Number::New(env, double(num_cached));
+    return guarded(env, [&]() -> Napi::Value {
+      if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsTypedArray() || !info[2].IsObject())
+        throw Napi::TypeError::New(env, "addSequence(seqId, Int32Array prompt, sampling, keyed?, cacheScope?)");
+      Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
+      if (ta.TypedArrayType() != napi_int32_array) throw Napi::TypeError::New(env, "prompt must be an Int32Array");
+      Napi::Int32Array prompt = ta.As<Napi::Int32Array>();
+      Napi::Object s = info[2].As<Napi::Object>();
+      sluice::SamplingParams p;
+      if (s.Get("temperature").IsNumber()) p.temperature = s.Get("temperature").As<Napi::Number>().FloatValue();
+      if (s.Get("topP").IsNumber()) p.top_p = s.Get("topP").As<Napi::Number>().FloatValue();
+      p.top_k = get_int32(env, s, "topK", 0, 0, INT32_MAX);
+      p.logprobs = get_int32(env, s, "logprobs", 0, 0, 20);
+      Napi::Value seed = s.Get("seed");
+      if (seed.IsBigInt()) {
+        bool lossless;
+        p.seed = seed.As<Napi::BigInt>().Uint64Value(&lossless);
+      } else if (seed.IsNumber()) {
+        p.seed = uint64_t(seed.As<Napi::Number>().Int64Value());
+      }
+      std::vector<int32_t> tokens(prompt.Data(), prompt.Data() + prompt.ElementLength());
+      const bool keyed = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
+      const std::string scope = info.Length() > 4 && info[4].IsString() ? info[4].As<Napi::String>().Utf8Value() : "";
+      const int64_t num_cached = engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p, keyed, scope);
+      return Napi::Number::New(env, double(num_cached));
+    });
   }
 
   Napi::Value FreeSequence(const Napi::CallbackInfo& info) {
-    if (!info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "freeSequence(seqId)");
-    if (!engine_) return info.Env().Undefined();  // freeing after dispose is a no-op
-    engine(info.Env()).free_sequence(info[0].As<Napi::Number>().Uint32Value());
-    return info.Env().Undefined();
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      if (!info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "freeSequence(seqId)");
+      if (!engine_) return info.Env().Undefined();  // freeing after dispose is a no-op
+      engine(info.Env()).free_sequence(info[0].As<Napi::Number>().Uint32Value());
+      return info.Env().Undefined();
+    });
   }
 
   Napi::Value NumFreeBlocks(const Napi::CallbackInfo& info) {
-    return Napi::Number::New(info.Env(), double(engine(info.Env()).num_free_blocks()));
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      return Napi::Number::New(info.Env(), double(engine(info.Env()).num_free_blocks()));
+    });
   }
 
   Napi::Value NumSequenceBlocks(const Napi::CallbackInfo& info) {
-    if (!info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "numSequenceBlocks(seqId)");
-    return Napi::Number::New(info.Env(),
-                             double(engine(info.Env()).num_sequence_blocks(info[0].As<Napi::Number>().Uint32Value())));
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      if (!info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "numSequenceBlocks(seqId)");
+      return Napi::Number::New(info.Env(),
+                               double(engine(info.Env()).num_sequence_blocks(info[0].As<Napi::Number>().Uint32Value())));
+    });
+  }
+
+  // injectFault(seqId, 'prepare' | 'sample' | 'device'): see Engine::inject_fault (tests only).
+  Napi::Value InjectFault(const Napi::CallbackInfo& info) {
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      if (!info[0].IsNumber() || !info[1].IsString()) throw Napi::TypeError::New(info.Env(), "injectFault(seqId, point)");
+      const std::string point = info[1].As<Napi::String>().Utf8Value();
+      sluice::FaultPoint fp;
+      if (point == "prepare") fp = sluice::FaultPoint::kPrepareRow;
+      else if (point == "sample") fp = sluice::FaultPoint::kSampleRow;
+      else if (point == "device") fp = sluice::FaultPoint::kDevice;
+      else throw make_error(info.Env(), "INVALID_ARGUMENT", "fault point must be prepare, sample or device");
+      engine(info.Env()).inject_fault(info[0].As<Napi::Number>().Uint32Value(), fp);
+      return info.Env().Undefined();
+    });
   }
 
   Napi::Value Step(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    return guarded(env, [&]() -> Napi::Value { return StepImpl(info); });
+  }
+
+  Napi::Value StepImpl(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Engine& eng = engine(env);
     if (!info[0].IsObject()) throw Napi::TypeError::New(env, "step({seqIds: Uint32Array, numTokens: Uint32Array})");
@@ -170,13 +243,25 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     o.Set("topN", double(tn));
     o.Set("topIds", top_ids);
     o.Set("topLogprobs", top_lps);
+    // Rows that failed on their own: [{seqId, code, message}] (usually empty).
+    Napi::Array errors = Napi::Array::New(env, r.errors.size());
+    for (size_t i = 0; i < r.errors.size(); i++) {
+      Napi::Object e = Napi::Object::New(env);
+      e.Set("seqId", double(r.errors[i].seq_id));
+      e.Set("code", sluice::error_code_name(r.errors[i].code));
+      e.Set("message", r.errors[i].message);
+      errors.Set(uint32_t(i), e);
+    }
+    o.Set("errors", errors);
     return o;
   }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
-    if (busy_) dispose_pending_ = true;  // freed when the running step settles
-    else engine_.reset();
-    return info.Env().Undefined();
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      if (busy_) dispose_pending_ = true;  // freed when the running step settles
+      else engine_.reset();
+      return info.Env().Undefined();
+    });
   }
 
   std::unique_ptr<Engine> engine_;
@@ -188,7 +273,14 @@ struct AddonData {
   Napi::FunctionReference engine_ctor;
 };
 
+Napi::Value LoadImpl(const Napi::CallbackInfo& info);
+
 Napi::Value Load(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return guarded(env, [&]() -> Napi::Value { return LoadImpl(info); });
+}
+
+Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (!info[0].IsObject()) throw Napi::TypeError::New(env, "load(options)");
   Napi::Object o = info[0].As<Napi::Object>();
@@ -203,6 +295,8 @@ Napi::Value Load(const Napi::CallbackInfo& info) {
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("gpuMemoryUtilization").IsNumber())
     opts.gpu_memory_utilization = o.Get("gpuMemoryUtilization").As<Napi::Number>().DoubleValue();
+  if (o.Get("prefixHashKey").IsString())
+    opts.prefix_hash_key = parse_hash_key(env, o.Get("prefixHashKey").As<Napi::String>().Utf8Value());
   AddonData* data = env.GetInstanceData<AddonData>();
   auto* worker = new PromiseWorker<Engine*>(
       env, [opts]() { return Engine::load(opts).release(); },
@@ -250,8 +344,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("measureDeviceBandwidth", Napi::Function::New(env, MeasureDeviceBandwidth));
   // Whether a CUDA device is usable ('' when it is, else why not); quick, no context kept.
   exports.Set("cudaUnavailableReason", Napi::Function::New(env, [](const Napi::CallbackInfo& i) -> Napi::Value {
-                std::string why;
-                return Napi::String::New(i.Env(), sluice::cuda_available(&why) ? "" : why);
+                return guarded(i.Env(), [&]() -> Napi::Value {
+                  std::string why;
+                  return Napi::String::New(i.Env(), sluice::cuda_available(&why) ? "" : why);
+                });
               }));
   exports.Set("simdLevel", Napi::Function::New(env, [](const Napi::CallbackInfo& i) -> Napi::Value {
                 return Napi::String::New(i.Env(), sluice::cpu::simd_level_name());

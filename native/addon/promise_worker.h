@@ -48,6 +48,9 @@ class PromiseWorker : public Napi::AsyncWorker {
     } catch (const std::exception& e) {
       code_ = "INTERNAL";
       SetError(e.what());
+    } catch (...) {
+      code_ = "INTERNAL";
+      SetError("unknown native exception");
     }
   }
   void OnOK() override {

@@ -62,26 +62,45 @@ bool same_steps(const std::vector<sluice_test::SampledStep>& a, const std::vecto
 }  // namespace
 
 TEST_CASE(block_hash_golden_vectors) {
-  const int32_t a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 5};
-  const BlockHash root = root_block_hash(0, 0);
-  // Golden values, cross-checked against an independent Python implementation of the definition
-  // in kv/block_hash.h. A change here invalidates every stored or exchanged prefix hash.
-  CHECK(root.value == 0x68752350ae1d483full);
-  const BlockHash h1 = hash_block(root, a, 4, 0);
-  const BlockHash h2 = hash_block(h1, a, 4, 0);
-  CHECK(h1.value == 0xbf6da6d78679d469ull);
-  CHECK(h2.value == 0xe46ac997f9ec3803ull);
-  CHECK(root_block_hash(7, 0).value == 0x1ba10d7bd19925e6ull);
-  CHECK(hash_block(root, a, 4, 9).value == 0x995f58fcc6bf700bull);
+  const int32_t a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 5}, minus_one[1] = {-1};
+  const HashKey zero{0, 0};
+  HashKey paper{};  // the SipHash paper's key: bytes 00..0f
+  {
+    uint8_t kb[16];
+    for (int i = 0; i < 16; i++) kb[i] = uint8_t(i);
+    std::memcpy(paper.data(), kb, 16);  // little-endian words (x86-64, as the build assumes)
+  }
+  // SipHash-2-4 itself, on the paper's test vector (message 00..0e).
+  uint8_t msg[15];
+  for (int i = 0; i < 15; i++) msg[i] = uint8_t(i);
+  CHECK(SipHasher(paper).bytes(msg, 15).finish() == 0xa129ca6149be45e5ull);
+  // Fed in pieces, the same.
+  CHECK(SipHasher(paper).bytes(msg, 3).bytes(msg + 3, 12).finish() == 0xa129ca6149be45e5ull);
+
+  // Golden values from the independent reference native/tests/reference/block_hash.py. A change
+  // here invalidates every stored or exchanged prefix hash.
+  const BlockHash root = root_block_hash(zero, 0, "");
+  CHECK(root.value == 0x1af9084ce513de87ull);
+  const BlockHash h1 = hash_block(zero, root, a, 4, 0);
+  const BlockHash h2 = hash_block(zero, h1, a, 4, 0);
+  CHECK(h1.value == 0xab2f1ce03d03f493ull);
+  CHECK(h2.value == 0xce4120c6fff2d052ull);
+  CHECK(root_block_hash(paper, 0, "").value == 0x976e3d5d45222632ull);
+  CHECK(root_block_hash(zero, 0, "org_a").value == 0x749091f66f5bfffdull);
+  CHECK(hash_block(zero, root, a, 4, 9).value == 0x39fdf41f9bd6f386ull);
+  CHECK(hash_block(zero, root, minus_one, 1, 0).value == 0x060bc403277b7c34ull);
   CHECK(fnv1a64("sluice") == 0xf9a02fd5dc574c88ull);
-  // Every input matters: parent, each token, the count, the extra key, the seed.
-  CHECK(hash_block(root, a, 4, 0) == h1);
+  // Every input matters: parent, each token, the count, the extra key, the key, the scope.
+  CHECK(hash_block(zero, root, a, 4, 0) == h1);
   CHECK(h2 != h1);
-  CHECK(hash_block(root, b, 4, 0) != h1);
-  CHECK(hash_block(root, a, 3, 0) != h1);
-  CHECK(hash_block(root, a, 4, 1) != h1);
-  CHECK(root_block_hash(1, 0) != root);
-  CHECK(root_block_hash(0, 1) != root);
+  CHECK(hash_block(zero, root, b, 4, 0) != h1);
+  CHECK(hash_block(zero, root, a, 3, 0) != h1);
+  CHECK(hash_block(zero, root, a, 4, 1) != h1);
+  CHECK(hash_block(paper, root, a, 4, 0) != h1);
+  CHECK(root_block_hash(zero, 1, "") != root);
+  CHECK(root_block_hash(zero, 0, "org_a") != root_block_hash(zero, 0, "org_b"));
+  // The scope's length is hashed, so scope/extra boundaries cannot be shifted to collide.
+  CHECK(root_block_hash(zero, 0, std::string("a\0", 2)) != root_block_hash(zero, 0, "a"));
 }
 
 TEST_CASE(pool_ref_counts_lookup_and_lru_eviction) {

@@ -5,12 +5,19 @@
 // yet computed tokens to compute. A sequence whose known tokens are all computed after the
 // step samples one new token, which the engine appends (so the next step decodes it).
 // Not thread-safe: one call at a time (the addon serializes calls).
+//
+// Failure isolation: a problem with one sequence (a bad plan row, a sampler that throws for one
+// row) is reported for that row as a value (StepResult::errors) and the other rows run. A fault
+// that leaves the device unusable (a sticky CUDA error) puts the whole engine out of service:
+// that step throws kDeviceFault and every later add/step throws kEngineBroken with the reason.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "sluice/error.h"
 #include "sluice/model_config.h"
 
 namespace sluice {
@@ -33,7 +40,9 @@ struct EngineOptions {
   // parent block and the model) after their sequences end, and a new sequence starts from the
   // longest cached prefix of its prompt. Off: every prompt is computed in full.
   bool prefix_caching = true;
-  uint64_t prefix_hash_seed = 0;      // seeds the block hash chain (see kv/block_hash.h)
+  // The secret key of the keyed block hash (SipHash-2-4, see kv/block_hash.h): random per
+  // deployment, so callers cannot predict or collide block hashes. All zero is allowed (tests).
+  std::array<uint64_t, 2> prefix_hash_key{0, 0};
 };
 
 struct SamplingParams {
@@ -49,6 +58,21 @@ struct StepPlan {
   std::vector<uint32_t> num_tokens;  // [n] tokens to compute this step for seq_ids[i]
 };
 
+// A row of a step that failed on its own: its sequence gained nothing from the step (no token);
+// the other rows ran. E.g. a plan row naming an unknown sequence, or a sampler exception.
+struct RowError {
+  uint32_t seq_id = 0;
+  ErrorCode code = ErrorCode::kInternal;
+  std::string message;
+};
+
+// Where inject_fault() makes a step fail (a testing hook for the isolation guarantees).
+enum class FaultPoint {
+  kPrepareRow,  // the row fails while the step is being prepared (validated, given blocks)
+  kSampleRow,   // the row's sampling throws (its K/V was computed; no token is appended)
+  kDevice,      // the next step fails as an unrecoverable device fault: the engine breaks
+};
+
 struct StepResult {
   std::vector<uint32_t> seq_ids;      // [m] sequences that sampled a token
   std::vector<int32_t> tokens;        // [m]
@@ -56,6 +80,7 @@ struct StepResult {
   int top_n = 0;
   std::vector<int32_t> top_ids;       // [m * top_n], best first
   std::vector<float> top_logprobs;    // [m * top_n]
+  std::vector<RowError> errors;       // rows that failed on their own (not in seq_ids)
 };
 
 struct EngineInfo {
@@ -72,6 +97,7 @@ struct EngineInfo {
   std::string matmul_precision;
   bool prefix_caching = false;
   int64_t num_cached_blocks = 0;  // blocks in the prefix cache now (in use or evictable)
+  std::string broken_reason;      // non-empty once a device fault put the engine out of service
 };
 
 class Engine {
@@ -86,16 +112,23 @@ class Engine {
   // since its logits give the first sample). Returns that prefix's length, the sequence's
   // computed-token count to start from: the first step computes from there. keyed: the request
   // carried a prompt_cache_key; its cached blocks, once unreferenced, are evicted only after every
-  // unkeyed evictable block (retention class, see kv/block_pool.h).
+  // unkeyed evictable block (retention class, see kv/block_pool.h). cache_scope: the owner of
+  // the sequence's cached blocks (an organization id); sequences of different scopes never share
+  // a cached block. Throws kInvalidArgument for a bad prompt or sampling parameter (nothing added).
   virtual int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params,
-                               bool keyed = false) = 0;
+                               bool keyed = false, const std::string& cache_scope = "") = 0;
   // Unknown ids are ignored. Its full blocks stay in the prefix cache (evictable once unreferenced).
   virtual void free_sequence(uint32_t seq_id) = 0;
   // Blocks a step can get: free ones plus unreferenced cached ones (evicted on demand).
   virtual int64_t num_free_blocks() const = 0;
   virtual int64_t num_sequence_blocks(uint32_t seq_id) const = 0;
-  // Throws Error(kNoKvBlocks) before doing anything when the plan needs more blocks than are free.
+  // Runs the plan's valid rows; an invalid row (unknown or repeated sequence, a token count out of
+  // range) is reported in StepResult::errors and skipped. Throws Error(kNoKvBlocks) before doing
+  // anything when the valid rows need more blocks than are free.
   virtual StepResult step(const StepPlan& plan) = 0;
+  // Testing hook: the next step that holds seq_id fails that row at `point` (kDevice: the next
+  // step fails as a device fault whatever it holds; seq_id is ignored). One fault per sequence.
+  virtual void inject_fault(uint32_t seq_id, FaultPoint point) = 0;
 };
 
 // Streaming read bandwidth of main memory in bytes/s with `num_threads` threads.

@@ -16,6 +16,8 @@ enum class ErrorCode {
   kSequenceUnknown,       // a plan names a sequence that was never added or already freed
   kBackendUnavailable,    // e.g. CUDA requested but not compiled in or no device present
   kOutOfMemory,           // an allocation for weights or the KV pool failed
+  kDeviceFault,           // the device is in an unrecoverable state (a sticky CUDA error): the engine breaks
+  kEngineBroken,          // a call to an engine that a device fault put out of service
   kInternal,              // a bug
 };
 

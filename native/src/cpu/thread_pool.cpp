@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,6 +33,9 @@ struct ThreadPool::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<int> sleepers{0};
+  // The first exception a worker's share of the current region threw; rethrown by run().
+  std::mutex error_mu;
+  std::exception_ptr worker_error;
 
   void worker_main(int index) {
     uint64_t seen = 0;
@@ -53,7 +57,13 @@ struct ThreadPool::Impl {
       }
       if (stop.load(std::memory_order_relaxed)) return;
       seen = g;
-      (*job)(index, num_threads);
+      // NOTE: an exception must not escape the thread (std::terminate); it is handed to run().
+      try {
+        (*job)(index, num_threads);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!worker_error) worker_error = std::current_exception();
+      }
       pending.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
@@ -94,9 +104,22 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     p.generation.fetch_add(1, std::memory_order_acq_rel);
   }
   if (p.sleepers.load() > 0) p.cv.notify_all();
-  fn(0, p.num_threads);
+  std::exception_ptr caller_error;
+  try {
+    fn(0, p.num_threads);
+  } catch (...) {
+    caller_error = std::current_exception();
+  }
+  // Wait even when our share threw: the workers are still running `fn`, which the caller owns.
   while (p.pending.load(std::memory_order_acquire) != 0) SLUICE_PAUSE();
   p.job = nullptr;
+  std::exception_ptr worker_error;
+  {
+    std::lock_guard<std::mutex> lock(p.error_mu);
+    std::swap(worker_error, p.worker_error);
+  }
+  if (caller_error) std::rethrow_exception(caller_error);
+  if (worker_error) std::rethrow_exception(worker_error);
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

@@ -15,7 +15,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const;
-  // Calls fn(thread_index, num_threads) once on each thread and waits for all.
+  // Calls fn(thread_index, num_threads) once on each thread and waits for all. If any call
+  // throws, run() still waits for every thread to finish, then rethrows one of the exceptions
+  // (the caller's own first); the pool stays usable.
   // NOTE: not reentrant; one parallel region at a time per pool.
   void run(const std::function<void(int thread_index, int num_threads)>& fn);
   // Splits [0, n) into contiguous ranges of at least `grain` items and calls fn(begin, end).

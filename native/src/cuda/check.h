@@ -9,8 +9,35 @@
 
 namespace sluice::cuda {
 
+// Errors after which the CUDA context is unusable until the process exits ("sticky" errors: a
+// kernel faulted, the device fell off the bus, ECC...). Every later call fails the same way, so
+// the engine must stop taking work rather than fail every step anew.
+inline bool is_sticky_cuda_error(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorAssert:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal;
+  const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory
+                         : is_sticky_cuda_error(err)      ? ErrorCode::kDeviceFault
+                                                          : ErrorCode::kInternal;
   throw Error(code, std::string("CUDA: ") + what + " failed: " + cudaGetErrorName(err) + " (" +
                         cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
 }

@@ -504,6 +504,13 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
     std::memcpy(out.top_ids, h + size_t(R) * 8, size_t(R) * size_t(out.top_n) * 4);
     std::memcpy(out.top_logprobs, h + size_t(R) * (8 + 4 * size_t(out.top_n)), size_t(R) * size_t(out.top_n) * 4);
   }
+  // All rows are sampled by one kernel, so nothing fails per row on the device; an injected
+  // fault (testing hook) is reported for its row as the CPU backend does.
+  for (int64_t r = 0; r < R; r++) {
+    if (!rows[r].inject_fault) continue;
+    out.tokens[r] = -1;
+    if (out.row_errors) out.row_errors->push_back({r, ErrorCode::kInternal, "injected sampler fault"});
+  }
 }
 
 void CudaBackend::read_logits(float* out) {

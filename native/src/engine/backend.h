@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/model_weights.h"
 #include "sluice/engine.h"
+#include "sluice/error.h"
 #include "sluice/model_config.h"
 
 namespace sluice {
@@ -32,6 +34,14 @@ struct ForwardBatch {
 struct SampleRow {
   SamplingParams params;     // temperature, top_p, top_k; params.logprobs = top-N wanted
   uint64_t stream_seed = 0;  // seeds this row's draw (Rng): same sequence seed and position, same draw
+  bool inject_fault = false; // testing hook (FaultPoint::kSampleRow): this row's sampling fails
+};
+
+// A row whose sampling failed on its own; its token is -1 and the other rows are unaffected.
+struct SampleRowError {
+  int64_t row = 0;
+  ErrorCode code = ErrorCode::kInternal;
+  std::string message;
 };
 
 // Sampled tokens, [R] each, and the top-N alternatives, [R * top_n] (best first; id -1 and
@@ -42,6 +52,7 @@ struct SampleOutput {
   int top_n = 0;
   int32_t* top_ids = nullptr;
   float* top_logprobs = nullptr;
+  std::vector<SampleRowError>* row_errors = nullptr;  // appended to for each failed row
 };
 
 class Backend {
@@ -58,7 +69,9 @@ class Backend {
   virtual void allocate_kv(int64_t num_blocks, int64_t block_size) = 0;
   // Writes the batch's K/V into the cache and keeps the logits of the selected rows.
   virtual void forward(const ForwardBatch& batch) = 0;
-  // Samples one token per logit row of the last forward().
+  // Samples one token per logit row of the last forward(). A failure confined to one row (a bad
+  // parameter, an injected fault) is reported in out.row_errors and the other rows are sampled;
+  // a device failure throws (kDeviceFault when the device is unusable from then on).
   virtual void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) = 0;
   // Copies the logits of the last forward() to the host: [R, vocab] f32 (tests and tools).
   virtual void read_logits(float* out) = 0;

@@ -174,6 +174,12 @@ void CpuBackend::forward(const ForwardBatch& b) {
               logits, precision_);
 }
 
+void fail_row(const SampleOutput& out, int64_t r, ErrorCode code, const std::string& message) {
+  out.tokens[r] = -1;
+  out.logprobs[r] = 0.f;
+  if (out.row_errors) out.row_errors->push_back({r, code, message});
+}
+
 void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {
   const int64_t V = c_.vocab_size;
   if (int64_t(logits_.size()) != R * V) throw Error(ErrorCode::kInternal, "sample() rows differ from the last forward()");
@@ -181,13 +187,23 @@ void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& ou
   row_lse_.resize(size_t(R));
   cpu::logits_stats(pool_, logits_.data(), R, V, row_argmax_.data(), row_lse_.data());
   for (int64_t r = 0; r < R; r++) {
-    Rng rng(rows[r].stream_seed);
-    const SampledToken tok =
-        sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
-                     out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, sample_probs_,
-                     sample_order_);
-    out.tokens[r] = tok.token;
-    out.logprobs[r] = tok.logprob;
+    // One row's failure is that row's alone: it is reported and the next row is sampled.
+    try {
+      if (rows[r].inject_fault) throw Error(ErrorCode::kInternal, "injected sampler fault");
+      Rng rng(rows[r].stream_seed);
+      const SampledToken tok =
+          sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
+                       out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, sample_probs_,
+                       sample_order_);
+      out.tokens[r] = tok.token;
+      out.logprobs[r] = tok.logprob;
+    } catch (const Error& e) {
+      fail_row(out, r, e.code(), e.what());
+    } catch (const std::bad_alloc&) {
+      fail_row(out, r, ErrorCode::kOutOfMemory, "out of memory while sampling");
+    } catch (const std::exception& e) {
+      fail_row(out, r, ErrorCode::kInternal, e.what());
+    }
   }
 }
 

@@ -26,6 +26,8 @@ struct Sequence {
   std::vector<BlockHash> block_hashes;
   SamplingParams params;
   bool keyed = false;            // added with a prompt_cache_key: its blocks are released as keyed
+  BlockHash root;                // parent hash of blocks[0]: the model and the cache scope
+  uint64_t planned_in_step = 0;  // the step counter when the sequence last got a plan row
 };
 
 std::string join_path(const std::string& dir, const char* name) {
@@ -42,7 +44,6 @@ class EngineImpl final : public Engine {
     config_ = parse_model_config(config_text, config_path);
     // The model key: blocks are only shared between computations that give the same K/V.
     model_key_ = fnv1a64(config_text + "\n" + opts.matmul_precision);
-    root_hash_ = root_block_hash(opts.prefix_hash_seed, model_key_);
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
 
@@ -82,11 +83,13 @@ class EngineImpl final : public Engine {
     i.matmul_precision = opts_.matmul_precision;
     i.prefix_caching = opts_.prefix_caching;
     i.num_cached_blocks = blocks_->num_cached();
+    i.broken_reason = broken_reason_;
     return i;
   }
 
   int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p,
-                       bool keyed) override {
+                       bool keyed, const std::string& cache_scope) override {
+    check_in_service();
     if (seqs_.count(seq_id)) throw Error(ErrorCode::kSequenceExists, "sequence " + std::to_string(seq_id) + " already exists");
     if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "a sequence needs at least one prompt token");
     if (int64_t(prompt.size()) > config_.max_position_embeddings)
@@ -98,13 +101,15 @@ class EngineImpl final : public Engine {
         throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(t) + " is outside the vocabulary (size " +
                                                      std::to_string(config_.vocab_size) + ")");
     if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature) || !(p.top_p > 0.f && p.top_p <= 1.f) ||
-        p.top_k < 0 || p.logprobs < 0 || p.logprobs > 20)
+        p.top_k < 0 || p.top_k > config_.vocab_size || p.logprobs < 0 || p.logprobs > 20)
       throw Error(ErrorCode::kInvalidArgument,
-                  "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0, logprobs 0..20)");
+                  "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= top_k <= vocabulary size " +
+                      std::to_string(config_.vocab_size) + ", logprobs 0..20)");
     Sequence s;
     s.tokens = prompt;
     s.params = p;
     s.keyed = keyed;
+    s.root = root_block_hash(opts_.prefix_hash_key, model_key_, cache_scope);
     if (opts_.prefix_caching) map_cached_prefix(s);
     const int64_t num_cached = s.num_computed;
     seqs_.emplace(seq_id, std::move(s));
@@ -130,11 +135,35 @@ class EngineImpl final : public Engine {
 
   StepResult step(const StepPlan& plan) override;
 
+  void inject_fault(uint32_t seq_id, FaultPoint point) override {
+    if (point == FaultPoint::kDevice) device_fault_pending_ = true;
+    else injected_faults_[seq_id] = point;
+  }
+
  private:
+  void check_in_service() const {
+    if (!broken_reason_.empty())
+      throw Error(ErrorCode::kEngineBroken, "the engine is out of service after a device fault: " + broken_reason_);
+  }
+
+  // Whether an injected fault for seq_id at `point` is pending; consumes it.
+  bool take_fault(uint32_t seq_id, FaultPoint point) {
+    if (injected_faults_.empty()) return false;
+    auto it = injected_faults_.find(seq_id);
+    if (it == injected_faults_.end() || it->second != point) return false;
+    injected_faults_.erase(it);
+    return true;
+  }
+
+  // Validates one plan row; throws (with the row's message) when the row cannot run.
+  Sequence& check_row(uint32_t seq_id, int64_t count);
+  // forward() + sample() of the rows in plan_rows_; a device fault breaks the engine.
+  void run_backend(StepResult& result);
+
   BlockHash block_hash(const Sequence& s, size_t block) const {
     const int64_t bs = opts_.block_size;
-    return hash_block(block == 0 ? root_hash_ : s.block_hashes[block - 1], s.tokens.data() + int64_t(block) * bs,
-                      size_t(bs), model_key_);
+    return hash_block(opts_.prefix_hash_key, block == 0 ? s.root : s.block_hashes[block - 1],
+                      s.tokens.data() + int64_t(block) * bs, size_t(bs), model_key_);
   }
 
   // Maps the longest chain of cached blocks matching s's prompt into s (a new sequence), whole
@@ -172,62 +201,91 @@ class EngineImpl final : public Engine {
   std::unique_ptr<BlockPool> blocks_;
   std::unordered_map<uint32_t, Sequence> seqs_;
   uint64_t model_key_ = 0;  // extra key of every block hash (config.json + matmul precision)
-  BlockHash root_hash_;     // parent hash of a sequence's first block
+  std::string broken_reason_;  // set by a device fault; the engine refuses work from then on
+  uint64_t num_steps_ = 0;
+  std::unordered_map<uint32_t, FaultPoint> injected_faults_;  // seq_id -> pending testing fault
+  bool device_fault_pending_ = false;
 
   // Per-step scratch, reused to keep the decode loop free of allocations.
   std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, logit_rows_;
   std::vector<const int32_t*> tables_;
   std::vector<int32_t> table_lens_;
-  std::vector<Sequence*> plan_seqs_;
+  struct PlanRow {
+    Sequence* seq;
+    uint32_t seq_id;
+    int64_t count;
+  };
+  std::vector<PlanRow> plan_rows_;          // the plan's valid rows, in plan order
   std::vector<SampleRow> sample_rows_;      // [m] one per sequence that samples this step
-  std::vector<Sequence*> sampling_seqs_;    // [m]
+  std::vector<const PlanRow*> sampling_rows_;  // [m]
+  std::vector<SampleRowError> sample_errors_;
+  std::vector<int32_t> sample_tokens_, sample_top_ids_;  // [m], [m * top_n]
+  std::vector<float> sample_logprobs_, sample_top_lps_;  // [m], [m * top_n]
+  std::vector<uint8_t> sample_failed_;                   // [m]
 };
 
+Sequence& EngineImpl::check_row(uint32_t seq_id, int64_t count) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end())
+    throw Error(ErrorCode::kSequenceUnknown, "step plan names unknown sequence " + std::to_string(seq_id));
+  Sequence& s = it->second;
+  if (s.planned_in_step == num_steps_)
+    throw Error(ErrorCode::kInvalidArgument, "step plan names sequence " + std::to_string(seq_id) + " twice");
+  const int64_t end = s.num_computed + count;
+  if (count < 1 || end > int64_t(s.tokens.size()))
+    throw Error(ErrorCode::kInvalidArgument, "step plan asks sequence " + std::to_string(seq_id) + " for " +
+                                                 std::to_string(count) + " tokens but it has " +
+                                                 std::to_string(int64_t(s.tokens.size()) - s.num_computed) +
+                                                 " uncomputed");
+  if (end > config_.max_position_embeddings)
+    throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(seq_id) + " would exceed the context length " +
+                                                 std::to_string(config_.max_position_embeddings));
+  if (take_fault(seq_id, FaultPoint::kPrepareRow))
+    throw Error(ErrorCode::kInternal, "injected fault while preparing sequence " + std::to_string(seq_id));
+  return s;
+}
+
 StepResult EngineImpl::step(const StepPlan& plan) {
+  check_in_service();
   const size_t n = plan.seq_ids.size();
   if (plan.num_tokens.size() != n) throw Error(ErrorCode::kInvalidArgument, "plan seq_ids and num_tokens differ in length");
   const int64_t bs = opts_.block_size;
+  StepResult result;
+  num_steps_++;
 
-  // Validate everything and count blocks before touching any state: a refused plan changes nothing.
-  plan_seqs_.assign(n, nullptr);
-  int64_t blocks_needed = 0, total_tokens = 0;
+  // Validate every row and count blocks before touching any state: an invalid row is reported
+  // and left out (the others run), and a plan whose valid rows do not fit changes nothing.
+  plan_rows_.clear();
+  int64_t blocks_needed = 0;
   for (size_t i = 0; i < n; i++) {
-    auto it = seqs_.find(plan.seq_ids[i]);
-    if (it == seqs_.end())
-      throw Error(ErrorCode::kSequenceUnknown, "step plan names unknown sequence " + std::to_string(plan.seq_ids[i]));
-    for (size_t j = 0; j < i; j++)
-      if (plan.seq_ids[j] == plan.seq_ids[i])
-        throw Error(ErrorCode::kInvalidArgument, "step plan names sequence " + std::to_string(plan.seq_ids[i]) + " twice");
-    Sequence& s = it->second;
+    const uint32_t seq_id = plan.seq_ids[i];
     const int64_t count = plan.num_tokens[i];
-    const int64_t end = s.num_computed + count;
-    if (count < 1 || end > int64_t(s.tokens.size()))
-      throw Error(ErrorCode::kInvalidArgument, "step plan asks sequence " + std::to_string(plan.seq_ids[i]) + " for " +
-                                                   std::to_string(count) + " tokens but it has " +
-                                                   std::to_string(int64_t(s.tokens.size()) - s.num_computed) +
-                                                   " uncomputed");
-    if (end > config_.max_position_embeddings)
-      throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(plan.seq_ids[i]) +
-                                                   " would exceed the context length " +
-                                                   std::to_string(config_.max_position_embeddings));
-    blocks_needed += std::max<int64_t>(0, (end + bs - 1) / bs - int64_t(s.blocks.size()));
-    total_tokens += count;
-    plan_seqs_[i] = &s;
+    try {
+      Sequence& s = check_row(seq_id, count);
+      s.planned_in_step = num_steps_;
+      blocks_needed += std::max<int64_t>(0, (s.num_computed + count + bs - 1) / bs - int64_t(s.blocks.size()));
+      plan_rows_.push_back({&s, seq_id, count});
+    } catch (const Error& e) {
+      result.errors.push_back({seq_id, e.code(), e.what()});
+    } catch (const std::exception& e) {
+      result.errors.push_back({seq_id, ErrorCode::kInternal, e.what()});
+    }
   }
   if (blocks_needed > blocks_->num_free())
     throw Error(ErrorCode::kNoKvBlocks, "step needs " + std::to_string(blocks_needed) + " KV blocks, " +
                                             std::to_string(blocks_->num_free()) + " are free");
+  if (plan_rows_.empty()) return result;
 
   token_ids_.clear();
   positions_.clear();
   token_seq_.clear();
   slots_.clear();
   logit_rows_.clear();
-  tables_.assign(n, nullptr);
-  table_lens_.assign(n, 0);
-  for (size_t i = 0; i < n; i++) {
-    Sequence& s = *plan_seqs_[i];
-    const int64_t end = s.num_computed + plan.num_tokens[i];
+  tables_.assign(plan_rows_.size(), nullptr);
+  table_lens_.assign(plan_rows_.size(), 0);
+  for (size_t i = 0; i < plan_rows_.size(); i++) {
+    Sequence& s = *plan_rows_[i].seq;
+    const int64_t end = s.num_computed + plan_rows_[i].count;
     blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
     tables_[i] = s.blocks.data();
     table_lens_[i] = int32_t(s.blocks.size());
@@ -239,47 +297,87 @@ StepResult EngineImpl::step(const StepPlan& plan) {
     }
     if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
   }
+  run_backend(result);
+  return result;
+}
 
+void EngineImpl::run_backend(StepResult& result) {
   ForwardBatch fb;
-  fb.num_tokens = total_tokens;
+  fb.num_tokens = int64_t(token_ids_.size());
   fb.token_ids = token_ids_.data();
   fb.positions = positions_.data();
   fb.token_seq = token_seq_.data();
   fb.slots = slots_.data();
-  fb.num_seqs = int64_t(n);
+  fb.num_seqs = int64_t(plan_rows_.size());
   fb.block_tables = tables_.data();
   fb.num_seq_blocks = table_lens_.data();
   fb.num_logit_rows = int64_t(logit_rows_.size());
   fb.logit_rows = logit_rows_.data();
-  backend_->forward(fb);
 
-  // The sequences whose known tokens are now all computed sample, in plan order (= logit row order).
-  StepResult result;
+  // The sequences whose known tokens are all computed after this step sample, in plan order
+  // (= logit row order).
   int top_n = 0;
   sample_rows_.clear();
-  sampling_seqs_.clear();
-  for (size_t i = 0; i < n; i++) {
-    Sequence& s = *plan_seqs_[i];
-    s.num_computed += plan.num_tokens[i];
-    if (opts_.prefix_caching) cache_full_blocks(s);
-    if (s.num_computed != int64_t(s.tokens.size())) continue;
-    sampling_seqs_.push_back(&s);
+  sampling_rows_.clear();
+  for (const PlanRow& row : plan_rows_) {
+    const Sequence& s = *row.seq;
+    if (s.num_computed + row.count != int64_t(s.tokens.size())) continue;
+    sampling_rows_.push_back(&row);
     top_n = std::max(top_n, s.params.logprobs);
     // A fresh stream per (seed, position): a preempted and recomputed sequence draws the same.
-    sample_rows_.push_back({s.params, s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size()))});
-    result.seq_ids.push_back(plan.seq_ids[i]);
+    sample_rows_.push_back({s.params, s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size())),
+                            take_fault(row.seq_id, FaultPoint::kSampleRow)});
   }
   const size_t m = sample_rows_.size();
+  std::vector<int32_t>& tokens = sample_tokens_;
+  std::vector<float>& logprobs = sample_logprobs_;
+  std::vector<int32_t>& top_ids = sample_top_ids_;
+  std::vector<float>& top_lps = sample_top_lps_;
+  tokens.assign(m, -1);
+  logprobs.assign(m, 0.f);
+  top_ids.assign(m * size_t(top_n), -1);
+  top_lps.assign(m * size_t(top_n), -INFINITY);
+  sample_errors_.clear();
+  try {
+    if (device_fault_pending_) {
+      device_fault_pending_ = false;
+      throw Error(ErrorCode::kDeviceFault, "injected device fault");
+    }
+    backend_->forward(fb);
+    SampleOutput out{tokens.data(), logprobs.data(), top_n, top_ids.data(), top_lps.data(), &sample_errors_};
+    backend_->sample(sample_rows_.data(), int64_t(m), out);
+  } catch (const Error& e) {
+    // NOTE: nothing of the step was applied to the sequences yet; only a device fault breaks
+    // the engine (its memory can no longer be trusted), other failures fail just this step.
+    if (e.code() == ErrorCode::kDeviceFault) broken_reason_ = e.what();
+    throw;
+  }
+
+  for (const PlanRow& row : plan_rows_) {
+    Sequence& s = *row.seq;
+    s.num_computed += row.count;
+    if (opts_.prefix_caching) cache_full_blocks(s);
+  }
+  std::vector<uint8_t>& failed = sample_failed_;
+  failed.assign(m, 0);
+  for (const SampleRowError& e : sample_errors_) {
+    if (e.row < 0 || size_t(e.row) >= m || failed[size_t(e.row)]) continue;
+    failed[size_t(e.row)] = 1;
+    result.errors.push_back({sampling_rows_[size_t(e.row)]->seq_id, e.code, e.message});
+  }
   result.top_n = top_n;
-  result.tokens.resize(m);
-  result.logprobs.resize(m);
-  result.top_ids.assign(m * size_t(top_n), -1);
-  result.top_logprobs.assign(m * size_t(top_n), -INFINITY);
-  SampleOutput out{result.tokens.data(), result.logprobs.data(), top_n, result.top_ids.data(),
-                   result.top_logprobs.data()};
-  backend_->sample(sample_rows_.data(), int64_t(m), out);
-  for (size_t r = 0; r < m; r++) sampling_seqs_[r]->tokens.push_back(result.tokens[r]);
-  return result;
+  for (size_t r = 0; r < m; r++) {
+    if (failed[r]) continue;
+    Sequence& s = *sampling_rows_[r]->seq;
+    s.tokens.push_back(tokens[r]);
+    result.seq_ids.push_back(sampling_rows_[r]->seq_id);
+    result.tokens.push_back(tokens[r]);
+    result.logprobs.push_back(logprobs[r]);
+    result.top_ids.insert(result.top_ids.end(), top_ids.begin() + long(r * size_t(top_n)),
+                          top_ids.begin() + long((r + 1) * size_t(top_n)));
+    result.top_logprobs.insert(result.top_logprobs.end(), top_lps.begin() + long(r * size_t(top_n)),
+                               top_lps.begin() + long((r + 1) * size_t(top_n)));
+  }
 }
 
 }  // namespace

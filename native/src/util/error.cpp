@@ -13,6 +13,8 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kSequenceUnknown: return "SEQ_UNKNOWN";
     case ErrorCode::kBackendUnavailable: return "BACKEND_UNAVAILABLE";
     case ErrorCode::kOutOfMemory: return "OUT_OF_MEMORY";
+    case ErrorCode::kDeviceFault: return "DEVICE_FAULT";
+    case ErrorCode::kEngineBroken: return "ENGINE_BROKEN";
     case ErrorCode::kInternal: return "INTERNAL";
   }
   return "INTERNAL";
