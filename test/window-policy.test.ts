@@ -11,10 +11,10 @@ interface FakeView extends SequenceView {
 }
 
 let numArrivals = 0;
-function view(name: string, window: SchedulingWindow, admittedOrder = -1): FakeView {
+function view(name: string, window: SchedulingWindow, admittedOrder = -1, tenant = ''): FakeView {
   return {
     name, arrivalOrder: numArrivals++, admittedOrder, priority: windowPriority(window),
-    numPromptTokens: 4, numGeneratedTokens: 0,
+    numPromptTokens: 4, numGeneratedTokens: 0, promptCacheKey: undefined, tenant,
   };
 }
 const names = (views: readonly SequenceView[]) => views.map((v) => (v as FakeView).name);
@@ -65,6 +65,26 @@ describe('WindowPriorityPolicy', () => {
     expect(names(policy.waiting())).toEqual(['f']);
     policy.remove(f);
     expect(policy.waiting()).toHaveLength(0);
+  });
+
+  it('takes tenants in turns within a window: a flood of one tenant does not push another back', () => {
+    const policy = new WindowPriorityPolicy();
+    const b = Array.from({ length: 5 }, (_, i) => view(`b${i}`, 'asap', -1, 'B'));
+    for (const v of b) policy.enqueue(v, false);
+    const a1 = view('a1', 'asap', -1, 'A');
+    const c1 = view('c1', 'asap', -1, 'C');
+    const s1 = view('s1', 'standard', -1, 'A');
+    for (const v of [a1, c1, s1]) policy.enqueue(v, false);
+    // B came first, then A and C (never served: in arrival order of their queues), one each in turn.
+    expect(names(policy.waiting())).toEqual(['b0', 'a1', 'c1', 'b1', 'b2', 'b3', 'b4', 's1']);
+    policy.remove(b[0]!, true);  // B's turn used: B goes to the back of the rotation
+    expect(names(policy.waiting())).toEqual(['a1', 'c1', 'b1', 'b2', 'b3', 'b4', 's1']);
+    policy.remove(a1, true);
+    const a2 = view('a2', 'asap', -1, 'A');
+    policy.enqueue(a2, false);  // A was served after B: behind B now
+    expect(names(policy.waiting())).toEqual(['c1', 'b1', 'a2', 'b2', 'b3', 'b4', 's1']);
+    policy.remove(c1);  // a cancellation is not a turn
+    expect(names(policy.waiting())).toEqual(['b1', 'a2', 'b2', 'b3', 'b4', 's1']);
   });
 
   it('picks the least urgent running sequence as victim, the most recently admitted among those', () => {

@@ -17,8 +17,10 @@ export interface SequenceView {
   readonly admittedOrder: number;
   readonly numPromptTokens: number;
   readonly numGeneratedTokens: number;
-  /** The request's prompt cache key, if it had one. */
+  /** The request's prompt cache key, if it had one (scoped to its tenant). */
   readonly promptCacheKey: string | undefined;
+  /** Who the request belongs to (an organization id; '' for none). */
+  readonly tenant: string;
 }
 
 export interface SchedulingPolicy {
@@ -27,8 +29,11 @@ export interface SchedulingPolicy {
    * sequence that lost its KV blocks (preempted = true).
    */
   enqueue(seq: SequenceView, preempted: boolean): void;
-  /** Removes a waiting sequence (admitted, cancelled or failed); unknown sequences are ignored. */
-  remove(seq: SequenceView): void;
+  /**
+   * Removes a waiting sequence; unknown sequences are ignored. `admitted`: it leaves to run (a
+   * fair policy counts that as its tenant's turn), else it was cancelled or failed.
+   */
+  remove(seq: SequenceView, admitted?: boolean): void;
   /** The waiting sequences, next to admit first. The Batcher admits from the front while they fit. */
   waiting(): readonly SequenceView[];
   /**

@@ -19,11 +19,17 @@
 // requeued with prompt + generated tokens as its new prompt and recomputed later). A waiting
 // sequence that does not fit (blocks or maxNumSeqs) preempts running sequences of a less urgent
 // priority when that makes it fit, never those of its own or a more urgent one.
+//
+// Failure isolation: whatever goes wrong with one sequence ends that sequence only: a native
+// refusal at admission (addSequence throws), a row the step reports as failed (result.errors), an
+// exception in its sink. A step that fails as a whole fails its rows; a device fault breaks the
+// engine for good: every sequence ends with engine_broken and later submissions are refused.
 
 import type { NativeEngineHandle, NativeStepPlan, NativeStepResult } from './native-types.js';
 import { SluiceError } from '../errors.js';
 import { FcfsPolicy, type SchedulingPolicy } from './batch-policy.js';
 import { Sequence, type SampledToken, type SequenceOutcome, type SequenceRequest } from './sequence.js';
+import { TenantShare, tenantKey, type TenantDeferral } from './tenant-share.js';
 
 export { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './batch-policy.js';
 export type { SampledToken, SequenceOutcome, SequenceRequest, SequenceSink } from './sequence.js';
@@ -36,8 +42,12 @@ export interface BatcherOptions {
   policy?: SchedulingPolicy;
   /** Keeps steps short for urgent work while background work runs (see DeferralGuard). Default: off. */
   deferral?: DeferralGuard;
+  /** Keeps steps short for a light tenant while another floods its window (see tenant-share.ts). Default: off. */
+  tenantDeferral?: TenantDeferral;
   /** Milliseconds clock (tests inject one). */
   now?: () => number;
+  /** Told once when a device fault puts the engine out of service (the facade logs it). */
+  onBroken?: (reason: string) => void;
 }
 
 /**
@@ -78,9 +88,17 @@ interface StepDraft {
   urgentPrefill: boolean;
   /** Tokens deferrable rows may still take this step (while deferring). */
   numDeferredTokens: number;
+  /** tenantKeys of the tenants that are heavy in their window this step (tenant-share.ts). */
+  heavy: ReadonlySet<string>;
+  /** A row of a light tenant prefills in this step: heavy rows get no tokens. */
+  lightPrefill: boolean;
+  /** tenantKey -> tokens its heavy rows took this step. */
+  heavyTokens: Map<string, number>;
 }
 
 const NO_KV_BLOCKS = 'NO_KV_BLOCKS';
+/** Native codes after which the engine serves nothing more (a sticky device fault). */
+const BROKEN_CODES = new Set(['DEVICE_FAULT', 'ENGINE_BROKEN']);
 
 export class Batcher {
   readonly maxBatchedTokens: number;
@@ -97,6 +115,8 @@ export class Batcher {
   private nextSeqId = 1;
   private loop: Promise<void> | undefined;
   private disposed = false;
+  /** Why the engine is out of service (a device fault); undefined while it works. */
+  private broken: string | undefined;
 
   constructor(private readonly handle: NativeEngineHandle, options: BatcherOptions = {}) {
     this.maxBatchedTokens = options.maxBatchedTokens ?? 512;
@@ -117,6 +137,12 @@ export class Batcher {
     this.policy = options.policy ?? new FcfsPolicy();
     this.deferral = options.deferral;
     this.now = options.now ?? (() => performance.now());
+    this.onBroken = options.onBroken;
+    const td = options.tenantDeferral;
+    if (td && !(Number.isInteger(td.rowsPerStep) && td.rowsPerStep >= 1 && td.holdMs >= 0)) {
+      throw new SluiceError('invalid_argument', 'tenantDeferral.rowsPerStep must be an integer >= 1 and holdMs >= 0', { param: 'tenantDeferral' });
+    }
+    this.tenantShare = new TenantShare(this.maxNumSeqs, td, this.now);
     if (this.deferral && !(Number.isInteger(this.deferral.rowsPerStep) && this.deferral.rowsPerStep >= 1 && this.deferral.holdMs >= 0)) {
       throw new SluiceError('invalid_argument', 'deferral.rowsPerStep must be an integer >= 1 and deferral.holdMs >= 0', { param: 'deferral' });
     }
@@ -124,6 +150,8 @@ export class Batcher {
 
   private readonly deferral: DeferralGuard | undefined;
   private readonly now: () => number;
+  private readonly onBroken: ((reason: string) => void) | undefined;
+  private readonly tenantShare: TenantShare;
   /** When urgent work (priority below deferral.fromPriority) was last running or waiting. */
   private lastUrgentMs = -Infinity;
 
@@ -161,6 +189,7 @@ export class Batcher {
    */
   submit(request: SequenceRequest): void {
     if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
+    if (this.broken !== undefined) throw this.brokenError();
     if (request.promptTokenIds.length === 0) {
       throw new SluiceError('invalid_request', 'the prompt must have at least one token', { param: 'prompt' });
     }
@@ -204,6 +233,16 @@ export class Batcher {
     }
   }
 
+  /** Why the engine is out of service after a device fault; undefined while it works. */
+  get brokenReason(): string | undefined {
+    return this.broken;
+  }
+
+  private brokenError(): SluiceError {
+    return new SluiceError('engine_broken',
+      'the model is out of service after an engine fault; the operator has been notified (retry later or use another model)');
+  }
+
   /** Starts the loop if it is not running. The loop exits when there is no work left. */
   private kick(): void {
     if (this.loop !== undefined || this.disposed) return;
@@ -217,7 +256,7 @@ export class Batcher {
   }
 
   private hasWork(): boolean {
-    return !this.disposed && (this.running.length > 0 || this.policy.waiting().length > 0);
+    return !this.disposed && this.broken === undefined && (this.running.length > 0 || this.policy.waiting().length > 0);
   }
 
   private async runLoop(): Promise<void> {
@@ -265,9 +304,13 @@ export class Batcher {
     const step: StepDraft = {
       rows: new Map(), numBudgetTokens: this.maxBatchedTokens, numPlannedBlocks: 0, admissionBlocked: false,
       deferring: this.deferringNow(), urgentPrefill: false, numDeferredTokens: this.deferral?.rowsPerStep ?? 0,
+      heavy: this.tenantShare.heavyThisStep(this.running, this.policy.waiting()), lightPrefill: false, heavyTokens: new Map(),
     };
-    // Stable sort: with equal priorities this is admission order.
-    const byPriority = [...this.running].sort((a, b) => a.priority - b.priority || a.admittedOrder - b.admittedOrder);
+    const isHeavy = (s: Sequence) => step.heavy.size > 0 && step.heavy.has(tenantKey(s));
+    // Stable sort: with equal priorities this is admission order; a window's light tenants first.
+    const byPriority = [...this.running].sort((a, b) => a.priority - b.priority ||
+      Number(isHeavy(a)) - Number(isHeavy(b)) || a.admittedOrder - b.admittedOrder);
+    let lightAdmittedAt = -1;
     for (const seq of byPriority) {
       // More urgent waiting sequences come before this one (and may preempt it).
       this.admitWaiting(step, seq.priority);
@@ -278,8 +321,15 @@ export class Batcher {
         this.withDeferredCap(step, () => this.planRunning(step, seq));
         continue;
       }
+      if (isHeavy(seq)) {
+        // Light tenants' waiting requests of this window go before the heavy tenant's rows.
+        if (lightAdmittedAt !== seq.priority) this.admitLight(step, seq.priority, isHeavy);
+        lightAdmittedAt = seq.priority;
+        this.withTenantCap(step, seq, () => this.planRunning(step, seq));
+        continue;
+      }
       this.planRunning(step, seq);
-      if ((step.rows.get(seq)?.numTokens ?? 0) > 1) step.urgentPrefill = true;
+      if ((step.rows.get(seq)?.numTokens ?? 0) > 1) step.urgentPrefill = step.lightPrefill = true;
     }
     this.admitWaiting(step, Infinity);
     for (const row of step.rows.values()) {
@@ -325,8 +375,39 @@ export class Batcher {
         this.withDeferredCap(step, () => this.admitHead(step, seq));
         return;
       }
+      if (step.heavy.size > 0 && step.heavy.has(tenantKey(seq))) {
+        this.withTenantCap(step, seq, () => this.admitHead(step, seq));
+        return;
+      }
       if (!this.admitHead(step, seq)) return;
     }
+  }
+
+  /**
+   * Admits the waiting requests of light tenants in `priority`, in the policy's order, while they
+   * fit: before the heavy tenant's rows take the step (they may pass the heavy tenant's waiting
+   * requests; that is the point of sharing the window).
+   */
+  private admitLight(step: StepDraft, priority: number, isHeavy: (s: Sequence) => boolean): void {
+    for (const seq of [...this.policy.waiting()] as Sequence[]) {
+      if (step.admissionBlocked || step.numBudgetTokens === 0) return;
+      if (seq.priority !== priority || isHeavy(seq) || seq.state !== 'waiting') continue;
+      if (!this.admitHead(step, seq)) return;
+    }
+  }
+
+  /** Runs `plan` for a heavy tenant's row within its per-step allowance (none once a light row prefills). */
+  private withTenantCap(step: StepDraft, seq: Sequence, plan: () => void): void {
+    const key = tenantKey(seq);
+    const allowance = this.tenantShare.rowsPerStep - (step.heavyTokens.get(key) ?? 0);
+    const cap = step.lightPrefill ? 0 : Math.min(step.numBudgetTokens, allowance);
+    if (cap <= 0) return;
+    const saved = step.numBudgetTokens;
+    step.numBudgetTokens = cap;
+    plan();
+    const used = cap - step.numBudgetTokens;
+    step.numBudgetTokens = saved - used;
+    step.heavyTokens.set(key, (step.heavyTokens.get(key) ?? 0) + used);
   }
 
   /**
@@ -351,11 +432,15 @@ export class Batcher {
       step.admissionBlocked = true;
       return false;
     }
-    this.admit(seq, promptTokenIds);
+    // Refused by the engine: that sequence has ended; admission goes on with the next.
+    if (!this.admit(seq, promptTokenIds)) return true;
     if (seq.promptCacheKey !== undefined) this.shareHotKeys();
     // A prefix-cache hit starts the sequence after its cached blocks (already in its block table).
     const numTokens = Math.min(promptTokenIds.length - seq.numComputedTokens, step.numBudgetTokens);
-    if (numTokens > 1 && !this.deferrable(seq, step)) step.urgentPrefill = true;
+    if (numTokens > 1 && !this.deferrable(seq, step)) {
+      step.urgentPrefill = true;
+      if (!step.heavy.has(tenantKey(seq))) step.lightPrefill = true;
+    }
     const numNewBlocks = this.blocksFor(seq.numComputedTokens + numTokens) - this.handle.numSequenceBlocks(seq.seqId);
     step.rows.set(seq, { seq, numTokens, numNewBlocks });
     step.numBudgetTokens -= numTokens;
@@ -365,13 +450,14 @@ export class Batcher {
 
   /**
    * Whether `seq` (waiting) can be admitted with `numBlocks` blocks, after preempting running
-   * sequences of a less urgent priority if that makes it fit. Preempts nobody when even all of
-   * them would not be enough: their recompute would buy nothing.
+   * sequences of a less urgent priority, or of another tenant holding more than its fair share of
+   * seq's priority while seq's tenant holds less, if that makes it fit. Preempts nobody when even
+   * all of them would not be enough: their recompute would buy nothing.
    */
   private makeRoom(step: StepDraft, seq: Sequence, numBlocks: number): boolean {
     const fits = () => this.running.length < this.maxNumSeqs && numBlocks <= this.numFreeBlocks(step);
     if (fits()) return true;
-    const lessUrgent = () => this.running.filter((s) => s.priority > seq.priority);
+    const lessUrgent = () => this.running.filter((s) => s.priority > seq.priority || this.overFairShare(s, seq));
     const candidates = lessUrgent();
     let numReclaimableBlocks = 0;
     for (const s of candidates) {
@@ -390,6 +476,27 @@ export class Batcher {
     return fits();
   }
 
+  /**
+   * Whether running `other` may be preempted for waiting `seq` of the same priority: its tenant
+   * runs more than its fair share of that priority's sequences (maxNumSeqs split evenly among the
+   * tenants with work there) and seq's tenant runs less. Once both hold their share, neither
+   * preempts the other, so there is no ping-pong.
+   */
+  private overFairShare(other: Sequence, seq: Sequence): boolean {
+    if (other.priority !== seq.priority || other.tenant === seq.tenant) return false;
+    const tenants = new Set<string>();
+    const numRunning = new Map<string, number>();
+    for (const s of this.running) {
+      if (s.priority !== seq.priority) continue;
+      tenants.add(s.tenant);
+      numRunning.set(s.tenant, (numRunning.get(s.tenant) ?? 0) + 1);
+    }
+    for (const s of this.policy.waiting()) if (s.priority === seq.priority) tenants.add(s.tenant);
+    tenants.add(seq.tenant);
+    const share = Math.max(1, Math.floor(this.maxNumSeqs / tenants.size));
+    return (numRunning.get(other.tenant) ?? 0) > share && (numRunning.get(seq.tenant) ?? 0) < share;
+  }
+
   /** Takes a sequence's row (if any) out of the step, returning its tokens and blocks. */
   private unplan(step: StepDraft, seq: Sequence): void {
     const row = step.rows.get(seq);
@@ -406,6 +513,13 @@ export class Batcher {
   /** Routes a step's samples. Every planned sequence whose known tokens are now all computed must have sampled. */
   private applyStep(rows: readonly PlannedRow[], result: NativeStepResult): void {
     for (const row of rows) row.seq.numComputedTokens += row.numTokens;
+    // Rows that failed on their own end their sequence only.
+    for (const e of result.errors ?? []) {
+      const seq = this.seqIdToSequence.get(e.seqId);
+      if (seq === undefined) continue;
+      this.end(seq, { kind: 'failed', error: new SluiceError('engine_error',
+        `the native engine failed this sequence (${e.code}): ${e.message}`) });
+    }
     const { topN } = result;
     for (let i = 0; i < result.seqIds.length; i++) {
       const seq = this.seqIdToSequence.get(result.seqIds[i]!);
@@ -434,13 +548,30 @@ export class Batcher {
   }
 
   private onStepError(rows: readonly PlannedRow[], err: unknown): void {
-    if ((err as { code?: unknown }).code === NO_KV_BLOCKS && this.running.length > 1) {
+    const code = (err as { code?: unknown }).code;
+    if (typeof code === 'string' && BROKEN_CODES.has(code)) {
+      this.markBroken(String((err as Error).message));
+      return;
+    }
+    if (code === NO_KV_BLOCKS && this.running.length > 1) {
       // Our block accounting disagreed with the pool (nothing was done): give up the victim's KV.
       this.preempt(this.policy.pickVictim(this.running) as Sequence);
       return;
     }
     const error = new SluiceError('engine_error', `the native engine failed a step: ${(err as Error).message}`, { cause: err });
     for (const row of rows) this.end(row.seq, { kind: 'failed', error });
+  }
+
+  /**
+   * The engine cannot serve anything more: every sequence ends with engine_broken, the loop stops
+   * and submit() refuses new work.
+   */
+  private markBroken(reason: string): void {
+    this.broken = reason;
+    this.onBroken?.(reason);
+    const error = this.brokenError();
+    // NOTE: freeSequence stays allowed on a broken engine (it only returns host bookkeeping).
+    for (const seq of [...this.running, ...(this.policy.waiting() as Sequence[])]) this.end(seq, { kind: 'failed', error });
   }
 
   /**
@@ -456,8 +587,9 @@ export class Batcher {
       `of ${this.numTotalBlocks} are free with nothing running`) });
   }
 
-  private admit(seq: Sequence, promptTokenIds: readonly number[]): void {
-    this.policy.remove(seq);
+  /** Registers seq with the engine; false (seq ended as failed) when the engine refuses it. */
+  private admit(seq: Sequence, promptTokenIds: readonly number[]): boolean {
+    this.policy.remove(seq, true);
     while (this.seqIdToSequence.has(this.nextSeqId) || this.nextSeqId === 0) {
       this.nextSeqId = (this.nextSeqId + 1) >>> 0;
     }
@@ -465,8 +597,23 @@ export class Batcher {
     this.nextSeqId = (this.nextSeqId + 1) >>> 0;
     // NOTE: makeRoom checked blocksFor(whole prompt) <= free; a hit takes k cached blocks (at most
     // k of them from the free count) and saves k new ones, so the step still fits.
-    const numCachedTokens = this.handle.addSequence(seq.seqId, Int32Array.from(promptTokenIds), seq.request.sampling,
-      seq.request.keyed ?? false);
+    let numCachedTokens: number;
+    try {
+      numCachedTokens = this.handle.addSequence(seq.seqId, Int32Array.from(promptTokenIds), seq.request.sampling,
+        seq.request.keyed ?? false, seq.request.tenant ?? '');
+    } catch (err) {
+      const code = (err as { code?: unknown }).code;
+      if (typeof code === 'string' && BROKEN_CODES.has(code)) {
+        this.markBroken(String((err as Error).message));
+        this.end(seq, { kind: 'failed', error: this.brokenError() });
+        return false;
+      }
+      const error = code === 'INVALID_ARGUMENT'
+        ? new SluiceError('invalid_request', `the engine refused the request: ${(err as Error).message}`, { cause: err })
+        : new SluiceError('engine_error', `the native engine refused the sequence: ${(err as Error).message}`, { cause: err });
+      this.end(seq, { kind: 'failed', error });
+      return false;
+    }
     if (!seq.wasScheduled) seq.numCachedPromptTokens = numCachedTokens;
     seq.state = 'running';
     seq.admittedOrder = this.numAdmissions++;
@@ -474,6 +621,7 @@ export class Batcher {
     seq.numComputedTokens = numCachedTokens;
     this.running.push(seq);
     this.seqIdToSequence.set(seq.seqId, seq);
+    return true;
   }
 
   /** Frees a running sequence's KV and puts it back in the waiting set; its output is kept. */

@@ -20,6 +20,8 @@ export interface NativeLoadOptions {
   gpuMemoryUtilization?: number;
   /** Keep full KV blocks cached and start new sequences after their longest cached prefix (default true). */
   prefixCaching?: boolean;
+  /** Secret key of the keyed prefix-block hash: 32 hex digits (16 bytes). Default all zero. */
+  prefixHashKey?: string;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */
@@ -44,6 +46,8 @@ export interface NativeModelInfo {
   matmulPrecision: MatmulPrecision;
   deviceBytes: number;         // accelerator memory held (CUDA: weights + activations + KV), 0 on CPU
   prefixCaching?: boolean;     // whether the engine reuses cached prefix blocks
+  /** Set once a device fault put the engine out of service (every later step or add fails). */
+  brokenReason?: string;
 }
 
 export interface NativeSamplingParams {
@@ -64,6 +68,17 @@ export interface NativeStepPlan {
   numTokens: Uint32Array;
 }
 
+/** A row of a step that failed on its own (the other rows ran); its sequence gained nothing. */
+export interface NativeRowError {
+  seqId: number;
+  /** Native error code, e.g. SEQ_UNKNOWN, INVALID_ARGUMENT, INTERNAL. */
+  code: string;
+  message: string;
+}
+
+/** Where injectFault makes a step fail (tests of the isolation guarantees). */
+export type NativeFaultPoint = 'prepare' | 'sample' | 'device';
+
 /** Sampled tokens of one step, one row per sequence that sampled. */
 export interface NativeStepResult {
   seqIds: Uint32Array;         // [n]
@@ -72,6 +87,8 @@ export interface NativeStepResult {
   topN: number;                // width of the top arrays
   topIds: Int32Array;          // [n * topN]
   topLogprobs: Float32Array;   // [n * topN]
+  /** Rows that failed on their own, not in seqIds (absent or empty when none did). */
+  errors?: NativeRowError[];
 }
 
 export interface NativeEngineHandle {
@@ -81,9 +98,12 @@ export interface NativeEngineHandle {
    * the prompt tokens served from the prefix cache (whole blocks, at most length - 1): the
    * sequence's computed-token count to start from. 0 without a hit or with prefix caching off.
    * keyed (default false): the request had a prompt cache key; once unreferenced, its cached
-   * blocks are evicted only after every unkeyed cached block.
+   * blocks are evicted only after every unkeyed cached block. cacheScope (default ''): the owner of
+   * its cached blocks (an organization id); other scopes never hit them. Throws (code
+   * INVALID_ARGUMENT) for a prompt or sampling parameter the engine cannot hold: that sequence only.
    */
-  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams, keyed?: boolean): number;
+  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams, keyed?: boolean,
+    cacheScope?: string): number;
   /**
    * Frees a sequence and its KV blocks; unknown ids are ignored (safe to call twice). Its full
    * blocks stay cached for later prefix hits and count as free (evicted when a step needs room).
@@ -92,8 +112,14 @@ export interface NativeEngineHandle {
   numFreeBlocks(): number;
   /** KV blocks a sequence holds now (0 for unknown ids). */
   numSequenceBlocks(seqId: number): number;
-  /** Runs off the JS thread. Rejects with code NO_KV_BLOCKS (nothing done) when the plan does not fit. */
+  /**
+   * Runs off the JS thread. A bad row is reported in result.errors and the others run. Rejects
+   * with code NO_KV_BLOCKS (nothing done) when the plan does not fit, DEVICE_FAULT when the device
+   * failed for good (the engine is broken: later calls reject with ENGINE_BROKEN).
+   */
   step(plan: NativeStepPlan): Promise<NativeStepResult>;
+  /** Testing hook: the next step holding seqId fails that row at `point` ('device': the next step, whole). */
+  injectFault?(seqId: number, point: NativeFaultPoint): void;
   /** Releases weights and the KV pool; safe to call twice. */
   dispose(): void;
 }

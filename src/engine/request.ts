@@ -42,6 +42,12 @@ export interface GenerateRequest {
    * (evicted only after every unkeyed cached block). The value itself is not interpreted here.
    */
   promptCacheKey?: string;
+  /**
+   * Who the request belongs to (an organization id, opaque, at most 256 characters). Its cached
+   * prompt prefixes are reused only by requests of the same tenant, and each completion window is
+   * shared fairly between tenants. Default: none (one shared scope, as a single-user library).
+   */
+  tenant?: string;
   signal?: AbortSignal;
 }
 

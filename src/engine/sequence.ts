@@ -41,8 +41,17 @@ export interface SequenceRequest {
   priority?: number;
   /** Had a prompt cache key: its cached blocks get the keyed retention class (kept longer). */
   keyed?: boolean;
-  /** The key itself: the policy co-schedules requests sharing a hot key. */
+  /**
+   * The key itself, already scoped to its tenant by the submitter: the policy co-schedules
+   * requests sharing a hot key.
+   */
   promptCacheKey?: string;
+  /**
+   * Who the request belongs to (an organization id; '' or absent: nobody in particular). Its
+   * cached prefix blocks are visible to the same tenant only, and the policy shares each window
+   * fairly between tenants.
+   */
+  tenant?: string;
   signal?: AbortSignal | undefined;
   sink: SequenceSink;
 }
@@ -73,6 +82,10 @@ export class Sequence implements SequenceView {
 
   get promptCacheKey(): string | undefined {
     return this.request.promptCacheKey;
+  }
+
+  get tenant(): string {
+    return this.request.tenant ?? '';
   }
 
   get numPromptTokens(): number {

@@ -23,6 +23,11 @@ export class FakeHandle implements NativeEngineHandle {
   failNextStep: Error | undefined;
   /** Called after each accepted step's plan is recorded, before its result goes back (1 = first step). */
   onStep: ((numSteps: number) => void) | undefined;
+  /** Fault hooks by prompt: refuse the sequence at addSequence, or fail its row in a step. */
+  refuseAdd: ((prompt: readonly number[]) => Error | undefined) | undefined;
+  failRow: ((prompt: readonly number[]) => string | undefined) | undefined;
+  /** Tenants (cache scopes) given to addSequence, by seqId. */
+  readonly scopes = new Map<number, string>();
   private numUsedBlocks = 0;
 
   constructor(readonly numBlocks: number, readonly blockSize: number) {}
@@ -36,8 +41,11 @@ export class FakeHandle implements NativeEngineHandle {
   }
 
   /** No prefix cache: every prompt is computed in full (returns 0 cached tokens). */
-  addSequence(seqId: number, promptTokens: Int32Array, _sampling: NativeSamplingParams): number {
+  addSequence(seqId: number, promptTokens: Int32Array, _sampling: NativeSamplingParams, _keyed?: boolean, scope?: string): number {
     if (this.sequences.has(seqId)) throw Object.assign(new Error(`seq ${seqId} exists`), { code: 'SEQ_EXISTS' });
+    const refused = this.refuseAdd?.([...promptTokens]);
+    if (refused) throw refused;
+    this.scopes.set(seqId, scope ?? '');
     this.sequences.set(seqId, { tokens: [...promptTokens], numComputedTokens: 0, numBlocks: 0 });
     this.maxLiveSequences = Math.max(this.maxLiveSequences, this.sequences.size);
     return 0;
@@ -83,8 +91,14 @@ export class FakeHandle implements NativeEngineHandle {
     this.plans.push(rows);
     this.onStep?.(this.plans.length);
     const sampled: Array<{ seqId: number; token: number }> = [];
+    const errors: Array<{ seqId: number; code: string; message: string }> = [];
     for (const { seqId, numTokens } of rows) {
       const seq = this.sequences.get(seqId)!;
+      const failure = this.failRow?.(seq.tokens);
+      if (failure !== undefined) {
+        errors.push({ seqId, code: 'INTERNAL', message: failure });
+        continue;
+      }
       seq.numComputedTokens += numTokens;
       const numBlocks = Math.ceil(seq.numComputedTokens / this.blockSize);
       this.numUsedBlocks += numBlocks - seq.numBlocks;
@@ -102,6 +116,7 @@ export class FakeHandle implements NativeEngineHandle {
       topN: 0,
       topIds: new Int32Array(0),
       topLogprobs: new Float32Array(0),
+      errors,
     };
   }
 
