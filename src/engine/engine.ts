@@ -1,12 +1,14 @@
 // The engine facade: load a model directory, turn requests into prompt tokens, run them through
 // the continuous-batching loop, and return text. Library users and the API layer see only this.
 
+import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { Batcher } from './batcher.js';
 import { WindowPriorityPolicy, windowPriority } from '../scheduler/window-policy.js';
-import { compileChatTemplate, type ChatTemplate } from './chat-template.js';
+import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
+import { PromptPool, sharedPromptPool } from './prompt-pool.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
 import type { BackendName, MatmulPrecision, NativeEngineHandle, NativeModelInfo } from './native-types.js';
@@ -42,6 +44,12 @@ export interface EngineLoadOptions {
    * every prompt in full (benchmarks comparing on and off).
    */
   prefixCaching?: boolean;
+  /**
+   * Secret key of the prefix-cache block hash (SipHash-2-4): 32 hex digits. Default: random per
+   * load. A service passes its deployment's persisted key so that hashes are stable across restarts
+   * and replicas, and unpredictable to callers.
+   */
+  prefixHashKey?: string;
   /** Tokens per step (default 512). */
   maxBatchedTokens?: number;
   /** Sequences running at once (default 64). */
@@ -52,6 +60,13 @@ export interface EngineLoadOptions {
    * step and no admissions or prefill. Default { rowsPerStep: 8, holdMs: 1000 }; false turns it off.
    */
   flexDeferral?: { rowsPerStep: number; holdMs: number } | false;
+  /**
+   * How a tenant flooding a window yields to the other tenants with work in it (see
+   * src/engine/tenant-share.ts): its rows get no tokens in a step that prefills another tenant's
+   * request and at most `rowsPerStep` tokens per step otherwise, while the others are active or
+   * were within `holdMs`. Default { rowsPerStep: 16, holdMs: 1000 }; false turns it off.
+   */
+  tenantDeferral?: { rowsPerStep: number; holdMs: number } | false;
   /** Notices such as a backend fallback. Default: written to stderr. */
   onMessage?: (message: string) => void;
 }
@@ -77,10 +92,17 @@ const GiB = 1024 ** 3;
 const DEFAULT_BLOCK_SIZE = 16;
 const DEFAULT_MAX_NUM_SEQS = 64;
 const DEFAULT_FLEX_DEFERRAL = { rowsPerStep: 8, holdMs: 1000 };
+const DEFAULT_TENANT_DEFERRAL = { rowsPerStep: 16, holdMs: 1000 };
+
+/**
+ * Inputs up to this many characters are rendered and tokenized on the caller's thread (about 10 ms
+ * at worst); longer ones on a prompt worker (prompt-pool.ts).
+ */
+export const INLINE_PROMPT_CHARS = 2048;
 
 export class Engine {
   readonly info: EngineInfo;
-  private chatTemplate: ChatTemplate | undefined;
+  private readonly encoder: PromptEncoder;
   private disposed = false;
 
   private constructor(
@@ -98,6 +120,7 @@ export class Engine {
       maxNumSeqs: batcher.maxNumSeqs,
       maxSequenceTokens: batcher.maxSequenceTokens,
     };
+    this.encoder = new PromptEncoder(tokenizer, modelDir);
   }
 
   /** Loads tokenizer and weights. Errors are SluiceError (model_file_missing, backend_unavailable, ...). */
@@ -122,7 +145,11 @@ export class Engine {
       matmulPrecision: opts.matmulPrecision ?? 'f32',
       gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
       prefixCaching: opts.prefixCaching ?? true,
+      prefixHashKey: opts.prefixHashKey ?? randomBytes(16).toString('hex'),
     };
+    if (!/^[0-9a-f]{32}$/i.test(base.prefixHashKey)) {
+      throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
+    }
     // On CUDA the KV pool defaults to what gpuMemoryUtilization leaves (kvCacheBytes 0).
     const cudaBase = { ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0 };
     const g = base.gpuMemoryUtilization;
@@ -166,9 +193,12 @@ export class Engine {
 
     try {
       const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL : opts.flexDeferral;
+      const tenants = opts.tenantDeferral === undefined ? DEFAULT_TENANT_DEFERRAL : opts.tenantDeferral;
       const batcher = new Batcher(handle, {
         maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy(),
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
+        ...(tenants && { tenantDeferral: tenants }),
+        onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
       return new Engine(tokenizer, handle, batcher, modelDir);
     } catch (err) {
@@ -178,6 +208,19 @@ export class Engine {
   }
 
   /** Runs a request to completion. Rejects with SluiceError (invalid_request, cancelled, ...). */
+  /** Why the engine is out of service (a device fault); undefined while it serves. */
+  get brokenReason(): string | undefined {
+    return this.batcher.brokenReason;
+  }
+
+  /**
+   * Testing hook for the fault-isolation tests: the next step fails as an unrecoverable device
+   * fault, which puts this engine out of service for good.
+   */
+  injectDeviceFault(): void {
+    this.handle.injectFault?.(0, 'device');
+  }
+
   async generate(req: GenerateRequest): Promise<GenerateResult> {
     const tokenIds: number[] = [];
     const logprobs: TokenLogprob[] = [];
@@ -219,26 +262,38 @@ export class Engine {
   promptTokenIds(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'promptTokenIds'>): number[] {
     switch (promptSource(req)) {
       case 'prompt':
-        return this.tokenizer.encode(req.prompt!);
-      case 'messages': {
-        this.chatTemplate ??= compileChatTemplate(this.tokenizer.chatTemplate, this.info.modelDir);
-        const text = this.chatTemplate.render(req.messages!, {
-          bosToken: this.tokenizer.bosToken, eosToken: this.tokenizer.eosToken, addGenerationPrompt: true,
-        });
-        // The template writes bos itself when the model wants it.
-        return this.tokenizer.encode(text, { addBos: false });
-      }
+        return this.encoder.encode({ prompt: req.prompt! });
+      case 'messages':
+        return this.encoder.encode({ messages: req.messages! });
       case 'promptTokenIds':
         return checkPromptTokenIds(req.promptTokenIds, this.info.vocabSize);
     }
   }
 
   /**
-   * promptTokenIds for untrusted input: the same tokens, but long inputs are rendered and tokenized
-   * off the event loop. (Interim: inline until the tokenizer pool lands.)
+   * The longest input text (UTF-16 code units, all messages together) that can fit in
+   * `contextLength` tokens: contextLength × the most bytes one token stands for. Longer input is
+   * refused before anything renders or tokenizes it.
    */
-  async preparePrompt(req: Pick<GenerateRequest, 'prompt' | 'messages'>): Promise<number[]> {
-    return this.promptTokenIds(req);
+  maxInputChars(contextLength = this.info.contextLength): number {
+    return contextLength * this.tokenizer.maxTokenBytes;
+  }
+
+  /**
+   * promptTokenIds for untrusted text: the same tokens, but an input over maxInputChars is refused
+   * at once (input_too_long), and one over INLINE_PROMPT_CHARS is rendered and tokenized on a
+   * prompt worker, never on the event loop. `tenant` orders the workers' queue fairly.
+   */
+  async preparePrompt(req: PromptText, opts: { contextLength?: number; tenant?: string } = {}): Promise<number[]> {
+    const chars = promptTextLength(req);
+    const limit = this.maxInputChars(opts.contextLength);
+    if (chars > limit) {
+      throw new SluiceError('input_too_long',
+        `the input has ${chars} characters; this model's context of ${opts.contextLength ?? this.info.contextLength} tokens holds ` +
+        `at most ${limit} (${this.tokenizer.maxTokenBytes} per token at most)`, { param: 'input' });
+    }
+    if (chars <= INLINE_PROMPT_CHARS || !PromptPool.available()) return this.encoder.encode(req);
+    return sharedPromptPool().encode(this.info.modelDir, req, opts.tenant ?? '');
   }
 
   /**
@@ -260,7 +315,14 @@ export class Engine {
   private async *run(req: GenerateRequest, onPrompt: (promptTokenIds: number[]) => void): AsyncGenerator<GenerateChunk> {
     if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
     const options = validateOptions(req);
-    const promptTokenIds = this.promptTokenIds(req);
+    if (options.sampling.topK > this.info.vocabSize) {
+      throw new SluiceError('invalid_request', `topK must be at most the vocabulary size ${this.info.vocabSize}, got ${options.sampling.topK}`,
+        { param: 'topK' });
+    }
+    const tenant = checkTenant(req.tenant);
+    const source = promptSource(req);
+    const promptTokenIds = source === 'promptTokenIds' ? this.promptTokenIds(req)
+      : await this.preparePrompt(source === 'prompt' ? { prompt: req.prompt! } : { messages: req.messages! }, { tenant });
     const maxTokens = resolveMaxTokens(promptTokenIds.length, options.maxTokens, this.info.contextLength,
       this.batcher.maxSequenceTokens);
     onPrompt(promptTokenIds);
@@ -283,8 +345,9 @@ export class Engine {
     try {
       this.batcher.submit({
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
-        keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation,
-        ...(options.promptCacheKey !== undefined && { promptCacheKey: options.promptCacheKey }),
+        keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation, tenant,
+        // A key groups requests of its own tenant only.
+        ...(options.promptCacheKey !== undefined && { promptCacheKey: `${tenant}\u0000${options.promptCacheKey}` }),
       });
       yield* generation.chunks;
     } finally {
@@ -314,6 +377,15 @@ export function defaultKvCacheBytes(config: Record<string, unknown>, maxNumSeqs:
   const bytesPerToken = 2 * numLayers * numKvHeads * headDim * 4;
   const bytes = bytesPerToken * contextLength * Math.min(maxNumSeqs, 8);
   return Math.min(2 * GiB, Math.ceil(bytes));
+}
+
+/** Tenant ids are opaque strings (an organization id), at most 256 characters. */
+function checkTenant(tenant: unknown): string {
+  if (tenant === undefined) return '';
+  if (typeof tenant !== 'string' || tenant.length > 256) {
+    throw new SluiceError('invalid_request', 'tenant must be a string of at most 256 characters', { param: 'tenant' });
+  }
+  return tenant;
 }
 
 function checkPositiveInteger(value: number, param: string): void {

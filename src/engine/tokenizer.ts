@@ -140,6 +140,22 @@ export class SluiceTokenizer implements TokenDecoder {
     return this.specialTokenIds.has(tokenId);
   }
 
+  /**
+   * An upper bound on the UTF-8 bytes of text one token can stand for: the longest vocabulary
+   * entry in UTF-8 (a byte-level entry spends at least one byte per byte it stands for; a
+   * sentencepiece entry's "▁" and "<0xNN>" spend more). So a text longer than
+   * contextLength × maxTokenBytes code units can never fit in contextLength tokens.
+   */
+  get maxTokenBytes(): number {
+    if (this.maxTokenBytesCache === undefined) {
+      let max = 1;
+      for (const token of this.inner.get_vocab(true).keys()) max = Math.max(max, Buffer.byteLength(token, 'utf8'));
+      this.maxTokenBytesCache = max;
+    }
+    return this.maxTokenBytesCache;
+  }
+  private maxTokenBytesCache: number | undefined;
+
   /** Id of a token string, or undefined when it is not in the vocabulary. */
   tokenId(token: string): number | undefined {
     return this.inner.token_to_id(token);

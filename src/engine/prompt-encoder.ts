@@ -1,0 +1,50 @@
+// Text -> prompt token ids for one model: a plain prompt is tokenized as is, messages are rendered
+// with the model's chat template first. The same code runs on the event loop for short inputs and
+// in the prompt workers (prompt-pool.ts) for long ones, so both give identical tokens.
+
+import { compileChatTemplate, type ChatMessage, type ChatTemplate } from './chat-template.js';
+import type { SluiceTokenizer } from './tokenizer.js';
+
+/** The text a prompt is made of: exactly one of the two. */
+export interface PromptText {
+  prompt?: string;
+  messages?: readonly ChatMessage[];
+}
+
+export class PromptEncoder {
+  private chatTemplate: ChatTemplate | undefined;
+
+  constructor(private readonly tokenizer: SluiceTokenizer, private readonly modelName: string) {}
+
+  encode(req: PromptText): number[] {
+    if (req.messages !== undefined) {
+      this.chatTemplate ??= compileChatTemplate(this.tokenizer.chatTemplate, this.modelName);
+      const text = this.chatTemplate.render(req.messages, {
+        bosToken: this.tokenizer.bosToken, eosToken: this.tokenizer.eosToken, addGenerationPrompt: true,
+      });
+      // The template writes bos itself when the model wants it.
+      return this.tokenizer.encode(text, { addBos: false });
+    }
+    return this.tokenizer.encode(req.prompt ?? '');
+  }
+}
+
+/**
+ * UTF-16 code units of the caller's text in a prompt (what a length check can count without
+ * rendering or tokenizing). Content parts count their text; anything else counts 0.
+ */
+export function promptTextLength(req: PromptText): number {
+  if (req.messages === undefined) return typeof req.prompt === 'string' ? req.prompt.length : 0;
+  let n = 0;
+  for (const m of req.messages) {
+    const content = (m as { content?: unknown } | null)?.content;
+    if (typeof content === 'string') n += content.length;
+    else if (Array.isArray(content)) {
+      for (const part of content) {
+        const text = (part as { text?: unknown } | null)?.text;
+        if (typeof text === 'string') n += text.length;
+      }
+    }
+  }
+  return n;
+}
