@@ -7,15 +7,23 @@
 // (from the beginning: the KV of a dead process is gone); at start, jobs past their deadline fail
 // with `timeout`, and the rest run again. A job whose request no longer prepares (its model left
 // the catalog) fails with that error.
+//
+// A run's end is one write (request-end.ts): the terminal response, the deletion of its job, its
+// ledger row when it ended with a result, and its completion webhook delivery. A run whose end
+// cannot be written stays in_progress with its job (and unbilled), and runs again at the next
+// start. The job's stored request is the only place besides the pending delivery that holds
+// metadata.webhook_token; it goes with the job.
 
 import type { FastifyBaseLogger } from 'fastify';
 import { isSluiceError, SluiceError } from '../errors.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, PreparedGeneration } from '../serving/generation-request.js';
 import type { GenerationService } from '../serving/generation-service.js';
-import type { ResponseBody, Store } from '../store/store.js';
+import type { ResponseBody, Store, UsageRecord } from '../store/store.js';
+import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
 import { cancelledResponse, failedResponse, finishedResponse } from './adapters/responses.js';
 import { nowSeconds } from './adapters/content.js';
+import { commitRequestEnd } from './request-end.js';
 import type { Billing } from '../billing/ledger.js';
 
 /** Seconds a background response may stay in_progress, per completion window. */
@@ -29,6 +37,7 @@ const TIMEOUT = Symbol('timeout');
 const CANCELLED = Symbol('cancelled');
 
 interface Running {
+  orgId: string;
   controller: AbortController;
   timer: NodeJS.Timeout | undefined;
   done: Promise<void>;
@@ -39,10 +48,10 @@ export interface BackgroundOptions {
   service: GenerationService;
   deadlines: WindowDeadlines;
   log: FastifyBaseLogger;
-  /** The usage ledger: a run that ends with a result is recorded before its response is stored. */
+  /** The usage ledger: a run that ends with a result is billed in the write that stores it. */
   billing?: Billing;
-  /** Called with every terminal response object once it is stored (completion webhooks). */
-  onFinished?: (orgId: string, body: ResponseBody) => void;
+  /** Completion webhooks: a terminal response's delivery is stored with it (absent: none are sent). */
+  webhooks?: WebhookDispatcher;
 }
 
 export class BackgroundResponses {
@@ -54,6 +63,13 @@ export class BackgroundResponses {
   /** Deadline (Unix seconds) of a response created now in this window. */
   deadlineFor(window: CompletionWindow, createdAt: number): number {
     return createdAt + this.opts.deadlines[window];
+  }
+
+  /** Background responses of this organization in progress in this process (running or waiting their turn). */
+  numInProgress(orgId: string): number {
+    let n = 0;
+    for (const run of this.running.values()) if (run.orgId === orgId) n++;
+    return n;
   }
 
   /** Stores the in_progress response with its job and starts it. */
@@ -89,8 +105,9 @@ export class BackgroundResponses {
         if (stored) await this.opts.store.finishBackgroundResponse(job.orgId, stored); // drop a stale job
         continue;
       }
+      const metadata = (job.request as { metadata?: unknown }).metadata;
       if (nowSeconds() >= job.deadlineAt) {
-        await this.finish(job.orgId, failedResponse(stored, 'timeout', timeoutMessage(stored)));
+        await this.finish(job.orgId, metadata, failedResponse(stored, 'timeout', timeoutMessage(stored)));
         continue;
       }
       let prepared: PreparedGeneration;
@@ -98,7 +115,7 @@ export class BackgroundResponses {
         prepared = await this.opts.service.prepare(job.request as unknown as GenerationRequest);
       } catch (err) {
         const code = isSluiceError(err) ? err.code : 'server_error';
-        await this.finish(job.orgId, failedResponse(stored, code, `the request could not be resumed after a restart: ${(err as Error).message}`));
+        await this.finish(job.orgId, metadata, failedResponse(stored, code, `the request could not be resumed after a restart: ${(err as Error).message}`));
         continue;
       }
       this.launch(job.orgId, stored, prepared, job.deadlineAt);
@@ -118,7 +135,7 @@ export class BackgroundResponses {
     const delayMs = Math.max(0, deadlineAt * 1000 - Date.now());
     const timer = setTimeout(() => controller.abort(TIMEOUT), delayMs);
     timer.unref();
-    const entry: Running = { controller, timer, done: Promise.resolve() };
+    const entry: Running = { orgId, controller, timer, done: Promise.resolve() };
     this.running.set(running.id, entry);
     entry.done = this.execute(orgId, running, prepared, controller.signal).finally(() => {
       clearTimeout(timer);
@@ -128,10 +145,11 @@ export class BackgroundResponses {
 
   private async execute(orgId: string, running: ResponseBody, prepared: PreparedGeneration, signal: AbortSignal): Promise<void> {
     let final: ResponseBody;
+    let usage: UsageRecord | undefined;
     try {
-      const result = await this.opts.service.run(prepared, signal);
-      await this.opts.billing?.record({ surface: 'responses', requestId: running.id, prepared, results: [result] });
+      const result = await this.opts.service.run(prepared, signal, 'background');
       final = finishedResponse(running, result);
+      usage = this.opts.billing?.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
     } catch (err) {
       const reason = signal.reason;
       if (reason === SHUTDOWN || (this.closed && isSluiceError(err) && err.code === 'engine_disposed')) return;
@@ -144,15 +162,17 @@ export class BackgroundResponses {
       }
     }
     try {
-      await this.finish(orgId, final);
+      await this.finish(orgId, prepared.request.metadata, final, usage);
     } catch (err) {
-      if (!this.closed) this.opts.log.error({ err, response_id: running.id }, 'could not store a background response');
+      if (!this.closed) this.opts.log.error({ err, response_id: running.id }, 'could not store a background response; it runs again at the next start');
     }
   }
 
-  private async finish(orgId: string, final: ResponseBody): Promise<void> {
-    await this.opts.store.finishBackgroundResponse(orgId, final);
-    this.opts.onFinished?.(orgId, final);
+  /** `metadata`: the request's, which names the webhook and holds its token. */
+  private async finish(orgId: string, metadata: unknown, final: ResponseBody, usage?: UsageRecord): Promise<void> {
+    await commitRequestEnd(this.opts.store, this.opts.webhooks,
+      { response: { orgId, body: final, kind: 'background' }, ...(usage && { usage }) },
+      { orgId, metadata, body: final });
   }
 }
 

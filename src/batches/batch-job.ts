@@ -3,8 +3,10 @@
 // the batch as it is; the next process starts a new job for it, which resumes where the store
 // says it got to.
 //
-// Exactly once: a line counts as done only when its result row is committed (recordBatchResult),
-// and the progress recorded with it never passes a line whose row is not committed yet: a line
+// Exactly once: a line counts as done only when its result row is committed (the store's
+// commitRequestEnd, in the same transaction as the line's ledger row when it ended with a result:
+// a line is billed exactly when its result is kept), and the progress recorded with it never
+// passes a line whose row is not committed yet: a line
 // leaves `inFlight` only after its own row is stored, and every progress value is the start of the
 // lowest line still in `inFlight` (or the read position when none is). So a restart re-runs exactly
 // the lines without a row: those from progress.nextLine on, minus the rows already there.
@@ -36,7 +38,7 @@ export interface JobDeps {
   service: GenerationService;
   slots: Slots;
   log: BatchLog;
-  /** The usage ledger: each line that ends with a result is recorded once, before its result row. */
+  /** The usage ledger: each line that ends with a result is billed once, with its result row. */
   billing?: Billing;
 }
 
@@ -136,10 +138,13 @@ export class BatchJob {
         this.deps.log.error({ err: outcome.internal, batch_id: batch.id, line: line.lineNo }, 'batch line failed inside the service');
       }
       try {
-        if (outcome.kind === 'ok') {
-          await this.deps.billing?.record({ surface: 'batch', requestId: `${batch.id}:${line.lineNo}`, ...outcome.usage });
-        }
-        await store.recordBatchResult(batch.id, { lineNo: line.lineNo, ok: outcome.kind === 'ok', line: outcome.line }, progressWithout(line.lineNo));
+        const usage = outcome.kind === 'ok'
+          ? this.deps.billing?.usageRecord({ surface: 'batch', requestId: `${batch.id}:${line.lineNo}`, ...outcome.usage })
+          : undefined;
+        await store.commitRequestEnd({
+          batchResult: { batchId: batch.id, result: { lineNo: line.lineNo, ok: outcome.kind === 'ok', line: outcome.line }, progress: progressWithout(line.lineNo) },
+          ...(usage && { usage }),
+        });
         inFlight.delete(line.lineNo);
       } catch (err) {
         this.deps.log.error({ err, batch_id: batch.id }, 'could not record a batch result; the batch stops until the next start');
@@ -155,7 +160,7 @@ export class BatchJob {
           readPos = after;
           continue;
         }
-        if (!(await slots.acquire(signal))) break;
+        if (!(await slots.acquire(signal, batch.orgId))) break;
         // Taken together, synchronously: the read position never passes a line not yet in flight.
         inFlight.set(line.lineNo, line.start);
         readPos = after;
@@ -211,7 +216,11 @@ export class BatchJob {
       }
       const written = await writeResultFiles(store, this.deps.storage, batch);
       const ended = await store.finishBatch(batch.id, [from], { ...patch, outputFileId: written.outputFileId, errorFileId: written.errorFileId }, written.files);
-      if (ended) return;
+      if (ended) {
+        // The batch's result rows were dropped: give their pages back to the file system.
+        await store.reclaimSpace().catch((err: unknown) => this.deps.log.error({ err, batch_id: batch.id }, 'could not reclaim database space'));
+        return;
+      }
       // Lost the race: the files stay on disk under the batch's fixed ids and are rewritten next turn.
     }
   }

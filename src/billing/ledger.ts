@@ -1,6 +1,9 @@
-// Records each finished request in the usage ledger with its exact cost. Every place where a
-// request finishes with a result calls Billing.record once (responses foreground and background,
-// chat completions, messages, batch lines).
+// The usage ledger row of each finished request, with its exact cost. Every place where a request
+// finishes with a result (responses foreground and background, chat completions, messages, batch
+// lines) builds its row with Billing.usageRecord and hands it to the store's commitRequestEnd,
+// together with the terminal object: the row is written exactly when the result is, in one
+// transaction, so a request is never billed without its stored result, nor is a request whose
+// end could not be stored (the client got a 5xx) billed.
 //
 // What is billed: a request that ended with a result from the engine (status completed or
 // incomplete: the tokens it read and generated). A request that ends without one (failed, timed
@@ -9,8 +12,7 @@
 // says) and the choices' output tokens add up.
 //
 // Exactly once: rows are keyed by (surface, request id), so a background response or batch line
-// that runs again after a restart is recorded only by its first finished run. Callers record
-// BEFORE storing the final object, so a crash in between cannot leave a delivered result unbilled.
+// that runs again after a restart is recorded only by its first finished run.
 
 import { randomBytes } from 'node:crypto';
 import type { ModelPrice } from '../config/catalog.js';
@@ -46,14 +48,16 @@ function cachedTokensOf(result: GenerateResult): number {
 }
 
 export class Billing {
-  constructor(private readonly store: Store, private readonly registry: ModelRegistry) {}
+  // NOTE: the store is no longer written from here (request ends write the row themselves); the
+  // parameter stays until every caller stops passing it.
+  constructor(_store: Store, private readonly registry: ModelRegistry) {}
 
-  /** The ledger row of a finished request (pure apart from the id). */
+  /** The ledger row of a finished request (pure apart from the id); store it with commitRequestEnd. */
   usageRecord(req: BillableRequest): UsageRecord {
     const { caller, model: modelId } = req.prepared.request;
     const tier = req.prepared.window;
     const first = req.results[0];
-    if (!first) throw new Error('Billing.record needs at least one result');
+    if (!first) throw new Error('Billing.usageRecord needs at least one result');
     const model = this.registry.models.find((m) => m.id === modelId);
     const rates = model?.pricingFor(caller.orgName).find((p) => p.tier === tier) ?? FREE(tier);
     const completedAt = req.completedAt ?? new Date();
@@ -80,10 +84,5 @@ export class Billing {
       longContext: cost.long,
       completedAtMs: completedAt.getTime(),
     };
-  }
-
-  /** Appends the request to the ledger; false when it was recorded before. */
-  async record(req: BillableRequest): Promise<boolean> {
-    return this.store.insertUsage(this.usageRecord(req));
   }
 }

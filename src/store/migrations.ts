@@ -144,4 +144,22 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
   CREATE INDEX usage_ledger_completed ON usage_ledger(completed_at_ms);
   ALTER TABLE api_keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0;  -- 1: may read every organization's usage
   `,
+  // 6: fair webhook claims (the receiver host of each delivery, and leases that count as in flight),
+  // and webhook tokens scrubbed from everything but pending deliveries. Rows from before this get
+  // their host from the URL text (scheme://HOST/...), which is all the fairness caps need.
+  `
+  ALTER TABLE webhook_deliveries ADD COLUMN host TEXT NOT NULL DEFAULT '';      -- URL host[:port]: per-host cap
+  ALTER TABLE webhook_deliveries ADD COLUMN leased_until_ms INTEGER;            -- Unix ms; set while an attempt runs
+  CREATE INDEX webhook_deliveries_leased ON webhook_deliveries(leased_until_ms) WHERE leased_until_ms IS NOT NULL;
+  UPDATE webhook_deliveries SET host = (
+    SELECT lower(substr(rest, 1, instr(rest || '/', '/') - 1)) FROM (SELECT substr(url, instr(url, '://') + 3) AS rest)
+  );
+  UPDATE webhook_deliveries SET token = NULL WHERE state <> 'pending';
+  UPDATE webhook_deliveries SET body = json_remove(body, '$.metadata.webhook_token')
+    WHERE CASE WHEN json_valid(body) THEN json_type(body, '$.metadata.webhook_token') END IS NOT NULL;
+  UPDATE responses SET body = json_remove(body, '$.metadata.webhook_token')
+    WHERE CASE WHEN json_valid(body) THEN json_type(body, '$.metadata.webhook_token') END IS NOT NULL;
+  UPDATE batch_results SET line = json_remove(line, '$.response.body.metadata.webhook_token')
+    WHERE CASE WHEN json_valid(line) THEN json_type(line, '$.response.body.metadata.webhook_token') END IS NOT NULL;
+  `,
 ];

@@ -1,20 +1,26 @@
 // The single-process store: one SQLite file (better-sqlite3, WAL) under the data directory.
 // better-sqlite3 is synchronous and each statement takes microseconds, so the async interface
-// simply wraps its results.
+// simply wraps its results. Batches, the usage ledger and webhook deliveries live in delegates
+// (sqlite-batches.ts, sqlite-usage.ts, sqlite-webhooks.ts); commitRequestEnd writes across them in
+// one transaction.
 
 import { randomUUID } from 'node:crypto';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
 import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 import { SQLITE_MIGRATIONS } from './migrations.js';
 import { SqliteBatches } from './sqlite-batches.js';
 import { SqliteUsage } from './sqlite-usage.js';
+import { SqliteWebhooks } from './sqlite-webhooks.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
-import type { WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
+import type { RequestEnd, RequestEndCommit, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 import type { UsageRecord } from './store.js';
 
 type Row = Record<string, unknown>;
+
+/** Free pages handed back per step of reclaimSpace (4 KiB pages: 8 MiB). */
+const RECLAIM_STEP_PAGES = 2048;
 
 function keyInfo(row: Row): ApiKeyInfo {
   return {
@@ -44,10 +50,15 @@ export class SqliteStore implements Store {
   private readonly db: Database.Database;
   private readonly stmt: Record<string, Database.Statement>;
 
-  /** Opens (creating if needed) the database at `path` and applies pending migrations. */
+  /**
+   * Opens (creating if needed) the database at `path` and applies pending migrations. The file and
+   * its -wal/-shm are private to the owner (0600), an existing database's included; a directory
+   * made for it is 0700.
+   */
   constructor(path: string) {
-    if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true });
+    if (path !== ':memory:') createPrivately(path);
     this.db = new Database(path);
+    useIncrementalVacuum(this.db);
     this.db.pragma('journal_mode = WAL');
     this.db.pragma('synchronous = NORMAL');
     this.db.pragma('foreign_keys = ON');
@@ -181,6 +192,21 @@ export class SqliteStore implements Store {
     if (this.db.open) this.db.close();
   }
 
+  /**
+   * Gives the file system back the pages that deleted rows left free (a finished batch's result
+   * rows): an incremental vacuum, then a checkpoint that truncates the WAL, which the vacuum just
+   * grew. Cheap when nothing is free; run it after large deletions. The vacuum goes in steps of
+   * RECLAIM_STEP_PAGES with the event loop free between them (better-sqlite3 is synchronous, and
+   * freeing hundreds of megabytes at once would hold every request).
+   */
+  async reclaimSpace(): Promise<void> {
+    while (this.db.open && (this.db.pragma('freelist_count', { simple: true }) as number) > 0) {
+      this.db.pragma(`incremental_vacuum(${RECLAIM_STEP_PAGES})`);
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    if (this.db.open) this.db.pragma('wal_checkpoint(TRUNCATE)');
+  }
+
   // Background jobs.
   async insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void> {
     this.db.transaction(() => {
@@ -207,42 +233,49 @@ export class SqliteStore implements Store {
     }));
   }
 
-  // Webhook deliveries. Statements are prepared on first use, next to the methods that run them.
-  private webhookStmts: Record<string, Database.Statement> | undefined;
-
-  private webhookStmt(name: 'insert' | 'due' | 'lease' | 'update' | 'next'): Database.Statement {
-    this.webhookStmts ??= {
-      insert: this.db.prepare(`INSERT INTO webhook_deliveries (id, org_id, object_id, url, token, body, state, attempts,
-                                 next_attempt_at_ms, last_error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-      due: this.db.prepare(`SELECT * FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at_ms <= ?
-                              ORDER BY next_attempt_at_ms, id LIMIT ?`),
-      lease: this.db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = ? WHERE id = ?'),
-      update: this.db.prepare(`UPDATE webhook_deliveries SET state = ?, attempts = ?, next_attempt_at_ms = ?, last_error = ?,
-                                 updated_at = ? WHERE id = ?`),
-      next: this.db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries WHERE state = 'pending'`),
-    };
-    return this.webhookStmts[name]!;
+  // Webhook deliveries (sqlite-webhooks.ts).
+  private webhookTables: SqliteWebhooks | undefined;
+  private get webhooks(): SqliteWebhooks {
+    return (this.webhookTables ??= new SqliteWebhooks(this.db));
   }
 
   async insertWebhookDelivery(d: WebhookDelivery): Promise<void> {
-    this.webhookStmt('insert').run(d.id, d.orgId, d.objectId, d.url, d.token, d.body, d.state, d.attempts,
-      d.nextAttemptAtMs, d.lastError, d.createdAt, d.createdAt);
+    this.webhooks.insert(d);
   }
 
-  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]> {
-    return this.db.transaction((): WebhookDelivery[] => {
-      const rows = (this.webhookStmt('due').all(nowMs, limit) as Row[]).map(webhookDelivery);
-      for (const row of rows) this.webhookStmt('lease').run(leaseUntilMs, row.id);
-      return rows;
-    }).immediate();
+  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
+    return this.webhooks.claimDue(nowMs, leaseUntilMs, limit, caps);
   }
 
   async updateWebhookDelivery(id: string, u: WebhookDeliveryUpdate): Promise<void> {
-    this.webhookStmt('update').run(u.state, u.attempts, u.nextAttemptAtMs, u.lastError, Math.floor(Date.now() / 1000), id);
+    this.webhooks.update(id, u);
   }
 
-  async nextWebhookAttemptMs(): Promise<number | undefined> {
-    return (this.webhookStmt('next').get() as { at: number | null }).at ?? undefined;
+  async nextWebhookAttemptMs(afterMs: number): Promise<number | undefined> {
+    return this.webhooks.nextAttemptMs(afterMs);
+  }
+
+  // The end of a request: one transaction over the tables above and the delegates' tables.
+  async commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit> {
+    return this.db.transaction((): RequestEndCommit => {
+      const { response, idempotency, batchResult } = end;
+      if (response?.kind === 'foreground') {
+        const createdAt = typeof response.body['created_at'] === 'number' ? response.body['created_at'] : Math.floor(Date.now() / 1000);
+        this.stmt['insertResponse']!.run(response.body.id, response.orgId, response.body.status, createdAt,
+          Math.floor(Date.now() / 1000), JSON.stringify(response.body));
+      } else if (response?.kind === 'background') {
+        this.stmt['updateResponse']!.run(response.body.status, Math.floor(Date.now() / 1000), JSON.stringify(response.body),
+          response.body.id, response.orgId);
+        this.stmt['deleteJob']!.run(response.body.id, response.orgId);
+      }
+      if (idempotency) {
+        this.stmt['completeIdem']!.run(idempotency.statusCode, JSON.stringify(idempotency.body), idempotency.orgId, idempotency.scope, idempotency.key);
+      }
+      const batchResultRecorded = batchResult ? this.batches.recordResult(batchResult.batchId, batchResult.result, batchResult.progress) : false;
+      if (end.usage) this.usage.insertUsage(end.usage);
+      if (end.delivery) this.webhooks.insert(end.delivery);
+      return { batchResultRecorded };
+    }).immediate();
   }
 
   // Batches.
@@ -310,20 +343,36 @@ export class SqliteStore implements Store {
   }
 }
 
-function webhookDelivery(row: Row): WebhookDelivery {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    objectId: row['object_id'] as string,
-    url: row['url'] as string,
-    token: (row['token'] as string | null) ?? null,
-    body: row['body'] as string,
-    state: row['state'] as WebhookDelivery['state'],
-    attempts: row['attempts'] as number,
-    nextAttemptAtMs: row['next_attempt_at_ms'] as number,
-    lastError: (row['last_error'] as string | null) ?? null,
-    createdAt: row['created_at'] as number,
-  };
+/**
+ * Makes the database's directory (0700) and an empty database file (0600) when missing, and
+ * tightens an existing file and its -wal/-shm to 0600. SQLite creates -wal and -shm with the
+ * database file's mode, so they follow.
+ */
+function createPrivately(path: string): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  if (!existsSync(path)) closeSync(openSync(path, 'a', 0o600));
+  for (const file of [path, `${path}-wal`, `${path}-shm`]) {
+    if (existsSync(file)) chmodSync(file, 0o600);
+  }
+}
+
+/**
+ * Auto-vacuum INCREMENTAL keeps a map of free pages so that reclaimSpace can hand them back.
+ * A database made before this setting needs one VACUUM to switch (it rewrites the file; run
+ * outside any transaction, before WAL mode is set); a new, empty one takes it directly.
+ */
+function useIncrementalVacuum(db: Database.Database): void {
+  const INCREMENTAL = 2;
+  if (db.pragma('auto_vacuum', { simple: true }) === INCREMENTAL) return;
+  db.pragma('auto_vacuum = INCREMENTAL');
+  if ((db.pragma('page_count', { simple: true }) as number) === 0) return;
+  try {
+    db.exec('VACUUM');
+  } catch (err) {
+    // Another process is in the database (a CLI command next to a server of an older version):
+    // the switch waits for the next open; nothing else depends on it.
+    if (!(err as { code?: string }).code?.startsWith('SQLITE_BUSY')) throw err;
+  }
 }
 
 function migrate(db: Database.Database): void {

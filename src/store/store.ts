@@ -5,6 +5,11 @@
 //
 // Ownership: every stored object carries its organization id, and every read takes one: an object
 // of another organization is simply not found.
+//
+// A request's end is one write: commitRequestEnd stores the terminal object with everything it
+// implies (ledger row, webhook delivery, job removal, idempotency result, batch result row) in one
+// transaction, so a crash or a failed write never leaves a billed request without its result, or
+// a result without the callback promised for it.
 
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 
@@ -100,6 +105,13 @@ export interface Store {
 
   close(): Promise<void>;
 
+  // The end of a request.
+  /**
+   * Writes every part of `end` that is present in one transaction: all of them or none. Ledger and
+   * batch result rows already recorded are kept as they are (a request run again after a restart).
+   */
+  commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit>;
+
   // Background jobs.
   /** Stores the in_progress response and its job in one transaction. */
   insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void>;
@@ -110,15 +122,25 @@ export interface Store {
   // Webhook deliveries.
   insertWebhookDelivery(delivery: WebhookDelivery): Promise<void>;
   /**
-   * Takes up to `limit` pending deliveries due at `nowMs` (oldest due first) and moves their next
-   * attempt to `leaseUntilMs`, in one transaction, so a later poll does not take them again while
-   * they are being sent. A process that dies mid-attempt leaves them due again at the lease's end.
+   * Takes up to `limit` pending deliveries due at `nowMs` and leases them until `leaseUntilMs`
+   * (their next attempt moves there too), in one transaction, so no other claim takes them while
+   * they are being sent; a process that dies mid-attempt leaves them due again at the lease's end.
+   * Fair: deliveries with an unexpired lease count as in flight, and a claim never brings an
+   * organization above `caps.perOrg` nor a receiver host above `caps.perHost` in flight; among
+   * the rest it takes each organization's oldest due delivery first, then each one's second, ...
+   * (round robin over organizations; within a host, round robin over its organizations too).
    */
-  claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number): Promise<WebhookDelivery[]>;
-  /** Records an attempt's outcome (or, after a shutdown abort, just the next attempt time). */
+  claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]>;
+  /**
+   * Records an attempt's outcome (or, after a shutdown abort, just the next attempt time) and ends
+   * the lease. A delivery that ends (delivered or failed) forgets its token.
+   */
   updateWebhookDelivery(id: string, update: WebhookDeliveryUpdate): Promise<void>;
-  /** The earliest next attempt time (ms) of a pending delivery; undefined when none is pending. */
-  nextWebhookAttemptMs(): Promise<number | undefined>;
+  /**
+   * The earliest next attempt time (ms) after `afterMs` of a pending delivery (a lease's end
+   * included); undefined when there is none.
+   */
+  nextWebhookAttemptMs(afterMs: number): Promise<number | undefined>;
 
   // Batches.
   insertBatch(batch: BatchRecord): Promise<void>;
@@ -158,6 +180,10 @@ export interface Store {
   /** Marks a key as an admin key (may read every organization's usage) or not; false when no such key. */
   setApiKeyAdmin(keyId: string, admin: boolean): Promise<boolean>;
   isAdminKey(keyId: string): Promise<boolean>;
+
+  // Space.
+  /** Hands the space of deleted rows back to the file system (run after large deletions, e.g. a batch's results). */
+  reclaimSpace(): Promise<void>;
 }
 
 /** One row of the usage ledger: a finished request and its exact cost (billing/ledger.ts). */
@@ -198,7 +224,9 @@ export interface WebhookDelivery {
   /** The `id` of the object sent (response or chat completion): the receiver's deduplication key. */
   objectId: string;
   url: string;
-  /** The bearer credential; null sends no Authorization header. */
+  /** The URL's host[:port], lower case: the receiver, the unit of per-host fairness. */
+  host: string;
+  /** The bearer credential while the delivery is pending; null sends no Authorization header. */
   token: string | null;
   /** The exact JSON text to POST. */
   body: string;
@@ -213,3 +241,31 @@ export interface WebhookDelivery {
 }
 
 export type WebhookDeliveryUpdate = Pick<WebhookDelivery, 'state' | 'attempts' | 'nextAttemptAtMs' | 'lastError'>;
+
+/** Attempts in flight allowed per organization and per receiver host, counted across processes. */
+export interface WebhookClaimCaps {
+  perOrg: number;
+  perHost: number;
+}
+
+/** Everything a request's end writes (commitRequestEnd); each part is optional. */
+export interface RequestEnd {
+  /**
+   * The terminal Responses object: `foreground` inserts it; `background` replaces the stored
+   * in_progress object and deletes its job.
+   */
+  response?: { orgId: string; body: ResponseBody; kind: 'foreground' | 'background' };
+  /** Its ledger row, when the request is billed (it ended with a result). */
+  usage?: UsageRecord;
+  /** Its completion webhook delivery, when one is due. */
+  delivery?: WebhookDelivery;
+  /** Messages: the result an idempotency key replays (completeIdempotency). */
+  idempotency?: { orgId: string; scope: string; key: string; statusCode: number; body: unknown };
+  /** A batch line: its result row and the batch's progress (recordBatchResult). */
+  batchResult?: { batchId: string; result: BatchResultRow; progress: BatchProgress };
+}
+
+export interface RequestEndCommit {
+  /** False when the batch line already had a result row (it was neither stored nor counted again). */
+  batchResultRecorded: boolean;
+}

@@ -1,11 +1,24 @@
-// Sends completion callbacks (spec, "Events") at least once. enqueue() persists a delivery before
-// its first attempt; the dispatcher then claims due deliveries from the store, POSTs them, and
-// records each outcome, so a restart resumes whatever was still pending.
+// Sends completion callbacks (spec, "Events") at least once. A request's end builds its delivery
+// with deliveryFor() and stores it in the same transaction as the terminal object (store
+// commitRequestEnd), then calls wake(); the dispatcher claims due deliveries from the store, POSTs
+// them (callback-sender.ts), and records each outcome, so a restart resumes whatever was pending.
 //
 // Retries: the spec's "retried up to 3 times" is read as 1 attempt + 3 retries = 4 attempts at
 // most. A non-2xx reply, a network error or the per-attempt timeout is a failed attempt; the next
-// one waits baseDelayMs * 2^(attempt - 1) (1 s, 2 s, 4 s by default). Redirects are not followed
-// (a 3xx is a failed attempt): following one would hand the bearer token to another address.
+// one waits baseDelayMs * 2^(attempt - 1) (1 s, 2 s, 4 s by default). Redirects are not followed.
+//
+// Destinations: loopback, private, link-local and other non-global addresses are refused unless
+// the operator sets allowPrivateAddresses (address-policy.ts). A literal address is refused by
+// deliveryFor (no delivery is stored); a name is resolved at each attempt and a refusal is a
+// permanent failure (state `failed` after that attempt, no retries, logged at warn).
+//
+// Fairness: attempts in flight are capped per organization and per receiver host (URL host:port),
+// counted across every process sharing the store, and claimed round-robin over organizations; a
+// per-process total bounds sockets. A slow or dead receiver so only holds its own host's share and
+// its organization's share: another organization's callbacks go out at once.
+//
+// Credentials: the token lives only in the delivery row while the delivery is pending; the store
+// forgets it when the delivery ends (delivered or failed). Callback bodies never carry it.
 //
 // Duplicates: delivery is at-least-once. A process that dies after the receiver's 2xx but before
 // the outcome is stored sends the callback again after the restart (the body's id deduplicates).
@@ -13,8 +26,10 @@
 // Failure of every attempt is logged and kept as state `failed`; it never touches the response.
 
 import { randomUUID } from 'node:crypto';
-import type { Store, WebhookDelivery } from '../store/store.js';
-import { sendsCallback, webhookTargetOf } from './events.js';
+import type { LookupFunction } from 'node:net';
+import type { Store, WebhookClaimCaps, WebhookDelivery } from '../store/store.js';
+import { guardedLookup, postCallback, RefusedDestinationError, refusedLiteralHost, type ResolveAll } from './callback-sender.js';
+import { sendsCallback, webhookTargetOf, withoutWebhookToken } from './events.js';
 
 /** The pino-compatible subset the dispatcher logs with (fastify's app.log fits). */
 export interface WebhookLog {
@@ -31,22 +46,42 @@ export interface WebhookSettings {
   maxRetries?: number;
   /** Where failures are logged; default the app's logger. */
   log?: WebhookLog;
+  /**
+   * Lets callbacks reach loopback, private, link-local and other non-global addresses; default
+   * false. For operators whose receivers live on their own network (`sluice serve
+   * --allow-private-webhooks`).
+   */
+  allowPrivateAddresses?: boolean;
+  /** Attempts in flight in this process; default 256. */
+  maxInFlight?: number;
+  /** Attempts in flight per organization, across processes sharing the store; default 32. */
+  maxInFlightPerOrg?: number;
+  /** Attempts in flight per receiver host (URL host:port), across processes; default 16. */
+  maxInFlightPerHost?: number;
+  /** Resolves receiver host names (tests substitute DNS answers); default dns.lookup. */
+  resolveAll?: ResolveAll;
 }
 
-export const DEFAULT_WEBHOOK_SETTINGS = { timeoutMs: 30_000, baseDelayMs: 1_000, maxRetries: 3 } as const;
+export const DEFAULT_WEBHOOK_SETTINGS = {
+  timeoutMs: 30_000, baseDelayMs: 1_000, maxRetries: 3, allowPrivateAddresses: false,
+  maxInFlight: 256, maxInFlightPerOrg: 32, maxInFlightPerHost: 16,
+} as const;
 
-/** Deliveries sent at once; more due ones wait for a free slot. */
-const MAX_CONCURRENT = 16;
 /** Longest timer: long backoffs are re-checked rather than trusted to one huge timeout. */
 const MAX_SLEEP_MS = 60_000;
 
-type Outcome = { ok: true } | { ok: false; error: string } | 'shutdown';
+/** `refused`: the destination is not allowed, a permanent failure. */
+type Outcome = { ok: true } | { ok: false; error: string; refused?: true } | 'shutdown';
 
 export class WebhookDispatcher {
   private readonly timeoutMs: number;
   private readonly baseDelayMs: number;
   private readonly maxAttempts: number;
   private readonly log: WebhookLog;
+  private readonly allowPrivateAddresses: boolean;
+  private readonly lookup: LookupFunction;
+  private readonly maxInFlight: number;
+  private readonly caps: WebhookClaimCaps;
   /** delivery id -> the attempt running now; its controller aborts it on close. */
   private readonly inFlight = new Map<string, { controller: AbortController; done: Promise<void> }>();
   private timer: NodeJS.Timeout | undefined;
@@ -61,6 +96,13 @@ export class WebhookDispatcher {
     this.timeoutMs = settings.timeoutMs ?? DEFAULT_WEBHOOK_SETTINGS.timeoutMs;
     this.baseDelayMs = settings.baseDelayMs ?? DEFAULT_WEBHOOK_SETTINGS.baseDelayMs;
     this.maxAttempts = 1 + (settings.maxRetries ?? DEFAULT_WEBHOOK_SETTINGS.maxRetries);
+    this.allowPrivateAddresses = settings.allowPrivateAddresses ?? DEFAULT_WEBHOOK_SETTINGS.allowPrivateAddresses;
+    this.lookup = guardedLookup(this.allowPrivateAddresses, settings.resolveAll);
+    this.maxInFlight = settings.maxInFlight ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlight;
+    this.caps = {
+      perOrg: settings.maxInFlightPerOrg ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerOrg,
+      perHost: settings.maxInFlightPerHost ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerHost,
+    };
   }
 
   /** Begins sending: deliveries left pending by an earlier process are due at once. */
@@ -71,39 +113,55 @@ export class WebhookDispatcher {
   }
 
   /**
-   * Persists a callback of `body` to the target named by `metadata`, when there is one and the
-   * body's status sends a callback, and wakes the sender. Never throws: a callback must not change
-   * the request's outcome, so a store error is logged. Resolves once the delivery is stored.
+   * The delivery of a callback of `body` to the target named by request `metadata` (which holds the
+   * token), ready to be stored with the request's end; undefined when none is due: no target, a
+   * status that sends nothing, a target that cannot be used or a literal address that is refused
+   * (the last two logged at warn). Never throws: a callback must not change the request's outcome.
+   * The body sent is `body` without metadata.webhook_token.
    */
-  async enqueue(orgId: string, metadata: unknown, body: Record<string, unknown> & { id: string }): Promise<void> {
-    if (!sendsCallback(body)) return;
+  deliveryFor(orgId: string, metadata: unknown, body: Record<string, unknown> & { id: string }): WebhookDelivery | undefined {
+    if (!sendsCallback(body)) return undefined;
     const target = webhookTargetOf(metadata);
     if (typeof target === 'string') {
       // Told to the operator only: the request itself is unaffected (spec).
       if (target !== 'no_url') this.log.warn({ object_id: body.id, reason: target }, 'completion webhook not sent');
-      return;
+      return undefined;
+    }
+    const url = new URL(target.url);
+    const refused = refusedLiteralHost(url, this.allowPrivateAddresses);
+    if (refused !== undefined) {
+      this.log.warn({ object_id: body.id, reason: 'refused_destination', detail: refused }, 'completion webhook not sent');
+      return undefined;
     }
     const now = Date.now();
-    const delivery: WebhookDelivery = {
+    return {
       id: `whd_${randomUUID().replace(/-/g, '')}`,
       orgId,
       objectId: body.id,
       url: target.url,
+      host: url.host,
       token: target.token,
-      body: JSON.stringify(body),
+      body: JSON.stringify(withoutWebhookToken(body)),
       state: 'pending',
       attempts: 0,
       nextAttemptAtMs: now,
       lastError: null,
       createdAt: Math.floor(now / 1000),
     };
-    try {
-      await this.store.insertWebhookDelivery(delivery);
-    } catch (err) {
-      this.log.error({ err, object_id: body.id }, 'could not store a completion webhook delivery');
+  }
+
+  /** Looks for due deliveries now: call after committing one. */
+  wake(): void {
+    if (!this.started || this.closed) return;
+    if (this.pumping) {
+      this.pumpAgain = true;
       return;
     }
-    this.wake();
+    this.pumping = this.pump().finally(() => {
+      this.pumping = undefined;
+      // A wake that came after the pump's last claim (an attempt ended meanwhile) is not lost.
+      if (this.pumpAgain) this.wake();
+    });
   }
 
   /**
@@ -118,27 +176,22 @@ export class WebhookDispatcher {
     await Promise.all([...this.inFlight.values()].map((run) => run.done));
   }
 
-  /** Runs a pump now, or makes the running one look again. */
-  private wake(): void {
-    if (!this.started || this.closed) return;
-    if (this.pumping) {
-      this.pumpAgain = true;
-      return;
-    }
-    this.pumping = this.pump().finally(() => { this.pumping = undefined; });
-  }
-
-  /** Starts every due delivery there is room for, then sleeps until the next one is due. */
+  /**
+   * Starts every due delivery the caps leave room for, then sleeps until the next one is due. Due
+   * deliveries held back by a cap are looked at again when an attempt of this process ends (it
+   * wakes the pump) or when a lease ends (another process's attempt), whichever comes first.
+   */
   private async pump(): Promise<void> {
     clearTimeout(this.timer);
     try {
+      let now: number;
       do {
         this.pumpAgain = false;
-        const room = MAX_CONCURRENT - this.inFlight.size;
+        now = Date.now();
+        const room = this.maxInFlight - this.inFlight.size;
         if (room <= 0) return; // a finishing attempt wakes the pump again
-        const now = Date.now();
         // The lease outlasts the attempt (its timeout) so no later claim takes it meanwhile.
-        const claimed = await this.store.claimDueWebhookDeliveries(now, now + this.timeoutMs + 5_000, room);
+        const claimed = await this.store.claimDueWebhookDeliveries(now, now + this.timeoutMs + 5_000, room, this.caps);
         for (const delivery of claimed) {
           // close() came while claiming: hand the claim back rather than start an attempt.
           if (this.closed) await this.release(delivery);
@@ -146,7 +199,7 @@ export class WebhookDispatcher {
         }
       } while (this.pumpAgain && !this.closed);
       if (this.closed) return;
-      const next = await this.store.nextWebhookAttemptMs();
+      const next = await this.store.nextWebhookAttemptMs(now);
       if (next !== undefined) this.sleepUntil(next);
     } catch (err) {
       if (this.closed) return;
@@ -186,6 +239,11 @@ export class WebhookDispatcher {
       return;
     }
     const fields = { delivery_id: d.id, object_id: d.objectId, url: d.url, attempt: attempts, error: outcome.error };
+    if (outcome.refused) {
+      await this.store.updateWebhookDelivery(d.id, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error });
+      this.log.warn({ ...fields, reason: 'refused_destination', detail: outcome.error }, 'completion webhook destination refused; not retried');
+      return;
+    }
     if (attempts >= this.maxAttempts) {
       await this.store.updateWebhookDelivery(d.id, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error });
       this.log.error(fields, `completion webhook failed after ${attempts} attempts; giving up`);
@@ -206,17 +264,15 @@ export class WebhookDispatcher {
     if (d.token !== null) headers['authorization'] = `Bearer ${d.token}`;
     const timeout = AbortSignal.timeout(this.timeoutMs);
     try {
-      const res = await fetch(d.url, {
-        method: 'POST', headers, body: d.body, redirect: 'manual', signal: AbortSignal.any([shutdown, timeout]),
+      const status = await postCallback(new URL(d.url), d.body, {
+        headers, signal: AbortSignal.any([shutdown, timeout]), lookup: this.lookup, allowPrivateAddresses: this.allowPrivateAddresses,
       });
-      // The reply's body means nothing to us; dropping it frees the connection.
-      await res.body?.cancel().catch(() => {});
-      return res.ok ? { ok: true } : { ok: false, error: `HTTP ${res.status}` };
+      return status >= 200 && status < 300 ? { ok: true } : { ok: false, error: `HTTP ${status}` };
     } catch (err) {
+      if (err instanceof RefusedDestinationError) return { ok: false, error: err.message, refused: true };
       if (shutdown.aborted) return 'shutdown';
       if (timeout.aborted) return { ok: false, error: `timed out after ${this.timeoutMs} ms` };
-      const cause = (err as { cause?: { message?: string } }).cause?.message;
-      return { ok: false, error: cause ?? (err as Error).message };
+      return { ok: false, error: (err as Error).message };
     }
   }
 }

@@ -1,5 +1,9 @@
 // Which objects trigger a completion callback, and where it goes (spec, "Events"). Pure functions:
 // the dispatcher persists and sends; the routes only hand over the final object and its metadata.
+//
+// metadata.webhook_token is a credential, not data: no object the service returns, stores or
+// sends carries it (withoutWebhookToken); only the request's metadata (and so a background job's
+// stored request) and the pending delivery row hold it.
 
 import { isSluiceError } from '../errors.js';
 
@@ -31,6 +35,26 @@ export function webhookTargetOf(metadata: unknown): WebhookTarget | NoTarget {
   if ((parsed.protocol !== 'http:' && parsed.protocol !== 'https:') || parsed.username !== '' || parsed.password !== '') return 'unusable_url';
   if (typeof token !== 'string' || token === '') return { url, token: null };
   return SENDABLE_TOKEN.test(token) ? { url, token } : 'unusable_token';
+}
+
+/** The metadata key that holds the callback's bearer credential. */
+const TOKEN_KEY = 'webhook_token';
+
+/**
+ * `metadata` without the webhook token, for echoing in objects (a new object when it had one).
+ * Anything that is not a plain object comes back as it is.
+ */
+export function publicMetadata<T>(metadata: T): T {
+  if (metadata === null || typeof metadata !== 'object' || Array.isArray(metadata) || !(TOKEN_KEY in metadata)) return metadata;
+  const { [TOKEN_KEY]: _token, ...rest } = metadata as Record<string, unknown>;
+  return rest as T;
+}
+
+/** An object whose `metadata` no longer holds the webhook token (the same object when it held none). */
+export function withoutWebhookToken<T extends Record<string, unknown>>(body: T): T {
+  const metadata = body['metadata'];
+  const cleaned = publicMetadata(metadata);
+  return cleaned === metadata ? body : { ...body, metadata: cleaned };
 }
 
 /**

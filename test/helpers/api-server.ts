@@ -33,7 +33,10 @@ export interface TestServerOptions {
   dataDir?: string;
   /** Background deadlines per window, seconds. */
   deadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
-  /** Completion webhook retry settings (short timeouts and backoff for tests). */
+  /**
+   * Completion webhook settings (short timeouts and backoff for tests). Callbacks to the local test
+   * receiver (127.0.0.1) need `allowPrivateAddresses: true`: loopback is refused by default.
+   */
   webhooks?: WebhookSettings;
   /** Batch deadlines per window, seconds. */
   batchDeadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;

@@ -1,10 +1,13 @@
 // The Responses surface adapter: a create-response body -> GenerationRequest, and a generation's
-// outcome -> the Response object (OpenAI shape: output is a list of message items).
+// outcome -> the Response object (OpenAI shape: output is a list of message items). The object's
+// metadata is the request's without webhook_token: the token is a credential, never echoed (the
+// GenerationRequest keeps it, for the completion webhook).
 
 import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
 import type { ResponseBody } from '../../store/store.js';
+import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
 import type { CreateResponseBody, InputMessage } from '../schemas/responses.js';
 import { checkImageUrl, completionWindowOf, newId, nowSeconds, refuseListedTypes } from './content.js';
@@ -133,7 +136,7 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
     truncation: 'disabled',
     usage: zeroUsage(),
     user: body.user ?? null,
-    metadata: req.metadata,
+    metadata: publicMetadata(req.metadata),
     completion_window: prepared.window,
   };
 }

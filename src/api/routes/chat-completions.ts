@@ -1,7 +1,8 @@
 // POST /v1/chat/completions: OpenAI's Chat Completions shape over the same GenerationService path
-// as Responses. Foreground only (no background, no streaming); nothing is stored but a completion
-// webhook delivery when metadata asks for one. n > 1 runs the choices concurrently (the batcher
-// serves them together); a client disconnect cancels them all.
+// as Responses. Foreground only (no background, no streaming); nothing is stored but the ledger row
+// and a completion webhook delivery when metadata asks for one, written in one transaction
+// (request-end.ts): a completion whose end cannot be stored is a 500 and is not billed. n > 1 runs
+// the choices concurrently (the batcher serves them together); a client disconnect cancels them all.
 
 import type { FastifyInstance } from 'fastify';
 import type { GenerateResult } from '../../engine/request.js';
@@ -11,6 +12,7 @@ import {
 import { nowSeconds } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
+import { commitRequestEnd } from '../request-end.js';
 import {
   ChatCompletionSchema, CreateChatCompletionSchema, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
@@ -40,10 +42,12 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     } catch (err) {
       // A failed generation still sends its completion webhook (events.ts says with what body).
       const failed = failedChatCompletion({ id, created, model: prepared.request.model }, err);
-      if (failed) await ctx.webhooks?.enqueue(caller.orgId, body.metadata, failed);
+      if (failed) {
+        await commitRequestEnd(ctx.store, ctx.webhooks, {}, { orgId: caller.orgId, metadata: body.metadata, body: failed })
+          .catch((stored: unknown) => request.log.error({ err: stored, id }, 'could not store the webhook delivery of a failed chat completion'));
+      }
       throw err;
     }
-    await ctx.billing.record({ surface: 'chat.completions', requestId: id, prepared, results });
     const completion = chatCompletion({
       id,
       created,
@@ -52,7 +56,9 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
       results,
     });
     // Chat has no GET: the callback carries the chat.completion object this reply returns.
-    await ctx.webhooks?.enqueue(caller.orgId, body.metadata, completion);
+    await commitRequestEnd(ctx.store, ctx.webhooks,
+      { usage: ctx.billing.usageRecord({ surface: 'chat.completions', requestId: id, prepared, results }) },
+      { orgId: caller.orgId, metadata: body.metadata, body: completion });
     return completion;
   });
 }

@@ -8,6 +8,9 @@
 // `idempotent-replayed: true`); a repeat while the first still runs is 409 idempotency_key_in_use;
 // a repeat with a different body is 422 idempotency_key_reused. A call that fails releases its
 // key, so a retry runs afresh.
+//
+// The end is one write: the ledger row together with the key's stored result (request-end.ts), so
+// a message whose result cannot be stored is a 500, is not billed, and releases its key.
 
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { Caller } from '../../serving/generation-request.js';
@@ -17,6 +20,7 @@ import {
 } from '../adapters/messages.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
+import { commitRequestEnd } from '../request-end.js';
 import { ApiError } from '../errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import { CreateMessageSchema, MessageObjectSchema, type CreateMessageBody, type MessageObject } from '../schemas/messages.js';
@@ -24,14 +28,22 @@ import { CreateMessageSchema, MessageObjectSchema, type CreateMessageBody, type 
 /** The idempotency scope (store key space) of this endpoint. */
 const SCOPE = 'messages';
 
-async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: Caller, reply: FastifyReply): Promise<MessageObject> {
+/** Runs the request and writes its end: the ledger row, and the result of `idempotencyKey` if given. */
+async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: Caller, reply: FastifyReply,
+  idempotencyKey?: string): Promise<MessageObject> {
   const model = ctx.registry.resolve(body.model, caller.orgName);
   // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
   const prepared = await ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
   const result = await ctx.service.run(prepared, disconnectSignal(reply));
   const id = newId('msg');
-  await ctx.billing.record({ surface: 'messages', requestId: id, prepared, results: [result] });
-  return messageObject(id, prepared, result);
+  const message = messageObject(id, prepared, result);
+  await commitRequestEnd(ctx.store, ctx.webhooks, {
+    usage: ctx.billing.usageRecord({ surface: 'messages', requestId: id, prepared, results: [result] }),
+    ...(idempotencyKey !== undefined && {
+      idempotency: { orgId: caller.orgId, scope: SCOPE, key: idempotencyKey, statusCode: 200, body: message },
+    }),
+  });
+  return message;
 }
 
 export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): void {
@@ -74,14 +86,11 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
       case 'new':
         break;
     }
-    let message: MessageObject;
     try {
-      message = await createMessage(ctx, body, caller, reply);
+      return await createMessage(ctx, body, caller, reply, idem.key);
     } catch (err) {
       await ctx.store.abandonIdempotency(caller.orgId, SCOPE, idem.key);
       throw err;
     }
-    await ctx.store.completeIdempotency(caller.orgId, SCOPE, idem.key, 200, message);
-    return message;
   });
 }

@@ -1,19 +1,22 @@
 // POST /v1/responses and GET /v1/responses/{id}. Every response is stored (store=false too). A
 // foreground response is stored once, when it ends (completed, incomplete, failed, or cancelled
-// when its client disconnected). background=true stores the in_progress object, returns it at
-// once, and updates it when the generation ends, so GET shows progress.
+// when its client disconnected), in one transaction with its ledger row (when it ended with a
+// result) and its completion webhook delivery (request-end.ts). background=true stores the
+// in_progress object, returns it at once, and updates it when the generation ends, so GET shows
+// progress (background-responses.ts). No object here carries metadata.webhook_token.
 
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { Timings } from '../../engine/request.js';
 import { isSluiceError } from '../../errors.js';
 import type { PreparedGeneration } from '../../serving/generation-request.js';
-import type { ResponseBody } from '../../store/store.js';
+import type { ResponseBody, UsageRecord } from '../../store/store.js';
 import {
   cancelledResponse, failedResponse, finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest,
 } from '../adapters/responses.js';
 import { newId } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
+import { commitRequestEnd } from '../request-end.js';
 import { ApiError, invalidRequest, notFound } from '../errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import {
@@ -30,31 +33,39 @@ function serverTiming(t: Timings): string {
 }
 
 /**
- * Runs a prepared generation and stores how it ended; resolves with the stored final object.
- * `inserted`: the in_progress object is already stored (background) and is updated; otherwise
- * (foreground) the final object is inserted, one write per request.
+ * Runs a foreground generation and stores how it ended; resolves with the stored final object.
+ * The end is one write: the response, its ledger row when it has a result, its webhook delivery.
+ * If that write fails, the client gets a 500, and the response is stored `failed` (unbilled) if
+ * the store takes that, so that GET and the callback agree with what the client saw.
  */
 async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
-  inserted: boolean, signal?: AbortSignal, reply?: FastifyReply): Promise<ResponseBody> {
-  // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
-  const save = async (body: ResponseBody) => {
-    await (inserted ? ctx.store.updateResponse(orgId, body) : ctx.store.insertResponse(orgId, body));
-    await ctx.webhooks?.enqueue(orgId, body['metadata'], body);
-  };
+  signal: AbortSignal, reply: FastifyReply): Promise<ResponseBody> {
+  const writeEnd = (body: ResponseBody, usage?: UsageRecord) => commitRequestEnd(ctx.store, ctx.webhooks,
+    { response: { orgId, body, kind: 'foreground' }, ...(usage && { usage }) },
+    // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
+    { orgId, metadata: prepared.request.metadata, body });
   let final: ResponseBody;
+  let usage: UsageRecord;
   try {
     const result = await ctx.service.run(prepared, signal);
-    await ctx.billing.record({ surface: 'responses', requestId: running.id, prepared, results: [result] });
-    if (reply) reply.header('server-timing', serverTiming(result.timings));
+    reply.header('server-timing', serverTiming(result.timings));
     final = finishedResponse(running, result);
+    usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
   } catch (err) {
     if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);
     else if (isSluiceError(err) && err.code !== 'engine_error') final = failedResponse(running, err.code, err.message);
     else final = failedResponse(running, 'server_error', 'the engine failed while generating this response');
-    await save(final);
+    await writeEnd(final);
     throw err;
   }
-  await save(final);
+  try {
+    await writeEnd(final, usage);
+  } catch (err) {
+    reply.log.error({ err, response_id: running.id }, 'could not store a finished response; storing it as failed');
+    await writeEnd(failedResponse(running, 'server_error', 'the response could not be stored'))
+      .catch((again: unknown) => reply.log.error({ err: again, response_id: running.id }, 'could not store a failed response'));
+    throw err;
+  }
   return final;
 }
 
@@ -74,10 +85,13 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const running = inProgressResponse(newId('resp'), body, prepared);
 
     if (prepared.request.background) {
+      // The organization's limits (src/serving/tenant-limits.ts): 429 before anything is stored.
+      ctx.service.limits.checkTokens(caller);
+      ctx.service.limits.checkQueuedBackground(caller, ctx.background.numInProgress(caller.orgId));
       await ctx.background.start(caller.orgId, running, prepared);
       return running;
     }
-    return runToStore(ctx, caller.orgId, running, prepared, false, disconnectSignal(reply), reply);
+    return runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply), reply);
   });
 
   app.get<{ Params: { response_id: string } }>('/responses/:response_id', {

@@ -1,0 +1,110 @@
+// Completion webhook deliveries in the SQLite store (migrations 3 and 6): SqliteStore delegates its
+// "Webhook deliveries" methods here, and its commitRequestEnd inserts deliveries through insert().
+//
+// Leases: a claimed delivery has leased_until_ms set (and next_attempt_at_ms moved to the same
+// time, so it is not due meanwhile) until its outcome is recorded, which clears it. Rows with an
+// unexpired lease are the attempts in flight, whichever process runs them; the fairness caps count
+// those. A process that died mid-attempt leaves a lease that simply expires.
+
+import type Database from 'better-sqlite3';
+import type { WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
+
+type Row = Record<string, unknown>;
+
+function webhookDelivery(row: Row): WebhookDelivery {
+  return {
+    id: row['id'] as string,
+    orgId: row['org_id'] as string,
+    objectId: row['object_id'] as string,
+    url: row['url'] as string,
+    host: row['host'] as string,
+    token: (row['token'] as string | null) ?? null,
+    body: row['body'] as string,
+    state: row['state'] as WebhookDelivery['state'],
+    attempts: row['attempts'] as number,
+    nextAttemptAtMs: row['next_attempt_at_ms'] as number,
+    lastError: (row['last_error'] as string | null) ?? null,
+    createdAt: row['created_at'] as number,
+  };
+}
+
+/**
+ * The fair claim, as one statement: due rows are ranked within their host, round robin over the
+ * host's organizations, and kept while the host stays within its cap; the survivors are ranked
+ * within their organization and kept while it stays within its cap; the result is ordered by that
+ * rank (round robin over organizations), oldest first within a round.
+ * NOTE: ranking within the host first means an organization's deliveries held back by a full host
+ * do not use up its own cap, so its other receivers still get their turn.
+ */
+const CLAIM_SQL = `
+  WITH in_flight AS (
+    SELECT org_id, host FROM webhook_deliveries WHERE state = 'pending' AND leased_until_ms > @now
+  ),
+  org_busy AS (SELECT org_id, COUNT(*) AS n FROM in_flight GROUP BY org_id),
+  host_busy AS (SELECT host, COUNT(*) AS n FROM in_flight GROUP BY host),
+  due AS (
+    SELECT id, org_id, host, next_attempt_at_ms,
+           ROW_NUMBER() OVER (PARTITION BY host, org_id ORDER BY next_attempt_at_ms, id) AS turn_in_host
+      FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at_ms <= @now
+  ),
+  host_ranked AS (
+    SELECT due.*, ROW_NUMBER() OVER (PARTITION BY host ORDER BY turn_in_host, next_attempt_at_ms, id) AS host_rank FROM due
+  ),
+  host_fit AS (
+    SELECT h.* FROM host_ranked h LEFT JOIN host_busy b ON b.host = h.host
+     WHERE h.host_rank + COALESCE(b.n, 0) <= @perHost
+  ),
+  org_ranked AS (
+    SELECT f.*, ROW_NUMBER() OVER (PARTITION BY org_id ORDER BY next_attempt_at_ms, id) AS org_rank FROM host_fit f
+  )
+  SELECT d.* FROM org_ranked o
+    LEFT JOIN org_busy b ON b.org_id = o.org_id
+    JOIN webhook_deliveries d ON d.id = o.id
+   WHERE o.org_rank + COALESCE(b.n, 0) <= @perOrg
+   ORDER BY o.org_rank, o.next_attempt_at_ms, o.id
+   LIMIT @limit`;
+
+export class SqliteWebhooks {
+  private readonly stmt: Record<'insert' | 'claim' | 'lease' | 'update' | 'next', Database.Statement>;
+
+  constructor(private readonly db: Database.Database) {
+    this.stmt = {
+      insert: db.prepare(`INSERT INTO webhook_deliveries (id, org_id, object_id, url, host, token, body, state, attempts,
+                            next_attempt_at_ms, last_error, created_at, updated_at)
+                          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+      claim: db.prepare(CLAIM_SQL),
+      lease: db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = ?, leased_until_ms = ? WHERE id = ?'),
+      update: db.prepare(`UPDATE webhook_deliveries SET state = @state, attempts = @attempts, next_attempt_at_ms = @next,
+                            last_error = @lastError, leased_until_ms = NULL, updated_at = @at,
+                            token = CASE WHEN @state = 'pending' THEN token ELSE NULL END
+                          WHERE id = @id`),
+      next: db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries
+                          WHERE state = 'pending' AND next_attempt_at_ms > ?`),
+    };
+  }
+
+  /** Runs inside the caller's transaction when there is one (commitRequestEnd). */
+  insert(d: WebhookDelivery): void {
+    this.stmt.insert.run(d.id, d.orgId, d.objectId, d.url, d.host, d.token, d.body, d.state, d.attempts,
+      d.nextAttemptAtMs, d.lastError, d.createdAt, d.createdAt);
+  }
+
+  claimDue(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): WebhookDelivery[] {
+    // IMMEDIATE: the write lock is taken before the select, so two claimers never pick the same rows.
+    return this.db.transaction((): WebhookDelivery[] => {
+      const rows = (this.stmt.claim.all({ now: nowMs, perOrg: caps.perOrg, perHost: caps.perHost, limit }) as Row[]).map(webhookDelivery);
+      for (const row of rows) this.stmt.lease.run(leaseUntilMs, leaseUntilMs, row.id);
+      return rows;
+    }).immediate();
+  }
+
+  update(id: string, u: WebhookDeliveryUpdate): void {
+    this.stmt.update.run({
+      id, state: u.state, attempts: u.attempts, next: u.nextAttemptAtMs, lastError: u.lastError, at: Math.floor(Date.now() / 1000),
+    });
+  }
+
+  nextAttemptMs(afterMs: number): number | undefined {
+    return (this.stmt.next.get(afterMs) as { at: number | null }).at ?? undefined;
+  }
+}
