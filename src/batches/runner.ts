@@ -10,6 +10,7 @@
 import { randomBytes } from 'node:crypto';
 import { FileStorage } from '../files/file-storage.js';
 import { GenerationService } from '../serving/generation-service.js';
+import type { TenantLimiter } from '../serving/tenant-limits.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import { UNFINISHED_BATCH_STATUSES, type BatchRecord } from '../store/batch-records.js';
 import type { Store } from '../store/store.js';
@@ -33,6 +34,8 @@ export interface BatchRunnerOptions {
   deadlines?: Partial<BatchDeadlines>;
   /** Lines in flight across all batches; default the largest max_num_seqs of the served engines. */
   maxLinesInFlight?: number;
+  /** Per-organization limits, shared with the API's requests (default: a limiter of its own). */
+  limits?: TenantLimiter;
   log?: BatchLog;
 }
 
@@ -72,7 +75,7 @@ export class BatchRunner {
 
   constructor(private readonly opts: BatchRunnerOptions) {
     this.deadlines = { ...DEFAULT_BATCH_DEADLINES, ...opts.deadlines };
-    this.service = new GenerationService(opts.registry);
+    this.service = new GenerationService(opts.registry, opts.limits);
     this.billing = new Billing(opts.store, opts.registry);
     const engineSeqs = opts.registry.models.map((m) => m.engine.info.maxNumSeqs);
     this.slots = new Slots(opts.maxLinesInFlight ?? Math.max(1, ...engineSeqs));

@@ -1,19 +1,27 @@
 // A counting semaphore shared by every running batch: the number of request lines in flight at
-// once, across batches, never exceeds its size. Waiters are served in arrival order.
+// once, across batches, never exceeds its size. Waiters queue per organization and a freed slot
+// goes to the organization whose last slot is the oldest (never served first), so one
+// organization's huge batch cannot hold every slot while another's batch waits; within an
+// organization, in arrival order.
 
 export class Slots {
   private free: number;
-  private readonly waiters: Array<() => void> = [];
+  /** org -> its waiters, in arrival order. */
+  private readonly waiters = new Map<string, Array<() => void>>();
+  /** org -> when it last got a slot (a counter; never: 0). */
+  private readonly lastGrant = new Map<string, number>();
+  private numGrants = 0;
 
   constructor(readonly size: number) {
     this.free = size;
   }
 
   /** Resolves true with a slot taken, or false (no slot taken) once `signal` aborts. */
-  acquire(signal: AbortSignal): Promise<boolean> {
+  acquire(signal: AbortSignal, org = ''): Promise<boolean> {
     if (signal.aborted) return Promise.resolve(false);
-    if (this.free > 0) {
+    if (this.free > 0 && this.waiters.size === 0) {
       this.free -= 1;
+      this.lastGrant.set(org, ++this.numGrants);
       return Promise.resolve(true);
     }
     return new Promise((resolve) => {
@@ -22,18 +30,40 @@ export class Slots {
         resolve(true);
       };
       const quit = () => {
-        const i = this.waiters.indexOf(grant);
-        if (i !== -1) this.waiters.splice(i, 1);
+        const queue = this.waiters.get(org);
+        const i = queue?.indexOf(grant) ?? -1;
+        if (i !== -1) queue!.splice(i, 1);
+        if (queue?.length === 0) this.waiters.delete(org);
         resolve(false);
       };
-      this.waiters.push(grant);
+      let queue = this.waiters.get(org);
+      if (!queue) this.waiters.set(org, (queue = []));
+      queue.push(grant);
       signal.addEventListener('abort', quit, { once: true });
+      this.grantFree();
     });
   }
 
   release(): void {
-    const next = this.waiters.shift();
-    if (next) next(); // the slot passes straight to the next waiter
-    else this.free += 1;
+    this.free += 1;
+    this.grantFree();
+  }
+
+  /** Hands free slots to waiters, least recently served organization first. */
+  private grantFree(): void {
+    while (this.free > 0 && this.waiters.size > 0) {
+      let org = '';
+      let oldest = Infinity;
+      for (const o of this.waiters.keys()) {
+        const at = this.lastGrant.get(o) ?? 0;
+        if (at < oldest) [org, oldest] = [o, at];
+      }
+      const queue = this.waiters.get(org)!;
+      const next = queue.shift()!;
+      if (queue.length === 0) this.waiters.delete(org);
+      this.free -= 1;
+      this.lastGrant.set(org, ++this.numGrants);
+      next();
+    }
   }
 }

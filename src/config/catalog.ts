@@ -64,10 +64,30 @@ const CatalogModelSchema = Type.Object({
 }, { additionalProperties: false });
 export type CatalogModel = Static<typeof CatalogModelSchema>;
 
+const OrgLimitFields = {
+  /** Generation requests of one organization in the engine at once (0: no limit). */
+  max_inflight_requests: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
+  /** Background responses of one organization in progress at once (0: no limit). */
+  max_queued_background: Type.Optional(Type.Integer({ minimum: 0, maximum: 100_000_000 })),
+  /** Prompt + generated tokens per minute for one organization (0: no limit). */
+  tokens_per_minute: Type.Optional(Type.Integer({ minimum: 0, maximum: 1e15 })),
+};
+export const OrgLimitsSchema = Type.Object(OrgLimitFields, { additionalProperties: false });
+export type OrgLimitSettings = Static<typeof OrgLimitsSchema>;
+
+const LimitsSchema = Type.Object({
+  ...OrgLimitFields,
+  /** Organization name -> limits replacing the defaults above field by field. */
+  organizations: Type.Optional(Type.Record(Type.String({ minLength: 1 }), OrgLimitsSchema)),
+}, { additionalProperties: false });
+export type LimitSettings = Static<typeof LimitsSchema>;
+
 const CatalogSchema = Type.Object({
   models: Type.Array(CatalogModelSchema, { minItems: 1 }),
   /** Engine settings for every model; a model's own `engine` overrides them field by field. */
   engine: Type.Optional(EngineSettingsSchema),
+  /** Per-organization limits (defaults for every organization, and overrides by name). */
+  limits: Type.Optional(LimitsSchema),
 }, { additionalProperties: false });
 export type Catalog = Static<typeof CatalogSchema>;
 

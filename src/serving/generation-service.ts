@@ -7,9 +7,17 @@ import { MAX_PROMPT_CACHE_KEY_LENGTH, type GenerateResult } from '../engine/requ
 import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, PreparedGeneration } from './generation-request.js';
 import type { ModelRegistry, ServedModel } from './model-registry.js';
+import { TenantLimiter, type Release } from './tenant-limits.js';
+
+/**
+ * How a run meets its organization's limits (tenant-limits.ts): a foreground request is refused
+ * (429) when they are reached; background work and batch lines wait for their turn (batch lines
+ * are not charged against tokens per minute).
+ */
+export type RunMode = 'foreground' | 'background' | 'batch';
 
 export class GenerationService {
-  constructor(readonly registry: ModelRegistry) {}
+  constructor(readonly registry: ModelRegistry, readonly limits: TenantLimiter = new TenantLimiter()) {}
 
   async prepare(request: GenerationRequest): Promise<PreparedGeneration> {
     const model = this.registry.resolve(request.model, request.caller.orgName);
@@ -17,6 +25,11 @@ export class GenerationService {
     if (request.promptCacheKey !== undefined && request.promptCacheKey.length > MAX_PROMPT_CACHE_KEY_LENGTH) {
       throw new SluiceError('invalid_request',
         `prompt_cache_key must be at most ${MAX_PROMPT_CACHE_KEY_LENGTH} characters`, { param: 'prompt_cache_key' });
+    }
+    const topK = request.sampling.topK;
+    if (topK !== undefined && topK > model.engine.info.vocabSize) {
+      throw new SluiceError('invalid_request',
+        `top_k must be at most the model's vocabulary size (${model.engine.info.vocabSize}), got ${topK}`, { param: 'top_k' });
     }
     if (request.imageParam !== undefined && !model.supportsImageInput) {
       throw new SluiceError('image_input_unsupported',
@@ -30,12 +43,33 @@ export class GenerationService {
     // Long inputs are rendered and tokenized off the event loop; over-long ones are refused first.
     const promptTokenIds = await model.engine.preparePrompt(request.input.kind === 'messages'
       ? { messages: request.input.messages }
-      : { prompt: request.input.text });
+      : { prompt: request.input.text }, { contextLength: model.contextLength, tenant: request.caller.orgId });
     const maxTokens = resolveMaxTokens(model, promptTokenIds.length, request);
     return { request, window, promptTokenIds, maxTokens };
   }
 
-  async run(prepared: PreparedGeneration, signal?: AbortSignal): Promise<GenerateResult> {
+  async run(prepared: PreparedGeneration, signal?: AbortSignal, mode: RunMode = 'foreground'): Promise<GenerateResult> {
+    const { caller } = prepared.request;
+    let release: Release;
+    if (mode === 'foreground') {
+      this.limits.checkTokens(caller);
+      release = this.limits.tryAcquire(caller);
+    } else {
+      release = await this.limits.acquire(caller, signal);
+      if (mode === 'background') await waitForTokens(this.limits, caller, signal);
+    }
+    const charged = mode !== 'batch';
+    try {
+      if (charged) this.limits.chargeTokens(caller, prepared.promptTokenIds.length);
+      const result = await this.generate(prepared, signal);
+      if (charged) this.limits.chargeTokens(caller, result.usage.completionTokens);
+      return result;
+    } finally {
+      release();
+    }
+  }
+
+  private generate(prepared: PreparedGeneration, signal: AbortSignal | undefined): Promise<GenerateResult> {
     const { request } = prepared;
     const model = this.registry.resolve(request.model, request.caller.orgName);
     const s = request.sampling;
@@ -43,6 +77,8 @@ export class GenerationService {
       promptTokenIds: prepared.promptTokenIds,
       maxTokens: prepared.maxTokens,
       completionWindow: prepared.window,
+      // The organization owns its cached prefixes and gets its fair share of each window.
+      tenant: request.caller.orgId,
       // An empty key is no key.
       ...(request.promptCacheKey && { promptCacheKey: request.promptCacheKey }),
       ...(s.temperature !== undefined && { temperature: s.temperature }),
@@ -59,13 +95,13 @@ export class GenerationService {
    * Runs several generations of one request (n choices); resolves with their results in order.
    * The first failure (or `signal`) cancels the ones still running, and the call rejects with it.
    */
-  async runChoices(choices: PreparedGeneration[], signal: AbortSignal): Promise<GenerateResult[]> {
-    if (choices.length === 1) return [await this.run(choices[0]!, signal)];
+  async runChoices(choices: PreparedGeneration[], signal: AbortSignal, mode: RunMode = 'foreground'): Promise<GenerateResult[]> {
+    if (choices.length === 1) return [await this.run(choices[0]!, signal, mode)];
     const controller = new AbortController();
     const cancelAll = () => controller.abort();
     signal.addEventListener('abort', cancelAll, { once: true });
     try {
-      return await Promise.all(choices.map((choice) => this.run(choice, controller.signal).catch((err: unknown) => {
+      return await Promise.all(choices.map((choice) => this.run(choice, controller.signal, mode).catch((err: unknown) => {
         cancelAll();
         throw err;
       })));
@@ -77,6 +113,22 @@ export class GenerationService {
   /** The model a prepared request runs on (its tokenizer decodes logprob tokens). */
   modelOf(prepared: PreparedGeneration): ServedModel {
     return this.registry.resolve(prepared.request.model, prepared.request.caller.orgName);
+  }
+}
+
+/** Sleeps while the organization's token budget is spent (accepted background work waits its turn). */
+async function waitForTokens(limits: TenantLimiter, caller: GenerationRequest['caller'], signal?: AbortSignal): Promise<void> {
+  for (let wait = limits.tokenDebtSeconds(caller); wait > 0; wait = limits.tokenDebtSeconds(caller)) {
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(done, Math.min(wait, 60) * 1000);
+      function done() {
+        signal?.removeEventListener('abort', done);
+        clearTimeout(timer);
+        if (signal?.aborted) reject(signal.reason instanceof Error ? signal.reason : new SluiceError('cancelled', 'the request was cancelled'));
+        else resolve();
+      }
+      signal?.addEventListener('abort', done, { once: true });
+    });
   }
 }
 

@@ -1,0 +1,76 @@
+// Per-organization limits (src/serving/tenant-limits.ts): in-flight slots (foreground refused,
+// background waits its turn), background queue size, and the tokens-per-minute bucket, with the
+// seconds a 429 asks the caller to wait. Pure: a fake clock, no engine.
+
+import { describe, expect, it } from 'vitest';
+import { RateLimitError, TenantLimiter } from '../src/serving/tenant-limits.js';
+
+const acme = { orgId: 'org_acme', orgName: 'acme', keyId: 'k1' };
+const other = { orgId: 'org_other', orgName: 'other', keyId: 'k2' };
+
+describe('TenantLimiter', () => {
+  it('refuses a foreground request over the in-flight limit, per organization, until one is released', () => {
+    const limits = new TenantLimiter(undefined, { maxInflightRequests: 2 });
+    const r1 = limits.tryAcquire(acme);
+    limits.tryAcquire(acme);
+    expect(() => limits.tryAcquire(acme)).toThrow(RateLimitError);
+    try {
+      limits.tryAcquire(acme);
+    } catch (err) {
+      expect(err).toMatchObject({ code: 'rate_limit_exceeded', retryAfterSeconds: 1 });
+    }
+    expect(() => limits.tryAcquire(other)).not.toThrow();  // another organization is unaffected
+    r1();
+    r1();  // releasing twice frees one slot, not two
+    expect(() => limits.tryAcquire(acme)).not.toThrow();
+    expect(() => limits.tryAcquire(acme)).toThrow(RateLimitError);
+  });
+
+  it('makes background work wait for a slot in arrival order, and lets a waiter give up', async () => {
+    const limits = new TenantLimiter(undefined, { maxInflightRequests: 1 });
+    const first = await limits.acquire(acme);
+    const order: string[] = [];
+    const second = limits.acquire(acme).then((release) => { order.push('second'); return release; });
+    const controller = new AbortController();
+    const quitter = limits.acquire(acme, controller.signal).catch(() => order.push('quit'));
+    const third = limits.acquire(acme).then((release) => { order.push('third'); return release; });
+    controller.abort();
+    await quitter;
+    first();
+    (await second)();
+    (await third)();
+    expect(order).toEqual(['quit', 'second', 'third']);
+  });
+
+  it('limits background responses in progress', () => {
+    const limits = new TenantLimiter({ max_queued_background: 3 });
+    expect(() => limits.checkQueuedBackground(acme, 2)).not.toThrow();
+    expect(() => limits.checkQueuedBackground(acme, 3)).toThrow(expect.objectContaining({ code: 'rate_limit_exceeded', param: 'background' }));
+  });
+
+  it('keeps a tokens-per-minute bucket: 429 while in debt, for as long as the refill takes', () => {
+    let now = 0;
+    const limits = new TenantLimiter({ tokens_per_minute: 600 }, {}, () => now);  // 10 tokens per second
+    limits.checkTokens(acme);
+    limits.chargeTokens(acme, 500);
+    limits.checkTokens(acme);              // 100 left
+    limits.chargeTokens(acme, 300);        // -200: 20 s of refill
+    expect(limits.tokenDebtSeconds(acme)).toBeCloseTo(20);
+    expect(() => limits.checkTokens(acme)).toThrow(expect.objectContaining({ retryAfterSeconds: 20 }));
+    expect(() => limits.checkTokens(other)).not.toThrow();
+    now += 15_000;
+    expect(limits.tokenDebtSeconds(acme)).toBeCloseTo(5);
+    now += 5_000;
+    expect(() => limits.checkTokens(acme)).not.toThrow();
+    now += 3_600_000;                      // never more than a minute's worth banked
+    limits.chargeTokens(acme, 601);
+    expect(limits.tokenDebtSeconds(acme)).toBeCloseTo(0.1);
+  });
+
+  it('takes per-organization overrides from the catalog over the defaults', () => {
+    const limits = new TenantLimiter({ max_inflight_requests: 5, organizations: { acme: { max_inflight_requests: 1 } } },
+      { maxInflightRequests: 100, tokensPerMinute: 7 });
+    expect(limits.limitsFor(acme)).toEqual({ maxInflightRequests: 1, maxQueuedBackground: 10_000, tokensPerMinute: 7 });
+    expect(limits.limitsFor(other)).toEqual({ maxInflightRequests: 5, maxQueuedBackground: 10_000, tokensPerMinute: 7 });
+  });
+});
