@@ -2,6 +2,7 @@
 // a first API key when there is none, and the HTTP app. Library users call this to run the whole
 // service in their process; createServer (api/app.ts) is the lower level for mounting the API.
 
+import { mkdirSync } from 'node:fs';
 import os from 'node:os';
 import { join, resolve } from 'node:path';
 import type { FastifyInstance, FastifyServerOptions } from 'fastify';
@@ -15,12 +16,19 @@ import { SqliteStore } from './store/sqlite-store.js';
 import type { WebhookSettings } from './webhooks/dispatcher.js';
 import { BatchRunner, type BatchDeadlines } from './batches/runner.js';
 import type { Store } from './store/store.js';
+import { DataDirLock } from './store/data-dir-lock.js';
+import { loadOrCreatePrefixHashKey } from './store/deployment-key.js';
+import { TenantLimiter, type OrgLimits } from './serving/tenant-limits.js';
+import type { TransportLimits } from './api/transport.js';
 
 export const DEFAULT_ORGANIZATION = 'default';
 
 export interface OpenServiceOptions {
   catalog: Catalog;
-  /** Directory for sluice.db and file bytes (created if missing). */
+  /**
+   * Directory for sluice.db and file bytes (created 0700 if missing). One server per directory:
+   * a second openService on it fails (SluiceError data_dir_locked) while the first runs.
+   */
   dataDir: string;
   engineDefaults?: Omit<EngineLoadOptions, 'model'>;
   logger?: FastifyServerOptions['logger'];
@@ -31,6 +39,13 @@ export interface OpenServiceOptions {
   webhooks?: WebhookSettings;
   /** Seconds from a batch's creation to its expiry, per window it runs at (24h runs as flex). */
   batchDeadlines?: Partial<BatchDeadlines>;
+  /** Body timeout, minimum body rate, connection cap (defaults: DEFAULT_TRANSPORT_LIMITS in api/transport.ts). */
+  transport?: Partial<TransportLimits>;
+  /**
+   * Per-organization limits for every organization (the serve flags); the catalog's `limits`
+   * override them, per organization too. Defaults: DEFAULT_ORG_LIMITS (serving/tenant-limits.ts).
+   */
+  orgLimits?: Partial<OrgLimits>;
 }
 
 export interface Service {
@@ -42,7 +57,7 @@ export interface Service {
   firstKey: CreatedKey | undefined;
   /** Runs the batches; started here, stopped by close() (unfinished batches resume at the next open). */
   batches: BatchRunner;
-  /** Stops the app, frees the models, closes the store. Safe to call twice. */
+  /** Stops the app, frees the models, closes the store, releases the data directory. Safe to call twice. */
   close(): Promise<void>;
 }
 
@@ -61,26 +76,37 @@ export function storePath(dataDir: string): string {
 
 export async function openService(opts: OpenServiceOptions): Promise<Service> {
   const dataDir = resolve(opts.dataDir);
-  const store = new SqliteStore(storePath(dataDir));
-  // This process owns the SQLite store: requests in flight when the last one stopped are gone.
-  await store.releasePendingIdempotency();
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  // Before anything touches the directory: a second server must not resume this one's work.
+  const lock = DataDirLock.acquire(dataDir);
+  let store: SqliteStore;
+  try {
+    store = new SqliteStore(storePath(dataDir));
+  } catch (err) {
+    lock.release();
+    throw err;
+  }
   let registry: ModelRegistry | undefined;
   try {
+    // This process owns the SQLite store: requests in flight when the last one stopped are gone.
+    await store.releasePendingIdempotency();
     const registryOptions: Parameters<typeof ModelRegistry.load>[1] = {
-      engineDefaults: { threads: defaultServeThreads(), ...opts.engineDefaults },
+      engineDefaults: { threads: defaultServeThreads(), prefixHashKey: loadOrCreatePrefixHashKey(dataDir), ...opts.engineDefaults },
     };
     if (opts.onProgress) registryOptions.onProgress = opts.onProgress;
     registryOptions.onMessage = opts.onProgress ?? ((m) => process.stderr.write(`sluice: ${m}\n`));
     registry = await ModelRegistry.load(opts.catalog, registryOptions);
     const firstKey = (await store.countActiveApiKeys()) === 0 ? await createApiKey(store, DEFAULT_ORGANIZATION) : undefined;
     let app: FastifyInstance | undefined;
+    // One limiter for the API's requests and the batch lines: an organization's limits are its own.
+    const limits = new TenantLimiter(opts.catalog.limits, opts.orgLimits);
     const batches = new BatchRunner({
-      store, registry, dataDir, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }),
+      store, registry, dataDir, limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }),
       log: { error: (obj, msg) => app?.log.error(obj, msg) },
     });
     app = await createServer({
       store, registry, dataDir, logger: opts.logger, ...(opts.deadlines && { deadlines: opts.deadlines }),
-      ...(opts.webhooks && { webhooks: opts.webhooks }), batches,
+      ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,
     });
     await batches.start();
     let closed = false;
@@ -91,16 +117,21 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
       async close() {
         if (closed) return;
         closed = true;
-        await started.close();
-        // After the HTTP app (no new batches or cancels), before the engines go.
-        await batches.stop();
-        await loaded.dispose();
-        await store.close();
+        try {
+          await started.close();
+          // After the HTTP app (no new batches or cancels), before the engines go.
+          await batches.stop();
+          await loaded.dispose();
+          await store.close();
+        } finally {
+          lock.release();
+        }
       },
     };
   } catch (err) {
     await registry?.dispose();
     await store.close();
+    lock.release();
     throw err;
   }
 }

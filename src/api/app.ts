@@ -1,14 +1,25 @@
 // Builds the sluice HTTP app: /health and /ready for orchestrators, and the API plugin under /v1.
 // Tests import this and inject requests or listen on a port; `sluice serve` listens and handles signals.
+//
+// Every 4xx and 5xx leaves in the error envelope, including the ones fastify and Node answer
+// before any route runs: malformed HTTP and oversized headers (clientErrorHandler, on the raw
+// socket), malformed or over-long URLs (frameworkErrors), requests while shutting down (503), a
+// missing Host header, an unsupported Expect header, and bodies that arrive too slowly (408,
+// transport.ts).
 
-import Fastify, { LogController, type FastifyInstance, type FastifyServerOptions } from 'fastify';
+import Fastify, {
+  LogController, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyServerOptions,
+} from 'fastify';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import type { WindowDeadlines } from './background-responses.js';
-import { ApiError, renderError } from './errors.js';
+import { ApiError, envelope, renderError } from './errors.js';
+import { jsonBodyParser } from './json-body.js';
 import { sluiceApi } from './plugin.js';
+import { BodyGuard, DEFAULT_TRANSPORT_LIMITS, makeClientErrorHandler, SocketResponses, type TransportLimits } from './transport.js';
 import type { WebhookSettings } from '../webhooks/dispatcher.js';
 import type { BatchRunner } from '../batches/runner.js';
+import type { TenantLimiter } from '../serving/tenant-limits.js';
 
 export interface CreateServerOptions {
   store: Store;
@@ -22,40 +33,98 @@ export interface CreateServerOptions {
   webhooks?: WebhookSettings;
   /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
   batches?: BatchRunner;
+  /** Body timeout, minimum body rate, connection cap; defaults DEFAULT_TRANSPORT_LIMITS (transport.ts). */
+  transport?: Partial<TransportLimits>;
+  /** Per-organization limits, shared with the batch runner; default DEFAULT_ORG_LIMITS. */
+  limits?: TenantLimiter;
 }
 
 /** Largest JSON body: generous for base64 images, and the same order as a batch line (28 MiB). */
 export const JSON_BODY_LIMIT = 32 * 1024 * 1024;
 
+/** Longest path parameter the router takes: the longest id the route schemas accept. Longer is a 414. */
+const MAX_PARAM_LENGTH = 128;
+
+/** fastify's errors raised before routing -> status, envelope code and a message that does not echo the URL. */
+const FRAMEWORK_ERRORS: Record<string, { status: number; code: string; message: string }> = {
+  FST_ERR_BAD_URL: { status: 400, code: 'invalid_url', message: 'the URL path is not valid (a malformed %-escape)' },
+  FST_ERR_MAX_PARAM_LENGTH: {
+    status: 414, code: 'uri_too_long', message: `a path parameter of the URL is longer than ${MAX_PARAM_LENGTH} characters`,
+  },
+};
+
+function replyFrameworkError(err: FastifyError, reply: FastifyReply): FastifyReply {
+  const known = FRAMEWORK_ERRORS[err.code];
+  if (!known) return reply.code(500).send(envelope('server_error', 'internal server error', null, 'internal_error'));
+  return reply.code(known.status).send(envelope('invalid_request_error', known.message, null, known.code));
+}
+
 export async function createServer(opts: CreateServerOptions): Promise<FastifyInstance> {
+  const limits: TransportLimits = { ...DEFAULT_TRANSPORT_LIMITS, ...opts.transport };
+  const responses = new SocketResponses();
   const app = Fastify({
     logger: opts.logger ?? false,
     bodyLimit: JSON_BODY_LIMIT,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     // No line per request: errors and lifecycle only (request logs cost throughput on small hosts).
     logController: new LogController({ disableRequestLogging: true }),
-    return503OnClosing: true,
-    // Generation can take minutes; only idle keep-alive sockets are timed out.
+    // Requests that arrive while closing get the envelope from the onRequest hook below instead.
+    return503OnClosing: false,
+    // Node's requestTimeout times only the receipt of a request (checked: a reply that takes
+    // minutes is not cut), but it answers outside the envelope and looks only every 30 s;
+    // BodyGuard (transport.ts) times bodies instead. Headers stay under Node's headersTimeout (60 s).
     requestTimeout: 0,
+    // A missing Host header gets the envelope from the onRequest hook below, not Node's empty 400.
+    http: { requireHostHeader: false },
+    clientErrorHandler: makeClientErrorHandler(responses),
+    frameworkErrors: (err, _request, reply) => replyFrameworkError(err, reply as unknown as FastifyReply),
   });
+  if (limits.maxConnections > 0) app.server.maxConnections = limits.maxConnections;
+  // Expect other than 100-continue: Node would answer 417 with no body.
+  app.server.on('checkExpectation', (_req, res) => {
+    const body = JSON.stringify(envelope('invalid_request_error', 'only "Expect: 100-continue" is supported', null, 'expectation_failed'));
+    res.writeHead(417, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), connection: 'close' });
+    res.end(body);
+  });
+  const bodyGuard = new BodyGuard(limits);
 
   let closing = false;
   // preClose runs before the listener stops: from then on every response ends its connection, so a
   // keep-alive socket still busy when close began does not hold shutdown for keepAliveTimeout.
   app.addHook('preClose', async () => { closing = true; });
+  app.addHook('onClose', async () => bodyGuard.close());
   app.addHook('onSend', async (_request, reply) => {
     if (closing) reply.header('connection', 'close');
   });
+  // Root hooks, added before the plugin so that they run first for every route (fastify encapsulation).
+  app.addHook('onRequest', async (request, reply) => {
+    responses.track(request.raw.socket, reply.raw);
+    if (closing) throw new ApiError(503, 'server_error', 'the server is shutting down; retry the request', null, 'shutting_down');
+    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
+      throw new ApiError(400, 'invalid_request_error', 'an HTTP/1.1 request needs a Host header', null, 'missing_host_header');
+    }
+    bodyGuard.watch(request.raw, reply.raw);
+  });
+  // Outside /v1 too, JSON bodies are parsed with the same limits (and errors) as inside.
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, jsonBodyParser);
 
   app.get('/health', { schema: { hide: true } }, async () => ({ status: 'ok' }));
-  app.get('/ready', { schema: { hide: true } }, async (_request, reply) => {
-    if (closing) return reply.code(503).send({ status: 'shutting_down' });
-    return { status: 'ready', models: opts.registry.models.map((m) => m.id) };
+  // No model names: these two answer without a key. An engine out of service after a device fault
+  // makes the process not ready (its log says why), so an orchestrator replaces it.
+  app.get('/ready', { schema: { hide: true } }, async () => {
+    if (opts.registry.models.some((m) => m.engine.brokenReason !== undefined)) {
+      throw new ApiError(503, 'server_error', 'a model engine is out of service after a fault; see the server log', null, 'engine_broken');
+    }
+    return { status: 'ready' };
   });
 
   // Outside /v1 (unknown paths, errors of /health) the same envelope applies.
   app.setErrorHandler((err, request, reply) => {
     const rendered = renderError(err);
     if (rendered.internal) request.log.error({ err }, 'request failed');
+    if (reply.raw.destroyed) return; // the connection is gone (a body cut by BodyGuard); nothing to send
+    if (rendered.headers) reply.headers(rendered.headers);
     return reply.code(rendered.statusCode).send(rendered.body);
   });
   app.setNotFoundHandler((request) => {
@@ -67,6 +136,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     ...(opts.deadlines && { deadlines: opts.deadlines }),
     ...(opts.webhooks && { webhooks: opts.webhooks }),
     ...(opts.batches && { batches: opts.batches }),
+    ...(opts.limits && { limits: opts.limits }),
   });
   return app;
 }

@@ -12,11 +12,13 @@ export type ErrorType =
   | 'not_found_error'         // 404 for an id
   | 'conflict_error'          // 409
   | 'request_too_large'       // 413
+  | 'rate_limit_error'        // 429
   | 'server_error'            // 500, 503
   ;
 
 export interface ErrorEnvelope {
-  error: { message: string; type: string; param: string | null; code: string | null };
+  /** The spec's four fields; some errors add their own (retry_after on a 429). */
+  error: { message: string; type: string; param: string | null; code: string | null; [extra: string]: unknown };
 }
 
 /** An expected API failure: thrown by routes and hooks, rendered by renderError. */
@@ -47,13 +49,15 @@ const SLUICE_CODE_STATUS: Record<string, number> = {
   no_chat_template: 400,
   chat_template_error: 400,
   model_not_found: 404,
-  model_not_permitted: 403,
   unsupported_completion_window: 400,
   image_input_unsupported: 400,
   unsupported_input: 400,
   chat_unsupported: 400,
+  input_too_long: 400,
+  rate_limit_exceeded: 429,
   cancelled: 499,
   engine_disposed: 503,
+  engine_broken: 503,
 };
 
 /** fastify error codes -> envelope code (status comes from the error). */
@@ -69,6 +73,8 @@ const FASTIFY_CODES: Record<string, string> = {
 export interface RenderedError {
   statusCode: number;
   body: ErrorEnvelope;
+  /** Headers the reply must carry (Retry-After of a 429); both error handlers apply them. */
+  headers?: Record<string, string>;
   /** True when the error is a bug or an internal failure that should be logged with its stack. */
   internal: boolean;
 }
@@ -77,12 +83,13 @@ export function envelope(type: string, message: string, param: string | null = n
   return { error: { message, type, param, code } };
 }
 
-function typeForStatus(status: number): ErrorType {
+export function typeForStatus(status: number): ErrorType {
   if (status === 401) return 'authentication_error';
   if (status === 403) return 'permission_error';
   if (status === 404) return 'not_found_error';
   if (status === 409) return 'conflict_error';
   if (status === 413) return 'request_too_large';
+  if (status === 429) return 'rate_limit_error';
   if (status >= 500) return 'server_error';
   return 'invalid_request_error';
 }
@@ -93,6 +100,11 @@ export function renderError(err: unknown): RenderedError {
   }
   if (isSluiceError(err)) {
     const status = SLUICE_CODE_STATUS[err.code] ?? 500;
+    if (err.code === 'engine_broken') {
+      // Its message is written to be shown to clients (what broke, that a restart is needed).
+      return { statusCode: 503, body: envelope('server_error', err.message, null, err.code), internal: false };
+    }
+    if (status === 429) return renderRateLimit(err);
     if (status >= 500) {
       return {
         statusCode: status,
@@ -115,4 +127,18 @@ export function renderError(err: unknown): RenderedError {
     };
   }
   return { statusCode: 500, body: envelope('server_error', 'internal server error', null, 'internal_error'), internal: true };
+}
+
+/**
+ * rate_limit_exceeded: a 429 whose error carries, when the limiter knows it, the seconds until a
+ * retry may succeed (`retryAfterSeconds` on the error): sent as `Retry-After` (whole seconds,
+ * rounded up) and as `error.retry_after`.
+ */
+function renderRateLimit(err: Error & { code: string; param?: string | undefined }): RenderedError {
+  const body = envelope('rate_limit_error', err.message, err.param ?? null, err.code);
+  const seconds = (err as { retryAfterSeconds?: unknown }).retryAfterSeconds;
+  if (typeof seconds !== 'number' || !Number.isFinite(seconds) || seconds < 0) return { statusCode: 429, body, internal: false };
+  const whole = Math.ceil(seconds);
+  body.error['retry_after'] = whole;
+  return { statusCode: 429, body, headers: { 'retry-after': String(whole) }, internal: false };
 }

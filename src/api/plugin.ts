@@ -9,6 +9,7 @@
 import swagger from '@fastify/swagger';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { GenerationService } from '../serving/generation-service.js';
+import type { TenantLimiter } from '../serving/tenant-limits.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import { makeAuthHook } from './auth.js';
@@ -22,6 +23,7 @@ import { registerMessageRoutes } from './routes/messages.js';
 import { registerModelRoutes } from './routes/models.js';
 import { registerResponseRoutes } from './routes/responses.js';
 import { validatorCompiler } from './validation.js';
+import { jsonBodyParser } from './json-body.js';
 import { WebhookDispatcher, type WebhookSettings } from '../webhooks/dispatcher.js';
 import { BatchRunner } from '../batches/runner.js';
 import { Billing } from '../billing/ledger.js';
@@ -30,12 +32,17 @@ import { registerUsageRoutes } from './routes/usage.js';
 export const API_VERSION = '2026-08-14';
 
 export interface SluiceApiOptions {
+  /** Per-organization limits (in flight, queued background, tokens per minute); default DEFAULT_ORG_LIMITS. */
+  limits?: TenantLimiter;
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
   /** Seconds a background response may stay in_progress, per window (defaults: DEFAULT_WINDOW_DEADLINES). */
   deadlines?: Partial<WindowDeadlines>;
-  /** Completion webhook retry settings (defaults: the spec's 30 s timeout, 3 retries) and logger. */
+  /**
+   * Completion webhook settings (defaults: the spec's 30 s timeout and 3 retries, private
+   * destinations refused, fairness caps) and logger.
+   */
   webhooks?: WebhookSettings;
   /**
    * The batch runner, started and stopped by its owner (openService). Without one the plugin makes
@@ -47,7 +54,7 @@ export interface SluiceApiOptions {
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
 
 export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: FastifyInstance, opts) => {
-  const service = new GenerationService(opts.registry);
+  const service = new GenerationService(opts.registry, opts.limits);
   // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
   // is ready and stops (leaving the unfinished ones pending) when the app closes.
   const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
@@ -55,8 +62,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   app.addHook('onClose', async () => webhooks.close());
   const billing = new Billing(opts.store, opts.registry);
   const background = new BackgroundResponses({
-    store: opts.store, service, billing, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
-    onFinished: (orgId, body) => void webhooks.enqueue(orgId, body['metadata'], body),
+    store: opts.store, service, billing, webhooks, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
   });
   let batches = opts.batches;
   if (!batches) {
@@ -90,18 +96,13 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   app.setValidatorCompiler(validatorCompiler);
   // JSON routes take JSON only: text/plain bodies get 415 rather than being parsed as a string.
   app.removeContentTypeParser('text/plain');
-  // An empty JSON body (curl -X POST -H 'content-type: application/json' .../cancel) is no body,
-  // not malformed JSON; routes that need a body then say so through their schema.
-  const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
-    if (body === '') done(null, undefined);
-    else parseJson(request, body as string, done);
-  });
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, jsonBodyParser);
   app.setErrorHandler((err, request, reply) => {
     const rendered = renderError(err);
     if (rendered.internal) request.log.error({ err }, 'request failed');
     if (reply.raw.destroyed) return; // the client is gone (a cancelled request); nothing to send
+    if (rendered.headers) reply.headers(rendered.headers);
     return reply.code(rendered.statusCode).type('application/json').send(rendered.body);
   });
   app.setNotFoundHandler((request) => {

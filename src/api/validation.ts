@@ -8,6 +8,7 @@ import { Ajv, type ErrorObject } from 'ajv';
 import addFormatsModule from 'ajv-formats';
 import type { FastifySchemaCompiler } from 'fastify';
 import { ApiError } from './errors.js';
+import { measureJson } from '../json-shape.js';
 
 // ajv-formats is CommonJS with a default export.
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv;
@@ -25,8 +26,36 @@ function makeAjv(coerce: boolean): Ajv {
     discriminator: true,
   });
   addFormats(ajv);
+  ajv.addKeyword(JSON_LIMITS_KEYWORD);
   return ajv;
 }
+
+/** The limits a free-form JSON value (a JSON schema the client sends) is held to: schema keyword `x-json-limits`. */
+export interface JsonValueLimits {
+  /** Levels of objects and arrays, the value itself being the first. */
+  maxDepth: number;
+  /** Characters of the value as compact JSON text. */
+  maxLength: number;
+}
+
+/**
+ * `x-json-limits: {maxDepth, maxLength}` bounds a free-form value the schema cannot describe
+ * (`Type.Unknown()` inside), so an absurd one is a 400 before any work is done for it.
+ */
+const JSON_LIMITS_KEYWORD = {
+  keyword: 'x-json-limits',
+  schemaType: 'object',
+  errors: true,
+  validate: function checkLimits(limits: JsonValueLimits, data: unknown): boolean {
+    const { depth, length } = measureJson(data, limits);
+    const self = checkLimits as unknown as { errors: Array<Partial<ErrorObject>> | null };
+    const problem = depth > limits.maxDepth ? `must nest at most ${limits.maxDepth} levels of objects and arrays`
+      : length > limits.maxLength ? `must be at most ${limits.maxLength} characters as JSON`
+        : undefined;
+    self.errors = problem === undefined ? null : [{ keyword: 'x-json-limits', message: problem, params: { limits } }];
+    return problem === undefined;
+  },
+} as const;
 
 const bodyAjv = makeAjv(false);
 const paramAjv = makeAjv(true);
@@ -86,6 +115,10 @@ function bestError(errors: ErrorObject[]): ErrorObject | undefined {
 export function describeAjvError(e: ErrorObject, part: string): { param: string; message: string } {
   const base = pointerToParam(e.instancePath);
   const where = part === 'body' ? '' : `${part} `;
+  // Inside `propertyNames`: the error is about a key of the object at instancePath, not its value.
+  if (e.propertyName !== undefined && e.keyword !== 'propertyNames') {
+    return { param: base, message: `${where}${base || 'the body'}: the key ${show(e.propertyName)} ${e.message ?? 'is not allowed'}` };
+  }
   switch (e.keyword) {
     case 'required': {
       const param = joinParam(base, String((e.params as { missingProperty: string }).missingProperty));

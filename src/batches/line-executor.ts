@@ -13,6 +13,7 @@ import { newId, nowSeconds } from '../api/adapters/content.js';
 import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../api/adapters/messages.js';
 import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../api/adapters/responses.js';
 import { renderError } from '../api/errors.js';
+import { checkJsonValue } from '../api/json-body.js';
 import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../api/schemas/chat-completions.js';
 import { CreateMessageSchema, type CreateMessageBody } from '../api/schemas/messages.js';
 import { CreateResponseSchema, type CreateResponseBody } from '../api/schemas/responses.js';
@@ -72,7 +73,7 @@ const SURFACES: Record<string, Surface> = {
       const running = inProgressResponse(newId('resp'), body, prepared);
       // The object says what the line asked for; running in the batch's background is not its doing.
       running['background'] = body.background === true;
-      const result = await service.run(prepared, signal);
+      const result = await service.run(prepared, signal, 'batch');
       return { body: finishedResponse(running, result), usage: { prepared, results: [result] } };
     },
   },
@@ -86,7 +87,7 @@ const SURFACES: Record<string, Surface> = {
       const prepared = await service.prepare(inBatch(request, window));
       const created = nowSeconds();
       // One failure (or the line's abort) stops every choice and fails the line.
-      const results = await service.runChoices(choicesOf(prepared, n), signal);
+      const results = await service.runChoices(choicesOf(prepared, n), signal, 'batch');
       const completion = chatCompletion({
         id: completionId(), created, fingerprint: systemFingerprint(service.modelOf(prepared)), prepared, results,
       });
@@ -100,7 +101,7 @@ const SURFACES: Record<string, Surface> = {
       const body = raw as CreateMessageBody;
       const model = service.registry.resolve(body.model, caller.orgName);
       const prepared = await service.prepare(inBatch(toMessagesGenerationRequest(body, caller, model.supportsChat), window));
-      const result = await service.run(prepared, signal);
+      const result = await service.run(prepared, signal, 'batch');
       return { body: messageObject(newId('msg'), prepared, result), usage: { prepared, results: [result] } };
     },
   },
@@ -130,6 +131,8 @@ export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome
     const surface = SURFACES[request.url];
     // Validation made every line's url the batch's endpoint; this guards a file changed under us.
     if (!surface) throw new Error(`no batch surface for ${request.url}`);
+    // The body parser's limits (nesting depth, prototype keys), which a batch line skips: a 400 line.
+    checkJsonValue(request.body);
     surface.refuse(request.body);
     const checked = surface.validate(request.body);
     if (checked.error) throw checked.error;

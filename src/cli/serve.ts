@@ -1,7 +1,9 @@
 // `sluice serve`: the HTTP service on a model directory, a catalog file, or the tiny demo model.
 
+import { createServer as createNetServer } from 'node:net';
 import { basename } from 'node:path';
 import { SluiceError } from '../errors.js';
+import { DEFAULT_TRANSPORT_LIMITS } from '../api/transport.js';
 import { loadCatalog, singleModelCatalog, type Catalog } from '../config/catalog.js';
 import { openService } from '../service.js';
 import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
@@ -29,13 +31,37 @@ On first start with no API keys it makes one and prints it.
                        while asap or standard work runs (or did in the last H ms), flex gets at
                        most R tokens per step and none in steps that prefill urgent work
                        (default 8,1000; see README, Scheduling)
+  --tenant-deferral R[,H] | off
+                       while another organization has work in a window (or had in the last H
+                       ms), an organization running more than its fair share of it gets at most
+                       R tokens per step there and none in steps that prefill the other's
+                       requests (default 16,1000; see README, Security)
+  --org-max-inflight N generation requests of one organization in the engine at once; more
+                       foreground ones get 429, background ones wait (default 256; 0: no limit)
+  --org-max-queued-background N
+                       background responses of one organization in progress at once; more
+                       get 429 (default 10000; 0: no limit)
+  --org-tokens-per-minute N
+                       prompt + generated tokens per minute per organization; beyond, 429 with
+                       Retry-After (default 0: no limit). The catalog's "limits" set them per
+                       organization
   --deadline-asap S, --deadline-standard S, --deadline-flex S
                        seconds a background response may stay in_progress before it fails
                        with error.code timeout (defaults 600, 3600, 86400)
   --batch-deadline-asap S, --batch-deadline-standard S, --batch-deadline-flex S
                        seconds a batch may run before it expires, keeping what finished
                        (defaults 3600, 86400, 86400; 24h batches run as flex)
+  --body-timeout S     seconds a request body may take to arrive (default ${DEFAULT_TRANSPORT_LIMITS.bodyTimeoutSeconds}:
+                       a 500 MB upload at about 140 KB/s); slower bodies get 408. 0: no limit
+  --min-body-rate B    bytes/s a body must average after its first ${DEFAULT_TRANSPORT_LIMITS.bodyRateGraceSeconds} s (default ${DEFAULT_TRANSPORT_LIMITS.minBodyBytesPerSecond});
+                       a slower, dripping client gets 408 and is disconnected. 0: no minimum
+  --max-connections N  open connections at once; more are closed on arrival (default ${DEFAULT_TRANSPORT_LIMITS.maxConnections})
+  --allow-private-webhooks
+                       let completion webhooks go to private, loopback and link-local addresses
+                       (refused by default: a caller could reach services inside your network)
   --log-level L        fatal | error | warn | info | debug (default info)
+
+One server per data directory: a second one on the same --data-dir is refused.
 `;
 
 export async function runServe(args: string[]): Promise<void> {
@@ -53,12 +79,20 @@ export async function runServe(args: string[]): Promise<void> {
     'max-batched-tokens': { type: 'string' },
     'log-level': { type: 'string' },
     'flex-deferral': { type: 'string' },
+    'tenant-deferral': { type: 'string' },
+    'org-max-inflight': { type: 'string' },
+    'org-max-queued-background': { type: 'string' },
+    'org-tokens-per-minute': { type: 'string' },
     'deadline-asap': { type: 'string' },
     'deadline-standard': { type: 'string' },
     'deadline-flex': { type: 'string' },
     'batch-deadline-asap': { type: 'string' },
     'batch-deadline-standard': { type: 'string' },
     'batch-deadline-flex': { type: 'string' },
+    'body-timeout': { type: 'string' },
+    'min-body-rate': { type: 'string' },
+    'max-connections': { type: 'string' },
+    'allow-private-webhooks': { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
   }, 'serve');
   if (values.help) {
@@ -78,9 +112,22 @@ export async function runServe(args: string[]): Promise<void> {
     kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
     maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),
-    flexDeferral: flexDeferralFlag(values['flex-deferral']),
+    flexDeferral: deferralFlag(values['flex-deferral'], 'flex-deferral'),
+    tenantDeferral: deferralFlag(values['tenant-deferral'], 'tenant-deferral'),
   };
+  const orgLimits = Object.fromEntries(Object.entries({
+    maxInflightRequests: intFlag(values['org-max-inflight'], 'org-max-inflight', 0),
+    maxQueuedBackground: intFlag(values['org-max-queued-background'], 'org-max-queued-background', 0),
+    tokensPerMinute: intFlag(values['org-tokens-per-minute'], 'org-tokens-per-minute', 0),
+  }).filter(([, v]) => v !== undefined));
+  const transport = Object.fromEntries(Object.entries({
+    bodyTimeoutSeconds: intFlag(values['body-timeout'], 'body-timeout', 0),
+    minBodyBytesPerSecond: intFlag(values['min-body-rate'], 'min-body-rate', 0),
+    maxConnections: intFlag(values['max-connections'], 'max-connections', 0),
+  }).filter(([, v]) => v !== undefined));
   const log = (message: string) => process.stderr.write(`sluice: ${message}\n`);
+  // Before any model loads (which can take minutes): a port in use fails now, with its address.
+  await checkPortFree(host, port);
 
   let catalog: Catalog;
   if (values.config !== undefined) catalog = await loadCatalog(values.config);
@@ -102,6 +149,9 @@ export async function runServe(args: string[]): Promise<void> {
     onProgress: log,
     deadlines,
     batchDeadlines,
+    transport,
+    orgLimits,
+    ...(values['allow-private-webhooks'] && { webhooks: { allowPrivateAddresses: true } }),
   });
 
   const address = await service.app.listen({ host, port });
@@ -137,12 +187,30 @@ Try it:
   process.once('SIGTERM', () => stop('SIGTERM'));
 }
 
-function flexDeferralFlag(raw: string | undefined): { rowsPerStep: number; holdMs: number } | false | undefined {
+/** --flex-deferral / --tenant-deferral: "off" or ROWS[,HOLD_MS]. */
+function deferralFlag(raw: string | undefined, flag: string): { rowsPerStep: number; holdMs: number } | false | undefined {
   if (raw === undefined) return undefined;
   if (raw === 'off') return false;
   const m = /^(\d+)(?:,(\d+))?$/.exec(raw.trim());
   if (!m || Number(m[1]) < 1) {
-    throw new SluiceError('invalid_argument', `--flex-deferral must be "off" or ROWS[,HOLD_MS] with ROWS >= 1, got "${raw}"`, { param: 'flex-deferral' });
+    throw new SluiceError('invalid_argument', `--${flag} must be "off" or ROWS[,HOLD_MS] with ROWS >= 1, got "${raw}"`, { param: flag });
   }
   return { rowsPerStep: Number(m[1]), holdMs: m[2] === undefined ? 1000 : Number(m[2]) };
+}
+
+/**
+ * Listens on host:port once and lets go, so that a port in use (or not ours to take) is reported
+ * before the models load. Port 0 (any free port) always succeeds. Another process may still take
+ * the port in between; then listen fails later with the same kind of message.
+ */
+async function checkPortFree(host: string, port: number): Promise<void> {
+  if (port === 0) return;
+  const probe = createNetServer();
+  await new Promise<void>((resolve, reject) => {
+    probe.once('error', (err: NodeJS.ErrnoException) => {
+      const why = err.code === 'EADDRINUSE' ? 'is already in use' : err.code === 'EACCES' ? 'may not be used by this user' : `cannot be listened on (${err.message})`;
+      reject(new SluiceError('invalid_argument', `serve: ${host}:${port} ${why}; stop what listens there or give another --port / --host`, { param: 'port' }));
+    });
+    probe.listen({ host, port, exclusive: true }, () => probe.close(() => resolve()));
+  });
 }

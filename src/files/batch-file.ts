@@ -8,9 +8,23 @@
 // kept to report where a duplicate was first used).
 
 import { TextDecoder } from 'node:util';
+import { jsonTextDeeperThan } from '../json-shape.js';
 
 /** The spec's per-line cap: 28 MiB, counted without the line terminator ("\n" or "\r\n"). */
 export const MAX_BATCH_LINE_BYTES = 28 * 1024 * 1024;
+
+/**
+ * Requests per batch file (OpenAI's cap). Each costs a result row, a custom_id held while the
+ * file is checked, and a line of the result files; past this a file is refused at upload.
+ */
+export const MAX_BATCH_REQUESTS = 50_000;
+
+/**
+ * Nesting past which a line is refused at upload: parsing it would hold the event loop (V8 takes
+ * about a second per million levels). Lines nested deeper than a request body may be
+ * (MAX_JSON_DEPTH, 64) but within this run as error lines (json_too_deep), like any bad body.
+ */
+export const MAX_BATCH_LINE_DEPTH = 1000;
 
 /** The operation paths a batch request may target. */
 export const BATCH_URLS: readonly string[] = ['/v1/responses', '/v1/chat/completions', '/v1/messages'];
@@ -48,8 +62,11 @@ export class BatchFileValidator {
   private finished = false;
   private readonly utf8 = new TextDecoder('utf-8', { fatal: true });
 
-  constructor(opts: { maxLineBytes?: number } = {}) {
+  private readonly maxRequests: number;
+
+  constructor(opts: { maxLineBytes?: number; maxRequests?: number } = {}) {
     this.maxLineBytes = opts.maxLineBytes ?? MAX_BATCH_LINE_BYTES;
+    this.maxRequests = opts.maxRequests ?? MAX_BATCH_REQUESTS;
   }
 
   push(chunk: Buffer): BatchFileProblem | null {
@@ -119,6 +136,12 @@ export class BatchFileValidator {
     }
     if (n === 1 && text.charCodeAt(0) === 0xfeff) text = text.slice(1); // a byte-order mark some editors write
     if (text.trim() === '') return null;
+    if (this.numRequests === this.maxRequests) {
+      return this.fail(n, `line ${n}: the file has more than ${this.maxRequests} requests, the most a batch may have`);
+    }
+    if (jsonTextDeeperThan(text, MAX_BATCH_LINE_DEPTH)) {
+      return this.fail(n, `line ${n}: nested deeper than ${MAX_BATCH_LINE_DEPTH} levels`);
+    }
 
     let value: unknown;
     try {

@@ -4,10 +4,13 @@
 // Invariant: a name without the temp prefix exists only for a completely written file. Uploads are
 // written to `.upload-<random>` in the same directory and renamed into place (atomic on one file
 // system), so a crash or an aborted upload can leave only temp files, which `open` sweeps.
+//
+// Modes: the directory is 0700 and every file 0600 (uploads and batch results are the callers'
+// data, readable by the service's user only).
 
 import { randomBytes } from 'node:crypto';
 import { createWriteStream, type ReadStream, type WriteStream } from 'node:fs';
-import { mkdir, open, readdir, rename, rm } from 'node:fs/promises';
+import { chmod, mkdir, open, readdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 
 const TEMP_PREFIX = '.upload-';
@@ -29,10 +32,14 @@ export interface OpenedFile {
 export class FileStorage {
   private constructor(readonly dir: string) {}
 
-  /** Creates the directory if needed and removes temp files left by uploads that never finished. */
+  /**
+   * Creates the directory if needed (0700; an existing one is tightened to 0700) and removes temp
+   * files left by uploads that never finished.
+   */
   static async open(dataDir: string): Promise<FileStorage> {
     const dir = join(dataDir, 'files');
-    await mkdir(dir, { recursive: true });
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await chmod(dir, 0o700);
     // NOTE: safe because one process owns the data directory (the SQLite store is single-process).
     for (const name of await readdir(dir)) {
       if (name.startsWith(TEMP_PREFIX)) await rm(join(dir, name), { force: true });
@@ -47,7 +54,7 @@ export class FileStorage {
   /** A new, empty temp file in the files directory. */
   createTemp(): TempFile {
     const path = join(this.dir, `${TEMP_PREFIX}${randomBytes(12).toString('hex')}`);
-    return { path, stream: createWriteStream(path, { flags: 'wx', flush: true }) };
+    return { path, stream: createWriteStream(path, { flags: 'wx', flush: true, mode: 0o600 }) };
   }
 
   /** Removes a temp file; a missing one is fine (the upload may have failed before creating it). */

@@ -139,16 +139,14 @@ export class ModelRegistry {
   }
 
   /**
-   * The model a request names. Unknown ids fail with model_not_found (404); a restricted model the
-   * organization was not granted fails with model_not_permitted (403).
+   * The model a request names. Unknown ids and restricted models the organization was not granted
+   * fail alike, with model_not_found (404) and the same message: an answer that differed would
+   * confirm to any key holder that a restricted model exists.
    */
   resolve(modelId: string, orgName: string, param = 'model'): ServedModel {
     const model = this.byId.get(modelId);
-    if (!model) {
+    if (!model || !model.visibleTo(orgName)) {
       throw new SluiceError('model_not_found', `the model "${modelId}" does not exist; GET /v1/models lists the available ones`, { param });
-    }
-    if (!model.visibleTo(orgName)) {
-      throw new SluiceError('model_not_permitted', `your organization has no access to the model "${modelId}"`, { param });
     }
     return model;
   }

@@ -263,7 +263,7 @@ describe('rejections', () => {
     ['image as data URI', { model: 'tiny', messages: img('data:image/png;base64,iVBORw0KGgo=') }, 400, 'messages[0].content[1]', 'image_input_unsupported'],
     ['context length exceeded', { model: 'tiny-short', messages: M, max_completion_tokens: 60 }, 400, 'max_completion_tokens', 'context_length_exceeded'],
     ['unknown model', { model: 'nope', messages: M }, 404, 'model', 'model_not_found'],
-    ['restricted model', { model: 'tiny-acme', messages: M }, 403, 'model', 'model_not_permitted'],
+    ['restricted model (answered as unknown)', { model: 'tiny-acme', messages: M }, 404, 'model', 'model_not_found'],
     ['window not priced', { model: 'tiny-asap', messages: M, metadata: { completion_window: 'standard' } }, 400, 'metadata.completion_window', 'unsupported_completion_window'],
     ['flex (no background here)', { model: 'tiny', messages: M, metadata: { completion_window: 'flex' } }, 400, 'metadata.completion_window'],
     ['bad window value', { model: 'tiny', messages: M, metadata: { completion_window: 'soon' } }, 400, 'metadata.completion_window'],
@@ -285,7 +285,8 @@ describe('rejections', () => {
 
   it('maps statuses to the OpenAI client error classes', async () => {
     await expect(client.chat.completions.create({ model: 'nope', messages: M })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
-    await expect(client.chat.completions.create({ model: 'tiny-acme', messages: M })).rejects.toBeInstanceOf(OpenAI.PermissionDeniedError);
+    // A restricted model without the grant is answered as unknown (no 403 that would confirm it exists).
+    await expect(client.chat.completions.create({ model: 'tiny-acme', messages: M })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
     await expect(client.chat.completions.create({ model: 'tiny', messages: M, temperature: 3 })).rejects.toBeInstanceOf(OpenAI.BadRequestError);
     const bad = new OpenAI({ baseURL: server.baseUrl, apiKey: 'sk-wrong', maxRetries: 0 });
     await expect(bad.chat.completions.create({ model: 'tiny', messages: M })).rejects.toBeInstanceOf(OpenAI.AuthenticationError);

@@ -174,7 +174,7 @@ describe('rejections', () => {
     ['URL image to a model without image input', { ...ok, messages: image({ type: 'url', url: 'https://example.com/a.png' }) }, 400, 'messages[0].content[1]', 'image_input_unsupported'],
     ['context length exceeded', { ...ok, model: 'tiny-short', max_tokens: 60 }, 400, 'max_tokens', 'context_length_exceeded'],
     ['unknown model', { ...ok, model: 'nope' }, 404, 'model', 'model_not_found'],
-    ['restricted model', { ...ok, model: 'tiny-acme' }, 403, 'model', 'model_not_permitted'],
+    ['restricted model (answered as unknown)', { ...ok, model: 'tiny-acme' }, 404, 'model', 'model_not_found'],
     ['window not priced', { ...ok, model: 'tiny-asap', metadata: { completion_window: 'standard' } }, 400, 'metadata.completion_window', 'unsupported_completion_window'],
     ['flex (no background here)', { ...ok, metadata: { completion_window: 'flex' } }, 400, 'metadata.completion_window'],
   ];
@@ -195,7 +195,8 @@ describe('rejections', () => {
 
   it('maps statuses to the Anthropic client error classes', async () => {
     await expect(client.messages.create({ ...ok, model: 'nope' })).rejects.toBeInstanceOf(Anthropic.NotFoundError);
-    await expect(client.messages.create({ ...ok, model: 'tiny-acme' })).rejects.toBeInstanceOf(Anthropic.PermissionDeniedError);
+    // A restricted model without the grant is answered as unknown (no 403 that would confirm it exists).
+    await expect(client.messages.create({ ...ok, model: 'tiny-acme' })).rejects.toBeInstanceOf(Anthropic.NotFoundError);
     await expect(client.messages.create({ ...ok, temperature: 1.5 })).rejects.toBeInstanceOf(Anthropic.BadRequestError);
     const bad = new Anthropic({ baseURL: server.origin, apiKey: 'sk-wrong', maxRetries: 0 });
     await expect(bad.messages.create(ok)).rejects.toBeInstanceOf(Anthropic.AuthenticationError);

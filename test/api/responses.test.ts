@@ -230,7 +230,7 @@ describe('rejections', () => {
     ['prompt + max output over the context', { ...ok, model: 'tiny-base', max_output_tokens: 64 }, 400, 'max_output_tokens', 'context_length_exceeded'],
     ['max output alone over the context', { ...ok, max_output_tokens: 5000 }, 400, 'max_output_tokens', 'context_length_exceeded'],
     ['unknown model', { ...ok, model: 'nope' }, 404, 'model', 'model_not_found'],
-    ['restricted model not granted', { ...ok, model: 'tiny-restricted' }, 403, 'model', 'model_not_permitted'],
+    ['restricted model not granted (answered as unknown)', { ...ok, model: 'tiny-restricted' }, 404, 'model', 'model_not_found'],
   ];
 
   it.each(rows)('%s', async (_name, body, status, param, code) => {
@@ -240,7 +240,7 @@ describe('rejections', () => {
     expect(Object.keys(res.body)).toEqual(['error']);
     expect(res.body['error'].param).toBe(param);
     expect(typeof res.body['error'].message).toBe('string');
-    expect(res.body['error'].type).toBe(status === 403 ? 'permission_error' : status === 404 ? 'not_found_error' : 'invalid_request_error');
+    expect(res.body['error'].type).toBe(status === 404 ? 'not_found_error' : 'invalid_request_error');
     if (code) expect(res.body['error'].code).toBe(code);
     expect(before.length).toBeGreaterThan(0);
   });

@@ -3,6 +3,7 @@
 import Type, { type Static } from 'typebox';
 import { BATCH_URLS } from '../../files/batch-file.js';
 import { BATCH_STATUSES, type BatchStatus } from '../../store/batch-records.js';
+import { METADATA_LIMITS } from './common.js';
 
 /** The windows a batch may ask for; OpenAI's "24h" runs as flex. */
 export const BATCH_COMPLETION_WINDOWS = ['asap', 'standard', 'flex', '24h'] as const;
@@ -14,7 +15,10 @@ export const MAX_BATCH_LIST_LIMIT = 200;
 const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T) => Type.Union([schema, Type.Null()]);
 
 /** OpenAI's batch metadata: at most 16 string pairs, keys up to 64 and values up to 512 characters. */
-const BatchMetadataSchema = Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 512 }), { maxProperties: 16 });
+const BatchMetadataSchema = Type.Record(Type.String(), Type.String({ maxLength: METADATA_LIMITS.maxValueLength }), {
+  maxProperties: METADATA_LIMITS.maxKeys,
+  propertyNames: { maxLength: METADATA_LIMITS.maxKeyLength },
+});
 
 export const CreateBatchSchema = Type.Object({
   input_file_id: Type.String({ minLength: 1, maxLength: 128, description: 'A file uploaded with purpose `batch`.' }),

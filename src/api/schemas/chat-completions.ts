@@ -15,7 +15,7 @@
 // against the type the client meant.
 
 import Type, { type Static } from 'typebox';
-import { discriminatedUnion, MetadataSchema } from './common.js';
+import { ClientJsonSchema, discriminatedUnion, INT32_MAX, MetadataSchema } from './common.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
@@ -53,7 +53,7 @@ export const ResponseFormatSchema = discriminatedUnion([
     json_schema: Type.Object({
       name: Type.String({ minLength: 1, maxLength: 64 }),
       description: Type.Optional(Type.String()),
-      schema: Type.Optional(Free),
+      schema: Type.Optional(ClientJsonSchema),
       strict: Type.Optional(Nullable(Type.Boolean())),
     }, { additionalProperties: false }),
   }, { additionalProperties: false }),
@@ -70,9 +70,9 @@ export const CreateChatCompletionSchema = Type.Object({
   messages: Type.Array(ChatMessageSchema, { minItems: 1 }),
   temperature: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 2 }))),
   top_p: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 1 }))),
-  max_completion_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
+  max_completion_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1, maximum: INT32_MAX }))),
   /** Deprecated alias of max_completion_tokens; both given must agree. */
-  max_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
+  max_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1, maximum: INT32_MAX }))),
   response_format: Type.Optional(Nullable(ResponseFormatSchema)),
   /** At most MAX_STOP_STRINGS, checked by the adapter (a clearer message than the union's). */
   stop: Type.Optional(Nullable(Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String({ minLength: 1 }))]))),

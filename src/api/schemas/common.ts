@@ -3,6 +3,12 @@
 import Type, { type Static, type TSchema } from 'typebox';
 import { LongContextPricingSchema, ModelPriceSchema } from '../../config/catalog.js';
 
+/**
+ * Token counts and top_k cross into the engine as 32-bit integers: a larger value is refused by
+ * the schema, never wrapped (the model's own limits, context length and vocabulary, come later).
+ */
+export const INT32_MAX = 2 ** 31 - 1;
+
 export const ErrorEnvelopeSchema = Type.Object({
   error: Type.Object({
     message: Type.String(),
@@ -19,9 +25,24 @@ export const errorResponses = {
   404: ErrorEnvelopeSchema,
 } as const;
 
+/** OpenAI's metadata limits, applied to every surface's request metadata and to batches. */
+export const METADATA_LIMITS = { maxKeys: 16, maxKeyLength: 64, maxValueLength: 512 } as const;
+
 /** Request metadata: string values only; completion_window, completion_webhook, webhook_token have meaning. */
-export const MetadataSchema = Type.Record(Type.String({ maxLength: 64 }), Type.String({ maxLength: 4096 }), {
-  description: 'String values. completion_window (asap | standard | flex), completion_webhook (http(s) URL), webhook_token.',
+export const MetadataSchema = Type.Record(Type.String(), Type.String({ maxLength: METADATA_LIMITS.maxValueLength }), {
+  maxProperties: METADATA_LIMITS.maxKeys,
+  propertyNames: { maxLength: METADATA_LIMITS.maxKeyLength },
+  description: `At most ${METADATA_LIMITS.maxKeys} string values, keys up to ${METADATA_LIMITS.maxKeyLength} and values up to `
+    + `${METADATA_LIMITS.maxValueLength} characters. completion_window (asap | standard | flex), completion_webhook (http(s) URL), webhook_token.`,
+});
+
+/** Bounds of a JSON schema a request sends (text.format.schema, response_format.json_schema.schema). */
+export const JSON_SCHEMA_LIMITS = { maxDepth: 32, maxLength: 100_000 } as const;
+
+/** A JSON schema sent by the client: any object, within JSON_SCHEMA_LIMITS (validation.ts, `x-json-limits`). */
+export const ClientJsonSchema = Type.Record(Type.String(), Type.Unknown(), {
+  'x-json-limits': JSON_SCHEMA_LIMITS,
+  description: `A JSON schema: at most ${JSON_SCHEMA_LIMITS.maxDepth} levels deep and ${JSON_SCHEMA_LIMITS.maxLength} characters as JSON.`,
 });
 
 export const ModelSchema = Type.Object({

@@ -9,7 +9,7 @@
 // reported against the type the client meant.
 
 import Type, { type Static } from 'typebox';
-import { discriminatedUnion } from './common.js';
+import { INT32_MAX, METADATA_LIMITS, discriminatedUnion } from './common.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
@@ -47,31 +47,37 @@ export type MessageParam = Static<typeof MessageParamSchema>;
 
 /**
  * The spec's request metadata (string values: completion_window, completion_webhook,
- * webhook_token) plus Anthropic's user_id, which its clients may send as null.
+ * webhook_token) plus Anthropic's user_id, which its clients may send as null; the limits of
+ * every surface's metadata (METADATA_LIMITS), user_id counted among the keys.
  */
 export const MessagesMetadataSchema = Type.Object({
   user_id: Type.Optional(Nullable(Type.String({ maxLength: 256 }))),
-}, { additionalProperties: Type.String({ maxLength: 4096 }), propertyNames: { maxLength: 64 } });
+}, {
+  additionalProperties: Type.String({ maxLength: METADATA_LIMITS.maxValueLength }),
+  maxProperties: METADATA_LIMITS.maxKeys,
+  propertyNames: { maxLength: METADATA_LIMITS.maxKeyLength },
+});
 
 /** Stop sequences per request. */
 export const MAX_STOP_SEQUENCES = 16;
 
 export const CreateMessageSchema = Type.Object({
   model: Type.String({ minLength: 1 }),
-  max_tokens: Type.Integer({ minimum: 1 }),
+  max_tokens: Type.Integer({ minimum: 1, maximum: INT32_MAX }),
   messages: Type.Array(MessageParamSchema, { minItems: 1 }),
   system: Type.Optional(Type.Union([Type.String(), Type.Array(discriminatedUnion([TextBlockSchema]))])),
   stop_sequences: Type.Optional(Type.Array(Type.String({ minLength: 1 }), { maxItems: MAX_STOP_SEQUENCES })),
   temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
   top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
-  top_k: Type.Optional(Type.Integer({ minimum: 0 })),
+  /** At most the model's vocabulary, checked once the model is known (a 400 naming top_k). */
+  top_k: Type.Optional(Type.Integer({ minimum: 0, maximum: INT32_MAX })),
   metadata: Type.Optional(MessagesMetadataSchema),
   /** Only false (stream=true gets its own 400 before validation). */
   stream: Type.Optional(Type.Literal(false)),
   /** disabled and adaptive are served (the models never think); enabled is refused by the adapter. */
   thinking: Type.Optional(Type.Object({
     type: Type.Enum(['disabled', 'enabled', 'adaptive']),
-    budget_tokens: Type.Optional(Type.Integer({ minimum: 0 })),
+    budget_tokens: Type.Optional(Type.Integer({ minimum: 0, maximum: INT32_MAX })),
   }, { additionalProperties: false })),
   // Accepted and ignored (the spec): never shown to the model.
   output_config: Type.Optional(Free),

@@ -3,7 +3,7 @@
 // messages and content parts are closed.
 
 import Type, { type Static } from 'typebox';
-import { discriminatedUnion, MetadataSchema } from './common.js';
+import { ClientJsonSchema, INT32_MAX, MetadataSchema, discriminatedUnion } from './common.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 
@@ -44,7 +44,7 @@ export const TextFormatSchema = discriminatedUnion([
     type: Type.Literal('json_schema'),
     name: Type.String({ minLength: 1, maxLength: 64 }),
     description: Type.Optional(Type.String()),
-    schema: Type.Optional(Free),
+    schema: Type.Optional(ClientJsonSchema),
     strict: Type.Optional(Type.Union([Type.Boolean(), Type.Null()])),
   }, { additionalProperties: false }),
 ]);
@@ -60,7 +60,7 @@ export const CreateResponseSchema = Type.Object({
   ]),
   /** OpenAI's system-prompt field: rendered as a leading developer message. */
   instructions: Type.Optional(Nullable(Type.String())),
-  max_output_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
+  max_output_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1, maximum: INT32_MAX }))),
   temperature: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 2 }))),
   top_p: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 1 }))),
   text: Type.Optional(Type.Object({ format: Type.Optional(TextFormatSchema) }, { additionalProperties: true })),
