@@ -457,7 +457,8 @@ export class Batcher {
   private makeRoom(step: StepDraft, seq: Sequence, numBlocks: number): boolean {
     const fits = () => this.running.length < this.maxNumSeqs && numBlocks <= this.numFreeBlocks(step);
     if (fits()) return true;
-    const lessUrgent = () => this.running.filter((s) => s.priority > seq.priority || this.overFairShare(s, seq));
+    const lessUrgent = () => this.running.filter((s) => s.priority > seq.priority ||
+      this.tenantShare.overFairShare(s, seq, this.running, this.policy.waiting()));
     const candidates = lessUrgent();
     let numReclaimableBlocks = 0;
     for (const s of candidates) {
@@ -474,27 +475,6 @@ export class Batcher {
       this.preempt(victim);
     }
     return fits();
-  }
-
-  /**
-   * Whether running `other` may be preempted for waiting `seq` of the same priority: its tenant
-   * runs more than its fair share of that priority's sequences (maxNumSeqs split evenly among the
-   * tenants with work there) and seq's tenant runs less. Once both hold their share, neither
-   * preempts the other, so there is no ping-pong.
-   */
-  private overFairShare(other: Sequence, seq: Sequence): boolean {
-    if (other.priority !== seq.priority || other.tenant === seq.tenant) return false;
-    const tenants = new Set<string>();
-    const numRunning = new Map<string, number>();
-    for (const s of this.running) {
-      if (s.priority !== seq.priority) continue;
-      tenants.add(s.tenant);
-      numRunning.set(s.tenant, (numRunning.get(s.tenant) ?? 0) + 1);
-    }
-    for (const s of this.policy.waiting()) if (s.priority === seq.priority) tenants.add(s.tenant);
-    tenants.add(seq.tenant);
-    const share = Math.max(1, Math.floor(this.maxNumSeqs / tenants.size));
-    return (numRunning.get(other.tenant) ?? 0) > share && (numRunning.get(seq.tenant) ?? 0) < share;
   }
 
   /** Takes a sequence's row (if any) out of the step, returning its tokens and blocks. */

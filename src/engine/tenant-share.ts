@@ -1,9 +1,9 @@
 // Sharing a completion window between tenants (organizations), step by step. The window policy
-// already takes tenants in turns at admission and the Batcher preempts a tenant running more than
-// its fair share of slots; this is the third part: a step cannot be interrupted, so a tenant with
-// a few requests would otherwise wait for, and then share, the long steps of another tenant's
-// flood. While two or more tenants have work in a window (or had within `holdMs`), a tenant running
-// more than its fair share of that window's slots is *heavy* there:
+// takes tenants in turns at admission; the Batcher preempts a tenant running more than its fair
+// share of slots (overFairShare below) and defers heavy tenants: a step cannot be interrupted, so
+// a tenant with a few requests would otherwise wait for, and then share, the long steps of
+// another tenant's flood. While two or more tenants have work in a window (or had within
+// `holdMs`), a tenant running more than its fair share of that window's slots is *heavy* there:
 //   - its rows get no tokens in a step that prefills a light tenant's row;
 //   - otherwise its rows take at most `rowsPerStep` tokens per step together.
 // On a CPU a step's cost grows with its rows, so short steps keep the light tenant's time to first
@@ -61,6 +61,26 @@ export class TenantShare {
       if (tenants >= 2 && n > Math.floor(this.maxNumSeqs / tenants)) (heavy ??= new Set()).add(key);
     }
     return heavy ?? NONE;
+  }
+
+  /**
+   * Whether running `other` may be preempted for waiting `seq` of the same window: its tenant
+   * runs more than its fair share of that window's sequences (maxNumSeqs split evenly among the
+   * tenants with work there) and seq's tenant runs less. Once both hold their share, neither
+   * preempts the other, so there is no ping-pong. (Independent of the deferral setting.)
+   */
+  overFairShare(other: SequenceView, seq: SequenceView, running: readonly SequenceView[], waiting: readonly SequenceView[]): boolean {
+    if (other.priority !== seq.priority || other.tenant === seq.tenant) return false;
+    const tenants = new Set<string>([seq.tenant]);
+    const numRunning = new Map<string, number>();
+    for (const s of running) {
+      if (s.priority !== seq.priority) continue;
+      tenants.add(s.tenant);
+      numRunning.set(s.tenant, (numRunning.get(s.tenant) ?? 0) + 1);
+    }
+    for (const s of waiting) if (s.priority === seq.priority) tenants.add(s.tenant);
+    const share = Math.max(1, Math.floor(this.maxNumSeqs / tenants.size));
+    return (numRunning.get(other.tenant) ?? 0) > share && (numRunning.get(seq.tenant) ?? 0) < share;
   }
 
   get rowsPerStep(): number {
