@@ -4,13 +4,13 @@
 // organization's huge batch cannot hold every slot while another's batch waits; within an
 // organization, in arrival order.
 
+import { Turns } from '../scheduler/turns.js';
+
 export class Slots {
   private free: number;
   /** org -> its waiters, in arrival order. */
   private readonly waiters = new Map<string, Array<() => void>>();
-  /** org -> when it last got a slot (a counter; never: 0). */
-  private readonly lastGrant = new Map<string, number>();
-  private numGrants = 0;
+  private readonly turns = new Turns();
 
   constructor(readonly size: number) {
     this.free = size;
@@ -21,7 +21,7 @@ export class Slots {
     if (signal.aborted) return Promise.resolve(false);
     if (this.free > 0 && this.waiters.size === 0) {
       this.free -= 1;
-      this.lastGrant.set(org, ++this.numGrants);
+      this.turns.take(org);
       return Promise.resolve(true);
     }
     return new Promise((resolve) => {
@@ -52,17 +52,12 @@ export class Slots {
   /** Hands free slots to waiters, least recently served organization first. */
   private grantFree(): void {
     while (this.free > 0 && this.waiters.size > 0) {
-      let org = '';
-      let oldest = Infinity;
-      for (const o of this.waiters.keys()) {
-        const at = this.lastGrant.get(o) ?? 0;
-        if (at < oldest) [org, oldest] = [o, at];
-      }
+      const org = this.turns.next(this.waiters.keys())!;
       const queue = this.waiters.get(org)!;
       const next = queue.shift()!;
       if (queue.length === 0) this.waiters.delete(org);
       this.free -= 1;
-      this.lastGrant.set(org, ++this.numGrants);
+      this.turns.take(org);
       next();
     }
   }

@@ -16,6 +16,7 @@ import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { SluiceError } from '../errors.js';
+import { Turns } from '../scheduler/turns.js';
 import type { PromptText } from './prompt-encoder.js';
 import type { PromptAnswer, PromptJob } from './prompt-worker.js';
 
@@ -59,9 +60,7 @@ export class PromptPool {
   private readonly slots: Slot[] = [];
   /** tenant -> its waiting jobs (FIFO). */
   private readonly queues = new Map<string, Pending[]>();
-  /** tenant -> when it last had a job started (a turn counter; never: 0). */
-  private readonly lastTurn = new Map<string, number>();
-  private numTurns = 0;
+  private readonly turns = new Turns();
   private idleTimer: NodeJS.Timeout | undefined;
   private nextId = 1;
   private closed = false;
@@ -128,16 +127,11 @@ export class PromptPool {
 
   /** The next job (queues must not be empty): of the tenant served least recently. */
   private takeNext(): Pending {
-    let tenant = '';
-    let oldest = Infinity;
-    for (const t of this.queues.keys()) {
-      const turn = this.lastTurn.get(t) ?? 0;
-      if (turn < oldest) [tenant, oldest] = [t, turn];
-    }
+    const tenant = this.turns.next(this.queues.keys())!;
     const queue = this.queues.get(tenant)!;
     const next = queue.shift()!;
     if (queue.length === 0) this.queues.delete(tenant);
-    this.lastTurn.set(tenant, ++this.numTurns);
+    this.turns.take(tenant);
     return next;
   }
 

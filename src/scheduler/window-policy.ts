@@ -6,6 +6,7 @@
 // README's "Scheduling" section for the whole picture.
 
 import type { SchedulingPolicy, SequenceView } from '../engine/batch-policy.js';
+import { Turns } from './turns.js';
 
 /** Completion windows, most urgent first. Mirrors COMPLETION_WINDOWS of the catalog. */
 export const SCHEDULING_WINDOWS = ['asap', 'standard', 'flex'] as const;
@@ -40,9 +41,8 @@ export const MAX_OVERTAKES = 16;
 export class WindowPriorityPolicy implements SchedulingPolicy {
   /** priority -> tenant -> its waiting sequences by arrivalOrder; tenant iteration order = turn order. */
   private readonly queues = new Map<number, Map<string, SequenceView[]>>();
-  /** priority -> tenant -> admissions so far, for the turn order of tenants with no queue yet. */
-  private readonly lastTurn = new Map<number, Map<string, number>>();
-  private numTurns = 0;
+  /** priority -> the tenants' turns at admission in that window. */
+  private readonly turns = new Map<number, Turns>();
   /** waiting() as last built; undefined after any change. */
   private ordered: SequenceView[] | undefined;
   private hotKeys: ReadonlySet<string> = new Set();
@@ -78,7 +78,7 @@ export class WindowPriorityPolicy implements SchedulingPolicy {
     queue!.splice(index, 1);
     if (admitted) {
       // Its turn is used: to the back of the rotation.
-      this.turnsOf(seq.priority).set(seq.tenant, ++this.numTurns);
+      this.turnsOf(seq.priority).take(seq.tenant);
       tenants!.delete(seq.tenant);
       if (queue!.length > 0) tenants!.set(seq.tenant, queue!);
     } else if (queue!.length === 0) {
@@ -112,9 +112,9 @@ export class WindowPriorityPolicy implements SchedulingPolicy {
     return tenants;
   }
 
-  private turnsOf(priority: number): Map<string, number> {
-    let turns = this.lastTurn.get(priority);
-    if (turns === undefined) this.lastTurn.set(priority, (turns = new Map()));
+  private turnsOf(priority: number): Turns {
+    let turns = this.turns.get(priority);
+    if (turns === undefined) this.turns.set(priority, (turns = new Turns()));
     return turns;
   }
 
@@ -124,10 +124,10 @@ export class WindowPriorityPolicy implements SchedulingPolicy {
    */
   private insertTenant(priority: number, tenants: Map<string, SequenceView[]>, tenant: string, queue: SequenceView[]): void {
     const turns = this.turnsOf(priority);
-    const mine = turns.get(tenant) ?? 0;
+    const mine = turns.lastTurn(tenant);
     const entries = [...tenants];
     let at = entries.length;
-    while (at > 0 && (turns.get(entries[at - 1]![0]) ?? 0) > mine) at--;
+    while (at > 0 && turns.lastTurn(entries[at - 1]![0]) > mine) at--;
     entries.splice(at, 0, [tenant, queue]);
     tenants.clear();
     for (const [t, q] of entries) tenants.set(t, q);
