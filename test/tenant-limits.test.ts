@@ -1,6 +1,6 @@
-// Per-organization limits (src/serving/tenant-limits.ts): in-flight slots (foreground refused,
-// background waits its turn), background queue size, and the tokens-per-minute bucket, with the
-// seconds a 429 asks the caller to wait. Pure: a fake clock, no engine.
+// Per-organization limits (src/serving/tenant-limits.ts): foreground in-flight slots, background
+// queue size, and the tokens-per-minute bucket, with the seconds a 429 asks the caller to wait.
+// Pure: a fake clock, no engine.
 
 import { describe, expect, it } from 'vitest';
 import { RateLimitError, TenantLimiter } from '../src/serving/tenant-limits.js';
@@ -26,20 +26,14 @@ describe('TenantLimiter', () => {
     expect(() => limits.tryAcquire(acme)).toThrow(RateLimitError);
   });
 
-  it('makes background work wait for a slot in arrival order, and lets a waiter give up', async () => {
-    const limits = new TenantLimiter(undefined, { maxInflightRequests: 1 });
-    const first = await limits.acquire(acme);
-    const order: string[] = [];
-    const second = limits.acquire(acme).then((release) => { order.push('second'); return release; });
-    const controller = new AbortController();
-    const quitter = limits.acquire(acme, controller.signal).catch(() => order.push('quit'));
-    const third = limits.acquire(acme).then((release) => { order.push('third'); return release; });
-    controller.abort();
-    await quitter;
-    first();
-    (await second)();
-    (await third)();
-    expect(order).toEqual(['quit', 'second', 'third']);
+  it('takes the slots of all n choices at once, or none', () => {
+    const limits = new TenantLimiter(undefined, { maxInflightRequests: 4 });
+    const three = limits.tryAcquire(acme, 3);
+    expect(() => limits.tryAcquire(acme, 2)).toThrow(RateLimitError);
+    const one = limits.tryAcquire(acme, 1);  // the refused request took nothing
+    three();
+    one();
+    expect(() => limits.tryAcquire(acme, 4)).not.toThrow();
   });
 
   it('limits background responses in progress', () => {

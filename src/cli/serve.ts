@@ -36,8 +36,8 @@ On first start with no API keys it makes one and prints it.
                        ms), an organization running more than its fair share of it gets at most
                        R tokens per step there and none in steps that prefill the other's
                        requests (default 16,1000; see README, Security)
-  --org-max-inflight N generation requests of one organization in the engine at once; more
-                       foreground ones get 429, background ones wait (default 256; 0: no limit)
+  --org-max-inflight N foreground generation requests of one organization at once (n choices
+                       count n); more get 429 (default 256; 0: no limit)
   --org-max-queued-background N
                        background responses of one organization in progress at once; more
                        get 429 (default 10000; 0: no limit)

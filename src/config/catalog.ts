@@ -65,7 +65,7 @@ const CatalogModelSchema = Type.Object({
 export type CatalogModel = Static<typeof CatalogModelSchema>;
 
 const OrgLimitFields = {
-  /** Generation requests of one organization in the engine at once (0: no limit). */
+  /** Foreground generation requests of one organization at once (0: no limit). */
   max_inflight_requests: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
   /** Background responses of one organization in progress at once (0: no limit). */
   max_queued_background: Type.Optional(Type.Integer({ minimum: 0, maximum: 100_000_000 })),

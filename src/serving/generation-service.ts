@@ -10,9 +10,9 @@ import type { ModelRegistry, ServedModel } from './model-registry.js';
 import { TenantLimiter, type Release } from './tenant-limits.js';
 
 /**
- * How a run meets its organization's limits (tenant-limits.ts): a foreground request is refused
- * (429) when they are reached; background work and batch lines wait for their turn (batch lines
- * are not charged against tokens per minute).
+ * How a run meets its organization's limits (tenant-limits.ts): a foreground request needs an
+ * in-flight slot (admitForeground, 429 without one); background work waits while its tokens per
+ * minute are spent; batch lines are not counted against either (their slots bound them).
  */
 export type RunMode = 'foreground' | 'background' | 'batch';
 
@@ -48,16 +48,24 @@ export class GenerationService {
     return { request, window, promptTokenIds, maxTokens };
   }
 
-  async run(prepared: PreparedGeneration, signal?: AbortSignal, mode: RunMode = 'foreground'): Promise<GenerateResult> {
+  /**
+   * Admits a foreground request of `numChoices` generations under its organization's limits:
+   * throws RateLimitError (429) when its tokens per minute are spent or its in-flight slots are
+   * taken. Call it before anything of the request is stored or sent; release when it ends.
+   */
+  admitForeground(caller: GenerationRequest['caller'], numChoices = 1): Release {
+    this.limits.checkTokens(caller);
+    return this.limits.tryAcquire(caller, numChoices);
+  }
+
+  /**
+   * Generates. A foreground run without `admitted` (a slot from admitForeground) admits itself;
+   * background work first waits while its organization's tokens per minute are spent.
+   */
+  async run(prepared: PreparedGeneration, signal?: AbortSignal, mode: RunMode = 'foreground', admitted?: Release): Promise<GenerateResult> {
     const { caller } = prepared.request;
-    let release: Release;
-    if (mode === 'foreground') {
-      this.limits.checkTokens(caller);
-      release = this.limits.tryAcquire(caller);
-    } else {
-      release = await this.limits.acquire(caller, signal);
-      if (mode === 'background') await waitForTokens(this.limits, caller, signal);
-    }
+    const release = mode === 'foreground' && admitted === undefined ? this.admitForeground(caller) : undefined;
+    if (mode === 'background') await waitForTokens(this.limits, caller, signal);
     const charged = mode !== 'batch';
     try {
       if (charged) this.limits.chargeTokens(caller, prepared.promptTokenIds.length);
@@ -65,7 +73,7 @@ export class GenerationService {
       if (charged) this.limits.chargeTokens(caller, result.usage.completionTokens);
       return result;
     } finally {
-      release();
+      release?.();
     }
   }
 
@@ -95,13 +103,14 @@ export class GenerationService {
    * Runs several generations of one request (n choices); resolves with their results in order.
    * The first failure (or `signal`) cancels the ones still running, and the call rejects with it.
    */
-  async runChoices(choices: PreparedGeneration[], signal: AbortSignal, mode: RunMode = 'foreground'): Promise<GenerateResult[]> {
-    if (choices.length === 1) return [await this.run(choices[0]!, signal, mode)];
+  async runChoices(choices: PreparedGeneration[], signal: AbortSignal, mode: RunMode = 'foreground',
+    admitted?: Release): Promise<GenerateResult[]> {
+    if (choices.length === 1) return [await this.run(choices[0]!, signal, mode, admitted)];
     const controller = new AbortController();
     const cancelAll = () => controller.abort();
     signal.addEventListener('abort', cancelAll, { once: true });
     try {
-      return await Promise.all(choices.map((choice) => this.run(choice, controller.signal, mode).catch((err: unknown) => {
+      return await Promise.all(choices.map((choice) => this.run(choice, controller.signal, mode, admitted).catch((err: unknown) => {
         cancelAll();
         throw err;
       })));

@@ -1,8 +1,10 @@
 // Per-organization limits, so one organization's load cannot take the service from the others:
 //
-// - in flight: generation requests of the organization in the engine at once. A foreground
-//   request over it is refused at once (429); background responses and batch lines wait for a
-//   slot, first come first served within their organization.
+// - in flight: foreground generation requests of the organization at once (an n-choice request
+//   counts n). One more is refused (429) before anything of it is stored or sent. Background
+//   responses and batch lines are bounded by their own limits instead (the queued-background
+//   limit; batch line slots), so a backlog of them never blocks the organization's foreground
+//   work, and the scheduler orders them by window.
 // - queued background: background responses of the organization in progress at once; creating
 //   one more is a 429.
 // - tokens per minute: a token bucket of that size, refilled continuously. Prompt tokens are
@@ -20,7 +22,7 @@ import type { LimitSettings, OrgLimitSettings } from '../config/catalog.js';
 import type { Caller } from './generation-request.js';
 
 export interface OrgLimits {
-  /** 0: no limit. */
+  /** Foreground generations in progress at once. 0: no limit. */
   maxInflightRequests: number;
   /** 0: no limit. */
   maxQueuedBackground: number;
@@ -42,8 +44,6 @@ export type Release = () => void;
 
 interface OrgState {
   inflight: number;
-  /** Background / batch work waiting for a slot, in arrival order. */
-  waiters: Array<() => void>;
   tokens: number;
   refilledAtMs: number;
 }
@@ -76,41 +76,24 @@ export class TenantLimiter {
     return this.byName.get(caller.orgName) ?? this.defaults;
   }
 
-  /** Foreground: takes an in-flight slot now, or throws RateLimitError. */
-  tryAcquire(caller: Caller): Release {
+  /**
+   * A foreground request of `count` generations (its n choices): takes that many in-flight slots
+   * now, or throws RateLimitError taking none.
+   */
+  tryAcquire(caller: Caller, count = 1): Release {
     const limit = this.limitsFor(caller).maxInflightRequests;
     const org = this.state(caller);
-    if (limit > 0 && org.inflight >= limit) {
-      throw new RateLimitError(`your organization has ${org.inflight} requests in progress, its limit; retry when one finishes`, 1);
+    if (limit > 0 && org.inflight + count > limit) {
+      throw new RateLimitError(`your organization has ${org.inflight} requests in progress and a limit of ${limit}; ` +
+        'retry when one finishes', 1);
     }
-    org.inflight += 1;
-    return this.releaser(caller, org);
-  }
-
-  /** Background and batch work: waits (in arrival order) for an in-flight slot; rejects when `signal` aborts. */
-  acquire(caller: Caller, signal?: AbortSignal): Promise<Release> {
-    const limit = this.limitsFor(caller).maxInflightRequests;
-    const org = this.state(caller);
-    if (limit === 0 || (org.inflight < limit && org.waiters.length === 0)) {
-      org.inflight += 1;
-      return Promise.resolve(this.releaser(caller, org));
-    }
-    return new Promise((resolve, reject) => {
-      const grant = () => {
-        signal?.removeEventListener('abort', quit);
-        org.inflight += 1;
-        resolve(this.releaser(caller, org));
-      };
-      const quit = () => {
-        const i = org.waiters.indexOf(grant);
-        if (i !== -1) org.waiters.splice(i, 1);
-        reject(signal?.reason instanceof Error ? signal.reason
-          : new SluiceError('cancelled', 'the request was cancelled while waiting for its organization\'s turn'));
-      };
-      if (signal?.aborted) return quit();
-      org.waiters.push(grant);
-      signal?.addEventListener('abort', quit, { once: true });
-    });
+    org.inflight += count;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      org.inflight -= count;
+    };
   }
 
   /** Refuses a new background response when the organization has `inProgress` of its limit already. */
@@ -157,20 +140,9 @@ export class TenantLimiter {
   private state(caller: Caller): OrgState {
     let org = this.orgs.get(caller.orgId);
     if (!org) {
-      org = { inflight: 0, waiters: [], tokens: this.limitsFor(caller).tokensPerMinute, refilledAtMs: this.now() };
+      org = { inflight: 0, tokens: this.limitsFor(caller).tokensPerMinute, refilledAtMs: this.now() };
       this.orgs.set(caller.orgId, org);
     }
     return org;
-  }
-
-  private releaser(caller: Caller, org: OrgState): Release {
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      org.inflight -= 1;
-      const limit = this.limitsFor(caller).maxInflightRequests;
-      while (org.waiters.length > 0 && (limit === 0 || org.inflight < limit)) org.waiters.shift()!();
-    };
   }
 }

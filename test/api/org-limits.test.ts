@@ -1,17 +1,24 @@
 // Per-organization limits over HTTP (src/serving/tenant-limits.ts, set per organization in the
 // catalog's `limits`): a foreground request over its organization's in-flight limit gets 429 with
-// Retry-After in the envelope while other organizations are unaffected; background work over it
-// waits its turn instead; the background queue and tokens per minute are bounded. And an engine
-// broken by a device fault answers 503 in the envelope, and /ready says the process is not ready.
+// Retry-After in the envelope, stores nothing and sends no callback, while other organizations
+// are unaffected; background work is bounded by its own queue limit and never blocks the
+// organization's foreground requests; tokens per minute are bounded. And an engine broken by a
+// device fault answers 503 in the envelope, and /ready says the process is not ready.
 
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
+import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 let server: TestServer;
+let receiver: WebhookReceiver;
 const keys: Record<string, string> = {};
 
 beforeAll(async () => {
+  receiver = await startWebhookReceiver();
   server = await startTestServer({
+    webhooks: { allowPrivateAddresses: true },
     catalog: (dir) => ({
       models: [{ id: 'tiny', checkpoint: dir }],
       limits: {
@@ -25,7 +32,21 @@ beforeAll(async () => {
   });
   for (const org of ['one-at-a-time', 'small-queue', 'few-tokens']) keys[org] = await server.keyFor(org);
 });
-afterAll(async () => { await server?.close(); });
+afterAll(async () => {
+  await server?.close();
+  await receiver?.close();
+});
+
+/** Responses stored for an organization, read from the database file. */
+function storedResponses(orgName: string): number {
+  const db = new Database(join(server.dataDir, 'sluice.db'), { readonly: true });
+  try {
+    return (db.prepare('SELECT COUNT(*) AS n FROM responses r JOIN organizations o ON o.id = r.org_id WHERE o.name = ?')
+      .get(orgName) as { n: number }).n;
+  } finally {
+    db.close();
+  }
+}
 
 async function post(body: unknown, key: string, path = '/responses') {
   const res = await fetch(`${server.baseUrl}${path}`, {
@@ -45,8 +66,9 @@ async function waitTerminal(id: string, key: string): Promise<Record<string, any
 }
 
 describe('per-organization limits', () => {
-  it('refuses a foreground request over the in-flight limit with 429 and Retry-After; others are unaffected', async () => {
-    const long = { model: 'tiny', input: 'tell me a long story', max_output_tokens: 200, temperature: 0 };
+  it('refuses a foreground request over the in-flight limit with 429 and Retry-After, storing and sending nothing', async () => {
+    const hook = receiver.hook();
+    const long = { model: 'tiny', input: 'tell me a long story', max_output_tokens: 200, temperature: 0, metadata: { completion_webhook: hook.url } };
     const results = await Promise.all([
       post(long, keys['one-at-a-time']!), post(long, keys['one-at-a-time']!), post(long, keys['one-at-a-time']!),
       post(long, server.key), post(long, server.key),
@@ -59,17 +81,32 @@ describe('per-organization limits', () => {
       expect(r.body['error']).toMatchObject({ type: 'rate_limit_error', code: 'rate_limit_exceeded', retry_after: 1 });
     }
     expect(results.slice(3).map((r) => r.status)).toEqual([200, 200]);
+    // Only the admitted request was stored and called back; the refused ones left no trace.
+    expect(storedResponses('one-at-a-time')).toBe(1);
+    await hook.waitForCalls(3);  // the admitted one (of this org) and the two of the default organization
+    await new Promise((r) => setTimeout(r, 300));
+    expect(hook.calls).toHaveLength(3);
+    // Chat Completions too: no callback for a request refused at admission.
+    const chatHook = receiver.hook();
+    const chat = { model: 'tiny', messages: [{ role: 'user', content: 'a long story' }], max_tokens: 200, metadata: { completion_webhook: chatHook.url } };
+    const chats = await Promise.all([post(chat, keys['one-at-a-time']!, '/chat/completions'), post(chat, keys['one-at-a-time']!, '/chat/completions')]);
+    expect(chats.map((r) => r.status).sort()).toEqual([200, 429]);
+    await chatHook.waitForCalls(1);
+    await new Promise((r) => setTimeout(r, 300));
+    expect(chatHook.calls).toHaveLength(1);
   });
 
-  it('lets background work over the in-flight limit wait its turn, and bounds the background queue', async () => {
+  it('bounds the background queue; background work never takes the foreground\'s in-flight slots', async () => {
     const key = keys['small-queue']!;
-    const body = { model: 'tiny', input: 'queued', max_output_tokens: 30, background: true };
+    const body = { model: 'tiny', input: 'queued', max_output_tokens: 60, background: true };
     const accepted = [await post(body, key), await post(body, key)];
     for (const r of accepted) expect(r.body['status']).toBe('in_progress');
     const third = await post(body, key);
     expect(third.status).toBe(429);
     expect(third.body['error']).toMatchObject({ code: 'rate_limit_exceeded', param: 'background' });
-    // Both run, one after the other (max_inflight_requests 1), and complete.
+    // With max_inflight_requests 1 and two background responses in progress, a foreground
+    // request of the same organization is still served.
+    expect((await post({ model: 'tiny', input: 'now', max_output_tokens: 2 }, key)).status).toBe(200);
     for (const r of accepted) expect((await waitTerminal(r.body['id'], key))['status']).toMatch(/^(completed|incomplete)$/);
     expect((await post(body, key)).status).toBe(200);  // room again
   });

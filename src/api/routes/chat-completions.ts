@@ -34,12 +34,15 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     const { request: generation, n } = toChatGenerationRequest(body, caller, model.supportsChat);
     // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
     const prepared = await ctx.service.prepare(generation);
+    // Over its organization's limits: a 429 before an id exists (no callback, nothing stored).
+    const admitted = ctx.service.admitForeground(caller, n);
     const created = nowSeconds();
     const id = completionId();
     let results: GenerateResult[];
     try {
-      results = await ctx.service.runChoices(choicesOf(prepared, n), disconnectSignal(reply));
+      results = await ctx.service.runChoices(choicesOf(prepared, n), disconnectSignal(reply), 'foreground', admitted);
     } catch (err) {
+      admitted();
       // A failed generation still sends its completion webhook (events.ts says with what body).
       const failed = failedChatCompletion({ id, created, model: prepared.request.model }, err);
       if (failed) {
@@ -48,6 +51,7 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
       }
       throw err;
     }
+    admitted();
     const completion = chatCompletion({
       id,
       created,

@@ -9,6 +9,7 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { Timings } from '../../engine/request.js';
 import { isSluiceError } from '../../errors.js';
 import type { PreparedGeneration } from '../../serving/generation-request.js';
+import type { Release } from '../../serving/tenant-limits.js';
 import type { ResponseBody, UsageRecord } from '../../store/store.js';
 import {
   cancelledResponse, failedResponse, finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest,
@@ -39,7 +40,7 @@ function serverTiming(t: Timings): string {
  * the store takes that, so that GET and the callback agree with what the client saw.
  */
 async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
-  signal: AbortSignal, reply: FastifyReply): Promise<ResponseBody> {
+  signal: AbortSignal, reply: FastifyReply, admitted: Release): Promise<ResponseBody> {
   const writeEnd = (body: ResponseBody, usage?: UsageRecord) => commitRequestEnd(ctx.store, ctx.webhooks,
     { response: { orgId, body, kind: 'foreground' }, ...(usage && { usage }) },
     // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
@@ -47,7 +48,7 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   let final: ResponseBody;
   let usage: UsageRecord;
   try {
-    const result = await ctx.service.run(prepared, signal);
+    const result = await ctx.service.run(prepared, signal, 'foreground', admitted);
     reply.header('server-timing', serverTiming(result.timings));
     final = finishedResponse(running, result);
     usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
@@ -91,7 +92,13 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
       await ctx.background.start(caller.orgId, running, prepared);
       return running;
     }
-    return runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply), reply);
+    // A foreground request over its organization's limits is a 429 before anything is stored.
+    const admitted = ctx.service.admitForeground(caller);
+    try {
+      return await runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply), reply, admitted);
+    } finally {
+      admitted();
+    }
   });
 
   app.get<{ Params: { response_id: string } }>('/responses/:response_id', {
