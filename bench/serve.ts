@@ -5,6 +5,7 @@
 //            [--prompt-words 5-85] [--output-tokens 16-64]
 //     tiers: [--tier-rate 2] [--tier-duration 20] [--tier-prompt-words 8-16] [--tier-output-tokens 16]
 //            [--backlog 400] [--backlog-prompt-words 128] [--backlog-output-tokens 256] [--settle auto|SECONDS] [--settle-max 60]
+//     tenants: [--flood 1000] [--flood-prompt-words 8-16] [--flood-output-tokens 256] (and the tier stream's settings)
 //     engine: [--threads N] [--max-num-seqs 64] [--max-batched-tokens 512] [--kv-cache-mib 256]
 //     [--poll-ms 40] [--drain-timeout 180] [--preset tiny] [--dtype bf16] [--model DIR] [--out bench/results/serve.json]
 //
@@ -25,6 +26,9 @@
 //          requests finished during the phase (they must still progress), and whether the backlog
 //          outlasted the phase. The unfinished backlog is cancelled (POST .../cancel) at the end
 //          so the server ends idle; the bench checks that it does.
+//   tenants Fairness between organizations (bench/serve-tenants.ts): organization A's asap stream
+//          (the tiers stream) alone, then while organization B floods the server with --flood
+//          background asap requests; target: A's TTFT p50 under the flood <= 1.5 x idle.
 //
 // Metrics, per window (as benchmark_serving): completed and failed requests; throughput =
 // completed / the phase's duration (first send to last completion) and output tokens / duration;
@@ -58,10 +62,14 @@ import { parseArgs } from 'node:util';
 import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { ServerChild } from './server-child.js';
+import { runTenantsScenario } from './serve-tenants.js';
 
 const { values: args } = parseArgs({
   options: {
-    scenarios: { type: 'string', default: 'mixed,tiers' },
+    scenarios: { type: 'string', default: 'mixed,tiers,tenants' },
+    flood: { type: 'string', default: '1000' },
+    'flood-prompt-words': { type: 'string', default: '8-16' },
+    'flood-output-tokens': { type: 'string', default: '256' },
     seed: { type: 'string', default: '1' },
     rate: { type: 'string', default: '8,16' },
     duration: { type: 'string', default: '30' },
@@ -93,14 +101,14 @@ const { values: args } = parseArgs({
   },
 });
 
-const WINDOWS = ['asap', 'standard', 'flex'] as const;
-type Window = (typeof WINDOWS)[number];
+export const WINDOWS = ['asap', 'standard', 'flex'] as const;
+export type Window = (typeof WINDOWS)[number];
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and seeded randomness.
 
 /** Nearest-rank percentile (as bench/http.ts); null for an empty sample. */
-function percentiles(values: number[]): { p50: number | null; p90: number | null; p99: number | null; mean: number | null } {
+export function percentiles(values: number[]): { p50: number | null; p90: number | null; p99: number | null; mean: number | null } {
   const xs = Float64Array.from(values).sort();
   const pct = (q: number) => (xs.length === 0 ? null : xs[Math.min(xs.length - 1, Math.max(0, Math.ceil(q * xs.length) - 1))]!);
   let sum = 0;
@@ -154,17 +162,19 @@ const WORDS = ('the of and to in is it that for on with as was at by be this fro
   'life being under never day same another know while last might us great old year off come since against go came ' +
   'right used take three river garden window music winter letter morning doctor station').split(' ');
 
-interface PlannedRequest {
+export interface PlannedRequest {
   index: number;
   /** Seconds from the phase's start. */
   at: number;
   window: Window;
   input: string;
   maxOutputTokens: number;
+  /** Sent with background=true (always for flex). */
+  background?: boolean;
 }
 
 /** A Poisson arrival schedule (exponential gaps) over `seconds`, or `count` requests at time 0 (a backlog). */
-function planRequests(opts: {
+export function planRequests(opts: {
   seed: number; rate?: number; seconds?: number; count?: number; mix: Record<Window, number>;
   promptWords: [number, number]; outputTokens: [number, number];
 }): PlannedRequest[] {
@@ -192,7 +202,7 @@ function planRequests(opts: {
 // ---------------------------------------------------------------------------------------------
 // The server process.
 
-interface StepSummary {
+export interface StepSummary {
   steps: number;
   wallMs: number;
   /** Fraction of the wall time a native step was running. */
@@ -218,7 +228,7 @@ interface StepSummary {
 
 type ChildRequest = { cmd: 'trace-start' } | { cmd: 'trace-stop' } | { cmd: 'engine-state' } | { cmd: 'quit' };
 type ChildReply =
-  | { type: 'ready'; address: string; key: string; model: string; engineInfo: Record<string, unknown>; instrumented: boolean }
+  | { type: 'ready'; address: string; key: string; keyB: string; model: string; engineInfo: Record<string, unknown>; instrumented: boolean }
   | { type: 'trace'; summary: StepSummary }
   | { type: 'engine-state'; running: number | null; waiting: number | null }
   | { type: 'error'; message: string };
@@ -245,6 +255,7 @@ async function serveChild(): Promise<void> {
   });
   const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
   const created = service.firstKey ?? (await createApiKey(service.store, DEFAULT_ORGANIZATION));
+  const createdB = await createApiKey(service.store, 'tenant-b');  // the second organization of the tenants scenario
   const served = service.registry.models[0]!;
   const engine = served.engine;
 
@@ -357,7 +368,7 @@ async function serveChild(): Promise<void> {
   });
 
   send({
-    type: 'ready', address, key: created.key, model: served.id,
+    type: 'ready', address, key: created.key, keyB: createdB.key, model: served.id,
     engineInfo: engine.info as unknown as Record<string, unknown>, instrumented,
   });
 }
@@ -365,7 +376,7 @@ async function serveChild(): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // The load generator.
 
-class ServeChild extends ServerChild<ChildRequest, ChildReply> {
+export class ServeChild extends ServerChild<ChildRequest, ChildReply> {
   async traced<T>(fn: () => Promise<T>): Promise<{ value: T; steps: StepSummary }> {
     this.send({ cmd: 'trace-start' });
     const value = await fn();
@@ -380,7 +391,7 @@ class ServeChild extends ServerChild<ChildRequest, ChildReply> {
   }
 }
 
-interface RequestRecord {
+export interface RequestRecord {
   index: number;
   window: Window;
   /** ms from the phase's start. */
@@ -418,23 +429,23 @@ function parseServerTiming(header: string | null): { queue: number; prefill: num
   return Number.isFinite(t.queue) && Number.isFinite(t.prefill) && Number.isFinite(t.decode) ? t : null;
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)));
+export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, Math.max(0, ms)));
 
 /** Runs `fn` over `items` with at most `limit` at once. */
-async function pool<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+export async function pool<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
   let next = 0;
   await Promise.all(Array.from({ length: Math.min(limit, items.length) }, async () => {
     while (next < items.length) await fn(items[next++]!);
   }));
 }
 
-class Client {
+export class Client {
   constructor(readonly base: string, readonly headers: Record<string, string>, readonly model: string, readonly pollMs: number) {}
 
   private body(r: PlannedRequest): string {
     return JSON.stringify({
       model: this.model, input: r.input, max_output_tokens: r.maxOutputTokens, temperature: 0,
-      metadata: { completion_window: r.window }, ...(r.window === 'flex' && { background: true }),
+      metadata: { completion_window: r.window }, ...((r.window === 'flex' || r.background) && { background: true }),
     });
   }
 
@@ -580,7 +591,7 @@ class Client {
   }
 }
 
-interface WindowStats {
+export interface WindowStats {
   window: Window;
   requests: number;
   completed: number;
@@ -597,7 +608,7 @@ interface WindowStats {
   errors: string[];
 }
 
-function windowStats(records: readonly RequestRecord[], durationMs: number): WindowStats[] {
+export function windowStats(records: readonly RequestRecord[], durationMs: number): WindowStats[] {
   const out: WindowStats[] = [];
   for (const window of WINDOWS) {
     const rs = records.filter((r) => r.window === window);
@@ -629,7 +640,9 @@ async function main(): Promise<void> {
   if (args['serve-child']) return serveChild();
 
   const scenarios = new Set(args.scenarios!.split(',').map((s) => s.trim()).filter(Boolean));
-  for (const s of scenarios) if (s !== 'mixed' && s !== 'tiers') throw new Error(`--scenarios: unknown scenario "${s}" (mixed, tiers)`);
+  for (const s of scenarios) {
+    if (s !== 'mixed' && s !== 'tiers' && s !== 'tenants') throw new Error(`--scenarios: unknown scenario "${s}" (mixed, tiers, tenants)`);
+  }
   const num = (name: string, min: number) => {
     const v = Number((args as Record<string, unknown>)[name]);
     if (!(v >= min)) throw new Error(`--${name} must be a number >= ${min}`);
@@ -839,6 +852,24 @@ async function main(): Promise<void> {
       if (afterCancel.running !== 0 || afterCancel.waiting !== 0) notes.push('tiers: WARNING: the engine did not end idle after the cancels');
     }
 
+    // ---- tenants
+    let tenants: Record<string, unknown> | null = null;
+    if (scenarios.has('tenants')) {
+      const clientB = new Client(ready.address, { authorization: `Bearer ${ready.keyB}`, 'content-type': 'application/json' }, ready.model, pollMs);
+      const stream = planRequests({
+        seed: seed + 1, rate: tierRate, seconds: tierDuration, mix: { asap: 1, standard: 0, flex: 0 }, promptWords: tierPromptWords, outputTokens: tierOutputTokens,
+      });
+      const flood = planRequests({
+        seed: seed + 3, count: num('flood', 1), mix: { asap: 1, standard: 0, flex: 0 },
+        promptWords: parseRange(args['flood-prompt-words']!, 'flood-prompt-words'), outputTokens: parseRange(args['flood-output-tokens']!, 'flood-output-tokens'),
+      }).map((r) => ({ ...r, background: true }));
+      const t = await runTenantsScenario({ server, clientA: client, clientB, stream, flood, drainTimeout, maxNumSeqs, settleMax, fmt });
+      addRows('tenants: A idle', t.idleStats);
+      addRows('tenants: A under B\'s flood', t.loadStats);
+      notes.push(...t.notes);
+      tenants = t.result;
+    }
+
     const finalState = await server.engineState();
     server.send({ cmd: 'quit' });
     await server.exited.catch(() => {});
@@ -879,6 +910,7 @@ async function main(): Promise<void> {
       },
       mixed: mixed.length ? mixed : null,
       tiers,
+      tenants,
       engineAtEnd: finalState,
       benchSeconds: (performance.now() - startedAt) / 1000,
     };
