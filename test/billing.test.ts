@@ -11,7 +11,7 @@ import { costOf, isLongContext } from '../src/billing/pricing.js';
 import { summarizeUsage, parseSince } from '../src/billing/usage-report.js';
 import { GenerationService } from '../src/serving/generation-service.js';
 import { ServedModel, type ModelRegistry } from '../src/serving/model-registry.js';
-import type { Store, UsageRecord } from '../src/store/store.js';
+import type { UsageRecord } from '../src/store/store.js';
 
 const price = (tier: ModelPrice['tier'], input: number, cached: number, output: number): ModelPrice =>
   ({ tier, input_per_1m_tokens: input, cached_input_per_1m_tokens: cached, output_per_1m_tokens: output });
@@ -168,7 +168,7 @@ describe('Billing: tiers and negotiated rates', () => {
   const free = served({ id: 'free' });
   const registry = registryOf([both, asapOnly, free]);
   const service = new GenerationService(registry);
-  const billing = new Billing({} as Store, registry);
+  const billing = new Billing(registry);
   const prepare = (model: string, orgName: string, completionWindow?: string) => service.prepare({
     caller: { orgId: `org_${orgName}`, orgName, keyId: 'key_1' }, model, input: { kind: 'prompt', text: 'hi' },
     sampling: {}, maxOutputTokensParam: 'max_output_tokens', background: false, metadata: {},

@@ -60,7 +60,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
   app.addHook('onReady', async () => webhooks.start());
   app.addHook('onClose', async () => webhooks.close());
-  const billing = new Billing(opts.store, opts.registry);
+  const billing = new Billing(opts.registry);
   const background = new BackgroundResponses({
     store: opts.store, service, billing, webhooks, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
   });

@@ -76,7 +76,7 @@ export class BatchRunner {
   constructor(private readonly opts: BatchRunnerOptions) {
     this.deadlines = { ...DEFAULT_BATCH_DEADLINES, ...opts.deadlines };
     this.service = new GenerationService(opts.registry, opts.limits);
-    this.billing = new Billing(opts.store, opts.registry);
+    this.billing = new Billing(opts.registry);
     const engineSeqs = opts.registry.models.map((m) => m.engine.info.maxNumSeqs);
     this.slots = new Slots(opts.maxLinesInFlight ?? Math.max(1, ...engineSeqs));
     this.log = opts.log ?? stderrLog;

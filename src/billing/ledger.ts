@@ -19,7 +19,7 @@ import type { ModelPrice } from '../config/catalog.js';
 import type { GenerateResult } from '../engine/request.js';
 import type { PreparedGeneration } from '../serving/generation-request.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
-import type { Store, UsageRecord } from '../store/store.js';
+import type { UsageRecord } from '../store/store.js';
 import { formatDecimal } from './money.js';
 import { costOf } from './pricing.js';
 
@@ -48,9 +48,7 @@ function cachedTokensOf(result: GenerateResult): number {
 }
 
 export class Billing {
-  // NOTE: the store is no longer written from here (request ends write the row themselves); the
-  // parameter stays until every caller stops passing it.
-  constructor(_store: Store, private readonly registry: ModelRegistry) {}
+  constructor(private readonly registry: ModelRegistry) {}
 
   /** The ledger row of a finished request (pure apart from the id); store it with commitRequestEnd. */
   usageRecord(req: BillableRequest): UsageRecord {

@@ -52,6 +52,8 @@ function workerPath(): string {
   return here.replace(/src[/\\]engine[/\\]prompt-pool\.ts$/, 'dist/src/engine/prompt-worker.js');
 }
 
+let workerExists: boolean | undefined;
+
 export class PromptPool {
   private readonly size: number;
   private readonly idleMs: number;
@@ -77,9 +79,9 @@ export class PromptPool {
     return this.slots.length;
   }
 
-  /** Whether workers can be started (the compiled worker exists). */
+  /** Whether workers can be started (the compiled worker exists); looked up once per process. */
   static available(): boolean {
-    return existsSync(workerPath());
+    return (workerExists ??= existsSync(workerPath()));
   }
 
   /** Renders and tokenizes `text` for the model in `modelDir` on a worker. Errors are SluiceErrors. */

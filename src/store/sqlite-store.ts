@@ -326,9 +326,6 @@ export class SqliteStore implements Store {
     return (this.usageTables ??= new SqliteUsage(this.db));
   }
 
-  async insertUsage(record: UsageRecord): Promise<boolean> {
-    return this.usage.insertUsage(record);
-  }
 
   async listUsage(filter: { orgName?: string; sinceMs?: number }): Promise<UsageRecord[]> {
     return this.usage.listUsage(filter);

@@ -169,12 +169,8 @@ export interface Store {
    */
   finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined>;
 
-  // Usage ledger.
-  /**
-   * Appends one billed request. Idempotent on (surface, requestId): a request already recorded
-   * (a background response or batch line run again after a restart) is not recorded twice (false).
-   */
-  insertUsage(record: UsageRecord): Promise<boolean>;
+  // Usage ledger (rows are written by commitRequestEnd, idempotent on (surface, requestId): a
+  // request run again after a restart is not recorded twice).
   /** Ledger rows completed at or after `sinceMs` (Unix ms), of one organization when named; in insertion order. */
   listUsage(filter: { orgName?: string; sinceMs?: number }): Promise<UsageRecord[]>;
   /** Marks a key as an admin key (may read every organization's usage) or not; false when no such key. */

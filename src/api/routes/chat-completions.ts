@@ -42,7 +42,6 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     try {
       results = await ctx.service.runChoices(choicesOf(prepared, n), disconnectSignal(reply), 'foreground', admitted);
     } catch (err) {
-      admitted();
       // A failed generation still sends its completion webhook (events.ts says with what body).
       const failed = failedChatCompletion({ id, created, model: prepared.request.model }, err);
       if (failed) {
@@ -50,8 +49,9 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
           .catch((stored: unknown) => request.log.error({ err: stored, id }, 'could not store the webhook delivery of a failed chat completion'));
       }
       throw err;
+    } finally {
+      admitted();
     }
-    admitted();
     const completion = chatCompletion({
       id,
       created,
