@@ -150,19 +150,61 @@ TEST_CASE(kv_blocks_are_accounted_and_refusal_changes_nothing) {
   e->step({{7}, {6}});
   CHECK(e->num_sequence_blocks(7) == 2 && e->num_free_blocks() == 3);
   e->add_sequence(8, prompt_of(13, 2, spec.vocab), {});
-  CHECK_THROWS_CODE(e->step({{7, 8}, {4, 13}}), ErrorCode::kNoKvBlocks);  // needs 1 + 4 > 3
-  CHECK(e->num_free_blocks() == 3 && e->num_sequence_blocks(8) == 0);
-  StepResult r = e->step({{7}, {4}});  // completes the prompt: samples one token
-  CHECK(r.seq_ids.size() == 1 && r.seq_ids[0] == 7);
+  // 8 needs 4 blocks, 3 are free: its row is skipped (a value, not an exception); 7 needs 1 and
+  // completes its prompt, so it samples one token.
+  StepResult r = e->step({{8, 7}, {13, 4}});
+  CHECK(r.row_status == std::vector<uint8_t>({uint8_t(RowStatus::kNoKvBlocks), uint8_t(RowStatus::kRan)}));
+  CHECK(r.row_computed == std::vector<uint32_t>({0, 4}) && r.row_pending == std::vector<uint32_t>({0, 1}));
+  CHECK(r.row_blocks == std::vector<uint32_t>({0, 3}));
+  CHECK(r.seq_ids.size() == 1 && r.seq_ids[0] == 7 && r.errors.empty());
+  CHECK(e->num_sequence_blocks(8) == 0 && r.num_free_blocks == 2 && e->num_free_blocks() == 2);
   e->free_sequence(7);
   e->free_sequence(7);  // twice is fine
   CHECK(e->num_free_blocks() == 5);
   // Bad rows are errors of their own row (see test_isolation.cpp), not of the step.
   StepResult unknown = e->step({{7}, {1}});
   CHECK(unknown.seq_ids.empty() && unknown.errors.size() == 1 && unknown.errors[0].code == ErrorCode::kSequenceUnknown);
-  StepResult too_many = e->step({{8}, {14}});  // more than it has
-  CHECK(too_many.errors.size() == 1 && too_many.errors[0].code == ErrorCode::kInvalidArgument);
+  CHECK(unknown.row_status[0] == uint8_t(RowStatus::kFailed));
+  StepResult zero = e->step({{8}, {0}});
+  CHECK(zero.errors.size() == 1 && zero.errors[0].code == ErrorCode::kInvalidArgument);
+  // A bound above what is left computes what is left.
+  StepResult bounded = e->step({{8}, {100}});
+  CHECK(bounded.row_computed[0] == 13 && bounded.seq_ids.size() == 1 && bounded.seq_ids[0] == 8);
   CHECK_THROWS_CODE(e->add_sequence(9, {int32_t(spec.vocab)}, {}), ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE(a_plan_frees_adds_and_runs_with_every_outcome_a_value) {
+  TinyModelSpec spec;
+  std::string dir = temp_dir("plan");
+  write_tiny_model(dir, spec);
+  auto e = load(dir, 2048 * 5);  // 5 blocks of 4 tokens
+  e->add_sequence(1, prompt_of(8, 1, spec.vocab), {});
+  e->step({{1}, {8}});  // 2 blocks held, 3 free
+  StepPlan plan;
+  plan.seq_ids = {2, 1, 3, 4};
+  plan.num_tokens = {5, 1, 4, 4};
+  plan.adds.push_back({2, prompt_of(5, 2, spec.vocab), {}, false, ""});         // 2 blocks: admitted
+  plan.adds.push_back({3, prompt_of(9, 3, spec.vocab), {}, false, ""});         // 3 blocks: none left
+  plan.adds.push_back({4, {int32_t(spec.vocab)}, {}, false, ""});               // a bad token
+  StepResult r = e->step(plan);
+  CHECK(r.add_status == std::vector<uint8_t>({uint8_t(AddStatus::kAdmitted), uint8_t(AddStatus::kNoKvBlocks),
+                                              uint8_t(AddStatus::kFailed)}));
+  CHECK(r.add_cached == std::vector<int32_t>({0, -1, -1}));
+  CHECK(r.errors.size() == 2 && r.errors[0].seq_id == 4 && r.errors[0].code == ErrorCode::kInvalidArgument);
+  CHECK(r.errors[1].seq_id == 4 && r.errors[1].code == ErrorCode::kSequenceUnknown);  // its row
+  CHECK(r.row_status == std::vector<uint8_t>({uint8_t(RowStatus::kRan), uint8_t(RowStatus::kRan),
+                                              uint8_t(RowStatus::kNoKvBlocks), uint8_t(RowStatus::kFailed)}));
+  CHECK(r.row_computed == std::vector<uint32_t>({5, 1, 0, 0}));
+  CHECK(r.seq_ids == std::vector<uint32_t>({2, 1}));  // plan order
+  CHECK(r.num_free_blocks == 0 && e->num_sequence_blocks(3) == 0);
+  // Frees come first: 1 and 2 make room for 3 in the same step.
+  StepPlan next;
+  next.frees = {1, 2};
+  next.adds.push_back({3, prompt_of(9, 3, spec.vocab), {}, false, ""});
+  next.seq_ids = {3};
+  next.num_tokens = {9};
+  StepResult n2 = e->step(next);
+  CHECK(n2.add_status[0] == uint8_t(AddStatus::kAdmitted) && n2.row_computed[0] == 9 && n2.seq_ids.size() == 1);
 }
 
 TEST_CASE(broken_model_directories_fail_with_named_files) {

@@ -99,12 +99,15 @@ TEST_CASE(bad_plan_rows_fail_alone) {
   const int vocab = int(e->info().config.vocab_size);
   e->add_sequence(1, prompt_of(6, 1, vocab), {0.f, 1.f, 0, 0, 0});
   e->add_sequence(2, prompt_of(6, 2, vocab), {0.f, 1.f, 0, 0, 0});
-  // Unknown sequence 9, sequence 2 named twice, sequence 2 asked for more than it has.
-  StepResult r = e->step({{9, 1, 2, 2}, {1, 6, 6, 3}});
+  // Unknown sequence 9, sequence 2 named twice, sequence 1 asked for no token.
+  StepResult r = e->step({{9, 1, 2, 2, 1}, {1, 6, 6, 3, 0}});
   CHECK(r.seq_ids.size() == 2 && r.seq_ids[0] == 1 && r.seq_ids[1] == 2);
-  CHECK(r.errors.size() == 2);
-  CHECK(r.errors[0].seq_id == 9 && r.errors[0].code == ErrorCode::kSequenceUnknown);
-  CHECK(r.errors[1].seq_id == 2 && r.errors[1].code == ErrorCode::kInvalidArgument);
+  // Rows of known sequences are checked first, unknown ones last (they might be this step's adds).
+  CHECK(r.errors.size() == 3);
+  CHECK(r.errors[0].seq_id == 2 && r.errors[0].code == ErrorCode::kInvalidArgument);
+  CHECK(r.errors[1].seq_id == 1 && r.errors[1].code == ErrorCode::kInvalidArgument);
+  CHECK(r.errors[2].seq_id == 9 && r.errors[2].code == ErrorCode::kSequenceUnknown);
+  CHECK(r.row_status == std::vector<uint8_t>({2, 0, 0, 2, 2}));
   // The same two rows alone sample the same tokens (greedy).
   auto ref = load();
   ref->add_sequence(1, prompt_of(6, 1, vocab), {0.f, 1.f, 0, 0, 0});

@@ -53,9 +53,45 @@ struct SamplingParams {
   int logprobs = 0;          // top-N alternatives reported with each sampled token (0..20)
 };
 
+// A sequence to register at the start of a step (see Engine::add_sequence for the fields).
+struct SequenceAdd {
+  uint32_t seq_id = 0;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  bool keyed = false;
+  std::string cache_scope;
+};
+
+// One step, the whole boundary between the scheduler and the engine. Applied in this order:
+//   1. frees: sequences that ended or were preempted (unknown ids are ignored);
+//   2. the rows of sequences that existed before this step claim the blocks they need, in plan
+//      order (a row that does not fit is skipped: RowStatus::kNoKvBlocks);
+//   3. adds, in order: each maps its cached prefix and is admitted only when its whole prompt's
+//      remaining blocks fit beside what the rows before claimed (else AddStatus::kNoKvBlocks,
+//      nothing kept); a bad add fails alone (AddStatus::kFailed, StepResult::errors);
+//   4. the rows of the sequences just added claim their blocks;
+//   5. the forward pass and sampling of every row that got its blocks.
+// num_tokens[i] is an upper bound: the row computes min(num_tokens[i], its uncomputed tokens), so
+// a scheduler planning ahead of the last result (a prefix hit, a sample it has not seen) stays
+// valid. A row naming the same sequence twice, a bound of 0 or a sequence with nothing left to
+// compute fails alone.
 struct StepPlan {
   std::vector<uint32_t> seq_ids;     // [n]
-  std::vector<uint32_t> num_tokens;  // [n] tokens to compute this step for seq_ids[i]
+  std::vector<uint32_t> num_tokens;  // [n] at most this many tokens computed for seq_ids[i]
+  std::vector<uint32_t> frees;
+  std::vector<SequenceAdd> adds;
+};
+
+enum class RowStatus : uint8_t {
+  kRan = 0,         // computed row_computed tokens (and sampled, if it reached its last token)
+  kNoKvBlocks = 1,  // did not fit in the KV pool (or its add was not admitted): nothing done
+  kFailed = 2,      // failed on its own; see StepResult::errors
+};
+
+enum class AddStatus : uint8_t {
+  kAdmitted = 0,
+  kNoKvBlocks = 1,  // its prompt did not fit: not added, nothing kept
+  kFailed = 2,      // refused (bad prompt or sampling parameter, id in use); see StepResult::errors
 };
 
 // A row of a step that failed on its own: its sequence gained nothing from the step (no token);
@@ -80,7 +116,19 @@ struct StepResult {
   int top_n = 0;
   std::vector<int32_t> top_ids;       // [m * top_n], best first
   std::vector<float> top_logprobs;    // [m * top_n]
-  std::vector<RowError> errors;       // rows that failed on their own (not in seq_ids)
+  std::vector<RowError> errors;       // rows and adds that failed on their own (not in seq_ids)
+  // Per plan row (plan order):
+  std::vector<uint8_t> row_status;    // [n] RowStatus
+  std::vector<uint32_t> row_computed; // [n] tokens computed by this step
+  std::vector<uint32_t> row_pending;  // [n] known but uncomputed tokens after the step (1 after a sample)
+  std::vector<uint32_t> row_blocks;   // [n] KV blocks the sequence holds after the step
+  // Per add (plan order):
+  std::vector<uint8_t> add_status;    // [a] AddStatus
+  std::vector<int32_t> add_cached;    // [a] prompt tokens served from the prefix cache; -1 unless admitted
+  // The pool after the step: what the next plan can count on.
+  int64_t num_free_blocks = 0;        // free + evictable (what an allocation can get)
+  int64_t num_evictable_blocks = 0;   // cached and unreferenced (evicted on demand)
+  int64_t num_cached_blocks = 0;      // in the prefix cache (in use or evictable)
 };
 
 struct EngineInfo {
@@ -107,6 +155,9 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual EngineInfo info() const = 0;
+  // add_sequence, free_sequence, num_free_blocks and num_sequence_blocks are for C++ callers
+  // (native tests, tools, sluice_bench). The scheduler in TypeScript goes through step() only:
+  // the addon exposes no per-sequence call, so planning never waits on the engine.
   // Registers a sequence and maps the longest cached prefix of its prompt into its block table
   // (whole blocks, at most prompt.size() - 1 tokens: the last prompt token is always computed,
   // since its logits give the first sample). Returns that prefix's length, the sequence's
@@ -122,9 +173,9 @@ class Engine {
   // Blocks a step can get: free ones plus unreferenced cached ones (evicted on demand).
   virtual int64_t num_free_blocks() const = 0;
   virtual int64_t num_sequence_blocks(uint32_t seq_id) const = 0;
-  // Runs the plan's valid rows; an invalid row (unknown or repeated sequence, a token count out of
-  // range) is reported in StepResult::errors and skipped. Throws Error(kNoKvBlocks) before doing
-  // anything when the valid rows need more blocks than are free.
+  // Runs one plan (see StepPlan for the order). Every per-row or per-add outcome is a value in the
+  // result, a shortage of KV blocks included; it throws only for a malformed plan (arrays of
+  // different lengths) and for faults of the whole step (kDeviceFault, then kEngineBroken).
   virtual StepResult step(const StepPlan& plan) = 0;
   // Testing hook: the next step that holds seq_id fails that row at `point` (kDevice: the next
   // step fails as a device fault whatever it holds; seq_id is ignored). One fault per sequence.

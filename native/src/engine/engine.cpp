@@ -1,6 +1,7 @@
 // Engine: sequences, block tables and sampling around one backend.
 #include "sluice/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -155,8 +156,13 @@ class EngineImpl final : public Engine {
     return true;
   }
 
-  // Validates one plan row; throws (with the row's message) when the row cannot run.
-  Sequence& check_row(uint32_t seq_id, int64_t count);
+  // Validates one plan row and returns its token count (the bound clamped to what is left); throws
+  // (with the row's message) when the row cannot run.
+  int64_t check_row(uint32_t seq_id, int64_t bound);
+  // Validates plan row i and claims its blocks (status kNoKvBlocks when they are not there).
+  void claim_row(const StepPlan& plan, size_t i, StepResult& result);
+  // Adds one sequence when its prompt fits beside the blocks claimed so far.
+  AddStatus admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached);
   // forward() + sample() of the rows in plan_rows_; a device fault breaks the engine.
   void run_backend(StepResult& result);
 
@@ -214,8 +220,11 @@ class EngineImpl final : public Engine {
     Sequence* seq;
     uint32_t seq_id;
     int64_t count;
+    size_t index;  // in the plan
   };
   std::vector<PlanRow> plan_rows_;          // the plan's valid rows, in plan order
+  int64_t claimed_blocks_ = 0;              // blocks the step's rows will allocate (not yet taken)
+  std::vector<uint8_t> row_deferred_;       // [n] row of a sequence added by this step
   std::vector<SampleRow> sample_rows_;      // [m] one per sequence that samples this step
   std::vector<const PlanRow*> sampling_rows_;  // [m]
   std::vector<SampleRowError> sample_errors_;
@@ -224,25 +233,67 @@ class EngineImpl final : public Engine {
   std::vector<uint8_t> sample_failed_;                   // [m]
 };
 
-Sequence& EngineImpl::check_row(uint32_t seq_id, int64_t count) {
+int64_t EngineImpl::check_row(uint32_t seq_id, int64_t bound) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end())
     throw Error(ErrorCode::kSequenceUnknown, "step plan names unknown sequence " + std::to_string(seq_id));
   Sequence& s = it->second;
   if (s.planned_in_step == num_steps_)
     throw Error(ErrorCode::kInvalidArgument, "step plan names sequence " + std::to_string(seq_id) + " twice");
-  const int64_t end = s.num_computed + count;
-  if (count < 1 || end > int64_t(s.tokens.size()))
-    throw Error(ErrorCode::kInvalidArgument, "step plan asks sequence " + std::to_string(seq_id) + " for " +
-                                                 std::to_string(count) + " tokens but it has " +
-                                                 std::to_string(int64_t(s.tokens.size()) - s.num_computed) +
-                                                 " uncomputed");
-  if (end > config_.max_position_embeddings)
+  s.planned_in_step = num_steps_;
+  const int64_t uncomputed = int64_t(s.tokens.size()) - s.num_computed;
+  if (bound < 1) throw Error(ErrorCode::kInvalidArgument, "step plan asks sequence " + std::to_string(seq_id) + " for 0 tokens");
+  if (uncomputed < 1)
+    throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(seq_id) + " has no token left to compute");
+  const int64_t count = std::min(bound, uncomputed);
+  if (s.num_computed + count > config_.max_position_embeddings)
     throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(seq_id) + " would exceed the context length " +
                                                  std::to_string(config_.max_position_embeddings));
   if (take_fault(seq_id, FaultPoint::kPrepareRow))
     throw Error(ErrorCode::kInternal, "injected fault while preparing sequence " + std::to_string(seq_id));
-  return s;
+  return count;
+}
+
+void EngineImpl::claim_row(const StepPlan& plan, size_t i, StepResult& result) {
+  const uint32_t seq_id = plan.seq_ids[i];
+  try {
+    const int64_t count = check_row(seq_id, plan.num_tokens[i]);
+    Sequence& s = seqs_.at(seq_id);
+    const int64_t bs = opts_.block_size;
+    const int64_t need = std::max<int64_t>(0, (s.num_computed + count + bs - 1) / bs - int64_t(s.blocks.size()));
+    if (need > blocks_->num_free() - claimed_blocks_) {
+      result.row_status[i] = uint8_t(RowStatus::kNoKvBlocks);
+      return;
+    }
+    claimed_blocks_ += need;
+    plan_rows_.push_back({&s, seq_id, count, i});
+  } catch (const Error& e) {
+    result.errors.push_back({seq_id, e.code(), e.what()});
+  } catch (const std::exception& e) {
+    result.errors.push_back({seq_id, ErrorCode::kInternal, e.what()});
+  }
+}
+
+AddStatus EngineImpl::admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached) {
+  try {
+    const int64_t cached = add_sequence(add.seq_id, add.prompt, add.params, add.keyed, add.cache_scope);
+    const Sequence& s = seqs_.at(add.seq_id);
+    const int64_t bs = opts_.block_size;
+    // Admission wants the whole prompt's blocks (a running prefill then rarely needs more than it
+    // can get); the prefix hit's blocks are in the table already.
+    const int64_t need = (int64_t(s.tokens.size()) + bs - 1) / bs - int64_t(s.blocks.size());
+    if (need > blocks_->num_free() - claimed_blocks_) {
+      free_sequence(add.seq_id);
+      return AddStatus::kNoKvBlocks;
+    }
+    *num_cached = int32_t(cached);
+    return AddStatus::kAdmitted;
+  } catch (const Error& e) {
+    result.errors.push_back({add.seq_id, e.code(), e.what()});
+  } catch (const std::exception& e) {
+    result.errors.push_back({add.seq_id, ErrorCode::kInternal, e.what()});
+  }
+  return AddStatus::kFailed;
 }
 
 StepResult EngineImpl::step(const StepPlan& plan) {
@@ -252,52 +303,76 @@ StepResult EngineImpl::step(const StepPlan& plan) {
   const int64_t bs = opts_.block_size;
   StepResult result;
   num_steps_++;
+  result.row_status.assign(n, uint8_t(RowStatus::kFailed));
+  result.row_computed.assign(n, 0);
+  result.row_pending.assign(n, 0);
+  result.row_blocks.assign(n, 0);
+  result.add_status.assign(plan.adds.size(), uint8_t(AddStatus::kFailed));
+  result.add_cached.assign(plan.adds.size(), -1);
 
-  // Validate every row and count blocks before touching any state: an invalid row is reported
-  // and left out (the others run), and a plan whose valid rows do not fit changes nothing.
+  for (uint32_t id : plan.frees) free_sequence(id);
+  // Blocks are claimed (counted, not yet taken) before any is allocated: the rows of running
+  // sequences first, then each add with its rows.
   plan_rows_.clear();
-  int64_t blocks_needed = 0;
+  claimed_blocks_ = 0;
+  std::vector<uint8_t>& deferred = row_deferred_;
+  deferred.assign(n, 0);
   for (size_t i = 0; i < n; i++) {
-    const uint32_t seq_id = plan.seq_ids[i];
-    const int64_t count = plan.num_tokens[i];
-    try {
-      Sequence& s = check_row(seq_id, count);
-      s.planned_in_step = num_steps_;
-      blocks_needed += std::max<int64_t>(0, (s.num_computed + count + bs - 1) / bs - int64_t(s.blocks.size()));
-      plan_rows_.push_back({&s, seq_id, count});
-    } catch (const Error& e) {
-      result.errors.push_back({seq_id, e.code(), e.what()});
-    } catch (const std::exception& e) {
-      result.errors.push_back({seq_id, ErrorCode::kInternal, e.what()});
+    if (seqs_.count(plan.seq_ids[i])) claim_row(plan, i, result);
+    else deferred[i] = 1;
+  }
+  // An admitted add claims its row's blocks at once, so the next add sees them taken.
+  for (size_t a = 0; a < plan.adds.size(); a++) {
+    const uint32_t id = plan.adds[a].seq_id;
+    const AddStatus st = admit(plan.adds[a], result, &result.add_cached[a]);
+    result.add_status[a] = uint8_t(st);
+    if (st == AddStatus::kFailed) continue;
+    for (size_t i = 0; i < n; i++) {
+      if (!deferred[i] || plan.seq_ids[i] != id) continue;
+      deferred[i] = 0;
+      if (st == AddStatus::kAdmitted) claim_row(plan, i, result);
+      else result.row_status[i] = uint8_t(RowStatus::kNoKvBlocks);  // its add was not admitted
     }
   }
-  if (blocks_needed > blocks_->num_free())
-    throw Error(ErrorCode::kNoKvBlocks, "step needs " + std::to_string(blocks_needed) + " KV blocks, " +
-                                            std::to_string(blocks_->num_free()) + " are free");
-  if (plan_rows_.empty()) return result;
+  for (size_t i = 0; i < n; i++) {
+    if (deferred[i]) claim_row(plan, i, result);  // unknown sequences: errors of their rows
+  }
+  std::sort(plan_rows_.begin(), plan_rows_.end(), [](const PlanRow& x, const PlanRow& y) { return x.index < y.index; });
 
-  token_ids_.clear();
-  positions_.clear();
-  token_seq_.clear();
-  slots_.clear();
-  logit_rows_.clear();
-  tables_.assign(plan_rows_.size(), nullptr);
-  table_lens_.assign(plan_rows_.size(), 0);
-  for (size_t i = 0; i < plan_rows_.size(); i++) {
-    Sequence& s = *plan_rows_[i].seq;
-    const int64_t end = s.num_computed + plan_rows_[i].count;
-    blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
-    tables_[i] = s.blocks.data();
-    table_lens_[i] = int32_t(s.blocks.size());
-    for (int64_t pos = s.num_computed; pos < end; pos++) {
-      token_ids_.push_back(s.tokens[size_t(pos)]);
-      positions_.push_back(int32_t(pos));
-      token_seq_.push_back(int32_t(i));
-      slots_.push_back(int32_t(int64_t(s.blocks[size_t(pos / bs)]) * bs + pos % bs));
+  if (!plan_rows_.empty()) {
+    token_ids_.clear();
+    positions_.clear();
+    token_seq_.clear();
+    slots_.clear();
+    logit_rows_.clear();
+    tables_.assign(plan_rows_.size(), nullptr);
+    table_lens_.assign(plan_rows_.size(), 0);
+    for (size_t i = 0; i < plan_rows_.size(); i++) {
+      Sequence& s = *plan_rows_[i].seq;
+      const int64_t end = s.num_computed + plan_rows_[i].count;
+      blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
+      tables_[i] = s.blocks.data();
+      table_lens_[i] = int32_t(s.blocks.size());
+      for (int64_t pos = s.num_computed; pos < end; pos++) {
+        token_ids_.push_back(s.tokens[size_t(pos)]);
+        positions_.push_back(int32_t(pos));
+        token_seq_.push_back(int32_t(i));
+        slots_.push_back(int32_t(int64_t(s.blocks[size_t(pos / bs)]) * bs + pos % bs));
+      }
+      if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
     }
-    if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
+    for (const PlanRow& row : plan_rows_) result.row_status[row.index] = uint8_t(RowStatus::kRan);
+    run_backend(result);  // marks rows whose sampling failed
   }
-  run_backend(result);
+  for (const PlanRow& row : plan_rows_) {
+    const Sequence& s = *row.seq;
+    result.row_computed[row.index] = uint32_t(row.count);
+    result.row_pending[row.index] = uint32_t(int64_t(s.tokens.size()) - s.num_computed);
+    result.row_blocks[row.index] = uint32_t(s.blocks.size());
+  }
+  result.num_free_blocks = blocks_->num_free();
+  result.num_evictable_blocks = blocks_->num_evictable();
+  result.num_cached_blocks = blocks_->num_cached();
   return result;
 }
 
@@ -364,6 +439,7 @@ void EngineImpl::run_backend(StepResult& result) {
     if (e.row < 0 || size_t(e.row) >= m || failed[size_t(e.row)]) continue;
     failed[size_t(e.row)] = 1;
     result.errors.push_back({sampling_rows_[size_t(e.row)]->seq_id, e.code, e.message});
+    result.row_status[sampling_rows_[size_t(e.row)]->index] = uint8_t(RowStatus::kFailed);
   }
   result.top_n = top_n;
   for (size_t r = 0; r < m; r++) {
