@@ -4,7 +4,7 @@
 // has been gone for holdMs. Assertions are on plans, never on time.
 
 import { describe, expect, it } from 'vitest';
-import { Batcher, type SequenceOutcome } from '../src/engine/batcher.js';
+import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import type { NativeSamplingParams } from '../src/engine/native-types.js';
 import { WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../src/scheduler/window-policy.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';
@@ -13,9 +13,10 @@ const SAMPLING: NativeSamplingParams = { temperature: 0, topP: 1, topK: 0, seed:
 const range = (n: number, from = 1) => Array.from({ length: n }, (_, i) => from + i);
 const FLEX = windowPriority('flex');
 
+// Serial loop: arrivals are placed at exact steps (see batcher-priority.test.ts).
 function setup(handle: FakeHandle, clock: { ms: number }, rowsPerStep = 2, holdMs = 100) {
   const batcher = new Batcher(handle, {
-    maxBatchedTokens: 64, maxNumSeqs: 16, policy: new WindowPriorityPolicy(),
+    overlap: false, maxBatchedTokens: 64, maxNumSeqs: 16, policy: new WindowPriorityPolicy(),
     deferral: { fromPriority: FLEX, rowsPerStep, holdMs }, now: () => clock.ms,
   });
   const submit = (window: SchedulingWindow, prompt: number[], maxTokens: number): Promise<SequenceOutcome> =>

@@ -4,7 +4,7 @@
 // Assertions are on plans and event order, never on time.
 
 import { describe, expect, it } from 'vitest';
-import { Batcher, type BatcherOptions, type SequenceOutcome } from '../src/engine/batcher.js';
+import { Batcher, type BatcherOptions, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import type { NativeSamplingParams } from '../src/engine/native-types.js';
 import { WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../src/scheduler/window-policy.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';
@@ -17,9 +17,13 @@ interface Run {
   outcome: Promise<SequenceOutcome>;
 }
 
-/** A batcher with the window policy and an event log ("name:scheduled", "name:end"). */
+/**
+ * A batcher with the window policy and an event log ("name:scheduled", "name:end"). Serial loop:
+ * these tests place arrivals at exact steps (the overlapped loop sees an arrival one step later;
+ * its equivalence with the serial loop is tested in step-loop-overlap.test.ts).
+ */
 function setup(handle: FakeHandle, options: BatcherOptions = {}) {
-  const batcher = new Batcher(handle, { ...options, policy: new WindowPriorityPolicy() });
+  const batcher = new Batcher(handle, { overlap: false, ...options, policy: new WindowPriorityPolicy() });
   const events: string[] = [];
   const submit = (name: string, window: SchedulingWindow, prompt: number[], maxTokens: number): Run => {
     const tokens: number[] = [];
@@ -75,7 +79,7 @@ describe('Batcher with the completion-window policy (fake native engine)', () =>
     const fPrompt = range(16);
     const expected = await alone(fPrompt, 12);
     const handle = new FakeHandle(8, 4);   // 32 tokens of KV
-    const { submit, events } = setup(handle);
+    const { submit, events, batcher } = setup(handle);
     const runs: Run[] = [submit('f', 'flex', fPrompt, 12)];
     // After f's second step it holds 5 blocks; a's prompt needs 4 of the 3 free.
     handle.onStep = (n) => { if (n === 2) runs.push(submit('a', 'asap', range(16, 200), 3)); };
@@ -84,18 +88,20 @@ describe('Batcher with the completion-window policy (fake native engine)', () =>
     await runs[1]!.outcome;
     expect(events).toEqual(['f:scheduled', 'a:scheduled', 'a:end', 'f:end']);
     expect(f!.tokens).toEqual(expected);
+    await batcher.idle();
     expect(handle.freedSeqIds[0]).toBe(1);   // f's first admission, freed before it finished
-    expect(handle.numRejectedSteps).toBe(0);
+    expect(handle.numRejected).toBe(0);
     expect(handle.numFreeBlocks()).toBe(8);
   });
 
   it('never preempts a sequence of the same window to admit another', async () => {
     const handle = new FakeHandle(8, 4);
-    const { submit, events } = setup(handle);
+    const { submit, events, batcher } = setup(handle);
     const runs: Run[] = [submit('f1', 'flex', range(16), 12)];
     handle.onStep = (n) => { if (n === 2) runs.push(submit('f2', 'flex', range(16, 200), 3)); };
     await runs[0]!.outcome;
     await runs[1]!.outcome;
+    await batcher.idle();
     expect(events).toEqual(['f1:scheduled', 'f1:end', 'f2:scheduled', 'f2:end']);
     expect(handle.freedSeqIds).toEqual([1, 2]);
   });
@@ -116,7 +122,7 @@ describe('Batcher with the completion-window policy (fake native engine)', () =>
 
   it('preempts nobody when freeing every less urgent sequence would still not make room', async () => {
     const handle = new FakeHandle(8, 4);
-    const { submit, events } = setup(handle);
+    const { submit, events, batcher } = setup(handle);
     // a1 holds 5 blocks, f 1-2 (at most 2); a2 needs 6, so preempting f alone cannot make room.
     const a1 = submit('a1', 'asap', range(16), 2);
     const f = submit('f', 'flex', range(4, 100), 5);
@@ -124,6 +130,7 @@ describe('Batcher with the completion-window policy (fake native engine)', () =>
     handle.onStep = (n) => { if (n === 1) runs.push(submit('a2', 'asap', range(24, 200), 1)); };
     await Promise.all([a1.outcome, f.outcome]);
     await runs[2]!.outcome;
+    await batcher.idle();
     expect(events).toEqual(['a1:scheduled', 'f:scheduled', 'a1:end', 'a2:scheduled', 'a2:end', 'f:end']);
     // Three admissions, three frees: f was never preempted (a re-admission takes a fresh seqId).
     expect([...handle.freedSeqIds].sort()).toEqual([1, 2, 3]);

@@ -1,4 +1,4 @@
-// Unit tests of the continuous-batching mechanism (src/engine/batcher.ts) against a fake of
+// Unit tests of the continuous-batching mechanism (src/scheduler/batcher.ts) against a fake of
 // NativeEngineHandle (test/helpers/fake-native-handle.ts: exact block accounting, tokens that
 // depend only on the sequence's tokens). The real engine is tested end to end elsewhere;
 // priorities are tested in batcher-priority.test.ts.
@@ -6,7 +6,7 @@
 import { describe, expect, it } from 'vitest';
 import {
   Batcher, FcfsPolicy, type SequenceOutcome, type SequenceRequest, type SequenceView,
-} from '../src/engine/batcher.js';
+} from '../src/scheduler/batcher.js';
 import type { NativeSamplingParams } from '../src/engine/native-types.js';
 import { SluiceError } from '../src/errors.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';
@@ -45,11 +45,13 @@ const range = (n: number, from = 1) => Array.from({ length: n }, (_, i) => from 
 describe('Batcher mechanism (fake native engine)', () => {
   it('prefills a prompt in one step, then decodes one token per step, and frees the sequence', async () => {
     const handle = new FakeHandle(64, 4);
-    const a = submit(new Batcher(handle), range(10), 5);
+    const batcher = new Batcher(handle);
+    const a = submit(batcher, range(10), 5);
     expect(await a.outcome).toEqual({ kind: 'finished' });
     expect(a.tokens).toHaveLength(5);
     expect(a.scheduled).toBe(true);
     expect(handle.plans.map((p) => p.map((r) => r.numTokens))).toEqual([[10], [1], [1], [1], [1]]);
+    await batcher.idle();  // the next plan frees it
     expect(handle.sequences.size).toBe(0);
     expect(handle.numFreeBlocks()).toBe(64);
   });
@@ -100,11 +102,12 @@ describe('Batcher mechanism (fake native engine)', () => {
     const outcomes = await Promise.all(outs.map((o) => o.outcome));
     expect(outcomes.every((o) => o.kind === 'finished')).toBe(true);
     expect(outs.map((o) => o.tokens)).toEqual(expected);   // output kept across preemption
-    expect(handle.numRejectedSteps).toBe(0);               // never planned past the free blocks
+    expect(handle.numRejected).toBe(0);                    // never planned past the free blocks
     expect(handle.freedSeqIds.length).toBeGreaterThan(3);  // someone was preempted (fresh ids on re-admission)
     // The first admitted sequence (seq 1) is never the victim.
     expect(handle.freedSeqIds.indexOf(1)).toBeGreaterThanOrEqual(0);
     expect(handle.plans.filter((p) => p.some((r) => r.seqId === 1)).length).toBe(10);
+    await batcher.idle();
     expect(handle.numFreeBlocks()).toBe(12);
   });
 
@@ -135,9 +138,11 @@ describe('Batcher mechanism (fake native engine)', () => {
 
   it('finishes a sequence when its sink asks to stop, and frees it', async () => {
     const handle = new FakeHandle(64, 4);
-    const a = submit(new Batcher(handle), range(4), 50, { stopAfter: 3 });
+    const batcher = new Batcher(handle);
+    const a = submit(batcher, range(4), 50, { stopAfter: 3 });
     expect(await a.outcome).toEqual({ kind: 'finished' });
     expect(a.tokens).toHaveLength(3);
+    await batcher.idle();
     expect(handle.sequences.size).toBe(0);
   });
 
@@ -151,6 +156,7 @@ describe('Batcher mechanism (fake native engine)', () => {
     controller.abort();
     expect(await a.outcome).toEqual({ kind: 'cancelled' });
     expect(await b.outcome).toEqual({ kind: 'finished' });
+    await batcher.idle();
     expect(handle.sequences.size).toBe(0);
     expect(handle.numFreeBlocks()).toBe(64);
   });
@@ -181,6 +187,7 @@ describe('Batcher mechanism (fake native engine)', () => {
     const outcome = await a.outcome;
     expect(outcome.kind).toBe('failed');
     expect(((outcome as { error: SluiceError }).error).code).toBe('engine_error');
+    await batcher.idle();
     expect(handle.sequences.size).toBe(0);
     expect((await submit(batcher, range(4), 3).outcome).kind).toBe('finished');
   });

@@ -2,7 +2,7 @@
 // front of their window's lookahead, never across windows, and a request overtaken MAX_OVERTAKES
 // times pins its queue.
 import { describe, expect, it } from 'vitest';
-import type { SequenceView } from '../src/engine/batch-policy.js';
+import type { SequenceView } from '../src/scheduler/policy.js';
 import { CO_SCHEDULE_LOOKAHEAD, MAX_OVERTAKES, WindowPriorityPolicy } from '../src/scheduler/window-policy.js';
 
 let arrivals = 0;

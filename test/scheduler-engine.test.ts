@@ -105,7 +105,7 @@ describe('completion-window scheduling on the real engine', () => {
     expect(between.some((e) => e.startsWith('flex'))).toBe(false);   // flex was paused while asap ran
     expect(events.indexOf('asap:end')).toBeLessThan(events.indexOf('flex:end'));
     expect(flexTokens).toEqual(alone);
-    expect(engine.schedulerStats()).toEqual({ numRunning: 0, numWaiting: 0 });
+    expect(engine.schedulerStats()).toMatchObject({ numRunning: 0, numWaiting: 0 });
   });
 
   it('frees the sequence of a cancelled request, waiting or running', async () => {
@@ -132,10 +132,10 @@ describe('completion-window scheduling on the real engine', () => {
     expect((rErr as SluiceError).code).toBe('cancelled');
     // r's sequence was released before its rejection was delivered, and 'late' (5 blocks, which
     // only fit without r) was admitted in the very next step.
-    expect(engine.schedulerStats()).toEqual({ numRunning: 1, numWaiting: 0 });
+    expect(engine.schedulerStats()).toMatchObject({ numRunning: 1, numWaiting: 0 });
     expect(await late).toHaveLength(4);
     expect(events.filter((e) => e.startsWith('w'))).toEqual([]);
-    expect(engine.schedulerStats()).toEqual({ numRunning: 0, numWaiting: 0 });
+    expect(engine.schedulerStats()).toMatchObject({ numRunning: 0, numWaiting: 0 });
   });
 
   it('refuses an unknown completion window with invalid_request', async () => {

@@ -2,7 +2,7 @@
 // SequenceView objects: waiting order, preempted sequences' place, victim choice.
 
 import { describe, expect, it } from 'vitest';
-import type { SequenceView } from '../src/engine/batch-policy.js';
+import type { SequenceView } from '../src/scheduler/policy.js';
 import { WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../src/scheduler/window-policy.js';
 
 interface FakeView extends SequenceView {

@@ -7,7 +7,9 @@
 #include <napi.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 
 #include "cpu/kernels.h"
 #include "promise_worker.h"
@@ -96,11 +98,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
  public:
   static Napi::Function Init(Napi::Env env) {
     return DefineClass(env, "NativeEngine",
-                       {InstanceMethod("info", &EngineWrap::Info), InstanceMethod("addSequence", &EngineWrap::AddSequence),
-                        InstanceMethod("freeSequence", &EngineWrap::FreeSequence),
-                        InstanceMethod("numFreeBlocks", &EngineWrap::NumFreeBlocks),
-                        InstanceMethod("numSequenceBlocks", &EngineWrap::NumSequenceBlocks),
-                        InstanceMethod("step", &EngineWrap::Step), InstanceMethod("injectFault", &EngineWrap::InjectFault),
+                       {InstanceMethod("info", &EngineWrap::Info), InstanceMethod("step", &EngineWrap::Step),
+                        InstanceMethod("injectFault", &EngineWrap::InjectFault),
                         InstanceMethod("dispose", &EngineWrap::Dispose)});
   }
 
@@ -113,67 +112,16 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
  private:
   Engine& engine(Napi::Env env) {
-    if (!engine_) throw make_error(env, "DISPOSED", "the engine has been disposed");
-    if (busy_) throw make_error(env, "ENGINE_BUSY", "a step is running; wait for it before changing sequences");
+    if (!engine_ || dispose_pending_) throw make_error(env, "DISPOSED", "the engine has been disposed");
     return *engine_;
   }
 
+  // NOTE: waits for a running step (the engine is not thread-safe); the facade reads it at load.
   Napi::Value Info(const Napi::CallbackInfo& info) {
     return guarded(info.Env(), [&]() -> Napi::Value {
-      if (!engine_) throw make_error(info.Env(), "DISPOSED", "the engine has been disposed");
-      return info_to_js(info.Env(), engine_->info());  // read-only; safe during a step
-    });
-  }
-
-  Napi::Value AddSequence(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    return guarded(env, [&]() -> Napi::Value {
-      if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsTypedArray() || !info[2].IsObject())
-        throw Napi::TypeError::New(env, "addSequence(seqId, Int32Array prompt, sampling, keyed?, cacheScope?)");
-      Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
-      if (ta.TypedArrayType() != napi_int32_array) throw Napi::TypeError::New(env, "prompt must be an Int32Array");
-      Napi::Int32Array prompt = ta.As<Napi::Int32Array>();
-      Napi::Object s = info[2].As<Napi::Object>();
-      sluice::SamplingParams p;
-      if (s.Get("temperature").IsNumber()) p.temperature = s.Get("temperature").As<Napi::Number>().FloatValue();
-      if (s.Get("topP").IsNumber()) p.top_p = s.Get("topP").As<Napi::Number>().FloatValue();
-      p.top_k = get_int32(env, s, "topK", 0, 0, INT32_MAX);
-      p.logprobs = get_int32(env, s, "logprobs", 0, 0, 20);
-      Napi::Value seed = s.Get("seed");
-      if (seed.IsBigInt()) {
-        bool lossless;
-        p.seed = seed.As<Napi::BigInt>().Uint64Value(&lossless);
-      } else if (seed.IsNumber()) {
-        p.seed = uint64_t(seed.As<Napi::Number>().Int64Value());
-      }
-      std::vector<int32_t> tokens(prompt.Data(), prompt.Data() + prompt.ElementLength());
-      const bool keyed = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
-      const std::string scope = info.Length() > 4 && info[4].IsString() ? info[4].As<Napi::String>().Utf8Value() : "";
-      const int64_t num_cached = engine(env).add_sequence(info[0].As<Napi::Number>().Uint32Value(), tokens, p, keyed, scope);
-      return Napi::Number::New(env, double(num_cached));
-    });
-  }
-
-  Napi::Value FreeSequence(const Napi::CallbackInfo& info) {
-    return guarded(info.Env(), [&]() -> Napi::Value {
-      if (!info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "freeSequence(seqId)");
-      if (!engine_) return info.Env().Undefined();  // freeing after dispose is a no-op
-      engine(info.Env()).free_sequence(info[0].As<Napi::Number>().Uint32Value());
-      return info.Env().Undefined();
-    });
-  }
-
-  Napi::Value NumFreeBlocks(const Napi::CallbackInfo& info) {
-    return guarded(info.Env(), [&]() -> Napi::Value {
-      return Napi::Number::New(info.Env(), double(engine(info.Env()).num_free_blocks()));
-    });
-  }
-
-  Napi::Value NumSequenceBlocks(const Napi::CallbackInfo& info) {
-    return guarded(info.Env(), [&]() -> Napi::Value {
-      if (!info[0].IsNumber()) throw Napi::TypeError::New(info.Env(), "numSequenceBlocks(seqId)");
-      return Napi::Number::New(info.Env(),
-                               double(engine(info.Env()).num_sequence_blocks(info[0].As<Napi::Number>().Uint32Value())));
+      Engine& eng = engine(info.Env());
+      std::lock_guard<std::mutex> lock(queue_->engine_mu);
+      return info_to_js(info.Env(), eng.info());
     });
   }
 
@@ -187,7 +135,9 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       else if (point == "sample") fp = sluice::FaultPoint::kSampleRow;
       else if (point == "device") fp = sluice::FaultPoint::kDevice;
       else throw make_error(info.Env(), "INVALID_ARGUMENT", "fault point must be prepare, sample or device");
-      engine(info.Env()).inject_fault(info[0].As<Napi::Number>().Uint32Value(), fp);
+      Engine& eng = engine(info.Env());
+      std::lock_guard<std::mutex> lock(queue_->engine_mu);
+      eng.inject_fault(info[0].As<Napi::Number>().Uint32Value(), fp);
       return info.Env().Undefined();
     });
   }
@@ -197,31 +147,103 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     return guarded(env, [&]() -> Napi::Value { return StepImpl(info); });
   }
 
+  // step(plan): queued behind the steps already submitted and run in submission order, so the
+  // scheduler can hand in step N+1 while step N runs and the engine starts it without waiting for
+  // JavaScript. The plan is copied: its typed arrays may be reused while the step waits or runs.
   Napi::Value StepImpl(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Engine& eng = engine(env);
-    if (!info[0].IsObject()) throw Napi::TypeError::New(env, "step({seqIds: Uint32Array, numTokens: Uint32Array})");
-    Napi::Object plan_js = info[0].As<Napi::Object>();
-    Napi::Value ids = plan_js.Get("seqIds"), counts = plan_js.Get("numTokens");
-    if (!ids.IsTypedArray() || ids.As<Napi::TypedArray>().TypedArrayType() != napi_uint32_array ||
-        !counts.IsTypedArray() || counts.As<Napi::TypedArray>().TypedArrayType() != napi_uint32_array)
-      throw Napi::TypeError::New(env, "plan.seqIds and plan.numTokens must be Uint32Arrays");
-    Napi::Uint32Array ids_a = ids.As<Napi::Uint32Array>(), counts_a = counts.As<Napi::Uint32Array>();
-    // Copy the plan: the typed arrays may be reused by JS while the step runs.
-    auto plan = std::make_shared<sluice::StepPlan>();
-    plan->seq_ids.assign(ids_a.Data(), ids_a.Data() + ids_a.ElementLength());
-    plan->num_tokens.assign(counts_a.Data(), counts_a.Data() + counts_a.ElementLength());
+    if (!info[0].IsObject()) throw Napi::TypeError::New(env, "step({seqIds, numTokens, frees?, adds?})");
+    auto plan = std::make_shared<sluice::StepPlan>(parse_plan(env, info[0].As<Napi::Object>()));
 
-    busy_ = true;
+    std::shared_ptr<StepQueue> queue = queue_;
+    const uint64_t ticket = queue->next_ticket++;
+    in_flight_++;
     auto* worker = new PromiseWorker<sluice::StepResult>(
-        env, [&eng, plan]() { return eng.step(*plan); }, &StepResultToJs, Value(),
+        env,
+        [&eng, plan, queue, ticket]() {
+          std::unique_lock<std::mutex> turn(queue->mu);
+          queue->cv.wait(turn, [&] { return queue->serving == ticket; });
+          turn.unlock();
+          // The next ticket is served whatever happens to this one.
+          struct Next {
+            StepQueue& q;
+            ~Next() {
+              std::lock_guard<std::mutex> l(q.mu);
+              q.serving++;
+              q.cv.notify_all();
+            }
+          } next{*queue};
+          std::lock_guard<std::mutex> lock(queue->engine_mu);
+          return eng.step(*plan);
+        },
+        &StepResultToJs, Value(),
         [this]() {
-          busy_ = false;
-          if (dispose_pending_) engine_.reset();
+          if (--in_flight_ == 0 && dispose_pending_) engine_.reset();
         });
     Napi::Promise promise = worker->promise();
     worker->Queue();
     return promise;
+  }
+
+  static const size_t kMaxPlanEntries = size_t(1) << 20;
+
+  static Napi::Uint32Array uint32_field(Napi::Env env, const Napi::Object& o, const char* key, bool optional) {
+    Napi::Value v = o.Get(key);
+    if (optional && v.IsUndefined()) return Napi::Uint32Array();
+    if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint32_array)
+      throw Napi::TypeError::New(env, std::string("plan.") + key + " must be a Uint32Array");
+    Napi::Uint32Array a = v.As<Napi::Uint32Array>();
+    if (a.ElementLength() > kMaxPlanEntries) throw make_error(env, "INVALID_ARGUMENT", std::string("plan.") + key + " is too long");
+    return a;
+  }
+
+  static sluice::SamplingParams parse_sampling(Napi::Env env, const Napi::Object& s) {
+    sluice::SamplingParams p;
+    if (s.Get("temperature").IsNumber()) p.temperature = s.Get("temperature").As<Napi::Number>().FloatValue();
+    if (s.Get("topP").IsNumber()) p.top_p = s.Get("topP").As<Napi::Number>().FloatValue();
+    p.top_k = get_int32(env, s, "topK", 0, 0, INT32_MAX);
+    p.logprobs = get_int32(env, s, "logprobs", 0, 0, 20);
+    Napi::Value seed = s.Get("seed");
+    if (seed.IsBigInt()) {
+      bool lossless;
+      p.seed = seed.As<Napi::BigInt>().Uint64Value(&lossless);
+    } else if (seed.IsNumber()) {
+      p.seed = uint64_t(seed.As<Napi::Number>().Int64Value());
+    }
+    return p;
+  }
+
+  static sluice::StepPlan parse_plan(Napi::Env env, const Napi::Object& o) {
+    sluice::StepPlan plan;
+    Napi::Uint32Array ids = uint32_field(env, o, "seqIds", false), counts = uint32_field(env, o, "numTokens", false);
+    plan.seq_ids.assign(ids.Data(), ids.Data() + ids.ElementLength());
+    plan.num_tokens.assign(counts.Data(), counts.Data() + counts.ElementLength());
+    Napi::Uint32Array frees = uint32_field(env, o, "frees", true);
+    if (!frees.IsEmpty()) plan.frees.assign(frees.Data(), frees.Data() + frees.ElementLength());
+    Napi::Value adds_v = o.Get("adds");
+    if (adds_v.IsUndefined()) return plan;
+    if (!adds_v.IsArray()) throw Napi::TypeError::New(env, "plan.adds must be an array");
+    Napi::Array adds = adds_v.As<Napi::Array>();
+    if (adds.Length() > kMaxPlanEntries) throw make_error(env, "INVALID_ARGUMENT", "plan.adds is too long");
+    plan.adds.resize(adds.Length());
+    for (uint32_t i = 0; i < adds.Length(); i++) {
+      Napi::Value av = adds.Get(i);
+      if (!av.IsObject()) throw Napi::TypeError::New(env, "plan.adds[i] must be {seqId, promptTokens, sampling, keyed?, cacheScope?}");
+      Napi::Object a = av.As<Napi::Object>();
+      Napi::Value prompt = a.Get("promptTokens");
+      if (!a.Get("seqId").IsNumber() || !prompt.IsTypedArray() ||
+          prompt.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array || !a.Get("sampling").IsObject())
+        throw Napi::TypeError::New(env, "plan.adds[i] must be {seqId, promptTokens: Int32Array, sampling, keyed?, cacheScope?}");
+      sluice::SequenceAdd& add = plan.adds[i];
+      add.seq_id = a.Get("seqId").As<Napi::Number>().Uint32Value();
+      Napi::Int32Array tokens = prompt.As<Napi::Int32Array>();
+      add.prompt.assign(tokens.Data(), tokens.Data() + tokens.ElementLength());
+      add.params = parse_sampling(env, a.Get("sampling").As<Napi::Object>());
+      add.keyed = a.Get("keyed").IsBoolean() && a.Get("keyed").As<Napi::Boolean>().Value();
+      if (a.Get("cacheScope").IsString()) add.cache_scope = a.Get("cacheScope").As<Napi::String>().Utf8Value();
+    }
+    return plan;
   }
 
   static Napi::Value StepResultToJs(Napi::Env env, sluice::StepResult& r) {
@@ -253,19 +275,50 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       errors.Set(uint32_t(i), e);
     }
     o.Set("errors", errors);
+    auto copy_u8 = [&](const std::vector<uint8_t>& v) {
+      auto a = Napi::Uint8Array::New(env, v.size());
+      std::copy(v.begin(), v.end(), a.Data());
+      return a;
+    };
+    auto copy_u32 = [&](const std::vector<uint32_t>& v) {
+      auto a = Napi::Uint32Array::New(env, v.size());
+      std::copy(v.begin(), v.end(), a.Data());
+      return a;
+    };
+    o.Set("rowStatus", copy_u8(r.row_status));
+    o.Set("rowComputed", copy_u32(r.row_computed));
+    o.Set("rowPending", copy_u32(r.row_pending));
+    o.Set("rowBlocks", copy_u32(r.row_blocks));
+    o.Set("addStatus", copy_u8(r.add_status));
+    auto add_cached = Napi::Int32Array::New(env, r.add_cached.size());
+    std::copy(r.add_cached.begin(), r.add_cached.end(), add_cached.Data());
+    o.Set("addCached", add_cached);
+    o.Set("numFreeBlocks", double(r.num_free_blocks));
+    o.Set("numEvictableBlocks", double(r.num_evictable_blocks));
+    o.Set("numCachedBlocks", double(r.num_cached_blocks));
     return o;
   }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
     return guarded(info.Env(), [&]() -> Napi::Value {
-      if (busy_) dispose_pending_ = true;  // freed when the running step settles
+      if (in_flight_ > 0) dispose_pending_ = true;  // freed when the last submitted step settles
       else engine_.reset();
       return info.Env().Undefined();
     });
   }
 
+  // Submitted steps run one at a time in submission order (tickets), each holding engine_mu.
+  struct StepQueue {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t next_ticket = 0;  // JS thread only
+    uint64_t serving = 0;      // under mu
+    std::mutex engine_mu;      // held while the engine runs a step or answers a synchronous call
+  };
+
   std::unique_ptr<Engine> engine_;
-  bool busy_ = false;
+  std::shared_ptr<StepQueue> queue_ = std::make_shared<StepQueue>();
+  int in_flight_ = 0;  // submitted steps not yet settled (JS thread only)
   bool dispose_pending_ = false;
 };
 

@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { SluiceError } from '../errors.js';
-import { Batcher } from './batcher.js';
+import { Batcher } from '../scheduler/batcher.js';
 import { WindowPriorityPolicy, windowPriority } from '../scheduler/window-policy.js';
 import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
@@ -55,18 +55,23 @@ export interface EngineLoadOptions {
   /** Sequences running at once (default 64). */
   maxNumSeqs?: number;
   /**
-   * How flex work yields to asap and standard work (see DeferralGuard in batcher.ts): while one of
+   * How flex work yields to asap and standard work (see DeferralGuard in src/scheduler/planner.ts): while one of
    * those runs or waits, or did within `holdMs`, flex gets at most `rowsPerStep` decode rows per
    * step and no admissions or prefill. Default { rowsPerStep: 8, holdMs: 1000 }; false turns it off.
    */
   flexDeferral?: { rowsPerStep: number; holdMs: number } | false;
   /**
    * How a tenant flooding a window yields to the other tenants with work in it (see
-   * src/engine/tenant-share.ts): its rows get no tokens in a step that prefills another tenant's
+   * src/scheduler/tenant-share.ts): its rows get no tokens in a step that prefills another tenant's
    * request and at most `rowsPerStep` tokens per step otherwise, while the others are active or
    * were within `holdMs`. Default { rowsPerStep: 16, holdMs: 1000 }; false turns it off.
    */
   tenantDeferral?: { rowsPerStep: number; holdMs: number } | false;
+  /**
+   * Plan step N+1 while step N runs (default true): the engine starts the next step without
+   * waiting for this thread. false: the serial loop (same outputs; for comparisons).
+   */
+  overlapSteps?: boolean;
   /** Notices such as a backend fallback. Default: written to stderr. */
   onMessage?: (message: string) => void;
 }
@@ -86,6 +91,10 @@ export interface SchedulerStats {
   numRunning: number;
   /** Sequences queued for admission, preempted ones included. */
   numWaiting: number;
+  /** Steps submitted since load. */
+  numSteps: number;
+  /** Milliseconds the step loop spent on this thread (planning, applying results) since load. */
+  loopMs: number;
 }
 
 const GiB = 1024 ** 3;
@@ -195,7 +204,7 @@ export class Engine {
       const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL : opts.flexDeferral;
       const tenants = opts.tenantDeferral === undefined ? DEFAULT_TENANT_DEFERRAL : opts.tenantDeferral;
       const batcher = new Batcher(handle, {
-        maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy(),
+        maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy(), overlap: opts.overlapSteps ?? true,
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
@@ -301,7 +310,7 @@ export class Engine {
    * free-block count: the native pool may not be queried while a step runs.
    */
   schedulerStats(): SchedulerStats {
-    return { numRunning: this.batcher.numRunning, numWaiting: this.batcher.numWaiting };
+    return { numRunning: this.batcher.numRunning, numWaiting: this.batcher.numWaiting, ...this.batcher.stats };
   }
 
   /** Stops accepting requests, fails pending ones (engine_disposed), frees the model. Safe to call twice. */

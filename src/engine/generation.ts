@@ -3,7 +3,7 @@
 
 import { performance } from 'node:perf_hooks';
 import { SluiceError } from '../errors.js';
-import type { SampledToken, SequenceOutcome, SequenceSink } from './batcher.js';
+import type { SampledToken, SequenceOutcome, SequenceSink } from '../scheduler/batcher.js';
 import { IncrementalDetokenizer } from './detokenizer.js';
 import type { GenerateChunk, Timings, TokenLogprob } from './request.js';
 import { StopChecker } from './stops.js';

@@ -58,15 +58,42 @@ export interface NativeSamplingParams {
   logprobs: number;            // top-N logprobs to return per sampled token (0 = chosen token only)
 }
 
+/** A sequence registered at the start of a step (StepPlan.adds). */
+export interface NativeSequenceAdd {
+  seqId: number;
+  promptTokens: Int32Array;
+  sampling: NativeSamplingParams;
+  /** The request had a prompt cache key: once unreferenced, its cached blocks are evicted after every unkeyed one. */
+  keyed?: boolean;
+  /** The owner of its cached blocks (an organization id); other scopes never hit them. Default ''. */
+  cacheScope?: string;
+}
+
 /**
- * One step: for each i, sequence seqIds[i] computes numTokens[i] more of its known tokens
- * (prompt chunk while prefilling, 1 while decoding). A sequence whose known tokens are all
- * computed after the step samples one new token, which the engine appends to it.
+ * One step, the whole boundary between the scheduler and the engine. The engine applies, in order:
+ * `frees` (ended or preempted sequences; unknown ids ignored); the rows of sequences it already
+ * has claim their KV blocks (a row that does not fit is skipped: rowStatus NO_KV_BLOCKS); each
+ * add maps its cached prefix and is admitted only when its whole prompt's remaining blocks fit
+ * (else addStatus NO_KV_BLOCKS, nothing kept), its rows claiming their blocks at once; then the
+ * forward pass and sampling. Row i computes at most numTokens[i] of seqIds[i]'s uncomputed tokens
+ * (fewer when fewer are left: a plan made ahead of the last result stays valid); a row that
+ * computes its sequence's last known token samples one new token, which the engine appends.
  */
 export interface NativeStepPlan {
   seqIds: Uint32Array;
   numTokens: Uint32Array;
+  frees?: Uint32Array;
+  adds?: NativeSequenceAdd[];
 }
+
+/** rowStatus values. */
+export const ROW_RAN = 0;
+export const ROW_NO_KV_BLOCKS = 1;
+export const ROW_FAILED = 2;
+/** addStatus values. */
+export const ADD_ADMITTED = 0;
+export const ADD_NO_KV_BLOCKS = 1;
+export const ADD_FAILED = 2;
 
 /** A row of a step that failed on its own (the other rows ran); its sequence gained nothing. */
 export interface NativeRowError {
@@ -79,43 +106,36 @@ export interface NativeRowError {
 /** Where injectFault makes a step fail (tests of the isolation guarantees). */
 export type NativeFaultPoint = 'prepare' | 'sample' | 'device';
 
-/** Sampled tokens of one step, one row per sequence that sampled. */
+/** What one step did: sampled tokens per sampling row, and every per-row and per-add outcome as a value. */
 export interface NativeStepResult {
-  seqIds: Uint32Array;         // [n]
-  tokens: Int32Array;          // [n]
-  logprobs: Float32Array;      // [n] log-softmax of the raw logits at the sampled token
+  seqIds: Uint32Array;         // [m] sequences that sampled, plan order
+  tokens: Int32Array;          // [m]
+  logprobs: Float32Array;      // [m] log-softmax of the raw logits at the sampled token
   topN: number;                // width of the top arrays
-  topIds: Int32Array;          // [n * topN]
-  topLogprobs: Float32Array;   // [n * topN]
-  /** Rows that failed on their own, not in seqIds (absent or empty when none did). */
-  errors?: NativeRowError[];
+  topIds: Int32Array;          // [m * topN]
+  topLogprobs: Float32Array;   // [m * topN]
+  /** Rows and adds that failed on their own (ROW_FAILED / ADD_FAILED), with the native code. */
+  errors: NativeRowError[];
+  rowStatus: Uint8Array;       // [n] ROW_*
+  rowComputed: Uint32Array;    // [n] tokens computed by this step
+  rowPending: Uint32Array;     // [n] known but uncomputed tokens after it (1 after a sample)
+  rowBlocks: Uint32Array;      // [n] KV blocks the sequence holds after it
+  addStatus: Uint8Array;       // [a] ADD_*
+  addCached: Int32Array;       // [a] prompt tokens served from the prefix cache (-1 unless admitted)
+  /** The pool after the step: blocks an allocation can get (free + evictable). */
+  numFreeBlocks: number;
+  numEvictableBlocks: number;
+  numCachedBlocks: number;
 }
 
 export interface NativeEngineHandle {
+  /** Waits for a running step (the facade reads it once, at load). */
   info(): NativeModelInfo;
   /**
-   * Registers a sequence with its prompt. Throws (code SEQ_EXISTS) if the id is in use. Returns
-   * the prompt tokens served from the prefix cache (whole blocks, at most length - 1): the
-   * sequence's computed-token count to start from. 0 without a hit or with prefix caching off.
-   * keyed (default false): the request had a prompt cache key; once unreferenced, its cached
-   * blocks are evicted only after every unkeyed cached block. cacheScope (default ''): the owner of
-   * its cached blocks (an organization id); other scopes never hit them. Throws (code
-   * INVALID_ARGUMENT) for a prompt or sampling parameter the engine cannot hold: that sequence only.
-   */
-  addSequence(seqId: number, promptTokens: Int32Array, sampling: NativeSamplingParams, keyed?: boolean,
-    cacheScope?: string): number;
-  /**
-   * Frees a sequence and its KV blocks; unknown ids are ignored (safe to call twice). Its full
-   * blocks stay cached for later prefix hits and count as free (evicted when a step needs room).
-   */
-  freeSequence(seqId: number): void;
-  numFreeBlocks(): number;
-  /** KV blocks a sequence holds now (0 for unknown ids). */
-  numSequenceBlocks(seqId: number): number;
-  /**
-   * Runs off the JS thread. A bad row is reported in result.errors and the others run. Rejects
-   * with code NO_KV_BLOCKS (nothing done) when the plan does not fit, DEVICE_FAULT when the device
-   * failed for good (the engine is broken: later calls reject with ENGINE_BROKEN).
+   * Runs one plan off the JS thread. Steps are queued and run in submission order, so step N+1
+   * may be submitted while step N runs (the engine starts it without waiting for JavaScript).
+   * Rejects only for a malformed plan or a fault of the whole step: DEVICE_FAULT when the device
+   * failed for good (the engine is broken: later steps reject with ENGINE_BROKEN).
    */
   step(plan: NativeStepPlan): Promise<NativeStepResult>;
   /** Testing hook: the next step holding seqId fails that row at `point` ('device': the next step, whole). */

@@ -1,11 +1,11 @@
 // The completion-window scheduling policy: asap before standard before flex; within a window,
 // tenants (organizations) take turns and each tenant's requests are first come first served. It
-// only orders; the Batcher (src/engine/batcher.ts) plans steps, admits by free KV blocks, spends
+// only orders; the Planner (planner.ts) plans steps, admits by free KV blocks, spends
 // the step's token budget in priority order, preempts lower windows to admit a higher one, and
 // preempts a tenant holding more than its fair share of a window for one holding less. See the
 // README's "Scheduling" section for the whole picture.
 
-import type { SchedulingPolicy, SequenceView } from '../engine/batch-policy.js';
+import type { SchedulingPolicy, SequenceView } from './policy.js';
 import { Turns } from './turns.js';
 
 /** Completion windows, most urgent first. Mirrors COMPLETION_WINDOWS of the catalog. */

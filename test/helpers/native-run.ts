@@ -1,6 +1,6 @@
 // Drives the native engine directly, step by step, for tests that need exact control over
 // batching and chunking (the facade's batcher is tested separately).
-import type { NativeEngineHandle, NativeSamplingParams } from '../../src/engine/native-types.js';
+import type { NativeEngineHandle, NativeSamplingParams, NativeStepPlan } from '../../src/engine/native-types.js';
 
 export const GREEDY: NativeSamplingParams = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 5 };
 
@@ -26,14 +26,18 @@ export async function runNative(
   const sampling = opts.sampling ?? GREEDY;
   const baseId = 1000 + Math.floor(Math.random() * 1e6);
   const ids = prompts.map((_, i) => baseId + i);
-  // With the prefix cache on, a repeated prompt starts after its cached blocks.
-  const remaining = prompts.map((p, i) => p.length - engine.addSequence(ids[i]!, Int32Array.from(p), sampling));
+  // Every row asks for `chunk` tokens: the engine computes min(chunk, what is left), so a
+  // prompt is prefilled in chunks (after its prefix-cache hit) and then decodes one per step.
+  const counts = new Uint32Array(ids.length).fill(Math.min(chunk, 2 ** 32 - 1));
+  const seqIds = Uint32Array.from(ids);
+  let adds: NativeStepPlan['adds'] = prompts.map((p, i) => ({ seqId: ids[i]!, promptTokens: Int32Array.from(p), sampling }));
   const out: NativeRun = { tokens: [], logprobs: [], topIds: [], topLogprobs: [] };
   try {
     while (out.tokens.length < n) {
-      const counts = remaining.map((r) => (r > 0 ? Math.min(r, chunk) : 1));
-      counts.forEach((c, i) => (remaining[i] = Math.max(0, remaining[i]! - c)));
-      const res = await engine.step({ seqIds: Uint32Array.from(ids), numTokens: Uint32Array.from(counts) });
+      const res = await engine.step({ seqIds, numTokens: counts, adds });
+      adds = undefined;
+      if (res.errors.length > 0) throw new Error(`runNative: ${res.errors.map((e) => `${e.seqId} ${e.code}: ${e.message}`).join('; ')}`);
+      if (res.addStatus.some((s) => s !== 0) || res.rowStatus.some((s) => s !== 0)) throw new Error('runNative: the KV pool is too small');
       for (let j = 0; j < res.seqIds.length; j++) {
         if (res.seqIds[j] !== ids[0]) continue;
         out.tokens.push(res.tokens[j]!);
@@ -43,7 +47,7 @@ export async function runNative(
       }
     }
   } finally {
-    ids.forEach((id) => engine.freeSequence(id));
+    await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: seqIds });
   }
   return out;
 }

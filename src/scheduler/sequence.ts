@@ -1,9 +1,14 @@
-// One sequence as the Batcher sees it: the request a submitter hands in (prompt, limits,
-// sampling, priority, callbacks) and the Batcher's mutable state for it. Only the Batcher
-// creates and mutates Sequence objects; policies read them through SequenceView.
+// One sequence as the scheduler sees it: the request a submitter hands in (prompt, limits,
+// sampling, priority, callbacks) and the scheduler's state for it. Only the scheduler (roster,
+// planner, batcher) creates and mutates Sequence objects; policies read them through SequenceView.
+//
+// Ownership: the native engine owns a running sequence's tokens, computed count and KV blocks.
+// The counts here are the engine's own figures as its last step result reported them
+// (reported*), never computed on this side; planning ahead of a result predicts from them
+// (predicted*) and the engine clamps whatever the prediction got wrong.
 
-import type { NativeSamplingParams } from './native-types.js';
-import type { SequenceView } from './batch-policy.js';
+import type { NativeSamplingParams } from '../engine/native-types.js';
+import type { SequenceView } from './policy.js';
 
 /** One sampled token as routed to its sequence. */
 export interface SampledToken {
@@ -22,8 +27,9 @@ export type SequenceOutcome =
 /** Callbacks of one sequence. Called on the JS thread, between steps; never after onEnd. */
 export interface SequenceSink {
   /**
-   * The sequence got its first step (called once, not again after a preemption);
-   * numCachedTokens: prompt tokens served from the prefix cache at that admission.
+   * The sequence's first step ran (called once, not again after a preemption; before the
+   * first token when that step sampled one); numCachedTokens: prompt tokens served from the
+   * prefix cache at that admission.
    */
   onScheduled?(numCachedTokens: number): void;
   /** A sampled token; return true to finish the sequence now (a stop condition was met). */
@@ -58,6 +64,14 @@ export interface SequenceRequest {
 
 export type SequenceState = 'waiting' | 'running' | 'done';
 
+/** A step that holds a row (or the add) of this sequence and has not reported yet. */
+export interface InFlightRow {
+  /** The step's serial number (Batcher). */
+  step: number;
+  /** The row's token bound. */
+  numTokens: number;
+}
+
 export class Sequence implements SequenceView {
   state: SequenceState = 'waiting';
   /** Native id while running (a fresh id per admission). */
@@ -66,10 +80,16 @@ export class Sequence implements SequenceView {
   wasScheduled = false;
   cancelRequested = false;
   readonly generatedTokenIds: number[] = [];
-  /** Tokens the native engine holds for this sequence (prompt at admission + samples since). */
-  numKnownTokens = 0;
-  /** Tokens whose KV has been computed. Invariant while running: numComputedTokens < numKnownTokens. */
-  numComputedTokens = 0;
+  /** The engine confirmed this admission (its add's result came back admitted). */
+  addConfirmed = false;
+  /** Reported: tokens whose KV the engine has computed (0 until the add reports its prefix hit). */
+  reportedComputed = 0;
+  /** Reported: known tokens the engine has not computed yet (the prompt, until the add reports). */
+  reportedPending = 0;
+  /** Reported: KV blocks the engine holds for it. */
+  reportedBlocks = 0;
+  /** Steps submitted with a row of this sequence and not yet reported (oldest first; at most two). */
+  readonly inFlight: InFlightRow[] = [];
   /** Prompt tokens served from the prefix cache at the admission that first ran (usage). */
   numCachedPromptTokens = 0;
   removeAbortListener: () => void = () => {};
@@ -93,5 +113,25 @@ export class Sequence implements SequenceView {
   }
   get numGeneratedTokens(): number {
     return this.generatedTokenIds.length;
+  }
+
+  /**
+   * Where the sequence will be once its in-flight rows have run, assuming they run (the planner's
+   * view while steps are in flight): computed and pending tokens, tokens sampled meanwhile.
+   */
+  predicted(): { computed: number; pending: number; samples: number } {
+    let computed = this.reportedComputed;
+    let pending = this.reportedPending;
+    let samples = 0;
+    for (const row of this.inFlight) {
+      const n = Math.min(row.numTokens, pending);
+      computed += n;
+      pending -= n;
+      if (pending === 0) {
+        pending = 1;  // it sampled: the new token is known and uncomputed
+        samples++;
+      }
+    }
+    return { computed, pending, samples };
   }
 }

@@ -1,5 +1,5 @@
 // Sharing a completion window between tenants (organizations), step by step. The window policy
-// takes tenants in turns at admission; the Batcher preempts a tenant running more than its fair
+// takes tenants in turns at admission; the Planner preempts a tenant running more than its fair
 // share of slots (overFairShare below) and defers heavy tenants: a step cannot be interrupted, so
 // a tenant with a few requests would otherwise wait for, and then share, the long steps of
 // another tenant's flood. While two or more tenants have work in a window (or had within
@@ -10,7 +10,7 @@
 // token near idle while costing the heavy tenant little throughput (the cost per row barely
 // changes); the caps lift once the other tenants have been gone for `holdMs`.
 
-import type { SequenceView } from './batch-policy.js';
+import type { SequenceView } from './policy.js';
 
 export interface TenantDeferral {
   /** Tokens per step a heavy tenant's rows of one window may take together. */

@@ -1,9 +1,9 @@
-// Scheduling policy for the Batcher: who is admitted next and who is preempted when KV blocks run
-// out. The Batcher owns the mechanism (planning, KV accounting, native calls); a policy only
-// orders. FcfsPolicy is first come first served; the completion-window scheduler
-// (src/scheduler/window-policy.ts) implements the same interface.
+// Scheduling policy: who is admitted next and who is preempted when KV blocks run out. The
+// Planner (planner.ts) makes the decisions from it and the Batcher (batcher.ts) runs the steps; a
+// policy only orders. FcfsPolicy is first come first served; the completion-window scheduler
+// (window-policy.ts) implements the same interface.
 
-/** What a policy may read about a sequence. Owned and mutated by the Batcher only. */
+/** What a policy may read about a sequence. Owned and mutated by the scheduler (roster, planner, batcher) only. */
 export interface SequenceView {
   /** Submission order (0, 1, 2, ...): stable across preemptions. */
   readonly arrivalOrder: number;

@@ -1,0 +1,417 @@
+// Continuous batching: the loop that turns queued sequences into native steps.
+//
+// Mechanism (this file's Batcher): plan a step (planner.ts), submit it, apply the step's result
+// (route sampled tokens to their sequences, end finished ones), repeat while there is work. Policy
+// (who is admitted next, who is preempted when KV blocks run out) is a SchedulingPolicy; FcfsPolicy
+// is the default here, the Engine uses the completion-window policy (window-policy.ts).
+//
+// One plan in, one result out: each step is one NativeStepPlan (frees, adds, rows) and one
+// NativeStepResult (samples, per-row and per-add status, the pool's counts). Nothing native is
+// called while planning.
+//
+// Overlap (default): step N+1 is planned and submitted while step N runs, assuming N's sequences
+// continue; the engine queues it and starts it as soon as N ends, without waiting for this thread.
+// Then N's result is applied. What N+1 could not know is corrected by the engine or the next plan:
+//   - a sequence that stopped in N (a stop string, a sink's stop, a cancellation) has one more row
+//     in N+1; its token is dropped and the next plan frees it;
+//   - a row bound is an upper bound: the engine computes what is actually left (a prefix hit);
+//   - an add or row that did not fit comes back as a value: the sequence waits or is re-planned;
+//   - a sequence preempted while its row is in flight loses that row's token, and samples the
+//     same one again when recomputed (the draw depends only on the seed and the position).
+// So outputs are the same as the serial loop's (overlap: false), token for token.
+//
+// Failure isolation: whatever goes wrong with one sequence ends that sequence only: an add the
+// engine refuses, a row it reports as failed, an exception in its sink. A step that fails as a
+// whole fails its sequences; a device fault breaks the engine for good: every sequence ends with
+// engine_broken and later submissions are refused.
+
+import type { NativeEngineHandle, NativeStepResult } from '../engine/native-types.js';
+import { ADD_ADMITTED, ADD_NO_KV_BLOCKS, ROW_FAILED, ROW_RAN } from '../engine/native-types.js';
+import { SluiceError } from '../errors.js';
+import { Planner, type DeferralGuard, type PlannedStep } from './planner.js';
+import { FcfsPolicy, type SchedulingPolicy } from './policy.js';
+import { Roster } from './roster.js';
+import { Sequence, type SampledToken, type SequenceOutcome, type SequenceRequest } from './sequence.js';
+import type { TenantDeferral } from './tenant-share.js';
+
+export { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './policy.js';
+export type { DeferralGuard } from './planner.js';
+export type { SampledToken, SequenceOutcome, SequenceRequest, SequenceSink } from './sequence.js';
+
+export interface BatcherOptions {
+  /** Tokens computed per step, prefill chunks and decodes together (default 512). */
+  maxBatchedTokens?: number;
+  /** Sequences running at once (default 64). */
+  maxNumSeqs?: number;
+  policy?: SchedulingPolicy;
+  /** Keeps steps short for urgent work while background work runs (see DeferralGuard). Default: off. */
+  deferral?: DeferralGuard;
+  /** Keeps steps short for a light tenant while another floods its window (see tenant-share.ts). Default: off. */
+  tenantDeferral?: TenantDeferral;
+  /** Milliseconds clock (tests inject one). */
+  now?: () => number;
+  /** Told once when a device fault puts the engine out of service (the facade logs it). */
+  onBroken?: (reason: string) => void;
+  /** Plan step N+1 while step N runs (default true); false: plan only after each step's result. */
+  overlap?: boolean;
+}
+
+/** What the step loop has done so far. */
+export interface LoopStats {
+  /** Steps submitted. */
+  numSteps: number;
+  /** Milliseconds this thread spent planning, submitting and applying results (not waiting for steps). */
+  loopMs: number;
+}
+
+/** A submitted step and its outcome once it settles. */
+interface Submitted {
+  serial: number;
+  planned: PlannedStep;
+  settled: Promise<{ result: NativeStepResult } | { error: unknown }>;
+}
+
+/** Native codes after which the engine serves nothing more (a sticky device fault). */
+const BROKEN_CODES = new Set(['DEVICE_FAULT', 'ENGINE_BROKEN']);
+
+export class Batcher {
+  readonly maxBatchedTokens: number;
+  readonly maxNumSeqs: number;
+  private readonly blockSize: number;
+  private readonly numTotalBlocks: number;
+  private readonly roster: Roster;
+  private readonly planner: Planner;
+  private readonly overlap: boolean;
+  private readonly now: () => number;
+  private readonly onBroken: ((reason: string) => void) | undefined;
+  private numArrivals = 0;
+  private loop: Promise<void> | undefined;
+  private disposed = false;
+  /** Why the engine is out of service (a device fault); undefined while it works. */
+  private broken: string | undefined;
+  private numSteps = 0;
+  private loopMs = 0;
+  /** Estimated blocks taken by submitted steps that have not reported yet. */
+  private inFlightNetBlocks = 0;
+
+  constructor(private readonly handle: NativeEngineHandle, options: BatcherOptions = {}) {
+    this.maxBatchedTokens = options.maxBatchedTokens ?? 512;
+    this.maxNumSeqs = options.maxNumSeqs ?? 64;
+    for (const [name, value] of [['maxBatchedTokens', this.maxBatchedTokens], ['maxNumSeqs', this.maxNumSeqs]] as const) {
+      if (!Number.isInteger(value) || value < 1) {
+        throw new SluiceError('invalid_argument', `${name} must be an integer >= 1, got ${value}`, { param: name });
+      }
+    }
+    if (this.maxNumSeqs > this.maxBatchedTokens) {
+      // Otherwise the youngest decoding sequences could wait forever for budget.
+      throw new SluiceError('invalid_argument',
+        `maxNumSeqs (${this.maxNumSeqs}) must not exceed maxBatchedTokens (${this.maxBatchedTokens})`, { param: 'maxNumSeqs' });
+    }
+    const info = handle.info();
+    this.blockSize = info.blockSize;
+    this.numTotalBlocks = info.numBlocks;
+    this.now = options.now ?? (() => performance.now());
+    this.onBroken = options.onBroken;
+    this.overlap = options.overlap ?? true;
+    this.roster = new Roster(options.policy ?? new FcfsPolicy(), this.blockSize);
+    this.planner = new Planner(this.roster, {
+      maxBatchedTokens: this.maxBatchedTokens, maxNumSeqs: this.maxNumSeqs, deferral: options.deferral,
+      tenantDeferral: options.tenantDeferral, now: this.now,
+    }, this.numTotalBlocks);
+  }
+
+  get numRunning(): number {
+    return this.roster.running.length;
+  }
+  get numWaiting(): number {
+    return this.roster.waiting().length;
+  }
+  get stats(): LoopStats {
+    return { numSteps: this.numSteps, loopMs: this.loopMs };
+  }
+
+  /** The most tokens one sequence can ever hold in the KV pool. */
+  get maxSequenceTokens(): number {
+    return this.numTotalBlocks * this.blockSize;
+  }
+
+  /**
+   * Queues a sequence. Throws SluiceError request_too_large when it could never fit in the KV
+   * pool (prompt + maxTokens - 1 tokens: the last sampled token is never computed), and
+   * engine_disposed after dispose(). Everything after this is reported through the sink.
+   */
+  submit(request: SequenceRequest): void {
+    if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
+    if (this.broken !== undefined) throw this.brokenError();
+    if (request.promptTokenIds.length === 0) {
+      throw new SluiceError('invalid_request', 'the prompt must have at least one token', { param: 'prompt' });
+    }
+    if (request.priority !== undefined && !(Number.isInteger(request.priority) && request.priority >= 0)) {
+      throw new SluiceError('invalid_request', `priority must be an integer >= 0, got ${String(request.priority)}`, { param: 'priority' });
+    }
+    const numKvTokens = request.promptTokenIds.length + request.maxTokens - 1;
+    if (this.roster.blocksFor(numKvTokens) > this.numTotalBlocks) {
+      throw new SluiceError('request_too_large',
+        `the request needs KV cache for ${numKvTokens} tokens (${request.promptTokenIds.length} prompt + ` +
+        `${request.maxTokens} max tokens) but the KV pool holds ${this.maxSequenceTokens} tokens ` +
+        `(${this.numTotalBlocks} blocks of ${this.blockSize}); lower max tokens or raise kvCacheBytes`);
+    }
+    const seq = new Sequence(request, this.numArrivals++);
+    const signal = request.signal;
+    if (signal) {
+      const onAbort = () => {
+        seq.cancelRequested = true;
+        this.kick();
+      };
+      if (signal.aborted) seq.cancelRequested = true;
+      else {
+        signal.addEventListener('abort', onAbort, { once: true });
+        seq.removeAbortListener = () => signal.removeEventListener('abort', onAbort);
+      }
+    }
+    this.roster.policy.enqueue(seq, false);
+    this.kick();
+  }
+
+  /**
+   * Stops the loop after the steps in flight (never frees native sequences mid-step), then ends
+   * every sequence as failed: engine_disposed. Safe to call twice.
+   */
+  async dispose(): Promise<void> {
+    this.disposed = true;
+    await this.loop;
+    const error = new SluiceError('engine_disposed', 'the engine was disposed before the request finished');
+    for (const seq of this.roster.all()) this.roster.end(seq, { kind: 'failed', error });
+    // Leave no native sequence behind (an embedder may keep the handle).
+    const frees = this.roster.pendingFrees;
+    this.roster.pendingFrees = [];
+    if (frees.length > 0 && this.broken === undefined) {
+      await this.handle.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: Uint32Array.from(frees) })
+        .catch(() => {});
+    }
+  }
+
+  /** Resolves once the loop has nothing left to do (every ended sequence freed in the engine). */
+  async idle(): Promise<void> {
+    while (this.loop !== undefined) await this.loop;
+  }
+
+  /** Why the engine is out of service after a device fault; undefined while it works. */
+  get brokenReason(): string | undefined {
+    return this.broken;
+  }
+
+  private brokenError(): SluiceError {
+    return new SluiceError('engine_broken',
+      'the model is out of service after an engine fault; the operator has been notified (retry later or use another model)');
+  }
+
+  /** Starts the loop if it is not running. The loop exits when there is no work left. */
+  private kick(): void {
+    if (this.loop !== undefined || this.disposed) return;
+    // NOTE: the first step waits one macrotask so that requests submitted in the same tick
+    // (and abort events) are seen by the first plan together.
+    this.loop = new Promise<void>((resolve) => setImmediate(resolve)).then(() => this.runLoop()).finally(() => {
+      this.loop = undefined;
+      // Work that arrived while the loop was winding down.
+      if (this.hasWork()) this.kick();
+    });
+  }
+
+  private hasWork(): boolean {
+    return !this.disposed && this.broken === undefined &&
+      (this.roster.running.length > 0 || this.roster.waiting().length > 0 || this.roster.pendingFrees.length > 0);
+  }
+
+  private async runLoop(): Promise<void> {
+    let inFlight: Submitted | undefined;
+    try {
+      for (;;) {
+        let next: Submitted | undefined;
+        if (this.hasWork() && (this.overlap || inFlight === undefined)) {
+          const t0 = this.now();
+          this.reapCancelled();
+          const planned = this.planner.plan();
+          if (planned !== undefined) next = this.submitStep(planned);
+          this.loopMs += this.now() - t0;
+        }
+        if (inFlight !== undefined) {
+          const outcome = await inFlight.settled;
+          const t0 = this.now();
+          this.finishStep(inFlight, outcome);
+          this.loopMs += this.now() - t0;
+          inFlight = next;
+          continue;
+        }
+        if (next !== undefined) {
+          inFlight = next;
+          continue;
+        }
+        if (!this.hasWork()) break;
+        // Nothing could be planned and nothing runs: the waiting head cannot ever fit.
+        if (!this.failUnschedulableHead()) await new Promise((resolve) => setImmediate(resolve));
+      }
+    } catch (err) {
+      // A bug in the mechanism: fail everything rather than spin or crash the process.
+      if (inFlight !== undefined) await inFlight.settled;
+      const error = err instanceof Error ? err : new Error(String(err));
+      for (const seq of this.roster.all()) this.roster.end(seq, { kind: 'failed', error });
+    }
+  }
+
+  private submitStep(planned: PlannedStep): Submitted {
+    const serial = ++this.numSteps;
+    for (const row of planned.rows) row.seq.inFlight.push({ step: serial, numTokens: row.numTokens });
+    this.planner.freeBlocks -= planned.netBlocks;
+    this.inFlightNetBlocks += planned.netBlocks;
+    let settled: Submitted['settled'];
+    try {
+      settled = this.handle.step(planned.plan).then((result) => ({ result }), (error: unknown) => ({ error }));
+    } catch (error) {
+      settled = Promise.resolve({ error });
+    }
+    return { serial, planned, settled };
+  }
+
+  private finishStep(step: Submitted, outcome: Awaited<Submitted['settled']>): void {
+    for (const row of step.planned.rows) {
+      const at = row.seq.inFlight.findIndex((r) => r.step === step.serial);
+      if (at >= 0) row.seq.inFlight.splice(at, 1);
+    }
+    this.inFlightNetBlocks -= step.planned.netBlocks;
+    if ('error' in outcome) {
+      this.onStepError(step.planned, outcome.error);
+      return;
+    }
+    this.applyStep(step.planned, outcome.result);
+    // The engine's count, less what the steps submitted since will take.
+    this.planner.freeBlocks = outcome.result.numFreeBlocks - this.inFlightNetBlocks;
+  }
+
+  /** Whether the plan's row or add i still belongs to `seq` (not ended, preempted or re-admitted since). */
+  private owns(seq: Sequence, seqId: number): boolean {
+    return seq.state === 'running' && seq.seqId === seqId;
+  }
+
+  /** Applies a step's result: admissions, rows, then samples. */
+  private applyStep(planned: PlannedStep, result: NativeStepResult): void {
+    const { plan } = planned;
+    const errors = new Map<number, { code: string; message: string }>();
+    for (const e of result.errors) if (!errors.has(e.seqId)) errors.set(e.seqId, e);
+    const failWith = (seq: Sequence, what: string) => {
+      const e = errors.get(seq.seqId);
+      const error = e?.code === 'INVALID_ARGUMENT'
+        ? new SluiceError('invalid_request', `the engine refused the request: ${e.message}`)
+        : new SluiceError('engine_error', `the native engine failed this sequence${e ? ` (${e.code}): ${e.message}` : ` (${what})`}`);
+      this.roster.end(seq, { kind: 'failed', error });
+    };
+
+    planned.adds.forEach((seq, a) => {
+      if (!this.owns(seq, plan.adds![a]!.seqId)) return;
+      const status = result.addStatus[a];
+      if (status === ADD_ADMITTED) {
+        const cached = result.addCached[a]!;
+        seq.addConfirmed = true;
+        seq.reportedComputed = cached;
+        seq.reportedPending = plan.adds![a]!.promptTokens.length - cached;
+        if (!seq.wasScheduled) {
+          seq.wasScheduled = true;
+          seq.numCachedPromptTokens = cached;
+          this.callSink(seq, () => seq.request.sink.onScheduled?.(cached));
+        }
+      } else if (status === ADD_NO_KV_BLOCKS) {
+        this.roster.requeue(seq);  // waits for room; the planner admits it again
+      } else {
+        failWith(seq, 'refused at admission');
+      }
+    });
+
+    planned.rows.forEach((row, i) => {
+      const seq = row.seq;
+      if (!this.owns(seq, plan.seqIds[i]!)) return;
+      const status = result.rowStatus[i];
+      if (status === ROW_RAN) {
+        seq.reportedComputed += result.rowComputed[i]!;
+        seq.reportedPending = result.rowPending[i]!;
+        seq.reportedBlocks = result.rowBlocks[i]!;
+      } else if (status === ROW_FAILED) {
+        failWith(seq, 'row failed');
+      }
+      // ROW_NO_KV_BLOCKS: nothing was done; the next plan makes room (or preempts it).
+    });
+
+    const { topN } = result;
+    for (let i = 0; i < result.seqIds.length; i++) {
+      const seq = this.roster.bySeqId.get(result.seqIds[i]!);
+      if (seq === undefined) continue;  // ended, preempted or refused meanwhile: its token is dropped
+      const tokenId = result.tokens[i]!;
+      seq.generatedTokenIds.push(tokenId);
+      if (seq.cancelRequested) continue;  // reaped before the next step
+      const token: SampledToken = {
+        tokenId,
+        logprob: result.logprobs[i]!,
+        topIds: result.topIds.slice(i * topN, (i + 1) * topN),
+        topLogprobs: result.topLogprobs.slice(i * topN, (i + 1) * topN),
+      };
+      let stop = false;
+      if (!this.callSink(seq, () => { stop = seq.request.sink.onToken(token); })) continue;
+      if (stop || seq.numGeneratedTokens >= seq.request.maxTokens) this.roster.end(seq, { kind: 'finished' });
+    }
+  }
+
+  private onStepError(planned: PlannedStep, err: unknown): void {
+    const code = (err as { code?: unknown }).code;
+    if (typeof code === 'string' && BROKEN_CODES.has(code)) {
+      this.markBroken(String((err as Error).message));
+      return;
+    }
+    const error = new SluiceError('engine_error', `the native engine failed a step: ${(err as Error).message}`, { cause: err });
+    planned.rows.forEach((row, i) => {
+      if (this.owns(row.seq, planned.plan.seqIds[i]!)) this.roster.end(row.seq, { kind: 'failed', error });
+    });
+  }
+
+  /**
+   * The engine cannot serve anything more: every sequence ends with engine_broken, the loop stops
+   * and submit() refuses new work.
+   */
+  private markBroken(reason: string): void {
+    if (this.broken !== undefined) return;
+    this.broken = reason;
+    this.onBroken?.(reason);
+    const error = this.brokenError();
+    for (const seq of this.roster.all()) this.roster.end(seq, { kind: 'failed', error });
+  }
+
+  /**
+   * Nothing could be planned and nothing is in flight. With nothing running, the waiting head
+   * cannot fit in the free pool (blocks held outside this batcher): fail it rather than wait
+   * forever. Returns whether it failed one.
+   */
+  private failUnschedulableHead(): boolean {
+    const seq = this.roster.waiting()[0];
+    if (seq === undefined || this.roster.running.length > 0) return false;
+    const numTokens = seq.numPromptTokens + seq.numGeneratedTokens;
+    this.roster.end(seq, { kind: 'failed', error: new SluiceError('request_too_large',
+      `the prompt needs ${this.roster.blocksFor(numTokens)} KV blocks but only ${this.planner.numFreeBlocks()} ` +
+      `of ${this.numTotalBlocks} are free with nothing running`) });
+    return true;
+  }
+
+  private reapCancelled(): void {
+    for (const seq of this.roster.all()) {
+      if (seq.cancelRequested) this.roster.end(seq, { kind: 'cancelled' });
+    }
+  }
+
+  /** Runs a sink callback; an exception fails the sequence. Returns false if it threw. */
+  private callSink(seq: Sequence, fn: () => void): boolean {
+    try {
+      fn();
+      return true;
+    } catch (err) {
+      this.roster.end(seq, { kind: 'failed', error: err instanceof Error ? err : new Error(String(err)) });
+      return false;
+    }
+  }
+}
