@@ -145,3 +145,14 @@ describe('sluice generate (CLI)', () => {
     expect((err as { stderr: string }).stderr).not.toMatch(/at .*\.js:\d+/);
   });
 });
+
+describe('batch limits per backend', () => {
+  it('sizes steps for the backend: the CPU as before, hundreds of sequences and thousands of tokens on a GPU', async () => {
+    const { batchLimits } = await import('../src/engine/engine.js');
+    expect(batchLimits('cpu')).toEqual({ maxNumSeqs: 64, maxBatchedTokens: 512 });
+    expect(batchLimits('cuda')).toEqual({ maxNumSeqs: 256, maxBatchedTokens: 8192 });
+    // The caller's limits win; a token budget below the sequence limit would starve decodes.
+    expect(batchLimits('cuda', { maxNumSeqs: 16, maxBatchedTokens: 64 })).toEqual({ maxNumSeqs: 16, maxBatchedTokens: 64 });
+    expect(batchLimits('cpu', { maxNumSeqs: 1024 })).toEqual({ maxNumSeqs: 1024, maxBatchedTokens: 1024 });
+  });
+});

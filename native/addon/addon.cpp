@@ -346,6 +346,8 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   opts.num_threads = int(get_int(o, "numThreads", 0));
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
+  opts.max_num_seqs = get_int32(env, o, "maxNumSeqs", 0, 0, 1 << 20);
+  opts.max_batched_tokens = get_int32(env, o, "maxBatchedTokens", 0, 0, 1 << 24);
   if (o.Get("gpuMemoryUtilization").IsNumber())
     opts.gpu_memory_utilization = o.Get("gpuMemoryUtilization").As<Napi::Number>().DoubleValue();
   if (o.Get("prefixHashKey").IsString())

@@ -50,9 +50,9 @@ export interface EngineLoadOptions {
    * and replicas, and unpredictable to callers.
    */
   prefixHashKey?: string;
-  /** Tokens per step (default 512). */
+  /** Tokens per step. Default: CPU 512; CUDA 8192 (activations are sized for it at load). */
   maxBatchedTokens?: number;
-  /** Sequences running at once (default 64). */
+  /** Sequences running at once. Default: CPU 64; CUDA 256 (as vLLM). */
   maxNumSeqs?: number;
   /**
    * How flex work yields to asap and standard work (see DeferralGuard in src/scheduler/planner.ts): while one of
@@ -99,7 +99,15 @@ export interface SchedulerStats {
 
 const GiB = 1024 ** 3;
 const DEFAULT_BLOCK_SIZE = 16;
-const DEFAULT_MAX_NUM_SEQS = 64;
+/**
+ * Batch limits per backend. A CPU step costs about its rows (a bigger batch only adds latency past
+ * a few dozen rows); a GPU step's cost is mostly the weights, so hundreds of rows and thousands of
+ * tokens per step are nearly free.
+ */
+const BATCH_LIMITS = {
+  cpu: { maxNumSeqs: 64, maxBatchedTokens: 512 },
+  cuda: { maxNumSeqs: 256, maxBatchedTokens: 8192 },
+} as const;
 const DEFAULT_FLEX_DEFERRAL = { rowsPerStep: 8, holdMs: 1000 };
 const DEFAULT_TENANT_DEFERRAL = { rowsPerStep: 16, holdMs: 1000 };
 
@@ -145,7 +153,8 @@ export class Engine {
     const config = (await readJsonFile(modelDir, 'config.json', { required: true }))!;
     const tokenizer = await SluiceTokenizer.load(modelDir);
     const onMessage = opts.onMessage ?? ((message: string) => process.stderr.write(`sluice: ${message}\n`));
-    const maxNumSeqs = opts.maxNumSeqs ?? DEFAULT_MAX_NUM_SEQS;
+    const limitsFor = (backend: BackendName) => batchLimits(backend, opts);
+    const maxNumSeqs = limitsFor('cpu').maxNumSeqs;
     const base = {
       modelDir,
       kvCacheBytes: opts.kvCacheBytes ?? defaultKvCacheBytes(config, maxNumSeqs),
@@ -160,7 +169,8 @@ export class Engine {
       throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
     }
     // On CUDA the KV pool defaults to what gpuMemoryUtilization leaves (kvCacheBytes 0).
-    const cudaBase = { ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0 };
+    const cudaBase = { ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0, ...limitsFor('cuda') };
+    const cpuBase = { ...base, backend: 'cpu' as const, ...limitsFor('cpu') };
     const g = base.gpuMemoryUtilization;
     if (typeof g !== 'number' || !(g > 0 && g <= 1)) {
       throw new SluiceError('invalid_argument', `gpuMemoryUtilization must be in (0, 1], got ${String(g)}`, { param: 'gpuMemoryUtilization' });
@@ -184,17 +194,17 @@ export class Engine {
         throw new SluiceError('backend_unavailable',
           'this build of sluice has no CUDA backend; use backend cpu (or rebuild with CUDA)', { param: 'backend' });
       }
-      handle = await loadHandle(requested === 'cuda' ? cudaBase : { ...base, backend: 'cpu' });
+      handle = await loadHandle(requested === 'cuda' ? cudaBase : cpuBase);
     } else if (requested === 'auto') {
       const noCuda = nativeAddon().cudaCompiled ? cudaUnavailableReason() : undefined;
       if (nativeAddon().cudaCompiled && noCuda === undefined) {
         handle = await loadHandle(cudaBase);
       } else if (nativeAddon().cudaCompiled) {
         onMessage(`the CUDA backend is unavailable (${noCuda}); using the CPU backend`);
-        handle = await loadHandle({ ...base, backend: 'cpu' });
+        handle = await loadHandle(cpuBase);
       } else {
         onMessage('this build has no CUDA backend; using the CPU backend');
-        handle = await loadHandle({ ...base, backend: 'cpu' });
+        handle = await loadHandle(cpuBase);
       }
     } else {
       throw new SluiceError('invalid_argument', `backend must be cpu, cuda or auto, got ${String(requested)}`, { param: 'backend' });
@@ -204,7 +214,7 @@ export class Engine {
       const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL : opts.flexDeferral;
       const tenants = opts.tenantDeferral === undefined ? DEFAULT_TENANT_DEFERRAL : opts.tenantDeferral;
       const batcher = new Batcher(handle, {
-        maxBatchedTokens: opts.maxBatchedTokens, maxNumSeqs, policy: new WindowPriorityPolicy(), overlap: opts.overlapSteps ?? true,
+        ...limitsFor(handle.info().backend), policy: new WindowPriorityPolicy(), overlap: opts.overlapSteps ?? true,
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
@@ -364,6 +374,13 @@ export class Engine {
       if (!generation.isEnded) controller.abort(new SluiceError('cancelled', 'the consumer stopped reading the stream'));
     }
   }
+}
+
+/** The batch limits an engine on `backend` gets: the caller's, or the backend's defaults. */
+export function batchLimits(backend: BackendName, opts: Pick<EngineLoadOptions, 'maxNumSeqs' | 'maxBatchedTokens'> = {}):
+  { maxNumSeqs: number; maxBatchedTokens: number } {
+  const maxNumSeqs = opts.maxNumSeqs ?? BATCH_LIMITS[backend].maxNumSeqs;
+  return { maxNumSeqs, maxBatchedTokens: opts.maxBatchedTokens ?? Math.max(BATCH_LIMITS[backend].maxBatchedTokens, maxNumSeqs) };
 }
 
 /**

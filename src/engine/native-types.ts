@@ -16,8 +16,14 @@ export interface NativeLoadOptions {
   numThreads: number;
   /** Activation precision against bf16 weights (see EngineOptions::matmul_precision). */
   matmulPrecision?: MatmulPrecision;
-  /** CUDA: fraction of device memory the engine may hold; the KV pool gets what weights leave. */
+  /**
+   * CUDA: fraction of device memory the engine may hold; the KV pool gets what weights and
+   * activations leave. Engines on one device must split it (fractions adding up to at most 1).
+   */
   gpuMemoryUtilization?: number;
+  /** The scheduler's limits; CUDA sizes its activations for them at load (0: the backend's default). */
+  maxNumSeqs?: number;
+  maxBatchedTokens?: number;
   /** Keep full KV blocks cached and start new sequences after their longest cached prefix (default true). */
   prefixCaching?: boolean;
   /** Secret key of the keyed prefix-block hash: 32 hex digits (16 bytes). Default all zero. */

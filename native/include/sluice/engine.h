@@ -29,7 +29,14 @@ struct EngineOptions {
   // leaves after weights and activations).
   size_t kv_cache_bytes = 0;
   // CUDA: the fraction of the device's memory this engine may hold (weights, activations, KV).
+  // Engines sharing one device in a process must split it explicitly: their fractions may not add
+  // up to more than 1 (a second engine that would is refused with kInvalidArgument).
   double gpu_memory_utilization = 0.9;
+  // The scheduler's limits: the most sequences in one step and the most tokens one step computes.
+  // CUDA sizes its activation buffers for them at load, before the KV pool takes what is left, so
+  // a step within them never allocates. 0: the backend's default (256 sequences, 512 tokens).
+  int max_num_seqs = 0;
+  int max_batched_tokens = 0;
   int block_size = 16;                // tokens per KV block
   int num_threads = 0;                // CPU compute threads; 0 = all online CPUs
   // Activations against bf16 weights: "f32" tracks an f32 computation (activations carried as

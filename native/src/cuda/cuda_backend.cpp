@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 
 #include "cuda/check.h"
 #include "cuda/device_weights.h"
@@ -26,6 +28,49 @@ constexpr int kMaxTopN = 32;
 constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
 constexpr int kMaxGraphBatch = 256;
 constexpr int kMaxAttnSplits = 16;
+
+// Engines of this process per device and the fraction of its memory each was given
+// (gpu_memory_utilization): one device is shared only by explicit fractions adding up to <= 1.
+class DeviceShares {
+ public:
+  static DeviceShares& get() {
+    static DeviceShares shares;
+    return shares;
+  }
+  void take(int device, double fraction) {
+    std::lock_guard<std::mutex> lock(mu_);
+    double& used = used_[device];
+    if (used + fraction > 1.0 + 1e-9)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "CUDA device " + std::to_string(device) + " already serves another model with gpu_memory_utilization " +
+                      std::to_string(used) + "; one engine per device, or give each engine an explicit share " +
+                      "(gpu_memory_utilization values adding up to at most 1)");
+    used += fraction;
+  }
+  void give_back(int device, double fraction) {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_[device] = std::max(0.0, used_[device] - fraction);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, double> used_;
+};
+
+// Holds a device share for the lifetime of a backend (released if its constructor throws).
+class DeviceShareLease {
+ public:
+  DeviceShareLease(int device, double fraction) : device_(device), fraction_(fraction) {
+    DeviceShares::get().take(device, fraction);
+  }
+  ~DeviceShareLease() { DeviceShares::get().give_back(device_, fraction_); }
+  DeviceShareLease(const DeviceShareLease&) = delete;
+  DeviceShareLease& operator=(const DeviceShareLease&) = delete;
+
+ private:
+  int device_;
+  double fraction_;
+};
 
 int graph_bucket(int64_t n) {
   for (int b : kGraphBuckets)
@@ -90,6 +135,8 @@ class CudaBackend final : public Backend {
 
   const ModelConfig c_;
   int device_ = 0;
+  std::unique_ptr<DeviceShareLease> share_;
+  size_t free_at_start_ = 0;  // device memory free before this backend allocated anything
   int num_sms_ = 0;
   size_t total_mem_ = 0;
   double mem_util_;
@@ -131,6 +178,11 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend needs head_dim a multiple of 8, at most 256 (got " +
                                                   std::to_string(c.head_dim) + ")");
   SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  share_ = std::make_unique<DeviceShareLease>(device_, mem_util_);
+  {
+    size_t total = 0;
+    SLUICE_CUDA_CHECK(cudaMemGetInfo(&free_at_start_, &total));
+  }
   cudaDeviceProp prop{};
   SLUICE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   num_sms_ = prop.multiProcessorCount;
@@ -146,7 +198,13 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   gemm_tickets_.allocate(sizeof(int) * 65536);
   gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20));
   sample_out_.allocate(size_t(kMaxGraphBatch) * (2 + 2 * kMaxTopN) * 4);
-  ensure_capacity(512, kMaxGraphBatch, kMaxGraphBatch + 1, 1);
+  // Activations for the largest step the scheduler plans, allocated before the KV pool is sized
+  // (kv_budget_bytes), so that they never have to grow into memory the pool took.
+  if (opts.max_num_seqs < 0 || opts.max_batched_tokens < 0)
+    throw Error(ErrorCode::kInvalidArgument, "max_num_seqs and max_batched_tokens must be >= 0");
+  const int64_t max_rows = std::max<int64_t>(kMaxGraphBatch, opts.max_num_seqs);
+  const int64_t max_tokens = std::max<int64_t>({512, opts.max_batched_tokens, max_rows});
+  ensure_capacity(max_tokens, max_rows, max_rows + 1, 1);
 }
 
 CudaBackend::~CudaBackend() {
@@ -171,9 +229,12 @@ size_t CudaBackend::device_bytes() const {
 size_t CudaBackend::kv_budget_bytes(size_t requested) const {
   size_t free_mem = 0, total = 0;
   SLUICE_CUDA_CHECK(cudaMemGetInfo(&free_mem, &total));
-  // Headroom for activation growth (longer prefill chunks), graphs and the CUDA context.
+  // Headroom for graphs, the CUDA context and steps beyond the planned limits.
   const size_t reserve = size_t(512) << 20;
-  const double allowed = mem_util_ * double(total) - double(total - free_mem) - double(reserve);
+  // This engine's share of the device, less what it holds already (weights, activations): other
+  // engines on the device hold their own shares (DeviceShares).
+  const double own = double(free_at_start_) - double(free_mem);
+  const double allowed = std::min(mem_util_ * double(total) - own - double(reserve), double(free_mem) - double(reserve));
   if (requested) {
     if (double(requested) > double(free_mem) - double(reserve))
       throw Error(ErrorCode::kOutOfMemory, "a KV cache of " + std::to_string(requested) + " bytes does not fit: " +
@@ -195,7 +256,7 @@ void CudaBackend::allocate_kv(int64_t num_blocks, int64_t block_size) {
   // Block tables get a fixed stride capacity (the longest context) so growing sequences never
   // move the step buffers, which would invalidate the captured graphs.
   const int64_t max_blocks = (c_.max_position_embeddings + block_size - 1) / block_size;
-  ensure_capacity(cap_tokens_, cap_rows_, kMaxGraphBatch + 1, max_blocks);
+  ensure_capacity(cap_tokens_, cap_rows_, layout_.seqs, max_blocks);
 }
 
 void CudaBackend::ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table_width) {
