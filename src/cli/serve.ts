@@ -24,9 +24,9 @@ On first start with no API keys it makes one and prints it.
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory to use (default 0.9)
   --kv-cache-bytes N   KV cache pool size
-  --max-num-seqs N     sequences running at once (default 64)
+  --max-num-seqs N     sequences running at once (default: CPU 64, CUDA 256)
   --max-batched-tokens N
-                       tokens per engine step (default 512)
+                       tokens per engine step (default: CPU 512, CUDA 8192)
   --flex-deferral R[,H] | off
                        while asap or standard work runs (or did in the last H ms), flex gets at
                        most R tokens per step and none in steps that prefill urgent work
