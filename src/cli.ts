@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The sluice command line: argument handling only; the work lives in the modules it calls.
 
+import './cli/threadpool.js';  // first: before anything uses the thread pool
 import { isSluiceError } from './errors.js';
 import { GENERATE_HELP, runGenerate } from './cli/generate.js';
 import { KEYS_HELP, runKeys } from './cli/keys.js';
