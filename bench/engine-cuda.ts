@@ -15,7 +15,7 @@ import { parseArgs } from 'node:util';
 
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureDeviceBandwidth } from '../src/engine/native.js';
-import type { NativeEngineHandle } from '../src/engine/native-types.js';
+import { ADD_ADMITTED, ROW_RAN, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -72,34 +72,36 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   let nextId = 1;
   for (const batch of String(args.batch).split(',').map(Number)) {
     const ids = Uint32Array.from({ length: batch }, () => nextId++);
-    ids.forEach((id, b) => engine.addSequence(id, promptOf(b, promptLen, info.vocabSize), greedy));
+    // Prefill; a sequence is added (plan.adds) in the step that computes its first chunk.
     const remaining = new Array<number>(batch).fill(promptLen);
     let t0 = performance.now();
     for (;;) {
       const seqs: number[] = [];
       const counts: number[] = [];
+      const adds: NativeSequenceAdd[] = [];
       let budget = PREFILL_CHUNK;
       for (let i = 0; i < batch && budget > 0; i++) {
         if (remaining[i] === 0) continue;
         const n = Math.min(remaining[i]!, budget);
+        if (remaining[i] === promptLen) adds.push({ seqId: ids[i]!, promptTokens: promptOf(i, promptLen, info.vocabSize), sampling: greedy });
         seqs.push(ids[i]!);
         counts.push(n);
         remaining[i]! -= n;
         budget -= n;
       }
       if (seqs.length === 0) break;
-      await engine.step({ seqIds: Uint32Array.from(seqs), numTokens: Uint32Array.from(counts) });
+      checkStep(await engine.step({ seqIds: Uint32Array.from(seqs), numTokens: Uint32Array.from(counts), adds }));
     }
     const prefillMs = performance.now() - t0;
     const plan = { seqIds: ids, numTokens: new Uint32Array(batch).fill(1) };
-    for (let i = 0; i < 2; i++) await engine.step(plan);  // warm-up (captures the decode graph)
+    for (let i = 0; i < 2; i++) checkStep(await engine.step(plan));  // warm-up (captures the decode graph)
     const rounds: number[] = [];
     for (let r = 0; r < DECODE_ROUNDS; r++) {
       t0 = performance.now();
-      for (let s = 0; s < decodeSteps; s++) await engine.step(plan);
+      for (let s = 0; s < decodeSteps; s++) checkStep(await engine.step(plan));
       rounds.push((batch * decodeSteps) / ((performance.now() - t0) / 1000));
     }
-    for (const id of ids) engine.freeSequence(id);
+    await freeAll(engine, ids);
     const best = Math.max(...rounds);
     rows.push({ batch, prefillTokensPerS: (batch * promptLen) / (prefillMs / 1000), decodeTokensPerS: best,
       decodeTokensPerSMedian: median(rounds), decodeStepMs: (1000 * batch) / best });
@@ -119,15 +121,30 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   return { info: finalInfo as unknown as WorkerResult['info'], bandwidthBytesPerS: bandwidth, rows, reference, cpuReference };
 }
 
+/** Throws unless every row ran and every add was admitted (the bench's KV pool must hold all of its sequences). */
+function checkStep(res: NativeStepResult): NativeStepResult {
+  if (res.errors.length > 0) throw new Error(`bench step: ${res.errors.map((e) => `${e.seqId} ${e.code}: ${e.message}`).join('; ')}`);
+  if (res.addStatus.some((s) => s !== ADD_ADMITTED) || res.rowStatus.some((s) => s !== ROW_RAN)) {
+    throw new Error('bench step: the KV pool is too small (raise --gpu-memory-utilization)');
+  }
+  return res;
+}
+
+/** A step with only frees: releases the sequences' KV blocks. */
+async function freeAll(engine: NativeEngineHandle, ids: Uint32Array): Promise<void> {
+  await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: ids });
+}
+
 /** Greedy continuation of the fixed reference prompt with the top 20 logprobs per step. */
 async function referenceSteps(engine: NativeEngineHandle, id: number): Promise<RefStep[]> {
   const steps: RefStep[] = [];
-  engine.addSequence(id, promptOf(0, REF_PROMPT, engine.info().vocabSize), { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 20 });
+  const adds: NativeSequenceAdd[] = [{ seqId: id, promptTokens: promptOf(0, REF_PROMPT, engine.info().vocabSize),
+    sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 20 } }];
   for (let s = 0; s < REF_STEPS; s++) {
-    const r = await engine.step({ seqIds: Uint32Array.of(id), numTokens: Uint32Array.of(s === 0 ? REF_PROMPT : 1) });
+    const r = checkStep(await engine.step({ seqIds: Uint32Array.of(id), numTokens: Uint32Array.of(s === 0 ? REF_PROMPT : 1), ...(s === 0 && { adds }) }));
     steps.push({ token: r.tokens[0]!, top_ids: [...r.topIds], top_logprobs: [...r.topLogprobs] });
   }
-  engine.freeSequence(id);
+  await freeAll(engine, Uint32Array.of(id));
   return steps;
 }
 

@@ -1,7 +1,9 @@
-// Engine throughput on CPU (with --backend cuda, on a GPU: see engine-cuda.ts):
+// Engine throughput on CPU (with --backend cuda, on a GPU: see engine-cuda.ts; with --path ts,
+// the full TypeScript path through Engine beside the native loop: see engine-ts-path.ts):
 //   npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
 //   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N]
 //   [--precision f32,bf16] [--out FILE]
+// This default mode drives the native handle directly (plan adds / frees, no scheduler).
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
 // Memory bandwidth is sampled in that same process around each round of decode steps (this
 // machine's bandwidth drifts with its neighbours); the batch-1 roofline ratio compares the best
@@ -16,7 +18,7 @@ import { parseArgs } from 'node:util';
 import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
-import type { MatmulPrecision } from '../src/engine/native-types.js';
+import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -34,6 +36,11 @@ const { values: args } = parseArgs({
     precision: { type: 'string', default: 'f32,bf16' },
     out: { type: 'string', default: 'bench/results/engine-cpu.json' },
     worker: { type: 'string' },
+    // --path ts (engine-ts-path.ts; its own defaults): the full TypeScript path beside sluice_bench.
+    path: { type: 'string' },
+    warmup: { type: 'string' },
+    rounds: { type: 'string' },
+    'native-bin': { type: 'string' },
   },
 });
 
@@ -60,45 +67,56 @@ const kvBytes = Number(args['kv-gib']) * 2 ** 30;
 const DECODE_ROUNDS = 3;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
+/** Throws unless every row ran and every add was admitted (a bench's KV pool must hold all of its sequences). */
+function checkStep(res: NativeStepResult): NativeStepResult {
+  if (res.errors.length > 0) throw new Error(`bench step: ${res.errors.map((e) => `${e.seqId} ${e.code}: ${e.message}`).join('; ')}`);
+  if (res.addStatus.some((s) => s !== ADD_ADMITTED) || res.rowStatus.some((s) => s !== ROW_RAN)) {
+    throw new Error('bench step: the KV pool is too small (raise --kv-gib)');
+  }
+  return res;
+}
+
 async function runWorker(modelDir: string, batch: number, precision: MatmulPrecision): Promise<WorkerResult> {
   const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision, prefixCaching: false });
   const info = engine.info();
+  const sampling = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
   const seqIds = Uint32Array.from({ length: batch }, (_, i) => i + 1);
-  for (const id of seqIds) {
-    const prompt = Int32Array.from({ length: promptLen }, (_, t) => (t * 31 + id * 7 + 11) % info.vocabSize);
-    engine.addSequence(id, prompt, { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 });
-  }
-  // Prefill all prompts with at most 2048 batched tokens per step (chunked across steps).
+  const prompts = Array.from(seqIds, (id) => Int32Array.from({ length: promptLen }, (_, t) => (t * 31 + id * 7 + 11) % info.vocabSize));
+  // Prefill all prompts with at most 2048 batched tokens per step (chunked across steps). A
+  // sequence is added (plan.adds) in the step that computes its first chunk.
   const remaining = new Array<number>(batch).fill(promptLen);
   let t0 = performance.now();
   for (;;) {
     const ids: number[] = [];
     const counts: number[] = [];
+    const adds: NativeSequenceAdd[] = [];
     let budget = 2048;
     for (let i = 0; i < batch && budget > 0; i++) {
       if (remaining[i] === 0) continue;
       const n = Math.min(remaining[i], budget);
+      if (remaining[i] === promptLen) adds.push({ seqId: seqIds[i], promptTokens: prompts[i], sampling });
       ids.push(seqIds[i]);
       counts.push(n);
       remaining[i] -= n;
       budget -= n;
     }
     if (ids.length === 0) break;
-    await engine.step({ seqIds: Uint32Array.from(ids), numTokens: Uint32Array.from(counts) });
+    checkStep(await engine.step({ seqIds: Uint32Array.from(ids), numTokens: Uint32Array.from(counts), adds }));
   }
   const prefillMs = performance.now() - t0;
   const decodePlan = { seqIds, numTokens: new Uint32Array(batch).fill(1) };
-  await engine.step(decodePlan); // warm-up
+  checkStep(await engine.step(decodePlan)); // warm-up
   // Decode in rounds, with a bandwidth sample before each round and after the last: on a
   // machine whose bandwidth drifts, the best round is compared with the best bandwidth sample.
   const bandwidthSamples = [await measureMemoryBandwidth(threads, 2 ** 29, 3)];
   const roundTokensPerS: number[] = [];
   for (let round = 0; round < DECODE_ROUNDS; round++) {
     t0 = performance.now();
-    for (let s = 0; s < decodeSteps; s++) await engine.step(decodePlan);
+    for (let s = 0; s < decodeSteps; s++) checkStep(await engine.step(decodePlan));
     roundTokensPerS.push((batch * decodeSteps) / ((performance.now() - t0) / 1000));
     bandwidthSamples.push(await measureMemoryBandwidth(threads, 2 ** 29, 3));
   }
+  await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: seqIds });
   engine.dispose();
   return {
     precision,
@@ -117,6 +135,8 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
 async function main(): Promise<void> {
   if (args.backend === 'cuda') return (await import('./engine-cuda.js')).main();  // its own options and output
   if (args.backend !== 'cpu') throw new Error(`--backend must be cpu or cuda, got ${args.backend}`);
+  if (args.path === 'ts') return (await import('./engine-ts-path.js')).main();  // its own defaults and output
+  if (args.path !== undefined && args.path !== 'native') throw new Error(`--path must be native or ts, got ${args.path}`);
   if (args.worker) {
     const result = await runWorker(args.model!, Number(args.worker), args.precision as MatmulPrecision);
     process.stdout.write(JSON.stringify(result) + '\n');
