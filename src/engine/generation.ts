@@ -85,8 +85,8 @@ export class Generation implements SequenceSink {
     return this.ended;
   }
 
-  onScheduled(numCachedTokens = 0): void {
-    this.scheduledAtMs = performance.now();
+  onScheduled(numCachedTokens = 0, atMs = performance.now()): void {
+    this.scheduledAtMs = atMs;
     this.numCachedTokens = numCachedTokens;
   }
 

@@ -67,9 +67,14 @@ export interface LoopStats {
 /** A submitted step and its outcome once it settles. */
 interface Submitted {
   serial: number;
+  /** When it was submitted (the engine starts it then, or when the step before it ends). */
+  submittedAtMs: number;
   planned: PlannedStep;
   settled: Promise<{ result: NativeStepResult } | { error: unknown }>;
 }
+
+const NO_IDS = new Int32Array(0);
+const NO_LOGPROBS = new Float32Array(0);
 
 /** Native codes after which the engine serves nothing more (a sticky device fault). */
 const BROKEN_CODES = new Set(['DEVICE_FAULT', 'ENGINE_BROKEN']);
@@ -270,7 +275,7 @@ export class Batcher {
     } catch (error) {
       settled = Promise.resolve({ error });
     }
-    return { serial, planned, settled };
+    return { serial, submittedAtMs: this.now(), planned, settled };
   }
 
   private finishStep(step: Submitted, outcome: Awaited<Submitted['settled']>): void {
@@ -283,7 +288,7 @@ export class Batcher {
       this.onStepError(step.planned, outcome.error);
       return;
     }
-    this.applyStep(step.planned, outcome.result);
+    this.applyStep(step.planned, outcome.result, step.submittedAtMs);
     // The engine's count, less what the steps submitted since will take.
     this.planner.freeBlocks = outcome.result.numFreeBlocks - this.inFlightNetBlocks;
   }
@@ -294,7 +299,7 @@ export class Batcher {
   }
 
   /** Applies a step's result: admissions, rows, then samples. */
-  private applyStep(planned: PlannedStep, result: NativeStepResult): void {
+  private applyStep(planned: PlannedStep, result: NativeStepResult, submittedAtMs: number): void {
     const { plan } = planned;
     const errors = new Map<number, { code: string; message: string }>();
     for (const e of result.errors) if (!errors.has(e.seqId)) errors.set(e.seqId, e);
@@ -317,7 +322,7 @@ export class Batcher {
         if (!seq.wasScheduled) {
           seq.wasScheduled = true;
           seq.numCachedPromptTokens = cached;
-          this.callSink(seq, () => seq.request.sink.onScheduled?.(cached));
+          this.callSink(seq, () => seq.request.sink.onScheduled?.(cached, submittedAtMs));
         }
       } else if (status === ADD_NO_KV_BLOCKS) {
         this.roster.requeue(seq);  // waits for room; the planner admits it again
@@ -350,8 +355,9 @@ export class Batcher {
       const token: SampledToken = {
         tokenId,
         logprob: result.logprobs[i]!,
-        topIds: result.topIds.slice(i * topN, (i + 1) * topN),
-        topLogprobs: result.topLogprobs.slice(i * topN, (i + 1) * topN),
+        // Views, not copies: a result's arrays are never reused, and 256 rows a step add up.
+        topIds: topN === 0 ? NO_IDS : result.topIds.subarray(i * topN, (i + 1) * topN),
+        topLogprobs: topN === 0 ? NO_LOGPROBS : result.topLogprobs.subarray(i * topN, (i + 1) * topN),
       };
       let stop = false;
       if (!this.callSink(seq, () => { stop = seq.request.sink.onToken(token); })) continue;

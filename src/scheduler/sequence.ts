@@ -29,9 +29,10 @@ export interface SequenceSink {
   /**
    * The sequence's first step ran (called once, not again after a preemption; before the
    * first token when that step sampled one); numCachedTokens: prompt tokens served from the
-   * prefix cache at that admission.
+   * prefix cache at that admission; atMs: when the step that admitted it was submitted (the
+   * Batcher's clock, performance.now() by default).
    */
-  onScheduled?(numCachedTokens: number): void;
+  onScheduled?(numCachedTokens: number, atMs?: number): void;
   /** A sampled token; return true to finish the sequence now (a stop condition was met). */
   onToken(token: SampledToken): boolean;
   /** Called exactly once. */
