@@ -316,7 +316,6 @@ export class Batcher {
       const status = result.addStatus[a];
       if (status === ADD_ADMITTED) {
         const cached = result.addCached[a]!;
-        seq.addConfirmed = true;
         seq.reportedComputed = cached;
         seq.reportedPending = plan.adds![a]!.promptTokens.length - cached;
         if (!seq.wasScheduled) {

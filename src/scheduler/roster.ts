@@ -46,7 +46,6 @@ export class Roster {
     this.nextSeqId = (this.nextSeqId + 1) >>> 0;
     seq.state = 'running';
     seq.admittedOrder = this.numAdmissions++;
-    seq.addConfirmed = false;
     seq.reportedComputed = 0;
     seq.reportedPending = seq.numPromptTokens + seq.numGeneratedTokens;
     seq.reportedBlocks = 0;

@@ -81,8 +81,6 @@ export class Sequence implements SequenceView {
   wasScheduled = false;
   cancelRequested = false;
   readonly generatedTokenIds: number[] = [];
-  /** The engine confirmed this admission (its add's result came back admitted). */
-  addConfirmed = false;
   /** Reported: tokens whose KV the engine has computed (0 until the add reports its prefix hit). */
   reportedComputed = 0;
   /** Reported: known tokens the engine has not computed yet (the prompt, until the add reports). */
