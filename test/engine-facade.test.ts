@@ -109,6 +109,14 @@ describe('loading errors', () => {
     expect((err as Error).message).toMatch(/config\.json/);
   });
 
+  it('refuses an unknown CUDA GEMM choice, and a CPU engine loads with any valid one', async () => {
+    const err = await Engine.load({ model: tinyDir, backend: 'cpu', cudaGemm: 'fast' as never }).catch((e: unknown) => e);
+    expect((err as SluiceError).code).toBe('invalid_argument');
+    expect((err as SluiceError).message).toMatch(/cudaGemm.*'native', 'cublaslt' or 'auto'.*fast/);
+    const cpu = await Engine.load({ model: tinyDir, backend: 'cpu', cudaGemm: 'cublaslt', kvCacheBytes: 8 << 20 });
+    await cpu.dispose();
+  });
+
   it('names the supported architectures for an unsupported one', async () => {
     const dir = join(root, 'gpt2');
     await makeModel({ preset: 'test-llama', out: dir, weights: false });
@@ -143,6 +151,10 @@ describe('sluice generate (CLI)', () => {
     expect((err as { code: number }).code).toBe(1);
     expect((err as { stderr: string }).stderr).toMatch(/temperature/);
     expect((err as { stderr: string }).stderr).not.toMatch(/at .*\.js:\d+/);
+    const gemm = await run(process.execPath, [CLI, 'generate', '--model', tinyDir, '--prompt', 'x', '--cuda-gemm', 'fast'])
+      .catch((e: { code: number; stderr: string }) => e);
+    expect((gemm as { code: number }).code).toBe(1);
+    expect((gemm as { stderr: string }).stderr).toMatch(/--cuda-gemm.*native/);
   });
 });
 

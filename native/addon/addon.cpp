@@ -345,6 +345,7 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   opts.block_size = int(get_int(o, "blockSize", 16));
   opts.num_threads = int(get_int(o, "numThreads", 0));
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
+  if (o.Get("cudaGemm").IsString()) opts.cuda_gemm = o.Get("cudaGemm").As<Napi::String>().Utf8Value();
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   opts.max_num_seqs = get_int32(env, o, "maxNumSeqs", 0, 0, 1 << 20);
   opts.max_batched_tokens = get_int32(env, o, "maxBatchedTokens", 0, 0, 1 << 24);

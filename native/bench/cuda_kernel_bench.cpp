@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/cublaslt.h"
 #include "cuda/device_weights.h"
 #include "cuda/kernels.h"
 
@@ -87,11 +88,26 @@ int main(int argc, char** argv) {
     int sms = 0;
     SLUICE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const DType e = DType::BF16;
-    const int Tmax = 2048;
+    const int Tmax = 8192;
     DeviceBuffer x(size_t(Tmax) * std::max(s.I, s.H) * 2);
     fill_random(x, 1);
     DeviceBuffer partials(sizeof(float) * (size_t(8) << 20)), tickets(sizeof(int) * 65536);
     cuda::GemmWorkspace ws{partials.get<float>(), partials.bytes() / 4, tickets.get<int>(), 65536, sms};
+    // cuBLASLt beside our kernels where the host has it (the engine's --cuda-gemm cublaslt path).
+    std::string lt_why;
+    auto lt = cuda::CublasLt::open(&lt_why);
+    DeviceBuffer lt_workspace(size_t(32) << 20), lt_scratch(size_t(1024) * 2 * s.I * sizeof(float));
+    cuda::GemmWorkspace ws_lt = ws;
+    if (lt) {
+      ws_lt.lt = lt.get();
+      ws_lt.lt_workspace = lt_workspace.get();
+      ws_lt.lt_workspace_bytes = lt_workspace.bytes();
+      ws_lt.lt_scratch = lt_scratch.get<float>();
+      ws_lt.lt_scratch_floats = lt_scratch.bytes() / 4;
+      std::printf("gemm rows marked [cuBLASLt]: %s\n", lt->describe().c_str());
+    } else {
+      std::printf("no cuBLASLt rows: %s\n", lt_why.c_str());
+    }
     std::vector<Row> rows;
     {  // Bring the clocks up from idle: half a second of large products before any timing.
       DeviceBuffer w(size_t(8192) * 8192 * 2), wx(size_t(2048) * 8192 * 2), out(size_t(2048) * 8192 * 4);
@@ -125,18 +141,21 @@ int main(int argc, char** argv) {
         w.emplace_back(wbytes);
         fill_random(w.back(), 10 + c);
       }
-      for (int T : {1, 8, 64, 256, 2048}) {
+      for (int T : {1, 8, 16, 64, 256, 2048, 8192}) {
         if (p.N == s.V && T > 256) continue;
         DeviceBuffer out(size_t(T) * p.N * 4);
         cuda::GemmArgs g;
         g.x = x.get(), g.ld_x = p.K, g.T = T, g.N = p.N, g.K = p.K, g.epilogue = p.ep, g.ld_w = p.K;
         g.y = out.get<float>(), g.ld_y = p.N, g.h = out.get(), g.ld_h = p.N / 2;
-        const double us = time_us([&](int i) {
-          g.w = w[size_t(i % copies)].get();
-          cuda::gemm(g, e, ws, nullptr);
-        });
-        rows.push_back({p.op, T, us, double(wbytes) + double(T) * p.K * 2 + double(T) * p.N * 4,
-                        2.0 * T * double(p.N) * p.K});
+        for (const bool use_lt : {false, true}) {
+          if (use_lt && (!lt || T <= 8)) continue;
+          const double us = time_us([&](int i) {
+            g.w = w[size_t(i % copies)].get();
+            cuda::gemm(g, e, use_lt ? ws_lt : ws, nullptr);
+          });
+          rows.push_back({std::string(p.op) + (use_lt ? " [cuBLASLt]" : ""), T, us,
+                          double(wbytes) + double(T) * p.K * 2 + double(T) * p.N * 4, 2.0 * T * double(p.N) * p.K});
+        }
       }
     }
 

@@ -25,6 +25,7 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --backend B          cpu | cuda | auto (default auto: cuda when a GPU is usable, else cpu)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory for weights, activations and KV (default 0.9)
+  --cuda-gemm G        native (default) | cublaslt | auto: who runs CUDA GEMMs of over 8 tokens
   --threads N          compute threads (default: all CPUs)
   --precision P        f32 | bf16: activations against bf16 weights (default f32)
 `;
@@ -46,6 +47,7 @@ export async function runGenerate(args: string[]): Promise<void> {
     json: { type: 'boolean' },
     backend: { type: 'string' },
     'gpu-memory-utilization': { type: 'string' },
+    'cuda-gemm': { type: 'string' },
     threads: { type: 'string' },
     precision: { type: 'string' },
     help: { type: 'boolean', short: 'h' },
@@ -68,6 +70,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const backend = choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'auto'] as const);
   const threads = intFlag(values.threads, 'threads', 0);
   const matmulPrecision = choiceFlag(values.precision, 'precision', ['f32', 'bf16'] as const);
+  const cudaGemm = choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const);
   const gpuMemoryUtilization = numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1);
   if (request.logprobs !== undefined && !values.json) {
     throw new SluiceError('invalid_argument', '--logprobs needs --json', { param: 'logprobs' });
@@ -76,7 +79,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const log = (message: string) => process.stderr.write(`${message}\n`);
   const model = values.model ?? await ensureDemoModel(log);
   const engine = await Engine.load({
-    model, backend, threads, matmulPrecision, gpuMemoryUtilization, onMessage: (m) => log(`sluice: ${m}`),
+    model, backend, threads, matmulPrecision, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
   });
 
   // Ctrl-C cancels the request (a second one kills the process as usual).

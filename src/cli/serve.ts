@@ -23,6 +23,8 @@ On first start with no API keys it makes one and prints it.
   --threads N          CPU compute threads (default: all CPUs but one, left to HTTP)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory to use (default 0.9)
+  --cuda-gemm G        CUDA GEMMs of more than 8 tokens: native (default) | cublaslt (cuBLASLt
+                       loaded at run time) | auto (cuBLASLt where the host has it)
   --kv-cache-bytes N   KV cache pool size
   --max-num-seqs N     sequences running at once (default: CPU 64, CUDA 256)
   --max-batched-tokens N
@@ -74,6 +76,7 @@ export async function runServe(args: string[]): Promise<void> {
     backend: { type: 'string' },
     threads: { type: 'string' },
     'gpu-memory-utilization': { type: 'string' },
+    'cuda-gemm': { type: 'string' },
     'kv-cache-bytes': { type: 'string' },
     'max-num-seqs': { type: 'string' },
     'max-batched-tokens': { type: 'string' },
@@ -109,6 +112,7 @@ export async function runServe(args: string[]): Promise<void> {
     backend: choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'auto'] as const),
     threads: intFlag(values.threads, 'threads', 0),
     gpuMemoryUtilization: numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1),
+    cudaGemm: choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const),
     kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
     maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),

@@ -11,7 +11,7 @@ import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encod
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
-import type { BackendName, MatmulPrecision, NativeEngineHandle, NativeModelInfo } from './native-types.js';
+import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo } from './native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
   type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,
@@ -28,6 +28,12 @@ export interface EngineLoadOptions {
   kvCacheBytes?: number;
   /** CUDA: fraction of the device's memory for weights, activations and KV (default 0.9, as vLLM). */
   gpuMemoryUtilization?: number;
+  /**
+   * CUDA GEMMs of more than 8 tokens: 'native' (default, our tensor-core kernels), 'cublaslt'
+   * (cuBLASLt loaded at run time; an error where the host has no libcublasLt) or 'auto'
+   * (cuBLASLt where present). Decode GEMVs (8 tokens or fewer) are ours either way.
+   */
+  cudaGemm?: CudaGemm;
   /** Tokens per KV block (default 16). */
   blockSize?: number;
   /** Compute threads (default 0 = all online CPUs). */
@@ -164,6 +170,7 @@ export class Engine {
       numThreads: opts.threads ?? 0,
       matmulPrecision: opts.matmulPrecision ?? 'f32',
       gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
+      cudaGemm: opts.cudaGemm ?? 'native',
       prefixCaching: opts.prefixCaching ?? true,
       prefixHashKey: opts.prefixHashKey ?? randomBytes(16).toString('hex'),
     };
@@ -179,6 +186,9 @@ export class Engine {
     }
     if (base.matmulPrecision !== 'f32' && base.matmulPrecision !== 'bf16') {
       throw new SluiceError('invalid_argument', `matmulPrecision must be 'f32' or 'bf16', got ${String(base.matmulPrecision)}`, { param: 'matmulPrecision' });
+    }
+    if (!['native', 'cublaslt', 'auto'].includes(base.cudaGemm)) {
+      throw new SluiceError('invalid_argument', `cudaGemm must be 'native', 'cublaslt' or 'auto', got ${String(base.cudaGemm)}`, { param: 'cudaGemm' });
     }
     checkPositiveInteger(base.kvCacheBytes, 'kvCacheBytes');
     checkPositiveInteger(base.blockSize, 'blockSize');

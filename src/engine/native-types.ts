@@ -3,6 +3,7 @@
 
 export type BackendName = 'cpu' | 'cuda';
 export type MatmulPrecision = 'f32' | 'bf16';
+export type CudaGemm = 'native' | 'cublaslt' | 'auto';
 
 export interface NativeLoadOptions {
   /** Hugging Face model directory (config.json, *.safetensors). */
@@ -21,6 +22,8 @@ export interface NativeLoadOptions {
    * activations leave. Engines on one device must split it (fractions adding up to at most 1).
    */
   gpuMemoryUtilization?: number;
+  /** CUDA GEMMs of more than 8 tokens: our kernels, cuBLASLt loaded at run time, or cuBLASLt where present. */
+  cudaGemm?: CudaGemm;
   /** The scheduler's limits; CUDA sizes its activations for them at load (0: the backend's default). */
   maxNumSeqs?: number;
   maxBatchedTokens?: number;

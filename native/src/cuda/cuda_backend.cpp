@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "cuda/check.h"
+#include "cuda/cublaslt.h"
 #include "cuda/device_weights.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
@@ -156,6 +157,8 @@ class CudaBackend final : public Backend {
   int64_t cap_tokens_ = 0, cap_rows_ = 0;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, h_, cos_sin_, last_, logits_, attn_part_acc_, attn_part_ml_;
   DeviceBuffer gemm_partials_, gemm_tickets_;
+  std::unique_ptr<cuda::CublasLt> lt_;  // when options.cuda_gemm picked cuBLASLt
+  DeviceBuffer lt_workspace_, lt_scratch_;
   size_t attn_part_capacity_ = 0;  // floats of attn_part_acc_
   StepLayout layout_;
   DeviceBuffer step_dev_;
@@ -168,6 +171,7 @@ class CudaBackend final : public Backend {
 
   std::map<int, cudaGraphExec_t> graphs_;  // decode batch bucket -> graph
   void drop_graphs();
+  void open_cublaslt(const EngineOptions& opts);
 };
 
 CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const EngineOptions& opts)
@@ -197,6 +201,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   e_ = w_.dtype;
   gemm_tickets_.allocate(sizeof(int) * 65536);
   gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20));
+  open_cublaslt(opts);
   sample_out_.allocate(size_t(kMaxGraphBatch) * (2 + 2 * kMaxTopN) * 4);
   // Activations for the largest step the scheduler plans, allocated before the KV pool is sized
   // (kv_budget_bytes), so that they never have to grow into memory the pool took.
@@ -213,13 +218,33 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+void CudaBackend::open_cublaslt(const EngineOptions& opts) {
+  const std::string& mode = opts.cuda_gemm;
+  if (mode != "native" && mode != "cublaslt" && mode != "auto")
+    throw Error(ErrorCode::kInvalidArgument, "cuda_gemm must be native, cublaslt or auto (got '" + mode + "')");
+  if (mode == "native") return;
+  std::string why;
+  lt_ = cuda::CublasLt::open(&why);
+  if (!lt_) {
+    if (mode == "cublaslt") throw Error(ErrorCode::kBackendUnavailable, "cuda_gemm cublaslt: " + why);
+    device_desc_ += ", gemm: native (" + why + ")";
+    return;
+  }
+  // 32 MiB is what cuBLASLt's Hopper kernels ask for; the SiLU-and-mul scratch holds up to 1024
+  // tokens of gate/up pre-activations (longer prefills run in chunks).
+  lt_workspace_.allocate(size_t(32) << 20);
+  lt_scratch_.allocate(size_t(1024) * size_t(2 * w_.inter_pad) * sizeof(float));
+  device_desc_ += ", gemm: " + lt_->describe();
+}
+
 void CudaBackend::drop_graphs() {
   for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
   graphs_.clear();
 }
 
 size_t CudaBackend::device_bytes() const {
-  size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes();
+  size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
+             lt_workspace_.bytes() + lt_scratch_.bytes();
   for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_,
                                 &attn_part_ml_, &sample_params_, &sample_out_, &sample_stats_})
     n += b->bytes();
@@ -361,6 +386,13 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
   const int32_t* pos = dev_i32(layout_.off_pos);
   cuda::GemmWorkspace ws{gemm_partials_.get<float>(), gemm_partials_.bytes() / 4, gemm_tickets_.get<int>(),
                          int(gemm_tickets_.bytes() / 4), num_sms_};
+  if (lt_) {
+    ws.lt = lt_.get();
+    ws.lt_workspace = lt_workspace_.get();
+    ws.lt_workspace_bytes = lt_workspace_.bytes();
+    ws.lt_scratch = lt_scratch_.get<float>();
+    ws.lt_scratch_floats = lt_scratch_.bytes() / 4;
+  }
   float* x = x_.get<float>();
   const int ti = int(T);
 

@@ -13,6 +13,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 
 namespace sluice::cuda {
@@ -336,6 +337,9 @@ void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stre
   if (a.epilogue == Epilogue::kSiluMul && a.N % 16)
     throw Error(ErrorCode::kInternal, "gemm: the SiLU-and-mul epilogue needs N % 16 == 0");
   if (a.T <= 8 && a.splits == 0) return gemv(a, e, ws.num_sms, stream);
+  if (ws.lt && a.splits == 0 &&
+      ws.lt->gemm(a, e, ws.lt_workspace, ws.lt_workspace_bytes, ws.lt_scratch, ws.lt_scratch_floats, stream))
+    return;
   if (e == DType::BF16) gemm_typed<__nv_bfloat16>(a, ws, stream);
   else if (e == DType::F16) gemm_typed<__half>(a, ws, stream);
   else throw Error(ErrorCode::kInternal, "gemm: element type must be bf16 or f16");

@@ -13,6 +13,8 @@
 
 namespace sluice::cuda {
 
+class CublasLt;
+
 // x[T, H] f32 = table[ids[t], 0:H] (E, rows of ld_table elements).
 void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float* x,
                cudaStream_t stream);
@@ -70,8 +72,21 @@ struct GemmWorkspace {
   int* tickets = nullptr;     // one per output tile, zero between launches (the last block resets it)
   int num_tickets = 0;
   int num_sms = 0;
+  // cuBLASLt (cuda/cublaslt.h), when the engine runs it: problems of more than 8 tokens go to
+  // it, and fall back to our kernels only where it has no algorithm.
+  CublasLt* lt = nullptr;
+  void* lt_workspace = nullptr;
+  size_t lt_workspace_bytes = 0;
+  float* lt_scratch = nullptr;  // f32 pre-activations of SiLU-and-mul chunks
+  size_t lt_scratch_floats = 0;
 };
 void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stream);
+// Helpers of the cuBLASLt path. y[t, 0:N] += bias (f32, ld_y).
+void add_bias_rows(float* y, int T, int N, int ld_y, const float* bias, cudaStream_t stream);
+// g: [T, N] f32 with rows interleaved in 16-row groups [gate 8 | up 8] (as kSiluMul's W), plus
+// bias[N] when given; h[t, i] (E, ld_h) = silu(gate_i) * up_i, as the fused epilogue computes it.
+void silu_mul_interleaved(const float* g, int T, int N, const float* bias, void* h, int ld_h, DType e,
+                          cudaStream_t stream);
 // Benchmarks only: the decode GEMV (T = 1, bf16) with `rows` weight rows per warp (2, 4, 8) and
 // `unroll` 16-byte chunks per row in flight (2, 4, 8; not 8 with 8 rows).
 void gemv_variant(const GemmArgs& a, int rows, int unroll, cudaStream_t stream);

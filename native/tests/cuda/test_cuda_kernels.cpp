@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "sample/sampler.h"
 #include "sluice/dtype.h"
@@ -63,7 +64,10 @@ cuda::GemmWorkspace make_workspace(Dev<float>& partials, Dev<int>& tickets) {
   return {partials.p, partials.n, tickets.p, int(tickets.n), sms};
 }
 
-void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint32_t seed, int splits = 0) {
+// With `lt`, the cuBLASLt path runs it (its SiLU-and-mul scratch holds 64 tokens, so longer
+// problems go through it in chunks).
+void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint32_t seed, int splits = 0,
+                cuda::CublasLt* lt = nullptr) {
   std::mt19937 rng(seed);
   const int ld = (K + 7) / 8 * 8;
   std::vector<double> xv, wv;
@@ -78,10 +82,23 @@ void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint
   Dev<uint16_t> dh(static_cast<size_t>(T) * (N / 2 + 8));
   Dev<float> partials(size_t(4) << 20);
   Dev<int> tickets(4096);
+  Dev<uint8_t> lt_workspace(size_t(32) << 20);
+  Dev<float> lt_scratch(size_t(64) * N);
+  auto workspace = [&] {
+    cuda::GemmWorkspace ws = make_workspace(partials, tickets);
+    if (lt) {
+      ws.lt = lt;
+      ws.lt_workspace = lt_workspace.p;
+      ws.lt_workspace_bytes = lt_workspace.n;
+      ws.lt_scratch = lt_scratch.p;
+      ws.lt_scratch_floats = lt_scratch.n;
+    }
+    return ws;
+  };
   cuda::GemmArgs a;
   a.x = dx.p, a.ld_x = ld, a.w = dw.p, a.ld_w = ld, a.bias = bias ? db.p : nullptr;
   a.T = T, a.N = N, a.K = K, a.epilogue = ep, a.y = dy.p, a.ld_y = N, a.h = dh.p, a.ld_h = N / 2, a.splits = splits;
-  cuda::gemm(a, e, make_workspace(partials, tickets), nullptr);
+  cuda::gemm(a, e, workspace(), nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const auto y = dy.read();
   const auto h = dh.read();
@@ -118,12 +135,12 @@ void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint
       }
     }
   }
-  if (bad) std::printf("  gemm T=%d N=%d K=%d ep=%d bias=%d %s splits=%d: %d bad, worst %.2fx tol\n", T, N, K, int(ep),
-                       int(bias), dtype_name(e), splits, bad, worst);
+  if (bad) std::printf("  gemm%s T=%d N=%d K=%d ep=%d bias=%d %s splits=%d: %d bad, worst %.2fx tol\n", lt ? " (cuBLASLt)" : "",
+                       T, N, K, int(ep), int(bias), dtype_name(e), splits, bad, worst);
   CHECK(bad == 0);
   // Deterministic: the same launch gives the same bits (split-K sums in a fixed order).
   if (ep == cuda::Epilogue::kStore) {
-    cuda::gemm(a, e, make_workspace(partials, tickets), nullptr);
+    cuda::gemm(a, e, workspace(), nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     CHECK(std::memcmp(dy.read().data(), y.data(), y.size() * 4) == 0);
   }
@@ -155,6 +172,32 @@ TEST_CASE(gemm_matches_double_reference) {
     check_gemm(40, 300, 520, cuda::Epilogue::kAddTo, false, DType::BF16, seed++, splits);
     check_gemm(3, 1024, 512, cuda::Epilogue::kSiluMul, true, DType::F16, seed++, splits);
   }
+}
+
+// The same contract through cuBLASLt where the host has it (cuda_gemm cublaslt / auto).
+TEST_CASE(gemm_cublaslt_matches_double_reference) {
+  std::string why;
+  auto lt = cuda::CublasLt::open(&why);
+  if (!lt) {
+    std::printf("  cuBLASLt not on this host (%s): its GEMM path is not checked here\n", why.c_str());
+    return;
+  }
+  std::printf("  %s\n", lt->describe().c_str());
+  struct Shape {
+    int T, N, K;
+  };
+  const Shape shapes[] = {{9, 96, 64}, {17, 300, 264}, {130, 256, 128}, {300, 777, 520}, {256, 4096, 1024}};
+  uint32_t seed = 1000;
+  for (DType e : {DType::BF16, DType::F16})
+    for (const Shape& s : shapes) {
+      check_gemm(s.T, s.N, s.K, cuda::Epilogue::kStore, seed % 2 == 0, e, seed, 0, lt.get());
+      check_gemm(s.T, s.N, s.K, cuda::Epilogue::kAddTo, seed % 2 == 1, e, seed + 1, 0, lt.get());
+      seed += 2;
+    }
+  const Shape silu[] = {{20, 4096, 512}, {100, 768, 136}, {200, 1024, 256}};
+  for (DType e : {DType::BF16, DType::F16})
+    for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kSiluMul, seed % 2 == 1, e, seed++, 0, lt.get());
+  CHECK(lt->num_plans() > 0);
 }
 
 namespace {

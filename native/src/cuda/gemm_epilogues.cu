@@ -1,0 +1,53 @@
+// The epilogues of the cuBLASLt GEMM path that cuBLASLt cannot fuse: a bias row added to f32
+// outputs, and SiLU-and-mul over the interleaved gate/up rows (the same arithmetic as the fused
+// epilogue of our GEMM kernel, so both paths round alike).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/kernels.h"
+
+namespace sluice::cuda {
+
+namespace {
+
+__global__ void add_bias_rows_kernel(float* y, int N, int ld_y, const float* bias) {
+  float* row = y + size_t(blockIdx.x) * ld_y;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) row[n] += bias[n];
+}
+
+template <typename E>
+__global__ void silu_mul_interleaved_kernel(const float* g, int N, const float* bias, E* h, int ld_h) {
+  const float* row = g + size_t(blockIdx.x) * N;
+  E* out = h + size_t(blockIdx.x) * ld_h;
+  for (int i = threadIdx.x; i < N / 2; i += blockDim.x) {
+    const int n_gate = (i >> 3) * 16 + (i & 7);
+    float gate = row[n_gate], up = row[n_gate + 8];
+    if (bias) {
+      gate += bias[n_gate];
+      up += bias[n_gate + 8];
+    }
+    out[i] = from_float<E>(gate / (1.f + __expf(-gate)) * up);
+  }
+}
+
+}  // namespace
+
+void add_bias_rows(float* y, int T, int N, int ld_y, const float* bias, cudaStream_t stream) {
+  if (T <= 0) return;
+  add_bias_rows_kernel<<<T, 256, 0, stream>>>(y, N, ld_y, bias);
+  SLUICE_CUDA_LAUNCH_CHECK("add_bias_rows_kernel");
+}
+
+void silu_mul_interleaved(const float* g, int T, int N, const float* bias, void* h, int ld_h, DType e,
+                          cudaStream_t stream) {
+  if (T <= 0) return;
+  if (e == DType::BF16)
+    silu_mul_interleaved_kernel<<<T, 256, 0, stream>>>(g, N, bias, static_cast<__nv_bfloat16*>(h), ld_h);
+  else
+    silu_mul_interleaved_kernel<<<T, 256, 0, stream>>>(g, N, bias, static_cast<__half*>(h), ld_h);
+  SLUICE_CUDA_LAUNCH_CHECK("silu_mul_interleaved_kernel");
+}
+
+}  // namespace sluice::cuda
