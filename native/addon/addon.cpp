@@ -6,10 +6,13 @@
 // end the process in std::terminate.
 #include <napi.h>
 
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "promise_worker.h"
@@ -100,6 +103,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     return DefineClass(env, "NativeEngine",
                        {InstanceMethod("info", &EngineWrap::Info), InstanceMethod("step", &EngineWrap::Step),
                         InstanceMethod("injectFault", &EngineWrap::InjectFault),
+                        InstanceMethod("provideMasks", &EngineWrap::ProvideMasks),
                         InstanceMethod("dispose", &EngineWrap::Dispose)});
   }
 
@@ -108,6 +112,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     if (info.Length() != 1 || !info[0].IsExternal())
       throw Napi::TypeError::New(info.Env(), "use load() to create an engine");
     engine_.reset(info[0].As<Napi::External<Engine>>().Data());
+    mask_words_ = size_t(sluice::token_mask_words(engine_->info().config.vocab_size));
   }
 
  private:
@@ -154,7 +159,17 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     Napi::Env env = info.Env();
     Engine& eng = engine(env);
     if (!info[0].IsObject()) throw Napi::TypeError::New(env, "step({seqIds, numTokens, frees?, adds?})");
-    auto plan = std::make_shared<sluice::StepPlan>(parse_plan(env, info[0].As<Napi::Object>()));
+    Napi::Object plan_js = info[0].As<Napi::Object>();
+    auto plan = std::make_shared<sluice::StepPlan>(parse_plan(env, plan_js));
+    if (!plan->constrained.empty()) {
+      // The token masks of the constrained rows come later, through provideMasks(maskSlot, ...).
+      if (!plan_js.Get("maskSlot").IsNumber()) throw Napi::TypeError::New(env, "plan.maskSlot must be a number with plan.constrained");
+      const uint32_t id = plan_js.Get("maskSlot").As<Napi::Number>().Uint32Value();
+      if (mask_slots_.count(id)) throw make_error(env, "INVALID_ARGUMENT", "plan.maskSlot is already waiting for masks");
+      auto slot = std::make_shared<MaskSlot>(plan->constrained.size() * mask_words_);
+      mask_slots_.emplace(id, slot);
+      plan->masks = slot;
+    }
 
     std::shared_ptr<StepQueue> queue = queue_;
     const uint64_t ticket = queue->next_ticket++;
@@ -221,6 +236,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     plan.num_tokens.assign(counts.Data(), counts.Data() + counts.ElementLength());
     Napi::Uint32Array frees = uint32_field(env, o, "frees", true);
     if (!frees.IsEmpty()) plan.frees.assign(frees.Data(), frees.Data() + frees.ElementLength());
+    Napi::Uint32Array constrained = uint32_field(env, o, "constrained", true);
+    if (!constrained.IsEmpty()) plan.constrained.assign(constrained.Data(), constrained.Data() + constrained.ElementLength());
     Napi::Value adds_v = o.Get("adds");
     if (adds_v.IsUndefined()) return plan;
     if (!adds_v.IsArray()) throw Napi::TypeError::New(env, "plan.adds must be an array");
@@ -299,8 +316,39 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     return o;
   }
 
+  // provideMasks(maskSlot, masks: Uint32Array | null): the token masks of a submitted step's
+  // constrained rows (plan.constrained order, ceil(vocab / 32) words each), or null when they
+  // will not come (those rows then fail). Each slot takes one call.
+  Napi::Value ProvideMasks(const Napi::CallbackInfo& info) {
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      Napi::Env env = info.Env();
+      if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "provideMasks(maskSlot, masks | null)");
+      auto it = mask_slots_.find(info[0].As<Napi::Number>().Uint32Value());
+      if (it == mask_slots_.end()) throw make_error(env, "INVALID_ARGUMENT", "no step waits for masks in this slot");
+      std::shared_ptr<MaskSlot> slot = it->second;
+      mask_slots_.erase(it);
+      if (info[1].IsNull() || info[1].IsUndefined()) {
+        slot->settle(nullptr, 0);
+        return env.Undefined();
+      }
+      if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_uint32_array) {
+        slot->settle(nullptr, 0);
+        throw Napi::TypeError::New(env, "masks must be a Uint32Array");
+      }
+      Napi::Uint32Array m = info[1].As<Napi::Uint32Array>();
+      if (m.ElementLength() != slot->words()) {
+        slot->settle(nullptr, 0);
+        throw make_error(env, "INVALID_ARGUMENT", "masks must hold " + std::to_string(slot->words()) + " words (rows x ceil(vocab / 32))");
+      }
+      slot->settle(m.Data(), m.ElementLength());
+      return env.Undefined();
+    });
+  }
+
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
     return guarded(info.Env(), [&]() -> Napi::Value {
+      for (auto& [id, slot] : mask_slots_) slot->settle(nullptr, 0);  // steps waiting on masks finish
+      mask_slots_.clear();
       if (in_flight_ > 0) dispose_pending_ = true;  // freed when the last submitted step settles
       else engine_.reset();
       return info.Env().Undefined();
@@ -316,7 +364,38 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     std::mutex engine_mu;      // held while the engine runs a step or answers a synchronous call
   };
 
+  // Where a step's token masks meet it: provided on the JS thread, awaited by the step (after its
+  // forward pass) on a pool thread. A step never waits forever: past kMaskWait its constrained
+  // rows fail.
+  class MaskSlot final : public sluice::TokenMaskSource {
+   public:
+    explicit MaskSlot(size_t words) : words_(words) {}
+    size_t words() const { return words_; }
+    void settle(const uint32_t* data, size_t n) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (settled_) return;
+      if (data) data_.assign(data, data + n);
+      ok_ = data != nullptr;
+      settled_ = true;
+      cv_.notify_all();
+    }
+    const uint32_t* wait() override {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!cv_.wait_for(l, std::chrono::seconds(60), [&] { return settled_; })) return nullptr;
+      return ok_ ? data_.data() : nullptr;
+    }
+
+   private:
+    const size_t words_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool settled_ = false, ok_ = false;
+    std::vector<uint32_t> data_;
+  };
+
   std::unique_ptr<Engine> engine_;
+  size_t mask_words_ = 0;
+  std::unordered_map<uint32_t, std::shared_ptr<MaskSlot>> mask_slots_;  // JS thread only
   std::shared_ptr<StepQueue> queue_ = std::make_shared<StepQueue>();
   int in_flight_ = 0;  // submitted steps not yet settled (JS thread only)
   bool dispose_pending_ = false;

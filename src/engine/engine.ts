@@ -18,6 +18,7 @@ import {
 } from './request.js';
 import type { FinishReason } from './stops.js';
 import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
+import { StructuredOutputs } from '../structured/structured-outputs.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -336,6 +337,13 @@ export class Engine {
     return { numRunning: this.batcher.numRunning, numWaiting: this.batcher.numWaiting, ...this.batcher.stats };
   }
 
+  private structured: StructuredOutputs | undefined;
+  /** This model's structured-outputs compiler (built on first use: it indexes the vocabulary). */
+  structuredOutputs(): StructuredOutputs {
+    this.structured ??= new StructuredOutputs(this.tokenizer, this.info.vocabSize);
+    return this.structured;
+  }
+
   /** Stops accepting requests, fails pending ones (engine_disposed), frees the model. Safe to call twice. */
   async dispose(): Promise<void> {
     if (this.disposed) return;
@@ -366,6 +374,8 @@ export class Engine {
     if (userSignal?.aborted) forwardAbort();
     else userSignal?.addEventListener('abort', forwardAbort, { once: true });
 
+    // Structured outputs: compiled (or taken from the cache) and checked before anything runs.
+    const constraint = req.responseFormat === undefined ? undefined : await this.structuredOutputs().constraint(req.responseFormat);
     const generation = new Generation({
       tokenizer: this.tokenizer,
       promptTokenIds,
@@ -378,6 +388,7 @@ export class Engine {
       this.batcher.submit({
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
         keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation, tenant,
+        ...(constraint !== undefined && { constraint }),
         // A key groups requests of its own tenant only.
         ...(options.promptCacheKey !== undefined && { promptCacheKey: `${tenant}\u0000${options.promptCacheKey}` }),
       });
@@ -385,6 +396,7 @@ export class Engine {
     } finally {
       userSignal?.removeEventListener('abort', forwardAbort);
       if (!generation.isEnded) controller.abort(new SluiceError('cancelled', 'the consumer stopped reading the stream'));
+      constraint?.dispose();
     }
   }
 }

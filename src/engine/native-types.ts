@@ -93,6 +93,12 @@ export interface NativeStepPlan {
   numTokens: Uint32Array;
   frees?: Uint32Array;
   adds?: NativeSequenceAdd[];
+  /**
+   * Sequences whose next sample is constrained (structured outputs); their token masks come later,
+   * through provideMasks(maskSlot, ...), while the step's forward pass runs.
+   */
+  constrained?: Uint32Array;
+  maskSlot?: number;
 }
 
 /** rowStatus values. */
@@ -147,6 +153,12 @@ export interface NativeEngineHandle {
    * failed for good (the engine is broken: later steps reject with ENGINE_BROKEN).
    */
   step(plan: NativeStepPlan): Promise<NativeStepResult>;
+  /**
+   * The token masks of a submitted step's constrained rows: constrained.length rows of
+   * ceil(vocabSize / 32) words (bit v = token v allowed), or null when they will not come (those
+   * rows fail). The step waits for them before sampling (at most 60 s). One call per slot.
+   */
+  provideMasks(maskSlot: number, masks: Uint32Array | null): void;
   /** Testing hook: the next step holding seqId fails that row at `point` ('device': the next step, whole). */
   injectFault?(seqId: number, point: NativeFaultPoint): void;
   /** Releases weights and the KV pool; safe to call twice. */

@@ -8,6 +8,7 @@ import type { ChatMessage } from './chat-template.js';
 import type { NativeSamplingParams } from './native-types.js';
 import { SCHEDULING_WINDOWS, type SchedulingWindow } from '../scheduler/window-policy.js';
 import type { FinishReason } from './stops.js';
+import type { ResponseFormat } from '../structured/structured-outputs.js';
 
 export interface GenerateRequest {
   /** Exactly one of prompt, messages, promptTokenIds. */
@@ -48,6 +49,13 @@ export interface GenerateRequest {
    * shared fairly between tenants. Default: none (one shared scope, as a single-user library).
    */
   tenant?: string;
+  /**
+   * Structured outputs: every sampled token keeps the output a prefix of a JSON value the schema
+   * accepts ('json_object': any JSON object), and the value's end ends the output (a cut by
+   * maxTokens is finish reason 'length'). A schema the engine cannot enforce is refused
+   * (invalid_request naming the keyword and its JSON pointer) before anything is generated.
+   */
+  responseFormat?: ResponseFormat;
   signal?: AbortSignal;
 }
 

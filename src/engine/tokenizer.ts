@@ -156,6 +156,11 @@ export class SluiceTokenizer implements TokenDecoder {
   }
   private maxTokenBytesCache: number | undefined;
 
+  /** Every token string and its id, added tokens included (as tokenizer.json stores them). */
+  vocab(): Map<string, number> {
+    return this.inner.get_vocab(true);
+  }
+
   /** Id of a token string, or undefined when it is not in the vocabulary. */
   tokenId(token: string): number | undefined {
     return this.inner.token_to_id(token);

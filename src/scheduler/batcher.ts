@@ -71,6 +71,8 @@ interface Submitted {
   submittedAtMs: number;
   planned: PlannedStep;
   settled: Promise<{ result: NativeStepResult } | { error: unknown }>;
+  /** Its constrained rows, whose token masks it waits for (provideMasks). */
+  constrained?: { seq: Sequence; seqId: number }[];
 }
 
 const NO_IDS = new Int32Array(0);
@@ -98,6 +100,10 @@ export class Batcher {
   private loopMs = 0;
   /** Estimated blocks taken by submitted steps that have not reported yet. */
   private inFlightNetBlocks = 0;
+  /** Mask slots (step serials) of submitted steps still waiting for their token masks. */
+  private readonly masksOwed = new Set<number>();
+  /** Words of one token-mask row: ceil(vocab / 32). */
+  private readonly maskWords: number;
 
   constructor(private readonly handle: NativeEngineHandle, options: BatcherOptions = {}) {
     this.maxBatchedTokens = options.maxBatchedTokens ?? 512;
@@ -113,6 +119,7 @@ export class Batcher {
         `maxNumSeqs (${this.maxNumSeqs}) must not exceed maxBatchedTokens (${this.maxBatchedTokens})`, { param: 'maxNumSeqs' });
     }
     const info = handle.info();
+    this.maskWords = Math.ceil(info.vocabSize / 32);
     this.blockSize = info.blockSize;
     this.numTotalBlocks = info.numBlocks;
     this.now = options.now ?? (() => performance.now());
@@ -238,12 +245,16 @@ export class Batcher {
           this.reapCancelled();
           const planned = this.planner.plan();
           if (planned !== undefined) next = this.submitStep(planned);
+          // With nothing before it, the step's constrained rows already know their last token.
+          if (next !== undefined && inFlight === undefined) this.provideMasks(next);
           this.loopMs += this.now() - t0;
         }
         if (inFlight !== undefined) {
           const outcome = await inFlight.settled;
           const t0 = this.now();
           this.finishStep(inFlight, outcome);
+          // The step after it waits for masks that depend on the tokens just applied.
+          if (next !== undefined) this.provideMasks(next);
           this.loopMs += this.now() - t0;
           inFlight = next;
           continue;
@@ -258,6 +269,8 @@ export class Batcher {
       }
     } catch (err) {
       // A bug in the mechanism: fail everything rather than spin or crash the process.
+      for (const slot of this.masksOwed) this.handle.provideMasks(slot, null);
+      this.masksOwed.clear();
       if (inFlight !== undefined) await inFlight.settled;
       const error = err instanceof Error ? err : new Error(String(err));
       for (const seq of this.roster.all()) this.roster.end(seq, { kind: 'failed', error });
@@ -269,13 +282,53 @@ export class Batcher {
     for (const row of planned.rows) row.seq.inFlight.push({ step: serial, numTokens: row.numTokens });
     this.planner.freeBlocks -= planned.netBlocks;
     this.inFlightNetBlocks += planned.netBlocks;
+    const constrained: { seq: Sequence; seqId: number }[] = [];
+    planned.rows.forEach((row, i) => {
+      if (row.seq.request.constraint !== undefined) constrained.push({ seq: row.seq, seqId: planned.plan.seqIds[i]! });
+    });
+    if (constrained.length > 0) {
+      planned.plan.constrained = Uint32Array.from(constrained, (c) => c.seqId);
+      planned.plan.maskSlot = serial;
+    }
     let settled: Submitted['settled'];
     try {
       settled = this.handle.step(planned.plan).then((result) => ({ result }), (error: unknown) => ({ error }));
+      if (constrained.length > 0) this.masksOwed.add(serial);
     } catch (error) {
       settled = Promise.resolve({ error });
     }
-    return { serial, submittedAtMs: this.now(), planned, settled };
+    return { serial, submittedAtMs: this.now(), planned, settled, ...(constrained.length > 0 && { constrained }) };
+  }
+
+  /**
+   * Computes the token masks of a submitted step's constrained rows (each sequence's grammar
+   * after every token applied so far) and hands them to the engine, which waits for them after
+   * its forward pass. Rows of sequences that ended meanwhile get an all-allowing mask (their
+   * token is dropped). On any failure the engine is told that no masks come (those rows fail).
+   */
+  private provideMasks(step: Submitted): void {
+    const rows = step.constrained;
+    if (rows === undefined || !this.masksOwed.has(step.serial)) return;
+    const words = this.maskWords;
+    const masks = new Uint32Array(rows.length * words);
+    const fill = async () => {
+      for (let i = 0; i < rows.length; i++) {
+        const { seq, seqId } = rows[i]!;
+        if (this.owns(seq, seqId) && !seq.cancelRequested) await seq.request.constraint!.fillMask(masks, i * words);
+        else masks.fill(0xffffffff, i * words, (i + 1) * words);
+      }
+    };
+    fill().then(() => this.settleMasks(step.serial, masks), () => this.settleMasks(step.serial, null));
+  }
+
+  private settleMasks(slot: number, masks: Uint32Array | null): void {
+    if (!this.masksOwed.delete(slot)) return;
+    try {
+      this.handle.provideMasks(slot, masks);
+    } catch {
+      // The handle was disposed (its waiting steps were released) or refused the size: the step's
+      // constrained rows fail on their own.
+    }
   }
 
   private finishStep(step: Submitted, outcome: Awaited<Submitted['settled']>): void {
@@ -351,6 +404,11 @@ export class Batcher {
       const tokenId = result.tokens[i]!;
       seq.generatedTokenIds.push(tokenId);
       if (seq.cancelRequested) continue;  // reaped before the next step
+      if (seq.request.constraint !== undefined && !seq.request.constraint.accept(tokenId)) {
+        this.roster.end(seq, { kind: 'failed', error: new SluiceError('engine_error',
+          `the engine sampled token ${tokenId}, which the output grammar does not allow`) });
+        continue;
+      }
       const token: SampledToken = {
         tokenId,
         logprob: result.logprobs[i]!,

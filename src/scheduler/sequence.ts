@@ -8,6 +8,7 @@
 // (predicted*) and the engine clamps whatever the prediction got wrong.
 
 import type { NativeSamplingParams } from '../engine/native-types.js';
+import type { TokenConstraint } from '../structured/structured-outputs.js';
 import type { SequenceView } from './policy.js';
 
 /** One sampled token as routed to its sequence. */
@@ -61,6 +62,8 @@ export interface SequenceRequest {
   tenant?: string;
   signal?: AbortSignal | undefined;
   sink: SequenceSink;
+  /** Structured outputs: each sample is restricted to the tokens this allows (the submitter disposes it). */
+  constraint?: TokenConstraint;
 }
 
 export type SequenceState = 'waiting' | 'running' | 'done';

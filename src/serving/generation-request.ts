@@ -5,8 +5,10 @@ import type { ChatMessage } from '../engine/chat-template.js';
 import type { CompletionWindow } from '../config/catalog.js';
 
 export interface OutputFormat {
-  type: 'text' | 'json_schema';
-  /** json_schema only. Carried for the constrained decoder of a later issue; not yet enforced. */
+  /** json_schema and json_object are enforced by constrained decoding (src/structured). */
+  type: 'text' | 'json_schema' | 'json_object';
+  /** The request field holding the schema, for errors (text.format.schema, response_format.json_schema.schema). */
+  schemaParam?: string;
   name?: string;
   description?: string;
   schema?: Record<string, unknown>;

@@ -5,7 +5,8 @@
 import { SluiceError } from '../errors.js';
 import { MAX_PROMPT_CACHE_KEY_LENGTH, type GenerateResult } from '../engine/request.js';
 import type { CompletionWindow } from '../config/catalog.js';
-import type { GenerationRequest, PreparedGeneration } from './generation-request.js';
+import type { GenerationRequest, OutputFormat, PreparedGeneration } from './generation-request.js';
+import type { ResponseFormat } from '../structured/structured-outputs.js';
 import type { ModelRegistry, ServedModel } from './model-registry.js';
 import { TenantLimiter, type Release } from './tenant-limits.js';
 
@@ -95,6 +96,7 @@ export class GenerationService {
       ...(s.seed !== undefined && { seed: s.seed }),
       ...(s.stop !== undefined && { stop: s.stop }),
       ...(s.logprobs !== undefined && { logprobs: s.logprobs }),
+      ...(responseFormatOf(request.outputFormat) ?? {}),
       ...(signal && { signal }),
     });
   }
@@ -189,4 +191,14 @@ function resolveMaxTokens(model: ServedModel, numPromptTokens: number, request: 
       `more than the model's context length of ${contextLength} tokens`, { param });
   }
   return asked;
+}
+
+/** The engine's response format for a request's output format (text: none). */
+function responseFormatOf(format: OutputFormat | undefined): { responseFormat: ResponseFormat } | undefined {
+  if (format?.type === 'json_schema') {
+    return { responseFormat: { type: 'json_schema', schema: format.schema ?? {}, strict: format.strict === true,
+      param: format.schemaParam ?? 'response_format' } };
+  }
+  if (format?.type === 'json_object') return { responseFormat: { type: 'json_object', param: format.schemaParam ?? 'response_format' } };
+  return undefined;
 }

@@ -189,5 +189,8 @@ export class FakeHandle implements NativeEngineHandle {
     this.freedSeqIds.push(seqId);
   }
 
+  /** Token masks handed in (the fake samples unconstrained; structured outputs are tested on the real engine). */
+  provideMasks(): void {}
+
   dispose(): void {}
 }

@@ -86,11 +86,31 @@ struct SequenceAdd {
 // a scheduler planning ahead of the last result (a prefix hit, a sample it has not seen) stays
 // valid. A row naming the same sequence twice, a bound of 0 or a sequence with nothing left to
 // compute fails alone.
+// The allowed next tokens of grammar-constrained sequences (structured outputs). The scheduler
+// computes them while the step's forward pass runs (they depend on the token the previous step
+// sampled), so the engine asks for them only when it is about to sample.
+class TokenMaskSource {
+ public:
+  virtual ~TokenMaskSource() = default;
+  // Blocks until the masks are ready: StepPlan::constrained.size() rows of token_mask_words()
+  // words, in that order; bit v % 32 of word v / 32 set = token v may be sampled. nullptr when
+  // they will not come: the constrained rows that would sample fail instead.
+  virtual const uint32_t* wait() = 0;
+};
+
+// Words of one token mask row: ceil(vocab_size / 32), vocab_size being the logits' width.
+inline int64_t token_mask_words(int64_t vocab_size) { return (vocab_size + 31) / 32; }
+
 struct StepPlan {
   std::vector<uint32_t> seq_ids;     // [n]
   std::vector<uint32_t> num_tokens;  // [n] at most this many tokens computed for seq_ids[i]
   std::vector<uint32_t> frees;
   std::vector<SequenceAdd> adds;
+  // Sequences whose next sample is constrained to a token mask (from `masks`); a row of one that
+  // does not sample in this step (a prefill chunk) ignores its mask. A mask allowing no token
+  // fails its row.
+  std::vector<uint32_t> constrained;
+  std::shared_ptr<TokenMaskSource> masks;
 };
 
 enum class RowStatus : uint8_t {

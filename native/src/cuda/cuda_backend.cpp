@@ -168,6 +168,8 @@ class CudaBackend final : public Backend {
 
   DeviceBuffer sample_params_, sample_out_, sample_stats_;
   PinnedBuffer sample_host_;
+  DeviceBuffer token_masks_;  // [rows, mask words] of a step with grammar-constrained rows
+  PinnedBuffer token_masks_host_;
 
   std::map<int, cudaGraphExec_t> graphs_;  // decode batch bucket -> graph
   void drop_graphs();
@@ -210,6 +212,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   const int64_t max_rows = std::max<int64_t>(kMaxGraphBatch, opts.max_num_seqs);
   const int64_t max_tokens = std::max<int64_t>({512, opts.max_batched_tokens, max_rows});
   ensure_capacity(max_tokens, max_rows, max_rows + 1, 1);
+  token_masks_.allocate(size_t(max_rows) * size_t(token_mask_words(c_.vocab_size)) * 4);
 }
 
 CudaBackend::~CudaBackend() {
@@ -246,7 +249,7 @@ size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
              lt_workspace_.bytes() + lt_scratch_.bytes();
   for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_,
-                                &attn_part_ml_, &sample_params_, &sample_out_, &sample_stats_})
+                                &attn_part_ml_, &sample_params_, &sample_out_, &sample_stats_, &token_masks_})
     n += b->bytes();
   return n;
 }
@@ -587,6 +590,29 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   a.top_ids = d_top_ids;
   a.top_logprobs = d_top_lps;
   a.row_stats = sample_stats_.get<float>();
+  // Grammar-constrained rows: their masks go up as one [R, words] array (all ones for the
+  // others) and disallowed logits become -inf on the device; a row allowing nothing fails.
+  std::vector<uint8_t> allows_nothing(size_t(R), 0);
+  bool any_mask = false;
+  for (int64_t r = 0; r < R; r++) any_mask = any_mask || rows[r].allow;
+  if (any_mask) {
+    const int64_t words = token_mask_words(c_.vocab_size);
+    const size_t bytes = size_t(R) * size_t(words) * 4;
+    if (token_masks_.bytes() < bytes) token_masks_.allocate(bytes);
+    token_masks_host_.reserve(bytes);
+    auto* hm = token_masks_host_.get<uint32_t>();
+    for (int64_t r = 0; r < R; r++) {
+      uint32_t* dst = hm + r * words;
+      if (!rows[r].allow) {
+        std::fill(dst, dst + words, 0xffffffffu);
+        continue;
+      }
+      std::memcpy(dst, rows[r].allow, size_t(words) * 4);
+      allows_nothing[size_t(r)] = std::all_of(dst, dst + words, [](uint32_t w) { return w == 0; });
+    }
+    SLUICE_CUDA_CHECK(cudaMemcpyAsync(token_masks_.get(), hm, bytes, cudaMemcpyHostToDevice, stream_));
+    cuda::apply_token_masks(logits_.get<float>(), int(R), int(c_.vocab_size), token_masks_.get<uint32_t>(), stream_);
+  }
   cuda::sample(a, stream_);
   uint8_t* h = sample_host_.get<uint8_t>();
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(h, d_tokens, out_bytes, cudaMemcpyDeviceToHost, stream_));
@@ -600,6 +626,12 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   // All rows are sampled by one kernel, so nothing fails per row on the device; an injected
   // fault (testing hook) is reported for its row as the CPU backend does.
   for (int64_t r = 0; r < R; r++) {
+    if (allows_nothing[size_t(r)]) {
+      out.tokens[r] = -1;
+      if (out.row_errors)
+        out.row_errors->push_back({r, ErrorCode::kInvalidArgument, "the output grammar allows no token at this point"});
+      continue;
+    }
     if (!rows[r].inject_fault) continue;
     out.tokens[r] = -1;
     if (out.row_errors) out.row_errors->push_back({r, ErrorCode::kInternal, "injected sampler fault"});

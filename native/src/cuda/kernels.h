@@ -135,6 +135,8 @@ struct SampleArgs {
   float* row_stats = nullptr;       // scratch: [R, kSampleStatsFloatsPerRow]
 };
 constexpr int kSampleStatsFloatsPerRow = 32 * 3;
+// Structured outputs: logits[r, v] = -inf where bit v of masks[r] (ceil(V / 32) words) is clear.
+void apply_token_masks(float* logits, int R, int V, const uint32_t* masks, cudaStream_t stream);
 void sample(const SampleArgs& a, cudaStream_t stream);
 
 }  // namespace sluice::cuda

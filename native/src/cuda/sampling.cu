@@ -338,7 +338,27 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
 }
 
+// One thread per mask word: the logits of disallowed tokens become -inf.
+__global__ void apply_token_masks_kernel(float* logits, int V, int words, const uint32_t* masks) {
+  const int w = blockIdx.y * blockDim.x + threadIdx.x;
+  if (w >= words) return;
+  const uint32_t bits = masks[size_t(blockIdx.x) * words + w];
+  if (bits == 0xffffffffu) return;
+  float* row = logits + size_t(blockIdx.x) * V;
+  for (int b = 0; b < 32; b++) {
+    const int v = w * 32 + b;
+    if (v < V && !(bits >> b & 1u)) row[v] = -INFINITY;
+  }
+}
+
 }  // namespace
+
+void apply_token_masks(float* logits, int R, int V, const uint32_t* masks, cudaStream_t stream) {
+  if (R <= 0) return;
+  const int words = (V + 31) / 32;
+  apply_token_masks_kernel<<<dim3(R, (words + 255) / 256), 256, 0, stream>>>(logits, V, words, masks);
+  SLUICE_CUDA_LAUNCH_CHECK("apply_token_masks_kernel");
+}
 
 void sample(const SampleArgs& a, cudaStream_t stream) {
   if (a.R <= 0) return;

@@ -35,6 +35,10 @@ struct SampleRow {
   SamplingParams params;     // temperature, top_p, top_k; params.logprobs = top-N wanted
   uint64_t stream_seed = 0;  // seeds this row's draw (Rng): same sequence seed and position, same draw
   bool inject_fault = false; // testing hook (FaultPoint::kSampleRow): this row's sampling fails
+  // Structured outputs: [token_mask_words(V)] bits, token v allowed when bit v is set; logits of
+  // the other tokens become -inf before sampling (so logprobs are those of the constrained
+  // distribution). nullptr: unconstrained.
+  const uint32_t* allow = nullptr;
 };
 
 // A row whose sampling failed on its own; its token is -1 and the other rows are unaffected.

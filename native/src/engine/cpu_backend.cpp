@@ -95,6 +95,7 @@ class CpuBackend final : public Backend {
   std::vector<float> logits_;        // [R, vocab]
   std::vector<int32_t> row_argmax_;  // [R]
   std::vector<float> row_lse_;       // [R]
+  std::vector<uint8_t> row_allows_any_;  // [R] a token mask left some token allowed
   std::vector<float> sample_probs_;
   std::vector<int32_t> sample_order_;
 };
@@ -180,16 +181,35 @@ void fail_row(const SampleOutput& out, int64_t r, ErrorCode code, const std::str
   if (out.row_errors) out.row_errors->push_back({r, code, message});
 }
 
+// Logits of the tokens the mask does not allow become -inf; returns whether any token is allowed.
+bool apply_token_mask(float* logits, int64_t V, const uint32_t* allow) {
+  bool any = false;
+  for (int64_t w = 0; w * 32 < V; w++) {
+    const uint32_t bits = allow[w];
+    any = any || bits != 0;
+    if (bits == 0xffffffffu) continue;
+    const int64_t end = std::min<int64_t>(32, V - w * 32);
+    for (int64_t b = 0; b < end; b++)
+      if (!(bits >> b & 1u)) logits[w * 32 + b] = -INFINITY;
+  }
+  return any;
+}
+
 void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {
   const int64_t V = c_.vocab_size;
   if (int64_t(logits_.size()) != R * V) throw Error(ErrorCode::kInternal, "sample() rows differ from the last forward()");
   row_argmax_.resize(size_t(R));
   row_lse_.resize(size_t(R));
+  row_allows_any_.assign(size_t(R), 1);
+  for (int64_t r = 0; r < R; r++)
+    if (rows[r].allow) row_allows_any_[size_t(r)] = apply_token_mask(logits_.data() + r * V, V, rows[r].allow);
   cpu::logits_stats(pool_, logits_.data(), R, V, row_argmax_.data(), row_lse_.data());
   for (int64_t r = 0; r < R; r++) {
     // One row's failure is that row's alone: it is reported and the next row is sampled.
     try {
       if (rows[r].inject_fault) throw Error(ErrorCode::kInternal, "injected sampler fault");
+      if (!row_allows_any_[size_t(r)])
+        throw Error(ErrorCode::kInvalidArgument, "the output grammar allows no token at this point");
       Rng rng(rows[r].stream_seed);
       const SampledToken tok =
           sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,

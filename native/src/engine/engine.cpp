@@ -161,10 +161,12 @@ class EngineImpl final : public Engine {
   int64_t check_row(uint32_t seq_id, int64_t bound);
   // Validates plan row i and claims its blocks (status kNoKvBlocks when they are not there).
   void claim_row(const StepPlan& plan, size_t i, StepResult& result);
+  void attach_token_masks(const StepPlan& plan, StepResult& result);
+  std::vector<uint8_t> mask_missing_;  // per sampling row: constrained, and its mask never came
   // Adds one sequence when its prompt fits beside the blocks claimed so far.
   AddStatus admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached);
   // forward() + sample() of the rows in plan_rows_; a device fault breaks the engine.
-  void run_backend(StepResult& result);
+  void run_backend(const StepPlan& plan, StepResult& result);
 
   BlockHash block_hash(const Sequence& s, size_t block) const {
     const int64_t bs = opts_.block_size;
@@ -362,7 +364,7 @@ StepResult EngineImpl::step(const StepPlan& plan) {
       if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
     }
     for (const PlanRow& row : plan_rows_) result.row_status[row.index] = uint8_t(RowStatus::kRan);
-    run_backend(result);  // marks rows whose sampling failed
+    run_backend(plan, result);  // marks rows whose sampling failed
   }
   for (const PlanRow& row : plan_rows_) {
     const Sequence& s = *row.seq;
@@ -376,7 +378,28 @@ StepResult EngineImpl::step(const StepPlan& plan) {
   return result;
 }
 
-void EngineImpl::run_backend(StepResult& result) {
+// Points each constrained sampling row at its mask, waiting (after the forward pass) for the
+// scheduler to provide them.
+void EngineImpl::attach_token_masks(const StepPlan& plan, StepResult& result) {
+  (void)result;
+  mask_missing_.assign(sample_rows_.size(), 0);
+  if (plan.constrained.empty()) return;
+  std::unordered_map<uint32_t, size_t> slot;
+  for (size_t k = 0; k < plan.constrained.size(); k++) slot.emplace(plan.constrained[k], k);
+  bool any = false;
+  for (const PlanRow* row : sampling_rows_) any = any || slot.count(row->seq_id);
+  if (!any) return;
+  const uint32_t* masks = plan.masks ? plan.masks->wait() : nullptr;
+  const int64_t words = token_mask_words(config_.vocab_size);
+  for (size_t r = 0; r < sampling_rows_.size(); r++) {
+    auto it = slot.find(sampling_rows_[r]->seq_id);
+    if (it == slot.end()) continue;
+    if (masks) sample_rows_[r].allow = masks + int64_t(it->second) * words;
+    else mask_missing_[r] = 1;
+  }
+}
+
+void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
   ForwardBatch fb;
   fb.num_tokens = int64_t(token_ids_.size());
   fb.token_ids = token_ids_.data();
@@ -419,6 +442,7 @@ void EngineImpl::run_backend(StepResult& result) {
       throw Error(ErrorCode::kDeviceFault, "injected device fault");
     }
     backend_->forward(fb);
+    attach_token_masks(plan, result);
     SampleOutput out{tokens.data(), logprobs.data(), top_n, top_ids.data(), top_lps.data(), &sample_errors_};
     backend_->sample(sample_rows_.data(), int64_t(m), out);
   } catch (const Error& e) {
@@ -435,6 +459,13 @@ void EngineImpl::run_backend(StepResult& result) {
   }
   std::vector<uint8_t>& failed = sample_failed_;
   failed.assign(m, 0);
+  for (size_t r = 0; r < m; r++) {
+    if (!mask_missing_[r]) continue;
+    failed[r] = 1;
+    result.errors.push_back({sampling_rows_[r]->seq_id, ErrorCode::kInvalidArgument,
+                             "the token mask of this constrained row was not provided"});
+    result.row_status[sampling_rows_[r]->index] = uint8_t(RowStatus::kFailed);
+  }
   for (const SampleRowError& e : sample_errors_) {
     if (e.row < 0 || size_t(e.row) >= m || failed[size_t(e.row)]) continue;
     failed[size_t(e.row)] = 1;

@@ -9,6 +9,7 @@ import type { GenerateResult, TokenLogprob } from '../../engine/request.js';
 import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
 import type { ServedModel } from '../../serving/model-registry.js';
 import { invalidRequest } from '../errors.js';
+import { checkResponseSchema } from '../../structured/schema-check.js';
 import {
   MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
@@ -96,11 +97,14 @@ function outputFormatOf(body: CreateChatCompletionBody): OutputFormat | undefine
   const format = body.response_format;
   if (format == null) return undefined;
   if (format.type === 'text') return { type: 'text' };
+  if (format.type === 'json_object') return { type: 'json_object', schemaParam: 'response_format' };
   const js = format.json_schema;
-  const out: OutputFormat = { type: 'json_schema', name: js.name };
+  const out: OutputFormat = { type: 'json_schema', name: js.name, schemaParam: 'response_format.json_schema.schema' };
   if (js.description !== undefined) out.description = js.description;
-  if (js.schema !== undefined) out.schema = js.schema;
+  out.schema = js.schema ?? {};
   if (js.strict != null) out.strict = js.strict;
+  // Refused now (400 naming the keyword), before the request is queued or anything billed.
+  checkResponseSchema(out.schema, { strict: out.strict === true, param: out.schemaParam! });
   return out;
 }
 

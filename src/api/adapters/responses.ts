@@ -6,6 +6,7 @@
 import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
+import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { ResponseBody } from '../../store/store.js';
 import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
@@ -93,7 +94,14 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
   const window = completionWindowOf(metadata);
   if (window !== undefined) request.completionWindow = window;
   if (imageParam !== undefined) request.imageParam = imageParam;
-  if (format) request.outputFormat = format as OutputFormat;
+  if (format?.type === 'json_schema') {
+    const schemaParam = 'text.format.schema';
+    // Refused now (400 naming the keyword), before the request is stored, queued or billed.
+    checkResponseSchema(format.schema ?? {}, { strict: format.strict === true, param: schemaParam });
+    request.outputFormat = { ...(format as OutputFormat), schema: format.schema ?? {}, schemaParam };
+  } else if (format) {
+    request.outputFormat = format as OutputFormat;
+  }
   if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;
   if (body.user !== undefined) request.user = body.user;
   return request;

@@ -48,6 +48,7 @@ export type ChatMessageParam = Static<typeof ChatMessageSchema>;
 
 export const ResponseFormatSchema = discriminatedUnion([
   Type.Object({ type: Type.Literal('text') }, { additionalProperties: false }),
+  Type.Object({ type: Type.Literal('json_object') }, { additionalProperties: false }),
   Type.Object({
     type: Type.Literal('json_schema'),
     json_schema: Type.Object({

@@ -1,0 +1,289 @@
+// What a response-format JSON schema may contain before it reaches the grammar compiler. A keyword
+// the engine cannot enforce is a 400 naming it and its JSON pointer, before anything is generated
+// (never silently ignored: `strict` promises the output validates). Also the size limits, and
+// OpenAI's strict-mode rules (every object closed with additionalProperties: false and every
+// property required). allOf of objects is merged here (the compiler takes one object).
+
+import { SluiceError } from '../errors.js';
+
+type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+type Schema = { [key: string]: Json };
+
+const ANNOTATIONS = new Set(['title', 'description', 'default', 'examples', '$schema', '$id', '$comment', 'deprecated',
+  'readOnly', 'writeOnly']);
+const KEYWORDS = new Set(['type', 'properties', 'required', 'additionalProperties', 'enum', 'const', 'anyOf', 'oneOf',
+  'allOf', 'items', 'prefixItems', 'minItems', 'maxItems', 'minLength', 'maxLength', 'pattern', 'format', 'minimum',
+  'maximum', 'exclusiveMinimum', 'exclusiveMaximum', '$ref', '$defs', 'definitions']);
+const TYPES = new Set(['object', 'array', 'string', 'number', 'integer', 'boolean', 'null']);
+/** Formats the grammar enforces (others would be a promise it cannot keep). */
+export const SUPPORTED_FORMATS = ['date', 'time', 'date-time', 'uuid', 'email'] as const;
+
+const DATE = '[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))';
+const TIME = '([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])';
+/** Exact patterns for the date formats (February 29 is never generated: a pattern cannot tell leap years). */
+const FORMAT_PATTERNS: Record<string, string> = { date: `^${DATE}$`, time: `^${TIME}$`, 'date-time': `^${DATE}T${TIME}$` };
+
+export const SCHEMA_LIMITS = { maxDepth: 32, maxNodes: 5000, maxEnum: 1000, maxPatternLength: 1000, maxCount: 100_000 };
+
+export interface CheckedSchema {
+  /** The schema to compile (allOf merged, annotations kept). */
+  schema: Schema;
+}
+
+function fail(param: string, pointer: string, message: string): never {
+  throw new SluiceError('invalid_request', `${message} (at ${pointer === '' ? '/' : pointer})`, { param });
+}
+
+const isSchema = (v: Json | undefined): v is Schema => typeof v === 'object' && v !== null && !Array.isArray(v);
+const escapePointer = (key: string) => key.replace(/~/g, '~0').replace(/\//g, '~1');
+
+/**
+ * Checks `schema` (param: the request field naming it, for the error) and returns what the
+ * grammar compiler gets. Throws SluiceError invalid_request naming the keyword and its pointer.
+ */
+export function checkResponseSchema(schema: unknown, opts: { strict: boolean; param: string }): CheckedSchema {
+  const { strict, param } = opts;
+  if (!isSchema(schema as Json)) fail(param, '', 'the schema must be a JSON object');
+  let nodes = 0;
+  const defs = new Set<string>();
+  for (const key of ['$defs', 'definitions'] as const) {
+    const d = (schema as Schema)[key];
+    if (d === undefined) continue;
+    if (!isSchema(d)) fail(param, `/${key}`, `'${key}' must be an object of schemas`);
+    for (const name of Object.keys(d)) defs.add(`#/${key}/${escapePointer(name)}`);
+  }
+
+  const visit = (node: Json, pointer: string, depth: number, isRoot = false): Json => {
+    if (++nodes > SCHEMA_LIMITS.maxNodes) fail(param, pointer, `the schema has more than ${SCHEMA_LIMITS.maxNodes} subschemas`);
+    if (depth > SCHEMA_LIMITS.maxDepth) fail(param, pointer, `the schema nests deeper than ${SCHEMA_LIMITS.maxDepth} levels`);
+    if (typeof node === 'boolean') {
+      if (!node) fail(param, pointer, 'the schema false allows nothing');
+      return node;
+    }
+    if (!isSchema(node)) fail(param, pointer, 'a subschema must be an object');
+    let s: Schema = node;
+    if (s['allOf'] !== undefined) s = mergeAllOf(s, pointer, param);
+    for (const key of Object.keys(s)) {
+      if (ANNOTATIONS.has(key)) continue;
+      if (!KEYWORDS.has(key)) fail(param, `${pointer}/${escapePointer(key)}`, `the keyword '${key}' is not supported by structured outputs`);
+      if ((key === '$defs' || key === 'definitions') && !isRoot) fail(param, `${pointer}/${key}`, `'${key}' is supported at the root only`);
+    }
+    const out: Schema = { ...s };
+    const type = s['type'];
+    if (type !== undefined) {
+      const types = Array.isArray(type) ? type : [type];
+      if (types.length === 0 || !types.every((t) => typeof t === 'string' && TYPES.has(t))) {
+        fail(param, `${pointer}/type`, `'type' must be one of ${[...TYPES].join(', ')} or an array of them`);
+      }
+    }
+    const count = (key: string) => {
+      const v = s[key];
+      if (v === undefined) return undefined;
+      if (typeof v !== 'number' || !Number.isInteger(v) || v < 0 || v > SCHEMA_LIMITS.maxCount) {
+        fail(param, `${pointer}/${key}`, `'${key}' must be an integer in [0, ${SCHEMA_LIMITS.maxCount}]`);
+      }
+      return v;
+    };
+    for (const [lo, hi] of [['minItems', 'maxItems']] as const) {
+      const a = count(lo), b = count(hi);
+      if (a !== undefined && b !== undefined && a > b) fail(param, `${pointer}/${lo}`, `'${lo}' exceeds '${hi}'`);
+    }
+    for (const key of ['minimum', 'maximum', 'exclusiveMinimum', 'exclusiveMaximum']) {
+      const v = s[key];
+      if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v))) fail(param, `${pointer}/${key}`, `'${key}' must be a finite number`);
+    }
+    const lower = Math.max(numberOr(s['minimum'], -Infinity), numberOr(s['exclusiveMinimum'], -Infinity));
+    const upper = Math.min(numberOr(s['maximum'], Infinity), numberOr(s['exclusiveMaximum'], Infinity));
+    if (lower > upper) fail(param, pointer, 'the minimum exceeds the maximum');
+    if (s['pattern'] !== undefined) {
+      checkPattern(s['pattern'], `${pointer}/pattern`, param);
+      out['pattern'] = jsonSafePattern(s['pattern'] as string);
+    }
+    if (s['format'] !== undefined && !(SUPPORTED_FORMATS as readonly Json[]).includes(s['format'])) {
+      fail(param, `${pointer}/format`, `the format '${String(s['format'])}' is not supported (supported: ${SUPPORTED_FORMATS.join(', ')})`);
+    }
+    // Dates and times as exact patterns (the compiler's own accept minute 60 and September 31).
+    const exact = typeof s['format'] === 'string' ? FORMAT_PATTERNS[s['format']] : undefined;
+    if (exact !== undefined && s['pattern'] === undefined) {
+      delete out['format'];
+      out['pattern'] = exact;
+    }
+    // NOTE: string length limits are refused until they are enforced per character: the
+    // compiler's length rule (and its negated character classes) count bytes and can split a
+    // multi-byte character, so the output could be invalid UTF-8 or too long.
+    for (const key of ['minLength', 'maxLength']) {
+      if (s[key] !== undefined) fail(param, `${pointer}/${key}`, `the keyword '${key}' is not supported by structured outputs yet`);
+    }
+    for (const key of ['enum'] as const) {
+      const v = s[key];
+      if (v === undefined) continue;
+      if (!Array.isArray(v) || v.length === 0 || v.length > SCHEMA_LIMITS.maxEnum) {
+        fail(param, `${pointer}/enum`, `'enum' must be a non-empty array of at most ${SCHEMA_LIMITS.maxEnum} values`);
+      }
+    }
+    if (s['$ref'] !== undefined) {
+      const ref = s['$ref'];
+      if (typeof ref !== 'string' || (ref !== '#' && !defs.has(ref))) {
+        fail(param, `${pointer}/$ref`, `'$ref' must name '#' or a schema under the root's $defs (got ${JSON.stringify(ref)})`);
+      }
+    }
+    const props = s['properties'];
+    if (props !== undefined) {
+      if (!isSchema(props)) fail(param, `${pointer}/properties`, "'properties' must be an object of schemas");
+      const p: Schema = {};
+      for (const [k, v] of Object.entries(props)) p[k] = visit(v, `${pointer}/properties/${escapePointer(k)}`, depth + 1);
+      out['properties'] = p;
+    }
+    const required = s['required'];
+    if (required !== undefined && (!Array.isArray(required) || !required.every((r) => typeof r === 'string'))) {
+      fail(param, `${pointer}/required`, "'required' must be an array of property names");
+    }
+    const additional = s['additionalProperties'];
+    if (additional !== undefined && typeof additional !== 'boolean') {
+      out['additionalProperties'] = visit(additional, `${pointer}/additionalProperties`, depth + 1);
+    }
+    if (additional === false && Array.isArray(required)) {
+      for (const r of required as string[]) {
+        if (!isSchema(props) || !(r in props)) fail(param, `${pointer}/required`, `the required property '${r}' is not allowed by additionalProperties: false`);
+      }
+    }
+    const isObject = type === 'object' || (Array.isArray(type) && type.includes('object')) || props !== undefined;
+    if (strict && isObject) {
+      if (additional !== false) fail(param, `${pointer}/additionalProperties`, "strict mode needs 'additionalProperties': false on every object");
+      const keys = isSchema(props) ? Object.keys(props) : [];
+      const req = new Set(Array.isArray(required) ? required as string[] : []);
+      const missing = keys.find((k) => !req.has(k));
+      if (missing !== undefined) fail(param, `${pointer}/required`, `strict mode needs every property required; '${missing}' is not`);
+    }
+    for (const key of ['anyOf', 'oneOf'] as const) {
+      const v = s[key];
+      if (v === undefined) continue;
+      if (!Array.isArray(v) || v.length === 0) fail(param, `${pointer}/${key}`, `'${key}' must be a non-empty array of schemas`);
+      if (strict && isRoot && key === 'anyOf') fail(param, `${pointer}/anyOf`, 'strict mode needs the root to be an object, not anyOf');
+      // oneOf is enforced as anyOf: the grammar cannot exclude values matching two branches.
+      out['anyOf'] = v.map((b, i) => visit(b, `${pointer}/${key}/${i}`, depth + 1));
+      if (key === 'oneOf') delete out['oneOf'];
+    }
+    const items = s['items'];
+    if (items !== undefined && items !== false) out['items'] = visit(items, `${pointer}/items`, depth + 1);
+    const prefix = s['prefixItems'];
+    if (prefix !== undefined) {
+      if (!Array.isArray(prefix)) fail(param, `${pointer}/prefixItems`, "'prefixItems' must be an array of schemas");
+      out['prefixItems'] = prefix.map((b, i) => visit(b, `${pointer}/prefixItems/${i}`, depth + 1));
+    }
+    for (const key of ['$defs', 'definitions'] as const) {
+      const d = s[key];
+      if (!isSchema(d)) continue;
+      const o: Schema = {};
+      for (const [k, v] of Object.entries(d)) o[k] = visit(v, `${pointer}/${key}/${escapePointer(k)}`, depth + 1);
+      out[key] = o;
+    }
+    if (strict && isRoot && !isObject) fail(param, `${pointer}/type`, "strict mode needs the root schema to be 'type': 'object'");
+    return out;
+  };
+  return { schema: visit(schema as Json, '', 0, true) as Schema };
+}
+
+function numberOr(v: Json | undefined, fallback: number): number {
+  return typeof v === 'number' ? v : fallback;
+}
+
+/**
+ * allOf of object schemas becomes one object: properties joined (a property named twice must be
+ * the same schema), required unioned, additionalProperties false if any part closes the object.
+ */
+function mergeAllOf(s: Schema, pointer: string, param: string): Schema {
+  const parts = s['allOf'];
+  if (!Array.isArray(parts) || parts.length === 0) fail(param, `${pointer}/allOf`, "'allOf' must be a non-empty array of schemas");
+  const { allOf: _drop, ...rest } = s;
+  const merged: Schema = { ...rest, type: 'object' };
+  const props: Schema = isSchema(rest['properties']) ? { ...rest['properties'] } : {};
+  const required = new Set<string>(Array.isArray(rest['required']) ? rest['required'] as string[] : []);
+  let closed = rest['additionalProperties'] === false;
+  parts.forEach((part, i) => {
+    const at = `${pointer}/allOf/${i}`;
+    if (!isSchema(part) || (part['type'] !== undefined && part['type'] !== 'object')) {
+      fail(param, at, 'allOf is supported for object schemas only');
+    }
+    for (const key of Object.keys(part)) {
+      if (!ANNOTATIONS.has(key) && !['type', 'properties', 'required', 'additionalProperties'].includes(key)) {
+        fail(param, `${at}/${escapePointer(key)}`, `the keyword '${key}' inside allOf is not supported (objects with properties, required and additionalProperties only)`);
+      }
+    }
+    if (isSchema(part['properties'])) {
+      for (const [k, v] of Object.entries(part['properties'])) {
+        if (k in props && JSON.stringify(props[k]) !== JSON.stringify(v)) {
+          fail(param, `${at}/properties/${escapePointer(k)}`, `allOf parts give the property '${k}' different schemas`);
+        }
+        props[k] = v;
+      }
+    }
+    if (Array.isArray(part['required'])) for (const r of part['required']) if (typeof r === 'string') required.add(r);
+    if (part['additionalProperties'] === false) closed = true;
+    else if (part['additionalProperties'] !== undefined && part['additionalProperties'] !== true) {
+      fail(param, `${at}/additionalProperties`, 'allOf parts may close the object (false) but not constrain extra properties');
+    }
+  });
+  merged['properties'] = props;
+  if (required.size > 0) merged['required'] = [...required];
+  if (closed) {
+    // A part closed with additionalProperties: false admits only its own properties.
+    parts.forEach((part, i) => {
+      if (!isSchema(part) || part['additionalProperties'] !== false) return;
+      const own = isSchema(part['properties']) ? part['properties'] : {};
+      const outside = Object.keys(props).find((k) => !(k in own));
+      if (outside !== undefined) {
+        fail(param, `${pointer}/allOf/${i}/additionalProperties`, `this allOf part closes the object, so the property '${outside}' of another part can never appear`);
+      }
+    });
+    merged['additionalProperties'] = false;
+  }
+  return merged;
+}
+
+/**
+ * The pattern with '.' and negated classes kept off control characters, quote and backslash:
+ * a JSON string holds those only escaped, and the compiler would let them through raw.
+ */
+export function jsonSafePattern(pattern: string): string {
+  let out = '';
+  let inClass = false;
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i]!;
+    if (c === '\\') {
+      out += c + (pattern[i + 1] ?? '');
+      i++;
+    } else if (inClass) {
+      if (c === ']') inClass = false;
+      out += c;
+    } else if (c === '[') {
+      inClass = true;
+      if (pattern[i + 1] === '^') {
+        out += '[^\\x00-\\x1f"\\\\';
+        i++;
+      } else {
+        out += c;
+      }
+    } else if (c === '.') {
+      out += '[^\\x00-\\x1f"\\\\]';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+/** Regular expressions: literals, classes, escapes (\d \w \s ...), groups, alternation, quantifiers, anchors. */
+function checkPattern(pattern: Json, pointer: string, param: string): void {
+  if (typeof pattern !== 'string' || pattern.length === 0 || pattern.length > SCHEMA_LIMITS.maxPatternLength) {
+    fail(param, pointer, `'pattern' must be a regular expression of 1 to ${SCHEMA_LIMITS.maxPatternLength} characters`);
+  }
+  try {
+    new RegExp(pattern, 'u');
+  } catch (err) {
+    fail(param, pointer, `'pattern' is not a valid regular expression: ${(err as Error).message}`);
+  }
+  if (/\(\?[=!<]/.test(pattern)) fail(param, pointer, "'pattern' lookaround assertions are not supported");
+  if (/\\[1-9]|\\k</.test(pattern)) fail(param, pointer, "'pattern' backreferences are not supported");
+  if (/\\[bB]/.test(pattern)) fail(param, pointer, "'pattern' word boundaries are not supported");
+}

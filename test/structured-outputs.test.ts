@@ -1,0 +1,157 @@
+// Structured outputs on the real engine with a random-weight model (any output is possible, so
+// the grammar does all the work): a corpus of schemas covering every supported keyword, each
+// output checked by an independent validator (ajv + ajv-formats); the schema checks' 400s; and
+// determinism alone and batched.
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+
+import Ajv2020 from 'ajv/dist/2020.js';
+import addFormats from 'ajv-formats';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { makeModel } from '../models/make-model.js';
+import { Engine, SluiceError } from '../src/index.js';
+import { checkResponseSchema } from '../src/structured/schema-check.js';
+
+let root: string;
+let engine: Engine;
+
+beforeAll(async () => {
+  root = mkdtempSync(join(os.tmpdir(), 'sluice-structured-'));
+  await makeModel({ preset: 'tiny', out: join(root, 'tiny'), seed: 5 });
+  engine = await Engine.load({ model: join(root, 'tiny'), backend: 'cpu', kvCacheBytes: 64 << 20, maxNumSeqs: 32 });
+});
+afterAll(async () => {
+  await engine?.dispose();
+  rmSync(root, { recursive: true, force: true });
+});
+
+type S = Record<string, unknown>;
+
+/** Leaf schemas covering the scalar keywords. */
+const LEAVES: S[] = [
+  { type: 'string' }, { type: 'string', pattern: '^[a-z]{2,5}$' }, { type: 'string', pattern: '^[A-Z][a-z]?$' },
+  { type: 'string', pattern: '^[a-c]{2,4}-[0-9]{1,3}$' }, { type: 'string', pattern: '^x.y$' }, { type: 'string', pattern: '^[^0-9]+$' },
+  { type: 'string', format: 'date' }, { type: 'string', format: 'time' }, { type: 'string', format: 'date-time' },
+  { type: 'string', format: 'uuid' }, { type: 'string', format: 'email' },
+  { type: 'integer' }, { type: 'integer', minimum: 3, maximum: 17 }, { type: 'integer', minimum: -5, maximum: 5 },
+  { type: 'integer', exclusiveMinimum: 0, exclusiveMaximum: 100 }, { type: 'number' }, { type: 'number', minimum: 0, maximum: 1 },
+  { type: 'boolean' }, { type: 'null' }, { type: ['string', 'null'] }, { type: ['integer', 'boolean'] },
+  { enum: ['red', 'green', 'blue'] }, { enum: [1, 'two', null, true] }, { const: 'fixed' }, { const: 42 },
+  { anyOf: [{ type: 'integer' }, { type: 'string', format: 'uuid' }] }, { oneOf: [{ type: 'boolean' }, { type: 'null' }] },
+  { type: 'array', items: { type: 'integer' }, maxItems: 4 }, { type: 'array', items: { type: 'string', pattern: '^[0-9]{3}$' }, minItems: 1, maxItems: 3 },
+  { type: 'array', prefixItems: [{ type: 'string', enum: ['a', 'bc'] }, { type: 'integer' }], items: false },
+  { type: 'array', items: { enum: ['a', 'b'] }, minItems: 2, maxItems: 2 },
+];
+
+/** Wraps leaves into objects (strict and not), nested objects, allOf, additionalProperties schemas and $ref recursion. */
+function corpus(): { schema: S; strict: boolean }[] {
+  const out: { schema: S; strict: boolean }[] = [];
+  LEAVES.forEach((leaf, i) => {
+    out.push({ schema: leaf, strict: false });
+    out.push({ schema: { type: 'object', properties: { v: leaf }, required: ['v'], additionalProperties: false }, strict: true });
+    const other = LEAVES[(i * 7 + 3) % LEAVES.length]!;
+    out.push({ schema: { type: 'object', properties: { a: leaf, b: other }, required: ['a', 'b'], additionalProperties: false }, strict: true });
+    out.push({ schema: { type: 'object', properties: { a: leaf, b: other }, required: ['a'] }, strict: false });
+    out.push({ schema: { type: 'object', properties: { outer: { type: 'object', properties: { inner: leaf }, required: ['inner'], additionalProperties: false } },
+      required: ['outer'], additionalProperties: false }, strict: true });
+    out.push({ schema: { type: 'array', items: leaf, maxItems: 3 }, strict: false });
+    out.push({ schema: { type: 'object', additionalProperties: leaf, maxProperties: undefined }, strict: false });
+  });
+  for (let i = 0; i < 6; i++) {
+    out.push({ schema: { allOf: [{ type: 'object', properties: { x: LEAVES[i]! }, required: ['x'] },
+      { type: 'object', properties: { y: LEAVES[i + 10]! }, required: ['y'] }, { additionalProperties: false, properties: { x: LEAVES[i]!, y: LEAVES[i + 10]! } }] },
+    strict: false });
+    out.push({ schema: { $defs: { node: { type: 'object', properties: { v: LEAVES[i + 11]!, next: { anyOf: [{ $ref: '#/$defs/node' }, { type: 'null' }] } },
+      required: ['v', 'next'], additionalProperties: false } }, $ref: '#/$defs/node' }, strict: false });
+  }
+  // Drop the undefined placeholder keys (JSON has none).
+  return out.map((c) => ({ ...c, schema: JSON.parse(JSON.stringify(c.schema)) as S }));
+}
+
+describe('structured outputs', () => {
+  it('every completed output of a 200+ schema corpus parses and validates', { timeout: 240_000 }, async () => {
+    const cases = corpus();
+    expect(cases.length).toBeGreaterThanOrEqual(200);
+    const ajv = new Ajv2020.default({ strict: false, allErrors: true });
+    addFormats.default(ajv);
+    let completed = 0;
+    const failures: string[] = [];
+    for (let start = 0; start < cases.length; start += 32) {
+      const batch = cases.slice(start, start + 32);
+      const results = await Promise.all(batch.map(({ schema, strict }, j) => engine.generate({
+        prompt: `case ${start + j}`, maxTokens: 160, temperature: 1, seed: start + j,
+        responseFormat: { type: 'json_schema', schema, strict },
+      })));
+      results.forEach((r, j) => {
+        if (r.finishReason !== 'stop') return;  // cut by maxTokens: reported as length, not checked
+        completed++;
+        const { schema } = batch[j]!;
+        let value: unknown;
+        try {
+          value = JSON.parse(r.text);
+        } catch {
+          failures.push(`${JSON.stringify(schema)}: not JSON: ${JSON.stringify(r.text)}`);
+          return;
+        }
+        if (!ajv.validate(schema, value)) failures.push(`${JSON.stringify(schema)}: ${JSON.stringify(r.text)}: ${ajv.errorsText()}`);
+      });
+    }
+    expect(failures).toEqual([]);
+    // Most outputs complete within the token limit (else the check above would prove little).
+    expect(completed).toBeGreaterThan(cases.length / 2);
+  });
+
+  it('JSON mode gives a JSON object', { timeout: 60_000 }, async () => {
+    const results = await Promise.all(Array.from({ length: 8 }, (_, i) => engine.generate({
+      prompt: `object ${i}`, maxTokens: 200, temperature: 1, seed: 100 + i, responseFormat: { type: 'json_object' } })));
+    const completed = results.filter((r) => r.finishReason === 'stop');
+    expect(completed.length).toBeGreaterThan(0);
+    for (const r of completed) {
+      const v = JSON.parse(r.text) as unknown;
+      expect(typeof v === 'object' && v !== null && !Array.isArray(v)).toBe(true);
+    }
+  });
+
+  it('same seed, same output, alone or batched; a cut value is finish reason length', async () => {
+    const schema = { type: 'object', properties: { name: { type: 'string', pattern: '^[a-z]{1,6}$' }, n: { type: 'integer' } }, required: ['name', 'n'], additionalProperties: false };
+    const req = (seed: number, maxTokens = 120) => ({ prompt: 'det', maxTokens, temperature: 1, seed, responseFormat: { type: 'json_schema' as const, schema, strict: true } });
+    const alone = await engine.generate(req(7));
+    const batched = await Promise.all([req(1), req(7), req(3)].map((r) => engine.generate(r)));
+    expect(batched[1]!.text).toBe(alone.text);
+    const cut = await engine.generate(req(7, 3));
+    expect(cut.finishReason).toBe('length');
+    expect(() => JSON.parse(cut.text)).toThrow();
+  });
+
+  it('refuses unsupported keywords and broken schemas with the keyword and its JSON pointer', async () => {
+    const refuse = async (schema: unknown, strict: boolean, message: RegExp) => {
+      const err = await engine.generate({ prompt: 'x', maxTokens: 4, responseFormat: { type: 'json_schema', schema, strict, param: 'text.format.schema' } })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(SluiceError);
+      expect((err as SluiceError).code).toBe('invalid_request');
+      expect((err as SluiceError).param).toBe('text.format.schema');
+      expect((err as SluiceError).message).toMatch(message);
+    };
+    await refuse({ type: 'object', properties: { a: { type: 'integer', multipleOf: 3 } } }, false, /'multipleOf'.*\/properties\/a\/multipleOf/);
+    await refuse({ type: 'array', uniqueItems: true }, false, /'uniqueItems'.*\/uniqueItems/);
+    await refuse({ type: 'object', minProperties: 1 }, false, /'minProperties'/);
+    await refuse({ not: { type: 'string' } }, false, /'not'/);
+    await refuse({ type: 'array', items: { type: 'string', maxLength: 3 } }, false, /'maxLength'.*\/items\/maxLength/);
+    await refuse({ type: 'string', format: 'hostname' }, false, /hostname.*\/format/);
+    await refuse({ type: 'string', pattern: '(?=a)b' }, false, /lookaround/);
+    await refuse({ type: 'integer', minimum: 5, maximum: 1 }, false, /minimum exceeds/);
+    await refuse({ $ref: '#/$defs/missing' }, false, /\$ref/);
+    await refuse({ type: 'object', properties: { a: { type: 'string' } }, required: ['a'] }, true, /additionalProperties.*false/);
+    await refuse({ type: 'object', properties: { a: { type: 'string' }, b: { type: 'string' } }, required: ['a'], additionalProperties: false }, true,
+      /'b' is not.*\/required/);
+    await refuse({ type: 'string' }, true, /root schema/);
+    await refuse({ type: 'object', properties: { a: {} }, required: ['b'], additionalProperties: false }, false, /'b' is not allowed/);
+    await refuse({ allOf: [{ properties: { a: {} } }, { properties: { b: {} }, additionalProperties: false }] }, false, /'a' of another part/);
+    // The checker alone: nesting and size limits.
+    let deep: unknown = { type: 'string' };
+    for (let i = 0; i < 40; i++) deep = { type: 'array', items: deep };
+    expect(() => checkResponseSchema(deep, { strict: false, param: 'p' })).toThrow(/deeper than 32/);
+  });
+});
