@@ -177,10 +177,22 @@ describe('chat.completion object', () => {
     });
     expect(decorated.choices[0]!.message.content).toBe(plain.choices[0]!.message.content);
     expect((decorated as unknown as { completion_window: string }).completion_window).toBe('asap');
+    // A schema constrains the output: a value cut by the token limit is 'length', and the text is
+    // the start of a JSON object (the random model cannot complete one in 8 tokens).
     const schema = await client.chat.completions.create({
-      ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' }, strict: true } },
+      ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'integer' } },
+        required: ['a'], additionalProperties: false }, strict: true } },
     });
     expect(schema.choices[0]!.finish_reason).toBe('length');
+    expect(schema.choices[0]!.message.content).toMatch(/^\s*\{/);
+    // Strict mode follows OpenAI's rules: an object left open is a 400 naming the pointer.
+    const open = await client.chat.completions.create({
+      ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' }, strict: true } },
+    }).catch((e: unknown) => e);
+    expect((open as { status: number }).status).toBe(400);
+    expect((open as { param: string }).param).toBe('response_format.json_schema.schema');
+    const json = await client.chat.completions.create({ ...base, max_completion_tokens: 4, response_format: { type: 'json_object' } });
+    expect(json.choices[0]!.message.content).toMatch(/^\s*\{/);
     // An assistant turn that called tools may have null content; tool results render as tool turns.
     const history = await client.chat.completions.create({
       ...base, messages: [{ role: 'developer', content: 'Be brief.' }, ...user('Hi'), { role: 'assistant', content: null }, ...user('Again')],
@@ -252,7 +264,9 @@ describe('rejections', () => {
     ['functions', { ...ok, functions: [{ name: 'f' }] }, 400, 'functions', 'tools_unsupported'],
     ['tool_choice required', { ...ok, tool_choice: 'required' }, 400, 'tool_choice', 'tools_unsupported'],
     ['audio output', { ...ok, audio: { voice: 'alloy', format: 'mp3' } }, 400, 'audio', 'unsupported_parameter'],
-    ['response_format json_object', { ...ok, response_format: { type: 'json_object' } }, 400, 'response_format.type'],
+    ['response_format json_object with extra fields', { ...ok, response_format: { type: 'json_object', schema: {} } }, 400, 'response_format.schema'],
+    ['json_schema with an unsupported keyword', { ...ok, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'array', uniqueItems: true } } } },
+      400, 'response_format.json_schema.schema'],
     ['json_schema without json_schema', { ...ok, response_format: { type: 'json_schema' } }, 400, 'response_format.json_schema'],
     ['json_schema without name', { ...ok, response_format: { type: 'json_schema', json_schema: { schema: {} } } }, 400, 'response_format.json_schema.name'],
     ['metadata value not a string', { ...ok, metadata: { a: 1 } }, 400, 'metadata.a'],

@@ -116,7 +116,8 @@ describe('creating responses', () => {
   });
 
   it('accepts unknown extra fields and echoes metadata, text format and sampling settings', async () => {
-    const format = { type: 'json_schema', name: 'answer', schema: { type: 'object', properties: { a: { type: 'string' } } }, strict: true };
+    const format = { type: 'json_schema', name: 'answer', schema: { type: 'object', properties: { a: { type: 'string' } }, required: ['a'],
+      additionalProperties: false }, strict: true };
     const { status, body } = await post({
       model: 'tiny', input: 'hi', max_output_tokens: 2, temperature: 0.5, top_p: 0.9, user: 'u-1',
       metadata: { completion_window: 'asap', note: 'x' }, text: { format }, some_future_field: { a: 1 },
