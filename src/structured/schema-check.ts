@@ -114,12 +114,9 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
     for (const key of ['minLength', 'maxLength']) {
       if (s[key] !== undefined) fail(param, `${pointer}/${key}`, `the keyword '${key}' is not supported by structured outputs yet`);
     }
-    for (const key of ['enum'] as const) {
-      const v = s[key];
-      if (v === undefined) continue;
-      if (!Array.isArray(v) || v.length === 0 || v.length > SCHEMA_LIMITS.maxEnum) {
-        fail(param, `${pointer}/enum`, `'enum' must be a non-empty array of at most ${SCHEMA_LIMITS.maxEnum} values`);
-      }
+    const values = s['enum'];
+    if (values !== undefined && (!Array.isArray(values) || values.length === 0 || values.length > SCHEMA_LIMITS.maxEnum)) {
+      fail(param, `${pointer}/enum`, `'enum' must be a non-empty array of at most ${SCHEMA_LIMITS.maxEnum} values`);
     }
     if (s['$ref'] !== undefined) {
       const ref = s['$ref'];

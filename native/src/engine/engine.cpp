@@ -161,7 +161,7 @@ class EngineImpl final : public Engine {
   int64_t check_row(uint32_t seq_id, int64_t bound);
   // Validates plan row i and claims its blocks (status kNoKvBlocks when they are not there).
   void claim_row(const StepPlan& plan, size_t i, StepResult& result);
-  void attach_token_masks(const StepPlan& plan, StepResult& result);
+  void attach_token_masks(const StepPlan& plan);
   std::vector<uint8_t> mask_missing_;  // per sampling row: constrained, and its mask never came
   // Adds one sequence when its prompt fits beside the blocks claimed so far.
   AddStatus admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached);
@@ -380,8 +380,7 @@ StepResult EngineImpl::step(const StepPlan& plan) {
 
 // Points each constrained sampling row at its mask, waiting (after the forward pass) for the
 // scheduler to provide them.
-void EngineImpl::attach_token_masks(const StepPlan& plan, StepResult& result) {
-  (void)result;
+void EngineImpl::attach_token_masks(const StepPlan& plan) {
   mask_missing_.assign(sample_rows_.size(), 0);
   if (plan.constrained.empty()) return;
   std::unordered_map<uint32_t, size_t> slot;
@@ -442,7 +441,7 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
       throw Error(ErrorCode::kDeviceFault, "injected device fault");
     }
     backend_->forward(fb);
-    attach_token_masks(plan, result);
+    attach_token_masks(plan);
     SampleOutput out{tokens.data(), logprobs.data(), top_n, top_ids.data(), top_lps.data(), &sample_errors_};
     backend_->sample(sample_rows_.data(), int64_t(m), out);
   } catch (const Error& e) {
