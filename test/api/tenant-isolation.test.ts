@@ -67,7 +67,7 @@ describe('long inputs', () => {
     expect(res.body['error']).toMatchObject({ code: 'input_too_long', param: 'input' });
   });
 
-  it('tokenizes long inputs off the event loop: /health answers within 100 ms meanwhile', async () => {
+  it('tokenizes long inputs off the event loop: /health keeps answering meanwhile', async () => {
     // Three concurrent inputs of 600k characters (each several seconds of tokenizing): more tokens
     // than the context, so each ends in a 400, but only after the worker tokenized it.
     const text = (salt: number) => Array.from({ length: 120_000 }, (_, i) => `w${(i * 31 + salt) % 997} `).join('').slice(0, 600_000);
@@ -87,9 +87,13 @@ describe('long inputs', () => {
       expect(r.status).toBe(400);
       expect(r.body['error'].code).toBe('context_length_exceeded');
     }
-    expect(Date.now() - started).toBeGreaterThan(500);  // the work was real
+    const elapsed = Date.now() - started;
+    expect(elapsed).toBeGreaterThan(500);  // the work was real
     expect(latencies.length).toBeGreaterThan(5);
-    expect(Math.max(...latencies)).toBeLessThan(100);
+    // Tokenizing one of these inputs on the event loop would hold a /health answer for seconds (the
+    // whole tokenization); off the loop it waits only for CPU time shared with the workers. The
+    // bound separates the two without depending on how loaded the 2-core machine is.
+    expect(Math.max(...latencies)).toBeLessThan(Math.min(500, elapsed / 4));
   });
 });
 
