@@ -349,6 +349,7 @@ export class Engine {
     if (this.disposed) return;
     this.disposed = true;
     await this.batcher.dispose();
+    await this.structured?.dispose();
     this.handle.dispose();
   }
 

@@ -311,13 +311,12 @@ export class Batcher {
     if (rows === undefined || !this.masksOwed.has(step.serial)) return;
     const words = this.maskWords;
     const masks = new Uint32Array(rows.length * words);
-    const fill = async () => {
-      for (let i = 0; i < rows.length; i++) {
-        const { seq, seqId } = rows[i]!;
-        if (this.owns(seq, seqId) && !seq.cancelRequested) await seq.request.constraint!.fillMask(masks, i * words);
-        else masks.fill(0xffffffff, i * words, (i + 1) * words);
-      }
-    };
+    // All rows asked at once: the grammar engine answers a step's masks in one go.
+    const fill = () => Promise.all(rows.map(({ seq, seqId }, i) => {
+      if (this.owns(seq, seqId) && !seq.cancelRequested) return seq.request.constraint!.fillMask(masks, i * words);
+      masks.fill(0xffffffff, i * words, (i + 1) * words);
+      return undefined;
+    }));
     fill().then(() => this.settleMasks(step.serial, masks), () => this.settleMasks(step.serial, null));
   }
 
@@ -404,8 +403,9 @@ export class Batcher {
       const tokenId = result.tokens[i]!;
       seq.generatedTokenIds.push(tokenId);
       if (seq.cancelRequested) continue;  // reaped before the next step
-      if (seq.request.constraint !== undefined && !seq.request.constraint.accept(tokenId)) {
-        this.roster.end(seq, { kind: 'failed', error: new SluiceError('engine_error',
+      const constraint = seq.request.constraint;
+      if (constraint !== undefined && !constraint.accept(tokenId)) {
+        this.roster.end(seq, { kind: 'failed', error: constraint.failure ?? new SluiceError('engine_error',
           `the engine sampled token ${tokenId}, which the output grammar does not allow`) });
         continue;
       }

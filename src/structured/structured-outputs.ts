@@ -1,14 +1,23 @@
 // Structured outputs for one model: JSON schemas compiled (xgrammar, WebAssembly) against the
 // model's vocabulary, and per-sequence matchers that give the scheduler each step's allowed
-// tokens as a bitmask and advance with each sampled token. Compiled grammars are cached by
-// schema (least recently used out).
+// tokens as a bitmask and advance with each sampled token.
+//
+// All grammar work runs on one worker thread per model (grammar-worker.ts): compiling a schema can
+// take seconds and a step's masks for a full batch milliseconds, neither of which may hold up the
+// event loop. The masks a step needs are asked for in one message (requests made in the same tick
+// are coalesced), and the tokens sampled since ride along in it. Compiled grammars are cached by
+// schema in the worker. If the worker dies (a WebAssembly abort) or a compile runs past its time
+// limit, its sequences fail and the next request starts a fresh one.
+
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
 
 import { SluiceError } from '../errors.js';
 import type { SluiceTokenizer } from '../engine/tokenizer.js';
+import type { GrammarAnswer, GrammarRequest } from './grammar-worker.js';
 import { checkResponseSchema } from './schema-check.js';
-import { xgrammar } from './xgrammar.js';
-
-import type * as XG from '@mlc-ai/web-xgrammar';
+import type { VocabType } from './vocabulary.js';
 
 /** A response format the engine enforces. */
 export type ResponseFormat =
@@ -19,123 +28,264 @@ export type ResponseFormat =
 export interface TokenConstraint {
   /** Writes the allowed next tokens into out[offset, offset + words) (bit v = token v). */
   fillMask(out: Uint32Array, offset: number): Promise<void>;
-  /** Advances with a sampled token; false if the grammar does not allow it. */
+  /** Advances with a sampled token; false if the grammar does not allow it (see `failure`). */
   accept(tokenId: number): boolean;
+  /** Why the constraint can go no further (its grammar engine stopped), once it cannot. */
+  readonly failure?: Error | undefined;
   dispose(): void;
 }
 
-const CACHE_SIZE = 256;
+export interface StructuredOutputsOptions {
+  /** Compiled grammars kept per model (default 256). */
+  cacheSize?: number;
+  /** A schema still compiling after this long is refused and its worker replaced (default 60 s). */
+  compileTimeoutMs?: number;
+}
+
 /** Whitespace allowed between JSON elements (any whitespace, as vLLM's default, but bounded). */
 const MAX_WHITESPACE = 16;
 
+/** The compiled worker file, next to this module's compiled form. */
+function workerPath(): string {
+  const here = fileURLToPath(import.meta.url);
+  if (here.endsWith('.js')) return here.replace(/structured-outputs\.js$/, 'grammar-worker.js');
+  // Running from TypeScript sources (tests): use the compiled tree of this package.
+  return here.replace(/src[/\\]structured[/\\]structured-outputs\.ts$/, 'dist/src/structured/grammar-worker.js');
+}
+
 export class StructuredOutputs {
-  private compiler: Promise<XG.GrammarCompiler> | undefined;
-  private readonly cache = new Map<string, Promise<XG.CompiledGrammar>>();
   /** Mask words per row: ceil(logits width / 32). */
   readonly maskWords: number;
+  private readonly cacheSize: number;
+  private readonly compileTimeoutMs: number;
+  private worker: GrammarWorker | undefined;
+  private disposed = false;
 
-  constructor(private readonly tokenizer: SluiceTokenizer, private readonly vocabSize: number) {
+  constructor(private readonly tokenizer: SluiceTokenizer, private readonly vocabSize: number, opts: StructuredOutputsOptions = {}) {
     this.maskWords = Math.ceil(vocabSize / 32);
+    this.cacheSize = opts.cacheSize ?? 256;
+    this.compileTimeoutMs = opts.compileTimeoutMs ?? 60_000;
   }
 
   /** Checks the format (400 on a schema it cannot enforce) and returns a fresh matcher for one sequence. */
   async constraint(format: ResponseFormat): Promise<TokenConstraint> {
+    if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
     const param = format.param ?? 'response_format';
-    let key: string;
-    let compile: (c: XG.GrammarCompiler) => Promise<XG.CompiledGrammar>;
-    if (format.type === 'json_object') {
-      key = 'json_object';
-      compile = (c) => c.compileJSONSchema('{"type":"object"}', true, undefined, undefined, false, MAX_WHITESPACE);
-    } else {
-      const { schema } = checkResponseSchema(format.schema, { strict: format.strict === true, param });
-      const text = JSON.stringify(schema);
-      key = `schema:${text}`;
-      compile = (c) => c.compileJSONSchema(text, true, undefined, undefined, false, MAX_WHITESPACE);
-    }
-    let compiled = this.cache.get(key);
-    if (compiled === undefined) {
-      compiled = this.getCompiler().then(compile);
-      this.cache.set(key, compiled);
-      while (this.cache.size > CACHE_SIZE) {
-        const oldest = this.cache.keys().next().value as string;
-        const evicted = this.cache.get(oldest)!;
-        this.cache.delete(oldest);
-        void evicted.then((g) => g.dispose(), () => undefined);
-      }
-    } else {
-      this.cache.delete(key);
-      this.cache.set(key, compiled);
-    }
-    let grammar: XG.CompiledGrammar;
+    const schemaText = format.type === 'json_object' ? '{"type":"object"}'
+      : JSON.stringify(checkResponseSchema(format.schema, { strict: format.strict === true, param }).schema);
+    const worker = this.currentWorker();
+    await worker.ready;
+    const id = worker.nextMatcherId++;
     try {
-      grammar = await compiled;
+      await worker.call({ op: 'open', reply: 0, matcher: id, key: schemaText, schemaText }, this.compileTimeoutMs);
     } catch (err) {
-      this.cache.delete(key);
-      throw new SluiceError('invalid_request', `the schema cannot be compiled into a grammar: ${(err as Error).message ?? String(err)}`, { param });
+      if (err instanceof CompileTimeout) {
+        throw new SluiceError('invalid_request', `the schema took longer than ${this.compileTimeoutMs / 1000} s to compile into a grammar`, { param });
+      }
+      if (err instanceof SluiceError) throw err;
+      throw new SluiceError('invalid_request', `the schema cannot be compiled into a grammar: ${(err as Error).message}`, { param });
     }
-    const matcher = await xgrammar().GrammarMatcher.createGrammarMatcher(grammar, [...this.tokenizer.eosTokenIds]);
-    return new XGrammarConstraint(matcher, this.maskWords);
+    return new WorkerConstraint(worker, id, this.maskWords);
   }
 
-  private getCompiler(): Promise<XG.GrammarCompiler> {
-    this.compiler ??= (async () => {
-      const xg = xgrammar();
-      const info = await xg.TokenizerInfo.createTokenizerInfo(encodedVocab(this.tokenizer, this.vocabSize), vocabType(this.tokenizer),
-        false, this.vocabSize, [...this.tokenizer.eosTokenIds]);
-      return xg.GrammarCompiler.createGrammarCompiler(info, false);
-    })();
-    return this.compiler;
+  /** Stops the worker; constraints still in use fail. Safe to call twice. */
+  async dispose(): Promise<void> {
+    this.disposed = true;
+    await this.worker?.stop(new SluiceError('engine_disposed', 'the engine has been disposed'));
+    this.worker = undefined;
+  }
+
+  private currentWorker(): GrammarWorker {
+    if (this.worker === undefined || this.worker.dead !== undefined) {
+      if (!existsSync(workerPath())) {
+        throw new SluiceError('engine_error', `structured outputs need the compiled grammar worker ${workerPath()} (npm run build:ts)`);
+      }
+      const tokens = new Array<string | undefined>(this.vocabSize);
+      const special = new Array<boolean>(this.vocabSize).fill(false);
+      for (const [token, id] of this.tokenizer.vocab()) {
+        if (id < 0 || id >= this.vocabSize) continue;
+        tokens[id] = token;
+        special[id] = this.tokenizer.isSpecial(id);
+      }
+      const worker = new GrammarWorker();
+      worker.ready = worker.call({ op: 'init', reply: 0, tokens, special, vocabType: vocabType(this.tokenizer), vocabSize: this.vocabSize,
+        stopTokenIds: [...this.tokenizer.eosTokenIds], cacheSize: this.cacheSize, maxWhitespace: MAX_WHITESPACE })
+        .then(() => undefined, (err: Error) => {
+          throw err instanceof SluiceError ? err : new SluiceError('engine_error', `the grammar engine could not index the vocabulary: ${err.message}`);
+        });
+      worker.ready.catch(() => undefined);
+      this.worker = worker;
+    }
+    return this.worker;
   }
 }
 
-class XGrammarConstraint implements TokenConstraint {
-  private disposed = false;
-  private filling = 0;
-  constructor(private readonly matcher: XG.GrammarMatcher, private readonly words: number) {}
+class CompileTimeout extends Error {}
 
-  async fillMask(out: Uint32Array, offset: number): Promise<void> {
-    if (this.disposed) {
-      out.fill(0xffffffff, offset, offset + this.words);  // an ended sequence: its token is dropped
-      return;
-    }
-    this.filling++;
-    try {
-      const mask = await this.matcher.getNextTokenBitmask();
-      out.set(new Uint32Array(mask.buffer, mask.byteOffset, Math.min(this.words, mask.length)), offset);
-    } finally {
-      // A dispose() that came while the mask was being computed happens now.
-      if (--this.filling === 0 && this.disposed) this.matcher.dispose();
+interface MaskRequest {
+  constraint: WorkerConstraint;
+  out: Uint32Array;
+  offset: number;
+  resolve(): void;
+}
+
+/** One worker thread and the calls waiting on it. */
+class GrammarWorker {
+  nextMatcherId = 1;
+  /** Settles when the vocabulary is indexed (rejects if it could not be). */
+  ready: Promise<void> = Promise.resolve();
+  /** Why the worker stopped, once it has. */
+  dead: Error | undefined;
+  private readonly worker: Worker;
+  private readonly pending = new Map<number, { resolve(a: GrammarAnswer): void; reject(e: Error): void; timer?: NodeJS.Timeout }>();
+  private nextReply = 1;
+  /** Tokens sampled since the last masks request: [matcher, token], in order. */
+  private accepts: [number, number][] = [];
+  private batch: MaskRequest[] = [];
+
+  constructor() {
+    this.worker = new Worker(workerPath());
+    this.worker.unref();
+    this.worker.on('message', (a: GrammarAnswer) => this.answer(a));
+    this.worker.on('error', (err) => this.fail(new SluiceError('engine_error', `the grammar engine failed: ${err.message}`)));
+    this.worker.on('exit', (code) => this.fail(new SluiceError('engine_error', `the grammar engine stopped (exit code ${code})`)));
+  }
+
+  call(req: GrammarRequest, timeoutMs?: number): Promise<GrammarAnswer> {
+    if (this.dead) return Promise.reject(this.dead);
+    const reply = this.nextReply++;
+    return new Promise((resolve, reject) => {
+      const entry: { resolve(a: GrammarAnswer): void; reject(e: Error): void; timer?: NodeJS.Timeout } = { resolve, reject };
+      if (timeoutMs !== undefined) {
+        entry.timer = setTimeout(() => {
+          this.pending.delete(reply);
+          reject(new CompileTimeout());
+          void this.stop(new SluiceError('engine_error', 'the grammar engine was restarted: a schema took too long to compile'));
+        }, timeoutMs);
+      }
+      if (this.pending.size === 0) this.worker.ref();
+      this.pending.set(reply, entry);
+      this.worker.postMessage({ ...req, reply });
+    });
+  }
+
+  accept(matcher: number, token: number): void {
+    this.accepts.push([matcher, token]);
+  }
+
+  close(matcher: number): void {
+    if (this.dead) return;
+    this.accepts = this.accepts.filter(([m]) => m !== matcher);
+    this.worker.postMessage({ op: 'close', matcher } satisfies GrammarRequest);
+  }
+
+  /** Queues a mask; the masks asked for in one tick go to the worker in one message. */
+  mask(req: MaskRequest): void {
+    if (this.batch.push(req) === 1) queueMicrotask(() => this.flush());
+  }
+
+  async stop(reason: Error): Promise<void> {
+    this.fail(reason);
+    await this.worker.terminate();
+  }
+
+  private flush(): void {
+    const batch = this.batch;
+    const accepts = this.accepts;
+    this.batch = [];
+    this.accepts = [];
+    const words = batch[0]!.constraint.words;
+    this.call({ op: 'masks', reply: 0, ids: batch.map((r) => r.constraint.id), accepts }).then((a) => {
+      const { masks, failed } = a as Extract<GrammarAnswer, { masks: Uint32Array }>;
+      const failedIds = new Set(failed);
+      batch.forEach((r, row) => {
+        if (failedIds.has(r.constraint.id)) r.constraint.fail(new SluiceError('engine_error', 'the output grammar refused a sampled token'));
+        r.constraint.received(masks.subarray(row * words, (row + 1) * words), r.out, r.offset);
+        r.resolve();
+      });
+    }, (err: Error) => {
+      for (const r of batch) {
+        r.constraint.fail(err);
+        r.constraint.received(undefined, r.out, r.offset);
+        r.resolve();
+      }
+    });
+  }
+
+  private answer(a: GrammarAnswer): void {
+    const entry = this.pending.get(a.reply);
+    if (entry === undefined) return;  // timed out meanwhile
+    this.pending.delete(a.reply);
+    clearTimeout(entry.timer);
+    if (this.pending.size === 0) this.worker.unref();
+    if ('error' in a && a.error !== undefined) {
+      entry.reject(new Error(a.error));
+    } else {
+      entry.resolve(a);
     }
   }
 
+  private fail(reason: Error): void {
+    this.dead ??= reason;
+    for (const entry of this.pending.values()) {
+      clearTimeout(entry.timer);
+      entry.reject(this.dead);
+    }
+    this.pending.clear();
+  }
+}
+
+class WorkerConstraint implements TokenConstraint {
+  failure: Error | undefined;
+  private disposed = false;
+  /** The mask the last sampled token was drawn under (for accept's check). */
+  private lastMask: Uint32Array | undefined;
+
+  constructor(private readonly worker: GrammarWorker, readonly id: number, readonly words: number) {}
+
+  fillMask(out: Uint32Array, offset: number): Promise<void> {
+    if (this.disposed || this.failure !== undefined || this.worker.dead !== undefined) {
+      if (this.worker.dead !== undefined) this.fail(this.worker.dead);
+      this.received(undefined, out, offset);  // an ended sequence: its token is dropped
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => this.worker.mask({ constraint: this, out, offset, resolve }));
+  }
+
+  /** Called with the row's mask (or undefined: allow all, the sequence is ending). */
+  received(mask: Uint32Array | undefined, out: Uint32Array, offset: number): void {
+    if (mask === undefined || this.failure !== undefined) {
+      out.fill(0xffffffff, offset, offset + this.words);
+      this.lastMask = undefined;
+      return;
+    }
+    out.set(mask, offset);
+    this.lastMask = mask;
+  }
+
+  fail(error: Error): void {
+    this.failure ??= error;
+  }
+
   accept(tokenId: number): boolean {
-    return !this.disposed && this.matcher.acceptToken(tokenId);
+    if (this.disposed || this.failure !== undefined) return false;
+    const mask = this.lastMask;
+    if (mask === undefined || tokenId < 0 || tokenId >= mask.length * 32 || ((mask[tokenId >>> 5]! >>> (tokenId & 31)) & 1) === 0) {
+      this.fail(new SluiceError('engine_error', `the engine sampled token ${tokenId}, which the output grammar does not allow`));
+      return false;
+    }
+    this.worker.accept(this.id, tokenId);
+    return true;
   }
 
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    if (this.filling === 0) this.matcher.dispose();
+    this.worker.close(this.id);
   }
-}
-
-/**
- * Token strings by id as the tokenizer stores them. "" (never allowed in JSON) for special tokens
- * and for tokens holding a control character other than tab, newline and carriage return: JSON
- * never has one raw (in strings it is escaped), and the compiler's length-limited string rule
- * would otherwise let one through.
- */
-function encodedVocab(tokenizer: SluiceTokenizer, vocabSize: number): string[] {
-  const out = new Array<string>(vocabSize).fill('');
-  for (const [token, id] of tokenizer.vocab()) {
-    if (id < 0 || id >= vocabSize || tokenizer.isSpecial(id)) continue;
-    if (/[\u0000-\u0008\u000b\u000c\u000e-\u001f]/.test(tokenizer.tokenText(id))) continue;
-    out[id] = token;
-  }
-  return out;
 }
 
 /** byte_fallback for sentencepiece vocabularies (<0x0A> byte tokens), byte_level otherwise. */
-function vocabType(tokenizer: SluiceTokenizer): string {
+function vocabType(tokenizer: SluiceTokenizer): VocabType {
   return tokenizer.tokenId('<0x0A>') !== undefined ? 'byte_fallback' : 'byte_level';
 }

@@ -1,0 +1,145 @@
+// The grammar worker (worker_threads): holds one model's xgrammar instance (WebAssembly), its
+// compiled grammars and every sequence's matcher, so that compiling a schema and computing token
+// masks never run on the event loop. Started by StructuredOutputs (structured-outputs.ts) from
+// the compiled file dist/src/structured/grammar-worker.js. Messages, answered in order:
+//   init    {tokens, special, vocabType, ...}  -> {reply}
+//   open    {matcher, key, schemaText}          -> {reply} | {reply, error}
+//   masks   {ids, accepts: [matcher, token][]}  -> {reply, masks (transferred), failed: number[]}
+//   close   {matcher}                           (no answer)
+
+import { parentPort } from 'node:worker_threads';
+
+import type * as XG from '@mlc-ai/web-xgrammar';
+
+import { xgrammar } from './xgrammar.js';
+import { buildGrammarVocabulary, CLEARS_STATE, KEEPS_STATE, type GrammarVocabulary, type VocabType } from './vocabulary.js';
+
+export type GrammarRequest =
+  | { op: 'init'; reply: number; tokens: (string | undefined)[]; special: boolean[]; vocabType: VocabType; vocabSize: number;
+      stopTokenIds: number[]; cacheSize: number; maxWhitespace: number }
+  | { op: 'open'; reply: number; matcher: number; key: string; schemaText: string }
+  | { op: 'masks'; reply: number; ids: number[]; accepts: [number, number][] }
+  | { op: 'close'; matcher: number };
+
+export type GrammarAnswer =
+  | { reply: number; error?: string }
+  | { reply: number; masks: Uint32Array; failed: number[] };
+
+interface Matcher {
+  matcher: XG.GrammarMatcher;
+  /** The ranged UTF-8 lead byte the output ends in alone, or 0. */
+  lead: number;
+  failed: boolean;
+}
+
+let state: {
+  compiler: XG.GrammarCompiler;
+  vocabulary: GrammarVocabulary;
+  words: number;
+  stopTokenIds: number[];
+  cacheSize: number;
+  maxWhitespace: number;
+} | undefined;
+const compiled = new Map<string, XG.CompiledGrammar>();
+const matchers = new Map<number, Matcher>();
+
+async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<void> {
+  const xg = xgrammar();
+  const vocabulary = buildGrammarVocabulary(req.tokens, req.special, req.vocabType, req.vocabSize);
+  const info = await xg.TokenizerInfo.createTokenizerInfo(vocabulary.encoded, req.vocabType, false, req.vocabSize, req.stopTokenIds);
+  state = {
+    compiler: await xg.GrammarCompiler.createGrammarCompiler(info, false),
+    vocabulary,
+    words: Math.ceil(req.vocabSize / 32),
+    stopTokenIds: req.stopTokenIds,
+    cacheSize: req.cacheSize,
+    maxWhitespace: req.maxWhitespace,
+  };
+}
+
+/** The compiled grammar for `key` (least recently used out past the cache size). */
+async function grammarFor(key: string, schemaText: string): Promise<XG.CompiledGrammar> {
+  const s = state!;
+  let grammar = compiled.get(key);
+  if (grammar !== undefined) {
+    compiled.delete(key);
+  } else {
+    grammar = await s.compiler.compileJSONSchema(schemaText, true, undefined, undefined, false, s.maxWhitespace);
+    while (compiled.size >= s.cacheSize) {
+      const oldest = compiled.keys().next().value as string;
+      compiled.get(oldest)!.dispose();  // matchers made from it keep their own reference
+      compiled.delete(oldest);
+    }
+  }
+  compiled.set(key, grammar);
+  return grammar;
+}
+
+async function open(req: Extract<GrammarRequest, { op: 'open' }>): Promise<void> {
+  const grammar = await grammarFor(req.key, req.schemaText);
+  const matcher = await xgrammar().GrammarMatcher.createGrammarMatcher(grammar, state!.stopTokenIds);
+  matchers.set(req.matcher, { matcher, lead: 0, failed: false });
+}
+
+function accept(m: Matcher, token: number): void {
+  if (m.failed) return;
+  if (!m.matcher.acceptToken(token)) {
+    m.failed = true;
+    return;
+  }
+  const after = state!.vocabulary.after[token] ?? CLEARS_STATE;
+  if (after !== KEEPS_STATE) m.lead = after;
+}
+
+async function masks(req: Extract<GrammarRequest, { op: 'masks' }>): Promise<GrammarAnswer> {
+  const { words, vocabulary } = state!;
+  for (const [id, token] of req.accepts) {
+    const m = matchers.get(id);
+    if (m !== undefined) accept(m, token);
+  }
+  const out = new Uint32Array(req.ids.length * words);
+  const tail = vocabulary.after.length % 32;
+  const tailMask = tail === 0 ? 0 : (2 ** tail - 1) >>> 0;
+  const failed: number[] = [];
+  for (let row = 0; row < req.ids.length; row++) {
+    const id = req.ids[row]!;
+    const m = matchers.get(id);
+    const at = row * words;
+    if (m === undefined || m.failed) {
+      failed.push(id);
+      out.fill(0xffffffff, at, at + words);
+      continue;
+    }
+    const mask = await m.matcher.getNextTokenBitmask();
+    out.set(new Uint32Array(mask.buffer, mask.byteOffset, Math.min(words, mask.length)), at);
+    const allowed = m.lead === 0 ? undefined : vocabulary.allowedAfterLead.get(m.lead);
+    if (allowed !== undefined) for (let w = 0; w < words; w++) out[at + w]! &= allowed[w]!;
+    if (tailMask !== 0) out[at + words - 1]! &= tailMask;  // no ids past the vocabulary
+  }
+  return { reply: req.reply, masks: out, failed };
+}
+
+// One request at a time, in arrival order (a masks request must see the matchers its opens made).
+let queue: Promise<void> = Promise.resolve();
+
+parentPort?.on('message', (req: GrammarRequest) => {
+  queue = queue.then(async () => {
+    if (req.op === 'close') {
+      matchers.get(req.matcher)?.matcher.dispose();
+      matchers.delete(req.matcher);
+      return;
+    }
+    try {
+      if (req.op === 'init') await init(req);
+      else if (req.op === 'open') await open(req);
+      else {
+        const answer = await masks(req) as { reply: number; masks: Uint32Array; failed: number[] };
+        parentPort!.postMessage(answer, [answer.masks.buffer as ArrayBuffer]);
+        return;
+      }
+      parentPort!.postMessage({ reply: req.reply });
+    } catch (err) {
+      parentPort!.postMessage({ reply: req.reply, error: err instanceof Error ? err.message : String(err) });
+    }
+  });
+});
