@@ -12,7 +12,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine, SluiceError } from '../src/index.js';
+import { SluiceTokenizer } from '../src/engine/tokenizer.js';
 import { checkResponseSchema } from '../src/structured/schema-check.js';
+import { StructuredOutputs } from '../src/structured/structured-outputs.js';
 
 let root: string;
 let engine: Engine;
@@ -43,6 +45,7 @@ const LEAVES: S[] = [
   { type: 'array', items: { type: 'integer' }, maxItems: 4 }, { type: 'array', items: { type: 'string', pattern: '^[0-9]{3}$' }, minItems: 1, maxItems: 3 },
   { type: 'array', prefixItems: [{ type: 'string', enum: ['a', 'bc'] }, { type: 'integer' }], items: false },
   { type: 'array', items: { enum: ['a', 'b'] }, minItems: 2, maxItems: 2 },
+  { type: 'string', maxLength: 4 }, { type: 'string', minLength: 2, maxLength: 6 }, { type: ['string', 'null'], minLength: 3, maxLength: 3 },
 ];
 
 /** Wraps leaves into objects (strict and not), nested objects, allOf, additionalProperties schemas and $ref recursion. */
@@ -102,6 +105,83 @@ describe('structured outputs', () => {
     expect(completed).toBeGreaterThan(cases.length / 2);
   });
 
+  it('strings are valid UTF-8 of the allowed length whichever allowed token is taken', { timeout: 60_000 }, async () => {
+    // A random walk over each step's allowed tokens, favouring tokens outside ASCII: the model's
+    // sampler would rarely try the byte sequences that are valid-looking UTF-8 structure but not
+    // valid UTF-8 (C0/C1/F5+ leads, overlongs, surrogates), which decode to U+FFFD.
+    const tokenizer = await SluiceTokenizer.load(join(root, 'tiny'));
+    const structured = engine.structuredOutputs();
+    const vocab = structured.maskWords * 32;  // bits past the vocabulary must be clear too
+    let seed = 11;
+    const random = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x80000000;
+    const nonAscii = new Set<number>();
+    for (const [, id] of tokenizer.vocab()) if (/[^\x00-\x7f]/.test(tokenizer.tokenText(id)) && !tokenizer.isSpecial(id)) nonAscii.add(id);
+    const ajv = new Ajv2020.default({ strict: false });
+    const failures: string[] = [];
+    let completed = 0;
+    for (const schema of [{ type: 'string' }, { type: 'string', maxLength: 3 }, { type: 'string', minLength: 2, maxLength: 5 },
+      { type: 'string', pattern: '^.{2,4}$' }, { type: 'array', items: { type: 'string', maxLength: 2 }, maxItems: 3 }]) {
+      for (let walk = 0; walk < 60; walk++) {
+        const c = await structured.constraint({ type: 'json_schema', schema });
+        const mask = new Uint32Array(structured.maskWords);
+        const ids: number[] = [];
+        let ended = false;
+        for (let step = 0; step < 40 && !ended; step++) {
+          await c.fillMask(mask, 0);
+          const allowed: number[] = [];
+          for (let t = 0; t < vocab; t++) if ((mask[t >>> 5]! >>> (t & 31)) & 1) allowed.push(t);
+          const wide = allowed.filter((t) => nonAscii.has(t));
+          const pool = wide.length > 0 && random() < 0.7 ? wide : allowed;
+          const t = pool[Math.floor(random() * pool.length)]!;
+          if (!c.accept(t)) throw new Error(`refused ${t} at step ${step} of ${JSON.stringify(schema)}: ${c.failure?.message} allowed=${allowed.length}`);
+          if (tokenizer.eosTokenIds.has(t)) ended = true;
+          else ids.push(t);
+        }
+        c.dispose();
+        const text = tokenizer.decode(ids);
+        // A walk cut short may end inside a character; nowhere else may a replacement character appear.
+        if ((ended ? text : text.replace(/\ufffd{1,3}$/, '')).includes('\ufffd')) failures.push(`${JSON.stringify(schema)}: ${JSON.stringify(text)}`);
+        if (!ended) continue;
+        completed++;
+        if (!ajv.validate(schema, JSON.parse(text))) failures.push(`${JSON.stringify(schema)}: ${JSON.stringify(text)}: ${ajv.errorsText()}`);
+      }
+    }
+    expect(failures).toEqual([]);
+    expect(completed).toBeGreaterThan(100);
+  });
+
+  it('a schema that compiles too long is refused; a grammar engine that dies fails its sequences and is replaced', { timeout: 60_000 }, async () => {
+    const tokenizer = await SluiceTokenizer.load(join(root, 'tiny'));
+    const vocabSize = engine.structuredOutputs().maskWords * 32;
+    const impatient = new StructuredOutputs(tokenizer, vocabSize, { compileTimeoutMs: 1 });
+    const structured = new StructuredOutputs(tokenizer, vocabSize);
+    try {
+      const err = await impatient.constraint({ type: 'json_schema', schema: { type: 'string', maxLength: 32 }, param: 'text.format.schema' })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(SluiceError);
+      expect((err as SluiceError).param).toBe('text.format.schema');
+      expect((err as SluiceError).message).toMatch(/took longer than 0.001 s to compile/);
+
+      const mask = new Uint32Array(structured.maskWords);
+      const before = await structured.constraint({ type: 'json_object' });
+      await before.fillMask(mask, 0);
+      // The worker thread goes away (as on a WebAssembly abort).
+      await (structured as unknown as { worker: { stop(e: Error): Promise<void> } }).worker.stop(new Error('killed by the test'));
+      await before.fillMask(mask, 0);
+      expect(before.accept(tokenizer.encode('{', { addBos: false })[0]!)).toBe(false);
+      expect(before.failure?.message).toMatch(/killed by the test/);
+      const after = await structured.constraint({ type: 'json_object' });
+      await after.fillMask(mask, 0);
+      const open = tokenizer.encode('{', { addBos: false })[0]!;
+      expect((mask[open >>> 5]! >>> (open & 31)) & 1).toBe(1);
+      expect(after.accept(open)).toBe(true);
+      after.dispose();
+    } finally {
+      await impatient.dispose();
+      await structured.dispose();
+    }
+  });
+
   it('JSON mode gives a JSON object', { timeout: 60_000 }, async () => {
     const results = await Promise.all(Array.from({ length: 8 }, (_, i) => engine.generate({
       prompt: `object ${i}`, maxTokens: 200, temperature: 1, seed: 100 + i, responseFormat: { type: 'json_object' } })));
@@ -137,7 +217,11 @@ describe('structured outputs', () => {
     await refuse({ type: 'array', uniqueItems: true }, false, /'uniqueItems'.*\/uniqueItems/);
     await refuse({ type: 'object', minProperties: 1 }, false, /'minProperties'/);
     await refuse({ not: { type: 'string' } }, false, /'not'/);
-    await refuse({ type: 'array', items: { type: 'string', maxLength: 3 } }, false, /'maxLength'.*\/items\/maxLength/);
+    await refuse({ type: 'array', items: { type: 'string', maxLength: 33 } }, false, /'maxLength'.*\[0, 32\].*\/items\/maxLength/);
+    await refuse({ type: 'string', minLength: 5, maxLength: 4 }, false, /'minLength' exceeds 'maxLength'.*\/minLength/);
+    await refuse({ type: 'string', pattern: '^a+$', maxLength: 4 }, false, /'maxLength' together with 'pattern'.*\/maxLength/);
+    await refuse({ type: 'object', properties: { a: { type: 'string', maxLength: 30 }, b: { type: 'string', minLength: 30 }, c: { type: 'string', maxLength: 5 } } },
+      false, /add up to more than 64.*\/properties\/c\/maxLength/);
     await refuse({ type: 'string', format: 'hostname' }, false, /hostname.*\/format/);
     await refuse({ type: 'string', pattern: '(?=a)b' }, false, /lookaround/);
     await refuse({ type: 'integer', minimum: 5, maximum: 1 }, false, /minimum exceeds/);

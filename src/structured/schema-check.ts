@@ -23,7 +23,13 @@ const TIME = '([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([0
 /** Exact patterns for the date formats (February 29 is never generated: a pattern cannot tell leap years). */
 const FORMAT_PATTERNS: Record<string, string> = { date: `^${DATE}$`, time: `^${TIME}$`, 'date-time': `^${DATE}T${TIME}$` };
 
-export const SCHEMA_LIMITS = { maxDepth: 32, maxNodes: 5000, maxEnum: 1000, maxPatternLength: 1000, maxCount: 100_000 };
+/**
+ * maxStringLength bounds minLength and maxLength, maxLengthTotal their sum over a schema: the
+ * grammar counts characters with one state per character, and compiling each state costs a pass
+ * over the vocabulary (about 3 s for a limit of 32 at a 152k vocabulary on a 2-core machine).
+ */
+export const SCHEMA_LIMITS = { maxDepth: 32, maxNodes: 5000, maxEnum: 1000, maxPatternLength: 1000, maxCount: 100_000,
+  maxStringLength: 32, maxLengthTotal: 64 };
 
 export interface CheckedSchema {
   /** The schema to compile (allOf merged, annotations kept). */
@@ -45,6 +51,7 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
   const { strict, param } = opts;
   if (!isSchema(schema as Json)) fail(param, '', 'the schema must be a JSON object');
   let nodes = 0;
+  let lengthBudget = SCHEMA_LIMITS.maxLengthTotal;
   const defs = new Set<string>();
   for (const key of ['$defs', 'definitions'] as const) {
     const d = (schema as Schema)[key];
@@ -108,11 +115,15 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
       delete out['format'];
       out['pattern'] = exact;
     }
-    // NOTE: string length limits are refused until they are enforced per character: the
-    // compiler's length rule (and its negated character classes) count bytes and can split a
-    // multi-byte character, so the output could be invalid UTF-8 or too long.
-    for (const key of ['minLength', 'maxLength']) {
-      if (s[key] !== undefined) fail(param, `${pointer}/${key}`, `the keyword '${key}' is not supported by structured outputs yet`);
+    const lengths = stringLengths(s, pointer, param);
+    if (lengths !== undefined) {
+      lengthBudget -= lengths.cost;
+      if (lengthBudget < 0) {
+        fail(param, `${pointer}/${lengths.keyword}`, `the string length limits in this schema add up to more than ${SCHEMA_LIMITS.maxLengthTotal} characters`);
+      }
+      delete out['minLength'];
+      delete out['maxLength'];
+      out['pattern'] = lengths.pattern;
     }
     const values = s['enum'];
     if (values !== undefined && (!Array.isArray(values) || values.length === 0 || values.length > SCHEMA_LIMITS.maxEnum)) {
@@ -179,6 +190,32 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
     return out;
   };
   return { schema: visit(schema as Json, '', 0, true) as Schema };
+}
+
+/** One JSON string character as it appears in the output: no escapes, no control characters. */
+const PLAIN_CHAR = '[^\\x00-\\x1f"\\\\]';
+
+/**
+ * minLength / maxLength as a pattern counting characters (code points, as JSON Schema counts
+ * them). The strings it admits hold no escapes: every character is written as itself.
+ */
+function stringLengths(s: Schema, pointer: string, param: string): { pattern: string; cost: number; keyword: string } | undefined {
+  const bound = (key: string) => {
+    const v = s[key];
+    if (v === undefined) return undefined;
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0 || v > SCHEMA_LIMITS.maxStringLength) {
+      fail(param, `${pointer}/${key}`, `'${key}' must be an integer in [0, ${SCHEMA_LIMITS.maxStringLength}] (longer limits are not supported by structured outputs)`);
+    }
+    return v;
+  };
+  const min = bound('minLength'), max = bound('maxLength');
+  if (min === undefined && max === undefined) return undefined;
+  const keyword = min !== undefined ? 'minLength' : 'maxLength';
+  if (min !== undefined && max !== undefined && min > max) fail(param, `${pointer}/minLength`, "'minLength' exceeds 'maxLength'");
+  for (const other of ['pattern', 'format', 'enum', 'const']) {
+    if (s[other] !== undefined) fail(param, `${pointer}/${keyword}`, `'${keyword}' together with '${other}' is not supported by structured outputs`);
+  }
+  return { pattern: `^${PLAIN_CHAR}{${min ?? 0},${max ?? ''}}$`, cost: Math.max(min ?? 0, max ?? 0), keyword };
 }
 
 function numberOr(v: Json | undefined, fallback: number): number {
