@@ -199,6 +199,12 @@ describe('structured outputs', () => {
     const alone = await engine.generate(req(7));
     const batched = await Promise.all([req(1), req(7), req(3)].map((r) => engine.generate(r)));
     expect(batched[1]!.text).toBe(alone.text);
+    // A long shared prompt, computed once and then read from the prefix cache: the same output.
+    const long = { ...req(7), prompt: 'determinism with a cached prefix '.repeat(12), promptCacheKey: 'structured' };
+    const first = await engine.generate(long);
+    const second = await engine.generate(long);
+    expect(second.usage.cachedTokens).toBeGreaterThan(0);
+    expect(second.text).toBe(first.text);
     const cut = await engine.generate(req(7, 3));
     expect(cut.finishReason).toBe('length');
     expect(() => JSON.parse(cut.text)).toThrow();
