@@ -18,7 +18,8 @@ import {
 } from './request.js';
 import type { FinishReason } from './stops.js';
 import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
-import { StructuredOutputs } from '../structured/structured-outputs.js';
+import { StructuredOutputs, type TokenConstraint } from '../structured/structured-outputs.js';
+import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../structured/thinking.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -344,6 +345,28 @@ export class Engine {
     return this.structured;
   }
 
+  /** The model's think tags when each is one token (<think> / </think>), else undefined. */
+  thinkingTags(): ThinkingTags | undefined {
+    const openId = this.tokenizer.tokenId('<think>');
+    const closeId = this.tokenizer.tokenId('</think>');
+    if (openId === undefined || closeId === undefined) return undefined;
+    return { open: '<think>', close: '</think>', openId, closeId };
+  }
+
+  private async outputConstraint(req: GenerateRequest, promptTokenIds: readonly number[]): Promise<TokenConstraint | undefined> {
+    const budget = req.thinking === undefined || req.thinking === false ? undefined : req.thinking.budget;
+    const tags = this.thinkingTags();
+    if (budget !== undefined && tags === undefined) {
+      throw new SluiceError('invalid_request', 'this model has no single-token <think> and </think> tags, so it has no thinking budget',
+        { param: 'thinking' });
+    }
+    const inner = req.responseFormat === undefined ? undefined : await this.structuredOutputs().constraint(req.responseFormat);
+    if (budget === undefined) return inner;
+    // Templates that open the block in the generation prompt: the output starts inside it.
+    const opened = promptOpensThinking(promptTokenIds, tags!);
+    return new ThinkingConstraint({ openId: tags!.openId, closeId: tags!.closeId, budget, opened }, Math.ceil(this.info.vocabSize / 32), inner);
+  }
+
   /** Stops accepting requests, fails pending ones (engine_disposed), frees the model. Safe to call twice. */
   async dispose(): Promise<void> {
     if (this.disposed) return;
@@ -363,7 +386,11 @@ export class Engine {
     const tenant = checkTenant(req.tenant);
     const source = promptSource(req);
     const promptTokenIds = source === 'promptTokenIds' ? this.promptTokenIds(req)
-      : await this.preparePrompt(source === 'prompt' ? { prompt: req.prompt! } : { messages: req.messages! }, { tenant });
+      : await this.preparePrompt(source === 'prompt' ? { prompt: req.prompt! } : {
+        messages: req.messages!,
+        ...(req.tools !== undefined && { tools: req.tools }),
+        ...(req.thinking !== undefined && { enableThinking: req.thinking !== false }),
+      }, { tenant });
     const maxTokens = resolveMaxTokens(promptTokenIds.length, options.maxTokens, this.info.contextLength,
       this.batcher.maxSequenceTokens);
     onPrompt(promptTokenIds);
@@ -375,8 +402,9 @@ export class Engine {
     if (userSignal?.aborted) forwardAbort();
     else userSignal?.addEventListener('abort', forwardAbort, { once: true });
 
-    // Structured outputs: compiled (or taken from the cache) and checked before anything runs.
-    const constraint = req.responseFormat === undefined ? undefined : await this.structuredOutputs().constraint(req.responseFormat);
+    // Structured outputs (compiled or taken from the cache, checked before anything runs) and the
+    // thinking budget.
+    const constraint = await this.outputConstraint(req, promptTokenIds);
     const generation = new Generation({
       tokenizer: this.tokenizer,
       promptTokenIds,

@@ -3,12 +3,16 @@
 // in the prompt workers (prompt-pool.ts) for long ones, so both give identical tokens.
 
 import { compileChatTemplate, type ChatMessage, type ChatTemplate } from './chat-template.js';
+import type { ChatTool } from './request.js';
 import type { SluiceTokenizer } from './tokenizer.js';
 
 /** The text a prompt is made of: exactly one of the two. */
 export interface PromptText {
   prompt?: string;
   messages?: readonly ChatMessage[];
+  /** With messages: tools for the template, and its enable_thinking (undefined: its default). */
+  tools?: readonly ChatTool[];
+  enableThinking?: boolean;
 }
 
 export class PromptEncoder {
@@ -21,6 +25,8 @@ export class PromptEncoder {
       this.chatTemplate ??= compileChatTemplate(this.tokenizer.chatTemplate, this.modelName);
       const text = this.chatTemplate.render(req.messages, {
         bosToken: this.tokenizer.bosToken, eosToken: this.tokenizer.eosToken, addGenerationPrompt: true,
+        ...(req.tools !== undefined && req.tools.length > 0 && { tools: req.tools }),
+        ...(req.enableThinking !== undefined && { enableThinking: req.enableThinking }),
       });
       // The template writes bos itself when the model wants it.
       return this.tokenizer.encode(text, { addBos: false });
@@ -35,7 +41,8 @@ export class PromptEncoder {
  */
 export function promptTextLength(req: PromptText): number {
   if (req.messages === undefined) return typeof req.prompt === 'string' ? req.prompt.length : 0;
-  let n = 0;
+  // Tools are rendered into the prompt as JSON: their size counts too.
+  let n = req.tools === undefined ? 0 : JSON.stringify(req.tools).length;
   for (const m of req.messages) {
     const content = (m as { content?: unknown } | null)?.content;
     if (typeof content === 'string') n += content.length;

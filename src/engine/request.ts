@@ -56,8 +56,29 @@ export interface GenerateRequest {
    * (invalid_request naming the keyword and its JSON pointer) before anything is generated.
    */
   responseFormat?: ResponseFormat;
+  /**
+   * Function tools the chat template shows the model (messages only), in OpenAI's Chat
+   * Completions shape. How calls come back is the caller's to parse (see tool-calls.ts).
+   */
+  tools?: ChatTool[];
+  /**
+   * Thinking, for models whose template has it (messages only). false: off (the template's
+   * enable_thinking=false). {budget}: on, and the think block is closed by force after `budget`
+   * tokens of reasoning, so the answer always follows; a responseFormat then applies to the
+   * answer after the block. Undefined: the template's default, no budget.
+   */
+  thinking?: false | { budget: number };
   signal?: AbortSignal;
 }
+
+/** A function tool as chat templates take it. */
+export interface ChatTool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: unknown };
+}
+
+/** The largest thinking budget (tokens). */
+export const MAX_THINKING_BUDGET = 1 << 20;
 
 export interface TopLogprob {
   id: number;
@@ -173,6 +194,11 @@ export function validateOptions(req: GenerateRequest): ValidatedOptions {
   const completionWindow = req.completionWindow ?? DEFAULT_COMPLETION_WINDOW;
   if (!SCHEDULING_WINDOWS.includes(completionWindow)) {
     throw invalid('completionWindow', `must be one of ${SCHEDULING_WINDOWS.join(', ')}, got ${JSON.stringify(completionWindow) ?? String(completionWindow)}`);
+  }
+  const thinking = req.thinking;
+  if (thinking !== undefined && thinking !== false && (thinking === null || typeof thinking !== 'object' ||
+      !Number.isInteger(thinking.budget) || thinking.budget < 0 || thinking.budget > MAX_THINKING_BUDGET)) {
+    throw invalid('thinking', `must be false or {budget} with an integer budget in [0, ${MAX_THINKING_BUDGET}]`);
   }
   const promptCacheKey = req.promptCacheKey;
   if (promptCacheKey !== undefined && (typeof promptCacheKey !== 'string' || promptCacheKey.length === 0 ||

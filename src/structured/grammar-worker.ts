@@ -3,7 +3,7 @@
 // masks never run on the event loop. Started by StructuredOutputs (structured-outputs.ts) from
 // the compiled file dist/src/structured/grammar-worker.js. Messages, answered in order:
 //   init    {tokens, special, vocabType, ...}  -> {reply}
-//   open    {matcher, key, schemaText}          -> {reply} | {reply, error}
+//   open    {matcher, key, kind, source}        -> {reply} | {reply, error}
 //   masks   {ids, accepts: [matcher, token][]}  -> {reply, masks (transferred), failed: number[]}
 //   close   {matcher}                           (no answer)
 
@@ -17,9 +17,12 @@ import { buildGrammarVocabulary, CLEARS_STATE, KEEPS_STATE, type GrammarVocabula
 export type GrammarRequest =
   | { op: 'init'; reply: number; tokens: (string | undefined)[]; special: boolean[]; vocabType: VocabType; vocabSize: number;
       stopTokenIds: number[]; cacheSize: number; maxWhitespace: number }
-  | { op: 'open'; reply: number; matcher: number; key: string; schemaText: string }
+  | { op: 'open'; reply: number; matcher: number; key: string; kind: GrammarKind; source: string }
   | { op: 'masks'; reply: number; ids: number[]; accepts: [number, number][] }
   | { op: 'close'; matcher: number };
+
+/** json_schema: a JSON schema's text; structural_tag: xgrammar's structural tag JSON (tool calls). */
+export type GrammarKind = 'json_schema' | 'structural_tag';
 
 export type GrammarAnswer =
   | { reply: number; error?: string }
@@ -58,13 +61,15 @@ async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<void>
 }
 
 /** The compiled grammar for `key` (least recently used out past the cache size). */
-async function grammarFor(key: string, schemaText: string): Promise<XG.CompiledGrammar> {
+async function grammarFor(key: string, kind: GrammarKind, source: string): Promise<XG.CompiledGrammar> {
   const s = state!;
   let grammar = compiled.get(key);
   if (grammar !== undefined) {
     compiled.delete(key);
   } else {
-    grammar = await s.compiler.compileJSONSchema(schemaText, true, undefined, undefined, false, s.maxWhitespace);
+    grammar = kind === 'json_schema'
+      ? await s.compiler.compileJSONSchema(source, true, undefined, undefined, false, s.maxWhitespace)
+      : await s.compiler.compileStructuralTag(source);
     while (compiled.size >= s.cacheSize) {
       const oldest = compiled.keys().next().value as string;
       compiled.get(oldest)!.dispose();  // matchers made from it keep their own reference
@@ -76,7 +81,7 @@ async function grammarFor(key: string, schemaText: string): Promise<XG.CompiledG
 }
 
 async function open(req: Extract<GrammarRequest, { op: 'open' }>): Promise<void> {
-  const grammar = await grammarFor(req.key, req.schemaText);
+  const grammar = await grammarFor(req.key, req.kind, req.source);
   const matcher = await xgrammar().GrammarMatcher.createGrammarMatcher(grammar, state!.stopTokenIds);
   matchers.set(req.matcher, { matcher, lead: 0, failed: false });
 }

@@ -15,14 +15,16 @@ import { Worker } from 'node:worker_threads';
 
 import { SluiceError } from '../errors.js';
 import type { SluiceTokenizer } from '../engine/tokenizer.js';
-import type { GrammarAnswer, GrammarRequest } from './grammar-worker.js';
+import type { GrammarAnswer, GrammarKind, GrammarRequest } from './grammar-worker.js';
 import { checkResponseSchema } from './schema-check.js';
 import type { VocabType } from './vocabulary.js';
 
 /** A response format the engine enforces. */
 export type ResponseFormat =
   | { type: 'json_schema'; schema: unknown; strict?: boolean; param?: string }
-  | { type: 'json_object'; param?: string };
+  | { type: 'json_object'; param?: string }
+  /** xgrammar's structural tag (built by tool-grammar.ts for tool calls; its schemas already checked). */
+  | { type: 'structural_tag'; tag: object; param?: string };
 
 /** What the scheduler needs of a constrained sequence (see Batcher). */
 export interface TokenConstraint {
@@ -71,13 +73,15 @@ export class StructuredOutputs {
   async constraint(format: ResponseFormat): Promise<TokenConstraint> {
     if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
     const param = format.param ?? 'response_format';
-    const schemaText = format.type === 'json_object' ? '{"type":"object"}'
-      : JSON.stringify(checkResponseSchema(format.schema, { strict: format.strict === true, param }).schema);
+    const kind: GrammarKind = format.type === 'structural_tag' ? 'structural_tag' : 'json_schema';
+    const source = format.type === 'json_object' ? '{"type":"object"}'
+      : format.type === 'structural_tag' ? JSON.stringify(format.tag)
+        : JSON.stringify(checkResponseSchema(format.schema, { strict: format.strict === true, param }).schema);
     const worker = this.currentWorker();
     await worker.ready;
     const id = worker.nextMatcherId++;
     try {
-      await worker.call({ op: 'open', reply: 0, matcher: id, key: schemaText, schemaText }, this.compileTimeoutMs);
+      await worker.call({ op: 'open', reply: 0, matcher: id, key: `${kind}:${source}`, kind, source }, this.compileTimeoutMs);
     } catch (err) {
       if (err instanceof CompileTimeout) {
         throw new SluiceError('invalid_request', `the schema took longer than ${this.compileTimeoutMs / 1000} s to compile into a grammar`, { param });
