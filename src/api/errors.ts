@@ -53,6 +53,7 @@ const SLUICE_CODE_STATUS: Record<string, number> = {
   image_input_unsupported: 400,
   unsupported_input: 400,
   chat_unsupported: 400,
+  tools_unsupported: 400,
   input_too_long: 400,
   rate_limit_exceeded: 429,
   cancelled: 499,

@@ -74,7 +74,7 @@ const SURFACES: Record<string, Surface> = {
       // The object says what the line asked for; running in the batch's background is not its doing.
       running['background'] = body.background === true;
       const result = await service.run(prepared, signal, 'batch');
-      return { body: finishedResponse(running, result), usage: { prepared, results: [result] } };
+      return { body: finishedResponse(running, result, prepared), usage: { prepared, results: [result] } };
     },
   },
   '/v1/chat/completions': {

@@ -3,6 +3,7 @@
 
 import type { ChatMessage } from '../engine/chat-template.js';
 import type { CompletionWindow } from '../config/catalog.js';
+import type { AssistantPlan, ReasoningEffort, ToolsRequest } from './assistant-turn.js';
 
 export interface OutputFormat {
   /** json_schema and json_object are enforced by constrained decoding (src/structured). */
@@ -47,6 +48,10 @@ export interface GenerationRequest {
   metadata: Record<string, string>;
   promptCacheKey?: string;
   user?: string;
+  /** Function tools offered to the model, and how it may use them. */
+  tools?: ToolsRequest;
+  /** Thinking effort for models that think (undefined: medium); ignored by models that do not. */
+  reasoningEffort?: ReasoningEffort;
 }
 
 /** What prepare() resolved: everything run() needs. */
@@ -55,4 +60,6 @@ export interface PreparedGeneration {
   window: CompletionWindow;
   promptTokenIds: number[];
   maxTokens: number;
+  /** Reasoning and tools, resolved against the model (assistant-turn.ts). */
+  assistant: AssistantPlan;
 }

@@ -8,6 +8,7 @@ import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, OutputFormat, PreparedGeneration } from './generation-request.js';
 import type { ResponseFormat } from '../structured/structured-outputs.js';
 import type { ModelRegistry, ServedModel } from './model-registry.js';
+import { plan } from './assistant-turn.js';
 import { TenantLimiter, type Release } from './tenant-limits.js';
 
 /**
@@ -41,12 +42,22 @@ export class GenerationService {
         `the model "${model.id}" does not serve conversations (supports_chat is false); send a plain string input`,
         { param: 'input' });
     }
+    const assistant = plan(model, {
+      chat: request.input.kind === 'messages',
+      ...(request.reasoningEffort !== undefined && { effort: request.reasoningEffort }),
+      ...(request.tools !== undefined && { tools: request.tools }),
+      ...(request.outputFormat !== undefined && { outputFormat: request.outputFormat }),
+    });
     // Long inputs are rendered and tokenized off the event loop; over-long ones are refused first.
     const promptTokenIds = await model.engine.preparePrompt(request.input.kind === 'messages'
-      ? { messages: request.input.messages }
+      ? {
+        messages: request.input.messages,
+        ...(assistant.tools !== undefined && { tools: assistant.tools }),
+        ...(assistant.enableThinking !== undefined && { enableThinking: assistant.enableThinking }),
+      }
       : { prompt: request.input.text }, { contextLength: model.contextLength, tenant: request.caller.orgId });
     const maxTokens = resolveMaxTokens(model, promptTokenIds.length, request);
-    return { request, window, promptTokenIds, maxTokens };
+    return { request, window, promptTokenIds, maxTokens, assistant };
   }
 
   /**
@@ -96,7 +107,9 @@ export class GenerationService {
       ...(s.seed !== undefined && { seed: s.seed }),
       ...(s.stop !== undefined && { stop: s.stop }),
       ...(s.logprobs !== undefined && { logprobs: s.logprobs }),
-      ...(responseFormatOf(request.outputFormat) ?? {}),
+      ...(prepared.assistant.responseFormat !== undefined ? { responseFormat: prepared.assistant.responseFormat }
+        : responseFormatOf(request.outputFormat) ?? {}),
+      ...(prepared.assistant.thinking && { thinking: prepared.assistant.thinking }),
       ...(signal && { signal }),
     });
   }

@@ -14,6 +14,16 @@ import {
   MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
 import { checkImageUrl, completionWindowOf, newId, refuseListedTypes, refuseStreaming } from './content.js';
+import { argumentsObject, callId, chatTools } from './tools.js';
+import { split } from '../../serving/assistant-turn.js';
+
+/** A chat message with the tool-call fields templates read. */
+type ToolAwareMessage = ChatMessage & {
+  tool_calls?: { id: string; type: 'function'; function: { name: string; arguments: Record<string, unknown> } }[];
+  tool_call_id?: string;
+  name?: string;
+  reasoning_content?: string;
+};
 
 /** Content part types of OpenAI's API that the service refuses, with why. */
 const REFUSED_PART_TYPES: Record<string, string> = {
@@ -39,17 +49,41 @@ export function refuseUnsupportedChatInput(body: unknown): void {
   refuseListedTypes((body as { messages?: unknown } | null)?.messages, 'messages', REFUSED_PART_TYPES);
 }
 
+/** The tool-call fields a message carries to the chat template (tool_calls, tool_call_id, reasoning_content). */
+function toolFields(m: ChatMessageParam, i: number): Partial<ToolAwareMessage> {
+  const out: Partial<ToolAwareMessage> = {};
+  if (m.role === 'assistant' && m.tool_calls !== undefined && m.tool_calls.length > 0) {
+    out.tool_calls = m.tool_calls.map((call, j) => {
+      const at = `messages[${i}].tool_calls[${j}]`;
+      const fn = call['function'] as { name?: unknown; arguments?: unknown } | undefined;
+      if (call['type'] !== 'function' || typeof fn !== 'object' || fn === null || typeof fn.name !== 'string') {
+        throw invalidRequest(`${at} must be {id, type: "function", function: {name, arguments}}`, at);
+      }
+      return {
+        id: typeof call['id'] === 'string' ? call['id'] : '',
+        type: 'function' as const,
+        function: { name: fn.name, arguments: argumentsObject(fn.arguments ?? '{}', `${at}.function.arguments`) },
+      };
+    });
+  }
+  if (m.role === 'tool' && m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
+  if (m.name !== undefined && (m.role === 'tool' || m.role === 'function')) out.name = m.name;
+  if (m.role === 'assistant' && typeof m.reasoning_content === 'string') out.reasoning_content = m.reasoning_content;
+  return out;
+}
+
 function toChatMessages(messages: ChatMessageParam[]): { messages: ChatMessage[]; imageParam?: string } {
   let imageParam: string | undefined;
   const out = messages.map((m, i): ChatMessage => {
     // Legacy function results are tool results to the chat template.
     const role: ChatRole = m.role === 'function' ? 'tool' : m.role;
+    const extra = toolFields(m, i);
     if (m.content === undefined || m.content === null) {
       // Only an assistant turn that called tools may have no content (OpenAI's rule too).
       if (m.role !== 'assistant') throw invalidRequest(`messages[${i}].content is required for a ${m.role} message`, `messages[${i}].content`);
-      return { role, content: '' };
+      return { role, content: '', ...extra } as ChatMessage;
     }
-    if (typeof m.content === 'string') return { role, content: m.content };
+    if (typeof m.content === 'string') return { role, content: m.content, ...extra } as ChatMessage;
     const texts: string[] = [];
     m.content.forEach((part, j) => {
       const param = `messages[${i}].content[${j}]`;
@@ -61,7 +95,7 @@ function toChatMessages(messages: ChatMessageParam[]): { messages: ChatMessage[]
       imageParam ??= param;
     });
     // Parts join with '\n', as on the Responses surface, so both render the same prompt.
-    return { role, content: texts.join('\n') };
+    return { role, content: texts.join('\n'), ...extra } as ChatMessage;
   });
   return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
 }
@@ -80,17 +114,9 @@ function refuseUnservable(body: CreateChatCompletionBody): void {
   if (body.stream_options != null) {
     throw unsupported('stream_options', 'stream_options is only allowed with stream=true, and streaming is not available on this endpoint');
   }
-  for (const field of ['tools', 'functions'] as const) {
-    if ((body[field]?.length ?? 0) > 0) {
-      throw invalidRequest(`${field}: the models served here cannot call tools; send no ${field} (or an empty list)`, field, 'tools_unsupported');
-    }
-  }
-  for (const field of ['tool_choice', 'function_call'] as const) {
-    const choice = body[field];
-    if (choice != null && choice !== 'none' && choice !== 'auto') {
-      throw invalidRequest(`${field} may only be "none" or "auto": the models served here cannot call tools`, field, 'tools_unsupported');
-    }
-  }
+  if ((body.functions?.length ?? 0) > 0) throw unsupported('functions', 'functions is deprecated and not served: send tools instead');
+  const call = body.function_call;
+  if (call != null && call !== 'none' && call !== 'auto') throw unsupported('function_call', 'function_call is deprecated and not served: send tool_choice instead');
 }
 
 function outputFormatOf(body: CreateChatCompletionBody): OutputFormat | undefined {
@@ -163,6 +189,9 @@ export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: 
   const format = outputFormatOf(body);
   if (format) request.outputFormat = format;
   if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;
+  const tools = chatTools(body.tools, body.tool_choice, body.parallel_tool_calls);
+  if (tools !== undefined) request.tools = tools;
+  if (body.reasoning_effort != null) request.reasoningEffort = body.reasoning_effort;
   const user = body.user ?? body.safety_identifier;
   if (user !== undefined) request.user = user;
   return { request, n: body.n ?? 1 };
@@ -216,25 +245,39 @@ export function chatCompletion(parts: ChatCompletionParts): ChatCompletion {
   const { prepared, results } = parts;
   const promptTokens = prepared.promptTokenIds.length;
   const completionTokens = results.reduce((sum, r) => sum + r.usage.completionTokens, 0);
+  const turns = results.map((r) => split(prepared.assistant, prepared.promptTokenIds, r));
   return {
     id: parts.id,
     object: 'chat.completion',
     created: parts.created,
     model: prepared.request.model,
     system_fingerprint: parts.fingerprint,
-    choices: results.map((r, index) => ({
-      index,
-      message: { role: 'assistant', content: r.text, refusal: null },
-      logprobs: r.logprobs === undefined ? null : { content: logprobsContent(r.logprobs), refusal: null },
-      finish_reason: r.finishReason,
-    })),
+    choices: results.map((r, index) => {
+      const turn = turns[index]!;
+      const calls = turn.toolCalls;
+      return {
+        index,
+        message: {
+          role: 'assistant' as const,
+          // OpenAI: null content beside tool calls when there is no text.
+          content: calls.length > 0 && turn.content === '' ? null : turn.content,
+          refusal: null,
+          ...(turn.reasoning !== undefined && { reasoning_content: turn.reasoning }),
+          ...(calls.length > 0 && {
+            tool_calls: calls.map((c) => ({ id: callId(), type: 'function' as const, function: { name: c.name, arguments: c.arguments } })),
+          }),
+        },
+        logprobs: r.logprobs === undefined ? null : { content: logprobsContent(r.logprobs), refusal: null },
+        finish_reason: calls.length > 0 && r.finishReason === 'stop' ? 'tool_calls' as const : r.finishReason,
+      };
+    }),
     usage: {
       prompt_tokens: promptTokens,
       completion_tokens: completionTokens,
       total_tokens: promptTokens + completionTokens,
       // The prompt is counted once: what the first choice found in the prefix cache.
       prompt_tokens_details: { cached_tokens: results[0]?.usage.cachedTokens ?? 0 },
-      completion_tokens_details: { reasoning_tokens: 0 },
+      completion_tokens_details: { reasoning_tokens: turns.reduce((sum, t) => sum + t.reasoningTokens, 0) },
     },
     completion_window: prepared.window,
   };

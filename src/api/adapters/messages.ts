@@ -26,8 +26,8 @@ const REFUSED_BLOCK_TYPES: Record<string, string> = {
   web_search_tool_result: 'server tools are not available',
   document: 'document input is not accepted',
   search_result: 'search result input is not accepted',
-  thinking: 'the models served here do not think, so there is no thinking to replay',
-  redacted_thinking: 'the models served here do not think, so there is no thinking to replay',
+  thinking: 'thinking is not served on Messages, so there is no thinking to replay',
+  redacted_thinking: 'thinking is not served on Messages, so there is no thinking to replay',
   container_upload: 'file input is not accepted',
 };
 
@@ -71,7 +71,8 @@ function toChatMessages(body: CreateMessageBody): { messages: ChatMessage[]; ima
 
 export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Caller, supportsChat: boolean): GenerationRequest {
   if (body.thinking?.type === 'enabled') {
-    throw invalidRequest('extended thinking is not available: the models served here do not think (send thinking.type "disabled" or leave it out)',
+    throw invalidRequest('extended thinking is not served on Messages (send thinking.type "disabled" or leave it out); ' +
+      'models that think do so on Responses (reasoning.effort) and Chat Completions (reasoning_effort)',
       'thinking.type', 'unsupported_parameter');
   }
   if (!supportsChat) {
@@ -103,6 +104,8 @@ export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Cal
     maxOutputTokensParam: 'max_tokens',
     background: false,
     metadata,
+    // Anthropic's default: no thinking unless asked (and asking is refused above).
+    reasoningEffort: 'none',
   };
   if (window !== undefined) request.completionWindow = window;
   if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;

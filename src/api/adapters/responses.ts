@@ -12,6 +12,8 @@ import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
 import type { CreateResponseBody, InputMessage } from '../schemas/responses.js';
 import { checkImageUrl, completionWindowOf, newId, nowSeconds, refuseListedTypes } from './content.js';
+import { callId, responsesTools } from './tools.js';
+import { split } from '../../serving/assistant-turn.js';
 
 /** Input kinds clients may send that the service refuses, with why. */
 const REFUSED_ITEM_TYPES: Record<string, string> = {
@@ -104,6 +106,9 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
   }
   if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;
   if (body.user !== undefined) request.user = body.user;
+  const tools = responsesTools(body.tools, body.tool_choice, body.parallel_tool_calls);
+  if (tools !== undefined) request.tools = tools;
+  if (body.reasoning?.effort != null) request.reasoningEffort = body.reasoning.effort;
   return request;
 }
 
@@ -131,7 +136,7 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
     max_output_tokens: body.max_output_tokens ?? null,
     model: req.model,
     output: [],
-    parallel_tool_calls: true,
+    parallel_tool_calls: body.parallel_tool_calls ?? true,
     previous_response_id: null,
     prompt_cache_key: body.prompt_cache_key ?? null,
     reasoning: { effort: body.reasoning?.effort ?? null, summary: null },
@@ -139,8 +144,8 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
     temperature: body.temperature ?? 1,
     top_p: body.top_p ?? 1,
     text: { format: body.text?.format ?? { type: 'text' } },
-    tool_choice: 'auto',
-    tools: [],
+    tool_choice: body.tool_choice ?? 'auto',
+    tools: body.tools ?? [],
     truncation: 'disabled',
     usage: zeroUsage(),
     user: body.user ?? null,
@@ -149,26 +154,50 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
   };
 }
 
-/** The finished Response: one assistant message item; `incomplete` when the token limit cut it. */
-export function finishedResponse(running: ResponseBody, result: GenerateResult): ResponseBody {
+/**
+ * The finished Response: a reasoning item when the model thought, an assistant message item (when
+ * it wrote text, or called nothing), and a function_call item per tool call; `incomplete` when
+ * the token limit cut it. `seal` makes a reasoning item's encrypted_content (store=false).
+ */
+export function finishedResponse(running: ResponseBody, result: GenerateResult, prepared: PreparedGeneration,
+  seal?: (reasoning: string) => string): ResponseBody {
   const cut = result.finishReason === 'length';
-  return {
-    ...running,
-    status: cut ? 'incomplete' : 'completed',
-    completed_at: nowSeconds(),
-    incomplete_details: cut ? { reason: 'max_output_tokens' } : null,
-    output: [{
+  const status = cut ? 'incomplete' : 'completed';
+  const turn = split(prepared.assistant, prepared.promptTokenIds, result);
+  const output: Record<string, unknown>[] = [];
+  if (turn.reasoning !== undefined) {
+    output.push({
+      id: newId('rs'),
+      type: 'reasoning',
+      summary: [],
+      content: [{ type: 'reasoning_text', text: turn.reasoning }],
+      ...(seal !== undefined && { encrypted_content: seal(turn.reasoning) }),
+      status,
+    });
+  }
+  if (turn.content !== '' || turn.toolCalls.length === 0) {
+    output.push({
       id: newId('msg'),
       type: 'message',
-      status: cut ? 'incomplete' : 'completed',
+      status,
       role: 'assistant',
-      content: [{ type: 'output_text', text: result.text, annotations: [], logprobs: [] }],
-    }],
+      content: [{ type: 'output_text', text: turn.content, annotations: [], logprobs: [] }],
+    });
+  }
+  for (const call of turn.toolCalls) {
+    output.push({ id: newId('fc'), type: 'function_call', call_id: callId(), name: call.name, arguments: call.arguments, status: 'completed' });
+  }
+  return {
+    ...running,
+    status,
+    completed_at: nowSeconds(),
+    incomplete_details: cut ? { reason: 'max_output_tokens' } : null,
+    output,
     usage: {
       input_tokens: result.usage.promptTokens,
       input_tokens_details: { cached_tokens: result.usage.cachedTokens, reasoning_tokens: 0 },
       output_tokens: result.usage.completionTokens,
-      output_tokens_details: { cached_tokens: 0, reasoning_tokens: 0 },
+      output_tokens_details: { cached_tokens: 0, reasoning_tokens: turn.reasoningTokens },
       total_tokens: result.usage.promptTokens + result.usage.completionTokens,
     },
   };

@@ -50,7 +50,7 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   try {
     const result = await ctx.service.run(prepared, signal, 'foreground', admitted);
     reply.header('server-timing', serverTiming(result.timings));
-    final = finishedResponse(running, result);
+    final = finishedResponse(running, result, prepared);
     usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
   } catch (err) {
     if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);

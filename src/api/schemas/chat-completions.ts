@@ -5,9 +5,9 @@
 // naming it ("x is not a recognised field here") rather than being ignored, because a silently
 // ignored parameter (say, a penalty) changes results without telling the caller. Every OpenAI
 // field listed below is either honoured, accepted because it changes nothing here (store,
-// service_tier, parallel_tool_calls, reasoning_effort, modalities ["text"]), or checked by the
-// adapter and refused with a 400 naming it when it asks for something the service cannot do
-// (stream, penalties, logit_bias, tools). OpenAI fields the service knows but cannot honour at
+// service_tier, modalities ["text"]), or checked by the adapter and refused with a 400 naming it
+// when it asks for something the service cannot do (stream, penalties, logit_bias, the deprecated
+// functions). OpenAI fields the service knows but cannot honour at
 // all (audio, prediction, web_search_options) get their own message from the adapter.
 //
 // Messages and content parts are closed too (the spec: no extra fields in a message). Parts and
@@ -40,6 +40,8 @@ export const ChatMessageSchema = Type.Object({
   tool_calls: Type.Optional(Type.Array(Free)),
   tool_call_id: Type.Optional(Type.String()),
   function_call: Type.Optional(Nullable(Free)),
+  /** An assistant turn's reasoning (vLLM's field), given back to templates that render it. */
+  reasoning_content: Type.Optional(Nullable(Type.String())),
   // An assistant message read back from our own response carries these; accepted and ignored.
   refusal: Type.Optional(Nullable(Type.String())),
   annotations: Type.Optional(Type.Array(Type.Unknown())),
@@ -93,13 +95,14 @@ export const CreateChatCompletionSchema = Type.Object({
   /** Only false; stream_options only null (it is meaningful with stream=true alone). */
   stream: Type.Optional(Nullable(Type.Boolean())),
   stream_options: Type.Optional(Nullable(Free)),
-  /** Only empty: the models cannot call tools. tool_choice / function_call only none or auto. */
-  tools: Type.Optional(Nullable(Type.Array(Free))),
-  functions: Type.Optional(Nullable(Type.Array(Free))),
+  /** Function tools, on models whose template renders them (supports_tools); checked by the adapter. */
+  tools: Type.Optional(Nullable(Type.Array(Free, { maxItems: 128 }))),
   tool_choice: Type.Optional(Nullable(Type.Union([Type.String(), Free]))),
+  parallel_tool_calls: Type.Optional(Nullable(Type.Boolean())),
+  /** The deprecated forms of tools: refused by the adapter with a pointer to tools. */
+  functions: Type.Optional(Nullable(Type.Array(Free))),
   function_call: Type.Optional(Nullable(Type.Union([Type.String(), Free]))),
   // Accepted; nothing to do with them here.
-  parallel_tool_calls: Type.Optional(Nullable(Type.Boolean())),
   service_tier: Type.Optional(Nullable(Type.Enum(['auto', 'default', 'flex', 'scale', 'priority']))),
   store: Type.Optional(Nullable(Type.Boolean())),
   reasoning_effort: Type.Optional(Nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high', 'xhigh']))),
@@ -130,12 +133,18 @@ export const ChatChoiceSchema = Type.Object({
     role: Type.Literal('assistant'),
     content: Nullable(Type.String()),
     refusal: Type.Null(),
+    reasoning_content: Type.Optional(Type.String()),
+    tool_calls: Type.Optional(Type.Array(Type.Object({
+      id: Type.String(),
+      type: Type.Literal('function'),
+      function: Type.Object({ name: Type.String(), arguments: Type.String() }, { additionalProperties: false }),
+    }, { additionalProperties: false }))),
   }, { additionalProperties: false }),
   logprobs: Nullable(Type.Object({
     content: Nullable(Type.Array(TokenLogprobSchema)),
     refusal: Type.Null(),
   }, { additionalProperties: false })),
-  finish_reason: Type.Enum(['stop', 'length']),
+  finish_reason: Type.Enum(['stop', 'length', 'tool_calls']),
 }, { additionalProperties: false });
 export type ChatChoice = Static<typeof ChatChoiceSchema>;
 

@@ -71,6 +71,10 @@ export const CreateResponseSchema = Type.Object({
   background: Type.Optional(Nullable(Type.Boolean())),
   prompt_cache_key: Type.Optional(Type.String()),
   store: Type.Optional(Nullable(Type.Boolean())),
+  /** Function tools (other tool types are refused by the adapter), how the model may use them. */
+  tools: Type.Optional(Nullable(Type.Array(Free, { maxItems: 128 }))),
+  tool_choice: Type.Optional(Nullable(Type.Union([Type.Enum(['none', 'auto', 'required']), Free]))),
+  parallel_tool_calls: Type.Optional(Nullable(Type.Boolean())),
   truncation: Type.Optional(Nullable(Type.Literal('disabled'))),
   stream: Type.Optional(Nullable(Type.Literal(false))),
   user: Type.Optional(Type.String({ maxLength: 256 })),
