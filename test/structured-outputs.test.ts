@@ -154,7 +154,7 @@ describe('structured outputs', () => {
     const tokenizer = await SluiceTokenizer.load(join(root, 'tiny'));
     const vocabSize = engine.structuredOutputs().maskWords * 32;
     const impatient = new StructuredOutputs(tokenizer, vocabSize, { compileTimeoutMs: 1 });
-    const structured = new StructuredOutputs(tokenizer, vocabSize);
+    const structured = new StructuredOutputs(tokenizer, vocabSize, { workers: 2 });
     try {
       const err = await impatient.constraint({ type: 'json_schema', schema: { type: 'string', maxLength: 32 }, param: 'text.format.schema' })
         .catch((e: unknown) => e);
@@ -163,16 +163,23 @@ describe('structured outputs', () => {
       expect((err as SluiceError).message).toMatch(/took longer than 0.001 s to compile/);
 
       const mask = new Uint32Array(structured.maskWords);
+      const open = tokenizer.encode('{', { addBos: false })[0]!;
+      // Two sequences land on the two workers; the first's worker goes away (as on a WebAssembly abort).
       const before = await structured.constraint({ type: 'json_object' });
+      const other = await structured.constraint({ type: 'json_object' });
+      const workers = (structured as unknown as { workers: ({ stop(e: Error): Promise<void> } | undefined)[] }).workers;
+      expect(workers.every((w) => w !== undefined)).toBe(true);
+      await Promise.all([before.fillMask(mask, 0), other.fillMask(mask, 0)]);
+      await workers[0]!.stop(new Error('killed by the test'));
       await before.fillMask(mask, 0);
-      // The worker thread goes away (as on a WebAssembly abort).
-      await (structured as unknown as { worker: { stop(e: Error): Promise<void> } }).worker.stop(new Error('killed by the test'));
-      await before.fillMask(mask, 0);
-      expect(before.accept(tokenizer.encode('{', { addBos: false })[0]!)).toBe(false);
+      expect(before.accept(open)).toBe(false);
       expect(before.failure?.message).toMatch(/killed by the test/);
+      // The other worker's sequence goes on; a new sequence gets a fresh worker.
+      await other.fillMask(mask, 0);
+      expect(other.accept(open)).toBe(true);
+      other.dispose();
       const after = await structured.constraint({ type: 'json_object' });
       await after.fillMask(mask, 0);
-      const open = tokenizer.encode('{', { addBos: false })[0]!;
       expect((mask[open >>> 5]! >>> (open & 31)) & 1).toBe(1);
       expect(after.accept(open)).toBe(true);
       after.dispose();

@@ -2,14 +2,16 @@
 // model's vocabulary, and per-sequence matchers that give the scheduler each step's allowed
 // tokens as a bitmask and advance with each sampled token.
 //
-// All grammar work runs on one worker thread per model (grammar-worker.ts): compiling a schema can
-// take seconds and a step's masks for a full batch milliseconds, neither of which may hold up the
-// event loop. The masks a step needs are asked for in one message (requests made in the same tick
-// are coalesced), and the tokens sampled since ride along in it. Compiled grammars are cached by
-// schema in the worker. If the worker dies (a WebAssembly abort) or a compile runs past its time
-// limit, its sequences fail and the next request starts a fresh one.
+// All grammar work runs on worker threads (grammar-worker.ts), a few per model: compiling a schema
+// can take seconds and a step's masks for a full batch milliseconds, neither of which may hold up
+// the event loop. A sequence's matcher lives on one worker; the masks a step needs from a worker
+// are asked for in one message (requests made in the same tick are coalesced), with the tokens
+// sampled since, and the workers compute theirs in parallel. Compiled grammars are cached by schema
+// in each worker. If a worker dies (a WebAssembly abort) or a compile runs past its time limit,
+// its sequences fail and the next request starts a fresh one in its place.
 
 import { existsSync } from 'node:fs';
+import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 
@@ -42,6 +44,12 @@ export interface StructuredOutputsOptions {
   cacheSize?: number;
   /** A schema still compiling after this long is refused and its worker replaced (default 60 s). */
   compileTimeoutMs?: number;
+  /**
+   * Grammar worker threads (default: a quarter of the CPUs, 1 to 4). A step's masks are computed
+   * on all of them at once; each sequence's matcher lives on the least busy one when it starts,
+   * and a schema is compiled once on each worker that needs it.
+   */
+  workers?: number;
 }
 
 /** Whitespace allowed between JSON elements (any whitespace, as vLLM's default, but bounded). */
@@ -60,13 +68,16 @@ export class StructuredOutputs {
   readonly maskWords: number;
   private readonly cacheSize: number;
   private readonly compileTimeoutMs: number;
-  private worker: GrammarWorker | undefined;
+  private readonly workers: (GrammarWorker | undefined)[];
+  private vocabulary: { tokens: (string | undefined)[]; special: boolean[] } | undefined;
   private disposed = false;
 
   constructor(private readonly tokenizer: SluiceTokenizer, private readonly vocabSize: number, opts: StructuredOutputsOptions = {}) {
     this.maskWords = Math.ceil(vocabSize / 32);
     this.cacheSize = opts.cacheSize ?? 256;
     this.compileTimeoutMs = opts.compileTimeoutMs ?? 60_000;
+    const size = opts.workers ?? Math.min(4, Math.max(1, Math.floor(os.availableParallelism() / 4)));
+    this.workers = new Array<GrammarWorker | undefined>(Math.max(1, Math.floor(size))).fill(undefined);
   }
 
   /** Checks the format (400 on a schema it cannot enforce) and returns a fresh matcher for one sequence. */
@@ -77,12 +88,14 @@ export class StructuredOutputs {
     const source = format.type === 'json_object' ? '{"type":"object"}'
       : format.type === 'structural_tag' ? JSON.stringify(format.tag)
         : JSON.stringify(checkResponseSchema(format.schema, { strict: format.strict === true, param }).schema);
-    const worker = this.currentWorker();
+    const worker = this.leastBusyWorker();
     await worker.ready;
     const id = worker.nextMatcherId++;
+    worker.open++;
     try {
       await worker.call({ op: 'open', reply: 0, matcher: id, key: `${kind}:${source}`, kind, source }, this.compileTimeoutMs);
     } catch (err) {
+      worker.open--;
       if (err instanceof CompileTimeout) {
         throw new SluiceError('invalid_request', `the schema took longer than ${this.compileTimeoutMs / 1000} s to compile into a grammar`, { param });
       }
@@ -92,18 +105,28 @@ export class StructuredOutputs {
     return new WorkerConstraint(worker, id, this.maskWords);
   }
 
-  /** Stops the worker; constraints still in use fail. Safe to call twice. */
+  /** Stops the workers; constraints still in use fail. Safe to call twice. */
   async dispose(): Promise<void> {
     this.disposed = true;
-    await this.worker?.stop(new SluiceError('engine_disposed', 'the engine has been disposed'));
-    this.worker = undefined;
+    const stopped = new SluiceError('engine_disposed', 'the engine has been disposed');
+    await Promise.all(this.workers.map((w) => w?.stop(stopped)));
+    this.workers.fill(undefined);
   }
 
-  private currentWorker(): GrammarWorker {
-    if (this.worker === undefined || this.worker.dead !== undefined) {
-      if (!existsSync(workerPath())) {
-        throw new SluiceError('engine_error', `structured outputs need the compiled grammar worker ${workerPath()} (npm run build:ts)`);
-      }
+  /** The worker with the fewest open matchers, started (or restarted, after a death) when its slot needs one. */
+  private leastBusyWorker(): GrammarWorker {
+    let best = 0;
+    let bestLoad = Infinity;
+    this.workers.forEach((w, i) => {
+      const load = w === undefined || w.dead !== undefined ? 0.5 : w.open;  // an idle live worker first
+      if (load < bestLoad) [best, bestLoad] = [i, load];
+    });
+    const current = this.workers[best];
+    if (current !== undefined && current.dead === undefined) return current;
+    if (!existsSync(workerPath())) {
+      throw new SluiceError('engine_error', `structured outputs need the compiled grammar worker ${workerPath()} (npm run build:ts)`);
+    }
+    if (this.vocabulary === undefined) {
       const tokens = new Array<string | undefined>(this.vocabSize);
       const special = new Array<boolean>(this.vocabSize).fill(false);
       for (const [token, id] of this.tokenizer.vocab()) {
@@ -111,16 +134,17 @@ export class StructuredOutputs {
         tokens[id] = token;
         special[id] = this.tokenizer.isSpecial(id);
       }
-      const worker = new GrammarWorker();
-      worker.ready = worker.call({ op: 'init', reply: 0, tokens, special, vocabType: vocabType(this.tokenizer), vocabSize: this.vocabSize,
-        stopTokenIds: [...this.tokenizer.eosTokenIds], cacheSize: this.cacheSize, maxWhitespace: MAX_WHITESPACE })
-        .then(() => undefined, (err: Error) => {
-          throw err instanceof SluiceError ? err : new SluiceError('engine_error', `the grammar engine could not index the vocabulary: ${err.message}`);
-        });
-      worker.ready.catch(() => undefined);
-      this.worker = worker;
+      this.vocabulary = { tokens, special };
     }
-    return this.worker;
+    const worker = new GrammarWorker();
+    worker.ready = worker.call({ op: 'init', reply: 0, ...this.vocabulary, vocabType: vocabType(this.tokenizer), vocabSize: this.vocabSize,
+      stopTokenIds: [...this.tokenizer.eosTokenIds], cacheSize: this.cacheSize, maxWhitespace: MAX_WHITESPACE })
+      .then(() => undefined, (err: Error) => {
+        throw err instanceof SluiceError ? err : new SluiceError('engine_error', `the grammar engine could not index the vocabulary: ${err.message}`);
+      });
+    worker.ready.catch(() => undefined);
+    this.workers[best] = worker;
+    return worker;
   }
 }
 
@@ -136,6 +160,8 @@ interface MaskRequest {
 /** One worker thread and the calls waiting on it. */
 class GrammarWorker {
   nextMatcherId = 1;
+  /** Matchers open on this worker (the load a new sequence is placed by). */
+  open = 0;
   /** Settles when the vocabulary is indexed (rejects if it could not be). */
   ready: Promise<void> = Promise.resolve();
   /** Why the worker stopped, once it has. */
@@ -178,6 +204,7 @@ class GrammarWorker {
   }
 
   close(matcher: number): void {
+    this.open--;
     if (this.dead) return;
     this.accepts = this.accepts.filter(([m]) => m !== matcher);
     this.worker.postMessage({ op: 'close', matcher } satisfies GrammarRequest);
