@@ -199,12 +199,26 @@ export function buildVocab(size: number): { vocab: Record<string, number>; merge
 export interface SpecialToken {
   id: number;
   content: string;
+  /** false: an added token that decodes as text (Qwen3's <think>, <tool_call>, ...). Default true. */
+  special?: boolean;
 }
 
+/** Qwen3's added tokens that are not special: think blocks and tool calls decode as text. */
+export const QWEN3_TEXT_TOKENS = ['<think>', '</think>', '<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>'];
+
+/** Added tokens of a family: the ChatML ones, then Qwen3's text tokens or Llama 3's 256. */
+export function numAddedTokens(family: TokenizerFamilyName): number {
+  return family === 'chatml' ? 3 : family === 'qwen3' ? 3 + QWEN3_TEXT_TOKENS.length : 256;
+}
+
+type TokenizerFamilyName = 'chatml' | 'qwen3' | 'llama3';
+
 /** Special tokens of a family, with ids starting at `firstId`. */
-export function specialTokens(family: 'chatml' | 'llama3', firstId: number): SpecialToken[] {
-  if (family === 'chatml') {
-    return ['<|endoftext|>', '<|im_start|>', '<|im_end|>'].map((content, i) => ({ id: firstId + i, content }));
+export function specialTokens(family: TokenizerFamilyName, firstId: number): SpecialToken[] {
+  if (family === 'chatml' || family === 'qwen3') {
+    const chatml = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'].map((content, i) => ({ id: firstId + i, content }));
+    if (family === 'chatml') return chatml;
+    return [...chatml, ...QWEN3_TEXT_TOKENS.map((content, i) => ({ id: firstId + 3 + i, content, special: false }))];
   }
   // Llama 3.1 layout of its 256 reserved ids.
   const named: Record<number, string> = {
@@ -236,7 +250,7 @@ const built = new Map<string, BuiltTokenizer>();
 
 /** tokenizer.json (Hugging Face `tokenizers` format) for a byte-level BPE with specials.
  * Memoised per (size, family); treat the result as read-only. */
-export function buildTokenizerJson(vocabSize: number, family: 'chatml' | 'llama3'): BuiltTokenizer {
+export function buildTokenizerJson(vocabSize: number, family: TokenizerFamilyName): BuiltTokenizer {
   const key = `${family}:${vocabSize}`;
   let t = built.get(key);
   if (!t) {
@@ -246,8 +260,8 @@ export function buildTokenizerJson(vocabSize: number, family: 'chatml' | 'llama3
   return t;
 }
 
-function buildTokenizerJsonUncached(vocabSize: number, family: 'chatml' | 'llama3'): BuiltTokenizer {
-  const nSpecial = family === 'chatml' ? 3 : 256;
+function buildTokenizerJsonUncached(vocabSize: number, family: TokenizerFamilyName): BuiltTokenizer {
+  const nSpecial = numAddedTokens(family);
   if (vocabSize < 256 + nSpecial) {
     throw new Error(`vocabSize ${vocabSize} too small for the byte alphabet plus ${nSpecial} specials`);
   }
@@ -266,7 +280,7 @@ function buildTokenizerJsonUncached(vocabSize: number, family: 'chatml' | 'llama
       lstrip: false,
       rstrip: false,
       normalized: false,
-      special: true,
+      special: s.special !== false,
     })),
     normalizer: null,
     pre_tokenizer: {

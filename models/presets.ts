@@ -23,9 +23,11 @@ export type RopeScaling =
 /**
  * Tokenizer family written next to the weights.
  * - 'chatml': byte-level BPE + <|endoftext|>, <|im_start|>, <|im_end|> (Qwen style).
+ * - 'qwen3': chatml plus Qwen3's text tokens <think> </think> <tool_call> </tool_call>
+ *   <tool_response> </tool_response> (added, not special) and a template with thinking and tools.
  * - 'llama3': byte-level BPE + the 256 Llama 3 special tokens (<|begin_of_text|>, ... <|eot_id|>).
  */
-export type TokenizerFamily = 'chatml' | 'llama3';
+export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3';
 
 export interface PresetShape {
   architecture: Architecture;
@@ -81,6 +83,25 @@ export const PRESETS: Record<string, PresetShape> = {
     tieWordEmbeddings: true,
     slidingWindow: null,
     tokenizer: 'chatml',
+    defaultDtype: 'bf16',
+  },
+  // The tiny shape as Qwen3, with Qwen3's tokenizer features: a model that thinks and calls tools.
+  'tiny-qwen3': {
+    architecture: 'Qwen3ForCausalLM',
+    hiddenSize: 256,
+    intermediateSize: 688,
+    numLayers: 4,
+    numHeads: 4,
+    numKvHeads: 2,
+    headDim: 64,
+    vocabSize: SMALL_BPE_SIZE + CHATML_SPECIALS + 6,
+    maxPositionEmbeddings: 4096,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: true,
+    slidingWindow: null,
+    tokenizer: 'qwen3',
     defaultDtype: 'bf16',
   },
   'qwen2.5-0.5b': {

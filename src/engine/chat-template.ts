@@ -11,10 +11,24 @@ export interface ChatTextPart {
   text: string;
 }
 
+export interface ChatToolCall {
+  id: string;
+  type: 'function';
+  /** Arguments as an object: templates write them with tojson. */
+  function: { name: string; arguments: Record<string, unknown> };
+}
+
 export interface ChatMessage {
   role: ChatRole;
   /** A string, or a list of text parts which are joined with '\n'. */
   content: string | readonly ChatTextPart[];
+  /** An assistant turn's tool calls. */
+  tool_calls?: ChatToolCall[];
+  /** A tool result's call id, and the function's name. */
+  tool_call_id?: string;
+  name?: string;
+  /** An assistant turn's reasoning (templates that render think blocks show it). */
+  reasoning_content?: string;
 }
 
 export interface RenderOptions {
@@ -22,6 +36,10 @@ export interface RenderOptions {
   eosToken?: string | undefined;
   /** End with the header of an assistant turn so the model answers. Default true. */
   addGenerationPrompt?: boolean;
+  /** Function tools (OpenAI's Chat Completions shape), for templates that render `tools`. */
+  tools?: readonly unknown[];
+  /** The template's enable_thinking; undefined leaves it undefined (the template's default). */
+  enableThinking?: boolean;
 }
 
 const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant', 'tool']);
@@ -57,6 +75,8 @@ export class ChatTemplate {
         add_generation_prompt: options.addGenerationPrompt ?? true,
         bos_token: options.bosToken ?? '',
         eos_token: options.eosToken ?? '',
+        ...(options.tools !== undefined && options.tools.length > 0 && { tools: options.tools }),
+        ...(options.enableThinking !== undefined && { enable_thinking: options.enableThinking }),
       });
     } catch (err) {
       throw new SluiceError('chat_template_error',
@@ -77,7 +97,7 @@ export function compileChatTemplate(source: string | undefined, modelName: strin
 }
 
 /** Checks roles and content; flattens text parts to a string. Throws invalid_request. */
-export function normalizeMessages(messages: readonly ChatMessage[]): Array<{ role: string; content: string }> {
+export function normalizeMessages(messages: readonly ChatMessage[]): Array<{ role: string; content: string } & Partial<ChatMessage>> {
   if (!Array.isArray(messages) || messages.length === 0) {
     throw new SluiceError('invalid_request', 'messages must be a non-empty array', { param: 'messages' });
   }
@@ -87,7 +107,14 @@ export function normalizeMessages(messages: readonly ChatMessage[]): Array<{ rol
       throw new SluiceError('invalid_request',
         `${param}.role must be one of system, developer, user, assistant, tool`, { param: `${param}.role` });
     }
-    return { role: message.role === 'developer' ? 'system' : message.role, content: messageText(message.content, param) };
+    return {
+      role: message.role === 'developer' ? 'system' : message.role,
+      content: messageText(message.content, param),
+      ...(message.tool_calls !== undefined && message.tool_calls.length > 0 && { tool_calls: message.tool_calls }),
+      ...(message.tool_call_id !== undefined && { tool_call_id: message.tool_call_id }),
+      ...(message.name !== undefined && { name: message.name }),
+      ...(message.reasoning_content !== undefined && { reasoning_content: message.reasoning_content }),
+    };
   });
 }
 
