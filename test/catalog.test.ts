@@ -32,7 +32,7 @@ describe('parseCatalog', () => {
     ['duplicate negotiated tier', { models: [model({ negotiated_pricing: { acme: [price('flex', 1, 0, 1), price('flex', 1, 0, 1)] } })] }, /negotiated_pricing\.acme lists tier "flex" twice/],
     ['grants without restricted', { models: [model({ granted_organizations: ['acme'] })] }, /not restricted/],
     ['image input claimed', { models: [model({ supports_image_input: true })] }, /no image encoder/],
-    ['tools claimed', { models: [model({ supports_tools: true })] }, /tool-call parser/],
+    ['tools claimed', { models: [model({ supports_tools: true })] }, /follows the checkpoint's chat template/],
     ['bad effective_from', { models: [model({ long_context_pricing: { above_input_tokens: 10, input_multiplier: 2, output_multiplier: 2, effective_from: '2026-13-01' } })] }, /effective_from must match format "date"/],
   ])('refuses %s', (_name, value, message) => {
     expect(() => parseCatalog(value, 'catalog.json', '/')).toThrow(message);

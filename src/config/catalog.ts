@@ -50,7 +50,8 @@ const CatalogModelSchema = Type.Object({
   context_length: Type.Optional(Type.Integer({ minimum: 2 })),
   /** Default: true when the checkpoint has a chat template. */
   supports_chat: Type.Optional(Type.Boolean()),
-  // The engine has no vision encoder and no tool-call parser yet: a catalog may not claim either.
+  // The engine has no vision encoder: a catalog may not claim image input. Tool support follows
+  // the checkpoint's chat template (it renders tools in a syntax sluice parses); false turns it off.
   supports_image_input: Type.Optional(Type.Literal(false)),
   supports_tools: Type.Optional(Type.Literal(false)),
   pricing: Type.Optional(Type.Array(ModelPriceSchema)),
@@ -102,8 +103,10 @@ export function parseCatalog(value: unknown, source: string, baseDir: string): C
     const where = e.instancePath.replace(/^\//, '').replace(/\//g, '.') || '(top level)';
     const detail = e.keyword === 'additionalProperties'
       ? `has an unknown field "${(e.params as { additionalProperty: string }).additionalProperty}"`
-      : e.keyword === 'const' && /supports_(image_input|tools)$/.test(e.instancePath)
-        ? 'must be false: sluice has no image encoder or tool-call parser yet'
+      : e.keyword === 'const' && /supports_image_input$/.test(e.instancePath)
+        ? 'must be false: sluice has no image encoder yet'
+        : e.keyword === 'const' && /supports_tools$/.test(e.instancePath)
+          ? 'may only be false (to turn tools off): tool support follows the checkpoint\'s chat template'
         : e.message ?? 'is invalid';
     throw new SluiceError('invalid_argument', `${source}: ${where} ${detail}`);
   }

@@ -4,6 +4,7 @@
 
 import { SluiceError } from '../errors.js';
 import { Engine, type EngineLoadOptions } from '../engine/engine.js';
+import { toolCallFormat } from './tool-calls.js';
 import {
   COMPLETION_WINDOWS, type Catalog, type CatalogModel, type CompletionWindow, type EngineSettings,
   type LongContextPricing, type ModelPrice,
@@ -73,7 +74,8 @@ export class ServedModel {
       context_length: this.contextLength,
       supports_chat: this.supportsChat,
       supports_image_input: this.supportsImageInput,
-      supports_tools: this.entry.supports_tools ?? false,
+      // True where the model's template renders tools (and the catalog does not say false).
+      supports_tools: this.entry.supports_tools !== false && toolCallFormat(this.engine.tokenizer.chatTemplate) !== undefined,
       pricing: this.pricingFor(orgName),
     };
     if (this.entry.restricted) obj.restricted = true;

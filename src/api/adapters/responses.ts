@@ -10,9 +10,9 @@ import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { ResponseBody } from '../../store/store.js';
 import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
-import type { CreateResponseBody, InputMessage } from '../schemas/responses.js';
+import type { CreateResponseBody, InputItem, InputMessage } from '../schemas/responses.js';
 import { checkImageUrl, completionWindowOf, newId, nowSeconds, refuseListedTypes } from './content.js';
-import { callId, responsesTools } from './tools.js';
+import { argumentsObject, callId, responsesTools } from './tools.js';
 import { split } from '../../serving/assistant-turn.js';
 
 /** Input kinds clients may send that the service refuses, with why. */
@@ -21,9 +21,6 @@ const REFUSED_ITEM_TYPES: Record<string, string> = {
   input_audio: 'audio input is not accepted',
   input_file: 'file input is not accepted',
   file: 'file input is not accepted',
-  function_call: 'tool call items are not accepted as input',
-  function_call_output: 'tool call items are not accepted as input',
-  reasoning: 'reasoning items are not accepted as input',
 };
 
 /**
@@ -36,9 +33,48 @@ export function refuseUnsupportedInput(body: unknown): void {
   else refuseListedTypes((input as { messages?: unknown } | null)?.messages, 'input.messages', REFUSED_ITEM_TYPES, true);
 }
 
-function toChatMessages(messages: InputMessage[], base: string): { messages: ChatMessage[]; imageParam?: string } {
+/**
+ * Input items -> chat messages. function_call items join the assistant turn before them (or make
+ * one); function_call_output items are tool messages; a reasoning item's text reaches the next
+ * assistant turn only from its encrypted_content (`unseal`; without it, as with store=true, the
+ * reasoning does not carry over).
+ */
+function itemsToMessages(items: InputItem[], base: string, unseal?: (blob: string, param: string) => string): { messages: ChatMessage[]; imageParam?: string } {
+  const out: ChatMessage[] = [];
   let imageParam: string | undefined;
-  const out = messages.map((m, i): ChatMessage => {
+  let pendingReasoning: string | undefined;
+  items.forEach((item, i) => {
+    const at = `${base}[${i}]`;
+    if (item.type === 'function_call') {
+      const last = out[out.length - 1];
+      const call = { id: item.call_id, type: 'function' as const, function: { name: item.name, arguments: argumentsObject(item.arguments, `${at}.arguments`) } };
+      if (last !== undefined && last.role === 'assistant') (last.tool_calls ??= []).push(call);
+      else out.push({ role: 'assistant', content: '', tool_calls: [call], ...(pendingReasoning !== undefined && { reasoning_content: pendingReasoning }) });
+      pendingReasoning = undefined;
+      return;
+    }
+    if (item.type === 'function_call_output') {
+      out.push({ role: 'tool', content: item.output, tool_call_id: item.call_id });
+      return;
+    }
+    if (item.type === 'reasoning') {
+      if (typeof item.encrypted_content === 'string' && unseal !== undefined) pendingReasoning = unseal(item.encrypted_content, `${at}.encrypted_content`);
+      return;
+    }
+    const converted = toChatMessages([item], base, i);
+    imageParam ??= converted.imageParam;
+    const message = converted.messages[0]!;
+    if (message.role === 'assistant' && pendingReasoning !== undefined) message.reasoning_content = pendingReasoning;
+    pendingReasoning = undefined;
+    out.push(message);
+  });
+  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
+}
+
+function toChatMessages(messages: InputMessage[], base: string, first = 0): { messages: ChatMessage[]; imageParam?: string } {
+  let imageParam: string | undefined;
+  const out = messages.map((m, k): ChatMessage => {
+    const i = first + k;
     const role: ChatRole = m.role === 'function' ? 'tool' : m.role;
     if (typeof m.content === 'string') return { role, content: m.content };
     const texts: string[] = [];
@@ -59,7 +95,8 @@ function toChatMessages(messages: InputMessage[], base: string): { messages: Cha
   return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
 }
 
-export function toGenerationRequest(body: CreateResponseBody, caller: Caller, supportsChat: boolean): GenerationRequest {
+export function toGenerationRequest(body: CreateResponseBody, caller: Caller, supportsChat: boolean,
+  unseal?: (blob: string, param: string) => string): GenerationRequest {
   let input: GenerationRequest['input'];
   let imageParam: string | undefined;
   if (typeof body.input === 'string') {
@@ -68,8 +105,7 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
       ? { kind: 'messages', messages: [{ role: 'user', content: body.input }] }
       : { kind: 'prompt', text: body.input };
   } else {
-    const list = Array.isArray(body.input) ? body.input : body.input.messages;
-    const converted = toChatMessages(list, Array.isArray(body.input) ? 'input' : 'input.messages');
+    const converted = Array.isArray(body.input) ? itemsToMessages(body.input, 'input', unseal) : toChatMessages(body.input.messages, 'input.messages');
     input = { kind: 'messages', messages: converted.messages };
     imageParam = converted.imageParam;
   }

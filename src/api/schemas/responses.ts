@@ -6,6 +6,7 @@ import Type, { type Static } from 'typebox';
 import { ClientJsonSchema, INT32_MAX, MetadataSchema, discriminatedUnion } from './common.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
+const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
 /** A content part; output_text is accepted on assistant turns that clients replay. */
 export const InputPartSchema = discriminatedUnion([
@@ -38,6 +39,38 @@ export const InputMessageSchema = Type.Object({
 }, { additionalProperties: false });
 export type InputMessage = Static<typeof InputMessageSchema>;
 
+/** A tool call the model made, replayed as input (OpenAI's function_call item). */
+export const FunctionCallItemSchema = Type.Object({
+  type: Type.Literal('function_call'),
+  call_id: Type.String({ minLength: 1, maxLength: 128 }),
+  name: Type.String({ minLength: 1, maxLength: 64 }),
+  arguments: Type.String(),
+  id: Type.Optional(Type.String()),
+  status: Type.Optional(Type.String()),
+}, { additionalProperties: false });
+
+/** A tool's result for a call (OpenAI's function_call_output item). */
+export const FunctionCallOutputItemSchema = Type.Object({
+  type: Type.Literal('function_call_output'),
+  call_id: Type.String({ minLength: 1, maxLength: 128 }),
+  output: Type.String(),
+  id: Type.Optional(Type.String()),
+  status: Type.Optional(Type.String()),
+}, { additionalProperties: false });
+
+/** A reasoning item replayed from an earlier response. */
+export const ReasoningItemSchema = Type.Object({
+  type: Type.Literal('reasoning'),
+  id: Type.Optional(Type.String()),
+  summary: Type.Optional(Type.Array(Type.Unknown())),
+  content: Type.Optional(Type.Array(Type.Unknown())),
+  encrypted_content: Type.Optional(Nullable(Type.String({ maxLength: 1_000_000 }))),
+  status: Type.Optional(Type.String()),
+}, { additionalProperties: false });
+
+export const InputItemSchema = Type.Union([InputMessageSchema, FunctionCallItemSchema, FunctionCallOutputItemSchema, ReasoningItemSchema]);
+export type InputItem = Static<typeof InputItemSchema>;
+
 export const TextFormatSchema = discriminatedUnion([
   Type.Object({ type: Type.Literal('text') }, { additionalProperties: false }),
   Type.Object({
@@ -49,13 +82,11 @@ export const TextFormatSchema = discriminatedUnion([
   }, { additionalProperties: false }),
 ]);
 
-const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
-
 export const CreateResponseSchema = Type.Object({
   model: Type.String({ minLength: 1 }),
   input: Type.Union([
     Type.String({ minLength: 1 }),
-    Type.Array(InputMessageSchema, { minItems: 1 }),
+    Type.Array(InputItemSchema, { minItems: 1 }),
     Type.Object({ messages: Type.Array(InputMessageSchema, { minItems: 1 }) }, { additionalProperties: false }),
   ]),
   /** OpenAI's system-prompt field: rendered as a leading developer message. */
