@@ -148,7 +148,7 @@ export class BackgroundResponses {
     let usage: UsageRecord | undefined;
     try {
       const result = await this.opts.service.run(prepared, signal, 'background');
-      final = finishedResponse(running, result, prepared);
+      final = finishedResponse(running, result, prepared, this.opts.service.reasoningSeal);
       usage = this.opts.billing?.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
     } catch (err) {
       const reason = signal.reason;

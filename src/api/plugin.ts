@@ -8,6 +8,7 @@
 
 import swagger from '@fastify/swagger';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import { ReasoningSeal } from '../serving/reasoning-seal.js';
 import { GenerationService } from '../serving/generation-service.js';
 import type { TenantLimiter } from '../serving/tenant-limits.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
@@ -54,7 +55,7 @@ export interface SluiceApiOptions {
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
 
 export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: FastifyInstance, opts) => {
-  const service = new GenerationService(opts.registry, opts.limits);
+  const service = new GenerationService(opts.registry, opts.limits, ReasoningSeal.open(opts.dataDir));
   // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
   // is ready and stops (leaving the unfinished ones pending) when the app closes.
   const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });

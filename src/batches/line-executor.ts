@@ -69,12 +69,12 @@ const SURFACES: Record<string, Surface> = {
     async run(raw, { service, caller, window, signal }) {
       const body = raw as CreateResponseBody;
       const model = service.registry.resolve(body.model, caller.orgName);
-      const prepared = await service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat), window));
+      const prepared = await service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat, service.reasoningSeal), window));
       const running = inProgressResponse(newId('resp'), body, prepared);
       // The object says what the line asked for; running in the batch's background is not its doing.
       running['background'] = body.background === true;
       const result = await service.run(prepared, signal, 'batch');
-      return { body: finishedResponse(running, result, prepared), usage: { prepared, results: [result] } };
+      return { body: finishedResponse(running, result, prepared, service.reasoningSeal), usage: { prepared, results: [result] } };
     },
   },
   '/v1/chat/completions': {

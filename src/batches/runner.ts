@@ -9,6 +9,7 @@
 
 import { randomBytes } from 'node:crypto';
 import { FileStorage } from '../files/file-storage.js';
+import { ReasoningSeal } from '../serving/reasoning-seal.js';
 import { GenerationService } from '../serving/generation-service.js';
 import type { TenantLimiter } from '../serving/tenant-limits.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
@@ -75,7 +76,7 @@ export class BatchRunner {
 
   constructor(private readonly opts: BatchRunnerOptions) {
     this.deadlines = { ...DEFAULT_BATCH_DEADLINES, ...opts.deadlines };
-    this.service = new GenerationService(opts.registry, opts.limits);
+    this.service = new GenerationService(opts.registry, opts.limits, ReasoningSeal.open(opts.dataDir));
     this.billing = new Billing(opts.registry);
     const engineSeqs = opts.registry.models.map((m) => m.engine.info.maxNumSeqs);
     this.slots = new Slots(opts.maxLinesInFlight ?? Math.max(1, ...engineSeqs));

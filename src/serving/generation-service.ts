@@ -9,6 +9,7 @@ import type { GenerationRequest, OutputFormat, PreparedGeneration } from './gene
 import type { ResponseFormat } from '../structured/structured-outputs.js';
 import type { ModelRegistry, ServedModel } from './model-registry.js';
 import { plan } from './assistant-turn.js';
+import type { ReasoningSeal } from './reasoning-seal.js';
 import { TenantLimiter, type Release } from './tenant-limits.js';
 
 /**
@@ -19,7 +20,9 @@ import { TenantLimiter, type Release } from './tenant-limits.js';
 export type RunMode = 'foreground' | 'background' | 'batch';
 
 export class GenerationService {
-  constructor(readonly registry: ModelRegistry, readonly limits: TenantLimiter = new TenantLimiter()) {}
+  constructor(readonly registry: ModelRegistry, readonly limits: TenantLimiter = new TenantLimiter(),
+    /** Seals reasoning for store=false responses (encrypted_content) and opens replayed blobs. */
+    readonly reasoningSeal?: ReasoningSeal) {}
 
   async prepare(request: GenerationRequest): Promise<PreparedGeneration> {
     const model = this.registry.resolve(request.model, request.caller.orgName);

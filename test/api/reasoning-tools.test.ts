@@ -129,6 +129,37 @@ describe('tools', () => {
     expect(second.usage!.input_tokens).toBeGreaterThan(alone.usage!.input_tokens + 10);
   });
 
+  it('store=false seals the reasoning; replayed in a tool loop it reaches the model; a changed or foreign blob is a 400', { timeout: 120_000 }, async () => {
+    const stored = await client.responses.create({ model: 'tiny-qwen3', input: 'hi', max_output_tokens: 8, reasoning: { effort: 'low' } });
+    expect(stored.output[0]).not.toHaveProperty('encrypted_content');
+    const first = await client.responses.create({
+      model: 'tiny-qwen3', input: 'weather in Oslo?', store: false, tools: [responsesTool], tool_choice: 'required',
+      reasoning: { effort: 'low' }, max_output_tokens: 700,
+    });
+    const reasoning = first.output.find((o) => o.type === 'reasoning') as { encrypted_content?: string } | undefined;
+    const calls = first.output.filter((o) => o.type === 'function_call');
+    expect(typeof reasoning?.encrypted_content).toBe('string');
+    expect(calls.length).toBeGreaterThan(0);
+    const results = calls.map((c) => ({ type: 'function_call_output' as const, call_id: c.call_id, output: '{"temp": 3}' }));
+    const replay = (items: unknown[]) => client.responses.create({
+      model: 'tiny-qwen3', store: false, reasoning: { effort: 'none' }, max_output_tokens: 1,
+      input: [{ role: 'user', content: 'weather in Oslo?' }, ...items, ...calls, ...results] as OpenAI.Responses.ResponseInput,
+    });
+    const withReasoning = await replay([reasoning]);
+    const without = await replay([]);
+    expect(withReasoning.usage!.input_tokens).toBeGreaterThan(without.usage!.input_tokens);
+    const blob = reasoning!.encrypted_content!;
+    const changed = `${blob.slice(0, 20)}${blob[20] === 'A' ? 'B' : 'A'}${blob.slice(21)}`;
+    const tampered = await replay([{ ...reasoning, encrypted_content: changed }]).catch((e: unknown) => e);
+    expect(tampered).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((tampered as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('input[1].encrypted_content');
+    const foreign = new OpenAI({ apiKey: await server.keyFor('other-org'), baseURL: server.baseUrl, maxRetries: 0 });
+    const crossOrg = await foreign.responses.create({
+      model: 'tiny-qwen3', max_output_tokens: 1, input: [{ role: 'user', content: 'x' }, reasoning as never],
+    }).catch((e: unknown) => e);
+    expect(crossOrg).toBeInstanceOf(OpenAI.BadRequestError);
+  });
+
   it('a named function is the one called; tools for a model without them are a 400; the catalog says which models take tools', { timeout: 60_000 }, async () => {
     const other = { type: 'function' as const, function: { name: 'now', parameters: { type: 'object', properties: {}, additionalProperties: false } } };
     const r = await client.chat.completions.create({

@@ -14,6 +14,7 @@ import type { CreateResponseBody, InputItem, InputMessage } from '../schemas/res
 import { checkImageUrl, completionWindowOf, newId, nowSeconds, refuseListedTypes } from './content.js';
 import { argumentsObject, callId, responsesTools } from './tools.js';
 import { split } from '../../serving/assistant-turn.js';
+import type { ReasoningSeal } from '../../serving/reasoning-seal.js';
 
 /** Input kinds clients may send that the service refuses, with why. */
 const REFUSED_ITEM_TYPES: Record<string, string> = {
@@ -96,7 +97,8 @@ function toChatMessages(messages: InputMessage[], base: string, first = 0): { me
 }
 
 export function toGenerationRequest(body: CreateResponseBody, caller: Caller, supportsChat: boolean,
-  unseal?: (blob: string, param: string) => string): GenerationRequest {
+  seal?: ReasoningSeal): GenerationRequest {
+  const unseal = seal === undefined ? undefined : (blob: string, param: string) => seal.unseal(caller.orgId, blob, param);
   let input: GenerationRequest['input'];
   let imageParam: string | undefined;
   if (typeof body.input === 'string') {
@@ -196,7 +198,7 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
  * the token limit cut it. `seal` makes a reasoning item's encrypted_content (store=false).
  */
 export function finishedResponse(running: ResponseBody, result: GenerateResult, prepared: PreparedGeneration,
-  seal?: (reasoning: string) => string): ResponseBody {
+  seal?: ReasoningSeal): ResponseBody {
   const cut = result.finishReason === 'length';
   const status = cut ? 'incomplete' : 'completed';
   const turn = split(prepared.assistant, prepared.promptTokenIds, result);
@@ -207,7 +209,8 @@ export function finishedResponse(running: ResponseBody, result: GenerateResult, 
       type: 'reasoning',
       summary: [],
       content: [{ type: 'reasoning_text', text: turn.reasoning }],
-      ...(seal !== undefined && { encrypted_content: seal(turn.reasoning) }),
+      // store=false: the reasoning comes back sealed, for the client to replay (spec: store).
+      ...(seal !== undefined && running['store'] === false && { encrypted_content: seal.seal(prepared.request.caller.orgId, turn.reasoning) }),
       status,
     });
   }

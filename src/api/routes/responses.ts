@@ -50,7 +50,7 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   try {
     const result = await ctx.service.run(prepared, signal, 'foreground', admitted);
     reply.header('server-timing', serverTiming(result.timings));
-    final = finishedResponse(running, result, prepared);
+    final = finishedResponse(running, result, prepared, ctx.service.reasoningSeal);
     usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
   } catch (err) {
     if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);
@@ -82,7 +82,7 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const body = request.body;
     const caller = request.caller;
     const model = ctx.registry.resolve(body.model, caller.orgName);
-    const prepared = await ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat));
+    const prepared = await ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat, ctx.service.reasoningSeal));
     const running = inProgressResponse(newId('resp'), body, prepared);
 
     if (prepared.request.background) {
