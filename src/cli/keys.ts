@@ -5,13 +5,18 @@ import { createApiKey, revokeApiKey } from '../store/api-keys.js';
 import { SqliteStore } from '../store/sqlite-store.js';
 import { storePath } from '../service.js';
 import { parseFlags } from './args.js';
+import { ReasoningSeal } from '../serving/reasoning-seal.js';
 
-export const KEYS_HELP = `usage: sluice keys <create|list|revoke> [options]
+export const KEYS_HELP = `usage: sluice keys <create|list|revoke|rotate-reasoning-key|retire-reasoning-key> [options]
 
   sluice keys create --org NAME     make a key for an organization (created if new); prints it once
                     [--admin]       the key may also read every organization's usage (GET /v1/admin/usage)
   sluice keys list                  every key: id, organization, prefix, created, revoked
   sluice keys revoke ID|KEY         revoke a key by its id (key_...) or the key itself
+  sluice keys rotate-reasoning-key  add a new key for sealed reasoning (encrypted_content); older
+                                    keys still open their blobs. Takes effect at the next start
+  sluice keys retire-reasoning-key ID
+                                    remove an older reasoning key: its blobs can no longer be replayed
 
   --data-dir DIR    the service's data directory (default ./data)
   --json            machine-readable output
@@ -35,7 +40,19 @@ export async function runKeys(args: string[]): Promise<void> {
     process.stdout.write(KEYS_HELP);
     return;
   }
-  const store = new SqliteStore(storePath(values['data-dir'] ?? 'data'));
+  const dataDir = values['data-dir'] ?? 'data';
+  if (action === 'rotate-reasoning-key') {
+    process.stdout.write(`${ReasoningSeal.rotate(dataDir)}\n`);
+    process.stderr.write('a new reasoning key is current from the next start; older keys still open their blobs\n');
+    return;
+  }
+  if (action === 'retire-reasoning-key') {
+    if (positional === undefined) throw new SluiceError('invalid_argument', 'keys retire-reasoning-key: give the key id');
+    ReasoningSeal.retire(dataDir, positional);
+    process.stdout.write('retired\n');
+    return;
+  }
+  const store = new SqliteStore(storePath(dataDir));
   try {
     switch (action) {
       case 'create': {
