@@ -19,7 +19,7 @@ import { CreateMessageSchema, type CreateMessageBody } from '../api/schemas/mess
 import { CreateResponseSchema, type CreateResponseBody } from '../api/schemas/responses.js';
 import { validatorCompiler } from '../api/validation.js';
 import type { CompletionWindow } from '../config/catalog.js';
-import { isSluiceError } from '../errors.js';
+import { isSluiceError, SluiceError } from '../errors.js';
 import type { GenerateResult } from '../engine/request.js';
 import type { Caller, GenerationRequest, PreparedGeneration } from '../serving/generation-request.js';
 import type { GenerationService } from '../serving/generation-service.js';
@@ -68,6 +68,9 @@ const SURFACES: Record<string, Surface> = {
     validate: compileBody(CreateResponseSchema, '/v1/responses'),
     async run(raw, { service, caller, window, signal }) {
       const body = raw as CreateResponseBody;
+      if (body.previous_response_id) {
+        throw new SluiceError('invalid_request', 'previous_response_id is not accepted in batch lines: each line is its own conversation', { param: 'previous_response_id' });
+      }
       const model = service.registry.resolve(body.model, caller.orgName);
       const prepared = await service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat, service.reasoningSeal), window));
       const running = inProgressResponse(newId('resp'), body, prepared);

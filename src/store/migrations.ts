@@ -162,4 +162,12 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
   UPDATE batch_results SET line = json_remove(line, '$.response.body.metadata.webhook_token')
     WHERE CASE WHEN json_valid(line) THEN json_type(line, '$.response.body.metadata.webhook_token') END IS NOT NULL;
   `,
+  // 7: the input items of each response (GET /v1/responses/{id}/input_items, previous_response_id).
+  `
+  CREATE TABLE response_inputs (
+    response_id TEXT PRIMARY KEY,
+    org_id      TEXT NOT NULL REFERENCES organizations(id),
+    items       TEXT NOT NULL                 -- the request's input items as JSON, in order
+  );
+  `,
 ];

@@ -77,6 +77,10 @@ export class SqliteStore implements Store {
       insertResponse: prepare('INSERT INTO responses (id, org_id, status, created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?)'),
       updateResponse: prepare('UPDATE responses SET status = ?, updated_at = ?, body = ? WHERE id = ? AND org_id = ?'),
       getResponse: prepare('SELECT body FROM responses WHERE id = ? AND org_id = ?'),
+      putResponseInput: prepare('INSERT OR REPLACE INTO response_inputs (response_id, org_id, items) VALUES (?, ?, ?)'),
+      getResponseInput: prepare('SELECT items FROM response_inputs WHERE response_id = ? AND org_id = ?'),
+      deleteResponse: prepare('DELETE FROM responses WHERE id = ? AND org_id = ?'),
+      deleteResponseInput: prepare('DELETE FROM response_inputs WHERE response_id = ? AND org_id = ?'),
       insertFile: prepare(`INSERT INTO files (id, org_id, bytes, created_at, filename, purpose, status, status_details)
                            VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
       getFile: prepare('SELECT * FROM files WHERE id = ? AND org_id = ?'),
@@ -141,6 +145,22 @@ export class SqliteStore implements Store {
   async getResponse(orgId: string, id: string): Promise<ResponseBody | undefined> {
     const row = this.stmt['getResponse']!.get(id, orgId) as { body: string } | undefined;
     return row && (JSON.parse(row.body) as ResponseBody);
+  }
+
+  async putResponseInput(orgId: string, responseId: string, items: Record<string, unknown>[]): Promise<void> {
+    this.stmt['putResponseInput']!.run(responseId, orgId, JSON.stringify(items));
+  }
+
+  async getResponseInput(orgId: string, responseId: string): Promise<Record<string, unknown>[] | undefined> {
+    const row = this.stmt['getResponseInput']!.get(responseId, orgId) as { items: string } | undefined;
+    return row && (JSON.parse(row.items) as Record<string, unknown>[]);
+  }
+
+  async deleteResponse(orgId: string, id: string): Promise<boolean> {
+    return this.db.transaction(() => {
+      this.stmt['deleteResponseInput']!.run(id, orgId);
+      return this.stmt['deleteResponse']!.run(id, orgId).changes > 0;
+    })();
   }
 
   async insertFile(f: FileRecord): Promise<void> {

@@ -83,6 +83,11 @@ export interface Store {
   /** Replaces the stored body; false when no such response of this organization exists. */
   updateResponse(orgId: string, body: ResponseBody): Promise<boolean>;
   getResponse(orgId: string, id: string): Promise<ResponseBody | undefined>;
+  /** A response's input items (OpenAI item shapes, in order); written once, when it is accepted. */
+  putResponseInput(orgId: string, responseId: string, items: Record<string, unknown>[]): Promise<void>;
+  getResponseInput(orgId: string, responseId: string): Promise<Record<string, unknown>[] | undefined>;
+  /** Deletes a response and its input items; false when no such response of this organization exists. */
+  deleteResponse(orgId: string, id: string): Promise<boolean>;
 
   // File metadata (the bytes live in FileStorage).
   insertFile(file: FileRecord): Promise<void>;

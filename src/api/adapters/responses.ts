@@ -16,6 +16,9 @@ import { argumentsObject, callId, responsesTools } from './tools.js';
 import { split } from '../../serving/assistant-turn.js';
 import type { ReasoningSeal } from '../../serving/reasoning-seal.js';
 
+/** Input item types served. */
+const KNOWN_ITEM_TYPES: ReadonlySet<string> = new Set(['message', 'function_call', 'function_call_output', 'reasoning']);
+
 /** Input kinds clients may send that the service refuses, with why. */
 const REFUSED_ITEM_TYPES: Record<string, string> = {
   item_reference: 'item references are not accepted as input; send the messages themselves',
@@ -30,7 +33,16 @@ const REFUSED_ITEM_TYPES: Record<string, string> = {
  */
 export function refuseUnsupportedInput(body: unknown): void {
   const input = (body as { input?: unknown } | null)?.input;
-  if (Array.isArray(input)) refuseListedTypes(input, 'input', REFUSED_ITEM_TYPES, true);
+  if (Array.isArray(input)) {
+    refuseListedTypes(input, 'input', REFUSED_ITEM_TYPES, true);
+    // An item type no schema branch knows: named here, rather than as a mismatch of some branch.
+    input.forEach((item, i) => {
+      const type = (item as { type?: unknown } | null)?.type;
+      if (type !== undefined && !(typeof type === 'string' && KNOWN_ITEM_TYPES.has(type))) {
+        throw invalidRequest(`input[${i}].type must be one of ${[...KNOWN_ITEM_TYPES].join(', ')}`, `input[${i}].type`);
+      }
+    });
+  }
   else refuseListedTypes((input as { messages?: unknown } | null)?.messages, 'input.messages', REFUSED_ITEM_TYPES, true);
 }
 
@@ -175,7 +187,7 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
     model: req.model,
     output: [],
     parallel_tool_calls: body.parallel_tool_calls ?? true,
-    previous_response_id: null,
+    previous_response_id: body.previous_response_id ?? null,
     prompt_cache_key: body.prompt_cache_key ?? null,
     reasoning: { effort: body.reasoning?.effort ?? null, summary: null },
     store: body.store ?? true,

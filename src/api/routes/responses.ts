@@ -21,8 +21,10 @@ import { commitRequestEnd } from '../request-end.js';
 import { ApiError, invalidRequest, notFound } from '../errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import {
-  CreateResponseSchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody,
+  CreateResponseSchema, InputItemsQuerySchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody, type InputItem,
 } from '../schemas/responses.js';
+import { chainItems, inputItems } from '../adapters/response-items.js';
+import type { Static } from 'typebox';
 
 /**
  * The engine's timings as a Server-Timing header (ms): time queued before the first step, the
@@ -82,8 +84,14 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const body = request.body;
     const caller = request.caller;
     const model = ctx.registry.resolve(body.model, caller.orgName);
-    const prepared = await ctx.service.prepare(toGenerationRequest(body, caller, model.supportsChat, ctx.service.reasoningSeal));
+    const items = inputItems(body);
+    // A continued conversation: the earlier responses' input and output come first.
+    const conversation = body.previous_response_id
+      ? { ...body, input: [...await chainItems(ctx.store, caller.orgId, body.previous_response_id), ...items] as InputItem[] }
+      : body;
+    const prepared = await ctx.service.prepare(toGenerationRequest(conversation, caller, model.supportsChat, ctx.service.reasoningSeal));
     const running = inProgressResponse(newId('resp'), body, prepared);
+    await ctx.store.putResponseInput(caller.orgId, running.id, items);
 
     if (prepared.request.background) {
       // The organization's limits (src/serving/tenant-limits.ts): 429 before anything is stored.
@@ -111,6 +119,48 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     const stored = await ctx.store.getResponse(request.caller.orgId, request.params.response_id);
     if (!stored) throw notFound(`no response with id "${request.params.response_id}"`, 'response_id');
     return stored;
+  });
+
+  app.get<{ Params: { response_id: string }; Querystring: Static<typeof InputItemsQuerySchema> }>('/responses/:response_id/input_items', {
+    schema: {
+      summary: "List a response's input items",
+      params: ResponseIdParamsSchema,
+      querystring: InputItemsQuerySchema,
+      response: errorResponses,
+    },
+  }, async (request) => {
+    const { orgId } = request.caller;
+    const id = request.params.response_id;
+    if (!await ctx.store.getResponse(orgId, id)) throw notFound(`no response with id "${id}"`, 'response_id');
+    const all = (await ctx.store.getResponseInput(orgId, id)) ?? [];
+    const ordered = request.query.order === 'asc' ? all : [...all].reverse();
+    let start = 0;
+    if (request.query.after !== undefined) {
+      start = ordered.findIndex((item) => item['id'] === request.query.after) + 1;
+      if (start === 0) throw notFound(`no input item with id "${request.query.after}" in this response`, 'after');
+    }
+    const data = ordered.slice(start, start + (request.query.limit ?? 20));
+    return {
+      object: 'list',
+      data,
+      first_id: (data[0]?.['id'] as string | undefined) ?? null,
+      last_id: (data[data.length - 1]?.['id'] as string | undefined) ?? null,
+      has_more: start + data.length < ordered.length,
+    };
+  });
+
+  app.delete<{ Params: { response_id: string } }>('/responses/:response_id', {
+    schema: { summary: 'Delete a response', params: ResponseIdParamsSchema, response: { ...errorResponses, 409: ErrorEnvelopeSchema } },
+  }, async (request) => {
+    const { orgId } = request.caller;
+    const id = request.params.response_id;
+    const stored = await ctx.store.getResponse(orgId, id);
+    if (!stored) throw notFound(`no response with id "${id}"`, 'response_id');
+    if (stored.status === 'in_progress') {
+      throw new ApiError(409, 'conflict_error', 'the response is still in progress: cancel it first', 'response_id', 'response_in_progress');
+    }
+    await ctx.store.deleteResponse(orgId, id);
+    return { id, object: 'response', deleted: true };
   });
 
   // OpenAI's cancel: background responses only. Cancelling a cancelled response returns it again;

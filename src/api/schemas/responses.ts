@@ -102,6 +102,8 @@ export const CreateResponseSchema = Type.Object({
   background: Type.Optional(Nullable(Type.Boolean())),
   prompt_cache_key: Type.Optional(Type.String()),
   store: Type.Optional(Nullable(Type.Boolean())),
+  /** Continue a conversation: the named response's input and output (and those before it) come first. */
+  previous_response_id: Type.Optional(Nullable(Type.String({ minLength: 1, maxLength: 128 }))),
   /** Function tools (other tool types are refused by the adapter), how the model may use them. */
   tools: Type.Optional(Nullable(Type.Array(Free, { maxItems: 128 }))),
   tool_choice: Type.Optional(Nullable(Type.Union([Type.Enum(['none', 'auto', 'required']), Free]))),
@@ -138,3 +140,10 @@ export const ResponseObjectSchema = Type.Object({
 }, { additionalProperties: true });
 
 export const ResponseIdParamsSchema = Type.Object({ response_id: Type.String({ minLength: 1, maxLength: 128 }) });
+
+export const InputItemsQuerySchema = Type.Object({
+  after: Type.Optional(Type.String({ minLength: 1, maxLength: 128, description: 'An item id: list the items after it (in the chosen order).' })),
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 20 })),
+  order: Type.Optional(Type.Enum(['asc', 'desc'])),
+  include: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String())])),
+}, { additionalProperties: false });
