@@ -404,7 +404,9 @@ export class Engine {
 
     // Structured outputs (compiled or taken from the cache, checked before anything runs) and the
     // thinking budget.
-    const constraint = await this.outputConstraint(req, promptTokenIds);
+    // (No await without either: the request reaches the scheduler in this same tick.)
+    const constraint = req.responseFormat === undefined && (req.thinking === undefined || req.thinking === false)
+      ? undefined : await this.outputConstraint(req, promptTokenIds);
     const generation = new Generation({
       tokenizer: this.tokenizer,
       promptTokenIds,
