@@ -70,6 +70,18 @@ describe('reasoning', () => {
     expect(on.usage!.output_tokens_details.reasoning_tokens).toBeLessThanOrEqual(on.usage!.output_tokens);
   });
 
+  it('every effort: none and minimal think not at all, low to xhigh open a block and count its tokens', { timeout: 120_000 }, async () => {
+    for (const effort of ['none', 'minimal', 'low', 'medium', 'high', 'xhigh'] as const) {
+      const r = await client.responses.create({ model: 'tiny-qwen3', input: 'hi', max_output_tokens: 6, reasoning: { effort }, temperature: 0 });
+      const thinks = effort !== 'none' && effort !== 'minimal';
+      expect(r.output.some((o) => o.type === 'reasoning'), effort).toBe(thinks);
+      const reasoningTokens = r.usage!.output_tokens_details.reasoning_tokens;
+      if (thinks) expect(reasoningTokens, effort).toBeGreaterThan(0);
+      else expect(reasoningTokens, effort).toBe(0);
+      expect(r.reasoning?.effort).toBe(effort);
+    }
+  });
+
   it('Chat Completions: reasoning_content and reasoning tokens; models without thinking ignore effort', { timeout: 120_000 }, async () => {
     const r = await client.chat.completions.create({ model: 'tiny-qwen3', messages: [{ role: 'user', content: 'hi' }], max_tokens: 16, reasoning_effort: 'low' });
     const message = r.choices[0]!.message as { reasoning_content?: string };
