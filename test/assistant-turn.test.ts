@@ -30,14 +30,15 @@ describe('thinking budget', () => {
       accept: (t) => { accepted.push(t); return t === 3; },
       dispose: () => undefined,
     };
-    const c = new ThinkingConstraint({ openId: 100, closeId: 101, budget: 2, opened: false }, WORDS, inner);
+    const c = new ThinkingConstraint({ openId: 100, closeId: 101, budget: 2, opened: false, eosIds: [99] }, WORDS, inner);
     const mask = new Uint32Array(WORDS);
     await c.fillMask(mask, 0);
     expect(allowed(mask)).toEqual([100]);
     expect(c.accept(100)).toBe(true);
     for (const t of [7, 8]) {
       await c.fillMask(mask, 0);
-      expect(allowed(mask)).toHaveLength(WORDS * 32);
+      expect(allowed(mask)).toHaveLength(WORDS * 32 - 1);  // everything but the end of output
+      expect(allowed(mask)).not.toContain(99);
       expect(c.accept(t)).toBe(true);
     }
     await c.fillMask(mask, 0);
@@ -47,15 +48,16 @@ describe('thinking budget', () => {
   });
 
   it('starts inside the block when the prompt opened it, and an early close ends it', async () => {
-    const c = new ThinkingConstraint({ openId: 100, closeId: 101, budget: 50, opened: true }, WORDS);
+    const c = new ThinkingConstraint({ openId: 100, closeId: 101, budget: 50, opened: true, eosIds: [99] }, WORDS);
     const mask = new Uint32Array(WORDS);
     await c.fillMask(mask, 0);
-    expect(allowed(mask)).toHaveLength(WORDS * 32);
+    expect(allowed(mask)).toHaveLength(WORDS * 32 - 1);
     expect(c.accept(5)).toBe(true);
     expect(c.accept(101)).toBe(true);
     await c.fillMask(mask, 0);
-    expect(allowed(mask)).toHaveLength(WORDS * 32);  // the answer: unconstrained
+    expect(allowed(mask)).toHaveLength(WORDS * 32);  // the answer: unconstrained, and it may end
     expect(c.accept(100)).toBe(true);
+    expect(c.accept(99)).toBe(true);
   });
 });
 

@@ -364,7 +364,8 @@ export class Engine {
     if (budget === undefined) return inner;
     // Templates that open the block in the generation prompt: the output starts inside it.
     const opened = promptOpensThinking(promptTokenIds, tags!);
-    return new ThinkingConstraint({ openId: tags!.openId, closeId: tags!.closeId, budget, opened }, Math.ceil(this.info.vocabSize / 32), inner);
+    return new ThinkingConstraint({ openId: tags!.openId, closeId: tags!.closeId, budget, opened, eosIds: [...this.tokenizer.eosTokenIds] },
+      Math.ceil(this.info.vocabSize / 32), inner);
   }
 
   /** Stops accepting requests, fails pending ones (engine_disposed), frees the model. Safe to call twice. */

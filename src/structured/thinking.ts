@@ -1,6 +1,6 @@
 // A thinking budget as a token constraint: the output opens a think block (unless the prompt
-// already did), reasons freely for at most `budget` tokens, and then the close tag is the only
-// token allowed, so the answer always follows. After the block, an inner constraint (a JSON
+// already did), reasons freely (but may not end) for at most `budget` tokens, and then the close
+// tag is the only token allowed, so the answer always follows. After the block, an inner constraint (a JSON
 // schema or tool-call grammar) applies to the answer alone.
 
 import { SluiceError } from '../errors.js';
@@ -28,6 +28,8 @@ export interface ThinkingPlan {
   budget: number;
   /** The prompt already opened the block (a template that ends its generation prompt in <think>). */
   opened: boolean;
+  /** End-of-output tokens: not allowed inside the block, so the answer always follows it. */
+  eosIds: readonly number[];
 }
 
 type Phase = 'before' | 'thinking' | 'answer';
@@ -51,6 +53,7 @@ export class ThinkingConstraint implements TokenConstraint {
       : this.phase === 'thinking' && this.reasoned >= this.plan.budget ? this.plan.closeId : undefined;
     if (only === undefined) {
       out.fill(0xffffffff, offset, offset + this.words);
+      if (this.phase === 'thinking') for (const id of this.plan.eosIds) out[offset + (id >>> 5)]! &= ~(1 << (id & 31));
     } else {
       out.fill(0, offset, offset + this.words);
       out[offset + (only >>> 5)]! |= 1 << (only & 31);
@@ -70,7 +73,7 @@ export class ThinkingConstraint implements TokenConstraint {
           this.phase = 'answer';
           return true;
         }
-        if (this.reasoned >= this.plan.budget) return this.refuse(tokenId);
+        if (this.reasoned >= this.plan.budget || this.plan.eosIds.includes(tokenId)) return this.refuse(tokenId);
         this.reasoned++;
         return true;
       case 'answer':
