@@ -1,228 +1,199 @@
 // Structured-outputs benchmark at Qwen2.5's vocabulary (151,936 logits):
-//   npm run bench:structured -- [--quick] [--out bench/results/structured-<machine>.json]
+//   npm run bench:structured -- [--quick] [--workers N] [--cache-size 8] [--out bench/results/structured-<machine>.json]
 //
-// 1. Vocabulary preparation: the first request of a model (worker start, vocabulary indexed).
-// 2. Schema compile time, p50 / p99 over 30 distinct schemas, each compiled once.
-// 3. Token-mask time while walking allowed tokens (seeded), per token: one sequence asking alone
-//    (a round trip to the grammar worker), and 32 sequences asking in the same tick (how the
-//    scheduler asks for a step's masks: one message), reported per row and per batch.
+// 1. Vocabulary preparation: the first request of a model (worker start, vocabulary indexed, the
+//    json_object grammar compiled), reported on its own.
+// 2. Schema compile time: 30 distinct realistic schemas (structured-schemas.ts), each compiled
+//    once and never seen before: the time of `constraint(format)`, p50 / p99.
+// 3. Token-mask time while walking allowed tokens (structured-masks.ts): each step fills the mask,
+//    picks an allowed token with a seeded PRNG (biased so that text runs ~12 tokens and a value
+//    ends within ~200) and accepts it. (a) One sequence asking alone: fillMask's round trip to the
+//    grammar worker per token, split into free text and the rest. (b) 32 sequences asking in the
+//    same tick (how the batcher asks for a step's masks: Promise.all over the rows, one message),
+//    a finished sequence replaced by a fresh one so that every step has 32 rows: the step's time /
+//    32 per row, and the step's wall time. Where that time goes: the same walks computed by
+//    xgrammar in this thread (no worker), and the round trip of a worker that computes nothing.
 //    Targets (printed, not asserted): p50 <= 50 us, p99 <= 1 ms per token.
-// 4. Throughput cost: decode tokens/s with a schema, and without one for the same number of tokens
-//    per sequence (the constrained run's lengths), at batch 1
-//    and 32: on the tiny shape given Qwen2.5's vocabulary (the worst case: a forward pass so
-//    cheap that the masks are most of a step) and on qwen2.5-0.5b itself (random weights; the
-//    masks overlap its forward pass). Target: <= 5% at batch 32.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+// 4. Throughput cost: decode tokens/s with a schema that cannot end within the run (an array of at
+//    least MIN_ITEMS strings: free text, the costly masks) and without one, the same number of
+//    tokens per sequence, same seeds, at batch 1 and 32, best of alternating pairs. On the tiny
+//    shape given Qwen2.5's vocabulary (the same tokenizer; a forward pass so cheap that the masks
+//    are most of a step: the worst case) and, without --quick, on qwen2.5-0.5b itself (random
+//    weights; the forward pass of a real small model, which the masks overlap). Target: <= 5% at
+//    batch 32.
+// Prints a table and writes JSON naming the machine (CPU model and core count).
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine } from '../src/engine/engine.js';
+import { modelCacheDir } from '../src/engine/paths.js';
 import { SluiceTokenizer } from '../src/engine/tokenizer.js';
-import { StructuredOutputs, type ResponseFormat, type TokenConstraint } from '../src/structured/structured-outputs.js';
+import { StructuredOutputs, type ResponseFormat } from '../src/structured/structured-outputs.js';
+import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
+import { echoRoundTrip, masksAlone, masksBatched, masksInThread, MAX_WALK, stats, tokenClasses, type Stats } from './structured-masks.js';
+import { benchSchemas } from './structured-schemas.js';
 
 const { values: args } = parseArgs({
   options: {
     quick: { type: 'boolean', default: false },
     workers: { type: 'string' },
+    'cache-size': { type: 'string', default: '8' },
     out: { type: 'string' },
   },
 });
 const quick = args.quick === true;
 const VOCAB = 151936;
+const ROWS = 32;
+/** The decode schema's minItems: more items than the run has tokens, so the value never ends early. */
+const MIN_ITEMS = 4096;
+/**
+ * The schemas the batched walk cycles through (indices into benchSchemas()): no more than the
+ * grammar cache holds. NOTE: at this vocabulary one compiled grammar takes 30-190 MB of xgrammar's
+ * WebAssembly heap, which cannot pass 2 GB: about 17 grammars alive at once (cached, or held by
+ * live matchers) abort the compiler, and that worker then fails every later request. Hence a
+ * grammar cache of 8 here (the service's default is 256) and 8 distinct schemas among the 32 rows.
+ */
+const BATCHED_SCHEMAS = [0, 1, 3, 6, 9, 13, 16, 22];
+const cacheSize = Number(args['cache-size']);
+const TARGETS = { maskP50Us: 50, maskP99Us: 1000, decodeCostAtBatch32Percent: 5 };
 
-type S = Record<string, unknown>;
-
-/** 30 distinct schemas of the kinds clients send: records, enums, arrays, formats, patterns, recursion. */
-function schemas(): S[] {
-  const out: S[] = [];
-  const leaves: S[] = [
-    { type: 'string' }, { type: 'integer', minimum: 0, maximum: 120 }, { type: 'number' }, { type: 'boolean' },
-    { enum: ['low', 'medium', 'high'] }, { type: 'string', format: 'date' }, { type: 'string', format: 'email' },
-    { type: 'string', format: 'uuid' }, { type: 'string', pattern: '^[A-Z]{3}-[0-9]{4}$' }, { type: ['string', 'null'] },
-  ];
-  for (let i = 0; i < 30; i++) {
-    const a = leaves[i % leaves.length]!;
-    const b = leaves[(i * 7 + 3) % leaves.length]!;
-    const kind = i % 6;
-    const name = `field_${i}`;
-    if (kind === 0) out.push({ type: 'object', properties: { [name]: a, other: b }, required: [name, 'other'], additionalProperties: false });
-    else if (kind === 1) out.push({ type: 'object', properties: { items: { type: 'array', items: { type: 'object', properties: { [name]: a, qty: { type: 'integer', minimum: 1, maximum: 99 } }, required: [name, 'qty'], additionalProperties: false }, maxItems: 8 } }, required: ['items'], additionalProperties: false });
-    else if (kind === 2) out.push({ type: 'object', properties: { person: { type: 'object', properties: { name: { type: 'string' }, [name]: a, tags: { type: 'array', items: b } }, required: ['name', name], additionalProperties: false } }, required: ['person'], additionalProperties: false });
-    else if (kind === 3) out.push({ $defs: { node: { type: 'object', properties: { [name]: a, children: { type: 'array', items: { $ref: '#/$defs/node' }, maxItems: 3 } }, required: [name, 'children'], additionalProperties: false } }, $ref: '#/$defs/node' });
-    else if (kind === 4) out.push({ type: 'object', properties: { result: { anyOf: [{ type: 'object', properties: { ok: { const: true }, [name]: a }, required: ['ok', name], additionalProperties: false }, { type: 'object', properties: { ok: { const: false }, error: { type: 'string', maxLength: 16 } }, required: ['ok', 'error'], additionalProperties: false }] } }, required: ['result'], additionalProperties: false });
-    else out.push({ type: 'object', properties: { [name]: a, b, c: { type: 'array', items: { type: 'integer' }, minItems: 1, maxItems: 5 } }, required: [name, 'b', 'c'], additionalProperties: false });
-  }
-  return out;
-}
-
-const quantile = (xs: number[], q: number) => {
-  const s = [...xs].sort((x, y) => x - y);
-  return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(q * s.length))]!;
-};
-const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
-const stats = (xs: number[]) => ({ n: xs.length, p50: quantile(xs, 0.5), p99: quantile(xs, 0.99), mean: mean(xs) });
-
-/** A seeded walk's next token: an end when allowed (half the time), else mostly non-blank tokens. */
-function picker(seed: number, eos: ReadonlySet<number>, blank: ReadonlySet<number>) {
-  let s = seed;
-  const random = () => (s = (s * 1103515245 + 12345) & 0x7fffffff) / 0x80000000;
-  return (mask: Uint32Array, offset: number, words: number): number => {
-    const ok: number[] = [];
-    for (let w = 0; w < words; w++) {
-      let bits = mask[offset + w]!;
-      while (bits !== 0) {
-        const low = bits & -bits;
-        ok.push(w * 32 + 31 - Math.clz32(low));
-        bits ^= low;
-      }
-    }
-    const ends = ok.filter((t) => eos.has(t));
-    if (ends.length > 0 && random() < 0.5) return ends[0]!;
-    const solid = ok.filter((t) => !blank.has(t));
-    const pool = solid.length > 0 && random() < 0.9 ? solid : ok;
-    return pool[Math.floor(random() * pool.length)]!;
-  };
-}
-
-async function maskTimes(structured: StructuredOutputs, tokenizer: SluiceTokenizer, list: S[], rows: number, maxSteps: number) {
-  const words = structured.maskWords;
-  const blank = new Set<number>();
-  for (const [, id] of tokenizer.vocab()) if (tokenizer.tokenText(id).trim() === '') blank.add(id);
-  const perRow: number[] = [];
-  const perBatch: number[] = [];
-  for (let round = 0; round < list.length; round++) {
-    const group = Array.from({ length: rows }, (_, r) => list[(round + r) % list.length]!);
-    const cs: TokenConstraint[] = await Promise.all(group.map((schema) => structured.constraint({ type: 'json_schema', schema })));
-    const picks = cs.map((_, r) => picker(round * 100 + r + 1, tokenizer.eosTokenIds, blank));
-    const live = cs.map(() => true);
-    const masks = new Uint32Array(rows * words);
-    for (let step = 0; step < maxSteps && live.some(Boolean); step++) {
-      const active = cs.map((_, r) => r).filter((r) => live[r]);
-      const t0 = process.hrtime.bigint();
-      await Promise.all(active.map((r) => cs[r]!.fillMask(masks, r * words)));
-      const us = Number(process.hrtime.bigint() - t0) / 1000;
-      perBatch.push(us);
-      for (let k = 0; k < active.length; k++) perRow.push(us / active.length);
-      for (const r of active) {
-        const t = picks[r]!(masks, r * words, words);
-        cs[r]!.accept(t);
-        if (tokenizer.eosTokenIds.has(t)) live[r] = false;
-      }
-    }
-    for (const c of cs) c.dispose();
-    if (rows > 1) break;  // one round of `rows` sequences
-  }
-  return { perRow: stats(perRow), perBatch: stats(perBatch) };
-}
-
-async function throughput(modelDir: string, rows: number, tokens: number) {
-  const engine = await Engine.load({ model: modelDir, backend: 'cpu', kvCacheBytes: 256 << 20, maxNumSeqs: 32 });
+/** Decode tokens/s with and without a never-ending schema, same lengths and seeds, best of alternating pairs. */
+async function throughput(modelDir: string, rows: number, tokens: number, pairs: number) {
+  const engine = await Engine.load({ model: modelDir, backend: 'cpu', kvCacheBytes: 256 << 20, maxNumSeqs: ROWS });
   try {
-    // The constrained run goes first; the plain run then generates exactly the same number of
-    // tokens per sequence (a constrained value may end early), so both do the same steps.
-    const run = async (format: ResponseFormat | undefined, lengths?: number[]) => {
+    const run = async (format: ResponseFormat | undefined) => {
       const t0 = performance.now();
       const results = await Promise.all(Array.from({ length: rows }, (_, i) => engine.generate({
-        prompt: `sequence ${i}`, maxTokens: lengths?.[i] ?? tokens, temperature: 1, seed: 1000 + i,
+        prompt: `sequence ${i}`, maxTokens: tokens, temperature: 1, seed: 1000 + i,
         ...(format !== undefined && { responseFormat: format }),
       })));
       const seconds = (performance.now() - t0) / 1000;
       const generated = results.reduce((n, r) => n + r.usage.completionTokens, 0);
-      return { tokensPerSecond: generated / seconds, generated, seconds, lengths: results.map((r) => r.usage.completionTokens) };
+      return { tokensPerSecond: generated / seconds, generated, seconds };
     };
-    const format: ResponseFormat = { type: 'json_schema', schema: { type: 'array', items: { type: 'string' } } };
-    await run(format);  // warm-up and compile
+    const format: ResponseFormat = { type: 'json_schema', schema: { type: 'array', items: { type: 'string' }, minItems: MIN_ITEMS } };
+    await run(format);  // warm-up: compile, first steps
+    await run(undefined);
     // Alternating pairs, the best of each: a shared machine's noise inflates one run, not both.
     type Run = Awaited<ReturnType<typeof run>>;
     const best = (a: Run | undefined, b: Run) => (a === undefined || b.tokensPerSecond > a.tokensPerSecond ? b : a);
     let plain: Run | undefined;
     let constrained: Run | undefined;
-    for (let pair = 0; pair < 2; pair++) {
-      const c = await run(format);
-      constrained = best(constrained, c);
-      plain = best(plain, await run(undefined, c.lengths));
+    for (let pair = 0; pair < pairs; pair++) {
+      constrained = best(constrained, await run(format));
+      plain = best(plain, await run(undefined));
     }
-    const { lengths: _c, ...constrainedOut } = constrained!;
-    const { lengths: _p, ...plainOut } = plain!;
-    return { rows, tokens, plain: plainOut, constrained: constrainedOut, costPercent: 100 * (1 - constrainedOut.tokensPerSecond / plainOut.tokensPerSecond) };
+    if (plain!.generated !== rows * tokens || constrained!.generated !== rows * tokens) {
+      process.stderr.write(`warning: ${rows} x ${tokens} tokens asked, generated ${plain!.generated} plain and ${constrained!.generated} constrained\n`);
+    }
+    return { rows, tokensPerSequence: tokens, pairs, plain: plain!, constrained: constrained!,
+      costPercent: 100 * (1 - constrained!.tokensPerSecond / plain!.tokensPerSecond) };
   } finally {
     await engine.dispose();
   }
 }
 
+/** The tiny shape with Qwen2.5's vocabulary (and so its tokenizer), made once in the model cache. */
+async function tinyWithQwenVocab(): Promise<string> {
+  const dir = join(modelCacheDir(), `tiny-vocab${VOCAB}-bf16`);
+  if (!existsSync(join(dir, 'config.json'))) await makeModel({ preset: 'tiny', out: dir, dtype: 'bf16', seed: 0, overrides: { vocabSize: VOCAB } });
+  return dir;
+}
+
 async function main(): Promise<void> {
-  const root = mkdtempSync(join(os.tmpdir(), 'sluice-bench-structured-'));
+  const loadBefore = os.loadavg();
+  const tmp = mkdtempSync(join(os.tmpdir(), 'sluice-bench-structured-'));
+  let tokenizer: SluiceTokenizer;
   try {
-    const qwen = join(root, 'qwen');
-    await makeModel({ preset: 'qwen2.5-0.5b', out: qwen, seed: 0, weights: false });
-    const tokenizer = await SluiceTokenizer.load(qwen);
-    const structured = new StructuredOutputs(tokenizer, VOCAB, args.workers === undefined ? {} : { workers: Number(args.workers) });
-
-    let t0 = performance.now();
-    await structured.constraint({ type: 'json_object' }).then((c) => c.dispose());
-    const vocabularyMs = performance.now() - t0;
-
-    const list = schemas();
-    const compileMs: number[] = [];
-    for (const schema of list) {
-      t0 = performance.now();
-      (await structured.constraint({ type: 'json_schema', schema })).dispose();
-      compileMs.push(performance.now() - t0);
-    }
-
-    const steps = quick ? 60 : 200;
-    const alone = await maskTimes(structured, tokenizer, quick ? list.slice(0, 6) : list, 1, steps);
-    const batched = await maskTimes(structured, tokenizer, list, 32, steps);
-    await structured.dispose();
-
-    const small = join(root, 'tiny-qwen-vocab');
-    await makeModel({ preset: 'tiny', out: small, seed: 0, overrides: { vocabSize: VOCAB } });
-    const tokens = quick ? 24 : 64;
-    const decode = [
-      { shape: 'tiny', ...await throughput(small, 1, tokens) },
-      { shape: 'tiny', ...await throughput(small, 32, tokens) },
-    ];
-    rmSync(small, { recursive: true, force: true });
-    if (!quick) {
-      // The real shape: the forward pass the masks overlap with is a 0.5B model's.
-      const full = join(root, 'qwen2.5-0.5b');
-      await makeModel({ preset: 'qwen2.5-0.5b', out: full, seed: 0 });
-      decode.push({ shape: 'qwen2.5-0.5b', ...await throughput(full, 1, 32) }, { shape: 'qwen2.5-0.5b', ...await throughput(full, 32, 48) });
-    }
-
-    const ms = (x: number) => x.toFixed(1);
-    const us = (x: number) => x.toFixed(0);
-    console.log(`\nstructured outputs, vocabulary ${VOCAB} (qwen2.5-0.5b), ${os.cpus()[0]?.model} x ${os.cpus().length}\n`);
-    console.log(`vocabulary preparation (first request): ${ms(vocabularyMs)} ms`);
-    const c = stats(compileMs);
-    console.log(`schema compile (${c.n} schemas): p50 ${ms(c.p50)} ms, p99 ${ms(c.p99)} ms, mean ${ms(c.mean)} ms`);
-    console.log('\ntoken masks (us)              p50     p99    mean   target');
-    const row = (label: string, s: ReturnType<typeof stats>, target: string) =>
-      console.log(`${label.padEnd(28)} ${us(s.p50).padStart(6)} ${us(s.p99).padStart(7)} ${us(s.mean).padStart(7)}   ${target}`);
-    row('one sequence, per token', alone.perRow, 'p50 <= 50, p99 <= 1000');
-    row('32 in a step, per row', batched.perRow, 'p50 <= 50, p99 <= 1000');
-    row('32 in a step, whole step', batched.perBatch, '');
-    console.log('\ndecode (151,936 logits)               plain tok/s   constrained tok/s   cost   target');
-    for (const d of decode) {
-      console.log(`${d.shape.padEnd(13)} batch ${String(d.rows).padEnd(18)} ${d.plain.tokensPerSecond.toFixed(1).padStart(11)} ${d.constrained.tokensPerSecond.toFixed(1).padStart(19)} ` +
-        `${d.costPercent.toFixed(1).padStart(5)}%   ${d.rows === 32 ? '<= 5%' : ''}`);
-    }
-    const machine = machineInfo();
-    const out = args.out ?? `bench/results/structured-${machine.cores}core.json`;
-    mkdirSync(dirname(out), { recursive: true });
-    writeFileSync(out, `${JSON.stringify({
-      bench: 'structured', quick, machine, vocabSize: VOCAB, grammarWorkers: args.workers === undefined ? 'default' : Number(args.workers), vocabularyMs,
-      compileMs: c, masks: { aloneUs: alone.perRow, batchedPerRowUs: batched.perRow, batchedStepUs: batched.perBatch },
-      targets: { maskP50Us: 50, maskP99Us: 1000, decodeCostAtBatch32Percent: 5 },
-      decode,
-    }, null, 2)}\n`);
-    console.log(`\nwrote ${out}`);
+    await makeModel({ preset: 'qwen2.5-0.5b', out: tmp, seed: 0, weights: false });
+    tokenizer = await SluiceTokenizer.load(tmp);
   } finally {
-    rmSync(root, { recursive: true, force: true });
+    rmSync(tmp, { recursive: true, force: true });
   }
+  const classes = tokenClasses(tokenizer, VOCAB);
+  const structured = new StructuredOutputs(tokenizer, VOCAB, { cacheSize, ...(args.workers !== undefined && { workers: Number(args.workers) }) });
+
+  let t0 = performance.now();
+  (await structured.constraint({ type: 'json_object' })).dispose();
+  const vocabularyMs = performance.now() - t0;
+
+  const list = benchSchemas();
+  const compileMs: number[] = [];
+  for (const schema of list) {
+    t0 = performance.now();
+    (await structured.constraint({ type: 'json_schema', schema })).dispose();
+    compileMs.push(performance.now() - t0);
+  }
+
+  process.stderr.write('token masks...\n');
+  const walked = quick ? list.slice(0, 8) : list;
+  const alone = await masksAlone(structured, classes, walked);
+  const batched = await masksBatched(structured, classes, BATCHED_SCHEMAS.map((i) => list[i]!), ROWS, quick ? 40 : 200);
+  await structured.dispose();
+  // Where the time goes: the masks' compute alone, and a message round trip with no compute.
+  const inThread = await masksInThread(tokenizer, classes, walked);
+  const echo = { oneMaskUs: await echoRoundTrip(structured.maskWords, 1, 500), stepMasksUs: await echoRoundTrip(structured.maskWords, ROWS, 200) };
+
+  process.stderr.write('decode...\n');
+  const tiny = await tinyWithQwenVocab();
+  const tokens = quick ? 24 : 64;
+  const decode = [
+    { shape: 'tiny', ...await throughput(tiny, 1, tokens, quick ? 1 : 3) },
+    { shape: 'tiny', ...await throughput(tiny, ROWS, tokens, quick ? 1 : 3) },
+  ];
+  if (!quick) {
+    const qwen = await ensureBenchModel('qwen2.5-0.5b', 'bf16');
+    decode.push({ shape: 'qwen2.5-0.5b', ...await throughput(qwen, 1, 64, 2) }, { shape: 'qwen2.5-0.5b', ...await throughput(qwen, ROWS, 48, 2) });
+  }
+
+  const machine = machineInfo();
+  const c = stats(compileMs);
+  const ms = (x: number) => x.toFixed(1);
+  const us = (x: number) => x.toFixed(0);
+  console.log(`\nstructured outputs, vocabulary ${VOCAB} (qwen2.5-0.5b), ${machine.cpu} x ${machine.cores}, grammar workers: ${args.workers ?? 'default'}, grammar cache ${cacheSize}\n`);
+  console.log(`vocabulary preparation (first request, json_object): ${ms(vocabularyMs)} ms`);
+  console.log(`schema compile (${c.n} distinct schemas, each fresh): p50 ${ms(c.p50)} ms, p99 ${ms(c.p99)} ms, mean ${ms(c.mean)} ms, max ${ms(Math.max(...compileMs))} ms`);
+  console.log(`\ntoken masks (us)                                       n      p50      p99     mean   target p50 <= ${TARGETS.maskP50Us}, p99 <= ${TARGETS.maskP99Us}`);
+  const row = (label: string, s: Stats, target = true) => {
+    const met = target ? `${s.p50 <= TARGETS.maskP50Us ? 'met' : 'NOT met'}, ${s.p99 <= TARGETS.maskP99Us ? 'met' : 'NOT met'}` : '';
+    console.log(`${label.padEnd(50)} ${String(s.n).padStart(6)} ${us(s.p50).padStart(8)} ${us(s.p99).padStart(8)} ${us(s.mean).padStart(8)}   ${met}`);
+  };
+  row('one sequence alone, per token (worker round trip)', alone.perTokenUs);
+  row('  in free text', alone.freeTextUs, false);
+  row('  elsewhere', alone.otherUs, false);
+  row('  xgrammar in this thread (no worker)', inThread.perTokenUs, false);
+  row('    in free text', inThread.freeTextUs, false);
+  row('    elsewhere', inThread.otherUs, false);
+  row('  echo worker round trip, 1 mask (no grammar)', echo.oneMaskUs, false);
+  row(`${ROWS} in a step, per row`, batched.perRowUs);
+  row(`${ROWS} in a step, whole step`, batched.stepUs, false);
+  row(`  echo worker round trip, ${ROWS} masks (no grammar)`, echo.stepMasksUs, false);
+  console.log(`free text: a state allowing more than half the vocabulary (inside a string without pattern, format or enum)`);
+  console.log(`walks alone: ${alone.walks.completed} of ${alone.walks.n} values completed, ${ms(alone.walks.tokens.mean)} tokens on average ` +
+    `(cut at ${MAX_WALK}), ${ms((100 * alone.freeTextUs.n) / alone.perTokenUs.n)}% of tokens in free text; ` +
+    `${ROWS} in a step: ${batched.sequencesCompleted} values completed, ${ms(batched.freeTextRowsPercent)}% of rows in free text`);
+  console.log(`\ndecode (${VOCAB} logits)       tokens/seq   plain tok/s   constrained tok/s    cost   target <= ${TARGETS.decodeCostAtBatch32Percent}% at batch ${ROWS}`);
+  for (const d of decode) {
+    console.log(`${d.shape.padEnd(13)} batch ${String(d.rows).padEnd(3)} ${String(d.tokensPerSequence).padStart(10)} ${d.plain.tokensPerSecond.toFixed(1).padStart(13)} ` +
+      `${d.constrained.tokensPerSecond.toFixed(1).padStart(19)} ${d.costPercent.toFixed(1).padStart(6)}%   ` +
+      `${d.rows === ROWS ? (d.costPercent <= TARGETS.decodeCostAtBatch32Percent ? 'met' : 'NOT met') : ''}`);
+  }
+  const slug = `${(machine.cpu ?? 'cpu').toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '')}-${machine.cores}core`;
+  const out = args.out ?? `bench/results/structured-${slug}.json`;
+  mkdirSync(dirname(out), { recursive: true });
+  writeFileSync(out, `${JSON.stringify({
+    bench: 'structured', quick, machine, loadAverage: { before: loadBefore, after: os.loadavg() },
+    vocabSize: VOCAB, grammarWorkers: args.workers === undefined ? 'default' : Number(args.workers), grammarCacheSize: cacheSize,
+    batchedSchemas: BATCHED_SCHEMAS, targets: TARGETS,
+    vocabularyMs, compileMs: { ...c, max: Math.max(...compileMs), each: compileMs },
+    masks: { alone, batched: { rows: ROWS, ...batched }, inThread, echo },
+    decode: { schema: { type: 'array', items: { type: 'string' }, minItems: MIN_ITEMS }, runs: decode },
+  }, null, 2)}\n`);
+  console.log(`\nwrote ${out}`);
 }
 
 await main();
