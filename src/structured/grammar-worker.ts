@@ -144,7 +144,11 @@ parentPort?.on('message', (req: GrammarRequest) => {
       }
       parentPort!.postMessage({ reply: req.reply });
     } catch (err) {
-      parentPort!.postMessage({ reply: req.reply, error: err instanceof Error ? err.message : String(err) });
+      const message = err instanceof Error ? err.message : String(err);
+      parentPort!.postMessage({ reply: req.reply, error: message });
+      // A WebAssembly abort (its 2 GB heap exhausted, say) leaves the module unusable: end this
+      // worker so that its sequences fail and the next request gets a fresh one.
+      if (/abort/i.test(message)) setImmediate(() => process.exit(1));
     }
   });
 });

@@ -40,7 +40,10 @@ export interface TokenConstraint {
 }
 
 export interface StructuredOutputsOptions {
-  /** Compiled grammars kept per model (default 256). */
+  /**
+   * Compiled grammars kept per worker (default 8): at a 152k vocabulary one takes 30-190 MB of
+   * xgrammar's WebAssembly heap, which ends at 2 GB.
+   */
   cacheSize?: number;
   /** A schema still compiling after this long is refused and its worker replaced (default 60 s). */
   compileTimeoutMs?: number;
@@ -74,7 +77,7 @@ export class StructuredOutputs {
 
   constructor(private readonly tokenizer: SluiceTokenizer, private readonly vocabSize: number, opts: StructuredOutputsOptions = {}) {
     this.maskWords = Math.ceil(vocabSize / 32);
-    this.cacheSize = opts.cacheSize ?? 256;
+    this.cacheSize = opts.cacheSize ?? 8;
     this.compileTimeoutMs = opts.compileTimeoutMs ?? 60_000;
     const size = opts.workers ?? Math.min(4, Math.max(1, Math.floor(os.availableParallelism() / 4)));
     this.workers = new Array<GrammarWorker | undefined>(Math.max(1, Math.floor(size))).fill(undefined);
