@@ -1,0 +1,531 @@
+// Reads grammar text into the element form the matcher walks (see grammar.h).
+
+#include "grammar/grammar.h"
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+
+namespace sluice::grammar {
+namespace {
+
+constexpr int kUnbounded = -1;
+/** Bounded repetition is unrolled; more copies than this is refused rather than blown up. */
+constexpr int kMaxRepeat = 1024;
+
+struct Expr {
+  enum class Kind { kAlt, kSeq, kLiteral, kClass, kRef, kRepeat } kind = Kind::kSeq;
+  std::vector<Expr> kids;
+  std::string literal;              // kLiteral: bytes
+  std::array<uint64_t, 4> set{};    // kClass: ASCII bytes
+  bool any_non_ascii = false;       // kClass
+  std::string name;                 // kRef
+  int min = 0, max = 0;             // kRepeat
+};
+
+void set_bit(std::array<uint64_t, 4>& set, unsigned b) { set[b >> 6] |= uint64_t(1) << (b & 63); }
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xc0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += char(0xe0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3f));
+    out += char(0x80 | (cp & 0x3f));
+  } else {
+    out += char(0xf0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3f));
+    out += char(0x80 | ((cp >> 6) & 0x3f));
+    out += char(0x80 | (cp & 0x3f));
+  }
+}
+
+class Reader {
+ public:
+  explicit Reader(const std::string& text) : s_(text) {}
+
+  /** name -> body, in order of definition. */
+  std::vector<std::pair<std::string, Expr>> rules() {
+    std::vector<std::pair<std::string, Expr>> out;
+    skip_space();
+    while (i_ < s_.size()) {
+      std::string name = ident();
+      if (name.empty()) fail("a rule name");
+      skip_space();
+      if (s_.compare(i_, 3, "::=") != 0) fail("'::='");
+      i_ += 3;
+      out.emplace_back(name, alternatives());
+      skip_space();
+    }
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& expected) const {
+    throw GrammarError("grammar text: expected " + expected + " at offset " + std::to_string(i_));
+  }
+
+  void skip_space() {
+    while (i_ < s_.size()) {
+      char c = s_[i_];
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+        i_++;
+      } else if (c == '#') {
+        while (i_ < s_.size() && s_[i_] != '\n') i_++;
+      } else {
+        break;
+      }
+    }
+  }
+
+  static bool ident_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+  }
+
+  std::string ident() {
+    size_t start = i_;
+    while (i_ < s_.size() && ident_char(s_[i_])) i_++;
+    return s_.substr(start, i_ - start);
+  }
+
+  /** Whether the next thing is `name ::=` (the start of the next rule). */
+  bool at_rule_start() {
+    size_t save = i_;
+    std::string name = ident();
+    skip_space();
+    bool yes = !name.empty() && s_.compare(i_, 3, "::=") == 0;
+    i_ = save;
+    return yes;
+  }
+
+  Expr alternatives() {
+    Expr alt;
+    alt.kind = Expr::Kind::kAlt;
+    alt.kids.push_back(sequence());
+    while (true) {
+      skip_space();
+      if (i_ < s_.size() && s_[i_] == '|') {
+        i_++;
+        alt.kids.push_back(sequence());
+      } else {
+        break;
+      }
+    }
+    return alt.kids.size() == 1 ? std::move(alt.kids[0]) : alt;
+  }
+
+  Expr sequence() {
+    Expr seq;
+    seq.kind = Expr::Kind::kSeq;
+    while (true) {
+      skip_space();
+      if (i_ >= s_.size()) break;
+      char c = s_[i_];
+      if (c == '|' || c == ')') break;
+      if (c == '(' && i_ + 1 < s_.size() && s_[i_ + 1] == '=') {
+        // A lookahead assertion: read, then dropped (it restates what follows the rule).
+        i_ += 2;
+        alternatives();
+        skip_space();
+        if (i_ >= s_.size() || s_[i_] != ')') fail("')' closing a lookahead");
+        i_++;
+        continue;
+      }
+      if (ident_char(c) && at_rule_start()) break;
+      Expr atom = this->atom();
+      seq.kids.push_back(quantified(std::move(atom)));
+    }
+    return seq;
+  }
+
+  Expr atom() {
+    char c = s_[i_];
+    if (c == '"') return literal();
+    if (c == '[') return char_class();
+    if (c == '(') {
+      i_++;
+      Expr inner = alternatives();
+      skip_space();
+      if (i_ >= s_.size() || s_[i_] != ')') fail("')'");
+      i_++;
+      return inner;
+    }
+    if (ident_char(c)) {
+      Expr ref;
+      ref.kind = Expr::Kind::kRef;
+      ref.name = ident();
+      return ref;
+    }
+    fail("a string, a character class, a rule name or '('");
+  }
+
+  int number() {
+    size_t start = i_;
+    long v = 0;
+    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+      v = v * 10 + (s_[i_++] - '0');
+      if (v > kMaxRepeat) throw GrammarError("grammar text: a repetition count above " + std::to_string(kMaxRepeat));
+    }
+    if (i_ == start) fail("a number");
+    return int(v);
+  }
+
+  Expr quantified(Expr atom) {
+    // A quantifier follows its atom directly (a space would start the next item).
+    if (i_ >= s_.size()) return atom;
+    char c = s_[i_];
+    int min, max;
+    if (c == '*') {
+      min = 0, max = kUnbounded, i_++;
+    } else if (c == '+') {
+      min = 1, max = kUnbounded, i_++;
+    } else if (c == '?') {
+      min = 0, max = 1, i_++;
+    } else if (c == '{') {
+      i_++;
+      skip_space();
+      min = number();
+      skip_space();
+      max = min;
+      if (i_ < s_.size() && s_[i_] == ',') {
+        i_++;
+        skip_space();
+        max = (i_ < s_.size() && s_[i_] == '}') ? kUnbounded : number();
+        skip_space();
+      }
+      if (i_ >= s_.size() || s_[i_] != '}') fail("'}'");
+      i_++;
+      if (max != kUnbounded && max < min) throw GrammarError("grammar text: a repetition {m,n} with n < m");
+    } else {
+      return atom;
+    }
+    Expr rep;
+    rep.kind = Expr::Kind::kRepeat;
+    rep.min = min;
+    rep.max = max;
+    rep.kids.push_back(std::move(atom));
+    return quantified(std::move(rep));
+  }
+
+  static int hex(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+
+  uint32_t hex_digits(int n) {
+    uint32_t v = 0;
+    for (int k = 0; k < n; k++) {
+      if (i_ >= s_.size() || hex(s_[i_]) < 0) fail("a hex digit");
+      v = v * 16 + uint32_t(hex(s_[i_++]));
+    }
+    return v;
+  }
+
+  /** One escape after its backslash, as a code point. */
+  uint32_t escape() {
+    if (i_ >= s_.size()) fail("an escaped character");
+    char c = s_[i_++];
+    switch (c) {
+      case 'n': return '\n';
+      case 'r': return '\r';
+      case 't': return '\t';
+      case 'b': return '\b';
+      case 'f': return '\f';
+      case 'v': return '\v';
+      case 'a': return '\a';
+      case 'e': return 0x1b;
+      case '0': return 0;
+      case 'x': return hex_digits(2);
+      case 'u': return hex_digits(4);
+      case 'U': return hex_digits(8);
+      default: return uint8_t(c);
+    }
+  }
+
+  Expr literal() {
+    Expr lit;
+    lit.kind = Expr::Kind::kLiteral;
+    i_++;  // "
+    while (true) {
+      if (i_ >= s_.size()) fail("'\"' closing a string");
+      char c = s_[i_++];
+      if (c == '"') break;
+      if (c == '\\') {
+        append_utf8(lit.literal, escape());
+      } else {
+        lit.literal += c;  // raw UTF-8 bytes stay as they are
+      }
+    }
+    return lit;
+  }
+
+  /** One member of a character class, as a code point. */
+  uint32_t class_char() {
+    if (i_ >= s_.size()) fail("']' closing a character class");
+    char c = s_[i_++];
+    if (c == '\\') return escape();
+    if (uint8_t(c) >= 0x80) return 0x80;  // a raw non-ASCII character: refused by the caller
+    return uint8_t(c);
+  }
+
+  Expr char_class() {
+    Expr cls;
+    cls.kind = Expr::Kind::kClass;
+    i_++;  // [
+    bool negated = i_ < s_.size() && s_[i_] == '^';
+    if (negated) i_++;
+    std::array<uint64_t, 4> set{};
+    while (true) {
+      if (i_ >= s_.size()) fail("']' closing a character class");
+      if (s_[i_] == ']') {
+        i_++;
+        break;
+      }
+      uint32_t lo = class_char(), hi = lo;
+      if (i_ + 1 < s_.size() && s_[i_] == '-' && s_[i_ + 1] != ']') {
+        i_++;
+        hi = class_char();
+      }
+      if (hi < lo) throw GrammarError("grammar text: a character range with its ends reversed");
+      if (hi >= 0x80) throw GrammarError("grammar text: a character class with non-ASCII characters (not supported natively)");
+      for (uint32_t c = lo; c <= hi; c++) set_bit(set, c);
+    }
+    if (negated) {
+      for (int w = 0; w < 2; w++) cls.set[w] = ~set[w];
+      cls.any_non_ascii = true;
+    } else {
+      cls.set = set;
+    }
+    return cls;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+/** Turns read expressions into rules of elements. */
+class Lowering {
+ public:
+  Grammar build(std::vector<std::pair<std::string, Expr>> rules, const std::string& root_rule) {
+    for (auto& [name, body] : rules) {
+      int id = rule_id(name);
+      if (defined_.size() <= size_t(id)) defined_.resize(id + 1, false);
+      if (defined_[id]) throw GrammarError("grammar text: rule '" + name + "' is defined twice");
+      defined_[id] = true;
+    }
+    for (auto& [name, body] : rules) define(rule_id(name), body);
+    for (size_t r = 0; r < g_.names.size(); r++) {
+      if (r >= defined_.size() || !defined_[r]) throw GrammarError("grammar text: rule '" + g_.names[r] + "' is used but not defined");
+    }
+    auto root = ids_.find(root_rule);
+    if (root == ids_.end()) throw GrammarError("grammar text: no rule named '" + root_rule + "'");
+    g_.root = root->second;
+    // Alternatives were built per rule; lay them out in `elems` now.
+    g_.alts.assign(bodies_.size(), {});
+    for (size_t r = 0; r < bodies_.size(); r++) {
+      for (auto& alt : bodies_[r]) {
+        g_.alts[r].push_back(uint32_t(g_.elems.size()));
+        g_.elems.insert(g_.elems.end(), alt.begin(), alt.end());
+        g_.elems.push_back(Element{});  // End
+      }
+    }
+    return std::move(g_);
+  }
+
+ private:
+  using Alt = std::vector<Element>;
+
+  int rule_id(const std::string& name) {
+    auto it = ids_.find(name);
+    if (it != ids_.end()) return it->second;
+    int id = int(g_.names.size());
+    g_.names.push_back(name);
+    ids_.emplace(name, id);
+    if (bodies_.size() <= size_t(id)) bodies_.resize(id + 1);
+    return id;
+  }
+
+  int aux_rule(const std::string& base) {
+    int id = rule_id(base + "#" + std::to_string(++aux_count_));
+    if (defined_.size() <= size_t(id)) defined_.resize(id + 1, false);
+    defined_[id] = true;
+    return id;
+  }
+
+  void define(int id, const Expr& body) {
+    std::vector<Alt> alts;
+    if (body.kind == Expr::Kind::kAlt) {
+      for (auto& kid : body.kids) {
+        alts.emplace_back();
+        append(kid, alts.back(), id);
+      }
+    } else {
+      alts.emplace_back();
+      append(body, alts.back(), id);
+    }
+    bodies_[id] = std::move(alts);
+  }
+
+  static Element ref(int rule) {
+    Element e;
+    e.kind = ElemKind::kRef;
+    e.rule = rule;
+    return e;
+  }
+
+  /** The single element an expression is, when it matches exactly one byte or character. */
+  static bool single(const Expr& e, Element& out) {
+    if (e.kind == Expr::Kind::kClass) {
+      out.kind = e.any_non_ascii ? ElemKind::kClass : ElemKind::kBytes;
+      out.set = e.set;
+      out.any_non_ascii = e.any_non_ascii;
+      return true;
+    }
+    if (e.kind == Expr::Kind::kLiteral && e.literal.size() == 1) {
+      out.kind = ElemKind::kBytes;
+      set_bit(out.set, uint8_t(e.literal[0]));
+      return true;
+    }
+    return false;
+  }
+
+  void append(const Expr& e, Alt& out, int owner) {
+    switch (e.kind) {
+      case Expr::Kind::kSeq:
+        for (auto& kid : e.kids) append(kid, out, owner);
+        return;
+      case Expr::Kind::kLiteral:
+        for (char c : e.literal) {
+          Element el;
+          el.kind = ElemKind::kBytes;
+          set_bit(el.set, uint8_t(c));
+          out.push_back(el);
+        }
+        return;
+      case Expr::Kind::kClass: {
+        Element el;
+        single(e, el);
+        out.push_back(el);
+        return;
+      }
+      case Expr::Kind::kRef:
+        out.push_back(ref(rule_id(e.name)));
+        return;
+      case Expr::Kind::kAlt: {
+        int aux = aux_rule(g_.names[owner]);
+        define(aux, e);
+        out.push_back(ref(aux));
+        return;
+      }
+      case Expr::Kind::kRepeat:
+        append_repeat(e, out, owner);
+        return;
+    }
+  }
+
+  void append_repeat(const Expr& e, Alt& out, int owner) {
+    const Expr& kid = e.kids[0];
+    for (int k = 0; k < e.min; k++) append(kid, out, owner);
+    Element one;
+    if (e.max == kUnbounded) {
+      if (single(kid, one)) {
+        one.star = true;
+        out.push_back(one);
+        return;
+      }
+      // R ::= "" | kid R
+      int r = aux_rule(g_.names[owner]);
+      Alt loop;
+      append(kid, loop, r);
+      loop.push_back(ref(r));
+      bodies_[r] = {Alt{}, std::move(loop)};
+      out.push_back(ref(r));
+      return;
+    }
+    // Up to (max - min) more: R_0 ::= "" | kid R_1, ..., R_last ::= "" | kid
+    int optional = e.max - e.min;
+    if (optional == 0) return;
+    std::vector<int> chain;
+    for (int k = 0; k < optional; k++) chain.push_back(aux_rule(g_.names[owner]));
+    for (int k = 0; k < optional; k++) {
+      Alt more;
+      append(kid, more, chain[k]);
+      if (k + 1 < optional) more.push_back(ref(chain[k + 1]));
+      bodies_[chain[k]] = {Alt{}, std::move(more)};
+    }
+    out.push_back(ref(chain[0]));
+  }
+
+  Grammar g_;
+  std::unordered_map<std::string, int> ids_;
+  std::vector<std::vector<Alt>> bodies_;
+  std::vector<bool> defined_;
+  int aux_count_ = 0;
+};
+
+/** Refuses left recursion: a rule reaching itself through elements that can match nothing. */
+void check_left_recursion(const Grammar& g) {
+  size_t n = g.alts.size();
+  std::vector<bool> nullable(n, false);
+  auto elem_nullable = [&](const Element& e) {
+    return e.kind == ElemKind::kEnd || (e.kind == ElemKind::kRef ? bool(nullable[e.rule]) : e.star);
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < n; r++) {
+      if (nullable[r]) continue;
+      for (uint32_t start : g.alts[r]) {
+        bool all = true;
+        for (uint32_t i = start; g.elems[i].kind != ElemKind::kEnd; i++) {
+          if (!elem_nullable(g.elems[i])) {
+            all = false;
+            break;
+          }
+        }
+        if (all) {
+          nullable[r] = true;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  std::vector<std::vector<int>> first(n);
+  for (size_t r = 0; r < n; r++) {
+    for (uint32_t start : g.alts[r]) {
+      for (uint32_t i = start; g.elems[i].kind != ElemKind::kEnd; i++) {
+        const Element& e = g.elems[i];
+        if (e.kind == ElemKind::kRef) first[r].push_back(e.rule);
+        if (!elem_nullable(e)) break;
+      }
+    }
+  }
+  std::vector<uint8_t> mark(n, 0);  // 0 new, 1 on the path, 2 done
+  std::function<void(int)> visit = [&](int r) {
+    mark[r] = 1;
+    for (int s : first[r]) {
+      if (mark[s] == 1) throw GrammarError("grammar text: rule '" + g.names[s] + "' is left-recursive");
+      if (mark[s] == 0) visit(s);
+    }
+    mark[r] = 2;
+  };
+  for (size_t r = 0; r < n; r++) {
+    if (mark[r] == 0) visit(int(r));
+  }
+}
+
+}  // namespace
+
+Grammar parse_grammar(const std::string& text, const std::string& root_rule) {
+  Reader reader(text);
+  Grammar g = Lowering().build(reader.rules(), root_rule);
+  check_left_recursion(g);
+  return g;
+}
+
+}  // namespace sluice::grammar

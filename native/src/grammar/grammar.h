@@ -1,0 +1,54 @@
+// A context-free grammar over bytes, as the token matcher (token_matcher.h) walks it, and the
+// reader of its text form: the EBNF that xgrammar prints for a compiled JSON schema
+// (`Grammar.toString()`), which is also what the native tests write by hand.
+//
+// Every rule is a list of alternatives; every alternative a run of elements ending in End. An
+// element matches one byte (Bytes: a set of bytes), one character (Class: ASCII bytes from a set,
+// or any valid multi-byte UTF-8 character when `any_non_ascii`), or a rule (Ref). Bytes and Class
+// elements may repeat zero or more times (`star`). Groups, `?`, `+`, `{m,n}` and repeated groups
+// are lowered to auxiliary rules; lookahead assertions `(= ...)` are read and dropped (they only
+// restate what the grammar already implies).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sluice::grammar {
+
+/** The text is not a grammar this reader understands (or not a grammar at all). */
+class GrammarError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ElemKind : uint8_t { kBytes, kClass, kRef, kEnd };
+
+struct Element {
+  ElemKind kind = ElemKind::kEnd;
+  bool star = false;           // Bytes / Class: zero or more times
+  bool any_non_ascii = false;  // Class: any valid multi-byte UTF-8 character also matches
+  int32_t rule = -1;           // Ref: the rule referenced
+  std::array<uint64_t, 4> set{};  // Bytes: the bytes matched; Class: the ASCII bytes matched
+
+  bool has(uint8_t b) const { return (set[b >> 6] >> (b & 63)) & 1; }
+};
+
+struct Grammar {
+  /** All alternatives, each a contiguous run of elements closed by an End element. */
+  std::vector<Element> elems;
+  /** Per rule, the index in `elems` where each of its alternatives starts. */
+  std::vector<std::vector<uint32_t>> alts;
+  std::vector<std::string> names;
+  int32_t root = -1;
+};
+
+/**
+ * Reads grammar text (`name ::= body`, one rule per line or more). Throws GrammarError for text it
+ * cannot read, a rule used but never defined, a character class holding non-ASCII code points, a
+ * missing root rule, and left recursion (a rule that can reach itself before consuming a byte).
+ */
+Grammar parse_grammar(const std::string& text, const std::string& root_rule = "root");
+
+}  // namespace sluice::grammar

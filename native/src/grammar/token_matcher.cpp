@@ -1,0 +1,400 @@
+// The token matcher: stack sets stepped byte by byte, per-position token caches, masks.
+
+#include "grammar/token_matcher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+namespace sluice::grammar {
+namespace {
+
+/** More stack tops than this at once: the grammar is too ambiguous to follow byte by byte. */
+constexpr size_t kMaxTops = 4096;
+
+// UTF-8 states of a Class position: 0 at a character's start, else what the next byte must be.
+//   1..3: that many continuation bytes (80-BF) still owed;
+//   4: after E0 (A0-BF, then 1); 5: after ED (80-9F, then 1); 6: after F0 (90-BF, then 2);
+//   7: after F4 (80-8F, then 2). Overlong forms, surrogates and code points past U+10FFFF never match.
+uint32_t lead_state(uint8_t b) {
+  if (b >= 0xc2 && b <= 0xdf) return 1;
+  if (b == 0xe0) return 4;
+  if (b == 0xed) return 5;
+  if (b >= 0xe1 && b <= 0xef) return 2;
+  if (b == 0xf0) return 6;
+  if (b >= 0xf1 && b <= 0xf3) return 3;
+  if (b == 0xf4) return 7;
+  return 0;
+}
+
+/** The state after continuation byte b in state s, or -1 if b cannot come here. */
+int next_utf8_state(uint32_t s, uint8_t b) {
+  switch (s) {
+    case 1: case 2: case 3: return (b & 0xc0) == 0x80 ? int(s) - 1 : -1;
+    case 4: return b >= 0xa0 && b <= 0xbf ? 1 : -1;
+    case 5: return b >= 0x80 && b <= 0x9f ? 1 : -1;
+    case 6: return b >= 0x90 && b <= 0xbf ? 2 : -1;
+    case 7: return b >= 0x80 && b <= 0x8f ? 2 : -1;
+    default: return -1;
+  }
+}
+
+/** Steps stack sets over a grammar, pushing frames onto an arena. */
+class Stepper {
+ public:
+  Stepper(const Grammar& g, std::vector<Frame>& arena) : g_(g), arena_(arena) {}
+
+  /** Adds to `out` every top reachable from element e over a stack whose next frame is `parent`. */
+  void expand(uint32_t e, int32_t parent, StackSet& out) {
+    while (true) {
+      const Element& el = g_.elems[e];
+      if (el.kind == ElemKind::kEnd) {
+        if (parent == kAcceptParent) {
+          out.accepting = true;
+          return;
+        }
+        if (parent == kOpenParent) {
+          out.completed = true;
+          return;
+        }
+        const Frame f = arena_[size_t(parent)];
+        e = f.elem;
+        parent = f.parent;
+        continue;
+      }
+      if (el.kind == ElemKind::kRef) {
+        // A rule referenced last in its alternative returns straight to our parent (no frame):
+        // right recursion then runs in constant stack.
+        int32_t back = g_.elems[e + 1].kind == ElemKind::kEnd ? parent : push(e + 1, parent);
+        const std::vector<uint32_t>& alts = g_.alts[size_t(el.rule)];
+        for (size_t k = 0; k + 1 < alts.size(); k++) expand(alts[k], back, out);
+        e = alts.back();
+        parent = back;
+        continue;
+      }
+      add(out, Terminal{e << 3, parent});
+      if (!el.star) return;
+      e++;  // a starred element may also match nothing
+    }
+  }
+
+  /** out = in after byte b. */
+  void step(const StackSet& in, uint8_t b, StackSet& out) {
+    out.clear();
+    for (const Terminal& t : in.tops) {
+      uint32_t e = t.key >> 3, s = t.key & 7;
+      const Element& el = g_.elems[e];
+      if (s == 0) {
+        if (b < 0x80 || el.kind == ElemKind::kBytes) {
+          if (el.has(b)) end_char(e, t.parent, el.star, out);
+        } else if (uint32_t ls = lead_state(b)) {
+          add(out, Terminal{(e << 3) | ls, t.parent});  // a Class: any_non_ascii
+        }
+        continue;
+      }
+      int ns = next_utf8_state(s, b);
+      if (ns < 0) continue;
+      if (ns == 0) {
+        end_char(e, t.parent, el.star, out);
+      } else {
+        add(out, Terminal{(e << 3) | uint32_t(ns), t.parent});
+      }
+    }
+  }
+
+ private:
+  void end_char(uint32_t e, int32_t parent, bool star, StackSet& out) { expand(star ? e : e + 1, parent, out); }
+
+  int32_t push(uint32_t elem, int32_t parent) {
+    arena_.push_back(Frame{elem, parent});
+    return int32_t(arena_.size() - 1);
+  }
+
+  static void add(StackSet& out, Terminal t) {
+    for (const Terminal& have : out.tops) {
+      if (have == t) return;
+    }
+    if (out.tops.size() >= kMaxTops) throw GrammarError("the grammar is too ambiguous to match (over 4096 parse stacks at once)");
+    out.tops.push_back(t);
+  }
+
+  const Grammar& g_;
+  std::vector<Frame>& arena_;
+};
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void set_bit(uint32_t* mask, int32_t id) { mask[uint32_t(id) >> 5] |= uint32_t(1) << (uint32_t(id) & 31); }
+
+}  // namespace
+
+// ---- vocabulary ---------------------------------------------------------------------------
+
+TokenVocabulary::TokenVocabulary(std::vector<std::string> tokens, std::vector<int32_t> stop_ids)
+    : tokens_(std::move(tokens)), stop_ids_(std::move(stop_ids)), is_stop_(tokens_.size(), false) {
+  for (int32_t id : stop_ids_) {
+    if (id < 0 || size_t(id) >= tokens_.size()) throw GrammarError("a stop token id outside the vocabulary");
+    is_stop_[size_t(id)] = true;
+    tokens_[size_t(id)].clear();  // a stop token is never matched as text
+  }
+  for (size_t id = 0; id < tokens_.size(); id++) {
+    if (!tokens_[id].empty()) sorted_.push_back(int32_t(id));
+  }
+  std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return tokens_[size_t(a)] < tokens_[size_t(b)]; });
+  lcp_.assign(sorted_.size(), 0);
+  for (size_t i = 1; i < sorted_.size(); i++) {
+    const std::string& a = tokens_[size_t(sorted_[i - 1])];
+    const std::string& b = tokens_[size_t(sorted_[i])];
+    size_t n = std::min(a.size(), b.size()), k = 0;
+    while (k < n && a[k] == b[k]) k++;
+    lcp_[i] = uint32_t(k);
+  }
+  size_t i = 0;
+  for (int b = 0; b < 256; b++) {
+    first_[size_t(b)] = uint32_t(i);
+    while (i < sorted_.size() && uint8_t(tokens_[size_t(sorted_[i])][0]) == b) i++;
+  }
+  first_[256] = uint32_t(sorted_.size());
+}
+
+size_t PositionCache::bytes() const {
+  return sizeof(*this) + accepted_bits.size() * 4 + accepted_ids.size() * 4 + uncertain_token.size() * 12;
+}
+
+// ---- compiling ----------------------------------------------------------------------------
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab, int64_t deadline_ms)
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+  if (grammar_.elems.size() >= (size_t(1) << 28)) throw GrammarError("the grammar is too large");
+  at_start_.resize(grammar_.elems.size());
+  mid_char_.resize(grammar_.elems.size() * 8);
+  std::vector<Frame> arena;
+  for (uint32_t e = 0; e < grammar_.elems.size(); e++) {
+    ElemKind kind = grammar_.elems[e].kind;
+    if (kind != ElemKind::kBytes && kind != ElemKind::kClass) continue;
+    if (deadline_ms != 0 && now_ms() > deadline_ms) throw GrammarError("compiling the grammar ran past its time limit");
+    at_start_[e] = compile_position(e << 3, arena);
+  }
+}
+
+const PositionCache& CompiledGrammar::cache(uint32_t key) const {
+  if ((key & 7) == 0) return *at_start_[key >> 3];
+  std::lock_guard<std::mutex> lock(lazy_mutex_);
+  auto& slot = mid_char_[key];
+  if (!slot) {
+    std::vector<Frame> arena;
+    slot = compile_position(key, arena);
+  }
+  return *slot;
+}
+
+std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, std::vector<Frame>& arena) const {
+  const TokenVocabulary& v = *vocab_;
+  const std::vector<int32_t>& sorted = v.sorted();
+  const std::vector<uint32_t>& lcp = v.lcp();
+  arena.clear();
+  Stepper stepper(grammar_, arena);
+  // levels[d]: the stacks after the first d bytes of the current token; completed_upto[d]: whether
+  // the rule ended at any of levels 1..d (a token dying later may still be uncertain).
+  std::vector<StackSet> levels(1);
+  std::vector<size_t> marks(1, 0);
+  std::vector<bool> completed_upto(1, false);
+  levels[0].tops.push_back(Terminal{key, kOpenParent});
+  std::vector<int32_t> accepted;
+  struct Entry {
+    int32_t token;
+    uint32_t from;
+  };
+  std::vector<Entry> uncertain;
+
+  size_t valid = 0;  // levels[0..valid] hold the previous token's prefix
+  size_t i = 0;
+  while (i < sorted.size()) {
+    int32_t id = sorted[i];
+    const std::string& t = v.bytes(id);
+    size_t d = std::min<size_t>(i == 0 ? 0 : lcp[i], valid);
+    // Extend the levels along this token while some stack lives.
+    while (d < t.size() && !levels[d].tops.empty()) {
+      if (levels.size() <= d + 1) {
+        levels.resize(d + 2);
+        marks.resize(d + 2);
+        completed_upto.resize(d + 2);
+      }
+      arena.resize(marks[d]);
+      stepper.step(levels[d], uint8_t(t[d]), levels[d + 1]);
+      marks[d + 1] = arena.size();
+      completed_upto[d + 1] = completed_upto[d] || levels[d + 1].completed;
+      d++;
+    }
+    valid = d;
+    if (d == t.size() && (!levels[d].tops.empty() || levels[d].completed)) {
+      accepted.push_back(id);
+      i++;
+      continue;
+    }
+    if (!completed_upto[d]) {
+      // Dead after d bytes with no end of the rule on the way: so is every token sharing them.
+      if (d == 1) {
+        i = v.first(uint8_t(t[0]) + 1);
+        continue;
+      }
+      size_t j = i + 1;
+      while (j < sorted.size() && lcp[j] >= d) j++;
+      i = j;
+      continue;
+    }
+    for (size_t k = 1; k <= d && k < t.size(); k++) {
+      if (levels[k].completed) uncertain.push_back(Entry{id, uint32_t(k)});
+    }
+    i++;
+  }
+
+  auto cache = std::make_unique<PositionCache>();
+  if (accepted.size() >= v.words()) {
+    cache->accepted_bits.assign(v.words(), 0);
+    for (int32_t id : accepted) set_bit(cache->accepted_bits.data(), id);
+  } else {
+    cache->accepted_ids = std::move(accepted);
+  }
+  auto suffix = [&](const Entry& e) {
+    const std::string& t = v.bytes(e.token);
+    return std::string_view(t).substr(e.from);
+  };
+  std::sort(uncertain.begin(), uncertain.end(), [&](const Entry& a, const Entry& b) { return suffix(a) < suffix(b); });
+  cache->uncertain_token.reserve(uncertain.size());
+  for (size_t k = 0; k < uncertain.size(); k++) {
+    cache->uncertain_token.push_back(uncertain[k].token);
+    cache->uncertain_from.push_back(uncertain[k].from);
+    uint32_t common = 0;
+    if (k > 0) {
+      std::string_view a = suffix(uncertain[k - 1]), b = suffix(uncertain[k]);
+      while (common < a.size() && common < b.size() && a[common] == b[common]) common++;
+    }
+    cache->uncertain_lcp.push_back(common);
+  }
+  bytes_ += cache->bytes();
+  compiled_++;
+  return cache;
+}
+
+// ---- matching -----------------------------------------------------------------------------
+
+TokenMatcher::TokenMatcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
+  Stepper stepper(grammar_->grammar(), arena_);
+  const Grammar& g = grammar_->grammar();
+  for (uint32_t start : g.alts[size_t(g.root)]) stepper.expand(start, kAcceptParent, state_);
+}
+
+void TokenMatcher::fill_mask(uint32_t* out) {
+  const TokenVocabulary& v = grammar_->vocab();
+  std::memset(out, 0, v.words() * 4);
+  if (ended_) return;
+  if (state_.accepting) {
+    for (int32_t id : v.stop_ids()) set_bit(out, id);
+  }
+  const Grammar& g = grammar_->grammar();
+  Stepper stepper(g, arena_);
+  const size_t base = arena_.size();
+  for (const Terminal& top : state_.tops) {
+    const PositionCache& c = grammar_->cache(top.key);
+    if (!c.accepted_bits.empty()) {
+      const uint32_t* bits = c.accepted_bits.data();
+      for (size_t w = 0; w < c.accepted_bits.size(); w++) out[w] |= bits[w];
+    } else {
+      for (int32_t id : c.accepted_ids) set_bit(out, id);
+    }
+    if (c.uncertain_token.empty() || top.parent == kAcceptParent) continue;
+    // The uncertain tokens: their suffixes against what follows this top's rule.
+    if (levels_.empty()) levels_.resize(1), marks_.resize(1);
+    levels_[0].clear();
+    arena_.resize(base);
+    const Frame below = arena_[size_t(top.parent)];
+    stepper.expand(below.elem, below.parent, levels_[0]);
+    marks_[0] = arena_.size();
+    const size_t n = c.uncertain_token.size();
+    size_t valid = 0, i = 0;
+    while (i < n) {
+      const std::string& t = v.bytes(c.uncertain_token[i]);
+      const size_t from = c.uncertain_from[i];
+      const size_t len = t.size() - from;
+      size_t d = std::min<size_t>(c.uncertain_lcp[i], valid);
+      while (d < len && !levels_[d].tops.empty()) {
+        if (levels_.size() <= d + 1) levels_.resize(d + 2), marks_.resize(d + 2);
+        arena_.resize(marks_[d]);
+        stepper.step(levels_[d], uint8_t(t[from + d]), levels_[d + 1]);
+        marks_[d + 1] = arena_.size();
+        d++;
+      }
+      valid = d;
+      if (d == len && (!levels_[d].tops.empty() || levels_[d].accepting)) {
+        set_bit(out, c.uncertain_token[i]);
+        i++;
+        continue;
+      }
+      // Byte d - 1 left no stack (or the suffix ran past a closed root): skip all sharing it.
+      size_t j = i + 1;
+      while (j < n && c.uncertain_lcp[j] >= d) j++;
+      i = j;
+    }
+  }
+  arena_.resize(base);
+}
+
+bool TokenMatcher::accept(int32_t token) {
+  const TokenVocabulary& v = grammar_->vocab();
+  if (ended_ || token < 0 || size_t(token) >= v.size()) return false;
+  if (v.is_stop(token)) {
+    if (!state_.accepting) return false;
+    ended_ = true;
+    return true;
+  }
+  const std::string& t = v.bytes(token);
+  if (t.empty()) return false;
+  const size_t base = arena_.size();
+  Stepper stepper(grammar_->grammar(), arena_);
+  StackSet cur = state_;
+  for (size_t k = 0; k < t.size(); k++) {
+    stepper.step(cur, uint8_t(t[k]), next_);
+    bool last = k + 1 == t.size();
+    if (next_.tops.empty() && !(last && next_.accepting)) {
+      arena_.resize(base);
+      return false;
+    }
+    std::swap(cur, next_);
+  }
+  state_ = std::move(cur);
+  if (arena_.size() > compact_at_) {
+    compact();
+    compact_at_ = std::max<size_t>(65536, 2 * arena_.size());
+  }
+  return true;
+}
+
+void TokenMatcher::compact() {
+  // Keep only frames reachable from the tops, renumbered in arena order.
+  std::vector<int32_t> remap(arena_.size(), -1);
+  std::vector<int32_t> stack;
+  for (const Terminal& t : state_.tops) {
+    for (int32_t p = t.parent; p >= 0 && remap[size_t(p)] == -1; p = arena_[size_t(p)].parent) {
+      remap[size_t(p)] = 0;
+      stack.push_back(p);
+    }
+  }
+  std::sort(stack.begin(), stack.end());
+  std::vector<Frame> kept;
+  kept.reserve(stack.size());
+  for (int32_t old : stack) {
+    remap[size_t(old)] = int32_t(kept.size());
+    Frame f = arena_[size_t(old)];
+    kept.push_back(Frame{f.elem, f.parent < 0 ? f.parent : remap[size_t(f.parent)]});  // parents come first
+  }
+  for (Terminal& t : state_.tops) {
+    if (t.parent >= 0) t.parent = remap[size_t(t.parent)];
+  }
+  arena_ = std::move(kept);
+}
+
+}  // namespace sluice::grammar

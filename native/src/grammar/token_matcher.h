@@ -1,0 +1,154 @@
+// Grammar-constrained decoding: which tokens of a vocabulary may come next, as a bitmask, and
+// advancing with the token sampled.
+//
+// A matcher's state is a set of parse stacks (persistent: frames live in an arena and point at
+// their parent), each topped by a position that consumes a byte. Tokens are byte strings; a token
+// is allowed when some stack can consume all of its bytes.
+//
+// Checking 150k tokens a step against the stacks would take milliseconds, so compiling a grammar
+// walks the whole vocabulary (sorted, sharing prefixes) once from every byte-consuming position
+// of every rule, knowing nothing of what lies below the rule, and sorts each token into
+//   - accepted: its bytes fit inside the rule (whatever follows the rule),
+//   - rejected: every path dies inside the rule,
+//   - uncertain: the rule can end partway through the token, so the rest (its "suffix") depends
+//     on what follows: those are kept, sorted by suffix.
+// A step's mask is then the union, over the stacks' top positions, of the accepted set and the
+// uncertain tokens whose suffix the rest of that stack accepts; the suffixes are walked in sorted
+// order, so a shared prefix is checked once and a dead prefix skips every suffix under it.
+#pragma once
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "grammar/grammar.h"
+
+namespace sluice::grammar {
+
+/** A model's vocabulary as byte strings, sorted and indexed for matching. */
+class TokenVocabulary {
+ public:
+  /** tokens[id]: the token's bytes ("" = never allowed); stop_ids: allowed once the output is complete. */
+  TokenVocabulary(std::vector<std::string> tokens, std::vector<int32_t> stop_ids);
+
+  size_t size() const { return tokens_.size(); }
+  /** 32-bit words in a mask. */
+  size_t words() const { return (tokens_.size() + 31) / 32; }
+  const std::string& bytes(int32_t id) const { return tokens_[size_t(id)]; }
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  bool is_stop(int32_t id) const { return id >= 0 && size_t(id) < is_stop_.size() && is_stop_[size_t(id)]; }
+
+  /** Ids of the non-empty tokens in byte order; lcp[i]: bytes token sorted[i] shares with sorted[i-1]. */
+  const std::vector<int32_t>& sorted() const { return sorted_; }
+  const std::vector<uint32_t>& lcp() const { return lcp_; }
+  /** sorted[first_[b] .. first_[b + 1]) are the tokens beginning with byte b. */
+  uint32_t first(int b) const { return first_[size_t(b)]; }
+
+ private:
+  std::vector<std::string> tokens_;
+  std::vector<int32_t> stop_ids_;
+  std::vector<bool> is_stop_;
+  std::vector<int32_t> sorted_;
+  std::vector<uint32_t> lcp_;
+  std::array<uint32_t, 257> first_{};
+};
+
+/** Below the root's frame: the output is complete. */
+constexpr int32_t kAcceptParent = -1;
+/** Below a position compiled alone: what follows its rule is not known. */
+constexpr int32_t kOpenParent = -2;
+
+/** A stack frame: the element to go on at, and the frame below. */
+struct Frame {
+  uint32_t elem;
+  int32_t parent;
+};
+
+/** A stack's top: key = element * 8 + UTF-8 state (bytes still owed by a multi-byte character). */
+struct Terminal {
+  uint32_t key;
+  int32_t parent;
+  bool operator==(const Terminal& o) const { return key == o.key && parent == o.parent; }
+};
+
+struct StackSet {
+  std::vector<Terminal> tops;
+  bool accepting = false;  // some stack has closed the root
+  bool completed = false;  // (compiling) the rule compiled alone has ended
+  void clear() {
+    tops.clear();
+    accepting = completed = false;
+  }
+};
+
+/** What compiling found for one position (see the file comment). */
+struct PositionCache {
+  std::vector<uint32_t> accepted_bits;  // a mask, when many tokens are accepted
+  std::vector<int32_t> accepted_ids;    // else the ids
+  std::vector<int32_t> uncertain_token;
+  std::vector<uint32_t> uncertain_from;  // where in the token its suffix begins
+  std::vector<uint32_t> uncertain_lcp;   // bytes this suffix shares with the one before
+  size_t bytes() const;
+};
+
+class CompiledGrammar {
+ public:
+  /**
+   * Compiles every position of `grammar` against `vocab`. Throws GrammarError past `deadline_ms`
+   * (milliseconds on a steady clock, 0 = none) or when the grammar is too ambiguous to match.
+   */
+  CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab, int64_t deadline_ms = 0);
+
+  const Grammar& grammar() const { return grammar_; }
+  const TokenVocabulary& vocab() const { return *vocab_; }
+  /** The cache of a position; one in the middle of a multi-byte character is compiled on first use. */
+  const PositionCache& cache(uint32_t key) const;
+  /** Memory held by the caches. */
+  size_t bytes() const { return bytes_.load(); }
+  size_t positions() const { return compiled_.load(); }
+
+ private:
+  std::unique_ptr<PositionCache> compile_position(uint32_t key, std::vector<Frame>& arena) const;
+
+  Grammar grammar_;
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  std::vector<std::unique_ptr<PositionCache>> at_start_;  // by element: positions at a character's start
+  mutable std::mutex lazy_mutex_;
+  mutable std::vector<std::unique_ptr<PositionCache>> mid_char_;  // by key, compiled on first use
+  mutable std::atomic<size_t> bytes_{0};
+  mutable std::atomic<size_t> compiled_{0};
+};
+
+/** One output's position in its grammar. Not thread-safe; one thread at a time. */
+class TokenMatcher {
+ public:
+  explicit TokenMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+
+  /** Writes the allowed next tokens into out[0, words) (bit v of word v/32 = token v). */
+  void fill_mask(uint32_t* out);
+  /** Advances with a token; false (state unchanged) if the grammar does not allow it. */
+  bool accept(int32_t token);
+  /** Whether the output may end here (a stop token is allowed). */
+  bool can_end() const { return state_.accepting; }
+  /** Whether a stop token has been accepted. */
+  bool ended() const { return ended_; }
+  const CompiledGrammar& compiled() const { return *grammar_; }
+
+ private:
+  void compact();
+
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  std::vector<Frame> arena_;
+  StackSet state_;
+  bool ended_ = false;
+  size_t compact_at_ = 65536;  // arena size that triggers dropping unreachable frames
+  // Scratch reused between calls.
+  std::vector<StackSet> levels_;
+  std::vector<size_t> marks_;
+  StackSet next_;
+};
+
+}  // namespace sluice::grammar
