@@ -21,6 +21,9 @@
 
 namespace sluice_addon {
 
+void init_grammar(Napi::Env env, Napi::Object exports);  // grammar_addon.cpp
+
+
 namespace {
 
 using sluice::Engine;
@@ -475,6 +478,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->engine_ctor = Napi::Persistent(EngineWrap::Init(env));
   env.SetInstanceData(data);
   exports.Set("load", Napi::Function::New(env, Load));
+  init_grammar(env, exports);
   exports.Set("measureMemoryBandwidth", Napi::Function::New(env, MeasureBandwidth));
   exports.Set("measureDeviceBandwidth", Napi::Function::New(env, MeasureDeviceBandwidth));
   // Whether a CUDA device is usable ('' when it is, else why not); quick, no context kept.

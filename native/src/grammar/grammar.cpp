@@ -357,7 +357,14 @@ class Lowering {
     return id;
   }
 
-  void define(int id, const Expr& body) {
+  void define(int id, const Expr& outer) {
+    // `r ::= (a | b)`, as xgrammar prints every rule: the group is the body, not a rule of its own.
+    const Expr* unwrapped = &outer;
+    while (unwrapped->kind == Expr::Kind::kSeq && unwrapped->kids.size() == 1 &&
+           (unwrapped->kids[0].kind == Expr::Kind::kAlt || unwrapped->kids[0].kind == Expr::Kind::kSeq)) {
+      unwrapped = &unwrapped->kids[0];
+    }
+    const Expr& body = *unwrapped;
     std::vector<Alt> alts;
     if (body.kind == Expr::Kind::kAlt) {
       for (auto& kid : body.kids) {

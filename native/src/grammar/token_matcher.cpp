@@ -169,19 +169,144 @@ size_t PositionCache::bytes() const {
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab, int64_t deadline_ms)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
   if (grammar_.elems.size() >= (size_t(1) << 28)) throw GrammarError("the grammar is too large");
+  build_contexts();
   at_start_.resize(grammar_.elems.size());
   mid_char_.resize(grammar_.elems.size() * 8);
   std::vector<Frame> arena;
+  // Only rules the root can reach are ever matched (xgrammar prints its generic JSON rules into
+  // every schema's grammar, used or not).
+  std::vector<bool> reachable(grammar_.alts.size(), false);
+  std::vector<int32_t> todo{grammar_.root};
+  reachable[size_t(grammar_.root)] = true;
+  while (!todo.empty()) {
+    int32_t r = todo.back();
+    todo.pop_back();
+    for (uint32_t start : grammar_.alts[size_t(r)]) {
+      for (uint32_t e = start; grammar_.elems[e].kind != ElemKind::kEnd; e++) {
+        int32_t q = grammar_.elems[e].rule;
+        if (grammar_.elems[e].kind == ElemKind::kRef && !reachable[size_t(q)]) {
+          reachable[size_t(q)] = true;
+          todo.push_back(q);
+        }
+      }
+    }
+  }
   for (uint32_t e = 0; e < grammar_.elems.size(); e++) {
     ElemKind kind = grammar_.elems[e].kind;
-    if (kind != ElemKind::kBytes && kind != ElemKind::kClass) continue;
+    if ((kind != ElemKind::kBytes && kind != ElemKind::kClass) || !reachable[size_t(rule_of_[e])]) continue;
     if (deadline_ms != 0 && now_ms() > deadline_ms) throw GrammarError("compiling the grammar ran past its time limit");
     at_start_[e] = compile_position(e << 3, arena);
   }
 }
 
+void CompiledGrammar::build_contexts() {
+  const Grammar& g = grammar_;
+  const size_t rules = g.alts.size();
+  rule_of_.assign(g.elems.size(), -1);
+  for (size_t r = 0; r < rules; r++) {
+    for (uint32_t start : g.alts[r]) {
+      for (uint32_t e = start;; e++) {
+        rule_of_[e] = int32_t(r);
+        if (g.elems[e].kind == ElemKind::kEnd) break;
+      }
+    }
+  }
+  // Where each rule is referenced from: its one site, or -1 for none, -2 for several.
+  std::vector<int64_t> site(rules, -1);
+  site[size_t(g.root)] = -3;  // the root is also entered at the start, below which is the end
+  std::vector<std::vector<uint32_t>> sites(rules);
+  for (uint32_t e = 0; e < g.elems.size(); e++) {
+    if (g.elems[e].kind != ElemKind::kRef) continue;
+    int64_t& s = site[size_t(g.elems[e].rule)];
+    s = s == -1 ? int64_t(e) : -2;
+    sites[size_t(g.elems[e].rule)].push_back(e);
+  }
+  context_parent_.assign(rules, kOpenParent);
+  chain_top_.assign(rules, -1);
+  context_depth_.assign(rules, 0);
+  std::vector<uint8_t> state(rules, 0);  // 0 to do, 1 in progress (a cycle: unknown), 2 done
+  // Iterative depth-first resolution: a rule's context is its site's continuation in the site's rule.
+  for (size_t r0 = 0; r0 < rules; r0++) {
+    std::vector<size_t> path;
+    size_t r = r0;
+    while (state[r] == 0 && site[r] >= 0) {
+      state[r] = 1;
+      path.push_back(r);
+      r = size_t(rule_of_[size_t(site[r])]);
+    }
+    if (state[r] == 0) {  // a root-only or multi-site rule
+      context_parent_[r] = site[r] == -3 ? kAcceptParent : kOpenParent;
+      if (context_parent_[r] == kOpenParent) chain_top_[r] = int32_t(r);
+      state[r] = 2;
+    }
+    // r is now done, or in progress (a cycle: the rules on it keep an unknown context).
+    while (!path.empty()) {
+      size_t q = path.back();
+      path.pop_back();
+      size_t owner = size_t(rule_of_[size_t(site[q])]);
+      if (state[owner] != 2 || context_depth_[owner] >= 64) {
+        context_parent_[q] = kOpenParent;
+        chain_top_[q] = int32_t(q);
+      } else {
+        chain_top_[q] = chain_top_[owner];
+        uint32_t next = uint32_t(site[q]) + 1;
+        if (g.elems[next].kind == ElemKind::kEnd) {  // a tail reference: no frame, as when matching
+          context_parent_[q] = context_parent_[owner];
+          context_depth_[q] = context_depth_[owner];
+        } else {
+          context_frames_.push_back(Frame{next, context_parent_[owner]});
+          context_parent_[q] = int32_t(context_frames_.size() - 1);
+          context_depth_[q] = context_depth_[owner] + 1;
+        }
+      }
+      state[q] = 2;
+    }
+  }
+  for (size_t r = 0; r < rules; r++) {
+    if (state[r] != 2) context_parent_[r] = kOpenParent, context_depth_[r] = 0, chain_top_[r] = int32_t(r);
+  }
+  // Where a context is unknown, the rule's sites still say what may come after it: the bytes that
+  // can begin any of their continuations, where a continuation that can end at once adds the
+  // bytes that may follow its own rule's context (a fixed point over the rules).
+  follow_first_.assign(rules, {});
+  std::vector<std::vector<int32_t>> depends(rules);
+  std::vector<Frame> arena = context_frames_;
+  Stepper stepper(g, arena);
+  StackSet after, next;
+  for (size_t r = 0; r < rules; r++) {
+    if (chain_top_[r] != int32_t(r)) continue;
+    std::array<uint64_t, 4>& first = follow_first_[r];
+    for (uint32_t e : sites[r]) {
+      const size_t q = size_t(rule_of_[e]);
+      after.clear();
+      stepper.expand(e + 1, context_parent_[q], after);
+      for (int b = 0; b < 256; b++) {
+        stepper.step(after, uint8_t(b), next);
+        if (!next.tops.empty() || next.completed || next.accepting) first[size_t(b) >> 6] |= uint64_t(1) << (b & 63);
+      }
+      if (after.completed && chain_top_[q] >= 0 && chain_top_[q] != int32_t(r)) depends[r].push_back(chain_top_[q]);
+      arena.resize(context_frames_.size());
+    }
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < rules; r++) {
+      for (int32_t d : depends[r]) {
+        for (size_t w = 0; w < 4; w++) {
+          uint64_t merged = follow_first_[r][w] | follow_first_[size_t(d)][w];
+          if (merged != follow_first_[r][w]) follow_first_[r][w] = merged, changed = true;
+        }
+      }
+    }
+  }
+}
+
 const PositionCache& CompiledGrammar::cache(uint32_t key) const {
-  if ((key & 7) == 0) return *at_start_[key >> 3];
+  if ((key & 7) == 0) {
+    static const PositionCache unreachable;  // a rule the root never reaches: nothing to match
+    const auto& c = at_start_[key >> 3];
+    return c ? *c : unreachable;
+  }
   std::lock_guard<std::mutex> lock(lazy_mutex_);
   auto& slot = mid_char_[key];
   if (!slot) {
@@ -195,20 +320,25 @@ std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, s
   const TokenVocabulary& v = *vocab_;
   const std::vector<int32_t>& sorted = v.sorted();
   const std::vector<uint32_t>& lcp = v.lcp();
-  arena.clear();
+  arena = context_frames_;
   Stepper stepper(grammar_, arena);
   // levels[d]: the stacks after the first d bytes of the current token; completed_upto[d]: whether
   // the rule ended at any of levels 1..d (a token dying later may still be uncertain).
   std::vector<StackSet> levels(1);
-  std::vector<size_t> marks(1, 0);
+  std::vector<size_t> marks(1, arena.size());
   std::vector<bool> completed_upto(1, false);
-  levels[0].tops.push_back(Terminal{key, kOpenParent});
+  levels[0].tops.push_back(Terminal{key, context_parent_[size_t(rule_of_[key >> 3])]});
   std::vector<int32_t> accepted;
   struct Entry {
     int32_t token;
     uint32_t from;
   };
   std::vector<Entry> uncertain;
+  // Bytes that may follow the end of the known context (see build_contexts).
+  const int32_t top_rule = chain_top_[size_t(rule_of_[key >> 3])];
+  const std::array<uint64_t, 4> none{};
+  const std::array<uint64_t, 4>& follow = top_rule >= 0 ? follow_first_[size_t(top_rule)] : none;
+  auto follows = [&](uint8_t b) { return (follow[b >> 6] >> (b & 63)) & 1; };
 
   size_t valid = 0;  // levels[0..valid] hold the previous token's prefix
   size_t i = 0;
@@ -230,7 +360,7 @@ std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, s
       d++;
     }
     valid = d;
-    if (d == t.size() && (!levels[d].tops.empty() || levels[d].completed)) {
+    if (d == t.size() && (!levels[d].tops.empty() || levels[d].completed || levels[d].accepting)) {
       accepted.push_back(id);
       i++;
       continue;
@@ -247,7 +377,7 @@ std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, s
       continue;
     }
     for (size_t k = 1; k <= d && k < t.size(); k++) {
-      if (levels[k].completed) uncertain.push_back(Entry{id, uint32_t(k)});
+      if (levels[k].completed && follows(uint8_t(t[k]))) uncertain.push_back(Entry{id, uint32_t(k)});
     }
     i++;
   }
@@ -311,7 +441,11 @@ void TokenMatcher::fill_mask(uint32_t* out) {
     if (levels_.empty()) levels_.resize(1), marks_.resize(1);
     levels_[0].clear();
     arena_.resize(base);
-    const Frame below = arena_[size_t(top.parent)];
+    // The frame the cache knew nothing of: below this top's static context.
+    int32_t at = top.parent;
+    for (uint32_t k = grammar_->context_depth(top.key >> 3); k > 0 && at >= 0; k--) at = arena_[size_t(at)].parent;
+    if (at < 0) continue;  // the root's end: nothing may follow
+    const Frame below = arena_[size_t(at)];
     stepper.expand(below.elem, below.parent, levels_[0]);
     marks_[0] = arena_.size();
     const size_t n = c.uncertain_token.size();

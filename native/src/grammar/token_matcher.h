@@ -7,11 +7,14 @@
 //
 // Checking 150k tokens a step against the stacks would take milliseconds, so compiling a grammar
 // walks the whole vocabulary (sorted, sharing prefixes) once from every byte-consuming position
-// of every rule, knowing nothing of what lies below the rule, and sorts each token into
-//   - accepted: its bytes fit inside the rule (whatever follows the rule),
-//   - rejected: every path dies inside the rule,
-//   - uncertain: the rule can end partway through the token, so the rest (its "suffix") depends
-//     on what follows: those are kept, sorted by suffix.
+// of every rule. Below the position lies its rule's static context: while a rule is referenced
+// from one place only (as the many small rules of a JSON schema's grammar are), what follows it
+// is known, and the walk goes on into it; the first rule referenced from several places (or
+// recursively) is where knowledge ends. Each token is sorted into
+//   - accepted: its bytes fit inside that context (whatever follows it),
+//   - rejected: every path dies inside it,
+//   - uncertain: the context can end partway through the token, so the rest (its "suffix")
+//     depends on the stack below: those are kept, sorted by suffix.
 // A step's mask is then the union, over the stacks' top positions, of the accepted set and the
 // uncertain tokens whose suffix the rest of that stack accepts; the suffixes are walked in sorted
 // order, so a shared prefix is checked once and a dead prefix skips every suffix under it.
@@ -112,8 +115,25 @@ class CompiledGrammar {
 
  private:
   std::unique_ptr<PositionCache> compile_position(uint32_t key, std::vector<Frame>& arena) const;
+  void build_contexts();
 
   Grammar grammar_;
+  /** The rule each element belongs to. */
+  std::vector<int32_t> rule_of_;
+  /** Frames of the static contexts; per rule, the frame below it (or kOpenParent / kAcceptParent) and how many frames deep. */
+  std::vector<Frame> context_frames_;
+  std::vector<int32_t> context_parent_;
+  std::vector<uint32_t> context_depth_;
+  /** Per rule, the rule whose unknown context ends its own (-1: none, it ends at the root's end). */
+  std::vector<int32_t> chain_top_;
+  /** Per such rule, the bytes that may come first after it, from all the places it is used. */
+  std::vector<std::array<uint64_t, 4>> follow_first_;
+
+ public:
+  /** Frames of static context below the rule of element `elem` (see the file comment). */
+  uint32_t context_depth(uint32_t elem) const { return context_depth_[size_t(rule_of_[elem])]; }
+
+ private:
   std::shared_ptr<const TokenVocabulary> vocab_;
   std::vector<std::unique_ptr<PositionCache>> at_start_;  // by element: positions at a character's start
   mutable std::mutex lazy_mutex_;
