@@ -6,7 +6,23 @@ import { fileURLToPath } from 'node:url';
 
 import type { NativeEngineHandle, NativeLoadOptions } from './native-types.js';
 
+/** The native grammar engine (native/src/grammar, native/addon/grammar_addon.cpp). */
+export interface NativeGrammarVocabulary { readonly size: number }
+export interface NativeCompiledGrammar { readonly bytes: number; readonly positions: number }
+export interface NativeGrammarMatcher {
+  accept(token: number): boolean;
+  canEnd(): boolean;
+  ended(): boolean;
+  fillMask(out: Uint32Array, offset: number): void;
+}
+
 interface NativeAddon {
+  grammarVocabulary(bytes: Uint8Array, offsets: Uint32Array, stopIds: Int32Array): Promise<unknown>;
+  GrammarVocabulary: new (handle: unknown) => NativeGrammarVocabulary;
+  compileGrammar(vocabulary: NativeGrammarVocabulary, text: string, timeoutMs: number): Promise<unknown>;
+  CompiledGrammar: new (handle: unknown) => NativeCompiledGrammar;
+  GrammarMatcher: new (grammar: NativeCompiledGrammar) => NativeGrammarMatcher;
+  fillGrammarMasks(matchers: NativeGrammarMatcher[], out: Uint32Array, offsets: Uint32Array): Promise<Int32Array>;
   load(options: NativeLoadOptions): Promise<NativeEngineHandle>;
   measureMemoryBandwidth(numThreads: number, bytes: number, repeats: number): Promise<number>;
   measureDeviceBandwidth(bytes: number, repeats: number): Promise<number>;

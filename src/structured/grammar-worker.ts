@@ -2,8 +2,9 @@
 // compiled grammars and every sequence's matcher, so that compiling a schema and computing token
 // masks never run on the event loop. Started by StructuredOutputs (structured-outputs.ts) from
 // the compiled file dist/src/structured/grammar-worker.js. Messages, answered in order:
-//   init    {tokens, special, vocabType, ...}  -> {reply}
+//   init    {tokens, special, vocabType, ...}  -> {reply, bytes, offsets}  (the tokens' bytes, "" where never allowed)
 //   open    {matcher, key, kind, source}        -> {reply} | {reply, error}
+//   ebnf    {kind, source}                      -> {reply, ebnf} | {reply, error}   (for the native engine)
 //   masks   {ids, accepts: [matcher, token][]}  -> {reply, masks (transferred), failed: number[]}
 //   close   {matcher}                           (no answer)
 
@@ -12,20 +13,21 @@ import { parentPort } from 'node:worker_threads';
 import type * as XG from '@mlc-ai/web-xgrammar';
 
 import { xgrammar } from './xgrammar.js';
-import { buildGrammarVocabulary, CLEARS_STATE, KEEPS_STATE, type GrammarVocabulary, type VocabType } from './vocabulary.js';
+import { buildGrammarVocabulary, CLEARS_STATE, KEEPS_STATE, tokenBytes, type GrammarVocabulary, type VocabType } from './vocabulary.js';
 
 export type GrammarRequest =
   | { op: 'init'; reply: number; tokens: (string | undefined)[]; special: boolean[]; vocabType: VocabType; vocabSize: number;
       stopTokenIds: number[]; cacheSize: number; maxWhitespace: number }
   | { op: 'open'; reply: number; matcher: number; key: string; kind: GrammarKind; source: string }
   | { op: 'masks'; reply: number; ids: number[]; accepts: [number, number][] }
+  | { op: 'ebnf'; reply: number; kind: GrammarKind; source: string }
   | { op: 'close'; matcher: number };
 
 /** json_schema: a JSON schema's text; structural_tag: xgrammar's structural tag JSON (tool calls). */
 export type GrammarKind = 'json_schema' | 'structural_tag';
 
 export type GrammarAnswer =
-  | { reply: number; error?: string }
+  | { reply: number; error?: string; ebnf?: string; bytes?: Uint8Array; offsets?: Uint32Array }
   | { reply: number; masks: Uint32Array; failed: number[] };
 
 interface Matcher {
@@ -46,7 +48,17 @@ let state: {
 const compiled = new Map<string, XG.CompiledGrammar>();
 const matchers = new Map<number, Matcher>();
 
-async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<void> {
+/** The vocabulary's bytes, concatenated, and where each token's begin (vocabSize + 1 offsets). */
+function packedBytes(vocabulary: GrammarVocabulary, type: VocabType): { bytes: Uint8Array; offsets: Uint32Array } {
+  const parts = vocabulary.encoded.map((t) => (t === '' ? new Uint8Array(0) : tokenBytes(t, type)));
+  const offsets = new Uint32Array(parts.length + 1);
+  parts.forEach((p, i) => { offsets[i + 1] = offsets[i]! + p.length; });
+  const bytes = new Uint8Array(offsets[parts.length]!);
+  parts.forEach((p, i) => bytes.set(p, offsets[i]!));
+  return { bytes, offsets };
+}
+
+async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<{ bytes: Uint8Array; offsets: Uint32Array }> {
   const xg = xgrammar();
   const vocabulary = buildGrammarVocabulary(req.tokens, req.special, req.vocabType, req.vocabSize);
   const info = await xg.TokenizerInfo.createTokenizerInfo(vocabulary.encoded, req.vocabType, false, req.vocabSize, req.stopTokenIds);
@@ -58,6 +70,7 @@ async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<void>
     cacheSize: req.cacheSize,
     maxWhitespace: req.maxWhitespace,
   };
+  return packedBytes(vocabulary, req.vocabType);
 }
 
 /** The compiled grammar for `key` (least recently used out past the cache size). */
@@ -78,6 +91,19 @@ async function grammarFor(key: string, kind: GrammarKind, source: string): Promi
   }
   compiled.set(key, grammar);
   return grammar;
+}
+
+/** The grammar of a schema or structural tag as text (xgrammar's EBNF), for the native engine to compile. */
+async function ebnf(req: Extract<GrammarRequest, { op: 'ebnf' }>): Promise<string> {
+  const xg = xgrammar();
+  const grammar = req.kind === 'json_schema'
+    ? await xg.Grammar.fromJSONSchema(req.source, true, undefined, undefined, false, state!.maxWhitespace)
+    : await xg.Grammar.fromStructuralTag(req.source);
+  try {
+    return grammar.toString();
+  } finally {
+    grammar.dispose();
+  }
 }
 
 async function open(req: Extract<GrammarRequest, { op: 'open' }>): Promise<void> {
@@ -135,8 +161,16 @@ parentPort?.on('message', (req: GrammarRequest) => {
       return;
     }
     try {
-      if (req.op === 'init') await init(req);
-      else if (req.op === 'open') await open(req);
+      if (req.op === 'init') {
+        const { bytes, offsets } = await init(req);
+        parentPort!.postMessage({ reply: req.reply, bytes, offsets }, [bytes.buffer as ArrayBuffer, offsets.buffer as ArrayBuffer]);
+        return;
+      }
+      if (req.op === 'open') await open(req);
+      else if (req.op === 'ebnf') {
+        parentPort!.postMessage({ reply: req.reply, ebnf: await ebnf(req) });
+        return;
+      }
       else {
         const answer = await masks(req) as { reply: number; masks: Uint32Array; failed: number[] };
         parentPort!.postMessage(answer, [answer.masks.buffer as ArrayBuffer]);

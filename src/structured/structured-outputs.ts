@@ -18,6 +18,8 @@ import { Worker } from 'node:worker_threads';
 import { SluiceError } from '../errors.js';
 import type { SluiceTokenizer } from '../engine/tokenizer.js';
 import type { GrammarAnswer, GrammarKind, GrammarRequest } from './grammar-worker.js';
+import { nativeAvailable } from '../engine/native.js';
+import { NativeGrammars } from './native-grammar.js';
 import { checkResponseSchema } from './schema-check.js';
 import type { VocabType } from './vocabulary.js';
 
@@ -53,6 +55,12 @@ export interface StructuredOutputsOptions {
    * and a schema is compiled once on each worker that needs it.
    */
   workers?: number;
+  /**
+   * Which engine matches tokens: 'native' (default where the addon is built: the C++ grammar
+   * engine, fed grammar text that xgrammar makes from the schema) or 'xgrammar' (its WebAssembly
+   * matcher on the workers, also the fallback for a grammar the native reader does not take).
+   */
+  engine?: 'native' | 'xgrammar';
 }
 
 /** Whitespace allowed between JSON elements (any whitespace, as vLLM's default, but bounded). */
@@ -74,11 +82,14 @@ export class StructuredOutputs {
   private readonly workers: (GrammarWorker | undefined)[];
   private vocabulary: { tokens: (string | undefined)[]; special: boolean[] } | undefined;
   private disposed = false;
+  private readonly engine: 'native' | 'xgrammar';
+  private native: Promise<NativeGrammars | undefined> | undefined;
 
   constructor(private readonly tokenizer: SluiceTokenizer, private readonly vocabSize: number, opts: StructuredOutputsOptions = {}) {
     this.maskWords = Math.ceil(vocabSize / 32);
     this.cacheSize = opts.cacheSize ?? 8;
     this.compileTimeoutMs = opts.compileTimeoutMs ?? 60_000;
+    this.engine = opts.engine ?? (nativeAvailable() ? 'native' : 'xgrammar');
     const size = opts.workers ?? Math.min(4, Math.max(1, Math.floor(os.availableParallelism() / 4)));
     this.workers = new Array<GrammarWorker | undefined>(Math.max(1, Math.floor(size))).fill(undefined);
   }
@@ -93,10 +104,20 @@ export class StructuredOutputs {
         : JSON.stringify(checkResponseSchema(format.schema, { strict: format.strict === true, param }).schema);
     const worker = this.leastBusyWorker();
     await worker.ready;
+    const key = `${kind}:${source}`;
+    if (this.engine === 'native') {
+      const native = await (this.native ??= worker.packed === undefined ? Promise.resolve(undefined)
+        : NativeGrammars.create(worker.packed.bytes, worker.packed.offsets, [...this.tokenizer.eosTokenIds])
+          .then((n) => { worker.packed = undefined; return n; }, () => undefined));
+      if (native !== undefined) {
+        const grammar = await native.grammar(key, () => this.grammarText(worker, kind, source, param), this.compileTimeoutMs, param);
+        if (grammar !== undefined) return native.constraint(grammar);
+      }
+    }
     const id = worker.nextMatcherId++;
     worker.open++;
     try {
-      await worker.call({ op: 'open', reply: 0, matcher: id, key: `${kind}:${source}`, kind, source }, this.compileTimeoutMs);
+      await worker.call({ op: 'open', reply: 0, matcher: id, key, kind, source }, this.compileTimeoutMs);
     } catch (err) {
       worker.open--;
       if (err instanceof CompileTimeout) {
@@ -106,6 +127,20 @@ export class StructuredOutputs {
       throw new SluiceError('invalid_request', `the schema cannot be compiled into a grammar: ${(err as Error).message}`, { param });
     }
     return new WorkerConstraint(worker, id, this.maskWords);
+  }
+
+  /** xgrammar's text form of a schema's (or structural tag's) grammar, made on a worker. */
+  private async grammarText(worker: GrammarWorker, kind: GrammarKind, source: string, param: string): Promise<string> {
+    try {
+      const answer = await worker.call({ op: 'ebnf', reply: 0, kind, source }, this.compileTimeoutMs) as { ebnf: string };
+      return answer.ebnf;
+    } catch (err) {
+      if (err instanceof CompileTimeout) {
+        throw new SluiceError('invalid_request', `the schema took longer than ${this.compileTimeoutMs / 1000} s to compile into a grammar`, { param });
+      }
+      if (err instanceof SluiceError) throw err;
+      throw new SluiceError('invalid_request', `the schema cannot be compiled into a grammar: ${(err as Error).message}`, { param });
+    }
   }
 
   /** Stops the workers; constraints still in use fail. Safe to call twice. */
@@ -142,7 +177,13 @@ export class StructuredOutputs {
     const worker = new GrammarWorker();
     worker.ready = worker.call({ op: 'init', reply: 0, ...this.vocabulary, vocabType: vocabType(this.tokenizer), vocabSize: this.vocabSize,
       stopTokenIds: [...this.tokenizer.eosTokenIds], cacheSize: this.cacheSize, maxWhitespace: MAX_WHITESPACE })
-      .then(() => undefined, (err: Error) => {
+      .then((a) => {
+        // The vocabulary's bytes, kept until the native engine has indexed them once.
+        if (this.engine === 'native' && this.native === undefined) {
+          const { bytes, offsets } = a as { bytes?: Uint8Array; offsets?: Uint32Array };
+          if (bytes !== undefined && offsets !== undefined) worker.packed = { bytes, offsets };
+        }
+      }, (err: Error) => {
         throw err instanceof SluiceError ? err : new SluiceError('engine_error', `the grammar engine could not index the vocabulary: ${err.message}`);
       });
     worker.ready.catch(() => undefined);
@@ -169,6 +210,8 @@ class GrammarWorker {
   ready: Promise<void> = Promise.resolve();
   /** Why the worker stopped, once it has. */
   dead: Error | undefined;
+  /** The vocabulary's bytes from init (for the native engine's index). */
+  packed: { bytes: Uint8Array; offsets: Uint32Array } | undefined;
   private readonly worker: Worker;
   private readonly pending = new Map<number, { resolve(a: GrammarAnswer): void; reject(e: Error): void; timer?: NodeJS.Timeout }>();
   private nextReply = 1;

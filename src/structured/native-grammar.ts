@@ -1,0 +1,126 @@
+// Structured outputs on the native grammar engine (native/src/grammar): grammars compiled in C++
+// against the model's vocabulary and matchers whose masks for a step are filled on the libuv pool
+// in one call. xgrammar (WebAssembly, on the grammar worker) still turns a JSON schema or a
+// structural tag into grammar text; a grammar the native reader refuses stays on xgrammar.
+
+import { SluiceError } from '../errors.js';
+import {
+  nativeAddon, type NativeCompiledGrammar, type NativeGrammarMatcher, type NativeGrammarVocabulary,
+} from '../engine/native.js';
+import type { TokenConstraint } from './structured-outputs.js';
+
+/** Compiled grammars kept (each is small: well under a megabyte at a 152k vocabulary). */
+const GRAMMAR_CACHE = 64;
+
+export class NativeGrammars {
+  private readonly compiled = new Map<string, Promise<NativeCompiledGrammar | undefined>>();
+  private pending: { constraint: NativeConstraint; out: Uint32Array; offset: number; resolve(): void }[] = [];
+
+  private constructor(private readonly vocabulary: NativeGrammarVocabulary, readonly words: number) {}
+
+  /** Indexes a vocabulary (bytes and offsets as the grammar worker packs them). */
+  static async create(bytes: Uint8Array, offsets: Uint32Array, stopIds: number[]): Promise<NativeGrammars> {
+    const addon = nativeAddon();
+    const vocabulary = new addon.GrammarVocabulary(await addon.grammarVocabulary(bytes, offsets, Int32Array.from(stopIds)));
+    return new NativeGrammars(vocabulary, Math.ceil(vocabulary.size / 32));
+  }
+
+  /**
+   * The compiled grammar for `key` (cached), or undefined when the native reader does not take this
+   * grammar text (the caller then uses xgrammar). A compile past `timeoutMs` is a 400.
+   */
+  async grammar(key: string, text: () => Promise<string>, timeoutMs: number, param: string): Promise<NativeCompiledGrammar | undefined> {
+    let entry = this.compiled.get(key);
+    if (entry !== undefined) {
+      this.compiled.delete(key);  // most recently used last
+    } else {
+      entry = text().then(async (ebnf) => {
+        const addon = nativeAddon();
+        try {
+          return new addon.CompiledGrammar(await addon.compileGrammar(this.vocabulary, ebnf, timeoutMs));
+        } catch (err) {
+          if (/time limit/.test((err as Error).message)) {
+            throw new SluiceError('invalid_request', `the schema took longer than ${timeoutMs / 1000} s to compile into a grammar`, { param });
+          }
+          return undefined;  // a construct the native reader does not take
+        }
+      });
+      entry.catch(() => this.compiled.delete(key));  // failures are not cached
+      while (this.compiled.size >= GRAMMAR_CACHE) this.compiled.delete(this.compiled.keys().next().value as string);
+    }
+    this.compiled.set(key, entry);
+    return entry;
+  }
+
+  constraint(grammar: NativeCompiledGrammar): TokenConstraint {
+    return new NativeConstraint(this, new (nativeAddon().GrammarMatcher)(grammar));
+  }
+
+  /** Queues a row's mask; the rows asked for in one tick are filled in one pool call per buffer. */
+  mask(constraint: NativeConstraint, out: Uint32Array, offset: number): Promise<void> {
+    return new Promise((resolve) => {
+      if (this.pending.push({ constraint, out, offset, resolve }) === 1) queueMicrotask(() => this.flush());
+    });
+  }
+
+  private flush(): void {
+    const batch = this.pending;
+    this.pending = [];
+    const byBuffer = new Map<Uint32Array, typeof batch>();
+    for (const r of batch) {
+      const group = byBuffer.get(r.out);
+      if (group) group.push(r);
+      else byBuffer.set(r.out, [r]);
+    }
+    for (const [out, rows] of byBuffer) {
+      const settle = (failed: ArrayLike<number>, why?: Error) => {
+        const bad = new Set(Array.from(failed));
+        rows.forEach((r, i) => {
+          if (why !== undefined || bad.has(i)) {
+            r.constraint.fail(new SluiceError('engine_error', `the output grammar could not be followed: ${why?.message ?? 'too many parse stacks'}`));
+            out.fill(0xffffffff, r.offset, r.offset + this.words);  // the sequence is ending: its token is dropped
+          }
+          r.resolve();
+        });
+      };
+      nativeAddon().fillGrammarMasks(rows.map((r) => r.constraint.matcher), out, Uint32Array.from(rows.map((r) => r.offset)))
+        .then((failed) => settle(failed), (err: Error) => settle([], err));
+    }
+  }
+}
+
+class NativeConstraint implements TokenConstraint {
+  failure: Error | undefined;
+  private disposed = false;
+
+  constructor(private readonly owner: NativeGrammars, readonly matcher: NativeGrammarMatcher) {}
+
+  fillMask(out: Uint32Array, offset: number): Promise<void> {
+    if (this.disposed || this.failure !== undefined) {
+      out.fill(0xffffffff, offset, offset + this.owner.words);  // an ended sequence: its token is dropped
+      return Promise.resolve();
+    }
+    return this.owner.mask(this, out, offset);
+  }
+
+  fail(error: Error): void {
+    this.failure ??= error;
+  }
+
+  accept(tokenId: number): boolean {
+    if (this.disposed || this.failure !== undefined) return false;
+    let ok: boolean;
+    try {
+      ok = this.matcher.accept(tokenId);
+    } catch (err) {
+      this.fail(new SluiceError('engine_error', `the output grammar could not be followed: ${(err as Error).message}`));
+      return false;
+    }
+    if (!ok) this.fail(new SluiceError('engine_error', `the engine sampled token ${tokenId}, which the output grammar does not allow`));
+    return ok;
+  }
+
+  dispose(): void {
+    this.disposed = true;  // the matcher's memory goes with the last reference
+  }
+}
