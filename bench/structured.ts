@@ -1,5 +1,5 @@
 // Structured-outputs benchmark at Qwen2.5's vocabulary (151,936 logits):
-//   npm run bench:structured -- [--quick] [--workers N] [--cache-size 8] [--out bench/results/structured-<machine>.json]
+//   npm run bench:structured -- [--quick] [--engine native|xgrammar] [--workers N] [--cache-size 8] [--out bench/results/structured-<machine>.json]
 //
 // 1. Vocabulary preparation: the first request of a model (worker start, vocabulary indexed, the
 //    json_object grammar compiled), reported on its own.
@@ -41,11 +41,13 @@ const { values: args } = parseArgs({
   options: {
     quick: { type: 'boolean', default: false },
     workers: { type: 'string' },
+    engine: { type: 'string', default: 'native' },
     'cache-size': { type: 'string', default: '8' },
     out: { type: 'string' },
   },
 });
 const quick = args.quick === true;
+const grammarEngine = args.engine === 'xgrammar' ? 'xgrammar' : 'native';
 const VOCAB = 151936;
 const ROWS = 32;
 /** The decode schema's minItems: more items than the run has tokens, so the value never ends early. */
@@ -115,7 +117,7 @@ async function main(): Promise<void> {
     rmSync(tmp, { recursive: true, force: true });
   }
   const classes = tokenClasses(tokenizer, VOCAB);
-  const structured = new StructuredOutputs(tokenizer, VOCAB, { cacheSize, ...(args.workers !== undefined && { workers: Number(args.workers) }) });
+  const structured = new StructuredOutputs(tokenizer, VOCAB, { cacheSize, engine: grammarEngine, ...(args.workers !== undefined && { workers: Number(args.workers) }) });
 
   let t0 = performance.now();
   (await structured.constraint({ type: 'json_object' })).dispose();
@@ -154,7 +156,7 @@ async function main(): Promise<void> {
   const c = stats(compileMs);
   const ms = (x: number) => x.toFixed(1);
   const us = (x: number) => x.toFixed(0);
-  console.log(`\nstructured outputs, vocabulary ${VOCAB} (qwen2.5-0.5b), ${machine.cpu} x ${machine.cores}, grammar workers: ${args.workers ?? 'default'}, grammar cache ${cacheSize}\n`);
+  console.log(`\nstructured outputs, vocabulary ${VOCAB} (qwen2.5-0.5b), ${machine.cpu} x ${machine.cores}, grammar engine: ${grammarEngine}, grammar workers: ${args.workers ?? 'default'}, grammar cache ${cacheSize}\n`);
   console.log(`vocabulary preparation (first request, json_object): ${ms(vocabularyMs)} ms`);
   console.log(`schema compile (${c.n} distinct schemas, each fresh): p50 ${ms(c.p50)} ms, p99 ${ms(c.p99)} ms, mean ${ms(c.mean)} ms, max ${ms(Math.max(...compileMs))} ms`);
   console.log(`\ntoken masks (us)                                       n      p50      p99     mean   target p50 <= ${TARGETS.maskP50Us}, p99 <= ${TARGETS.maskP99Us}`);
@@ -162,7 +164,7 @@ async function main(): Promise<void> {
     const met = target ? `${s.p50 <= TARGETS.maskP50Us ? 'met' : 'NOT met'}, ${s.p99 <= TARGETS.maskP99Us ? 'met' : 'NOT met'}` : '';
     console.log(`${label.padEnd(50)} ${String(s.n).padStart(6)} ${us(s.p50).padStart(8)} ${us(s.p99).padStart(8)} ${us(s.mean).padStart(8)}   ${met}`);
   };
-  row('one sequence alone, per token (worker round trip)', alone.perTokenUs);
+  row(`one sequence alone, per token (${grammarEngine})`, alone.perTokenUs);
   row('  in free text', alone.freeTextUs, false);
   row('  elsewhere', alone.otherUs, false);
   row('  xgrammar in this thread (no worker)', inThread.perTokenUs, false);
@@ -187,7 +189,7 @@ async function main(): Promise<void> {
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, `${JSON.stringify({
     bench: 'structured', quick, machine, loadAverage: { before: loadBefore, after: os.loadavg() },
-    vocabSize: VOCAB, grammarWorkers: args.workers === undefined ? 'default' : Number(args.workers), grammarCacheSize: cacheSize,
+    vocabSize: VOCAB, grammarEngine, grammarWorkers: args.workers === undefined ? 'default' : Number(args.workers), grammarCacheSize: cacheSize,
     batchedSchemas: BATCHED_SCHEMAS, targets: TARGETS,
     vocabularyMs, compileMs: { ...c, max: Math.max(...compileMs), each: compileMs },
     masks: { alone, batched: { rows: ROWS, ...batched }, inThread, echo },

@@ -105,7 +105,10 @@ export class StructuredOutputs {
     const worker = this.leastBusyWorker();
     await worker.ready;
     const key = `${kind}:${source}`;
-    if (this.engine === 'native') {
+    // Structural tags (tool calls) stay on xgrammar: the grammar text it prints for one is not the
+    // grammar its own compiler builds (it allows whitespace the compiled one does not), so the
+    // printed form is not a faithful hand-over yet.
+    if (this.engine === 'native' && kind === 'json_schema') {
       const native = await (this.native ??= worker.packed === undefined ? Promise.resolve(undefined)
         : NativeGrammars.create(worker.packed.bytes, worker.packed.offsets, [...this.tokenizer.eosTokenIds])
           .then((n) => { worker.packed = undefined; return n; }, () => undefined));
