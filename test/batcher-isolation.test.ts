@@ -104,8 +104,9 @@ describe('Batcher: tenants share a window', () => {
     const handle = new FakeHandle(1024, 4);
     const batcher = new Batcher(handle, { maxNumSeqs: 4, policy: new WindowPriorityPolicy() });
     // Tenant B fills every running slot with long requests and queues more.
-    const flood = Array.from({ length: 12 }, (_, i) => submit(batcher, handle, prompt(4, 1000 + 10 * i), 40, { tenant: 'B' }));
-    await new Promise((r) => setTimeout(r, 5));
+    const flood = Array.from({ length: 12 }, (_, i) => submit(batcher, handle, prompt(4, 1000 + 10 * i), 400, { tenant: 'B' }));
+    // Wait for B to fill the slots (long requests: 40 tokens each could all finish before the check, a 1-in-5 flake).
+    for (let waited = 0; batcher.numRunning < 4 && waited < 2000; waited += 5) await new Promise((r) => setTimeout(r, 5));
     expect(batcher.numRunning).toBe(4);
     const stepsBefore = handle.plans.length;
     const a = submit(batcher, handle, prompt(4, 50), 3, { tenant: 'A' });
