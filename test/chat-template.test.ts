@@ -68,6 +68,51 @@ describe('ChatTemplate', () => {
   });
 });
 
+// Written here in the shape of templates that take one call per assistant turn (as Llama 3.1-3.3
+// do: they raise on several): calls, then results, each in its own bracket.
+const ONE_CALL_PER_TURN =
+  "{% for m in messages %}{% if m.tool_calls %}{% if m.tool_calls | length != 1 %}{{ raise_exception('one call a turn') }}{% endif %}" +
+  "[{{ m.content }}call {{ m.tool_calls[0].function.name }} {{ m.tool_calls[0].function.arguments | tojson }}" +
+  "{% if m.reasoning_content %} thinking {{ m.reasoning_content }}{% endif %}]" +
+  "{% elif m.role == 'tool' %}[result {{ m.content }}]{% else %}[{{ m.role }}: {{ m.content }}]{% endif %}{% endfor %}";
+const MANY_CALLS_PER_TURN =
+  "{% for m in messages %}[{{ m.role }}{% for c in m.tool_calls or [] %} {{ c.function.name }}{% endfor %}]{% endfor %}";
+
+describe('ChatTemplate with parallel tool calls', () => {
+  const call = (id: string, name: string) => ({ id, type: 'function' as const, function: { name, arguments: { n: id } } });
+
+  it('renders a turn of several calls one call per turn, each before its result, where the template takes one', () => {
+    const template = new ChatTemplate(ONE_CALL_PER_TURN);
+    // Results given in the other order: each follows the call its id names.
+    expect(template.render([
+      { role: 'user', content: 'q' },
+      { role: 'assistant', content: 'Both. ', reasoning_content: 'r', tool_calls: [call('c1', 'tide'), call('c2', 'units')] },
+      { role: 'tool', content: 'two', tool_call_id: 'c2' },
+      { role: 'tool', content: 'one', tool_call_id: 'c1' },
+      { role: 'user', content: 'next' },
+    ], { addGenerationPrompt: false })).toBe(
+      '[user: q][Both. call tide {"n": "c1"} thinking r][result one][call units {"n": "c2"}][result two][user: next]');
+    // Without ids, results pair with the calls in order.
+    expect(template.render([
+      { role: 'user', content: 'q' },
+      { role: 'assistant', content: '', tool_calls: [call('c1', 'tide'), call('c2', 'units')] },
+      { role: 'tool', content: 'one' }, { role: 'tool', content: 'two' },
+    ])).toBe('[user: q][call tide {"n": "c1"}][result one][call units {"n": "c2"}][result two]');
+    // One call a turn renders as given.
+    expect(template.render([{ role: 'user', content: 'q' }, { role: 'assistant', content: '', tool_calls: [call('c1', 'tide')] }]))
+      .toBe('[user: q][call tide {"n": "c1"}]');
+  });
+
+  it('keeps several calls in one turn where the template renders them', () => {
+    const template = new ChatTemplate(MANY_CALLS_PER_TURN);
+    expect(template.render([
+      { role: 'user', content: 'q' },
+      { role: 'assistant', content: '', tool_calls: [call('c1', 'tide'), call('c2', 'units')] },
+      { role: 'tool', content: 'one', tool_call_id: 'c1' },
+    ])).toBe('[user][assistant tide units][tool]');
+  });
+});
+
 describe('SluiceTokenizer + chat template of the tiny model', () => {
   let dir: string;
 

@@ -44,9 +44,20 @@ export interface RenderOptions {
 
 const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant', 'tool']);
 
+/** The variables a template is rendered with (apply_chat_template's, as transformers passes them). */
+export type TemplateContext = Record<string, unknown> & { messages: NormalizedMessage[] };
+
+export type NormalizedMessage = { role: string; content: string } & Partial<ChatMessage>;
+
 /** A compiled chat template. Compile once per model; render per request. */
 export class ChatTemplate {
   private readonly template: Template;
+  /**
+   * Whether the template refuses an assistant turn with several tool calls (Llama 3.1-3.3 raise
+   * "only supports single tool-calls at once"); probed at the first such turn. Such turns are then
+   * rendered one call per turn, each followed by its result, as the model calls tools in sequence.
+   */
+  private oneCallPerTurn: boolean | undefined;
 
   /**
    * @param source Jinja source. A template that does not parse throws model_file_invalid
@@ -68,22 +79,85 @@ export class ChatTemplate {
    * raise_exception (e.g. "roles must alternate") becomes SluiceError chat_template_error.
    */
   render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
-    const normalized = normalizeMessages(messages);
+    const context = this.context(messages, options);
     try {
-      return this.template.render({
-        messages: normalized,
-        add_generation_prompt: options.addGenerationPrompt ?? true,
-        bos_token: options.bosToken ?? '',
-        eos_token: options.eosToken ?? '',
-        ...(options.tools !== undefined && options.tools.length > 0 && { tools: options.tools }),
-        ...(options.enableThinking !== undefined && { enable_thinking: options.enableThinking }),
-      });
+      return this.template.render(context);
     } catch (err) {
       throw new SluiceError('chat_template_error',
         `the chat template of ${this.modelName} failed on these messages: ${(err as Error).message}`,
         { cause: err, param: 'messages' });
     }
   }
+
+  /** The variables render() gives the template: checked messages (split per call where needed) and options. */
+  context(messages: readonly ChatMessage[], options: RenderOptions = {}): TemplateContext {
+    let normalized = normalizeMessages(messages);
+    if (normalized.some((m) => (m.tool_calls?.length ?? 0) > 1)) {
+      this.oneCallPerTurn ??= this.refusesParallelCalls();
+      if (this.oneCallPerTurn) normalized = splitParallelCalls(normalized);
+    }
+    return {
+      messages: normalized,
+      add_generation_prompt: options.addGenerationPrompt ?? true,
+      bos_token: options.bosToken ?? '',
+      eos_token: options.eosToken ?? '',
+      ...(options.tools !== undefined && options.tools.length > 0 && { tools: options.tools }),
+      ...(options.enableThinking !== undefined && { enable_thinking: options.enableThinking }),
+    };
+  }
+
+  /** True when a turn with two calls throws and the same calls one per turn render. */
+  private refusesParallelCalls(): boolean {
+    const call = (id: string): ChatToolCall => ({ id, type: 'function', function: { name: 'probe', arguments: {} } });
+    const tools = [{ type: 'function', function: { name: 'probe', parameters: { type: 'object', properties: {} } } }];
+    const probe = (calls: ChatToolCall[]) => {
+      const results = calls.map((c) => ({ role: 'tool', content: 'ok', tool_call_id: c.id }));
+      this.template.render({
+        messages: [{ role: 'user', content: 'probe' }, { role: 'assistant', content: '', tool_calls: calls }, ...results],
+        tools, add_generation_prompt: true, bos_token: '', eos_token: '',
+      });
+    };
+    try {
+      probe([call('a'), call('b')]);
+      return false;
+    } catch {
+      try {
+        probe([call('a')]);
+        return true;
+      } catch {
+        return false;
+      }
+    }
+  }
+}
+
+/**
+ * An assistant turn with several calls -> one turn per call, each followed by its result (the tool
+ * message naming its id, else the next one in order); results left over follow the last call.
+ * The turn's text and reasoning stay with the first call.
+ */
+export function splitParallelCalls(messages: readonly NormalizedMessage[]): NormalizedMessage[] {
+  const out: NormalizedMessage[] = [];
+  for (let i = 0; i < messages.length; i++) {
+    const message = messages[i]!;
+    const calls = message.tool_calls;
+    if (message.role !== 'assistant' || calls === undefined || calls.length < 2) {
+      out.push(message);
+      continue;
+    }
+    const results: NormalizedMessage[] = [];
+    while (messages[i + 1]?.role === 'tool') results.push(messages[++i]!);
+    calls.forEach((call, k) => {
+      const { reasoning_content: reasoning, ...rest } = message;
+      out.push({ ...rest, content: k === 0 ? message.content : '', tool_calls: [call],
+        ...(k === 0 && reasoning !== undefined && { reasoning_content: reasoning }) });
+      const byId = results.findIndex((r) => r.tool_call_id === call.id);
+      const at = byId >= 0 ? byId : results.findIndex((r) => !calls.some((c) => c.id === r.tool_call_id));
+      if (at >= 0) out.push(...results.splice(at, 1));
+    });
+    out.push(...results);
+  }
+  return out;
 }
 
 /** Compiles `source`, or throws no_chat_template naming the model when there is none. */
@@ -97,7 +171,7 @@ export function compileChatTemplate(source: string | undefined, modelName: strin
 }
 
 /** Checks roles and content; flattens text parts to a string. Throws invalid_request. */
-export function normalizeMessages(messages: readonly ChatMessage[]): Array<{ role: string; content: string } & Partial<ChatMessage>> {
+export function normalizeMessages(messages: readonly ChatMessage[]): NormalizedMessage[] {
   if (!Array.isArray(messages) || messages.length === 0) {
     throw new SluiceError('invalid_request', 'messages must be a non-empty array', { param: 'messages' });
   }
