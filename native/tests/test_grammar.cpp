@@ -86,6 +86,55 @@ TEST_CASE(grammar_reader_refuses_what_it_cannot_match) {
   CHECK(throws("root ::= \"a"));                   // unterminated string
   CHECK(throws("other ::= \"a\""));                // no root
   CHECK(throws("root ::= \"a\"{3,2}"));            // reversed bounds
+  CHECK(throws("root ::= \"a\"{0,2000}"));         // an optional range wider than is unrolled
+  CHECK(throws("root ::= \"a\"{100001}"));         // a count past the bound
+  CHECK(throws("root ::= (\"a\"{1024}){1024}"));   // nested repetitions past the element bound
+  CHECK(!throws("root ::= (\"ab\"){50000}"));      // a large count is built by halving, not unrolled
+}
+
+TEST_CASE(grammar_large_repetition_counts_match_exactly) {
+  // Counts past the unrolling bound are built by halving (E(2k) ::= E(k) E(k), ...); the language
+  // must be exactly the same as unrolling would give.
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; b++) tokens.push_back(std::string(1, char(b)));
+  for (const char* t : {"ab", "abab", "aba", "ba", "bc", "abc", "ababab"}) tokens.push_back(t);
+  tokens.push_back("");  // stop
+  const int32_t stop = int32_t(tokens.size() - 1);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{stop});
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int k = 0; k < n; k++) out += s;
+    return out;
+  };
+  auto exact = std::make_shared<CompiledGrammar>(parse_grammar("root ::= (\"ab\"){3001} \"c\""), vocab);
+  CHECK(accepts_text(exact, repeat("ab", 3001) + "c"));
+  CHECK(!accepts_text(exact, repeat("ab", 3000) + "c"));
+  CHECK(!accepts_text(exact, repeat("ab", 3002) + "c"));
+  auto ranged = std::make_shared<CompiledGrammar>(parse_grammar("root ::= \"x\"{2000,2100}"), vocab);
+  for (int n : {1999, 2000, 2050, 2100, 2101}) CHECK(accepts_text(ranged, repeat("x", n)) == (n >= 2000 && n <= 2100));
+  // Masks over multi-copy tokens agree with token-by-token acceptance on seeded walks to the end.
+  std::mt19937 rng(3);
+  std::vector<uint32_t> mask(vocab->words());
+  int mismatches = 0, ended = 0;
+  for (int walk = 0; walk < 3; walk++) {
+    TokenMatcher m(exact);
+    for (int step = 0; step < 4000 && !m.ended(); step++) {
+      m.fill_mask(mask.data());
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < tokens.size(); id++) {
+        TokenMatcher copy = m;
+        bool ok = copy.accept(int32_t(id));
+        if (ok != bit(mask, id)) mismatches++;
+        if (ok) allowed.push_back(int32_t(id));
+      }
+      CHECK(!allowed.empty());
+      if (allowed.empty()) break;
+      CHECK(m.accept(allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)]));
+    }
+    ended += m.ended();
+  }
+  CHECK(mismatches == 0);
+  CHECK(ended == 3);
 }
 
 TEST_CASE(grammar_matcher_accepts_exactly_the_language) {
@@ -173,6 +222,74 @@ TEST_CASE(grammar_deep_nesting_keeps_the_arena_bounded) {
   for (int k = 0; k < 20000; k++) CHECK(m.accept(1));
   CHECK(m.can_end());
   CHECK(!m.accept(1));
+}
+
+TEST_CASE(grammar_mask_is_reused_while_the_stacks_stay_and_recomputed_when_they_move) {
+  std::mt19937 rng(5);
+  auto tokens = test_vocabulary(rng);
+  int32_t stop = int32_t(tokens.size() - 1);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{stop});
+  auto g = std::make_shared<CompiledGrammar>(parse_grammar(kJson), vocab);
+  // Into a string of an array: five plain characters bring the stacks back to the same state each
+  // time, so one mask serves all five steps; a character split over two tokens passes through a
+  // state of its own (a mask computed) and comes back (computed again: one mask is kept). Every
+  // mask equals a fresh matcher's at the same point.
+  TokenMatcher m(g);
+  std::vector<int32_t> walk;
+  std::vector<uint32_t> mask(vocab->words()), fresh_mask(vocab->words());
+  auto step = [&](int32_t t) {
+    CHECK(m.accept(t));
+    walk.push_back(t);
+  };
+  auto fill_and_compare = [&] {
+    m.fill_mask(mask.data());
+    TokenMatcher fresh(g);
+    for (int32_t t : walk) CHECK(fresh.accept(t));
+    fresh.fill_mask(fresh_mask.data());
+    CHECK(mask == fresh_mask);
+  };
+  step('[');
+  step('"');
+  const size_t before = m.masks_computed();
+  for (int k = 0; k < 5; k++) {
+    fill_and_compare();
+    step('a');
+  }
+  CHECK(m.masks_computed() - before == 1);
+  step(0xc3);  // the byte token: half of U+00E9
+  fill_and_compare();
+  CHECK(!bit(mask, '"') && bit(mask, 0xa9) && !bit(mask, 'a'));
+  step(0xa9);
+  fill_and_compare();
+  CHECK(m.masks_computed() - before == 3);
+  // Leaving the string moves the stacks: the next mask is computed and allows what follows a value.
+  step('"');
+  fill_and_compare();
+  CHECK(m.masks_computed() - before == 4);
+  CHECK(bit(mask, ',') && bit(mask, ']') && !bit(mask, 'a'));
+}
+
+TEST_CASE(grammar_masks_stay_right_across_arena_compaction) {
+  // 70,000 nested brackets push past the arena size at which frames are compacted (65,536); a mask
+  // is asked at every depth, and after compaction each must still be exactly {"[", "]"}, then
+  // closing them all leaves only the stop token.
+  auto vocab = std::make_shared<TokenVocabulary>(std::vector<std::string>{"[", "]", "x", ""}, std::vector<int32_t>{3});
+  auto g = std::make_shared<CompiledGrammar>(parse_grammar("root ::= \"[\" root? \"]\""), vocab);
+  TokenMatcher m(g);
+  std::vector<uint32_t> mask(vocab->words());
+  int wrong = 0;
+  for (int k = 0; k < 70000; k++) {
+    CHECK(m.accept(0));
+    m.fill_mask(mask.data());
+    if (mask[0] != 0x3u) wrong++;
+  }
+  for (int k = 0; k < 70000; k++) {
+    CHECK(m.accept(1));
+    m.fill_mask(mask.data());
+    // Only "]" while brackets are open (the inner root is done); closed, the stop token alone.
+    if (mask[0] != (k + 1 < 70000 ? 0x2u : 0x8u)) wrong++;
+  }
+  CHECK(wrong == 0);
 }
 
 int main() { return sluice_test::run_all("grammar"); }

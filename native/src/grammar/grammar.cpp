@@ -2,6 +2,7 @@
 
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -10,8 +11,19 @@ namespace sluice::grammar {
 namespace {
 
 constexpr int kUnbounded = -1;
-/** Bounded repetition is unrolled; more copies than this is refused rather than blown up. */
-constexpr int kMaxRepeat = 1024;
+/**
+ * Counts in `{m,n}` above this are refused (JSON-schema counts are bounded at 100,000 before they
+ * reach a grammar).
+ */
+constexpr int kMaxCount = 100000;
+/**
+ * Up to this many required copies are unrolled (each copy gets its own static context: the best
+ * masks); more are built by halving (see exact_rule). Optional copies are always unrolled, so a
+ * range wider than this is refused rather than blown up.
+ */
+constexpr int kMaxUnrolled = 1024;
+/** Elements in a lowered grammar; past this it is refused (nested repetitions multiply). */
+constexpr size_t kMaxElements = size_t(1) << 20;
 
 struct Expr {
   enum class Kind { kAlt, kSeq, kLiteral, kClass, kRef, kRepeat } kind = Kind::kSeq;
@@ -167,7 +179,7 @@ class Reader {
     long v = 0;
     while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
       v = v * 10 + (s_[i_++] - '0');
-      if (v > kMaxRepeat) throw GrammarError("grammar text: a repetition count above " + std::to_string(kMaxRepeat));
+      if (v > kMaxCount) throw GrammarError("grammar text: a repetition count above " + std::to_string(kMaxCount));
     }
     if (i_ == start) fail("a number");
     return int(v);
@@ -402,6 +414,11 @@ class Lowering {
   }
 
   void append(const Expr& e, Alt& out, int owner) {
+    // Every case below adds at most max(1, literal length) elements.
+    elements_ += std::max<size_t>(1, e.literal.size());
+    if (elements_ > kMaxElements) {
+      throw GrammarError("grammar text: over " + std::to_string(kMaxElements) + " elements once repetitions are unrolled");
+    }
     switch (e.kind) {
       case Expr::Kind::kSeq:
         for (auto& kid : e.kids) append(kid, out, owner);
@@ -437,7 +454,15 @@ class Lowering {
 
   void append_repeat(const Expr& e, Alt& out, int owner) {
     const Expr& kid = e.kids[0];
-    for (int k = 0; k < e.min; k++) append(kid, out, owner);
+    if (e.max != kUnbounded && e.max - e.min > kMaxUnrolled) {
+      throw GrammarError("grammar text: a repetition {m,n} with n - m above " + std::to_string(kMaxUnrolled));
+    }
+    if (e.min <= kMaxUnrolled) {
+      for (int k = 0; k < e.min; k++) append(kid, out, owner);
+    } else {
+      std::unordered_map<int, int> made;
+      out.push_back(ref(exact_rule(kid, e.min, owner, made)));
+    }
     Element one;
     if (e.max == kUnbounded) {
       if (single(kid, one)) {
@@ -468,11 +493,35 @@ class Lowering {
     out.push_back(ref(chain[0]));
   }
 
+  /**
+   * A rule matching `kid` exactly n times, by halving: E(2k) ::= E(k) E(k), E(2k+1) ::= E(k) E(k) E(1).
+   * O(log n) rules and log2(n) frames of stack where unrolling makes n copies; still unambiguous
+   * (every split is fixed), so it adds no parse stacks. `made`: the rules built so far, by count.
+   */
+  int exact_rule(const Expr& kid, int n, int owner, std::unordered_map<int, int>& made) {
+    auto it = made.find(n);
+    if (it != made.end()) return it->second;
+    int r = aux_rule(g_.names[owner]);
+    made.emplace(n, r);
+    Alt body;
+    if (n == 1) {
+      append(kid, body, r);
+    } else {
+      int half = exact_rule(kid, n / 2, owner, made);
+      body.push_back(ref(half));
+      body.push_back(ref(half));
+      if (n % 2 == 1) body.push_back(ref(exact_rule(kid, 1, owner, made)));
+    }
+    bodies_[r] = {std::move(body)};  // after the recursion: aux_rule may grow bodies_
+    return r;
+  }
+
   Grammar g_;
   std::unordered_map<std::string, int> ids_;
   std::vector<std::vector<Alt>> bodies_;
   std::vector<bool> defined_;
   int aux_count_ = 0;
+  size_t elements_ = 0;  // elements appended so far (an upper bound), against kMaxElements
 };
 
 /** Refuses left recursion: a rule reaching itself through elements that can match nothing. */

@@ -420,8 +420,16 @@ TokenMatcher::TokenMatcher(std::shared_ptr<const CompiledGrammar> grammar) : gra
 
 void TokenMatcher::fill_mask(uint32_t* out) {
   const TokenVocabulary& v = grammar_->vocab();
+  if (ended_) {
+    std::memset(out, 0, v.words() * 4);
+    return;
+  }
+  if (last_valid_ && last_accepting_ == state_.accepting && last_tops_ == state_.tops) {
+    std::memcpy(out, last_mask_.data(), v.words() * 4);
+    return;
+  }
   std::memset(out, 0, v.words() * 4);
-  if (ended_) return;
+  masks_computed_++;
   if (state_.accepting) {
     for (int32_t id : v.stop_ids()) set_bit(out, id);
   }
@@ -475,6 +483,10 @@ void TokenMatcher::fill_mask(uint32_t* out) {
     }
   }
   arena_.resize(base);
+  last_tops_ = state_.tops;
+  last_accepting_ = state_.accepting;
+  last_mask_.assign(out, out + v.words());
+  last_valid_ = true;
 }
 
 bool TokenMatcher::accept(int32_t token) {
@@ -529,6 +541,7 @@ void TokenMatcher::compact() {
     if (t.parent >= 0) t.parent = remap[size_t(t.parent)];
   }
   arena_ = std::move(kept);
+  last_valid_ = false;  // the tops' parent indices now name other frames
 }
 
 }  // namespace sluice::grammar

@@ -147,8 +147,15 @@ class TokenMatcher {
  public:
   explicit TokenMatcher(std::shared_ptr<const CompiledGrammar> grammar);
 
-  /** Writes the allowed next tokens into out[0, words) (bit v of word v/32 = token v). */
+  /**
+   * Writes the allowed next tokens into out[0, words) (bit v of word v/32 = token v). The mask is a
+   * function of the stack set alone, so the last one is kept and copied while the stacks are the
+   * same: inside a free string (right recursion, no new frame) every token but the first finds the
+   * state it left.
+   */
   void fill_mask(uint32_t* out);
+  /** Masks computed (not copied from the last) since the matcher was made; for tests and benches. */
+  size_t masks_computed() const { return masks_computed_; }
   /** Advances with a token; false (state unchanged) if the grammar does not allow it. */
   bool accept(int32_t token);
   /** Whether the output may end here (a stop token is allowed). */
@@ -165,6 +172,15 @@ class TokenMatcher {
   StackSet state_;
   bool ended_ = false;
   size_t compact_at_ = 65536;  // arena size that triggers dropping unreachable frames
+  // The last mask and the stack set it was computed for. NOTE: a frame, once pushed, is never
+  // changed until compact() renumbers the arena (accept and fill_mask only truncate what they
+  // pushed themselves), so equal tops (keys and parent indices) mean equal stacks; compact()
+  // forgets the mask.
+  std::vector<Terminal> last_tops_;
+  bool last_accepting_ = false;
+  bool last_valid_ = false;
+  std::vector<uint32_t> last_mask_;
+  size_t masks_computed_ = 0;
   // Scratch reused between calls.
   std::vector<StackSet> levels_;
   std::vector<size_t> marks_;
