@@ -316,6 +316,42 @@ TEST_CASE(logits_stats_match_reference) {
   force_simd_level(nullptr);
 }
 
+TEST_CASE(token_masks_match_reference_at_every_level) {
+  // Widths that end mid-word and mid-vector; masks with empty, full and mixed words; a row with no
+  // mask is left alone; a mask whose only set bits lie past V allows nothing.
+  ThreadPool pool(2);
+  std::mt19937 rng(17);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (int64_t V : {int64_t(1), int64_t(7), int64_t(31), int64_t(32), int64_t(45), int64_t(1001), int64_t(4096 + 19)}) {
+      const int64_t R = 5, words = (V + 31) / 32;
+      std::vector<float> logits = randn(size_t(R * V), 2.f), before = logits;
+      std::vector<std::vector<uint32_t>> masks(size_t(R), std::vector<uint32_t>(static_cast<size_t>(words), 0u));
+      for (int64_t w = 0; w < words; w++) {
+        const int kind = int(rng() % 3);
+        masks[0][size_t(w)] = kind == 0 ? 0u : kind == 1 ? 0xffffffffu : uint32_t(rng());
+        masks[1][size_t(w)] = uint32_t(rng()) & uint32_t(rng());  // sparse
+        masks[3][size_t(w)] = 0xffffffffu;
+      }
+      if (V % 32 != 0) masks[4][size_t(words - 1)] = ~((uint32_t(1) << (V % 32)) - 1);  // bits past V only
+      std::vector<const uint32_t*> allow{masks[0].data(), masks[1].data(), nullptr, masks[3].data(), masks[4].data()};
+      std::vector<uint8_t> any(size_t(R), 7);
+      apply_token_masks(pool, logits.data(), R, V, allow.data(), any.data());
+      for (int64_t r = 0; r < R; r++) {
+        bool want_any = allow[size_t(r)] == nullptr;
+        for (int64_t i = 0; i < V; i++) {
+          const bool allowed = allow[size_t(r)] == nullptr || ((allow[size_t(r)][size_t(i >> 5)] >> (i & 31)) & 1u);
+          want_any = want_any || allowed;
+          const float got = logits[size_t(r * V + i)];
+          CHECK(allowed ? got == before[size_t(r * V + i)] : (std::isinf(got) && got < 0));
+        }
+        CHECK(any[size_t(r)] == (want_any ? 1 : 0));
+      }
+    }
+  }
+  force_simd_level(nullptr);
+}
+
 TEST_CASE(avx2_level_runs_on_avx2_hardware) {
   // The level list above must include the AVX2 kernels wherever the CPU has them, and forcing
   // that level must select them (a machine without AVX-512 runs nothing else).

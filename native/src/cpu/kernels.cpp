@@ -133,6 +133,19 @@ void rmsnorm_row_generic(const float* x, int64_t D, const void* weight, DType w_
   for (int64_t d = 0; d < D; d++) out[d] = x[d] * r * load_scalar(weight, w_dtype, d);
 }
 
+bool mask_row_generic(float* row, int64_t V, const uint32_t* allow) {
+  uint32_t any = 0;
+  for (int64_t w = 0; w * 32 < V; w++) {
+    const uint32_t bits = allow[w];
+    const int64_t n = V - w * 32 < 32 ? V - w * 32 : 32;
+    any |= n == 32 ? bits : bits & ((uint32_t(1) << n) - 1);
+    if (bits == 0xffffffffu) continue;
+    float* p = row + w * 32;
+    for (int64_t b = 0; b < n; b++) p[b] = (bits >> b) & 1u ? p[b] : -INFINITY;
+  }
+  return any != 0;
+}
+
 // Which SIMD version of an elementwise kernel this level runs (the AVX-512 ones need AVX-512F).
 template <typename Fn>
 Fn pick(Fn generic, Fn avx2, Fn avx512) {
@@ -340,6 +353,21 @@ void logits_stats(ThreadPool& pool, const float* logits, int64_t R, int64_t V, i
   auto fn = pick(logits_row_stats_generic, logits_row_stats_avx2, logits_row_stats_avx512);
   pool.parallel_for(R, 1, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++) fn(logits + r * V, V, argmax + r, log_sum_exp + r);
+  });
+}
+
+void apply_token_masks(ThreadPool& pool, float* logits, int64_t R, int64_t V, const uint32_t* const* allow,
+                       uint8_t* allows_any) {
+  auto fn = pick(mask_row_generic, mask_row_avx2, mask_row_avx512);
+  int64_t masked = 0;
+  for (int64_t r = 0; r < R; r++) {
+    allows_any[r] = 1;
+    masked += allow[r] != nullptr;
+  }
+  if (masked == 0) return;
+  pool.parallel_for(R, 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++)
+      if (allow[r]) allows_any[r] = fn(logits + r * V, V, allow[r]) ? 1 : 0;
   });
 }
 

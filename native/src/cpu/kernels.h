@@ -97,6 +97,12 @@ void paged_attention(ThreadPool& pool, const float* q, int64_t T, const Attentio
 // Each row is reduced in a fixed order, independent of R.
 void logits_stats(ThreadPool& pool, const float* logits, int64_t R, int64_t V, int32_t* argmax, float* log_sum_exp);
 
+// Token masks on logits[R, V]: for each row r with allow[r] != nullptr (a bitmask of
+// ceil(V / 32) words, bit v of word v / 32 = token v allowed), the logits of disallowed tokens
+// become -inf; allows_any[r] = whether the mask allowed any token (1 for rows without a mask).
+void apply_token_masks(ThreadPool& pool, float* logits, int64_t R, int64_t V, const uint32_t* const* allow,
+                       uint8_t* allows_any);
+
 // Read bandwidth of main memory in bytes/s, measured by streaming `bytes` with all threads of
 // the pool (best of `repeats`). Used by the bench for the decode roofline.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats);

@@ -268,6 +268,27 @@ bool attend_group_avx2(const float* q, int64_t G, const int32_t* table, int64_t 
 
 // ---- elementwise and row kernels ------------------------------------------------------------
 
+bool mask_row_avx2(float* row, int64_t V, const uint32_t* allow) {
+  const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  uint32_t any = 0;
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) {
+    const uint32_t byte = (allow[i >> 5] >> (i & 31)) & 0xffu;  // the 8 bits of tokens i .. i + 7
+    any |= byte;
+    if (byte == 0xffu) continue;
+    // Lanes whose bit is set keep their logit, the others take -inf.
+    const __m256i keep = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(byte)), lane_bit), lane_bit);
+    _mm256_storeu_ps(row + i, _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(row + i), _mm256_castsi256_ps(keep)));
+  }
+  for (; i < V; i++) {
+    const uint32_t bit = (allow[i >> 5] >> (i & 31)) & 1u;
+    any |= bit;
+    if (!bit) row[i] = -INFINITY;
+  }
+  return any != 0;
+}
+
 void logits_row_stats_avx2(const float* row, int64_t V, int32_t* argmax, float* lse) {
   // Pass 1: the maximum, then its lowest index.
   __m256 mv = _mm256_set1_ps(-INFINITY);

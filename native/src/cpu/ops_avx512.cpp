@@ -203,6 +203,21 @@ void logits_row_stats_avx512(const float* row, int64_t V, int32_t* argmax, float
   *lse = mx + logf(_mm512_reduce_add_ps(sum));
 }
 
+bool mask_row_avx512(float* row, int64_t V, const uint32_t* allow) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  uint32_t any = 0;
+  for (int64_t i = 0; i < V; i += 16) {
+    const uint32_t half = (allow[i >> 5] >> (i & 16)) & 0xffffu;  // the 16 bits of tokens i .. i + 15
+    const __mmask16 in_range = V - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (V - i)) - 1);
+    any |= half & in_range;
+    if (half == 0xffffu) continue;
+    // Lanes whose bit is clear take -inf; the others keep their logit.
+    const __mmask16 cleared = __mmask16(~half) & in_range;
+    _mm512_mask_storeu_ps(row + i, cleared, neg_inf);
+  }
+  return any != 0;
+}
+
 void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out) {
   const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;

@@ -29,6 +29,12 @@ void logits_row_stats_generic(const float* row, int64_t V, int32_t* argmax, floa
 void logits_row_stats_avx2(const float* row, int64_t V, int32_t* argmax, float* lse);
 void logits_row_stats_avx512(const float* row, int64_t V, int32_t* argmax, float* lse);
 
+// One row of a token mask (see apply_token_masks): disallowed logits become -inf; returns
+// whether any token in [0, V) is allowed.
+bool mask_row_generic(float* row, int64_t V, const uint32_t* allow);
+bool mask_row_avx2(float* row, int64_t V, const uint32_t* allow);
+bool mask_row_avx512(float* row, int64_t V, const uint32_t* allow);
+
 void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_avx2(const float* gate, const float* up, int64_t n, float* out);
 void silu_mul_avx512(const float* gate, const float* up, int64_t n, float* out);

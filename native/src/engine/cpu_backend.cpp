@@ -2,8 +2,10 @@
 // flags: q/k/v biases, q/k norms, rope scaling) over CPU kernels and a paged KV cache.
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -96,8 +98,18 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> row_argmax_;  // [R]
   std::vector<float> row_lse_;       // [R]
   std::vector<uint8_t> row_allows_any_;  // [R] a token mask left some token allowed
-  std::vector<float> sample_probs_;
-  std::vector<int32_t> sample_order_;
+  std::vector<const uint32_t*> row_allow_;  // [R] the row's token mask, or null
+  struct RowFailure {
+    bool failed = false;
+    ErrorCode code = ErrorCode::kInternal;
+    std::string message;
+  };
+  std::vector<RowFailure> row_failure_;  // [R]
+  struct SampleScratch {
+    std::vector<float> probs;
+    std::vector<int32_t> order;
+  };
+  std::vector<SampleScratch> sample_scratch_;  // [pool threads]
 };
 
 void CpuBackend::ensure_scratch(int64_t T) {
@@ -181,49 +193,50 @@ void fail_row(const SampleOutput& out, int64_t r, ErrorCode code, const std::str
   if (out.row_errors) out.row_errors->push_back({r, code, message});
 }
 
-// Logits of the tokens the mask does not allow become -inf; returns whether any token is allowed.
-bool apply_token_mask(float* logits, int64_t V, const uint32_t* allow) {
-  bool any = false;
-  for (int64_t w = 0; w * 32 < V; w++) {
-    const uint32_t bits = allow[w];
-    any = any || bits != 0;
-    if (bits == 0xffffffffu) continue;
-    const int64_t end = std::min<int64_t>(32, V - w * 32);
-    for (int64_t b = 0; b < end; b++)
-      if (!(bits >> b & 1u)) logits[w * 32 + b] = -INFINITY;
-  }
-  return any;
-}
-
 void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {
   const int64_t V = c_.vocab_size;
   if (int64_t(logits_.size()) != R * V) throw Error(ErrorCode::kInternal, "sample() rows differ from the last forward()");
   row_argmax_.resize(size_t(R));
   row_lse_.resize(size_t(R));
-  row_allows_any_.assign(size_t(R), 1);
-  for (int64_t r = 0; r < R; r++)
-    if (rows[r].allow) row_allows_any_[size_t(r)] = apply_token_mask(logits_.data() + r * V, V, rows[r].allow);
+  row_allows_any_.resize(size_t(R));
+  row_allow_.resize(size_t(R));
+  for (int64_t r = 0; r < R; r++) row_allow_[size_t(r)] = rows[r].allow;
+  cpu::apply_token_masks(pool_, logits_.data(), R, V, row_allow_.data(), row_allows_any_.data());
   cpu::logits_stats(pool_, logits_.data(), R, V, row_argmax_.data(), row_lse_.data());
-  for (int64_t r = 0; r < R; r++) {
-    // One row's failure is that row's alone: it is reported and the next row is sampled.
-    try {
-      if (rows[r].inject_fault) throw Error(ErrorCode::kInternal, "injected sampler fault");
-      if (!row_allows_any_[size_t(r)])
-        throw Error(ErrorCode::kInvalidArgument, "the output grammar allows no token at this point");
-      Rng rng(rows[r].stream_seed);
-      const SampledToken tok =
-          sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
-                       out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, sample_probs_,
-                       sample_order_);
-      out.tokens[r] = tok.token;
-      out.logprobs[r] = tok.logprob;
-    } catch (const Error& e) {
-      fail_row(out, r, e.code(), e.what());
-    } catch (const std::bad_alloc&) {
-      fail_row(out, r, ErrorCode::kOutOfMemory, "out of memory while sampling");
-    } catch (const std::exception& e) {
-      fail_row(out, r, ErrorCode::kInternal, e.what());
+  // Rows are sampled in parallel, each from its own seeded stream into its own outputs, so the
+  // result is the same whatever the split; errors are gathered per row and reported in row order.
+  const int threads = pool_.size();
+  if (sample_scratch_.size() < size_t(threads)) sample_scratch_.resize(size_t(threads));
+  row_failure_.assign(size_t(R), RowFailure{});
+  std::atomic<int64_t> next_row{0};
+  pool_.run([&](int index, int) {
+    SampleScratch& scratch = sample_scratch_[size_t(index)];
+    for (int64_t r = next_row.fetch_add(1); r < R; r = next_row.fetch_add(1)) {
+      // One row's failure is that row's alone: it is reported and the next row is sampled.
+      RowFailure& failure = row_failure_[size_t(r)];
+      try {
+        if (rows[r].inject_fault) throw Error(ErrorCode::kInternal, "injected sampler fault");
+        if (!row_allows_any_[size_t(r)])
+          throw Error(ErrorCode::kInvalidArgument, "the output grammar allows no token at this point");
+        Rng rng(rows[r].stream_seed);
+        const SampledToken tok =
+            sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
+                         out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, scratch.probs,
+                         scratch.order);
+        out.tokens[r] = tok.token;
+        out.logprobs[r] = tok.logprob;
+      } catch (const Error& e) {
+        failure = {true, e.code(), e.what()};
+      } catch (const std::bad_alloc&) {
+        failure = {true, ErrorCode::kOutOfMemory, "out of memory while sampling"};
+      } catch (const std::exception& e) {
+        failure = {true, ErrorCode::kInternal, e.what()};
+      }
     }
+  });
+  for (int64_t r = 0; r < R; r++) {
+    const RowFailure& f = row_failure_[size_t(r)];
+    if (f.failed) fail_row(out, r, f.code, f.message);
   }
 }
 

@@ -53,7 +53,10 @@ SampledToken sample_token(const float* logits, int64_t vocab, int32_t best, floa
     std::iota(order.begin(), order.end(), 0);
     auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
     const double inv_t = 1.0 / double(params.temperature);
-    auto weight = [&](int32_t id) { return std::exp((double(logits[id]) - double(max_logit)) * inv_t); };
+    // A token a mask ruled out (-inf) weighs nothing; skipping its exp also skips libm's slow path.
+    auto weight = [&](int32_t id) {
+      return logits[id] == -INFINITY ? 0.0 : std::exp((double(logits[id]) - double(max_logit)) * inv_t);
+    };
     int64_t keep = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
     const bool nucleus = params.top_p < 1.f;
     const bool sorted = keep < vocab || nucleus;
