@@ -4,7 +4,8 @@
 //
 //   grammarVocabulary(bytes, offsets, stopIds) -> Promise<External>   (new GrammarVocabulary(ext))
 //   compileGrammar(vocabulary, text, timeoutMs) -> Promise<External>  (new CompiledGrammar(ext))
-//   new GrammarMatcher(compiled): accept(id), canEnd(), ended(), fillMask(out, offset)
+//   new GrammarMatcher(compiled): accept(id), canEnd(), ended(), fillMask(out, offset),
+//                                 fillMaskIfUnchanged(out, offset) -> boolean
 //   fillGrammarMasks(matchers[], out, offsets) -> Promise<Int32Array of the rows that failed>
 // Grammar errors reject with code INVALID_ARGUMENT.
 #include <napi.h>
@@ -82,6 +83,8 @@ class MatcherWrap : public Napi::ObjectWrap<MatcherWrap> {
   static Napi::Function Init(Napi::Env env) {
     return DefineClass(env, "GrammarMatcher",
                        {InstanceMethod<&MatcherWrap::Accept>("accept"), InstanceMethod<&MatcherWrap::CanEnd>("canEnd"),
+                        InstanceMethod<&MatcherWrap::FillMaskIfUnchanged>("fillMaskIfUnchanged"),
+                        InstanceMethod<&MatcherWrap::FillMaskWithin>("fillMaskWithin"),
                         InstanceMethod<&MatcherWrap::Ended>("ended"), InstanceMethod<&MatcherWrap::FillMask>("fillMask")});
   }
   explicit MatcherWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<MatcherWrap>(info) {
@@ -112,6 +115,38 @@ class MatcherWrap : public Napi::ObjectWrap<MatcherWrap> {
   }
   Napi::Value CanEnd(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), matcher->can_end()); }
   Napi::Value Ended(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), matcher->ended()); }
+  /**
+   * fillMaskIfUnchanged(out, offset): true after copying the last mask when the matcher's state has
+   * not moved since (a memcpy: fine on the JS thread); false, writing nothing, when the mask must be
+   * computed (fillGrammarMasks) or the matcher is busy on the pool.
+   */
+  Napi::Value FillMaskIfUnchanged(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy.load()) return Napi::Boolean::New(env, false);
+    auto out = info[0].As<Napi::Uint32Array>();
+    size_t offset = info[1].IsNumber() ? size_t(info[1].As<Napi::Number>().Int64Value()) : 0;
+    size_t words = matcher->compiled().vocab().words();
+    if (offset + words > out.ElementLength()) throw Napi::RangeError::New(env, "the mask buffer is too small");
+    return Napi::Boolean::New(env, matcher->fill_mask_if_unchanged(out.Data() + offset));
+  }
+  /**
+   * fillMaskWithin(out, offset, budget): the mask filled here on the JS thread when that is cheap
+   * (see TokenMatcher::fill_mask_within): the work done, or -1 (nothing written: use the pool).
+   */
+  Napi::Value FillMaskWithin(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy.load()) return Napi::Number::New(env, -1);
+    auto out = info[0].As<Napi::Uint32Array>();
+    size_t offset = size_t(info[1].As<Napi::Number>().Int64Value());
+    double budget = info[2].As<Napi::Number>().DoubleValue();
+    size_t words = matcher->compiled().vocab().words();
+    if (offset + words > out.ElementLength()) throw Napi::RangeError::New(env, "the mask buffer is too small");
+    try {
+      return Napi::Number::New(env, double(matcher->fill_mask_within(out.Data() + offset, budget > 0 ? size_t(budget) : 0)));
+    } catch (const std::exception& e) {
+      throw make_error(env, "INVALID_ARGUMENT", e.what());
+    }
+  }
   /** fillMask(out: Uint32Array, offset: number): synchronous (tests and benches). */
   Napi::Value FillMask(const Napi::CallbackInfo& info) {
     check_idle(info.Env());

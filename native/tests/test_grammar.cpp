@@ -269,6 +269,40 @@ TEST_CASE(grammar_mask_is_reused_while_the_stacks_stay_and_recomputed_when_they_
   CHECK(bit(mask, ',') && bit(mask, ']') && !bit(mask, 'a'));
 }
 
+TEST_CASE(grammar_mask_within_a_budget_is_the_mask_or_nothing) {
+  std::mt19937 rng(9);
+  auto tokens = test_vocabulary(rng);
+  int32_t stop = int32_t(tokens.size() - 1);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{stop});
+  auto g = std::make_shared<CompiledGrammar>(parse_grammar(kJson), vocab);
+  std::vector<uint32_t> mask(vocab->words()), want(vocab->words());
+  // Inside a string of an array: the string rule is used from several places, so its quote-closing
+  // tokens are walked against the stack (work > 0).
+  TokenMatcher m(g), reference(g);
+  for (int32_t t : {int32_t('['), int32_t('"'), int32_t('a')}) CHECK(m.accept(t) && reference.accept(t));
+  reference.fill_mask(want.data());
+  std::fill(mask.begin(), mask.end(), 0xdeadbeefu);
+  CHECK(m.fill_mask_within(mask.data(), 0) == -1);  // over budget: nothing written
+  for (uint32_t w : mask) CHECK(w == 0xdeadbeefu);
+  int64_t work = m.fill_mask_within(mask.data(), 1 << 20);
+  CHECK(work > 0);
+  CHECK(mask == want);
+  CHECK(m.fill_mask_within(mask.data(), 0) == 0);  // unchanged since: copied, whatever the budget
+  CHECK(mask == want);
+  // Mid-character, at a position whose cache is compiled on first use: not ready, so -1 until a
+  // full fill_mask has compiled it; then the same mask within a budget.
+  TokenMatcher mid(g);
+  for (int32_t t : {int32_t('['), int32_t('"'), int32_t(0xe4)}) CHECK(mid.accept(t));
+  if (mid.fill_mask_within(mask.data(), 1 << 20) == -1) {
+    TokenMatcher(mid).fill_mask(want.data());
+    TokenMatcher again = mid;
+    CHECK(again.fill_mask_within(mask.data(), 1 << 20) >= 0);
+    CHECK(mask == want);
+  } else {
+    CHECK(false);  // a fresh grammar has compiled no mid-character position
+  }
+}
+
 TEST_CASE(grammar_masks_stay_right_across_arena_compaction) {
   // 70,000 nested brackets push past the arena size at which frames are compacted (65,536); a mask
   // is asked at every depth, and after compaction each must still be exactly {"[", "]"}, then

@@ -14,6 +14,10 @@ export interface NativeGrammarMatcher {
   canEnd(): boolean;
   ended(): boolean;
   fillMask(out: Uint32Array, offset: number): void;
+  /** Copies the last mask when the state has not moved since it was computed; false (nothing written) otherwise. */
+  fillMaskIfUnchanged(out: Uint32Array, offset: number): boolean;
+  /** Fills the mask here when its work is at most `budget` (see token_matcher.h): the work done, or -1 (nothing written). */
+  fillMaskWithin(out: Uint32Array, offset: number, budget: number): number;
 }
 
 interface NativeAddon {

@@ -316,6 +316,12 @@ const PositionCache& CompiledGrammar::cache(uint32_t key) const {
   return *slot;
 }
 
+const PositionCache* CompiledGrammar::cache_if_ready(uint32_t key) const {
+  if ((key & 7) == 0) return &cache(key);
+  std::lock_guard<std::mutex> lock(lazy_mutex_);
+  return mid_char_[key].get();
+}
+
 std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, std::vector<Frame>& arena) const {
   const TokenVocabulary& v = *vocab_;
   const std::vector<int32_t>& sorted = v.sorted();
@@ -418,16 +424,34 @@ TokenMatcher::TokenMatcher(std::shared_ptr<const CompiledGrammar> grammar) : gra
   for (uint32_t start : g.alts[size_t(g.root)]) stepper.expand(start, kAcceptParent, state_);
 }
 
+bool TokenMatcher::fill_mask_if_unchanged(uint32_t* out) {
+  const size_t words = grammar_->vocab().words();
+  if (ended_) {
+    std::memset(out, 0, words * 4);
+    return true;
+  }
+  if (!last_valid_ || last_accepting_ != state_.accepting || last_tops_ != state_.tops) return false;
+  std::memcpy(out, last_mask_.data(), words * 4);
+  return true;
+}
+
+int64_t TokenMatcher::fill_mask_within(uint32_t* out, size_t budget) {
+  if (fill_mask_if_unchanged(out)) return 0;
+  size_t work = 0;
+  for (const Terminal& top : state_.tops) {
+    const PositionCache* c = grammar_->cache_if_ready(top.key);
+    if (c == nullptr) return -1;
+    work += c->accepted_bits.empty() ? c->accepted_ids.size() / 16 : kMaskWordsCost;
+    if (top.parent != kAcceptParent) work += c->uncertain_token.size();
+    if (work > budget) return -1;
+  }
+  fill_mask(out);
+  return int64_t(work);
+}
+
 void TokenMatcher::fill_mask(uint32_t* out) {
   const TokenVocabulary& v = grammar_->vocab();
-  if (ended_) {
-    std::memset(out, 0, v.words() * 4);
-    return;
-  }
-  if (last_valid_ && last_accepting_ == state_.accepting && last_tops_ == state_.tops) {
-    std::memcpy(out, last_mask_.data(), v.words() * 4);
-    return;
-  }
+  if (fill_mask_if_unchanged(out)) return;
   std::memset(out, 0, v.words() * 4);
   masks_computed_++;
   if (state_.accepting) {

@@ -109,6 +109,8 @@ class CompiledGrammar {
   const TokenVocabulary& vocab() const { return *vocab_; }
   /** The cache of a position; one in the middle of a multi-byte character is compiled on first use. */
   const PositionCache& cache(uint32_t key) const;
+  /** The cache of a position if it is ready (one in the middle of a character may not be yet), else null. */
+  const PositionCache* cache_if_ready(uint32_t key) const;
   /** Memory held by the caches. */
   size_t bytes() const { return bytes_.load(); }
   size_t positions() const { return compiled_.load(); }
@@ -154,6 +156,20 @@ class TokenMatcher {
    * state it left.
    */
   void fill_mask(uint32_t* out);
+  /**
+   * Copies the last mask into out[0, words) when the stack set has not changed since it was
+   * computed (what fill_mask would then do, in microseconds); false, writing nothing, otherwise.
+   */
+  bool fill_mask_if_unchanged(uint32_t* out);
+  /**
+   * fill_mask when it is known to be cheap: the last mask still holds, or every top's cache is
+   * compiled and the work (suffixes to walk, plus kMaskWordsCost a top whose accepted set is a
+   * bitmask) is at most `budget`. Returns the work done (0 for a copied mask), or -1 having written
+   * nothing: the caller then fills it where a slow mask does no harm (a pool thread).
+   */
+  int64_t fill_mask_within(uint32_t* out, size_t budget);
+  /** The work fill_mask_within counts for OR-ing one top's accepted bitmask into the mask. */
+  static constexpr size_t kMaskWordsCost = 64;
   /** Masks computed (not copied from the last) since the matcher was made; for tests and benches. */
   size_t masks_computed() const { return masks_computed_; }
   /** Advances with a token; false (state unchanged) if the grammar does not allow it. */
