@@ -1,7 +1,7 @@
 // Token-mask measurements of the structured-outputs bench (structured.ts): seeded walks through
-// grammars, timed one sequence at a time and 32 in a step through StructuredOutputs (the grammar
-// worker), and, to show where that time goes, the same walks computed by xgrammar in this thread
-// (no worker, no messages) and the round trip of a worker that computes nothing.
+// grammars, timed one sequence at a time and 32 in a step through StructuredOutputs (whichever
+// grammar engine it runs), and, for comparison, the same walks computed by xgrammar's matcher in
+// this thread (no worker, no messages) and the round trip of a worker that computes nothing.
 import { Worker } from 'node:worker_threads';
 
 import type { SluiceTokenizer } from '../src/engine/tokenizer.js';
@@ -193,7 +193,7 @@ async function walkEach<C extends Pick<TokenConstraint, 'accept' | 'dispose'>>(l
   };
 }
 
-/** (a) Each schema walked alone through the grammar worker: fillMask's round trip per token. */
+/** (a) Each schema walked alone through StructuredOutputs: the time until fillMask resolves, per token. */
 export function masksAlone(structured: StructuredOutputs, classes: TokenClasses, list: object[]) {
   return walkEach(list, structured.maskWords, classes, (schema) => structured.constraint({ type: 'json_schema', schema }),
     (c, mask) => c.fillMask(mask, 0));

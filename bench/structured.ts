@@ -7,12 +7,14 @@
 //    once and never seen before: the time of `constraint(format)`, p50 / p99.
 // 3. Token-mask time while walking allowed tokens (structured-masks.ts): each step fills the mask,
 //    picks an allowed token with a seeded PRNG (biased so that text runs ~12 tokens and a value
-//    ends within ~200) and accepts it. (a) One sequence asking alone: fillMask's round trip to the
-//    grammar worker per token, split into free text and the rest. (b) 32 sequences asking in the
-//    same tick (how the batcher asks for a step's masks: Promise.all over the rows, one message),
-//    a finished sequence replaced by a fresh one so that every step has 32 rows: the step's time /
-//    32 per row, and the step's wall time. Where that time goes: the same walks computed by
-//    xgrammar in this thread (no worker), and the round trip of a worker that computes nothing.
+//    ends within ~200) and accepts it. (a) One sequence asking alone: the time until
+//    TokenConstraint.fillMask resolves, as the batcher sees it (native engine: a cheap mask is
+//    filled at once on this thread, the others on the libuv pool; xgrammar: a round trip to the
+//    grammar worker), split into free text and the rest. (b) 32 sequences asking in the same tick
+//    (how the batcher asks for a step's masks: Promise.all over the rows), a finished sequence
+//    replaced by a fresh one so that every step has 32 rows: the step's time / 32 per row, and the
+//    step's wall time. For comparison: the same walks computed by xgrammar's matcher in this
+//    thread, and the round trip of a worker that computes nothing.
 //    Targets (printed, not asserted): p50 <= 50 us, p99 <= 1 ms per token.
 // 4. Throughput cost: decode tokens/s with a schema that cannot end within the run (an array of at
 //    least MIN_ITEMS strings: free text, the costly masks) and without one, the same number of
@@ -54,7 +56,7 @@ const ROWS = 32;
 const MIN_ITEMS = 4096;
 /**
  * The schemas the batched walk cycles through (indices into benchSchemas()): no more than the
- * grammar cache holds. NOTE: at this vocabulary one compiled grammar takes 30-190 MB of xgrammar's
+ * xgrammar engine's grammar cache holds. NOTE: at this vocabulary one compiled grammar takes 30-190 MB of xgrammar's
  * WebAssembly heap, which cannot pass 2 GB: about 17 grammars alive at once (cached, or held by
  * live matchers) abort the compiler, and that worker then fails every later request. Hence a
  * grammar cache of 8 here (the service's default is 256) and 8 distinct schemas among the 32 rows.
