@@ -152,43 +152,51 @@ describe('structured outputs', () => {
 
   it('the native engine allows exactly the tokens xgrammar allows, step by step, over the corpus', { timeout: 240_000 }, async () => {
     // xgrammar (with the UTF-8 range checks vocabulary.ts adds) is the independent reference: the
-    // native engine reads the grammar text xgrammar prints, then matches tokens on its own.
+    // native engine reads the grammar text xgrammar prints, then matches tokens on its own. It runs
+    // twice: as served (cheap masks filled on this thread) and with every changed mask computed on
+    // the libuv pool.
     const tokenizer = await SluiceTokenizer.load(join(root, 'tiny'));
     const vocabSize = engine.structuredOutputs().maskWords * 32;
     const native = new StructuredOutputs(tokenizer, vocabSize, { engine: 'native' });
+    const pooled = new StructuredOutputs(tokenizer, vocabSize, { engine: 'native', maskWorkOnEventLoop: 0 });
     const reference = new StructuredOutputs(tokenizer, vocabSize, { engine: 'xgrammar', workers: 1 });
     let seed = 3;
     const random = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x80000000;
     const words = native.maskWords;
     const a = new Uint32Array(words);
     const b = new Uint32Array(words);
+    const p = new Uint32Array(words);
     const mismatches: string[] = [];
     let steps = 0;
     try {
       const cases = corpus().filter((_, i) => i % 3 === 0);
       for (const { schema, strict } of cases) {
         const format = { type: 'json_schema' as const, schema, strict };
-        const [n, x] = [await native.constraint(format), await reference.constraint(format)];
+        const [n, np, x] = [await native.constraint(format), await pooled.constraint(format), await reference.constraint(format)];
         for (let step = 0; step < 40; step++) {
-          await Promise.all([n.fillMask(a, 0), x.fillMask(b, 0)]);
+          await Promise.all([n.fillMask(a, 0), np.fillMask(p, 0), x.fillMask(b, 0)]);
           steps++;
           const allowed: number[] = [];
           for (let t = 0; t < vocabSize; t++) {
-            const [inA, inB] = [(a[t >>> 5]! >>> (t & 31)) & 1, (b[t >>> 5]! >>> (t & 31)) & 1];
-            if (inA !== inB && mismatches.length < 10) mismatches.push(`${JSON.stringify(schema)} step ${step} token ${t} ${JSON.stringify(tokenizer.tokenText(t))}: native ${inA}, xgrammar ${inB}`);
+            const [inA, inP, inB] = [(a[t >>> 5]! >>> (t & 31)) & 1, (p[t >>> 5]! >>> (t & 31)) & 1, (b[t >>> 5]! >>> (t & 31)) & 1];
+            if ((inA !== inB || inP !== inB) && mismatches.length < 10) {
+              mismatches.push(`${JSON.stringify(schema)} step ${step} token ${t} ${JSON.stringify(tokenizer.tokenText(t))}: native ${inA}, native on the pool ${inP}, xgrammar ${inB}`);
+            }
             if (inA) allowed.push(t);
           }
           if (allowed.length === 0) break;
           const t = allowed[Math.floor(random() * allowed.length)]!;
           expect(n.accept(t)).toBe(true);
+          expect(np.accept(t)).toBe(true);
           expect(x.accept(t)).toBe(true);
           if (tokenizer.eosTokenIds.has(t)) break;
         }
         n.dispose();
+        np.dispose();
         x.dispose();
       }
     } finally {
-      await Promise.all([native.dispose(), reference.dispose()]);
+      await Promise.all([native.dispose(), pooled.dispose(), reference.dispose()]);
     }
     expect(mismatches).toEqual([]);
     expect(steps).toBeGreaterThan(1000);

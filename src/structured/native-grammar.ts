@@ -18,7 +18,7 @@ const GRAMMAR_CACHE = 64;
  * trip (50-100 us, and milliseconds when the cores are busy with a forward pass) is worth paying
  * only for those.
  */
-const SYNC_MASK_WORK_PER_TICK = 4096;
+export const SYNC_MASK_WORK_PER_TICK = 4096;
 
 export class NativeGrammars {
   private readonly compiled = new Map<string, Promise<NativeCompiledGrammar | undefined>>();
@@ -26,13 +26,18 @@ export class NativeGrammars {
   /** Mask work left for the JS thread in this tick (undefined: none asked yet this tick). */
   private syncWorkLeft: number | undefined;
 
-  private constructor(private readonly vocabulary: NativeGrammarVocabulary, readonly words: number) {}
+  private constructor(private readonly vocabulary: NativeGrammarVocabulary, readonly words: number,
+    private readonly syncWorkPerTick: number) {}
 
-  /** Indexes a vocabulary (bytes and offsets as the grammar worker packs them). */
-  static async create(bytes: Uint8Array, offsets: Uint32Array, stopIds: number[]): Promise<NativeGrammars> {
+  /**
+   * Indexes a vocabulary (bytes and offsets as the grammar worker packs them). `syncWorkPerTick`:
+   * mask work done on the JS thread per tick (default SYNC_MASK_WORK_PER_TICK; 0 sends every mask
+   * that must be computed to the pool).
+   */
+  static async create(bytes: Uint8Array, offsets: Uint32Array, stopIds: number[], syncWorkPerTick = SYNC_MASK_WORK_PER_TICK): Promise<NativeGrammars> {
     const addon = nativeAddon();
     const vocabulary = new addon.GrammarVocabulary(await addon.grammarVocabulary(bytes, offsets, Int32Array.from(stopIds)));
-    return new NativeGrammars(vocabulary, Math.ceil(vocabulary.size / 32));
+    return new NativeGrammars(vocabulary, Math.ceil(vocabulary.size / 32), syncWorkPerTick);
   }
 
   /**
@@ -74,7 +79,7 @@ export class NativeGrammars {
    */
   mask(constraint: NativeConstraint, out: Uint32Array, offset: number): Promise<void> {
     if (this.syncWorkLeft === undefined) {
-      this.syncWorkLeft = SYNC_MASK_WORK_PER_TICK;
+      this.syncWorkLeft = this.syncWorkPerTick;
       queueMicrotask(() => { this.syncWorkLeft = undefined; });
     }
     let work = -1;

@@ -61,6 +61,11 @@ export interface StructuredOutputsOptions {
    * matcher on the workers, also the fallback for a grammar the native reader does not take).
    */
   engine?: 'native' | 'xgrammar';
+  /**
+   * Native engine: mask work done on the JS thread per tick, in suffixes walked (default 4,096,
+   * about 100 us; see native-grammar.ts). 0 computes every changed mask on the libuv pool.
+   */
+  maskWorkOnEventLoop?: number;
 }
 
 /** Whitespace allowed between JSON elements (any whitespace, as vLLM's default, but bounded). */
@@ -84,12 +89,14 @@ export class StructuredOutputs {
   private disposed = false;
   private readonly engine: 'native' | 'xgrammar';
   private native: Promise<NativeGrammars | undefined> | undefined;
+  private readonly maskWorkOnEventLoop: number | undefined;
 
   constructor(private readonly tokenizer: SluiceTokenizer, private readonly vocabSize: number, opts: StructuredOutputsOptions = {}) {
     this.maskWords = Math.ceil(vocabSize / 32);
     this.cacheSize = opts.cacheSize ?? 8;
     this.compileTimeoutMs = opts.compileTimeoutMs ?? 60_000;
     this.engine = opts.engine ?? (nativeAvailable() ? 'native' : 'xgrammar');
+    this.maskWorkOnEventLoop = opts.maskWorkOnEventLoop;
     const size = opts.workers ?? Math.min(4, Math.max(1, Math.floor(os.availableParallelism() / 4)));
     this.workers = new Array<GrammarWorker | undefined>(Math.max(1, Math.floor(size))).fill(undefined);
   }
@@ -110,7 +117,7 @@ export class StructuredOutputs {
     // printed form is not a faithful hand-over yet.
     if (this.engine === 'native' && kind === 'json_schema') {
       const native = await (this.native ??= worker.packed === undefined ? Promise.resolve(undefined)
-        : NativeGrammars.create(worker.packed.bytes, worker.packed.offsets, [...this.tokenizer.eosTokenIds])
+        : NativeGrammars.create(worker.packed.bytes, worker.packed.offsets, [...this.tokenizer.eosTokenIds], this.maskWorkOnEventLoop)
           .then((n) => { worker.packed = undefined; return n; }, () => undefined));
       if (native !== undefined) {
         const grammar = await native.grammar(key, () => this.grammarText(worker, kind, source, param), this.compileTimeoutMs, param);
