@@ -318,7 +318,10 @@ const PositionCache& CompiledGrammar::cache(uint32_t key) const {
 
 const PositionCache* CompiledGrammar::cache_if_ready(uint32_t key) const {
   if ((key & 7) == 0) return &cache(key);
-  std::lock_guard<std::mutex> lock(lazy_mutex_);
+  // NOTE: never waits: another thread may hold the lock for a whole position's compile (tens of
+  // milliseconds), and this is asked on the JS thread. Busy counts as not ready.
+  std::unique_lock<std::mutex> lock(lazy_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return nullptr;
   return mid_char_[key].get();
 }
 

@@ -109,7 +109,10 @@ class CompiledGrammar {
   const TokenVocabulary& vocab() const { return *vocab_; }
   /** The cache of a position; one in the middle of a multi-byte character is compiled on first use. */
   const PositionCache& cache(uint32_t key) const;
-  /** The cache of a position if it is ready (one in the middle of a character may not be yet), else null. */
+  /**
+   * The cache of a position if it is ready (one in the middle of a character may not be yet, or be
+   * compiling on another thread), else null. Never blocks.
+   */
   const PositionCache* cache_if_ready(uint32_t key) const;
   /** Memory held by the caches. */
   size_t bytes() const { return bytes_.load(); }
