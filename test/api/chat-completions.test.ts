@@ -140,6 +140,22 @@ describe('chat.completion object', () => {
     expect(again.choices.map((c) => c.message.content)).toEqual(two.choices.map((c) => c.message.content));
   });
 
+  it('reports the engine timings in a Server-Timing header (n choices: the first token, the longest decode)', async () => {
+    for (const n of [1, 3]) {
+      const res = await fetch(`${server.baseUrl}/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'tiny', messages: user('hi'), max_tokens: 4, n, seed: 1, temperature: 1 }),
+      });
+      expect(res.status).toBe(200);
+      const timing = res.headers.get('server-timing') ?? '';
+      const durations = Object.fromEntries([...timing.matchAll(/(\w+);dur=([\d.]+)/g)].map((m) => [m[1], Number(m[2])]));
+      expect(Object.keys(durations)).toEqual(['queue', 'prefill', 'decode']);
+      for (const d of Object.values(durations)) expect(d).toBeGreaterThanOrEqual(0);
+      expect(durations.prefill).toBeGreaterThan(0);  // a prompt was computed before the first token
+    }
+  });
+
   it('returns logprobs in the OpenAI shape', async () => {
     const c = await client.chat.completions.create({
       model: 'tiny', messages: user('Hello'), temperature: 0, max_completion_tokens: 5, logprobs: true, top_logprobs: 3,

@@ -12,6 +12,7 @@ import {
 import { nowSeconds } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
+import { serverTiming } from '../server-timing.js';
 import { commitRequestEnd } from '../request-end.js';
 import {
   ChatCompletionSchema, CreateChatCompletionSchema, type CreateChatCompletionBody,
@@ -52,6 +53,7 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     } finally {
       admitted();
     }
+    reply.header('server-timing', serverTiming(results.map((r) => r.timings)));
     const completion = chatCompletion({
       id,
       created,

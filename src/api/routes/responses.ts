@@ -6,7 +6,6 @@
 // progress (background-responses.ts). No object here carries metadata.webhook_token.
 
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import type { Timings } from '../../engine/request.js';
 import { isSluiceError } from '../../errors.js';
 import type { PreparedGeneration } from '../../serving/generation-request.js';
 import type { Release } from '../../serving/tenant-limits.js';
@@ -17,6 +16,7 @@ import {
 import { newId } from '../adapters/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
+import { serverTiming } from '../server-timing.js';
 import { commitRequestEnd } from '../request-end.js';
 import { ApiError, invalidRequest, notFound } from '../errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
@@ -26,14 +26,6 @@ import {
 import { chainItems, inputItems } from '../adapters/response-items.js';
 import type { Static } from 'typebox';
 
-/**
- * The engine's timings as a Server-Timing header (ms): time queued before the first step, the
- * prefill until the first token (queue + prefill = time to first token), and decoding. Benchmarks
- * and operators read TTFT from it, since this endpoint does not stream.
- */
-function serverTiming(t: Timings): string {
-  return `queue;dur=${t.queuedMs.toFixed(2)}, prefill;dur=${t.prefillMs.toFixed(2)}, decode;dur=${t.decodeMs.toFixed(2)}`;
-}
 
 /**
  * Runs a foreground generation and stores how it ended; resolves with the stored final object.
@@ -51,7 +43,7 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   let usage: UsageRecord;
   try {
     const result = await ctx.service.run(prepared, signal, 'foreground', admitted);
-    reply.header('server-timing', serverTiming(result.timings));
+    reply.header('server-timing', serverTiming([result.timings]));
     final = finishedResponse(running, result, prepared, ctx.service.reasoningSeal);
     usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
   } catch (err) {
