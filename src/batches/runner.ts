@@ -33,7 +33,12 @@ export interface BatchRunnerOptions {
   registry: ModelRegistry;
   dataDir: string;
   deadlines?: Partial<BatchDeadlines>;
-  /** Lines in flight across all batches; default the largest max_num_seqs of the served engines. */
+  /**
+   * Lines in flight across all batches; default twice the largest max_num_seqs of the served
+   * engines: the engine's queue then already holds the next lines when one ends, instead of
+   * waiting while its successor is read, checked and tokenized (a batch alone ran at 0.94 of the
+   * engine's throughput with one max_num_seqs of slots).
+   */
   maxLinesInFlight?: number;
   /** Per-organization limits, shared with the API's requests (default: a limiter of its own). */
   limits?: TenantLimiter;
@@ -79,7 +84,7 @@ export class BatchRunner {
     this.service = new GenerationService(opts.registry, opts.limits, ReasoningSeal.open(opts.dataDir));
     this.billing = new Billing(opts.registry);
     const engineSeqs = opts.registry.models.map((m) => m.engine.info.maxNumSeqs);
-    this.slots = new Slots(opts.maxLinesInFlight ?? Math.max(1, ...engineSeqs));
+    this.slots = new Slots(opts.maxLinesInFlight ?? 2 * Math.max(1, ...engineSeqs));
     this.log = opts.log ?? stderrLog;
   }
 
