@@ -6,7 +6,9 @@ import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { Batcher } from '../scheduler/batcher.js';
-import { WindowPriorityPolicy, windowPriority } from '../scheduler/window-policy.js';
+import { SCHEDULING_WINDOWS, WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../scheduler/window-policy.js';
+import { isSluiceError } from '../errors.js';
+import { EngineObservers, type EngineObserver, type KvPoolCounts, type RequestReport } from './engine-events.js';
 import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
 import { Generation } from './generation.js';
@@ -65,7 +67,8 @@ export interface EngineLoadOptions {
   /**
    * How flex work yields to asap and standard work (see DeferralGuard in src/scheduler/planner.ts): while one of
    * those runs or waits, or did within `holdMs`, flex gets at most `rowsPerStep` decode rows per
-   * step and no admissions or prefill. Default { rowsPerStep: 8, holdMs: 1000 }; false turns it off.
+   * step and no admissions or prefill. Default { rowsPerStep: 8, holdMs: 1000 } on the CPU and
+   * { rowsPerStep: 32, holdMs: 1000 } on CUDA (DEFAULT_FLEX_DEFERRAL); false turns it off.
    */
   flexDeferral?: { rowsPerStep: number; holdMs: number } | false;
   /**
@@ -105,6 +108,10 @@ export interface SchedulerStats {
   numSteps: number;
   /** Milliseconds the step loop spent on this thread (planning, applying results) since load. */
   loopMs: number;
+  /** Sequences running and waiting per completion window. */
+  byWindow: Record<SchedulingWindow, { numRunning: number; numWaiting: number }>;
+  /** The KV pool as the last step reported it. */
+  kvPool: KvPoolCounts;
 }
 
 const GiB = 1024 ** 3;
@@ -118,7 +125,14 @@ const BATCH_LIMITS = {
   cpu: { maxNumSeqs: 64, maxBatchedTokens: 512 },
   cuda: { maxNumSeqs: 256, maxBatchedTokens: 8192 },
 } as const;
-const DEFAULT_FLEX_DEFERRAL = { rowsPerStep: 8, holdMs: 1000 };
+/**
+ * Flex rows allowed per step while urgent work runs, per backend. A CPU step costs about its rows,
+ * so a few. A GPU decode step costs mostly the weights it streams (8B bf16: ~16 GB a step against
+ * ~0.1 GB of KV per 8 rows at a few hundred tokens of context), so flex keeps more rows nearly for
+ * free. NOTE: the CUDA figure is reasoned from the step's bytes, not yet measured (bench:serve's
+ * tier case on a GPU is the check).
+ */
+const DEFAULT_FLEX_DEFERRAL = { cpu: { rowsPerStep: 8, holdMs: 1000 }, cuda: { rowsPerStep: 32, holdMs: 1000 } } as const;
 const DEFAULT_TENANT_DEFERRAL = { rowsPerStep: 16, holdMs: 1000 };
 
 /**
@@ -137,6 +151,7 @@ export class Engine {
     private readonly handle: NativeEngineHandle,
     private readonly batcher: Batcher,
     modelDir: string,
+    private readonly observers: EngineObservers,
   ) {
     this.info = {
       ...handle.info(),
@@ -225,16 +240,18 @@ export class Engine {
     }
 
     try {
-      const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL : opts.flexDeferral;
+      const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL[handle.info().backend] : opts.flexDeferral;
       const tenants = opts.tenantDeferral === undefined ? DEFAULT_TENANT_DEFERRAL : opts.tenantDeferral;
+      const observers = new EngineObservers();
       const batcher = new Batcher(handle, {
+        onStep: (report) => observers.step(report),
         ...limitsFor(handle.info().backend), policy: new WindowPriorityPolicy(),
         overlap: opts.overlapSteps ?? handle.info().backend === 'cuda',
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
-      return new Engine(tokenizer, handle, batcher, modelDir);
+      return new Engine(tokenizer, handle, batcher, modelDir, observers);
     } catch (err) {
       handle.dispose();
       throw err;
@@ -335,7 +352,23 @@ export class Engine {
    * free-block count: the native pool may not be queried while a step runs.
    */
   schedulerStats(): SchedulerStats {
-    return { numRunning: this.batcher.numRunning, numWaiting: this.batcher.numWaiting, ...this.batcher.stats };
+    const { running, waiting } = this.batcher.countsByPriority();
+    const byWindow = Object.fromEntries(SCHEDULING_WINDOWS.map((w) => {
+      const p = windowPriority(w);
+      return [w, { numRunning: running[p] ?? 0, numWaiting: waiting[p] ?? 0 }];
+    })) as SchedulerStats['byWindow'];
+    return {
+      numRunning: this.batcher.numRunning, numWaiting: this.batcher.numWaiting, ...this.batcher.stats, byWindow,
+      kvPool: this.batcher.kvPool,
+    };
+  }
+
+  /**
+   * Subscribes to a report per engine step and one per request that reached the scheduler (see
+   * engine-events.ts); returns the function that unsubscribes.
+   */
+  observe(observer: EngineObserver): () => void {
+    return this.observers.add(observer);
   }
 
   private structured: StructuredOutputs | undefined;
@@ -416,6 +449,10 @@ export class Engine {
       logprobs: options.logprobs,
       cancelReason: () => controller.signal.reason,
     });
+    let submitted = false;
+    // A consumer that stops reading early cancels the request.
+    let outcome: RequestReport['outcome'] = 'cancelled';
+    let finishReason: FinishReason | undefined;
     try {
       this.batcher.submit({
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
@@ -424,11 +461,20 @@ export class Engine {
         // A key groups requests of its own tenant only.
         ...(options.promptCacheKey !== undefined && { promptCacheKey: `${tenant}\u0000${options.promptCacheKey}` }),
       });
-      yield* generation.chunks;
+      submitted = true;
+      for await (const chunk of generation.chunks) {
+        finishReason ??= chunk.finishReason;
+        yield chunk;
+      }
+      outcome = 'finished';
+    } catch (err) {
+      outcome = isSluiceError(err) && err.code === 'cancelled' ? 'cancelled' : 'failed';
+      throw err;
     } finally {
       userSignal?.removeEventListener('abort', forwardAbort);
       if (!generation.isEnded) controller.abort(new SluiceError('cancelled', 'the consumer stopped reading the stream'));
       constraint?.dispose();
+      if (submitted) this.reportRequest(options.completionWindow, tenant, promptTokenIds.length, generation, outcome, finishReason);
     }
   }
 }
