@@ -1,6 +1,7 @@
 // Prefix caching benchmark:
 //   npm run bench:prefix -- [--requests 64] [--prefix-tokens 2000] [--suffix-tokens 50]
-//                           [--max-output-tokens 8] [--out bench/results/prefix.json]
+//                           [--max-output-tokens 8] [--backend cpu|cuda] [--preset tiny] [--dtype bf16]
+//                           [--model DIR] [--out bench/results/prefix.json]
 //
 // 64 requests share a ~2,000-token prefix (a system prompt) and differ in a ~50-token suffix.
 // They are sent one after another to POST /v1/responses of a service with the prefix cache on,
@@ -11,7 +12,9 @@
 // of the shared prefix from the second request on.
 //
 // The model is the tiny demo model with a 4,096-token context (its 2,048 would not hold the
-// prompt), made once in the model cache. Prints a table and writes JSON naming the machine.
+// prompt), made once in the model cache; --preset takes another preset's shape with random weights
+// (e.g. llama-3.1-8b with --backend cuda), --model a checkpoint. Prints a table and writes JSON
+// naming the machine (and the GPU on CUDA).
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync, existsSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -20,6 +23,7 @@ import { parseArgs } from 'node:util';
 import { makeModel } from '../models/make-model.js';
 import { modelCacheDir } from '../src/engine/paths.js';
 import { openService } from '../src/service.js';
+import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
 
 const { values: args } = parseArgs({
@@ -28,6 +32,10 @@ const { values: args } = parseArgs({
     'prefix-tokens': { type: 'string', default: '2000' },
     'suffix-tokens': { type: 'string', default: '50' },
     'max-output-tokens': { type: 'string', default: '8' },
+    backend: { type: 'string', default: 'cpu' },
+    preset: { type: 'string', default: 'tiny' },
+    dtype: { type: 'string', default: 'bf16' },
+    model: { type: 'string' },
     out: { type: 'string', default: 'bench/results/prefix.json' },
   },
 });
@@ -46,7 +54,11 @@ function textOf(tokenize: (text: string) => number, numTokens: number, seed: num
   return words.join(' ');
 }
 
+const backend = args.backend === 'cuda' ? 'cuda' : 'cpu';
+
 async function benchModel(): Promise<string> {
+  if (args.model) return resolve(args.model);
+  if (args.preset !== 'tiny') return ensureBenchModel(args.preset!, args.dtype as 'bf16');
   const dir = join(modelCacheDir(), 'tiny-ctx4096-bf16');
   if (!existsSync(join(dir, 'config.json'))) {
     process.stderr.write(`making the tiny model with a 4096-token context in ${dir}...\n`);
@@ -62,13 +74,16 @@ async function runMode(modelDir: string, prefixCaching: boolean, prompts: { syst
   const service = await openService({
     catalog: { models: [{ id: 'tiny', checkpoint: modelDir }] },
     dataDir,
-    engineDefaults: { backend: 'cpu', kvCacheBytes: 512 << 20, prefixCaching },
+    // CUDA sizes its KV pool from the device's free memory.
+    engineDefaults: { backend, ...(backend === 'cpu' && { kvCacheBytes: 512 << 20 }), prefixCaching },
     onProgress: () => {},
   });
   try {
     const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
     const key = service.firstKey!.key;
     const results: RequestResult[] = [];
+    const info = service.registry.models[0]!.engine.info;
+    const device = info.backend === 'cuda' ? info.simd : `${info.simd} CPU`;
     for (const p of prompts) {
       const res = await fetch(`${address}/v1/responses`, {
         method: 'POST',
@@ -85,7 +100,7 @@ async function runMode(modelDir: string, prefixCaching: boolean, prompts: { syst
         outputTokens: body.usage.output_tokens,
       });
     }
-    return results;
+    return Object.assign(results, { device });
   } finally {
     await service.close();
     rmSync(dataDir, { recursive: true, force: true });
@@ -119,6 +134,7 @@ async function main(): Promise<void> {
   // Build the prompts with the model's own tokenizer (a cache-off engine just for counting).
   const { Engine } = await import('../src/engine/engine.js');
   const counter = await Engine.load({ model: modelDir, backend: 'cpu', kvCacheBytes: 16 << 20, onMessage: () => {} });
+  const modelInfo = { architecture: counter.info.architecture, hiddenSize: counter.info.hiddenSize, numLayers: counter.info.numLayers };
   const tokenize = (text: string) => counter.tokenizer.encode(text).length;
   const system = textOf(tokenize, prefixTokens, 7);
   const prompts = Array.from({ length: numRequests }, (_, i) => ({ system, user: textOf(tokenize, suffixTokens, 1000 + i) }));
@@ -131,6 +147,7 @@ async function main(): Promise<void> {
 
   process.stderr.write(`${numRequests} requests, shared prefix ${shared} tokens, prompts ~${a.length} tokens; cache on...\n`);
   const on = await runMode(modelDir, true, prompts, maxOutputTokens);
+  const device = on.device;
   process.stderr.write('cache off...\n');
   const off = await runMode(modelDir, false, prompts, maxOutputTokens);
   const sOn = summary(on, shared);
@@ -138,7 +155,8 @@ async function main(): Promise<void> {
   const speedup = sOff.meanTtftMs / sOn.meanTtftMs;
 
   const cpus = os.cpus();
-  console.log(`tiny model (4096 context), CPU backend; ${cpus[0]?.model} x${cpus.length}, node ${process.version}`);
+  const modelName = args.model ?? (args.preset === 'tiny' ? 'tiny model (4096 context)' : `${args.preset} (${args.dtype}, random weights)`);
+  console.log(`${modelName}, ${backend} backend on ${device}; ${cpus[0]?.model} x${cpus.length}, node ${process.version}`);
   console.log(`${numRequests} sequential requests: shared prefix ${shared} tokens + distinct ~${suffixTokens}-token suffixes, ${maxOutputTokens} output tokens\n`);
   console.log('| prefix cache | mean TTFT ms | p50 TTFT ms | first TTFT ms | prompt tokens computed | of total | cached_tokens reported |');
   console.log('|---|--:|--:|--:|--:|--:|--:|');
@@ -155,7 +173,7 @@ async function main(): Promise<void> {
     bench: 'prefix',
     date: new Date().toISOString(),
     machine: machineInfo(),
-    settings: { requests: numRequests, prefixTokens, suffixTokens, maxOutputTokens, sharedPrefixTokens: shared, model: modelDir, backend: 'cpu', sequential: true },
+    settings: { requests: numRequests, prefixTokens, suffixTokens, maxOutputTokens, sharedPrefixTokens: shared, model: modelDir, modelInfo, backend, device, sequential: true },
     cacheOn: sOn,
     cacheOff: sOff,
     perRequest: { on, off },
