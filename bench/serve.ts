@@ -1,12 +1,14 @@
 // Serving benchmark in the manner of vLLM's benchmark_serving: open-loop Poisson arrivals with a
-// mix of completion windows against a real server process, on the tiny model (CPU backend):
+// mix of completion windows against a real server process, on the tiny model (CPU backend; --backend
+// cuda and --preset llama-3.1-8b for a GPU):
 //   npm run bench:serve -- [--scenarios mixed,tiers] [--seed 1]
 //     mixed: [--rate 8,16] [--duration 30] [--mix asap=0.2,standard=0.5,flex=0.3]
 //            [--prompt-words 5-85] [--output-tokens 16-64]
 //     tiers: [--tier-rate 2] [--tier-duration 20] [--tier-prompt-words 8-16] [--tier-output-tokens 16]
 //            [--backlog 400] [--backlog-prompt-words 128] [--backlog-output-tokens 256] [--settle auto|SECONDS] [--settle-max 60]
 //     tenants: [--flood 1000] [--flood-prompt-words 8-16] [--flood-output-tokens 256] (and the tier stream's settings)
-//     engine: [--threads N] [--max-num-seqs 64] [--max-batched-tokens 512] [--kv-cache-mib 256]
+//     engine: [--backend cpu|cuda] [--threads N] [--max-num-seqs 64] [--max-batched-tokens 512] [--kv-cache-mib 256]
+//            (CUDA defaults: 256 sequences, 8192 tokens, the KV pool the engine sizes)
 //     [--poll-ms 40] [--drain-timeout 180] [--preset tiny] [--dtype bf16] [--model DIR] [--out bench/results/serve.json]
 //
 // Scenarios:
@@ -88,9 +90,11 @@ const { values: args } = parseArgs({
     'poll-ms': { type: 'string', default: '40' },
     'drain-timeout': { type: 'string', default: '180' },
     threads: { type: 'string' },
-    'max-num-seqs': { type: 'string', default: '64' },
-    'max-batched-tokens': { type: 'string', default: '512' },
-    'kv-cache-mib': { type: 'string', default: '256' },
+    // Defaults by backend: cpu 64 / 512 / 256 MiB; cuda 256 / 8192 / 0 (0: the engine sizes the KV pool).
+    'max-num-seqs': { type: 'string' },
+    'max-batched-tokens': { type: 'string' },
+    'kv-cache-mib': { type: 'string' },
+    backend: { type: 'string', default: 'cpu' },
     preset: { type: 'string', default: 'tiny' },
     dtype: { type: 'string', default: 'bf16' },
     model: { type: 'string' },
@@ -244,9 +248,9 @@ async function serveChild(): Promise<void> {
     catalog: singleModelCatalog(args.model!, args['model-id']!),
     dataDir: args['data-dir']!,
     engineDefaults: {
-      backend: 'cpu',
+      backend: args.backend === 'cuda' ? 'cuda' : 'cpu',
       ...(args.threads !== undefined && { threads: Number(args.threads) }),
-      kvCacheBytes: Number(args['kv-cache-mib']) * 1024 * 1024,
+      ...(Number(args['kv-cache-mib']) > 0 && { kvCacheBytes: Number(args['kv-cache-mib']) * 1024 * 1024 }),
       maxNumSeqs: Number(args['max-num-seqs']),
       maxBatchedTokens: Number(args['max-batched-tokens']),
     },
@@ -667,9 +671,14 @@ async function main(): Promise<void> {
   const settleMax = num('settle-max', 0);
   const pollMs = num('poll-ms', 1);
   const drainTimeout = num('drain-timeout', 1);
+  const backend = args.backend === 'cuda' ? 'cuda' : 'cpu';
+  const byBackend = backend === 'cuda' ? { seqs: '256', tokens: '8192', kv: '0' } : { seqs: '64', tokens: '512', kv: '256' };
+  args['max-num-seqs'] ??= byBackend.seqs;
+  args['max-batched-tokens'] ??= byBackend.tokens;
+  args['kv-cache-mib'] ??= byBackend.kv;
   const maxNumSeqs = num('max-num-seqs', 1);
   const maxBatchedTokens = num('max-batched-tokens', 1);
-  const kvCacheMiB = num('kv-cache-mib', 1);
+  const kvCacheMiB = num('kv-cache-mib', backend === 'cuda' ? 0 : 1);
 
   const modelDir = args.model ? resolve(args.model) : await ensureBenchModel(args.preset!, args.dtype as 'f32' | 'f16' | 'bf16');
   const modelId = args.model ? 'model' : args.preset!;
@@ -680,6 +689,7 @@ async function main(): Promise<void> {
   const proc = fork(fileURLToPath(import.meta.url), [
     '--serve-child', '--model', modelDir, '--model-id', modelId, '--data-dir', dataDir,
     '--max-num-seqs', String(maxNumSeqs), '--max-batched-tokens', String(maxBatchedTokens), '--kv-cache-mib', String(kvCacheMiB),
+    '--backend', backend,
     ...(args.threads !== undefined ? ['--threads', args.threads] : []),
   ], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const server = new ServeChild(proc);
@@ -876,8 +886,8 @@ async function main(): Promise<void> {
     const loadAfter = os.loadavg();
     const cpus = os.cpus();
 
-    console.log(`model ${modelId} (${info.architecture}, ${info.weightDtype}), backend cpu ${info.simd ?? ''} x${info.numThreads} threads; ` +
-      `max ${info.maxNumSeqs} seqs, ${info.maxBatchedTokens} tokens/step, KV ${kvCacheMiB} MiB (${info.numBlocks} blocks of ${info.blockSize}); ` +
+    console.log(`model ${modelId} (${info.architecture}, ${info.weightDtype}), backend ${backend} ${info.simd ?? ''} x${info.numThreads} threads; ` +
+      `max ${info.maxNumSeqs} seqs, ${info.maxBatchedTokens} tokens/step, KV ${((info.kvCacheBytes ?? 0) / 2 ** 20).toFixed(0)} MiB (${info.numBlocks} blocks of ${info.blockSize}); ` +
       `${cpus[0]?.model} x${cpus.length}, node ${process.version}; load average before ${loadBefore[0]!.toFixed(2)}, after ${loadAfter[0]!.toFixed(2)}`);
     if (mixed.length) {
       console.log(`mixed: Poisson at ${rates.join(', ')} req/s for ${duration} s each, mix ${WINDOWS.map((w) => `${w}=${mix[w].toFixed(2)}`).join(',')}, ` +
@@ -900,9 +910,9 @@ async function main(): Promise<void> {
       },
       model: { preset: args.model ? null : args.preset, dir: modelDir, id: modelId, ...ready.engineInfo },
       settings: {
-        scenarios: [...scenarios], seed, backend: 'cpu',
+        scenarios: [...scenarios], seed, backend,
         threads: args.threads === undefined ? 'serve default (all CPUs but one)' : Number(args.threads),
-        maxNumSeqs, maxBatchedTokens, kvCacheBytes: kvCacheMiB * 1024 * 1024, pollMs, drainTimeoutS: drainTimeout,
+        maxNumSeqs, maxBatchedTokens, kvCacheBytes: info.kvCacheBytes ?? kvCacheMiB * 1024 * 1024, pollMs, drainTimeoutS: drainTimeout,
         loadGenerator: 'open-loop Poisson arrivals (seeded) from the parent process with fetch; the server (openService) in a child process',
         metrics: 'TTFT = queue + prefill (server-timing, foreground); TPOT = decode / (output_tokens - 1); e2e client-measured; ' +
           'throughput = completed / (first send .. last completion); flex: background + polling, TTFT/TPOT null; percentiles nearest-rank',
