@@ -4,10 +4,9 @@
 import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
-import { SluiceError } from '../errors.js';
+import { isSluiceError, SluiceError } from '../errors.js';
 import { Batcher } from '../scheduler/batcher.js';
 import { SCHEDULING_WINDOWS, WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../scheduler/window-policy.js';
-import { isSluiceError } from '../errors.js';
 import { EngineObservers, type EngineObserver, type KvPoolCounts, type RequestReport } from './engine-events.js';
 import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
@@ -408,6 +407,19 @@ export class Engine {
     await this.batcher.dispose();
     await this.structured?.dispose();
     this.handle.dispose();
+  }
+
+  private reportRequest(window: SchedulingWindow, tenant: string, numPromptTokens: number, generation: Generation,
+    outcome: RequestReport['outcome'], finishReason: FinishReason | undefined): void {
+    const p = generation.progress();
+    const report: RequestReport = {
+      window, tenant, outcome, numPromptTokens, numGeneratedTokens: p.numGeneratedTokens, numCachedTokens: p.numCachedTokens,
+      decodeMs: p.decodeMs, e2eMs: p.elapsedMs,
+    };
+    if (outcome === 'finished' && finishReason !== undefined) report.finishReason = finishReason;
+    if (p.queuedMs !== undefined) report.queuedMs = p.queuedMs;
+    if (p.firstTokenMs !== undefined) report.firstTokenMs = p.firstTokenMs;
+    this.observers.requestEnd(report);
   }
 
   private async *run(req: GenerateRequest, onPrompt: (promptTokenIds: number[]) => void): AsyncGenerator<GenerateChunk> {

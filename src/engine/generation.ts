@@ -60,6 +60,18 @@ export interface GenerationOptions {
   cancelReason: () => unknown;
 }
 
+export interface GenerationProgress {
+  numGeneratedTokens: number;
+  numCachedTokens: number;
+  /** Submission -> first scheduled step; absent until then. */
+  queuedMs?: number;
+  /** Submission -> first token; absent until then. */
+  firstTokenMs?: number;
+  /** First token -> latest token. */
+  decodeMs: number;
+  elapsedMs: number;
+}
+
 /** Sink of one sequence. Chunks come out of `chunks`; the last one carries finishReason. */
 export class Generation implements SequenceSink {
   readonly chunks = new AsyncQueue<GenerateChunk>();
@@ -68,6 +80,7 @@ export class Generation implements SequenceSink {
   private readonly submittedAtMs = performance.now();
   private scheduledAtMs: number | undefined;
   private firstTokenAtMs: number | undefined;
+  private lastTokenAtMs: number | undefined;
   private numGeneratedTokens = 0;
   private numCachedTokens = 0;
   private ended = false;
@@ -93,6 +106,7 @@ export class Generation implements SequenceSink {
   onToken(token: SampledToken): boolean {
     const nowMs = performance.now();
     this.firstTokenAtMs ??= nowMs;
+    this.lastTokenAtMs = nowMs;
     this.numGeneratedTokens += 1;
     const update = this.stops.push(token.tokenId, this.detokenizer.push(token.tokenId));
     let text = update.text;
@@ -133,6 +147,20 @@ export class Generation implements SequenceSink {
         this.chunks.close(outcome.error);
         return;
     }
+  }
+
+  /** Where the generation got to so far (ms since its submission), for the engine's request reports. */
+  progress(): GenerationProgress {
+    const nowMs = performance.now();
+    const out: GenerationProgress = {
+      numGeneratedTokens: this.numGeneratedTokens,
+      numCachedTokens: this.numCachedTokens,
+      decodeMs: this.firstTokenAtMs === undefined ? 0 : this.lastTokenAtMs! - this.firstTokenAtMs,
+      elapsedMs: nowMs - this.submittedAtMs,
+    };
+    if (this.scheduledAtMs !== undefined) out.queuedMs = this.scheduledAtMs - this.submittedAtMs;
+    if (this.firstTokenAtMs !== undefined) out.firstTokenMs = this.firstTokenAtMs - this.submittedAtMs;
+    return out;
   }
 
   private tokenLogprob(token: SampledToken, numTop: number): TokenLogprob {

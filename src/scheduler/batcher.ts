@@ -54,6 +54,43 @@ export interface BatcherOptions {
   onBroken?: (reason: string) => void;
   /** Plan step N+1 while step N runs (default true); false: plan only after each step's result. */
   overlap?: boolean;
+  /**
+   * Told after each step's result is applied (metrics, the engine's periodic log line). Called on
+   * this thread between steps; it must be cheap, and what it throws is ignored.
+   */
+  onStep?: (report: StepReport) => void;
+}
+
+/** What one step did, as the step loop saw it. */
+export interface StepReport {
+  /**
+   * Milliseconds from when the engine could start the step (its submission, or the end of the step
+   * before it) to its result reaching this thread.
+   */
+  durationMs: number;
+  /** Rows the plan sent. */
+  numRows: number;
+  /** Tokens the engine computed: prompt chunks and decodes. */
+  numComputedTokens: number;
+  /** Of those, the tokens of rows that were prefilling (a prompt, or a recompute after a preemption). */
+  numPrefillTokens: number;
+  /** Tokens sampled. */
+  numSampledTokens: number;
+  /** [p] priority of each running sequence the step's plan preempted. */
+  preempted: readonly number[];
+  /** False when the step failed as a whole (its token counts are then 0). */
+  ok: boolean;
+}
+
+/** The KV pool as the last step result reported it (the engine's counts; never recounted here). */
+export interface KvPoolCounts {
+  numTotalBlocks: number;
+  /** Blocks an allocation can get: empty ones and evictable cached ones. */
+  numFreeBlocks: number;
+  /** Cached prefix blocks no sequence holds (counted in numFreeBlocks too). */
+  numEvictableBlocks: number;
+  /** Every block in the prefix cache, held or not. */
+  numCachedBlocks: number;
 }
 
 /** What the step loop has done so far. */
@@ -70,7 +107,8 @@ interface Submitted {
   /** When it was submitted (the engine starts it then, or when the step before it ends). */
   submittedAtMs: number;
   planned: PlannedStep;
-  settled: Promise<{ result: NativeStepResult } | { error: unknown }>;
+  /** atMs: when the outcome reached this thread. */
+  settled: Promise<({ result: NativeStepResult } | { error: unknown }) & { atMs: number }>;
   /** Its constrained rows, whose token masks it waits for (provideMasks). */
   constrained?: { seq: Sequence; seqId: number }[];
 }
@@ -91,6 +129,10 @@ export class Batcher {
   private readonly overlap: boolean;
   private readonly now: () => number;
   private readonly onBroken: ((reason: string) => void) | undefined;
+  private readonly onStep: ((report: StepReport) => void) | undefined;
+  /** When the last step's outcome arrived: the engine starts a step queued behind it then. */
+  private lastStepEndMs = -Infinity;
+  private pool: KvPoolCounts;
   private numArrivals = 0;
   private loop: Promise<void> | undefined;
   private disposed = false;
@@ -124,6 +166,8 @@ export class Batcher {
     this.numTotalBlocks = info.numBlocks;
     this.now = options.now ?? (() => performance.now());
     this.onBroken = options.onBroken;
+    this.onStep = options.onStep;
+    this.pool = { numTotalBlocks: this.numTotalBlocks, numFreeBlocks: this.numTotalBlocks, numEvictableBlocks: 0, numCachedBlocks: 0 };
     this.overlap = options.overlap ?? true;
     this.roster = new Roster(options.policy ?? new FcfsPolicy(), this.blockSize);
     this.planner = new Planner(this.roster, {
@@ -140,6 +184,20 @@ export class Batcher {
   }
   get stats(): LoopStats {
     return { numSteps: this.numSteps, loopMs: this.loopMs };
+  }
+
+  /** The KV pool after the last step that reported (all blocks free before the first). */
+  get kvPool(): KvPoolCounts {
+    return { ...this.pool };
+  }
+
+  /** Running and waiting sequences per priority ([priority] -> count; absent priorities are 0). */
+  countsByPriority(): { running: number[]; waiting: number[] } {
+    const running: number[] = [];
+    const waiting: number[] = [];
+    for (const seq of this.roster.running) running[seq.priority] = (running[seq.priority] ?? 0) + 1;
+    for (const seq of this.roster.waiting()) waiting[seq.priority] = (waiting[seq.priority] ?? 0) + 1;
+    return { running, waiting };
   }
 
   /** The most tokens one sequence can ever hold in the KV pool. */
@@ -292,10 +350,10 @@ export class Batcher {
     }
     let settled: Submitted['settled'];
     try {
-      settled = this.handle.step(planned.plan).then((result) => ({ result }), (error: unknown) => ({ error }));
+      settled = this.handle.step(planned.plan).then((result) => ({ result, atMs: this.now() }), (error: unknown) => ({ error, atMs: this.now() }));
       if (constrained.length > 0) this.masksOwed.add(serial);
     } catch (error) {
-      settled = Promise.resolve({ error });
+      settled = Promise.resolve({ error, atMs: this.now() });
     }
     return { serial, submittedAtMs: this.now(), planned, settled, ...(constrained.length > 0 && { constrained }) };
   }
@@ -336,13 +394,30 @@ export class Batcher {
       if (at >= 0) row.seq.inFlight.splice(at, 1);
     }
     this.inFlightNetBlocks -= step.planned.netBlocks;
+    const startMs = Math.max(step.submittedAtMs, this.lastStepEndMs);
+    this.lastStepEndMs = outcome.atMs;
+    const report: StepReport = {
+      durationMs: Math.max(0, outcome.atMs - startMs), numRows: step.planned.rows.length, numComputedTokens: 0,
+      numPrefillTokens: 0, numSampledTokens: 0, preempted: step.planned.preempted, ok: !('error' in outcome),
+    };
     if ('error' in outcome) {
       this.onStepError(step.planned, outcome.error);
-      return;
+    } else {
+      const { result } = outcome;
+      Object.assign(report, this.applyStep(step.planned, result, step.submittedAtMs));
+      report.numSampledTokens = result.seqIds.length;
+      this.pool = {
+        numTotalBlocks: this.numTotalBlocks, numFreeBlocks: result.numFreeBlocks,
+        numEvictableBlocks: result.numEvictableBlocks, numCachedBlocks: result.numCachedBlocks,
+      };
+      // The engine's count, less what the steps submitted since will take.
+      this.planner.freeBlocks = result.numFreeBlocks - this.inFlightNetBlocks;
     }
-    this.applyStep(step.planned, outcome.result, step.submittedAtMs);
-    // The engine's count, less what the steps submitted since will take.
-    this.planner.freeBlocks = outcome.result.numFreeBlocks - this.inFlightNetBlocks;
+    try {
+      this.onStep?.(report);
+    } catch {
+      // An observer's failure is not the step's.
+    }
   }
 
   /** Whether the plan's row or add i still belongs to `seq` (not ended, preempted or re-admitted since). */
@@ -350,8 +425,11 @@ export class Batcher {
     return seq.state === 'running' && seq.seqId === seqId;
   }
 
-  /** Applies a step's result: admissions, rows, then samples. */
-  private applyStep(planned: PlannedStep, result: NativeStepResult, submittedAtMs: number): void {
+  /** Applies a step's result: admissions, rows, then samples. Returns the tokens its rows computed. */
+  private applyStep(planned: PlannedStep, result: NativeStepResult, submittedAtMs: number):
+    { numComputedTokens: number; numPrefillTokens: number } {
+    let numComputedTokens = 0;
+    let numPrefillTokens = 0;
     const { plan } = planned;
     const errors = new Map<number, { code: string; message: string }>();
     for (const e of result.errors) if (!errors.has(e.seqId)) errors.set(e.seqId, e);
@@ -384,9 +462,12 @@ export class Batcher {
 
     planned.rows.forEach((row, i) => {
       const seq = row.seq;
-      if (!this.owns(seq, plan.seqIds[i]!)) return;
       const status = result.rowStatus[i];
+      if (status === ROW_RAN) numComputedTokens += result.rowComputed[i]!;
+      if (!this.owns(seq, plan.seqIds[i]!)) return;
       if (status === ROW_RAN) {
+        // More than the one sampled token left to compute: the row was prefilling.
+        if (seq.reportedPending > 1) numPrefillTokens += result.rowComputed[i]!;
         seq.reportedComputed += result.rowComputed[i]!;
         seq.reportedPending = result.rowPending[i]!;
         seq.reportedBlocks = result.rowBlocks[i]!;
@@ -420,6 +501,7 @@ export class Batcher {
       if (!this.callSink(seq, () => { stop = seq.request.sink.onToken(token); })) continue;
       if (stop || seq.numGeneratedTokens >= seq.request.maxTokens) this.roster.end(seq, { kind: 'finished' });
     }
+    return { numComputedTokens, numPrefillTokens };
   }
 
   private onStepError(planned: PlannedStep, err: unknown): void {

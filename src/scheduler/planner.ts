@@ -65,6 +65,8 @@ export interface PlannedStep {
   adds: Sequence[];
   /** Estimated blocks the step takes from the pool (new blocks minus freed ones). */
   netBlocks: number;
+  /** [p] priority of each running sequence this plan preempted (its KV freed, requeued). */
+  preempted: number[];
 }
 
 /** A step while it is being planned. */
@@ -89,6 +91,8 @@ interface StepDraft {
   lightPrefill: boolean;
   /** tenantKey -> tokens its heavy rows took this step. */
   heavyTokens: Map<string, number>;
+  /** Priorities of the sequences preempted while planning this step. */
+  preempted: number[];
 }
 
 export class Planner {
@@ -125,7 +129,7 @@ export class Planner {
       rows: new Map(), admitted: new Set(), numBudgetTokens: this.opts.maxBatchedTokens, numPlannedBlocks: 0,
       admissionBlocked: false, deferring: this.deferringNow(), urgentPrefill: false,
       numDeferredTokens: this.opts.deferral?.rowsPerStep ?? 0,
-      heavy: this.tenantShare.heavyThisStep(roster.running, roster.waiting()), lightPrefill: false, heavyTokens: new Map(),
+      heavy: this.tenantShare.heavyThisStep(roster.running, roster.waiting()), lightPrefill: false, heavyTokens: new Map(), preempted: [],
     };
     const isHeavy = (s: Sequence) => step.heavy.size > 0 && step.heavy.has(tenantKey(s));
     // Stable sort: with equal priorities this is admission order; a window's light tenants first.
@@ -172,7 +176,7 @@ export class Planner {
         keyed: seq.request.keyed ?? false, cacheScope: seq.request.tenant ?? '',
       }));
     }
-    return { plan, rows, adds, netBlocks };
+    return { plan, rows, adds, netBlocks, preempted: step.preempted };
   }
 
   /** Blocks a draft can still plan: the estimate, plus what its frees give back, minus what its rows take. */
@@ -357,7 +361,8 @@ export class Planner {
       step.numBudgetTokens += row.numTokens;
       step.numPlannedBlocks -= row.numNewBlocks;
     }
-    step.admitted.delete(victim);
+    // One admitted by this same plan never ran: taking its add back is no preemption.
+    if (!step.admitted.delete(victim)) step.preempted.push(victim.priority);
     this.roster.requeue(victim);
   }
 }
