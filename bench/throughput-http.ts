@@ -16,6 +16,8 @@ export interface HttpBase {
 export interface HttpRun {
   records: RequestRecord[];
   wallMs: number;
+  /** Batch: when each status (and 'all lines done') was first seen, ms after the create. */
+  statusAtMs?: Record<string, number>;
 }
 
 const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity });
@@ -103,9 +105,13 @@ export async function runBatch(base: HttpBase, bodies: ChatBody[], window: strin
   const created = await send(base, 'POST', '/batches', JSON.stringify({ input_file_id: inputFileId, endpoint: '/v1/chat/completions', completion_window: window }));
   if (created.status !== 200) throw new Error(`batch create failed: ${created.status} ${created.body.slice(0, 300)}`);
   const id = (JSON.parse(created.body) as { id: string }).id;
-  let batch: { status: string; output_file_id?: string | null; error_file_id?: string | null };
+  let batch: { status: string; output_file_id?: string | null; error_file_id?: string | null; request_counts?: { completed: number } };
+  // When each status was first seen, and when every line was first seen done (ms from the create).
+  const statusAtMs: Record<string, number> = {};
   for (;;) {
     batch = JSON.parse((await send(base, 'GET', `/batches/${id}`)).body) as typeof batch;
+    statusAtMs[batch.status] ??= performance.now() - t0;
+    if (batch.request_counts?.completed === bodies.length) statusAtMs['all lines done'] ??= performance.now() - t0;
     if (TERMINAL.has(batch.status)) break;
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -123,5 +129,5 @@ export async function runBatch(base: HttpBase, bodies: ChatBody[], window: strin
         : { ok: false, inputTokens: 0, outputTokens: 0, error: JSON.stringify(r.error ?? r.response).slice(0, 200) });
     }
   }
-  return { records, wallMs };
+  return { records, wallMs, statusAtMs };
 }

@@ -2,12 +2,13 @@
 // benchmark_throughput (offline: every request at once) and benchmark_serving (online: Poisson
 // arrivals), on a seeded ShareGPT-like workload (bench/sharegpt-workload.ts):
 //   npm run bench:throughput -- [--preset tiny] [--backend cpu|cuda] [--dtype bf16] [--model DIR]
-//     [--requests N] [--length-scale F] [--seed 1] [--rates auto|R1,R2,...] [--poisson-requests N]
+//     [--requests N] [--length-scale F] [--seed 1] [--rounds N] [--rates auto|R1,R2,...] [--poisson-requests N]
 //     [--phases engine,chat,batch,poisson] [--batch-window standard] [--threads N] [--max-num-seqs N]
 //     [--max-batched-tokens N] [--kv-cache-mib N] [--gpu-memory-utilization F] [--out FILE]
-// Defaults by backend: cuda 1,000 requests at ShareGPT's lengths (the issue's figure: --preset
-// llama-3.1-8b --backend cuda); cpu 400 requests at a quarter of them on the tiny preset (a 2-core
-// machine serves a few thousand of its tokens a second: about a minute for every phase).
+// Defaults by backend: cuda 1,000 requests at ShareGPT's lengths, one round (the issue's figure:
+// --preset llama-3.1-8b --backend cuda); cpu 400 requests at a quarter of them on the tiny preset,
+// three rounds (a 2-core machine serves a few thousand of its tokens a second, so a phase takes
+// about 6 s and a neighbour's load moves one by 10%; each offline phase reports its best round).
 //
 // Phases, in one run, on one server process and one engine (a GPU holds one engine):
 //   engine   every request handed to Engine.generate at once inside the server process, with the
@@ -55,6 +56,7 @@ const { values: args } = parseArgs({
     'length-scale': { type: 'string' },
     seed: { type: 'string', default: '1' },
     rates: { type: 'string', default: 'auto' },
+    rounds: { type: 'string' },
     'poisson-requests': { type: 'string' },
     phases: { type: 'string', default: 'engine,chat,batch,poisson' },
     'batch-window': { type: 'string', default: 'standard' },
@@ -92,6 +94,8 @@ export interface PhaseResult {
   ttftMs: Percentiles | null;
   tpotMs: Percentiles | null;
   e2eMs: Percentiles | null;
+  /** Batch: when each status was first seen (ms after the create). */
+  statusAtMs?: Record<string, number>;
 }
 
 export function summarize(phase: string, records: RequestRecord[], wallMs: number, rate?: number): PhaseResult {
@@ -144,6 +148,8 @@ async function main(): Promise<void> {
   const scale = Number(args['length-scale'] ?? (gpu ? 1 : 0.25));
   const seed = Number(args.seed);
   const phases = new Set(args.phases!.split(','));
+  const numRounds = Number(args.rounds ?? (gpu ? 1 : 3));
+  if (!Number.isInteger(numRounds) || numRounds < 1 || numRounds > 20) throw new Error('--rounds must be an integer in [1, 20]');
   if (!Number.isInteger(requests) || requests < 1 || requests > 100_000) throw new Error('--requests must be an integer in [1, 100000]');
   if (!(scale > 0 && scale <= 4)) throw new Error('--length-scale must be in (0, 4]');
 
@@ -176,26 +182,40 @@ async function main(): Promise<void> {
     let engineTokensPerS: number | undefined;
     const base = { baseUrl: `${ready.address}/v1`, key: ready.key };
 
-    if (phases.has('engine')) {
-      await prepare(workload);
-      process.stderr.write('engine: every request at once...\n');
-      child.send({ cmd: 'engine-run' });
-      const run = await child.next('engine-run');
-      const r = summarize('engine', run.records, run.wallMs);
-      results.push(r);
-      engineRate = r.requestsPerS;
-      engineTokensPerS = r.outputTokensPerS;
+    // The offline phases, in rounds (engine, chat, batch, engine, ...): each phase's best round is
+    // reported, as a shared machine's noise slows one run, not all of them; every round is kept.
+    const rounds: PhaseResult[][] = [];
+    for (let round = 0; round < numRounds; round++) {
+      const these: PhaseResult[] = [];
+      if (phases.has('engine')) {
+        await prepare(workload);
+        process.stderr.write(`round ${round + 1}/${numRounds}: engine, every request at once...\n`);
+        child.send({ cmd: 'engine-run' });
+        const run = await child.next('engine-run');
+        these.push(summarize('engine', run.records, run.wallMs));
+      }
+      if (phases.has('chat')) {
+        process.stderr.write(`round ${round + 1}/${numRounds}: chat, every request at once over HTTP...\n`);
+        const bodies = await prepare(workload);
+        const run: HttpRun = await runChat(base, bodies, bodies.map(() => 0));
+        these.push(summarize('chat', run.records, run.wallMs));
+      }
+      if (phases.has('batch')) {
+        process.stderr.write(`round ${round + 1}/${numRounds}: batch, one Batches API batch...\n`);
+        const run = await runBatch(base, await prepare(workload), args['batch-window']!);
+        these.push({ ...summarize('batch', run.records, run.wallMs), statusAtMs: run.statusAtMs });
+      }
+      rounds.push(these);
     }
-    if (phases.has('chat')) {
-      process.stderr.write('chat: every request at once over HTTP...\n');
-      const bodies = await prepare(workload);
-      const run: HttpRun = await runChat(base, bodies, bodies.map(() => 0));
-      results.push(summarize('chat', run.records, run.wallMs));
-    }
-    if (phases.has('batch')) {
-      process.stderr.write('batch: one Batches API batch...\n');
-      const run = await runBatch(base, await prepare(workload), args['batch-window']!);
-      results.push(summarize('batch', run.records, run.wallMs));
+    for (const phase of ['engine', 'chat', 'batch']) {
+      const runs = rounds.flatMap((r) => r.filter((x) => x.phase === phase));
+      if (runs.length === 0) continue;
+      const best = runs.reduce((a, b) => (b.failed <= a.failed && b.outputTokensPerS > a.outputTokensPerS ? b : a));
+      results.push(best);
+      if (phase === 'engine') {
+        engineRate = best.requestsPerS;
+        engineTokensPerS = best.outputTokensPerS;
+      }
     }
     if (phases.has('poisson')) {
       const rates = args.rates === 'auto'
@@ -233,6 +253,7 @@ async function main(): Promise<void> {
         promptTokensChecked: checked },
       targets: { httpOverEngineOutputTokensPerS: 0.95 },
       results,
+      rounds: rounds.map((r) => r.map((x) => ({ phase: x.phase, wallS: x.wallS, outputTokensPerS: x.outputTokensPerS, failed: x.failed }))),
     }, null, 2)}\n`);
     console.log(`\nwrote ${out}`);
   } finally {
