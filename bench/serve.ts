@@ -64,6 +64,7 @@ import { parseArgs } from 'node:util';
 import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { ServerChild } from './server-child.js';
+import { mulberry32 } from './sharegpt-workload.js';
 import { runTenantsScenario } from './serve-tenants.js';
 
 const { values: args } = parseArgs({
@@ -120,17 +121,8 @@ export function percentiles(values: number[]): { p50: number | null; p90: number
   return { p50: pct(0.5), p90: pct(0.9), p99: pct(0.99), mean: xs.length ? sum / xs.length : null };
 }
 
-/** mulberry32: a small seeded generator of uniform numbers in [0, 1). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A small seeded generator of uniform numbers in [0, 1) (mulberry32). */
+const rng = mulberry32;
 
 function parseRange(text: string, name: string): [number, number] {
   const m = /^(\d+)(?:-(\d+))?$/.exec(text.trim());
