@@ -1,0 +1,74 @@
+// Shared by the CUDA engine tests: loading an engine on a backend, generating through the test
+// driver, and comparing a continuation with a reference one within the CUDA tolerances.
+//
+// Tolerances: CUDA keeps activations between kernels in bf16 (f16 for f16 models), so its
+// logprobs differ from the f32 CPU path by up to 0.05 + 0.5% of their magnitude on these models
+// (and from another CUDA run that computed the same KV in other chunks by far less). Greedy tokens
+// must agree until the first step where the reference's two best logprobs are within 0.1 (a near
+// tie, which the test reports and after which the continuations may legitimately differ).
+#pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine_driver.h"
+#include "sluice/engine.h"
+#include "test_util.h"
+
+namespace sluice_cuda_test {
+
+constexpr float kLogprobTol = 0.05f;
+inline bool close_logprobs(float got, float want) { return std::fabs(got - want) <= kLogprobTol + 0.005f * std::fabs(want); }
+constexpr float kNearTie = 0.1f;
+
+inline std::string temp_dir(const std::string& name) {
+  return "/tmp/sluice-cuda-test-" + std::to_string(::getpid()) + "/" + name;
+}
+
+inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::string& backend, bool prefix_caching = true,
+                                            size_t kv_cache_bytes = size_t(64) << 20) {
+  sluice::EngineOptions o;
+  o.model_dir = dir;
+  o.backend = backend;
+  o.kv_cache_bytes = kv_cache_bytes;
+  o.block_size = 16;
+  o.num_threads = 2;
+  o.prefix_caching = prefix_caching;
+  return sluice::Engine::load(o);
+}
+
+using Step = sluice_test::SampledStep;
+
+inline std::vector<Step> generate(sluice::Engine& e, const std::vector<int32_t>& prompt, int n, int others, int chunk,
+                                  sluice::SamplingParams params = {0.f, 1.f, 0, 0, 2}) {
+  return sluice_test::run_sequence(e, prompt, n, others, chunk, params);
+}
+
+// Compares a CUDA continuation with the reference one; returns the number of steps that agree.
+// Stops at a divergence, which must sit at a near tie of the reference.
+inline int compare(const std::vector<Step>& ref, const std::vector<Step>& got, const std::string& what) {
+  int agree = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
+    const Step& a = ref[i];
+    const Step& b = got[i];
+    if (a.token != b.token) {
+      const float gap = a.top_logprobs.size() >= 2 ? a.top_logprobs[0] - a.top_logprobs[1] : 1.f;
+      const bool tie_with_choice = std::find(a.top_ids.begin(), a.top_ids.begin() + 2, b.token) != a.top_ids.begin() + 2;
+      std::printf("  %s: near tie at step %zu (reference gap %.3g): tokens agree before it\n", what.c_str(), i, gap);
+      CHECK(gap <= kNearTie && tie_with_choice);
+      return agree;
+    }
+    if (!close_logprobs(b.logprob, a.logprob))
+      std::printf("  %s: step %zu logprob %.5f vs reference %.5f\n", what.c_str(), i, b.logprob, a.logprob);
+    CHECK(close_logprobs(b.logprob, a.logprob));
+    agree++;
+  }
+  return agree;
+}
+
+}  // namespace sluice_cuda_test
