@@ -1,0 +1,133 @@
+// Charts for the engine's own benches: bench:engine (CPU), bench:engine --backend cuda, the CUDA
+// per-kernel timings, and the TypeScript path against the native loop.
+import { barChart, datum, lineChart, type Chart } from './chart-kit.js';
+import { arr, count, header, num, obj, optStr, str, type Json } from './chart-shape.js';
+
+function deviceOf(backend: string | null, simd: string | null): string | null {
+  if (backend === 'cuda') return simd;
+  if (simd === null) return backend === null ? null : backend.toUpperCase();
+  return `${(backend ?? 'cpu').toUpperCase()} ${simd}`;
+}
+
+/** bench/results/engine-*.json: prefill and decode tokens/s by batch and matmul precision. */
+export function engineCharts(r: Json, file: string): Chart[] {
+  const model = obj(r.model, 'model');
+  const settings = obj(r.settings, 'settings');
+  const rows = arr(r.rows, 'rows').map((row, i) => {
+    const o = obj(row, `rows[${i}]`);
+    return {
+      precision: str(o.precision, `rows[${i}].precision`),
+      batch: num(o.batch, `rows[${i}].batch`),
+      prefill: num(o.prefillTokensPerS, `rows[${i}].prefillTokensPerS`),
+      decode: num(o.decodeTokensPerS, `rows[${i}].decodeTokensPerS`),
+    };
+  });
+  const promptTokens = num(settings.promptTokens, 'settings.promptTokens');
+  const h = header('engine', r, file, deviceOf(optStr(model.backend), optStr(model.simd)), [
+    `${optStr(model.preset) ?? optStr(model.architecture) ?? 'model'} · ${optStr(model.weightDtype) ?? '?'} weights · ` +
+      `${promptTokens}-token prompts · ${count(settings.threads, 'thread')}`,
+  ]);
+  const common = { header: h, categoryTitle: 'batch (sequences)', seriesTitle: 'matmul precision' } as const;
+  return [
+    barChart({
+      ...common, name: 'decode', what: 'decode tokens/s by batch and precision',
+      data: rows.map((x) => datum(x.batch, x.precision, x.decode)), valueTitle: 'decode tokens/s (all sequences)',
+    }),
+    barChart({
+      ...common, name: 'prefill', what: `prefill tokens/s by batch and precision`,
+      data: rows.map((x) => datum(x.batch, x.precision, x.prefill)), valueTitle: `prefill tokens/s (${promptTokens}-token prompts)`,
+    }),
+  ];
+}
+
+interface ThroughputRow { batch: number; prefill: number; decode: number }
+
+/** bench/results/engine-cuda-*.json: sluice and its peer (transformers) per model, by batch. */
+export function engineCudaCharts(r: Json, file: string): Chart[] {
+  const models = arr(r.models, 'models').map((m, i) => {
+    const o = obj(m, `models[${i}]`);
+    const info = obj(o.info, `models[${i}].info`);
+    const rows: ThroughputRow[] = arr(o.rows, `models[${i}].rows`).map((row, j) => {
+      const x = obj(row, `models[${i}].rows[${j}]`);
+      return { batch: num(x.batch, `models[${i}].rows[${j}].batch`), prefill: num(x.prefillTokensPerS, `models[${i}].rows[${j}].prefillTokensPerS`), decode: num(x.decodeTokensPerS, `models[${i}].rows[${j}].decodeTokensPerS`) };
+    });
+    let peer: { name: string; rows: ThroughputRow[] } | null = null;
+    if (o.peer !== null && typeof o.peer === 'object') {
+      const p = obj(o.peer, `models[${i}].peer`);
+      peer = {
+        name: optStr(p.peer) ?? 'peer',
+        rows: arr(p.rows, `models[${i}].peer.rows`).map((row, j) => {
+          const x = obj(row, `models[${i}].peer.rows[${j}]`);
+          const at = `models[${i}].peer.rows[${j}]`;
+          return { batch: num(x.batch, `${at}.batch`), prefill: num(x.prefill_tokens_per_s, `${at}.prefill_tokens_per_s`), decode: num(x.decode_tokens_per_s, `${at}.decode_tokens_per_s`) };
+        }),
+      };
+    }
+    return { name: optStr(o.preset) ?? optStr(info.architecture) ?? `model ${i}`, device: optStr(info.simd), rows, peer };
+  });
+  const settings = obj(r.settings, 'settings');
+  const h = header('engine-cuda', r, file, models[0]?.device ?? null, [
+    `${models.map((m) => m.name).join(', ')} · bf16 weights · ${settings.promptTokens ?? '?'}-token prompts, ${settings.decodeSteps ?? '?'} decode steps`,
+  ]);
+  const series = (pick: (x: ThroughputRow) => number) => models.flatMap((m) => [
+    ...m.rows.map((x) => datum(x.batch, `${m.name} · sluice`, pick(x))),
+    ...(m.peer?.rows ?? []).map((x) => datum(x.batch, `${m.name} · ${m.peer!.name}`, pick(x))),
+  ]);
+  // Bars, not lines: the peer's lines for two models nearly coincide, and their labels would too.
+  const common = { header: h, categoryTitle: 'batch (sequences)', seriesTitle: 'model · engine', log: true } as const;
+  return [
+    barChart({ ...common, name: 'decode', what: 'decode tokens/s by batch', data: series((x) => x.decode), valueTitle: 'decode tokens/s (log scale)' }),
+    barChart({ ...common, name: 'prefill', what: 'prefill tokens/s by batch', data: series((x) => x.prefill), valueTitle: 'prefill tokens/s (log scale)' }),
+  ];
+}
+
+/** bench/results/cuda-kernels-*.json: one CUDA kernel per row at T tokens (native bench). */
+export function cudaKernelCharts(r: Json, file: string): Chart[] {
+  const rows = arr(r.rows, 'rows').map((row, i) => {
+    const o = obj(row, `rows[${i}]`);
+    return { op: str(o.op, `rows[${i}].op`), tokens: num(o.T, `rows[${i}].T`), us: num(o.us, `rows[${i}].us`), bytes: num(o.bytes, `rows[${i}].bytes`), flops: num(o.flops, `rows[${i}].flops`) };
+  });
+  // NOTE: this bench records no machine or device; the file name is the only trace of where it ran.
+  const h = header('cuda-kernels', r, file, optStr(r.device), [`model shape ${str(r.shape, 'shape')} · one kernel per launch, timed on the device`]);
+  // The production GEMMs; "(L2-hot)" and "gemv rows N unroll M" rows are tuning sweeps of the same ops.
+  const gemm = rows.filter((x) => x.op.startsWith('gemm ') && !x.op.includes('(L2-hot)') && !x.op.includes(' gemv '));
+  const attention = rows.filter((x) => x.op.startsWith('attention'));
+  const sampling = rows.filter((x) => x.op.startsWith('sample'));
+  const lines = { header: h, xTitle: 'tokens in the launch (T)', seriesTitle: 'kernel', xType: 'ordinal', labels: false } as const;
+  const bars = { header: h, categoryTitle: 'tokens in the launch (T)', seriesTitle: 'kernel' } as const;
+  return [
+    lineChart({
+      ...lines, name: 'gemm-bandwidth', what: 'GEMM memory bandwidth by tokens',
+      data: gemm.map((x) => datum(x.tokens, x.op, x.bytes / x.us / 1e6)), valueTitle: 'bytes moved / time (TB/s)',
+    }),
+    lineChart({
+      ...lines, name: 'gemm-compute', what: 'GEMM compute by tokens',
+      data: gemm.map((x) => datum(x.tokens, x.op, x.flops / x.us / 1e6)), valueTitle: 'TFLOP/s',
+    }),
+    barChart({ ...bars, name: 'attention', what: 'decode attention time by tokens and splits', data: attention.map((x) => datum(x.tokens, x.op, x.us)), valueTitle: 'time per launch (µs)' }),
+    barChart({ ...bars, name: 'sampling', what: 'sampling time by tokens', data: sampling.map((x) => datum(x.tokens, x.op, x.us)), valueTitle: 'time per launch (µs)' }),
+  ].filter((c) => c.data.length > 0);
+}
+
+/** bench/results/engine-ts-path*.json: decode tokens/s of the native loop and the TypeScript path. */
+export function engineTsPathCharts(r: Json, file: string): Chart[] {
+  const model = obj(r.model, 'model');
+  const settings = obj(r.settings, 'settings');
+  const data = arr(r.rows, 'rows').flatMap((row, i) => {
+    const o = obj(row, `rows[${i}]`);
+    const batch = num(o.batch, `rows[${i}].batch`);
+    return [
+      datum(batch, 'native loop (sluice_bench)', num(obj(o.native, `rows[${i}].native`).decodeTokensPerS, `rows[${i}].native.decodeTokensPerS`)),
+      datum(batch, 'TypeScript path (Engine.stream)', num(obj(o.ts, `rows[${i}].ts`).decodeTokensPerS, `rows[${i}].ts.decodeTokensPerS`)),
+    ];
+  });
+  const threads = count(model.numThreads, 'compute thread');
+  const h = header('engine-ts-path', r, file, deviceOf(optStr(settings.backend), optStr(model.simd)), [
+    [optStr(model.preset) ?? 'model', optStr(settings.precision) ?? '', threads, `best of ${settings.rounds ?? '?'} rounds`,
+      `${settings.promptTokens ?? '?'}-token prompts, ${settings.decodeSteps ?? '?'} decode steps`].filter((s) => s).join(' · '),
+  ]);
+  return [barChart({
+    name: 'decode', what: 'decode tokens/s, native loop vs TypeScript path', header: h, data,
+    categoryTitle: 'batch (concurrent sequences)', valueTitle: 'decode tokens/s (all sequences)', seriesTitle: 'path',
+  })];
+}
