@@ -13,6 +13,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureDeviceBandwidth } from '../src/engine/native.js';
 import { ADD_ADMITTED, ROW_RAN, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
@@ -258,6 +259,7 @@ export async function main(): Promise<void> {
   };
   mkdirSync(dirname(resolve(String(args.out))), { recursive: true });
   writeFileSync(resolve(String(args.out)), JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(String(args.out)));
   console.log(`\nwrote ${args.out}`);
 }
 

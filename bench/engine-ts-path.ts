@@ -27,6 +27,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
 import { Engine, type SchedulerStats } from '../src/engine/engine.js';
@@ -263,6 +264,7 @@ export async function main(): Promise<void> {
   };
   mkdirSync(dirname(resolve(String(args.out))), { recursive: true });
   writeFileSync(resolve(String(args.out)), JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(String(args.out)));
   console.log(`wrote ${args.out}`);
 }
 

@@ -16,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 import { machineInfo } from './machine.js';
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
 import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
@@ -210,6 +211,7 @@ async function main(): Promise<void> {
   for (const r of result.rows) delete (r as Partial<WorkerResult>).info;
   mkdirSync(dirname(resolve(args.out!)), { recursive: true });
   writeFileSync(resolve(args.out!), JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(args.out!));
   console.log(`\nwrote ${args.out}`);
 }
 

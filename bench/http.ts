@@ -46,6 +46,7 @@ import { parseArgs } from 'node:util';
 import type autocannonType from 'autocannon';
 
 import { machineInfo } from './machine.js';
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { ServerChild } from './server-child.js';
 
@@ -391,6 +392,7 @@ async function main(): Promise<void> {
     };
     mkdirSync(dirname(resolve(args.out!)), { recursive: true });
     writeFileSync(resolve(args.out!), JSON.stringify(result, null, 2) + '\n');
+    await chartsBesideResult(resolve(args.out!));
     console.log(`\nwrote ${args.out}`);
   } finally {
     if (proc.exitCode === null && proc.signalCode === null) proc.kill();

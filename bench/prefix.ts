@@ -23,6 +23,7 @@ import { parseArgs } from 'node:util';
 import { makeModel } from '../models/make-model.js';
 import { modelCacheDir } from '../src/engine/paths.js';
 import { openService } from '../src/service.js';
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
 
@@ -182,6 +183,7 @@ async function main(): Promise<void> {
       cachedFractionFromSecond: { target: '>= 0.9', value: frac, met: frac >= 0.9 },
     },
   }, null, 2) + '\n');
+  await chartsBesideResult(out);
   console.log(`\nwrote ${args.out}`);
 }
 

@@ -62,6 +62,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 import { machineInfo } from './machine.js';
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { ServerChild } from './server-child.js';
 import { mulberry32 } from './sharegpt-workload.js';
@@ -918,6 +919,7 @@ async function main(): Promise<void> {
     };
     mkdirSync(dirname(resolve(args.out!)), { recursive: true });
     writeFileSync(resolve(args.out!), JSON.stringify(result, null, 2) + '\n');
+    await chartsBesideResult(resolve(args.out!));
     console.log(`\nwrote ${args.out} (${((performance.now() - startedAt) / 1000).toFixed(0)} s)`);
   } finally {
     if (proc.exitCode === null && proc.signalCode === null) proc.kill();

@@ -34,6 +34,7 @@ import { Engine } from '../src/engine/engine.js';
 import { modelCacheDir } from '../src/engine/paths.js';
 import { SluiceTokenizer } from '../src/engine/tokenizer.js';
 import { StructuredOutputs, type ResponseFormat } from '../src/structured/structured-outputs.js';
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
 import { echoRoundTrip, masksAlone, masksBatched, masksInThread, MAX_WALK, stats, tokenClasses, type Stats } from './structured-masks.js';
@@ -197,6 +198,7 @@ async function main(): Promise<void> {
     masks: { alone, batched: { rows: ROWS, ...batched }, inThread, echo },
     decode: { schema: { type: 'array', items: { type: 'string' }, minItems: MIN_ITEMS }, runs: decode },
   }, null, 2)}\n`);
+  await chartsBesideResult(out);
   console.log(`\nwrote ${out}`);
 }
 

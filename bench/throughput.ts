@@ -39,6 +39,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
 import { ServerChild } from './server-child.js';
@@ -255,6 +256,7 @@ async function main(): Promise<void> {
       results,
       rounds: rounds.map((r) => r.map((x) => ({ phase: x.phase, wallS: x.wallS, outputTokensPerS: x.outputTokensPerS, failed: x.failed }))),
     }, null, 2)}\n`);
+    await chartsBesideResult(out);
     console.log(`\nwrote ${out}`);
   } finally {
     try {
