@@ -5,7 +5,7 @@
 import { mkdirSync } from 'node:fs';
 import os from 'node:os';
 import { join, resolve } from 'node:path';
-import type { FastifyInstance, FastifyServerOptions } from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance, FastifyServerOptions } from 'fastify';
 import { createServer } from './api/app.js';
 import type { WindowDeadlines } from './api/background-responses.js';
 import type { Catalog } from './config/catalog.js';
@@ -19,7 +19,9 @@ import type { Store } from './store/store.js';
 import { DataDirLock } from './store/data-dir-lock.js';
 import { loadOrCreatePrefixHashKey } from './store/deployment-key.js';
 import { TenantLimiter, type OrgLimits } from './serving/tenant-limits.js';
-import type { TransportLimits } from './api/transport.js';
+import { DEFAULT_TRANSPORT_LIMITS, type TransportLimits } from './api/transport.js';
+import { ServiceMetrics, type ServiceMetricsOptions } from './metrics/service-metrics.js';
+import { logServiceStart } from './metrics/startup-log.js';
 
 export const DEFAULT_ORGANIZATION = 'default';
 
@@ -31,7 +33,14 @@ export interface OpenServiceOptions {
    */
   dataDir: string;
   engineDefaults?: Omit<EngineLoadOptions, 'model'>;
+  /** fastify's logger option (pino settings); default off. */
   logger?: FastifyServerOptions['logger'];
+  /** A pino logger instead (`sluice serve`'s one JSON stream); wins over `logger`. */
+  loggerInstance?: FastifyBaseLogger;
+  /** GET /metrics: public or behind an admin key (default), organization label cap, process metrics. */
+  metrics?: ServiceMetricsOptions;
+  /** Milliseconds between the engine lines logged while an engine is busy; 0: none. Default 10,000. */
+  engineLogIntervalMs?: number;
   onProgress?: (message: string) => void;
   /** Seconds a background response may stay in_progress, per completion window. */
   deadlines?: Partial<WindowDeadlines>;
@@ -57,6 +66,8 @@ export interface Service {
   firstKey: CreatedKey | undefined;
   /** Runs the batches; started here, stopped by close() (unfinished batches resume at the next open). */
   batches: BatchRunner;
+  /** The Prometheus registry GET /metrics serves. */
+  metrics: ServiceMetrics;
   /** Stops the app, frees the models, closes the store, releases the data directory. Safe to call twice. */
   close(): Promise<void>;
 }
@@ -100,20 +111,28 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     let app: FastifyInstance | undefined;
     // One limiter for the API's requests and the batch lines: an organization's limits are its own.
     const limits = new TenantLimiter(opts.catalog.limits, opts.orgLimits);
+    const metrics = new ServiceMetrics(opts.metrics);
     const batches = new BatchRunner({
       store, registry, dataDir, limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }),
-      log: { error: (obj, msg) => app?.log.error(obj, msg) },
+      log: { error: (obj, msg) => app?.log.error(obj, msg), info: (obj, msg) => app?.log.info(obj, msg) },
+      onLineDone: (outcome) => metrics.batchLineDone(outcome),
     });
     app = await createServer({
-      store, registry, dataDir, logger: opts.logger, ...(opts.deadlines && { deadlines: opts.deadlines }),
+      store, registry, dataDir, logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
+      metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
+      ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,
+    });
+    const described = limits.describe();
+    logServiceStart(app.log, registry, {
+      org: described.defaults, numOrgOverrides: described.numOverrides, transport: { ...DEFAULT_TRANSPORT_LIMITS, ...opts.transport },
     });
     await batches.start();
     let closed = false;
     const loaded = registry;
     const started = app;
     return {
-      app, store, registry, dataDir, firstKey, batches,
+      app, store, registry, dataDir, firstKey, batches, metrics,
       async close() {
         if (closed) return;
         closed = true;

@@ -8,7 +8,7 @@
 // transport.ts).
 
 import Fastify, {
-  LogController, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyServerOptions,
+  LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyServerOptions,
 } from 'fastify';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
@@ -20,13 +20,29 @@ import { BodyGuard, DEFAULT_TRANSPORT_LIMITS, makeClientErrorHandler, SocketResp
 import type { WebhookSettings } from '../webhooks/dispatcher.js';
 import type { BatchRunner } from '../batches/runner.js';
 import type { TenantLimiter } from '../serving/tenant-limits.js';
+import { ServiceMetrics } from '../metrics/service-metrics.js';
+import { DEFAULT_ENGINE_LOG_INTERVAL_MS, EngineStatsLog } from '../metrics/engine-log.js';
+import { registerMetricsRoute } from './metrics-route.js';
+import { recordRequests, requestIdFor } from './request-log.js';
 
 export interface CreateServerOptions {
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
-  /** fastify's logger option (pino). Default: off. */
+  /** fastify's logger option (pino settings). Default: off. */
   logger?: FastifyServerOptions['logger'];
+  /** A pino logger to write to instead (`sluice serve` passes its one JSON stream); wins over `logger`. */
+  loggerInstance?: FastifyBaseLogger;
+  /**
+   * The Prometheus metrics GET /metrics serves (one registry per service). Default: a registry of
+   * this server's own, behind an admin key.
+   */
+  metrics?: ServiceMetrics;
+  /**
+   * Milliseconds between the engine lines logged while an engine is busy (metrics/engine-log.ts);
+   * 0: none. Default 10,000; 0 or 10..3,600,000.
+   */
+  engineLogIntervalMs?: number;
   /** Seconds a background response may stay in_progress, per completion window. */
   deadlines?: Partial<WindowDeadlines>;
   /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
@@ -63,11 +79,13 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   const limits: TransportLimits = { ...DEFAULT_TRANSPORT_LIMITS, ...opts.transport };
   const responses = new SocketResponses();
   const app = Fastify({
-    logger: opts.logger ?? false,
+    ...(opts.loggerInstance ? { loggerInstance: opts.loggerInstance } : { logger: opts.logger ?? false }),
+    // A client's x-request-id when it is safe to keep (request-log.ts), else a new UUID.
+    genReqId: requestIdFor,
     bodyLimit: JSON_BODY_LIMIT,
     routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
-    // No line per request: errors and lifecycle only (request logs cost throughput on small hosts).
-    logController: new LogController({ disableRequestLogging: true }),
+    // Not fastify's two lines per request: one access line (request-log.ts) says it all.
+    logController: new LogController({ disableRequestLogging: true, requestIdLogLabel: 'request_id' }),
     // Requests that arrive while closing get the envelope from the onRequest hook below instead.
     return503OnClosing: false,
     // Node's requestTimeout times only the receipt of a request (checked: a reply that takes
@@ -77,16 +95,26 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     // A missing Host header gets the envelope from the onRequest hook below, not Node's empty 400.
     http: { requireHostHeader: false },
     clientErrorHandler: makeClientErrorHandler(responses),
-    frameworkErrors: (err, _request, reply) => replyFrameworkError(err, reply as unknown as FastifyReply),
+    frameworkErrors: (err, request, reply) => replyFrameworkError(err, reply.header('x-request-id', request.id) as unknown as FastifyReply),
   });
   if (limits.maxConnections > 0) app.server.maxConnections = limits.maxConnections;
   // Expect other than 100-continue: Node would answer 417 with no body.
-  app.server.on('checkExpectation', (_req, res) => {
+  app.server.on('checkExpectation', (req, res) => {
     const body = JSON.stringify(envelope('invalid_request_error', 'only "Expect: 100-continue" is supported', null, 'expectation_failed'));
-    res.writeHead(417, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), connection: 'close' });
+    res.writeHead(417, {
+      'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), connection: 'close',
+      'x-request-id': requestIdFor(req),
+    });
     res.end(body);
   });
   const bodyGuard = new BodyGuard(limits);
+  const metrics = opts.metrics ?? new ServiceMetrics();
+  // First of the root hooks: even a request refused by the next one gets its id back.
+  recordRequests(app, metrics);
+  app.addHook('onClose', metrics.watchModels(opts.registry) as () => void);
+  const engineLog = new EngineStatsLog(app.log);
+  engineLog.start(opts.registry, opts.engineLogIntervalMs ?? DEFAULT_ENGINE_LOG_INTERVAL_MS);
+  app.addHook('onClose', async () => engineLog.stop());
 
   let closing = false;
   // preClose runs before the listener stops: from then on every response ends its connection, so a
@@ -103,7 +131,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
       throw new ApiError(400, 'invalid_request_error', 'an HTTP/1.1 request needs a Host header', null, 'missing_host_header');
     }
-    bodyGuard.watch(request.raw, reply.raw);
+    bodyGuard.watch(request.raw, reply.raw, request.id);
   });
   // Outside /v1 too, JSON bodies are parsed with the same limits (and errors) as inside.
   app.removeContentTypeParser('application/json');
@@ -118,6 +146,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     }
     return { status: 'ready' };
   });
+  registerMetricsRoute(app, opts.store, metrics);
 
   // Outside /v1 (unknown paths, errors of /health) the same envelope applies.
   app.setErrorHandler((err, request, reply) => {
@@ -134,8 +163,8 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   await app.register(sluiceApi, {
     prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
     ...(opts.deadlines && { deadlines: opts.deadlines }),
-    ...(opts.webhooks && { webhooks: opts.webhooks }),
-    ...(opts.batches && { batches: opts.batches }),
+    webhooks: { ...opts.webhooks, onAttempt: (outcome) => metrics.webhookAttempt(outcome) },
+    ...(opts.batches ? { batches: opts.batches } : { onBatchLineDone: (outcome) => metrics.batchLineDone(outcome) }),
     ...(opts.limits && { limits: opts.limits }),
   });
   return app;

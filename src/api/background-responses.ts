@@ -97,8 +97,9 @@ export class BackgroundResponses {
     return this.opts.store.getResponse(orgId, id);
   }
 
-  /** At start: fails jobs past their deadline with timeout and runs the rest again. */
+  /** At start: fails jobs past their deadline with timeout and runs the rest again, and logs what it did. */
   async recover(): Promise<void> {
+    const counts = { resumed: 0, timed_out: 0, failed: 0 };
     for (const job of await this.opts.store.listBackgroundJobs()) {
       const stored = await this.opts.store.getResponse(job.orgId, job.responseId);
       if (!stored || stored.status !== 'in_progress') {
@@ -108,6 +109,7 @@ export class BackgroundResponses {
       const metadata = (job.request as { metadata?: unknown }).metadata;
       if (nowSeconds() >= job.deadlineAt) {
         await this.finish(job.orgId, metadata, failedResponse(stored, 'timeout', timeoutMessage(stored)));
+        counts.timed_out++;
         continue;
       }
       let prepared: PreparedGeneration;
@@ -116,9 +118,15 @@ export class BackgroundResponses {
       } catch (err) {
         const code = isSluiceError(err) ? err.code : 'server_error';
         await this.finish(job.orgId, metadata, failedResponse(stored, code, `the request could not be resumed after a restart: ${(err as Error).message}`));
+        counts.failed++;
         continue;
       }
       this.launch(job.orgId, stored, prepared, job.deadlineAt);
+      counts.resumed++;
+    }
+    if (counts.resumed + counts.timed_out + counts.failed > 0) {
+      this.opts.log.info(counts, `background responses left by the previous process: ${counts.resumed} resumed, `
+        + `${counts.timed_out} past their deadline (failed: timeout), ${counts.failed} no longer valid (failed)`);
     }
   }
 

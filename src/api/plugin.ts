@@ -29,6 +29,7 @@ import { WebhookDispatcher, type WebhookSettings } from '../webhooks/dispatcher.
 import { BatchRunner } from '../batches/runner.js';
 import { Billing } from '../billing/ledger.js';
 import { registerUsageRoutes } from './routes/usage.js';
+import { echoRequestId } from './request-log.js';
 
 export const API_VERSION = '2026-08-14';
 
@@ -50,6 +51,8 @@ export interface SluiceApiOptions {
    * its own with default deadlines, resumed when the app is ready and stopped when it closes.
    */
   batches?: BatchRunner;
+  /** Told when a line of the plugin's own batch runner is done (the service's metrics); not used with `batches`. */
+  onBatchLineDone?: (outcome: 'completed' | 'failed') => void;
 }
 
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
@@ -59,7 +62,10 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
   // is ready and stops (leaving the unfinished ones pending) when the app closes.
   const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
-  app.addHook('onReady', async () => webhooks.start());
+  app.addHook('onReady', async () => {
+    webhooks.start();
+    await webhooks.logPending().catch((err: unknown) => app.log.error({ err }, 'completion webhooks: could not count pending deliveries'));
+  });
   app.addHook('onClose', async () => webhooks.close());
   const billing = new Billing(opts.registry);
   const background = new BackgroundResponses({
@@ -67,7 +73,10 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   });
   let batches = opts.batches;
   if (!batches) {
-    const owned = new BatchRunner({ store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log });
+    const owned = new BatchRunner({
+      store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log,
+      ...(opts.onBatchLineDone && { onLineDone: opts.onBatchLineDone }),
+    });
     app.addHook('onReady', async () => owned.start());
     app.addHook('onClose', async () => owned.stop());
     batches = owned;
@@ -111,8 +120,11 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   });
 
   const authenticate = makeAuthHook(opts.store);
-  app.addHook('onRequest', async (request) => {
+  app.addHook('onRequest', async (request, reply) => {
     const path = request.routeOptions.url?.slice(app.prefix.length);
+    // Before the key check, so that a refusal carries them too. Anthropic's clients read request-id.
+    echoRequestId(request, reply);
+    if (path === '/messages') reply.header('request-id', request.id);
     if (path !== undefined && PUBLIC_ROUTES.has(path)) return;
     await authenticate(request);
   });

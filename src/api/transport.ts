@@ -13,6 +13,7 @@
 // The body guard reads progress from `socket.bytesRead`, polled on one shared timer; it never
 // listens to the request's data (that would take chunks from the body parser).
 
+import { randomUUID } from 'node:crypto';
 import { Socket } from 'node:net';
 import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
 import { envelope, typeForStatus, type ErrorEnvelope } from './errors.js';
@@ -47,9 +48,10 @@ const LINGER_MS = 1000;
 /**
  * Writes a complete HTTP/1.1 error reply on a socket and closes it: the reply is flushed, the
  * socket ended, and destroyed soon after if the client keeps it open. For replies outside a
- * ServerResponse (clientError) or instead of one whose headers were not sent.
+ * ServerResponse (clientError) or instead of one whose headers were not sent. `requestId`: the
+ * request's id (x-request-id); a new one where no request was parsed.
  */
-export function writeRawError(socket: Socket, statusCode: number, body: ErrorEnvelope): void {
+export function writeRawError(socket: Socket, statusCode: number, body: ErrorEnvelope, requestId: string = randomUUID()): void {
   if (socket.destroyed || !socket.writable) {
     socket.destroy();
     return;
@@ -58,6 +60,7 @@ export function writeRawError(socket: Socket, statusCode: number, body: ErrorEnv
   socket.end(`HTTP/1.1 ${statusCode} ${STATUS_CODES[statusCode] ?? 'Error'}\r\n`
     + 'Content-Type: application/json; charset=utf-8\r\n'
     + `Content-Length: ${Buffer.byteLength(json)}\r\n`
+    + `X-Request-Id: ${requestId}\r\n`
     + 'Connection: close\r\n\r\n'
     + json);
   setTimeout(() => socket.destroy(), LINGER_MS).unref();
@@ -108,6 +111,7 @@ export function makeClientErrorHandler(responses: SocketResponses) {
 
 interface Watched {
   res: ServerResponse;
+  requestId: string | undefined;
   startMs: number;
   startBytes: number;
 }
@@ -131,12 +135,15 @@ export class BodyGuard {
     this.checkMs = Math.min(1000, Math.max(20, (shortest * 1000) / 4));
   }
 
-  /** Starts watching a request whose body is still to come (a no-op for bodiless or injected requests). */
-  watch(req: IncomingMessage, res: ServerResponse): void {
+  /**
+   * Starts watching a request whose body is still to come (a no-op for bodiless or injected
+   * requests). `requestId` goes on the 408 if it is cut.
+   */
+  watch(req: IncomingMessage, res: ServerResponse, requestId?: string): void {
     if (this.limits.bodyTimeoutSeconds <= 0 && this.limits.minBodyBytesPerSecond <= 0) return;
     // light-my-request (app.inject) has no real socket and no bytes on the wire to count.
     if (!(req.socket instanceof Socket) || req.complete || !hasBody(req)) return;
-    this.watched.set(req, { res, startMs: Date.now(), startBytes: req.socket.bytesRead });
+    this.watched.set(req, { res, requestId, startMs: Date.now(), startBytes: req.socket.bytesRead });
     this.timer ??= setInterval(() => this.check(), this.checkMs).unref();
   }
 
@@ -169,6 +176,6 @@ export class BodyGuard {
     this.watched.delete(req);
     // A reply already under way (a refusal sent before the body ended) is left as it is; the rest is dropped.
     if (w.res.headersSent) req.socket.destroy();
-    else writeRawError(req.socket, 408, envelope('invalid_request_error', message, null, 'request_timeout'));
+    else writeRawError(req.socket, 408, envelope('invalid_request_error', message, null, 'request_timeout'), w.requestId);
   }
 }

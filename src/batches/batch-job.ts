@@ -27,9 +27,10 @@ import { checkBatchInput } from './validate-input.js';
 /** Why a job stops before its lines are done. `shutdown` keeps the batch's state for a restart. */
 export type StopReason = 'cancel' | 'expire' | 'shutdown';
 
-/** The one logger call jobs make (fastify's logger fits). */
+/** The logger calls jobs and the runner make (fastify's logger fits). */
 export interface BatchLog {
   error(obj: object, msg: string): void;
+  info?(obj: object, msg: string): void;
 }
 
 export interface JobDeps {
@@ -40,6 +41,8 @@ export interface JobDeps {
   log: BatchLog;
   /** The usage ledger: each line that ends with a result is billed once, with its result row. */
   billing?: Billing;
+  /** Told when a line's result row is stored (metrics). */
+  onLineDone?: (outcome: 'completed' | 'failed') => void;
 }
 
 const now = () => Math.floor(Date.now() / 1000);
@@ -146,6 +149,7 @@ export class BatchJob {
           ...(usage && { usage }),
         });
         inFlight.delete(line.lineNo);
+        this.deps.onLineDone?.(outcome.kind === 'ok' ? 'completed' : 'failed');
       } catch (err) {
         this.deps.log.error({ err, batch_id: batch.id }, 'could not record a batch result; the batch stops until the next start');
         this.stop('shutdown');

@@ -43,6 +43,8 @@ export interface BatchRunnerOptions {
   /** Per-organization limits, shared with the API's requests (default: a limiter of its own). */
   limits?: TenantLimiter;
   log?: BatchLog;
+  /** Told when a line is done (its result row stored): the service's metrics. Must not throw. */
+  onLineDone?: (outcome: 'completed' | 'failed') => void;
 }
 
 export interface NewBatch {
@@ -63,7 +65,8 @@ export type CancelOutcome =
   | { state: 'not_cancellable'; batch: BatchRecord }
   | { state: 'not_found' };
 
-const stderrLog: BatchLog = { error: (obj, msg) => process.stderr.write(`sluice: ${msg} ${JSON.stringify(obj, (_k, v) => (v instanceof Error ? v.stack : v))}\n`) };
+const stderrLine = (obj: object, msg: string) => process.stderr.write(`sluice: ${msg} ${JSON.stringify(obj, (_k, v) => (v instanceof Error ? v.stack : v))}\n`);
+const stderrLog: BatchLog = { error: stderrLine, info: stderrLine };
 
 export class BatchRunner {
   readonly deadlines: BatchDeadlines;
@@ -88,10 +91,14 @@ export class BatchRunner {
     this.log = opts.log ?? stderrLog;
   }
 
-  /** Opens the file storage and resumes every unfinished batch (of the process before). */
+  /** Opens the file storage and resumes every unfinished batch (of the process before), saying how many. */
   async start(): Promise<void> {
     this.storage ??= await FileStorage.open(this.opts.dataDir);
-    for (const batch of await this.opts.store.listUnfinishedBatches()) this.launch(batch);
+    const unfinished = await this.opts.store.listUnfinishedBatches();
+    for (const batch of unfinished) this.launch(batch);
+    if (unfinished.length > 0) {
+      this.log.info?.({ batches: unfinished.map((b) => b.id) }, `batches left unfinished by the previous process resume: ${unfinished.length}`);
+    }
   }
 
   /** Records a new batch (validating) and starts its job. */
@@ -168,6 +175,7 @@ export class BatchRunner {
     this.held = this.held.filter((b) => b.id !== batch.id);
     const job = new BatchJob({
       store: this.opts.store, storage: this.storage, service: this.service, slots: this.slots, log: this.log, billing: this.billing,
+      ...(this.opts.onLineDone && { onLineDone: this.opts.onLineDone }),
     }, batch.id, batch.orgId);
     const done = job.run().finally(() => {
       this.jobs.delete(batch.id);

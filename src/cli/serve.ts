@@ -1,11 +1,13 @@
 // `sluice serve`: the HTTP service on a model directory, a catalog file, or the tiny demo model.
 
 import { createServer as createNetServer } from 'node:net';
+import { pino } from 'pino';
 import { basename } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { DEFAULT_TRANSPORT_LIMITS } from '../api/transport.js';
 import { loadCatalog, singleModelCatalog, type Catalog } from '../config/catalog.js';
 import { openService } from '../service.js';
+import { MAX_MAX_ORGANIZATIONS } from '../metrics/service-metrics.js';
 import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
 import { DEMO_PRESET, ensureDemoModel } from './demo-model.js';
 
@@ -61,7 +63,16 @@ On first start with no API keys it makes one and prints it.
   --allow-private-webhooks
                        let completion webhooks go to private, loopback and link-local addresses
                        (refused by default: a caller could reach services inside your network)
-  --log-level L        fatal | error | warn | info | debug (default info)
+  --metrics-public     serve GET /metrics without a key (for a scraper on a trusted network; the
+                       metrics then name no organization). Default: an admin API key is needed
+  --metrics-max-organizations N
+                       organizations named in the metrics' organization label; later ones
+                       count as "_other" (default 100, at most 10000)
+  --log-stats-interval S
+                       seconds between the engine lines logged while it is busy (throughput,
+                       queues, KV use; default 10, at most 3600; 0: none)
+  --log-level L        fatal | error | warn | info | debug (default info). The log is one JSON
+                       stream (pino) on stderr; every line about a request has its request_id
 
 One server per data directory: a second one on the same --data-dir is refused.
 `;
@@ -81,6 +92,9 @@ export async function runServe(args: string[]): Promise<void> {
     'max-num-seqs': { type: 'string' },
     'max-batched-tokens': { type: 'string' },
     'log-level': { type: 'string' },
+    'metrics-public': { type: 'boolean' },
+    'metrics-max-organizations': { type: 'string' },
+    'log-stats-interval': { type: 'string' },
     'flex-deferral': { type: 'string' },
     'tenant-deferral': { type: 'string' },
     'org-max-inflight': { type: 'string' },
@@ -129,7 +143,18 @@ export async function runServe(args: string[]): Promise<void> {
     minBodyBytesPerSecond: intFlag(values['min-body-rate'], 'min-body-rate', 0),
     maxConnections: intFlag(values['max-connections'], 'max-connections', 0),
   }).filter(([, v]) => v !== undefined));
-  const log = (message: string) => process.stderr.write(`sluice: ${message}\n`);
+  const metrics = {
+    public: values['metrics-public'] === true,
+    maxOrganizations: intFlag(values['metrics-max-organizations'], 'metrics-max-organizations', 0, MAX_MAX_ORGANIZATIONS),
+    processMetrics: true,
+  };
+  const logStatsSeconds = intFlag(values['log-stats-interval'], 'log-stats-interval', 0, 3600);
+  // One JSON log stream: lifecycle, engine lines and one access line per request. The lifecycle
+  // notices (loading, where it serves, shutting down) are written whatever --log-level says, as
+  // they always were: an operator who asked for warnings only still learns where the server listens.
+  const logger = pino({ level: logLevel }, pino.destination({ dest: 2, sync: true }));
+  const notices = logger.child({}, { level: 'info' });
+  const log = (message: string) => notices.info(message);
   // Before any model loads (which can take minutes): a port in use fails now, with its address.
   await checkPortFree(host, port);
 
@@ -149,7 +174,9 @@ export async function runServe(args: string[]): Promise<void> {
     catalog,
     dataDir: values['data-dir'] ?? 'data',
     engineDefaults: defined,
-    logger: { level: logLevel },
+    loggerInstance: logger,
+    metrics: Object.fromEntries(Object.entries(metrics).filter(([, v]) => v !== undefined)),
+    ...(logStatsSeconds !== undefined && { engineLogIntervalMs: logStatsSeconds * 1000 }),
     onProgress: log,
     deadlines,
     batchDeadlines,

@@ -76,6 +76,11 @@ export class TenantLimiter {
     return this.byName.get(caller.orgName) ?? this.defaults;
   }
 
+  /** The limits of organizations without their own, and how many have their own (the startup log). */
+  describe(): { defaults: OrgLimits; numOverrides: number } {
+    return { defaults: { ...this.defaults }, numOverrides: this.byName.size };
+  }
+
   /**
    * A foreground request of `count` generations (its n choices): takes that many in-flight slots
    * now, or throws RateLimitError taking none.

@@ -275,6 +275,10 @@ export class SqliteStore implements Store {
     return this.webhooks.nextAttemptMs(afterMs);
   }
 
+  async countPendingWebhookDeliveries(): Promise<number> {
+    return this.webhooks.countPending();
+  }
+
   // The end of a request: one transaction over the tables above and the delegates' tables.
   async commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit> {
     return this.db.transaction((): RequestEndCommit => {

@@ -65,7 +65,7 @@ const CLAIM_SQL = `
    LIMIT @limit`;
 
 export class SqliteWebhooks {
-  private readonly stmt: Record<'insert' | 'claim' | 'lease' | 'update' | 'next', Database.Statement>;
+  private readonly stmt: Record<'insert' | 'claim' | 'lease' | 'update' | 'next' | 'pending', Database.Statement>;
 
   constructor(private readonly db: Database.Database) {
     this.stmt = {
@@ -80,6 +80,7 @@ export class SqliteWebhooks {
                           WHERE id = @id`),
       next: db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries
                           WHERE state = 'pending' AND next_attempt_at_ms > ?`),
+      pending: db.prepare(`SELECT COUNT(*) AS n FROM webhook_deliveries WHERE state = 'pending'`),
     };
   }
 
@@ -106,5 +107,9 @@ export class SqliteWebhooks {
 
   nextAttemptMs(afterMs: number): number | undefined {
     return (this.stmt.next.get(afterMs) as { at: number | null }).at ?? undefined;
+  }
+
+  countPending(): number {
+    return (this.stmt.pending.get() as { n: number }).n;
   }
 }

@@ -146,6 +146,8 @@ export interface Store {
    * included); undefined when there is none.
    */
   nextWebhookAttemptMs(afterMs: number): Promise<number | undefined>;
+  /** Deliveries still pending (logged when sending starts after a restart). */
+  countPendingWebhookDeliveries(): Promise<number>;
 
   // Batches.
   insertBatch(batch: BatchRecord): Promise<void>;

@@ -33,6 +33,7 @@ import { sendsCallback, webhookTargetOf, withoutWebhookToken } from './events.js
 
 /** The pino-compatible subset the dispatcher logs with (fastify's app.log fits). */
 export interface WebhookLog {
+  info?(obj: object, msg: string): void;
   warn(obj: object, msg: string): void;
   error(obj: object, msg: string): void;
 }
@@ -60,7 +61,15 @@ export interface WebhookSettings {
   maxInFlightPerHost?: number;
   /** Resolves receiver host names (tests substitute DNS answers); default dns.lookup. */
   resolveAll?: ResolveAll;
+  /** Told the outcome of each attempt whose result is stored (the service's metrics); must not throw. */
+  onAttempt?: (outcome: WebhookAttemptOutcome) => void;
 }
+
+/**
+ * delivered: a 2xx; retry: it failed and another attempt is due; failed: it failed and the attempts
+ * are used up; refused: the destination is not allowed (never retried).
+ */
+export type WebhookAttemptOutcome = 'delivered' | 'retry' | 'failed' | 'refused';
 
 export const DEFAULT_WEBHOOK_SETTINGS = {
   timeoutMs: 30_000, baseDelayMs: 1_000, maxRetries: 3, allowPrivateAddresses: false,
@@ -80,6 +89,7 @@ export class WebhookDispatcher {
   private readonly log: WebhookLog;
   private readonly allowPrivateAddresses: boolean;
   private readonly lookup: LookupFunction;
+  private readonly onAttempt: (outcome: WebhookAttemptOutcome) => void;
   private readonly maxInFlight: number;
   private readonly caps: WebhookClaimCaps;
   /** delivery id -> the attempt running now; its controller aborts it on close. */
@@ -98,6 +108,7 @@ export class WebhookDispatcher {
     this.maxAttempts = 1 + (settings.maxRetries ?? DEFAULT_WEBHOOK_SETTINGS.maxRetries);
     this.allowPrivateAddresses = settings.allowPrivateAddresses ?? DEFAULT_WEBHOOK_SETTINGS.allowPrivateAddresses;
     this.lookup = guardedLookup(this.allowPrivateAddresses, settings.resolveAll);
+    this.onAttempt = settings.onAttempt ?? (() => {});
     this.maxInFlight = settings.maxInFlight ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlight;
     this.caps = {
       perOrg: settings.maxInFlightPerOrg ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerOrg,
@@ -110,6 +121,15 @@ export class WebhookDispatcher {
     if (this.started || this.closed) return;
     this.started = true;
     this.wake();
+  }
+
+  /**
+   * Logs how many deliveries are pending as sending begins: after a restart, those the previous
+   * process left (or, with replicas sharing the store, theirs too). Nothing when there are none.
+   */
+  async logPending(): Promise<void> {
+    const pending = await this.store.countPendingWebhookDeliveries();
+    if (pending > 0) this.log.info?.({ pending }, `completion webhooks: ${pending} pending deliveries resume`);
   }
 
   /**
@@ -236,21 +256,25 @@ export class WebhookDispatcher {
     const attempts = d.attempts + 1;
     if (outcome.ok) {
       await this.store.updateWebhookDelivery(d.id, { state: 'delivered', attempts, nextAttemptAtMs: Date.now(), lastError: null });
+      this.onAttempt('delivered');
       return;
     }
     const fields = { delivery_id: d.id, object_id: d.objectId, url: d.url, attempt: attempts, error: outcome.error };
     if (outcome.refused) {
       await this.store.updateWebhookDelivery(d.id, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error });
+      this.onAttempt('refused');
       this.log.warn({ ...fields, reason: 'refused_destination', detail: outcome.error }, 'completion webhook destination refused; not retried');
       return;
     }
     if (attempts >= this.maxAttempts) {
       await this.store.updateWebhookDelivery(d.id, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error });
+      this.onAttempt('failed');
       this.log.error(fields, `completion webhook failed after ${attempts} attempts; giving up`);
       return;
     }
     const nextAttemptAtMs = Date.now() + this.baseDelayMs * 2 ** (attempts - 1);
     await this.store.updateWebhookDelivery(d.id, { state: 'pending', attempts, nextAttemptAtMs, lastError: outcome.error });
+    this.onAttempt('retry');
     this.log.warn(fields, 'completion webhook attempt failed; will retry');
   }
 

@@ -9,6 +9,8 @@ import type { Catalog } from '../../src/config/catalog.js';
 import { openService, type Service } from '../../src/service.js';
 import { createApiKey } from '../../src/store/api-keys.js';
 import type { WebhookSettings } from '../../src/webhooks/dispatcher.js';
+import type { ServiceMetricsOptions } from '../../src/metrics/service-metrics.js';
+import type { FastifyBaseLogger } from 'fastify';
 
 export interface TestServer {
   /** http://127.0.0.1:PORT (no /v1). */
@@ -40,6 +42,12 @@ export interface TestServerOptions {
   webhooks?: WebhookSettings;
   /** Batch deadlines per window, seconds. */
   batchDeadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
+  /** GET /metrics settings (default: behind an admin key). */
+  metrics?: ServiceMetricsOptions;
+  /** A pino logger to capture the service's log lines (default: no log). */
+  loggerInstance?: FastifyBaseLogger;
+  /** Milliseconds between engine lines while busy (default the service's). */
+  engineLogIntervalMs?: number;
 }
 
 export async function startTestServer(opts: TestServerOptions = {}): Promise<TestServer> {
@@ -56,6 +64,9 @@ export async function startTestServer(opts: TestServerOptions = {}): Promise<Tes
     ...(opts.deadlines && { deadlines: opts.deadlines }),
     ...(opts.webhooks && { webhooks: opts.webhooks }),
     ...(opts.batchDeadlines && { batchDeadlines: opts.batchDeadlines }),
+    ...(opts.metrics && { metrics: opts.metrics }),
+    ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
+    ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
   });
   const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
   const key = service.firstKey?.key ?? (await createApiKey(service.store, 'default')).key;

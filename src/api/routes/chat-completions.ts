@@ -19,6 +19,7 @@ import {
 } from '../schemas/chat-completions.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import { failedChatCompletion } from '../../webhooks/events.js';
+import { noteUsage } from '../request-log.js';
 
 export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.post<{ Body: CreateChatCompletionBody }>('/chat/completions', {
@@ -53,6 +54,7 @@ export function registerChatCompletionRoutes(app: FastifyInstance, ctx: ApiConte
     } finally {
       admitted();
     }
+    noteUsage(request, results);
     reply.header('server-timing', serverTiming(results.map((r) => r.timings)));
     const completion = chatCompletion({
       id,

@@ -24,6 +24,7 @@ import { commitRequestEnd } from '../request-end.js';
 import { ApiError } from '../errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import { CreateMessageSchema, MessageObjectSchema, type CreateMessageBody, type MessageObject } from '../schemas/messages.js';
+import { noteUsage } from '../request-log.js';
 
 /** The idempotency scope (store key space) of this endpoint. */
 const SCOPE = 'messages';
@@ -35,6 +36,7 @@ async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: C
   // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
   const prepared = await ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
   const result = await ctx.service.run(prepared, disconnectSignal(reply));
+  noteUsage(reply.request, [result]);
   const id = newId('msg');
   const message = messageObject(id, prepared, result);
   await commitRequestEnd(ctx.store, ctx.webhooks, {

@@ -25,6 +25,7 @@ import {
 } from '../schemas/responses.js';
 import { chainItems, inputItems } from '../adapters/response-items.js';
 import type { Static } from 'typebox';
+import { noteUsage } from '../request-log.js';
 
 
 /**
@@ -43,6 +44,7 @@ async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody,
   let usage: UsageRecord;
   try {
     const result = await ctx.service.run(prepared, signal, 'foreground', admitted);
+    noteUsage(reply.request, [result]);
     reply.header('server-timing', serverTiming([result.timings]));
     final = finishedResponse(running, result, prepared, ctx.service.reasoningSeal);
     usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
