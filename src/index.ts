@@ -1,7 +1,8 @@
 // The package entry: `import { Engine } from 'sluice'`.
 
 export { Engine, defaultKvCacheBytes } from './engine/engine.js';
-export type { EngineInfo, EngineLoadOptions } from './engine/engine.js';
+export type { EngineInfo, EngineLoadOptions, SchedulerStats } from './engine/engine.js';
+export type { EngineObserver, KvPoolCounts, RequestReport, StepReport } from './engine/engine-events.js';
 export type {
   GenerateChunk, GenerateRequest, GenerateResult, TokenLogprob, TopLogprob, Timings, Usage,
 } from './engine/request.js';
@@ -19,6 +20,8 @@ export { openService, DEFAULT_ORGANIZATION } from './service.js';
 export type { OpenServiceOptions, Service } from './service.js';
 export { createServer } from './api/app.js';
 export type { CreateServerOptions } from './api/app.js';
+export { ServiceMetrics } from './metrics/service-metrics.js';
+export type { ServiceMetricsOptions } from './metrics/service-metrics.js';
 export { sluiceApi, API_VERSION } from './api/plugin.js';
 export type { SluiceApiOptions } from './api/plugin.js';
 export type { WebhookLog, WebhookSettings } from './webhooks/dispatcher.js';

@@ -111,7 +111,8 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   const metrics = opts.metrics ?? new ServiceMetrics();
   // First of the root hooks: even a request refused by the next one gets its id back.
   recordRequests(app, metrics);
-  app.addHook('onClose', metrics.watchModels(opts.registry) as () => void);
+  const stopWatching = metrics.watchModels(opts.registry);
+  app.addHook('onClose', async () => stopWatching());
   const engineLog = new EngineStatsLog(app.log);
   engineLog.start(opts.registry, opts.engineLogIntervalMs ?? DEFAULT_ENGINE_LOG_INTERVAL_MS);
   app.addHook('onClose', async () => engineLog.stop());
