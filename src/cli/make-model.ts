@@ -1,11 +1,13 @@
 // `sluice make-model`: write a model directory with random weights in a preset's shape.
 
+import { readdirSync, statSync } from 'node:fs';
 import { SluiceError } from '../errors.js';
 import { makeModel, PRESETS, weightBytes } from '../../models/make-model.js';
 import type { Dtype } from '../../models/make-model.js';
+import { formatBytes, stderrProgress } from '../progress.js';
 import { choiceFlag, intFlag, parseFlags, requiredFlag } from './args.js';
 
-export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N]
+export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--force]
 
 Writes a Hugging Face model directory (config, tokenizer, chat template, safetensors) with
 deterministic random weights in the shape of a preset.
@@ -14,6 +16,7 @@ deterministic random weights in the shape of a preset.
   --out DIR       output directory (created if missing)
   --dtype D       weight dtype (default: the preset's)
   --seed N        weight seed, 0..2^32-1 (default 0)
+  --force         write into --out even when it is not empty (its model files are replaced)
 `;
 
 export async function runMakeModel(args: string[]): Promise<void> {
@@ -22,6 +25,7 @@ export async function runMakeModel(args: string[]): Promise<void> {
     out: { type: 'string' },
     dtype: { type: 'string' },
     seed: { type: 'string' },
+    force: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
   }, 'make-model');
   if (values.help) {
@@ -36,34 +40,28 @@ export async function runMakeModel(args: string[]): Promise<void> {
   const out = requiredFlag(values.out, 'out', 'make-model');
   const dtype = choiceFlag<Dtype>(values.dtype, 'dtype', ['f32', 'f16', 'bf16']);
   const seed = intFlag(values.seed, 'seed', 0, 2 ** 32 - 1);
+  checkOut(out, values.force === true);
 
   const totalBytes = weightBytes(preset, dtype);
   process.stderr.write(`making ${preset} (${formatBytes(totalBytes)} of weights) in ${out}\n`);
-  const isTty = process.stderr.isTTY === true;
-  let lastStep = -1;
-  await makeModel({
-    preset, out, dtype, seed,
-    onProgress: (doneBytes, total) => {
-      const percent = total === 0 ? 100 : Math.floor((doneBytes / total) * 100);
-      // On a terminal redraw one line per percent; in logs print a line per 10%.
-      const step = isTty ? percent : Math.floor(percent / 10);
-      if (step === lastStep) return;
-      lastStep = step;
-      const line = `writing weights ${percent}% (${formatBytes(doneBytes)} / ${formatBytes(total)})`;
-      process.stderr.write(isTty ? `\r${line}` : `${line}\n`);
-    },
-  });
-  if (isTty && lastStep >= 0) process.stderr.write('\n');
+  await makeModel({ preset, out, dtype, seed, onProgress: stderrProgress('writing weights') });
   process.stderr.write(`done: ${out}\n`);
 }
 
-function formatBytes(bytes: number): string {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
-    unit++;
+/**
+ * A model directory is written in place (config, tokenizer and weight files replaced): without
+ * --force an existing file or non-empty directory at --out is refused, so a typo cannot replace
+ * a real checkpoint with random weights.
+ */
+function checkOut(out: string, force: boolean): void {
+  const st = statSync(out, { throwIfNoEntry: false });
+  if (st === undefined) return;
+  if (!st.isDirectory()) {
+    throw new SluiceError('invalid_argument', `make-model: --out ${out} is a file, not a directory`, { param: 'out' });
   }
-  return `${value.toFixed(unit === 0 ? 0 : 1)} ${units[unit]}`;
+  const entries = readdirSync(out);
+  if (entries.length === 0 || force) return;
+  const what = entries.includes('config.json') ? 'holds a model' : `is not empty (${entries.length} ${entries.length === 1 ? 'entry' : 'entries'})`;
+  throw new SluiceError('invalid_argument',
+    `make-model: --out ${out} ${what}; give --force to write this model over it, or choose another --out`, { param: 'out' });
 }
