@@ -8,6 +8,7 @@ import { KEYS_HELP, runKeys } from './cli/keys.js';
 import { MAKE_MODEL_HELP, runMakeModel } from './cli/make-model.js';
 import { SERVE_HELP, runServe } from './cli/serve.js';
 import { USAGE_HELP, runUsage } from './cli/usage.js';
+import { cliMessage } from './cli/args.js';
 
 const HELP = `usage: sluice <command> [options]
 
@@ -51,9 +52,9 @@ main(process.argv.slice(2)).then(
   (err: unknown) => {
     // Expected failures (SluiceError) print their message only; anything else is a bug, and
     // SLUICE_DEBUG=1 shows its stack.
-    const message = isSluiceError(err) || !process.env['SLUICE_DEBUG']
-      ? (err as Error)?.message ?? String(err)
-      : (err as Error)?.stack ?? String(err);
+    const message = isSluiceError(err) ? cliMessage(err)
+      : !process.env['SLUICE_DEBUG'] ? (err as Error)?.message ?? String(err)
+        : (err as Error)?.stack ?? String(err);
     process.stderr.write(`sluice: ${message}\n`);
     process.exitCode = 1;
   },

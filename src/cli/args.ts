@@ -59,3 +59,27 @@ export function requiredFlag(raw: string | undefined, flag: string, command: str
   }
   return raw;
 }
+
+/**
+ * Library option names (Engine.load, Engine.generate) -> the flag that sets them. The engine's
+ * errors name what it was given (`maxTokens is 100000`); on the command line the user gave a flag.
+ */
+const FLAG_OF_OPTION: Record<string, string> = {
+  maxTokens: '--max-tokens',
+  topP: '--top-p',
+  topK: '--top-k',
+  kvCacheBytes: '--kv-cache-bytes',
+  gpuMemoryUtilization: '--gpu-memory-utilization',
+  matmulPrecision: '--precision',
+  cudaGemm: '--cuda-gemm',
+  maxNumSeqs: '--max-num-seqs',
+  maxBatchedTokens: '--max-batched-tokens',
+  flexDeferral: '--flex-deferral',
+  tenantDeferral: '--tenant-deferral',
+};
+const OPTION_NAMES = new RegExp(`\\b(${Object.keys(FLAG_OF_OPTION).join('|')})\\b`, 'g');
+
+/** An expected error's message as the CLI prints it: library option names replaced by their flags. */
+export function cliMessage(err: Error): string {
+  return err.message.replace(OPTION_NAMES, (name) => FLAG_OF_OPTION[name]!);
+}
