@@ -9,6 +9,7 @@ import { MAKE_MODEL_HELP, runMakeModel } from './cli/make-model.js';
 import { SERVE_HELP, runServe } from './cli/serve.js';
 import { USAGE_HELP, runUsage } from './cli/usage.js';
 import { cliMessage } from './cli/args.js';
+import { sluiceVersion } from './version.js';
 
 const HELP = `usage: sluice <command> [options]
 
@@ -20,6 +21,7 @@ commands:
   make-model   write a demo / benchmark model with random weights (sluice make-model --help)
 
   sluice --help          this text
+  sluice --version       the version
   sluice <command> -h    help for a command
 `;
 
@@ -37,6 +39,10 @@ async function main(argv: string[]): Promise<number> {
     if (command === 'help' && args[0] !== undefined && COMMANDS[args[0]]) process.stdout.write(COMMANDS[args[0]]!.help);
     else process.stdout.write(HELP);
     return command === undefined ? 1 : 0;
+  }
+  if (command === '--version' || command === '-v' || command === 'version') {
+    process.stdout.write(`sluice ${sluiceVersion()}\n`);
+    return 0;
   }
   const entry = Object.hasOwn(COMMANDS, command) ? COMMANDS[command] : undefined;
   if (!entry) {
