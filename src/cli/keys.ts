@@ -4,6 +4,7 @@ import { SluiceError } from '../errors.js';
 import { createApiKey, revokeApiKey } from '../store/api-keys.js';
 import { SqliteStore } from '../store/sqlite-store.js';
 import { storePath } from '../service.js';
+import { noStoreMessage, storeExists, warnNoStore } from './store-check.js';
 import { parseFlags } from './args.js';
 import { ReasoningSeal } from '../serving/reasoning-seal.js';
 
@@ -11,7 +12,7 @@ export const KEYS_HELP = `usage: sluice keys <create|list|revoke|rotate-reasonin
 
   sluice keys create --org NAME     make a key for an organization (created if new); prints it once
                     [--admin]       the key may also read every organization's usage (GET /v1/admin/usage)
-  sluice keys list                  every key: id, organization, prefix, created, revoked
+  sluice keys list                  every key: id, organization, admin, prefix, created, revoked
   sluice keys revoke ID|KEY         revoke a key by its id (key_...) or the key itself
   sluice keys rotate-reasoning-key  add a new key for sealed reasoning (encrypted_content); older
                                     keys still open their blobs. Takes effect at the next start
@@ -21,6 +22,8 @@ export const KEYS_HELP = `usage: sluice keys <create|list|revoke|rotate-reasonin
   --data-dir DIR    the service's data directory (default ./data)
   --json            machine-readable output
 `;
+
+const LIST_HEADER = 'id\torganization\tadmin\tprefix\tcreated\trevoked';
 
 export async function runKeys(args: string[]): Promise<void> {
   const [action, ...rest] = args;
@@ -52,6 +55,16 @@ export async function runKeys(args: string[]): Promise<void> {
     process.stdout.write('retired\n');
     return;
   }
+  if (!storeExists(dataDir)) {
+    // A mistyped --data-dir must not quietly become a new, empty store.
+    if (action === 'list') {
+      warnNoStore(dataDir);
+      process.stdout.write(values.json ? '[]\n' : `${LIST_HEADER}\n`);
+      return;
+    }
+    if (action === 'revoke') throw new SluiceError('invalid_argument', `keys revoke: ${noStoreMessage(dataDir)}`, { param: 'data-dir' });
+    if (action === 'create') process.stderr.write(`sluice: ${noStoreMessage(dataDir)}; making a new one for this key\n`);
+  }
   const store = new SqliteStore(storePath(dataDir));
   try {
     switch (action) {
@@ -70,16 +83,18 @@ export async function runKeys(args: string[]): Promise<void> {
         return;
       }
       case 'list': {
-        const keys = await store.listApiKeys();
+        const keys = await Promise.all((await store.listApiKeys()).map(async (k) => ({ ...k, admin: await store.isAdminKey(k.id) })));
         if (values.json) {
           process.stdout.write(`${JSON.stringify(keys.map((k) => ({
-            id: k.id, organization: k.orgName, prefix: k.prefix, created_at: k.createdAt, revoked_at: k.revokedAt,
+            id: k.id, organization: k.orgName, admin: k.admin, prefix: k.prefix, created_at: k.createdAt, revoked_at: k.revokedAt,
           })))}\n`);
           return;
         }
         const iso = (s: number | null) => (s === null ? '-' : new Date(s * 1000).toISOString());
-        process.stdout.write('id\torganization\tprefix\tcreated\trevoked\n');
-        for (const k of keys) process.stdout.write(`${k.id}\t${k.orgName}\t${k.prefix}…\t${iso(k.createdAt)}\t${iso(k.revokedAt)}\n`);
+        process.stdout.write(`${LIST_HEADER}\n`);
+        for (const k of keys) {
+          process.stdout.write(`${k.id}\t${k.orgName}\t${k.admin ? 'admin' : '-'}\t${k.prefix}…\t${iso(k.createdAt)}\t${iso(k.revokedAt)}\n`);
+        }
         return;
       }
       case 'revoke': {

@@ -1,10 +1,11 @@
 // `sluice usage`: the usage ledger's totals per organization × model × tier, from the data
 // directory's store; the same report GET /v1/admin/usage returns (--json prints it as is).
 
-import { parseSince, usageReport, type UsageTotals } from '../billing/usage-report.js';
+import { parseSince, summarizeUsage, usageReport, type UsageReport, type UsageTotals } from '../billing/usage-report.js';
 import { SqliteStore } from '../store/sqlite-store.js';
 import { storePath } from '../service.js';
 import { parseFlags } from './args.js';
+import { storeExists, warnNoStore } from './store-check.js';
 
 export const USAGE_HELP = `usage: sluice usage [options]
 
@@ -30,20 +31,29 @@ export async function runUsage(args: string[]): Promise<void> {
     return;
   }
   const sinceMs = values.since === undefined ? undefined : parseSince(values.since);
-  const store = new SqliteStore(storePath(values['data-dir'] ?? 'data'));
+  const dataDir = values['data-dir'] ?? 'data';
+  const filter = { ...(values.org !== undefined && { orgName: values.org }), ...(sinceMs !== undefined && { sinceMs }) };
+  if (!storeExists(dataDir)) {
+    // A mistyped --data-dir must not quietly become a new, empty store: warn, and report nothing.
+    warnNoStore(dataDir);
+    printReport(summarizeUsage([], filter), values.json === true);
+    return;
+  }
+  const store = new SqliteStore(storePath(dataDir));
   try {
-    const report = await usageReport(store, {
-      ...(values.org !== undefined && { orgName: values.org }), ...(sinceMs !== undefined && { sinceMs }),
-    });
-    if (values.json) {
-      process.stdout.write(`${JSON.stringify(report)}\n`);
-      return;
-    }
-    const cells = (t: UsageTotals) => [t.requests, t.input_tokens, t.cached_tokens, t.output_tokens, t.cost].join('\t');
-    process.stdout.write('organization\tmodel\ttier\trequests\tinput_tokens\tcached_tokens\toutput_tokens\tcost_usd\n');
-    for (const row of report.data) process.stdout.write(`${row.organization}\t${row.model}\t${row.tier}\t${cells(row)}\n`);
-    process.stdout.write(`total\t\t\t${cells(report.total)}\n`);
+    printReport(await usageReport(store, filter), values.json === true);
   } finally {
     await store.close();
   }
+}
+
+function printReport(report: UsageReport, json: boolean): void {
+  if (json) {
+    process.stdout.write(`${JSON.stringify(report)}\n`);
+    return;
+  }
+  const cells = (t: UsageTotals) => [t.requests, t.input_tokens, t.cached_tokens, t.output_tokens, t.cost].join('\t');
+  process.stdout.write('organization\tmodel\ttier\trequests\tinput_tokens\tcached_tokens\toutput_tokens\tcost_usd\n');
+  for (const row of report.data) process.stdout.write(`${row.organization}\t${row.model}\t${row.tier}\t${cells(row)}\n`);
+  process.stdout.write(`total\t\t\t${cells(report.total)}\n`);
 }
