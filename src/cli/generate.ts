@@ -22,7 +22,8 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --logprobs K         with --json: the top K (0..20) alternatives of every token
   --stop TEXT          stop before TEXT (repeatable)
   --json               print one JSON object instead of streaming the text
-  --backend B          cpu | cuda | auto (default auto: cuda when a GPU is usable, else cpu)
+  --backend B          cpu | cuda | auto (default auto: cuda when a GPU is usable, else cpu;
+                       the last line says which ran)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory for weights, activations and KV (default 0.9)
   --cuda-gemm G        native (default) | cublaslt | auto: who runs CUDA GEMMs of over 8 tokens
@@ -102,7 +103,7 @@ export async function runGenerate(args: string[]): Promise<void> {
         log(`${chunk.usage!.completionTokens} tokens (${chunk.finishReason}), ` +
           `${t.tokensPerSecond.toFixed(1)} tokens/s, first token after ${(t.queuedMs + t.prefillMs).toFixed(0)} ms ` +
           `(${chunk.usage!.promptTokens} prompt tokens, ${engine.info.backend} ${engine.info.simd}` +
-          `${engine.info.backend === 'cpu' ? `, ${engine.info.numThreads} threads` : ''})`);
+          `${engine.info.backend === 'cpu' ? `, ${engine.info.numThreads} thread${engine.info.numThreads === 1 ? '' : 's'}` : ''})`);
       }
     }
   } finally {

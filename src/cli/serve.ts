@@ -186,7 +186,9 @@ export async function runServe(args: string[]): Promise<void> {
   });
 
   const address = await service.app.listen({ host, port });
-  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (data in ${service.dataDir})`);
+  // The backend each engine runs on (with --backend auto, cuda where a GPU is usable, else cpu).
+  const backends = [...new Set(service.registry.models.map((m) => m.engine.info.backend))].join(' and ');
+  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (${backends} backend; data in ${service.dataDir})`);
   if (service.firstKey) {
     const model = service.registry.models[0]!.id;
     process.stdout.write(`

@@ -25,7 +25,7 @@ import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../s
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
   model: string;
-  /** 'auto' (default): cuda when the addon has it and it starts, else cpu (with a message). */
+  /** 'auto' (default): cuda when the addon has it and a device is usable, else cpu (info.cudaUnavailableReason says why). */
   backend?: BackendName | 'auto';
   /** KV cache pool size. Default: CPU, see defaultKvCacheBytes; CUDA, what gpuMemoryUtilization leaves. */
   kvCacheBytes?: number;
@@ -84,12 +84,17 @@ export interface EngineLoadOptions {
    * step more than the ~1% of planning it hides. Same outputs either way.
    */
   overlapSteps?: boolean;
-  /** Notices such as a backend fallback. Default: written to stderr. */
+  /** Notices such as an engine put out of service. Default: written to stderr. */
   onMessage?: (message: string) => void;
 }
 
 export interface EngineInfo extends NativeModelInfo {
   modelDir: string;
+  /**
+   * With backend 'auto' on the CPU: why CUDA was not used (no CUDA backend in this build, or no
+   * usable device). Not a warning: auto means the CPU is a fine answer.
+   */
+  cudaUnavailableReason?: string;
   eosTokenIds: number[];
   hasChatTemplate: boolean;
   maxBatchedTokens: number;
@@ -217,6 +222,7 @@ export class Engine {
 
     const requested = opts.backend ?? 'auto';
     let handle: NativeEngineHandle;
+    let noCudaReason: string | undefined;
     if (requested === 'cuda' || requested === 'cpu') {
       if (requested === 'cuda' && !nativeAddon().cudaCompiled) {
         throw new SluiceError('backend_unavailable',
@@ -224,16 +230,10 @@ export class Engine {
       }
       handle = await loadHandle(requested === 'cuda' ? cudaBase : cpuBase);
     } else if (requested === 'auto') {
-      const noCuda = nativeAddon().cudaCompiled ? cudaUnavailableReason() : undefined;
-      if (nativeAddon().cudaCompiled && noCuda === undefined) {
-        handle = await loadHandle(cudaBase);
-      } else if (nativeAddon().cudaCompiled) {
-        onMessage(`the CUDA backend is unavailable (${noCuda}); using the CPU backend`);
-        handle = await loadHandle(cpuBase);
-      } else {
-        onMessage('this build has no CUDA backend; using the CPU backend');
-        handle = await loadHandle(cpuBase);
-      }
+      // No message on the CPU path: a machine without a GPU is nothing to report at every start.
+      // The reason is kept in info.cudaUnavailableReason; callers say which backend runs.
+      noCudaReason = nativeAddon().cudaCompiled ? cudaUnavailableReason() : 'this build has no CUDA backend';
+      handle = await loadHandle(noCudaReason === undefined ? cudaBase : cpuBase);
     } else {
       throw new SluiceError('invalid_argument', `backend must be cpu, cuda or auto, got ${String(requested)}`, { param: 'backend' });
     }
@@ -250,7 +250,9 @@ export class Engine {
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
-      return new Engine(tokenizer, handle, batcher, modelDir, observers);
+      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers);
+      if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
+      return engine;
     } catch (err) {
       handle.dispose();
       throw err;
