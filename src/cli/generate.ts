@@ -5,6 +5,7 @@ import { Engine } from '../engine/engine.js';
 import type { GenerateRequest, GenerateResult, TokenLogprob } from '../engine/request.js';
 import { choiceFlag, intFlag, numberFlag, parseFlags, requiredFlag, u64Flag } from './args.js';
 import { ensureDemoModel } from './demo-model.js';
+import { stderrProgress } from '../progress.js';
 
 export const GENERATE_HELP = `usage: sluice generate [--model DIR] --prompt TEXT [options]
 
@@ -81,6 +82,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const model = values.model ?? await ensureDemoModel(log);
   const engine = await Engine.load({
     model, backend, threads, matmulPrecision, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
+    onLoadProgress: stderrProgress('reading weights'),
   });
 
   // Ctrl-C cancels the request (a second one kills the process as usual).

@@ -21,6 +21,7 @@ import type { FinishReason } from './stops.js';
 import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
 import { StructuredOutputs, type TokenConstraint } from '../structured/structured-outputs.js';
 import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../structured/thinking.js';
+import { readWeightsAhead } from './weight-files.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -86,6 +87,13 @@ export interface EngineLoadOptions {
   overlapSteps?: boolean;
   /** Notices such as an engine put out of service. Default: written to stderr. */
   onMessage?: (message: string) => void;
+  /**
+   * Progress of loading a large checkpoint: given, the weight files are read once ahead of the
+   * native load (weight-files.ts) when they hold at least `readAheadMinBytes` (default 256 MiB)
+   * and fit in memory, reporting the bytes read from 0 to the total.
+   */
+  onLoadProgress?: (doneBytes: number, totalBytes: number) => void;
+  readAheadMinBytes?: number;
 }
 
 export interface EngineInfo extends NativeModelInfo {
@@ -219,6 +227,8 @@ export class Engine {
     if (!nativeAvailable()) {
       throw new SluiceError('native_unavailable', 'the native addon is not built: run `npm run build:native`');
     }
+
+    if (opts.onLoadProgress) await readWeightsAhead(modelDir, opts.onLoadProgress, opts.readAheadMinBytes);
 
     const requested = opts.backend ?? 'auto';
     let handle: NativeEngineHandle;

@@ -3,6 +3,7 @@
 // use). Entries naming the same checkpoint share one engine.
 
 import { SluiceError } from '../errors.js';
+import { percentSteps } from '../progress.js';
 import { Engine, type EngineLoadOptions } from '../engine/engine.js';
 import { toolCallFormat } from './tool-calls.js';
 import {
@@ -123,6 +124,9 @@ export class ModelRegistry {
             ...opts.engineDefaults, ...engineOptions(catalog.engine), ...engineOptions(entry.engine), model: entry.checkpoint,
           };
           if (opts.onMessage) loadOptions.onMessage = opts.onMessage;
+          // Large checkpoints are read ahead of the load with a line per 10% (Engine.load's onLoadProgress).
+          const onProgress = opts.onProgress;
+          if (onProgress) loadOptions.onLoadProgress = percentSteps(`reading the weights of ${entry.id}:`, 10, (line) => onProgress(line));
           engine = await Engine.load(loadOptions);
           engines.set(entry.checkpoint, engine);
         }
