@@ -6,6 +6,7 @@ import { isSluiceError } from './errors.js';
 import { GENERATE_HELP, runGenerate } from './cli/generate.js';
 import { KEYS_HELP, runKeys } from './cli/keys.js';
 import { MAKE_MODEL_HELP, runMakeModel } from './cli/make-model.js';
+import { MODELS_HELP, runModels } from './cli/models.js';
 import { SERVE_HELP, runServe } from './cli/serve.js';
 import { USAGE_HELP, runUsage } from './cli/usage.js';
 import { cliMessage } from './cli/args.js';
@@ -15,6 +16,7 @@ const HELP = `usage: sluice <command> [options]
 
 commands:
   serve        run the HTTP API (sluice serve --help)
+  models       the models serve would serve, with context length and prices (sluice models --help)
   keys         create, list and revoke API keys (sluice keys --help)
   usage        usage and cost totals from the ledger (sluice usage --help)
   generate     generate text with a model (sluice generate --help)
@@ -27,6 +29,7 @@ commands:
 
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<void>; help: string }> = {
   serve: { run: runServe, help: SERVE_HELP },
+  models: { run: runModels, help: MODELS_HELP },
   keys: { run: runKeys, help: KEYS_HELP },
   usage: { run: runUsage, help: USAGE_HELP },
   generate: { run: runGenerate, help: GENERATE_HELP },

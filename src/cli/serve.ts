@@ -2,18 +2,17 @@
 
 import { createServer as createNetServer } from 'node:net';
 import { pino } from 'pino';
-import { basename } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { DEFAULT_TRANSPORT_LIMITS } from '../api/transport.js';
-import { loadCatalog, singleModelCatalog, type Catalog } from '../config/catalog.js';
 import { openService } from '../service.js';
 import { MAX_MAX_ORGANIZATIONS } from '../metrics/service-metrics.js';
 import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
-import { DEMO_PRESET, ensureDemoModel } from './demo-model.js';
+import { servedCatalog } from './served-catalog.js';
 
 export const SERVE_HELP = `usage: sluice serve [--model DIR | --config FILE] [options]
 
-Serves the HTTP API (see README). Without --model or --config it serves the tiny demo model.
+Serves the HTTP API (see README). Without --model or --config it serves the tiny demo model,
+priced with example rates on all three completion windows (sluice models lists them).
 On first start with no API keys it makes one and prints it.
 
   --model DIR          one model directory (its id is the directory name)
@@ -158,10 +157,7 @@ export async function runServe(args: string[]): Promise<void> {
   // Before any model loads (which can take minutes): a port in use fails now, with its address.
   await checkPortFree(host, port);
 
-  let catalog: Catalog;
-  if (values.config !== undefined) catalog = await loadCatalog(values.config);
-  else if (values.model !== undefined) catalog = singleModelCatalog(values.model, basename(values.model));
-  else catalog = singleModelCatalog(await ensureDemoModel(log), DEMO_PRESET);
+  const catalog = await servedCatalog(values, 'serve', { makeDemo: true, log });
 
   const deadlines = Object.fromEntries((['asap', 'standard', 'flex'] as const)
     .map((w) => [w, intFlag(values[`deadline-${w}`], `deadline-${w}`, 1)] as const)

@@ -150,6 +150,22 @@ export async function loadCatalog(path: string): Promise<Catalog> {
   return parseCatalog(value, file, dirname(file));
 }
 
+/** Whether an organization may see and use a model: every organization, or those granted a restricted one. */
+export function visibleTo(model: CatalogModel, orgName: string): boolean {
+  return !model.restricted || (model.granted_organizations ?? []).includes(orgName);
+}
+
+/**
+ * A model's rates in window order: the published ones, with those the organization negotiated in
+ * place of the published rate of each tier they list (published only, without an organization).
+ */
+export function pricingFor(model: CatalogModel, orgName?: string): ModelPrice[] {
+  const byTier = new Map<string, ModelPrice>();
+  for (const p of model.pricing ?? []) byTier.set(p.tier, p);
+  if (orgName !== undefined) for (const p of model.negotiated_pricing?.[orgName] ?? []) byTier.set(p.tier, p);
+  return COMPLETION_WINDOWS.filter((w) => byTier.has(w)).map((w) => ({ ...byTier.get(w)! }));
+}
+
 /** The catalog `sluice serve --model DIR` uses: one model, named after its directory, no published rates. */
 export function singleModelCatalog(checkpoint: string, id: string): Catalog {
   return { models: [{ id, checkpoint: resolve(checkpoint) }] };

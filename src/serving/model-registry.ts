@@ -7,7 +7,7 @@ import { percentSteps } from '../progress.js';
 import { Engine, type EngineLoadOptions } from '../engine/engine.js';
 import { toolCallFormat } from './tool-calls.js';
 import {
-  COMPLETION_WINDOWS, type Catalog, type CatalogModel, type CompletionWindow, type EngineSettings,
+  COMPLETION_WINDOWS, pricingFor, visibleTo, type Catalog, type CatalogModel, type CompletionWindow, type EngineSettings,
   type LongContextPricing, type ModelPrice,
 } from '../config/catalog.js';
 
@@ -47,15 +47,12 @@ export class ServedModel {
   get supportsImageInput(): boolean { return this.entry.supports_image_input ?? false; }
 
   visibleTo(orgName: string): boolean {
-    return !this.entry.restricted || (this.entry.granted_organizations ?? []).includes(orgName);
+    return visibleTo(this.entry, orgName);
   }
 
   /** Published rates with the organization's negotiated rates in place, in window order. */
   pricingFor(orgName: string): ModelPrice[] {
-    const byTier = new Map<string, ModelPrice>();
-    for (const p of this.entry.pricing ?? []) byTier.set(p.tier, p);
-    for (const p of this.entry.negotiated_pricing?.[orgName] ?? []) byTier.set(p.tier, p);
-    return COMPLETION_WINDOWS.filter((w) => byTier.has(w)).map((w) => ({ ...byTier.get(w)! }));
+    return pricingFor(this.entry, orgName);
   }
 
   /**
