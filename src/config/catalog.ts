@@ -56,6 +56,10 @@ const CatalogModelSchema = Type.Object({
   supports_tools: Type.Optional(Type.Literal(false)),
   pricing: Type.Optional(Type.Array(ModelPriceSchema)),
   long_context_pricing: Type.Optional(LongContextPricingSchema),
+  /** `owned_by` of the OpenAI model object (default "sluice"). */
+  owned_by: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+  /** `created` of the model object, Unix seconds (default: when the checkpoint's config.json was written). */
+  created: Type.Optional(Type.Integer({ minimum: 0, maximum: 253402300799 })),
   restricted: Type.Optional(Type.Boolean()),
   /** Organization names that may see and use a restricted model. */
   granted_organizations: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),

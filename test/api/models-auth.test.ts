@@ -15,7 +15,8 @@ beforeAll(async () => {
 });
 afterAll(async () => { await server?.close(); });
 
-const MODEL_FIELDS = ['id', 'object', 'name', 'context_length', 'supports_chat', 'supports_image_input', 'supports_tools', 'pricing'];
+// The spec's fields, and OpenAI's created and owned_by.
+const MODEL_FIELDS = ['id', 'object', 'created', 'owned_by', 'name', 'context_length', 'supports_chat', 'supports_image_input', 'supports_tools', 'pricing'];
 
 function get(path: string, headers: Record<string, string> = {}) {
   return fetch(`${server.origin}${path}`, { headers });
@@ -31,7 +32,7 @@ function expectEnvelope(body: unknown, type: string): void {
 }
 
 describe('GET /v1/models', () => {
-  it('lists exactly the spec fields, resolved for the default organization', async () => {
+  it('lists exactly the spec fields (and created, owned_by), resolved for the default organization', async () => {
     const client = new OpenAI({ baseURL: server.baseUrl, apiKey: server.key });
     const page = await client.models.list();
     const models = page.data as unknown as Array<Record<string, unknown>>;
@@ -39,7 +40,7 @@ describe('GET /v1/models', () => {
     const tiny = models[0]!;
     expect(Object.keys(tiny).sort()).toEqual([...MODEL_FIELDS, 'long_context_pricing'].sort());
     expect(tiny).toEqual({
-      id: 'tiny', object: 'model', name: 'Tiny demo', context_length: 2048,
+      id: 'tiny', object: 'model', created: expect.any(Number), owned_by: 'sluice', name: 'Tiny demo', context_length: 2048,
       supports_chat: true, supports_image_input: false, supports_tools: false,
       pricing: [
         { tier: 'asap', input_per_1m_tokens: 0.4, cached_input_per_1m_tokens: 0.1, output_per_1m_tokens: 1.2 },

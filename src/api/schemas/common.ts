@@ -48,6 +48,9 @@ export const ClientJsonSchema = Type.Record(Type.String(), Type.Unknown(), {
 export const ModelSchema = Type.Object({
   id: Type.String(),
   object: Type.Literal('model'),
+  /** OpenAI's fields beside the spec's: Unix seconds, and who publishes the model. */
+  created: Type.Integer(),
+  owned_by: Type.String(),
   name: Type.String(),
   context_length: Type.Integer(),
   supports_chat: Type.Boolean(),
