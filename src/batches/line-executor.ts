@@ -13,6 +13,7 @@ import { newId, nowSeconds } from '../api/adapters/content.js';
 import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../api/adapters/messages.js';
 import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../api/adapters/responses.js';
 import { renderError } from '../api/errors.js';
+import { toAnthropicEnvelope } from '../api/anthropic.js';
 import { checkJsonValue } from '../api/json-body.js';
 import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../api/schemas/chat-completions.js';
 import { CreateMessageSchema, type CreateMessageBody } from '../api/schemas/messages.js';
@@ -128,9 +129,11 @@ const resultLine = (customId: string, response: unknown, error: unknown): string
 /** Runs one line. Never throws: every failure is an error line, or `aborted`. */
 export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome> {
   let customId = '';
+  let url = '';
   try {
     const request = JSON.parse(opts.text) as BatchLineRequest;
     customId = String(request.custom_id);
+    url = request.url;
     const surface = SURFACES[request.url];
     // Validation made every line's url the batch's endpoint; this guards a file changed under us.
     if (!surface) throw new Error(`no batch surface for ${request.url}`);
@@ -147,10 +150,12 @@ export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome
     }
     const rendered = renderError(err);
     const { code, message } = rendered.body.error;
+    // The body the endpoint itself would have answered: Messages errors in Anthropic's envelope.
+    const body = url === '/v1/messages' ? toAnthropicEnvelope(rendered.statusCode, rendered.body) : rendered.body;
     return {
       kind: 'error',
       line: resultLine(customId,
-        { status_code: rendered.statusCode, request_id: newId('req'), body: rendered.body },
+        { status_code: rendered.statusCode, request_id: newId('req'), body },
         { code: code ?? rendered.body.error.type, message }),
       ...(rendered.internal && { internal: err }),
     };

@@ -1,5 +1,5 @@
 // Every 4xx and 5xx the server can produce is the error envelope {error: {message, type, param,
-// code}}, including the replies fastify and Node write before any route runs: malformed HTTP,
+// code}} (Anthropic's on the Messages routes, test/api/anthropic-surface.test.ts), including the replies fastify and Node write before any route runs: malformed HTTP,
 // oversized headers, bad or over-long URLs, a missing Host, an unsupported Expect, JSON with
 // prototype keys or absurd nesting, and requests that arrive while the server shuts down.
 // Requests go over raw sockets, so that nothing is normalised on the way.
@@ -75,9 +75,12 @@ describe('JSON bodies', () => {
     const deep = await rawExchange(server.origin,
       json('/v1/responses', '{"model": "tiny", "input": [{"role": "user", "content": "hi", "__proto__": {"admin": true}}]}'));
     expectEnvelope(deep, 400, 'forbidden_json_key', 'input[0].__proto__');
-    // Written with escapes, it is the same key.
+    // Written with escapes, it is the same key (here on /v1/messages, in Anthropic's envelope).
     const escaped = await rawExchange(server.origin, json('/v1/messages', '{"\\u005f_proto__": {}, "model": "tiny"}'));
-    expectEnvelope(escaped, 400, 'forbidden_json_key', '__proto__');
+    expect(escaped.status).toBe(400);
+    expect(JSON.parse(escaped.body)).toMatchObject({
+      type: 'error', error: { type: 'invalid_request_error', code: 'forbidden_json_key', param: '__proto__' },
+    });
   });
 
   it('refuses nesting past 64 levels before parsing, also outside /v1', async () => {

@@ -185,8 +185,10 @@ describe('rejections', () => {
       const promptTokenIds = vi.spyOn(engine(), 'promptTokenIds');
       const res = await post(body);
       expect(res.status).toBe(status);
-      expect(Object.keys(res.json)).toEqual(['error']);
-      expect(res.json.error).toMatchObject({ type: expect.any(String), message: expect.any(String), param });
+      // Anthropic's envelope, the spec's param and code riding along in the inner object.
+      expect(Object.keys(res.json).sort()).toEqual(['error', 'type']);
+      expect(res.json.type).toBe('error');
+      expect(res.json.error).toMatchObject({ type: status === 404 ? 'not_found_error' : 'invalid_request_error', message: expect.any(String), param });
       if (code !== undefined) expect(res.json.error.code).toBe(code);
       expect(generate).not.toHaveBeenCalled();
       // Everything but the context check fails before the prompt is even tokenized.
@@ -245,7 +247,7 @@ describe('idempotency keys', () => {
     const first = await post(sampled, { 'Idempotency-Key': key });
     const reused = await post({ ...sampled, max_tokens: 25 }, { 'Idempotency-Key': key });
     expect(reused.status).toBe(422);
-    expect(reused.json.error).toMatchObject({ code: 'idempotency_key_reused', param: 'idempotency-key' });
+    expect(reused.json).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'idempotency_key_reused', param: 'idempotency-key' } });
     // Key order in the body does not matter.
     const reordered = await post({ temperature: 1, messages: sampled.messages, max_tokens: 24, model: 'tiny' }, { 'Idempotency-Key': key });
     expect(reordered.json.id).toBe(first.json.id);
@@ -258,7 +260,7 @@ describe('idempotency keys', () => {
     await vi.waitFor(() => expect(generate).toHaveBeenCalledTimes(1));
     const busy = await post(long, { 'alt-idempotency-key': running });
     expect(busy.status).toBe(409);
-    expect(busy.json.error).toMatchObject({ type: 'conflict_error', code: 'idempotency_key_in_use', param: 'alt-idempotency-key' });
+    expect(busy.json).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'idempotency_key_in_use', param: 'alt-idempotency-key' } });
     const done = await pending;
     expect(done.status).toBe(200);
     expect((await post(long, { 'alt-idempotency-key': running })).json.id).toBe(done.json.id);

@@ -1,6 +1,7 @@
 // POST /v1/messages: Anthropic's Messages shape over the same GenerationService path as the other
-// surfaces. Foreground only (no streaming); a client disconnect cancels the generation. Errors use
-// the spec's error envelope here too (Anthropic's clients map the status to their error classes).
+// surfaces. Foreground only (no streaming); a client disconnect cancels the generation. Errors
+// leave in Anthropic's envelope ({type: "error", error: {type, message}}: the plugin's error
+// handler, api/anthropic.ts), so its clients raise their typed errors with the message.
 //
 // Idempotency: `alt-idempotency-key` and `Idempotency-Key` (same behaviour) bind a key, per
 // organization, to a hash of the model and the validated body. The first call runs and its 200
@@ -22,7 +23,7 @@ import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import { commitRequestEnd } from '../request-end.js';
 import { ApiError } from '../errors.js';
-import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+import { AnthropicErrorEnvelopeSchema, anthropicErrorResponses } from '../schemas/common.js';
 import { CreateMessageSchema, MessageObjectSchema, type CreateMessageBody, type MessageObject } from '../schemas/messages.js';
 import { noteUsage } from '../request-log.js';
 
@@ -61,8 +62,8 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
         },
       },
       response: {
-        200: MessageObjectSchema, ...errorResponses,
-        403: ErrorEnvelopeSchema, 409: ErrorEnvelopeSchema, 422: ErrorEnvelopeSchema,
+        200: MessageObjectSchema, ...anthropicErrorResponses,
+        403: AnthropicErrorEnvelopeSchema, 409: AnthropicErrorEnvelopeSchema, 422: AnthropicErrorEnvelopeSchema,
       },
     },
     preValidation: async (request) => refuseUnsupportedMessageInput(request.body),

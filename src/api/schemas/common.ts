@@ -18,6 +18,27 @@ export const ErrorEnvelopeSchema = Type.Object({
   }, { additionalProperties: true }),
 }, { additionalProperties: false, $id: 'ErrorEnvelope' });
 
+/**
+ * Anthropic's error envelope, which the Messages routes answer in (api/anthropic.ts): `param` and
+ * `code` are sluice's extras, present when known, as are `retry_after` on a 429.
+ */
+export const AnthropicErrorEnvelopeSchema = Type.Object({
+  type: Type.Literal('error'),
+  error: Type.Object({
+    type: Type.String(),
+    message: Type.String(),
+    param: Type.Optional(Type.String()),
+    code: Type.Optional(Type.Union([Type.String(), Type.Integer()])),
+  }, { additionalProperties: true }),
+}, { additionalProperties: false, $id: 'AnthropicErrorEnvelope' });
+
+/** The error responses of the Messages routes, for the OpenAPI document. */
+export const anthropicErrorResponses = {
+  400: AnthropicErrorEnvelopeSchema,
+  401: AnthropicErrorEnvelopeSchema,
+  404: AnthropicErrorEnvelopeSchema,
+} as const;
+
 /** Error responses every authenticated route may give, for the OpenAPI document. */
 export const errorResponses = {
   400: ErrorEnvelopeSchema,
