@@ -87,6 +87,23 @@ export const ModelListSchema = Type.Object({
   data: Type.Array(ModelSchema),
 }, { additionalProperties: false });
 
+/** Anthropic's model object (GET /v1/models with an `anthropic-version` header). */
+export const AnthropicModelSchema = Type.Object({
+  type: Type.Literal('model'),
+  id: Type.String(),
+  display_name: Type.String(),
+  /** RFC 3339 date-time. */
+  created_at: Type.String({ format: 'date-time' }),
+}, { additionalProperties: false });
+
+/** Anthropic's page of models: ids of the page's first and last model, null when it is empty. */
+export const AnthropicModelListSchema = Type.Object({
+  data: Type.Array(AnthropicModelSchema),
+  has_more: Type.Boolean(),
+  first_id: Type.Union([Type.String(), Type.Null()]),
+  last_id: Type.Union([Type.String(), Type.Null()]),
+}, { additionalProperties: false });
+
 /**
  * A union of objects told apart by their `type` property, validated as an OpenAPI discriminated
  * oneOf: ajv checks only the branch the tag names, so a client error is reported against the
