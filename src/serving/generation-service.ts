@@ -36,6 +36,23 @@ export class GenerationService {
       throw new SluiceError('invalid_request',
         `top_k must be at most the model's vocabulary size (${model.engine.info.vocabSize}), got ${topK}`, { param: 'top_k' });
     }
+    const { assistant, promptTokenIds } = await this.renderPrompt(model, request);
+    const maxTokens = resolveMaxTokens(model, promptTokenIds.length, request);
+    return { request, window, promptTokenIds, maxTokens, assistant };
+  }
+
+  /**
+   * The number of prompt tokens `request` would run with (and be billed for): the same model
+   * checks, chat template and tokenizer as prepare(), without a window or an output limit to
+   * resolve. Nothing is generated, counted against a limit or billed.
+   */
+  async countPromptTokens(request: GenerationRequest): Promise<number> {
+    const model = this.registry.resolve(request.model, request.caller.orgName);
+    return (await this.renderPrompt(model, request)).promptTokenIds.length;
+  }
+
+  /** Refuses input the model cannot take, plans the assistant turn, renders and tokenizes the prompt. */
+  private async renderPrompt(model: ServedModel, request: GenerationRequest): Promise<Pick<PreparedGeneration, 'assistant' | 'promptTokenIds'>> {
     if (request.imageParam !== undefined && !model.supportsImageInput) {
       throw new SluiceError('image_input_unsupported',
         `the model "${model.id}" does not accept image input (supports_image_input is false)`, { param: request.imageParam });
@@ -59,8 +76,7 @@ export class GenerationService {
         ...(assistant.enableThinking !== undefined && { enableThinking: assistant.enableThinking }),
       }
       : { prompt: request.input.text }, { contextLength: model.contextLength, tenant: request.caller.orgId });
-    const maxTokens = resolveMaxTokens(model, promptTokenIds.length, request);
-    return { request, window, promptTokenIds, maxTokens, assistant };
+    return { assistant, promptTokenIds };
   }
 
   /**

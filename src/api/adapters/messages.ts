@@ -16,7 +16,7 @@ import type { ChatMessage } from '../../engine/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
 import { invalidRequest } from '../errors.js';
-import type { CreateMessageBody, MessageObject, MessageParam } from '../schemas/messages.js';
+import type { CountTokensBody, CreateMessageBody, MessageObject, MessageParam } from '../schemas/messages.js';
 import { checkImageUrl, completionWindowOf, refuseListedTypes, refuseStreaming } from './content.js';
 
 const REFUSED_BLOCK_TYPES: Record<string, string> = {
@@ -37,12 +37,17 @@ const REFUSED_BLOCK_TYPES: Record<string, string> = {
  */
 export function refuseUnsupportedMessageInput(body: unknown): void {
   refuseStreaming(body);
+  refuseUnsupportedBlocks(body);
+}
+
+/** The block kinds refused in `messages` (on /v1/messages and /v1/messages/count_tokens alike). */
+export function refuseUnsupportedBlocks(body: unknown): void {
   refuseListedTypes((body as { messages?: unknown } | null)?.messages, 'messages', REFUSED_BLOCK_TYPES);
 }
 
 const BASE64 = /^[A-Za-z0-9+/=\s]+$/;
 
-function toChatMessages(body: CreateMessageBody): { messages: ChatMessage[]; imageParam?: string } {
+function toChatMessages(body: Pick<CreateMessageBody, 'system' | 'messages'>): { messages: ChatMessage[]; imageParam?: string } {
   let imageParam: string | undefined;
   const out: ChatMessage[] = [];
   const system = typeof body.system === 'string' ? body.system : (body.system ?? []).map((b) => b.text).join('\n');
@@ -69,7 +74,8 @@ function toChatMessages(body: CreateMessageBody): { messages: ChatMessage[]; ima
   return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
 }
 
-export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Caller, supportsChat: boolean): GenerationRequest {
+/** Refusals of what the prompt cannot hold: thinking enabled, a model without chat. */
+function checkPromptFields(body: Pick<CreateMessageBody, 'model' | 'thinking'>, supportsChat: boolean): void {
   if (body.thinking?.type === 'enabled') {
     throw invalidRequest('extended thinking is not served on Messages (send thinking.type "disabled" or leave it out); ' +
       'models that think do so on Responses (reasoning.effort) and Chat Completions (reasoning_effort)',
@@ -79,6 +85,10 @@ export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Cal
     throw invalidRequest(`the model "${body.model}" does not serve conversations (supports_chat is false); use POST /v1/responses with a string input`,
       'model', 'chat_unsupported');
   }
+}
+
+export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Caller, supportsChat: boolean): GenerationRequest {
+  checkPromptFields(body, supportsChat);
   // Request metadata holds strings only; Anthropic's user_id may come as null (= not given).
   const metadata: Record<string, string> = {};
   for (const [key, value] of Object.entries(body.metadata ?? {})) if (typeof value === 'string') metadata[key] = value;
@@ -110,6 +120,28 @@ export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Cal
   if (window !== undefined) request.completionWindow = window;
   if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
   if (metadata['user_id'] !== undefined) request.user = metadata['user_id'];
+  return request;
+}
+
+/**
+ * The request whose prompt POST /v1/messages/count_tokens counts: the conversation as
+ * toMessagesGenerationRequest builds it (same checks, same messages, no thinking), without
+ * sampling, limits or metadata, which do not change the prompt.
+ */
+export function toMessagesCountRequest(body: CountTokensBody, caller: Caller, supportsChat: boolean): GenerationRequest {
+  checkPromptFields(body, supportsChat);
+  const converted = toChatMessages(body);
+  const request: GenerationRequest = {
+    caller,
+    model: body.model,
+    input: { kind: 'messages', messages: converted.messages },
+    sampling: {},
+    maxOutputTokensParam: 'max_tokens',
+    background: false,
+    metadata: {},
+    reasoningEffort: 'none',
+  };
+  if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
   return request;
 }
 

@@ -3,6 +3,9 @@
 // leave in Anthropic's envelope ({type: "error", error: {type, message}}: the plugin's error
 // handler, api/anthropic.ts), so its clients raise their typed errors with the message.
 //
+// POST /v1/messages/count_tokens: the prompt tokens of a Messages request, counted through the
+// model's chat template and tokenizer as POST /v1/messages bills them; nothing runs or is billed.
+//
 // Idempotency: `alt-idempotency-key` and `Idempotency-Key` (same behaviour) bind a key, per
 // organization, to a hash of the model and the validated body. The first call runs and its 200
 // body is kept; a repeat with the same body gets that body back without generating (header
@@ -17,14 +20,18 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { Caller } from '../../serving/generation-request.js';
 import { newId, nowSeconds } from '../adapters/content.js';
 import {
-  idempotencyKeyOf, messageObject, refuseUnsupportedMessageInput, requestHash, toMessagesGenerationRequest,
+  idempotencyKeyOf, messageObject, refuseUnsupportedBlocks, refuseUnsupportedMessageInput, requestHash, toMessagesCountRequest,
+  toMessagesGenerationRequest,
 } from '../adapters/messages.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import { commitRequestEnd } from '../request-end.js';
 import { ApiError } from '../errors.js';
 import { AnthropicErrorEnvelopeSchema, anthropicErrorResponses } from '../schemas/common.js';
-import { CreateMessageSchema, MessageObjectSchema, type CreateMessageBody, type MessageObject } from '../schemas/messages.js';
+import {
+  CountTokensSchema, CreateMessageSchema, MessageObjectSchema, TokenCountSchema,
+  type CountTokensBody, type CreateMessageBody, type MessageObject,
+} from '../schemas/messages.js';
 import { noteUsage } from '../request-log.js';
 
 /** The idempotency scope (store key space) of this endpoint. */
@@ -95,5 +102,18 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
       await ctx.store.abandonIdempotency(caller.orgId, SCOPE, idem.key);
       throw err;
     }
+  });
+
+  app.post<{ Body: CountTokensBody }>('/messages/count_tokens', {
+    schema: {
+      summary: 'Count the prompt tokens of a message request',
+      body: CountTokensSchema,
+      response: { 200: TokenCountSchema, ...anthropicErrorResponses },
+    },
+    preValidation: async (request) => refuseUnsupportedBlocks(request.body),
+  }, async (request) => {
+    const model = ctx.registry.resolve(request.body.model, request.caller.orgName);
+    const count = await ctx.service.countPromptTokens(toMessagesCountRequest(request.body, request.caller, model.supportsChat));
+    return { input_tokens: count };
   });
 }

@@ -87,6 +87,28 @@ export const CreateMessageSchema = Type.Object({
 }, { additionalProperties: false });
 export type CreateMessageBody = Static<typeof CreateMessageSchema>;
 
+/**
+ * POST /v1/messages/count_tokens (Anthropic's shape): what reaches the prompt (model, messages,
+ * system, thinking) validated exactly as on POST /v1/messages, and the fields accepted there and
+ * ignored (tools, tool_choice, output_config). Sampling and limits have no place here.
+ */
+const create = CreateMessageSchema.properties;
+export const CountTokensSchema = Type.Object({
+  model: create.model,
+  messages: create.messages,
+  system: create.system,
+  thinking: create.thinking,
+  output_config: create.output_config,
+  tools: create.tools,
+  tool_choice: create.tool_choice,
+}, { additionalProperties: false });
+export type CountTokensBody = Static<typeof CountTokensSchema>;
+
+export const TokenCountSchema = Type.Object({
+  /** Prompt tokens: every token of the rendered conversation, as POST /v1/messages bills them. */
+  input_tokens: Type.Integer(),
+}, { additionalProperties: false });
+
 export const MessageObjectSchema = Type.Object({
   id: Type.String(),
   type: Type.Literal('message'),
