@@ -11,6 +11,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { chatLine, createBatch } from '../helpers/batches.js';
+import { httpRequest, rawExchange } from '../helpers/raw-http.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 type Line = Record<string, any>;
@@ -91,6 +92,17 @@ describe('request ids', () => {
     const line = await accessLine('nf-1');
     expect(line).toMatchObject({ route: 'unmatched', status: 404 });
     expect(JSON.stringify(line)).not.toContain('secret');
+  });
+
+  it('is on replies written before routing: malformed HTTP (on the raw socket) and an unsupported Expect', async () => {
+    const malformed = await rawExchange(server.origin, 'GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n');
+    expect(malformed.status).toBe(400);
+    expect(malformed.headers['x-request-id']).toMatch(UUID);
+    const expect417 = await rawExchange(server.origin, httpRequest('POST', '/v1/responses', {
+      host: 'x', 'content-type': 'application/json', 'content-length': 2, expect: 'something-else', 'x-request-id': 'exp-1',
+    }, '{}'));
+    expect(expect417.status).toBe(417);
+    expect(expect417.headers['x-request-id']).toBe('exp-1');
   });
 
   it('answers an Anthropic client with request-id and logs the message with its tokens', async () => {
