@@ -15,9 +15,12 @@ export type { SluiceErrorCode } from './errors.js';
 export { makeModel } from '../models/make-model.js';
 export type { MakeModelOptions } from '../models/make-model.js';
 
-// The HTTP service: the whole of `sluice serve` in-process, or the API as a fastify plugin.
+// The HTTP service: the whole of `sluice serve` in-process, or the API as a fastify plugin (createSluice
+// opens what the plugin needs and mounts it in a host app; sluiceApi is the bare plugin).
 export { openService, DEFAULT_ORGANIZATION } from './service.js';
 export type { OpenServiceOptions, Service } from './service.js';
+export { createSluice } from './embed.js';
+export type { CreateSluiceOptions, Sluice } from './embed.js';
 export { createServer } from './api/app.js';
 export type { CreateServerOptions } from './api/app.js';
 export { ServiceMetrics } from './metrics/service-metrics.js';

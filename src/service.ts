@@ -1,6 +1,7 @@
 // Opens everything `sluice serve` runs: the store under the data directory, the catalog's models,
 // a first API key when there is none, and the HTTP app. Library users call this to run the whole
-// service in their process; createServer (api/app.ts) is the lower level for mounting the API.
+// service in their process; createSluice (embed.ts) opens the same parts (openServiceParts) for the
+// API mounted in their own fastify app; createServer (api/app.ts) is the lower level.
 
 import { mkdirSync } from 'node:fs';
 import os from 'node:os';
@@ -15,6 +16,7 @@ import { createApiKey, type CreatedKey } from './store/api-keys.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import type { WebhookSettings } from './webhooks/dispatcher.js';
 import { BatchRunner, type BatchDeadlines } from './batches/runner.js';
+import type { BatchLog } from './batches/batch-job.js';
 import type { Store } from './store/store.js';
 import { DataDirLock } from './store/data-dir-lock.js';
 import { loadOrCreatePrefixHashKey } from './store/deployment-key.js';
@@ -85,7 +87,34 @@ export function storePath(dataDir: string): string {
   return join(resolve(dataDir), 'sluice.db');
 }
 
-export async function openService(opts: OpenServiceOptions): Promise<Service> {
+export type ServicePartsOptions = Pick<OpenServiceOptions, 'catalog' | 'dataDir' | 'engineDefaults' | 'onProgress' | 'batchDeadlines' | 'orgLimits'> & {
+  /** Where the batch runner logs (the app's logger, which exists only after the parts). */
+  batchLog: BatchLog;
+  /** Told when a batch line is done (metrics). */
+  onBatchLineDone?: (outcome: 'completed' | 'failed') => void;
+};
+
+/** What the API needs besides HTTP, shared by openService and createSluice (embed.ts). */
+export interface ServiceParts {
+  dataDir: string;
+  store: Store;
+  registry: ModelRegistry;
+  /** The key made because the store had none (shown once), else undefined. */
+  firstKey: CreatedKey | undefined;
+  /** One limiter for the API's requests and the batch lines: an organization's limits are its own. */
+  limits: TenantLimiter;
+  /** Not started: its owner starts it once the API is mounted. */
+  batches: BatchRunner;
+  /** Stops the batches, frees the models, closes the store, releases the data directory. Safe to call twice. */
+  close(): Promise<void>;
+}
+
+/**
+ * Locks the data directory, opens the store (releasing the idempotency keys of requests the last
+ * process was running), loads the catalog's models, makes a first API key when there is none, and
+ * builds the limiter and the batch runner.
+ */
+export async function openServiceParts(opts: ServicePartsOptions): Promise<ServiceParts> {
   const dataDir = resolve(opts.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
   // Before anything touches the directory: a second server must not resume this one's work.
@@ -108,40 +137,24 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     registryOptions.onMessage = opts.onProgress ?? ((m) => process.stderr.write(`sluice: ${m}\n`));
     registry = await ModelRegistry.load(opts.catalog, registryOptions);
     const firstKey = (await store.countActiveApiKeys()) === 0 ? await createApiKey(store, DEFAULT_ORGANIZATION) : undefined;
-    let app: FastifyInstance | undefined;
-    // One limiter for the API's requests and the batch lines: an organization's limits are its own.
     const limits = new TenantLimiter(opts.catalog.limits, opts.orgLimits);
-    const metrics = new ServiceMetrics(opts.metrics);
     const batches = new BatchRunner({
-      store, registry, dataDir, limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }),
-      log: { error: (obj, msg) => app?.log.error(obj, msg), info: (obj, msg) => app?.log.info(obj, msg) },
-      onLineDone: (outcome) => metrics.batchLineDone(outcome),
+      store, registry, dataDir, limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }), log: opts.batchLog,
+      ...(opts.onBatchLineDone && { onLineDone: opts.onBatchLineDone }),
     });
-    app = await createServer({
-      store, registry, dataDir, logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
-      metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
-      ...(opts.deadlines && { deadlines: opts.deadlines }),
-      ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,
-    });
-    const described = limits.describe();
-    logServiceStart(app.log, registry, {
-      org: described.defaults, numOrgOverrides: described.numOverrides, transport: { ...DEFAULT_TRANSPORT_LIMITS, ...opts.transport },
-    });
-    await batches.start();
     let closed = false;
     const loaded = registry;
-    const started = app;
+    const opened = store;
     return {
-      app, store, registry, dataDir, firstKey, batches, metrics,
+      dataDir, store, registry, firstKey, limits, batches,
       async close() {
         if (closed) return;
         closed = true;
         try {
-          await started.close();
           // After the HTTP app (no new batches or cancels), before the engines go.
           await batches.stop();
           await loaded.dispose();
-          await store.close();
+          await opened.close();
         } finally {
           lock.release();
         }
@@ -153,4 +166,46 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     lock.release();
     throw err;
   }
+}
+
+export async function openService(opts: OpenServiceOptions): Promise<Service> {
+  let app: FastifyInstance | undefined;
+  const metrics = new ServiceMetrics(opts.metrics);
+  const parts = await openServiceParts({
+    ...opts,
+    batchLog: { error: (obj, msg) => app?.log.error(obj, msg), info: (obj, msg) => app?.log.info(obj, msg) },
+    onBatchLineDone: (outcome) => metrics.batchLineDone(outcome),
+  });
+  const { store, registry, dataDir, firstKey, limits, batches } = parts;
+  try {
+    app = await createServer({
+      store, registry, dataDir, logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
+      metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
+      ...(opts.deadlines && { deadlines: opts.deadlines }),
+      ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,
+    });
+    const described = limits.describe();
+    logServiceStart(app.log, registry, {
+      org: described.defaults, numOrgOverrides: described.numOverrides, transport: { ...DEFAULT_TRANSPORT_LIMITS, ...opts.transport },
+    });
+    await batches.start();
+  } catch (err) {
+    await app?.close();
+    await parts.close();
+    throw err;
+  }
+  let closed = false;
+  const started = app;
+  return {
+    app, store, registry, dataDir, firstKey, batches, metrics,
+    async close() {
+      if (closed) return;
+      closed = true;
+      try {
+        await started.close();
+      } finally {
+        await parts.close();
+      }
+    },
+  };
 }
