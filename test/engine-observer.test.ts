@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine } from '../src/index.js';
-import type { RequestReport, StepReport } from '../src/engine/engine-events.js';
+import type { EngineObserver, RequestReport, StepReport } from '../src/engine/engine-events.js';
 import { EngineStatsLog, checkEngineLogInterval } from '../src/metrics/engine-log.js';
 import type { ModelRegistry } from '../src/serving/model-registry.js';
 
@@ -170,7 +170,7 @@ describe('the periodic engine line', () => {
       expect(lines).toHaveLength(1);
       const { obj, msg } = lines[0]!;
       expect(obj).toMatchObject({
-        model: 'tiny', prompt_tokens_per_s: 40, generation_tokens_per_s: 15, steps: steps.length,
+        model: 'tiny', prompt_tokens_per_s: 40, generation_tokens_per_s: 15, steps: steps.filter((st) => st.numRows > 0).length,
         running: { asap: 0, standard: 0, flex: 0 }, waiting: { asap: 0, standard: 0, flex: 0 }, kv_usage_pct: 0,
       });
       expect(obj.kv_blocks.used + obj.kv_blocks.cached + obj.kv_blocks.free).toBe(engine.info.numBlocks);
@@ -178,6 +178,33 @@ describe('the periodic engine line', () => {
       nowMs += 2000;
       log.tick();
       expect(lines).toHaveLength(1);
+    } finally {
+      log.stop();
+    }
+  });
+
+  it('does not count a step that only frees sequences as work', () => {
+    // An engine stand-in: the log reads only observe() and schedulerStats().
+    let observer: EngineObserver | undefined;
+    const idle = { numRunning: 0, numWaiting: 0, byWindow: {}, kvPool: { numTotalBlocks: 8, numFreeBlocks: 8, numEvictableBlocks: 0, numCachedBlocks: 0 } };
+    const engine = { observe: (o: EngineObserver) => { observer = o; return () => {}; }, schedulerStats: () => idle };
+    const lines: Record<string, unknown>[] = [];
+    let nowMs = 0;
+    const log = new EngineStatsLog({ info: (obj) => lines.push(obj as Record<string, unknown>) }, () => nowMs);
+    log.start({ models: [{ id: 'm', engine }] } as unknown as Pick<ModelRegistry, 'models'>, 3_600_000);
+    try {
+      const step = (numRows: number, numPrefillTokens: number, numSampledTokens: number): StepReport => ({
+        durationMs: 1, numRows, numComputedTokens: numPrefillTokens + numSampledTokens, numPrefillTokens, numSampledTokens, preempted: [], ok: true,
+      });
+      observer!.onStep!(step(0, 0, 0));
+      nowMs = 1000;
+      log.tick();
+      expect(lines).toEqual([]);
+      observer!.onStep!(step(2, 30, 2));
+      observer!.onStep!(step(2, 0, 2));
+      nowMs = 3000;
+      log.tick();
+      expect(lines).toMatchObject([{ model: 'm', steps: 2, prompt_tokens_per_s: 15, generation_tokens_per_s: 2 }]);
     } finally {
       log.stop();
     }

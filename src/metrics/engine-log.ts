@@ -1,5 +1,5 @@
 // The periodic engine line, as vLLM prints one: every interval in which an engine was busy (a step
-// ran, or sequences run or wait), one info line per engine with its throughput over the interval,
+// computed tokens, or sequences run or wait), one info line per engine with its throughput over the interval,
 // the sequences running and waiting per completion window, and the KV pool. An idle engine writes
 // nothing, so an idle server's log stays quiet.
 //
@@ -81,6 +81,8 @@ export class EngineStatsLog {
 }
 
 function count(interval: Interval, report: StepReport): void {
+  // A step that only frees ended sequences computes nothing: it does not make an interval busy.
+  if (report.numRows === 0) return;
   interval.numSteps += 1;
   interval.numPrefillTokens += report.numPrefillTokens;
   interval.numSampledTokens += report.numSampledTokens;
