@@ -37,3 +37,15 @@ export function makeAuthHook(store: Store) {
     request.caller = { orgId: info.orgId, orgName: info.orgName, keyId: info.id };
   };
 }
+
+/**
+ * An onRequest hook for operator routes (/metrics, /dashboard/data): the caller needs an admin key
+ * (no key or an unknown one is 401; a key that is not an admin key is 403 with `message`).
+ */
+export function makeAdminHook(store: Store, message: string) {
+  const authenticate = makeAuthHook(store);
+  return async function requireAdmin(request: FastifyRequest): Promise<void> {
+    await authenticate(request);
+    if (!(await store.isAdminKey(request.caller.keyId))) throw new ApiError(403, 'permission_error', message, null, 'admin_key_required');
+  };
+}

@@ -7,21 +7,14 @@
 import type { FastifyInstance } from 'fastify';
 import type { ServiceMetrics } from '../metrics/service-metrics.js';
 import type { Store } from '../store/store.js';
-import { makeAuthHook } from './auth.js';
-import { ApiError } from './errors.js';
+import { makeAdminHook } from './auth.js';
 
 export function registerMetricsRoute(app: FastifyInstance, store: Store, metrics: ServiceMetrics): void {
-  const authenticate = makeAuthHook(store);
+  const requireAdmin = makeAdminHook(store,
+    'metrics need an admin API key (sluice keys create --org NAME --admin), or a server started with --metrics-public');
   app.get('/metrics', {
     schema: { hide: true },
-    onRequest: metrics.isPublic ? [] : [async (request) => {
-      await authenticate(request);
-      if (!(await store.isAdminKey(request.caller.keyId))) {
-        throw new ApiError(403, 'permission_error',
-          'metrics need an admin API key (sluice keys create --org NAME --admin), or a server started with --metrics-public',
-          null, 'admin_key_required');
-      }
-    }],
+    onRequest: metrics.isPublic ? [] : [requireAdmin],
   }, async (_request, reply) => {
     const { contentType, body } = await metrics.render();
     return reply.type(contentType).send(body);
