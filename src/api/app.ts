@@ -1,4 +1,5 @@
-// Builds the sluice HTTP app: /health and /ready for orchestrators, and the API plugin under /v1.
+// Builds the sluice HTTP app: /health and /ready for orchestrators, /metrics and /dashboard for
+// operators, and the API plugin under /v1.
 // Tests import this and inject requests or listen on a port; `sluice serve` listens and handles signals.
 //
 // Every 4xx and 5xx leaves in the error envelope, including the ones fastify and Node answer
@@ -24,6 +25,8 @@ import { ServiceMetrics } from '../metrics/service-metrics.js';
 import { DEFAULT_ENGINE_LOG_INTERVAL_MS, EngineStatsLog } from '../metrics/engine-log.js';
 import { registerMetricsRoute } from './metrics-route.js';
 import { recordRequests, requestIdFor } from './request-log.js';
+import { DASHBOARD_ROUTES, registerDashboardRoutes } from './dashboard-route.js';
+import { RecentRequests } from '../metrics/recent-requests.js';
 
 export interface CreateServerOptions {
   store: Store;
@@ -109,8 +112,11 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   });
   const bodyGuard = new BodyGuard(limits);
   const metrics = opts.metrics ?? new ServiceMetrics();
+  // The dashboard's recent requests: the API's, not probes, scrapes or the dashboard's own polling.
+  const recent = new RecentRequests();
+  const operatorRoutes = new Set<string>(['/health', '/ready', '/metrics', ...DASHBOARD_ROUTES]);
   // First of the root hooks: even a request refused by the next one gets its id back.
-  recordRequests(app, metrics);
+  recordRequests(app, metrics, { ring: recent, ignoredRoutes: operatorRoutes });
   const stopWatching = metrics.watchModels(opts.registry);
   app.addHook('onClose', async () => stopWatching());
   const engineLog = new EngineStatsLog(app.log);
@@ -148,6 +154,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     return { status: 'ready' };
   });
   registerMetricsRoute(app, opts.store, metrics);
+  registerDashboardRoutes(app, { store: opts.store, metrics, recent });
 
   // Outside /v1 (unknown paths, errors of /health) the same envelope applies.
   app.setErrorHandler((err, request, reply) => {

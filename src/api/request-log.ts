@@ -8,13 +8,16 @@
 //
 // Access log: one info line per request, when its reply has been sent: route template, method,
 // status, organization id, tokens (generation routes) and duration. The raw URL is not logged:
-// it is the caller's text (ids, query strings), while the route template is bounded.
+// it is the caller's text (ids, query strings), while the route template is bounded. The same
+// fields (with the organization's name) go to the dashboard's ring of recent requests
+// (metrics/recent-requests.ts), which only admin keys read.
 
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Usage } from '../engine/request.js';
 import type { ServiceMetrics } from '../metrics/service-metrics.js';
+import type { RecentRequests } from '../metrics/recent-requests.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -56,22 +59,36 @@ export function echoRequestId(request: FastifyRequest, reply: FastifyReply): voi
   if (!reply.hasHeader('x-request-id')) reply.header('x-request-id', request.id);
 }
 
+/** Where the access-log hook also keeps what it logs: the dashboard's recent requests. */
+export interface RecentRequestsSink {
+  ring: RecentRequests;
+  /** Route templates not kept (the dashboard's own polling, probes, scrapes). */
+  ignoredRoutes: ReadonlySet<string>;
+}
+
 /**
  * Root hooks of the app: the request id on every reply, and once the reply is sent, the HTTP
- * metrics and the access log line.
+ * metrics, the access log line and (with `recent`) the entry of the recent requests.
  */
-export function recordRequests(app: FastifyInstance, metrics: ServiceMetrics): void {
+export function recordRequests(app: FastifyInstance, metrics: ServiceMetrics, recent?: RecentRequestsSink): void {
   app.addHook('onRequest', async (request, reply) => echoRequestId(request, reply));
   app.addHook('onResponse', async (request, reply) => {
     const route = routeOf(request);
     const status = reply.statusCode;
     const ms = reply.elapsedTime;
     const caller = request.caller as typeof request.caller | undefined;
+    const durationMs = Math.round(ms * 1000) / 1000;
     metrics.observeHttp(route, request.method, status, caller?.orgName, ms / 1000);
     request.log.info({
       route, method: request.method, status, org_id: caller?.orgId ?? null,
       ...(request.tokens && { tokens: request.tokens }),
-      duration_ms: Math.round(ms * 1000) / 1000,
+      duration_ms: durationMs,
     }, 'request');
+    if (recent && !recent.ignoredRoutes.has(route)) {
+      recent.ring.record({
+        time: new Date().toISOString(), request_id: request.id, method: request.method, route, status,
+        organization: caller?.orgName ?? null, tokens: request.tokens ? { ...request.tokens } : null, duration_ms: durationMs,
+      });
+    }
   });
 }

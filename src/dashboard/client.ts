@@ -1,0 +1,178 @@
+// The dashboard's script, run by the browser (served as GET /dashboard/app.js, api/dashboard-route.ts).
+// It is written here, as a function, so that the compiler checks it against the DOM's types and the
+// data's; the route serves its source text: `(${dashboardClient})()`. So it must not refer to
+// anything outside itself (no imports at run time, no module-level helpers): types only.
+//
+// The key: a browser sends no Authorization header when it navigates, so the page asks for the
+// admin key (a password field) and keeps it in sessionStorage (this tab only, gone when it closes).
+// It also takes it from the URL's fragment, `/dashboard#key=...`, which browsers never send to the
+// server: that lets a script or a headless browser open the page in one step. The fragment is
+// read, stored and removed from the address bar at once.
+//
+// Everything from the server reaches the page through textContent (or an SVG attribute holding
+// numbers), never as HTML.
+
+import type { UsageTotals } from '../billing/usage-report.js';
+import type { DashboardData } from './dashboard-data.js';
+
+export function dashboardClient(): void {
+  const STORAGE_KEY = 'sluice.dashboard.key';
+  const REFRESH_MS = 3000;
+  const HISTORY_POINTS = 60; // throughput points in the sparkline: 3 minutes at REFRESH_MS
+  const generationRates: number[] = []; // tokens/s, oldest first, for the sparkline
+
+  const byId = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
+  const form = byId<HTMLFormElement>('key-form');
+  const keyInput = byId<HTMLInputElement>('key-input');
+  const board = byId<HTMLElement>('board');
+  const status = byId<HTMLElement>('status');
+
+  const fragmentKey = /(?:^#|&)key=([^&]*)/.exec(location.hash);
+  if (fragmentKey) {
+    sessionStorage.setItem(STORAGE_KEY, decodeURIComponent(fragmentKey[1]!));
+    history.replaceState(null, '', location.pathname + location.search);
+  }
+
+  const integer = (n: number) => Math.round(n).toLocaleString('en-US');
+  const rate = (n: number | undefined) => (n === undefined ? '–' : n.toLocaleString('en-US', { maximumFractionDigits: 1 }));
+  const setText = (id: string, text: string) => { byId(id).textContent = text; };
+  const cell = (row: HTMLTableRowElement, text: string, className?: string) => {
+    const td = row.insertCell();
+    td.textContent = text;
+    if (className) td.className = className;
+  };
+
+  function askForKey(message: string): void {
+    form.hidden = false;
+    board.hidden = true;
+    status.textContent = message;
+    keyInput.focus();
+  }
+
+  function drawSparkline(): void {
+    const line = byId('spark-line') as unknown as SVGPolylineElement;
+    const max = Math.max(1, ...generationRates);
+    // viewBox 0 0 100 30: x spreads the points, y grows downwards.
+    const points = generationRates.map((v, i) => `${(i * 100) / (HISTORY_POINTS - 1)},${30 - (v / max) * 28}`);
+    line.setAttribute('points', points.join(' '));
+  }
+
+  function render(data: DashboardData): void {
+    form.hidden = true;
+    board.hidden = false;
+    status.textContent = `updated ${new Date(data.time).toLocaleTimeString('en-GB')}`;
+    const t = data.throughput;
+    setText('generation-rate', rate(t?.generation_tokens_per_s));
+    setText('prompt-rate', rate(t?.prompt_tokens_per_s));
+    setText('computed-rate', rate(t?.computed_tokens_per_s));
+    setText('rate-interval', t ? `over the last ${t.interval_seconds.toFixed(0)} s` : 'rates after the next refresh');
+    setText('total-generations', integer(data.totals.generations));
+    setText('total-prompt-tokens', integer(data.totals.prompt_tokens));
+    setText('total-generation-tokens', integer(data.totals.generation_tokens));
+    setText('total-http-requests', integer(data.totals.http_requests));
+    if (t) {
+      generationRates.push(t.generation_tokens_per_s);
+      if (generationRates.length > HISTORY_POINTS) generationRates.shift();
+      drawSparkline();
+    }
+
+    const models = byId('models');
+    models.replaceChildren(...data.models.map((m) => {
+      const box = document.createElement('div');
+      box.className = 'model';
+      const title = document.createElement('h3');
+      title.textContent = m.model;
+      const table = document.createElement('table');
+      const head = table.createTHead().insertRow();
+      for (const h of ['window', 'running', 'waiting']) {
+        const th = head.appendChild(document.createElement('th'));
+        th.textContent = h;
+        if (h !== 'window') th.className = 'num';
+      }
+      const body = table.createTBody();
+      for (const w of m.windows) {
+        const row = body.insertRow();
+        cell(row, w.window);
+        cell(row, integer(w.running), 'num');
+        cell(row, integer(w.waiting), 'num');
+      }
+      const kv = m.kv_blocks;
+      const all = kv.used + kv.cached + kv.free;
+      const bar = document.createElement('div');
+      bar.className = 'kv-bar';
+      for (const state of ['used', 'cached', 'free'] as const) {
+        const part = bar.appendChild(document.createElement('div'));
+        part.className = `kv-${state}`;
+        part.style.flexGrow = String(kv[state]); // CSSOM, which the page's CSP allows (a style attribute it would not)
+      }
+      const legend = document.createElement('p');
+      legend.className = 'kv-legend';
+      legend.textContent = `KV cache: ${(m.kv_usage_ratio * 100).toFixed(1)}% used · ${integer(kv.used)} used, `
+        + `${integer(kv.cached)} cached, ${integer(kv.free)} free of ${integer(all)} blocks`;
+      box.append(title, table, bar, legend);
+      return box;
+    }));
+
+    const orgs = byId<HTMLTableSectionElement>('org-rows');
+    orgs.replaceChildren();
+    const usageRow = (name: string, u: UsageTotals) => {
+      const row = orgs.insertRow();
+      cell(row, name);
+      cell(row, integer(u.requests), 'num');
+      cell(row, integer(u.input_tokens), 'num');
+      cell(row, integer(u.cached_tokens), 'num');
+      cell(row, integer(u.output_tokens), 'num');
+      cell(row, `$${u.cost}`, 'num');
+      return row;
+    };
+    for (const o of data.usage.organizations) usageRow(o.organization, o);
+    usageRow('all organizations', data.usage.total).className = 'total';
+
+    const recent = byId<HTMLTableSectionElement>('recent-rows');
+    recent.replaceChildren();
+    for (const r of data.recent_requests) {
+      const row = recent.insertRow();
+      if (r.status >= 400) row.className = 'error';
+      cell(row, new Date(r.time).toLocaleTimeString('en-GB'));
+      cell(row, `${r.method} ${r.route}`);
+      cell(row, String(r.status), 'num');
+      cell(row, r.organization ?? '–');
+      cell(row, r.tokens ? `${integer(r.tokens.prompt)} / ${integer(r.tokens.completion)}` : '–', 'num');
+      cell(row, `${r.duration_ms.toFixed(1)} ms`, 'num');
+    }
+    if (data.recent_requests.length === 0) cell(recent.insertRow(), 'no requests yet');
+  }
+
+  let timer: number | undefined;
+  async function refresh(): Promise<void> {
+    clearTimeout(timer);
+    const key = sessionStorage.getItem(STORAGE_KEY);
+    if (!key) return askForKey('enter an admin API key');
+    try {
+      const res = await fetch('dashboard/data', { headers: { authorization: `Bearer ${key}` }, cache: 'no-store' });
+      if (res.status === 401 || res.status === 403) {
+        sessionStorage.removeItem(STORAGE_KEY);
+        const body = await res.json().catch(() => null) as { error?: { message?: string } } | null;
+        return askForKey(`key refused (${res.status}): ${body?.error?.message ?? res.statusText}`);
+      }
+      if (!res.ok) throw new Error(`HTTP ${res.status}`);
+      render(await res.json() as DashboardData);
+    } catch (err) {
+      status.textContent = `refresh failed: ${(err as Error).message}; retrying`;
+    }
+    timer = window.setTimeout(() => void refresh(), REFRESH_MS);
+  }
+
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(STORAGE_KEY, keyInput.value.trim());
+    keyInput.value = '';
+    void refresh();
+  });
+  byId('forget').addEventListener('click', () => {
+    sessionStorage.removeItem(STORAGE_KEY);
+    clearTimeout(timer);
+    askForKey('key forgotten');
+  });
+  void refresh();
+}

@@ -1,0 +1,181 @@
+// The dashboard on the real server: the page is fixed text (no data, no key, no organization in
+// it) with a Content-Security-Policy that allows this origin's script and style only; its data
+// endpoint takes an admin key like /metrics (401 / 403 / 200); and its numbers move by exactly
+// what real requests did: generations and tokens (from the responses' usage), the recent requests
+// (route, status, organization, tokens), each organization's usage and cost (computed here from
+// the catalog's rates, in integer picodollars), and a throughput over the time between reads.
+
+import vm from 'node:vm';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createApiKey } from '../../src/store/api-keys.js';
+import type { DashboardData } from '../../src/dashboard/dashboard-data.js';
+import { testCatalog } from '../helpers/api-catalog.js';
+import { startTestServer, type TestServer } from '../helpers/api-server.js';
+
+let server: TestServer;
+let adminKey: string;
+let acmeKey: string;
+
+beforeAll(async () => {
+  server = await startTestServer({ catalog: testCatalog });
+  adminKey = (await createApiKey(server.service.store, 'ops', { admin: true })).key;
+  acmeKey = await server.keyFor('acme');
+});
+afterAll(async () => { await server?.close(); });
+
+async function data(key = adminKey): Promise<DashboardData> {
+  const res = await fetch(`${server.origin}/dashboard/data`, { headers: { authorization: `Bearer ${key}` } });
+  expect(res.status).toBe(200);
+  expect(res.headers.get('cache-control')).toBe('no-store');
+  return (await res.json()) as DashboardData;
+}
+
+/** Exact decimal string of picodollars (as the ledger writes costs). */
+function usd(pico: bigint): string {
+  const s = pico.toString().padStart(13, '0');
+  return `${s.slice(0, -12)}.${s.slice(-12)}`.replace(/\.?0+$/, '') || '0';
+}
+
+describe('GET /dashboard/data', () => {
+  // First in this file: the server's first read of the data, so the throughput's base is `before`.
+  it('moves by what real requests of two organizations did', async () => {
+    const before = await data();
+    expect(before.throughput).toBeNull();
+    expect(before.usage.organizations).toEqual([]);
+
+    const chat = (key: string, content: string, maxTokens: number) => new OpenAI({ baseURL: server.baseUrl, apiKey: key, maxRetries: 0 })
+      .chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content }], max_tokens: maxTokens, temperature: 0 });
+    const results = await Promise.all([
+      chat(acmeKey, 'the first question of acme', 6), chat(acmeKey, 'and a second, longer one from acme', 9),
+      chat(server.key, 'one from the default organization', 4),
+    ]);
+    // A request refused before any work: in the recent requests, nowhere in the usage.
+    const refused = await fetch(`${server.baseUrl}/models`, { headers: { authorization: 'Bearer not-a-key' } });
+    expect(refused.status).toBe(401);
+    await fetch(`${server.origin}/health`);
+
+    const after = await data();
+    const prompt = results.reduce((n, r) => n + r.usage!.prompt_tokens, 0);
+    const completion = results.reduce((n, r) => n + r.usage!.completion_tokens, 0);
+    expect(completion).toBeGreaterThan(0);
+    expect(after.totals.generations - before.totals.generations).toBe(3);
+    expect(after.totals.prompt_tokens - before.totals.prompt_tokens).toBe(prompt);
+    expect(after.totals.generation_tokens - before.totals.generation_tokens).toBe(completion);
+    expect(after.totals.computed_tokens).toBeGreaterThan(before.totals.computed_tokens);
+
+    // Throughput over the time since `before`: the token difference divided by that time.
+    const t = after.throughput!;
+    expect(t.interval_seconds).toBeGreaterThan(0);
+    expect(t.generation_tokens_per_s * t.interval_seconds).toBeCloseTo(completion, -1);
+    expect(t.generations_per_s * t.interval_seconds).toBeCloseTo(3, 0);
+
+    // Recent requests: newest first; probes and the dashboard's own reads are not kept.
+    const recent = after.recent_requests;
+    expect(recent[0]).toMatchObject({ method: 'GET', route: '/v1/models', status: 401, organization: null, tokens: null });
+    expect(recent.some((r) => r.route === '/health' || r.route.startsWith('/dashboard'))).toBe(false);
+    const chats = recent.filter((r) => r.route === '/v1/chat/completions');
+    expect(chats).toHaveLength(3);
+    expect(chats.map((r) => r.organization).sort()).toEqual(['acme', 'acme', 'default']);
+    expect(chats.every((r) => r.status === 200 && r.duration_ms > 0)).toBe(true);
+    expect(chats.map((r) => r.tokens!.completion).sort()).toEqual(results.map((r) => r.usage!.completion_tokens).sort());
+
+    // Usage and cost per organization, from the ledger: chat completions run in the standard
+    // window; acme pays its negotiated rate (input 0.15, cached at the input rate, output 0.5 per
+    // 1M tokens), default the published one (0.2, 0.05, 0.6). Picodollars = tokens × micro-USD per 1M.
+    const cost = (rates: [number, number, number], rs: typeof results) => rs.reduce((pico, r) => {
+      const cached = r.usage!.prompt_tokens_details?.cached_tokens ?? 0;
+      return pico + BigInt(r.usage!.prompt_tokens - cached) * BigInt(rates[0]) + BigInt(cached) * BigInt(rates[1])
+        + BigInt(r.usage!.completion_tokens) * BigInt(rates[2]);
+    }, 0n);
+    const acme = cost([150_000, 150_000, 500_000], results.slice(0, 2));
+    const deflt = cost([200_000, 50_000, 600_000], results.slice(2));
+    expect(after.usage.organizations).toEqual([
+      {
+        organization: 'acme', requests: 2, input_tokens: results[0]!.usage!.prompt_tokens + results[1]!.usage!.prompt_tokens,
+        cached_tokens: expect.any(Number), output_tokens: results[0]!.usage!.completion_tokens + results[1]!.usage!.completion_tokens,
+        cost: usd(acme), cost_usd: Number(usd(acme)),
+      },
+      expect.objectContaining({ organization: 'default', requests: 1, cost: usd(deflt) }),
+    ]);
+    expect(after.usage.total).toMatchObject({ requests: 3, input_tokens: prompt, output_tokens: completion, cost: usd(acme + deflt) });
+
+    // Queues and KV per model and window (nothing runs now: every block is cached or free).
+    const tiny = after.models.find((m) => m.model === 'tiny')!;
+    expect(tiny.windows.map((w) => w.window)).toEqual(['asap', 'standard', 'flex']);
+    expect(tiny.windows.every((w) => w.running === 0 && w.waiting === 0)).toBe(true);
+    expect(tiny.kv_blocks.used).toBe(0);
+    expect(tiny.kv_blocks.cached + tiny.kv_blocks.free).toBeGreaterThan(0);
+    expect(tiny.kv_usage_ratio).toBe(0);
+  });
+
+  it('needs an admin key: 401 without a key or with an unknown one, 403 with another key', async () => {
+    const get = (headers: Record<string, string>) => fetch(`${server.origin}/dashboard/data`, { headers });
+    const none = await get({});
+    expect(none.status).toBe(401);
+    expect((await none.json()).error).toMatchObject({ type: 'authentication_error', code: 'missing_api_key' });
+    const unknown = await get({ authorization: 'Bearer sk-not-a-key' });
+    expect(unknown.status).toBe(401);
+    expect((await unknown.json()).error.code).toBe('invalid_api_key');
+    const tenant = await get({ authorization: `Bearer ${acmeKey}` });
+    expect(tenant.status).toBe(403);
+    expect((await tenant.json()).error).toMatchObject({ type: 'permission_error', code: 'admin_key_required' });
+    expect((await get({ authorization: `Bearer ${adminKey}` })).status).toBe(200);
+  });
+
+  it('needs an admin key even where /metrics is public', async () => {
+    const open = await startTestServer({ metrics: { public: true } });
+    try {
+      expect((await fetch(`${open.origin}/metrics`)).status).toBe(200);
+      expect((await fetch(`${open.origin}/dashboard/data`)).status).toBe(401);
+      const res = await fetch(`${open.origin}/dashboard/data`, { headers: { authorization: `Bearer ${open.key}` } });
+      expect(res.status).toBe(403);
+    } finally {
+      await open.close();
+    }
+  });
+});
+
+describe('GET /dashboard', () => {
+  it('serves fixed HTML (no data, no key, no organization) under a same-origin-only CSP', async () => {
+    const res = await fetch(`${server.origin}/dashboard`);
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('text/html; charset=utf-8');
+    expect(res.headers.get('x-content-type-options')).toBe('nosniff');
+    const csp = Object.fromEntries(res.headers.get('content-security-policy')!.split(';').map((d) => {
+      const [name, ...values] = d.trim().split(/\s+/);
+      return [name!, values.join(' ')];
+    }));
+    expect(csp).toMatchObject({
+      'default-src': "'none'", 'script-src': "'self'", 'style-src': "'self'", 'connect-src': "'self'",
+      'frame-ancestors': "'none'", 'base-uri': "'none'",
+    });
+    const html = await res.text();
+    // Every script is a same-origin file; nothing inline, nothing from elsewhere.
+    const scripts = [...html.matchAll(/<script\b([^>]*)>([\s\S]*?)<\/script>/g)];
+    expect(scripts.length).toBeGreaterThan(0);
+    for (const [, attrs, body] of scripts) {
+      expect(body!.trim()).toBe('');
+      expect(attrs).toMatch(/\bsrc="dashboard\/[^":]+"/);
+    }
+    expect(html).not.toMatch(/\son[a-z]+=/i); // no inline event handlers
+    expect(html).not.toMatch(/(src|href)="(https?:)?\/\//);
+    // By now the server has served requests of acme, default and ops: none of it is in the page.
+    for (const secret of [adminKey, acmeKey, server.key, 'acme', 'ops']) expect(html).not.toContain(secret);
+    expect(html).toBe(await (await fetch(`${server.origin}/dashboard`)).text());
+  });
+
+  it('serves the script and the style sheet it links, the script as valid JavaScript', async () => {
+    const js = await fetch(`${server.origin}/dashboard/app.js`);
+    expect(js.status).toBe(200);
+    expect(js.headers.get('content-type')).toBe('text/javascript; charset=utf-8');
+    const source = await js.text();
+    expect(() => new vm.Script(source)).not.toThrow();
+    expect(source).toMatch(/fetch\(['"]dashboard\/data['"]/);
+    expect(source).not.toMatch(/innerHTML|outerHTML|insertAdjacentHTML|document\.write/);
+    const css = await fetch(`${server.origin}/dashboard/app.css`);
+    expect(css.status).toBe(200);
+    expect(css.headers.get('content-type')).toBe('text/css; charset=utf-8');
+    expect(await css.text()).toContain('.kv-bar');
+  });
+});
