@@ -46,10 +46,10 @@
 // forked with an IPC channel, calling openService) and the load runs here, in the parent. Arrival
 // times, windows, prompts and lengths come from seeded generators, so runs are reproducible. For
 // evidence of where TTFT goes, the child times the engine's native steps and splits each step's
-// rows and tokens by window (it wraps the step method of the engine's native handle), and counts
-// preemptions at the engine's scheduling policy: bench instrumentation reached through private
-// fields, off when their shape changes (stepInstrumentation false in the JSON); the parent asks
-// for a step summary per phase over IPC.
+// rows and tokens by window (it wraps the step method of the engine's native handle and reads the
+// scheduler's roster: bench instrumentation reached through private fields, off when their shape
+// changes: stepInstrumentation false in the JSON), and counts preemptions by window through the
+// engine's public observer (Engine.observe); the parent asks for a step summary per phase over IPC.
 //
 // Caveat: on a 2-core machine the load generator shares the CPUs with the server's event loop and
 // its compute threads (default, as `sluice serve`: all CPUs but one).
@@ -268,23 +268,28 @@ async function serveChild(): Promise<void> {
   let traceStartMs = 0;
   const priv = engine as unknown as {
     handle?: { step?: (plan: { seqIds: Uint32Array; numTokens: Uint32Array }) => Promise<unknown> };
-    batcher?: {
-      numRunning?: number; numWaiting?: number;
-      policy?: { enqueue?: (seq: { priority: number }, preempted: boolean) => void };
-      seqIdToSequence?: Map<number, { priority: number }>;
-    };
+    batcher?: { roster?: { bySeqId?: Map<number, { priority: number }> } };
   };
   let instrumented = false;
   const handle = priv.handle;
-  const policy = priv.batcher?.policy;
-  if (handle && typeof handle.step === 'function' && policy && typeof policy.enqueue === 'function') {
+  const bySeqId = priv.batcher?.roster?.bySeqId;
+  // Preemptions by the window of the sequence preempted, through the engine's observer API.
+  engine.observe({
+    onStep: (report) => {
+      if (!tracing) return;
+      for (const p of report.preempted) {
+        const name = WINDOWS[p] ?? String(p);
+        preemptions[name] = (preemptions[name] ?? 0) + 1;
+      }
+    },
+  });
+  if (handle && typeof handle.step === 'function' && bySeqId instanceof Map) {
     const step = handle.step.bind(handle);
     // defineProperty: the addon's methods are read-only on its prototype (plain assignment throws).
     const override = (obj: object, name: string, value: unknown) =>
       Object.defineProperty(obj, name, { value, writable: true, configurable: true, enumerable: false });
-    const bySeqId = priv.batcher?.seqIdToSequence;
     const slot = (seqId: number) => {
-      const p = bySeqId?.get(seqId)?.priority;
+      const p = bySeqId.get(seqId)?.priority;
       return p === 0 || p === 1 || p === 2 ? p : 3;
     };
     override(handle, 'step', async (plan: { seqIds: Uint32Array; numTokens: Uint32Array }) => {
@@ -304,14 +309,6 @@ async function serveChild(): Promise<void> {
       for (const id of result.seqIds ?? []) samplesBy[slot(id)]++;
       steps.push({ startMs, ms: performance.now() - startMs, rows: plan.seqIds.length, tokens, tokensBy, rowsBy, samplesBy });
       return result;
-    });
-    const enqueue = policy.enqueue.bind(policy);
-    override(policy, 'enqueue', (seq: { priority: number }, preempted: boolean) => {
-      if (preempted && tracing) {
-        const name = WINDOWS[seq.priority] ?? String(seq.priority);
-        preemptions[name] = (preemptions[name] ?? 0) + 1;
-      }
-      enqueue(seq, preempted);
     });
     instrumented = true;
   }
@@ -355,7 +352,7 @@ async function serveChild(): Promise<void> {
             otherTokensPerStep: percentiles(withAsap.map((s) => s.tokens - s.tokensBy[0]!)),
             otherRowsPerStep: percentiles(withAsap.map((s) => s.rows - s.rowsBy[0]!)),
           },
-          preemptions: instrumented ? { ...preemptions } : null,
+          preemptions: { ...preemptions },
         },
       });
     } else if (msg.cmd === 'engine-state') {
