@@ -100,13 +100,24 @@ describe('GET /dashboard/data', () => {
     ]);
     expect(after.usage.total).toMatchObject({ requests: 3, input_tokens: prompt, output_tokens: completion, cost: usd(acme + deflt) });
 
-    // Queues and KV per model and window (nothing runs now: every block is cached or free).
-    const tiny = after.models.find((m) => m.model === 'tiny')!;
-    expect(tiny.windows.map((w) => w.window)).toEqual(['asap', 'standard', 'flex']);
-    expect(tiny.windows.every((w) => w.running === 0 && w.waiting === 0)).toBe(true);
-    expect(tiny.kv_blocks.used).toBe(0);
-    expect(tiny.kv_blocks.cached + tiny.kv_blocks.free).toBeGreaterThan(0);
-    expect(tiny.kv_usage_ratio).toBe(0);
+    // Queues and KV per model and window. The pool is the engine's last step's: the blocks of the
+    // finished sequences are freed by the next step, so wait for it; then nothing runs or waits,
+    // nothing is used, and the prompts' blocks stay cached.
+    const tiny = (d: DashboardData) => d.models.find((m) => m.model === 'tiny')!;
+    const blocks = (d: DashboardData) => tiny(d).kv_blocks.used + tiny(d).kv_blocks.cached + tiny(d).kv_blocks.free;
+    expect(tiny(after).windows.map((w) => w.window)).toEqual(['asap', 'standard', 'flex']);
+    expect(blocks(after)).toBeGreaterThan(0);
+    expect(blocks(after)).toBe(blocks(before));
+    expect(tiny(after).kv_usage_ratio).toBeCloseTo(tiny(after).kv_blocks.used / blocks(after), 9);
+    let idle = after;
+    for (let i = 0; i < 200 && tiny(idle).kv_blocks.used > 0; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      idle = await data();
+    }
+    expect(tiny(idle).kv_blocks).toMatchObject({ used: 0, cached: expect.any(Number) });
+    expect(tiny(idle).kv_blocks.cached).toBeGreaterThan(tiny(before).kv_blocks.cached);
+    expect(tiny(idle).kv_usage_ratio).toBe(0);
+    expect(tiny(idle).windows.every((w) => w.running === 0 && w.waiting === 0)).toBe(true);
   });
 
   it('needs an admin key: 401 without a key or with an unknown one, 403 with another key', async () => {
