@@ -57,7 +57,7 @@ export function nativeAddon(): NativeAddon {
   ].filter((p): p is string => !!p);
   const path = candidates.find((p) => existsSync(p));
   if (!path) {
-    throw Object.assign(new Error(`the native addon is not built (looked for ${candidates.join(', ')}); run \`npm run build:native\``), {
+    throw Object.assign(new Error(`the native addon is not built (looked for ${candidates.join(', ')}); run \`npm run build:native\` in a clone of sluice, or \`npm rebuild sluice\` where it is installed as a package`), {
       code: 'ADDON_MISSING',
     });
   }
