@@ -1,14 +1,16 @@
 // The pieces a batch's exactly-once guarantee rests on, without a server: the store's result rows
-// (recorded and counted once, progress only forward, ends as compare-and-set) and the JSONL line
-// reader's numbering and offsets (a resumed read starts exactly at a recorded offset).
+// (recorded and counted once, progress only forward, ends as compare-and-set), on every store kind
+// (helpers/stores.ts), and the JSONL line reader's numbering and offsets (a resumed read starts
+// exactly at a recorded offset).
 
 import { Readable } from 'node:stream';
-import { describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { jsonlLines } from '../src/batches/jsonl-lines.js';
 import type { BatchRecord } from '../src/store/batch-records.js';
-import { SqliteStore } from '../src/store/sqlite-store.js';
+import type { Store } from '../src/store/store.js';
+import { describeStores, type StoreUnderTest } from './helpers/stores.js';
 
-async function newBatch(store: SqliteStore, id: string): Promise<BatchRecord> {
+async function newBatch(store: Store, id: string): Promise<BatchRecord> {
   const org = await store.ensureOrganization('o');
   const batch: BatchRecord = {
     id, orgId: org.id, orgName: 'o', keyId: 'k', endpoint: '/v1/responses', inputFileId: 'file-00000000', completionWindow: 'flex',
@@ -20,9 +22,18 @@ async function newBatch(store: SqliteStore, id: string): Promise<BatchRecord> {
   return batch;
 }
 
-describe('batch rows in the SQLite store', () => {
+describeStores('batch rows in the store', (kind) => {
+  let t: StoreUnderTest;
+  let store: Store;
+  beforeEach(async () => {
+    t = await kind.create();
+    store = t.store;
+  });
+  afterEach(async () => {
+    await t.dispose();
+  });
+
   it('records a line once, counts it once, and only moves progress forward', async () => {
-    const store = new SqliteStore(':memory:');
     const b = await newBatch(store, 'batch_1');
     expect(await store.recordBatchResult(b.id, { lineNo: 2, ok: true, line: 'two' }, { nextLine: 1, nextOffset: 0 })).toBe(true);
     expect(await store.recordBatchResult(b.id, { lineNo: 1, ok: false, line: 'one' }, { nextLine: 3, nextOffset: 40 })).toBe(true);
@@ -37,11 +48,9 @@ describe('batch rows in the SQLite store', () => {
     ]);
     expect(await store.listBatchResults(b.id, 1, 10)).toHaveLength(1);
     expect(await store.getBatch('another-org', b.id)).toBeUndefined();
-    await store.close();
   });
 
   it('transitions and ends only from the expected statuses', async () => {
-    const store = new SqliteStore(':memory:');
     const b = await newBatch(store, 'batch_2');
     expect(await store.transitionBatch(b.id, ['validating'], { status: 'failed' })).toBeUndefined();
     const cancelling = await store.transitionBatch(b.id, ['in_progress'], { status: 'cancelling', cancellingAt: 150 });
@@ -55,11 +64,9 @@ describe('batch rows in the SQLite store', () => {
     expect(await store.getFile(b.orgId, file.id)).toEqual(file);
     expect(await store.listBatchResults(b.id, 0, 10)).toEqual([]);
     expect(await store.listUnfinishedBatches()).toEqual([]);
-    await store.close();
   });
 
   it('lists newest first around after and before cursors', async () => {
-    const store = new SqliteStore(':memory:');
     for (let i = 1; i <= 5; i++) await newBatch(store, `batch_${i}`);
     const org = (await store.getOrganizationByName('o'))!.id;
     const ids = async (opts: { limit: number; after?: string; before?: string }) => (await store.listBatches(org, opts)).map((b) => b.id);
@@ -67,7 +74,6 @@ describe('batch rows in the SQLite store', () => {
     expect(await ids({ limit: 2, after: 'batch_4' })).toEqual(['batch_3', 'batch_2']);
     expect(await ids({ limit: 2, before: 'batch_2' })).toEqual(['batch_4', 'batch_3']);
     expect(await ids({ limit: 9, after: 'batch_5', before: 'batch_2' })).toEqual(['batch_4', 'batch_3']);
-    await store.close();
   });
 });
 

@@ -1,11 +1,14 @@
-// The SQLite store on its own: migrations, ownership by organization, idempotency states.
+// The store on its own: SQLite's schema version, and, on every store kind (helpers/stores.ts),
+// ownership by organization, reopening, and idempotency states.
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { SQLITE_MIGRATIONS } from '../src/store/migrations.js';
 import { SqliteStore } from '../src/store/sqlite-store.js';
+import type { Store } from '../src/store/store.js';
+import { describeStores, type StoreUnderTest } from './helpers/stores.js';
 
 let root: string;
 beforeAll(() => { root = mkdtempSync(join(os.tmpdir(), 'sluice-store-')); });
@@ -21,10 +24,20 @@ describe('SqliteStore', () => {
     db.close();
     expect(() => new SqliteStore(path)).toThrow(/written by a newer sluice/);
   });
+});
+
+describeStores('store basics', (kind) => {
+  let t: StoreUnderTest;
+  let store: Store;
+  beforeEach(async () => {
+    t = await kind.create();
+    store = t.store;
+  });
+  afterEach(async () => {
+    await t.dispose();
+  });
 
   it('keeps responses per organization and survives reopening', async () => {
-    const path = join(root, 'r.db');
-    let store = new SqliteStore(path);
     const a = await store.ensureOrganization('a');
     const b = await store.ensureOrganization('b');
     expect((await store.ensureOrganization('a')).id).toBe(a.id);
@@ -33,13 +46,11 @@ describe('SqliteStore', () => {
     expect(await store.getResponse(b.id, 'resp_1')).toBeUndefined();
     expect(await store.updateResponse(a.id, { id: 'resp_1', status: 'completed', created_at: 5 })).toBe(true);
     await store.close();
-    store = new SqliteStore(path);
+    store = await t.open();
     expect(await store.getResponse(a.id, 'resp_1')).toEqual({ id: 'resp_1', status: 'completed', created_at: 5 });
-    await store.close();
   });
 
   it('walks an idempotency key through new, in progress, done and mismatch; releases pending keys', async () => {
-    const store = new SqliteStore(join(root, 'i.db'));
     const org = (await store.ensureOrganization('a')).id;
     expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 1)).toEqual({ state: 'new' });
     expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 2)).toEqual({ state: 'in_progress' });
@@ -51,6 +62,5 @@ describe('SqliteStore', () => {
     expect(await store.releasePendingIdempotency()).toBe(1);
     expect(await store.beginIdempotency('other-org', 'messages', 'k', 'h2', 4)).toEqual({ state: 'new' });
     expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 4)).toMatchObject({ state: 'done' });
-    await store.close();
   });
 });

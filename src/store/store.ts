@@ -1,7 +1,7 @@
 // The persistence interface: organizations and their API keys, stored responses, file metadata and
-// idempotency records. SQLite implements it for a single process (sqlite-store.ts); a PostgreSQL
-// store shared by replicas will implement the same methods. Methods are async so that a network
-// store fits; objects cross as plain JSON-compatible values.
+// idempotency records. SQLite implements it for a single process (sqlite-store.ts); PostgreSQL
+// implements the same methods for replicas sharing one database (postgres-store.ts). Methods are
+// async so that a network store fits; objects cross as plain JSON-compatible values.
 //
 // Ownership: every stored object carries its organization id, and every read takes one: an object
 // of another organization is simply not found.
