@@ -70,6 +70,11 @@ export interface Service {
   batches: BatchRunner;
   /** The Prometheus registry GET /metrics serves. */
   metrics: ServiceMetrics;
+  /**
+   * Starts draining: from now on GET /ready answers 503 (code `draining`) while every other route
+   * serves as before, so that load balancers move new work to other replicas; close() follows.
+   */
+  drain(): void;
   /** Stops the app, frees the models, closes the store, releases the data directory. Safe to call twice. */
   close(): Promise<void>;
 }
@@ -177,12 +182,14 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     onBatchLineDone: (outcome) => metrics.batchLineDone(outcome),
   });
   const { store, registry, dataDir, firstKey, limits, batches } = parts;
+  let draining = false;
   try {
     app = await createServer({
       store, registry, dataDir, logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
       metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
       ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,
+      draining: () => draining,
     });
     const described = limits.describe();
     logServiceStart(app.log, registry, {
@@ -198,6 +205,7 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
   const started = app;
   return {
     app, store, registry, dataDir, firstKey, batches, metrics,
+    drain() { draining = true; },
     async close() {
       if (closed) return;
       closed = true;

@@ -56,6 +56,11 @@ export interface CreateServerOptions {
   transport?: Partial<TransportLimits>;
   /** Per-organization limits, shared with the batch runner; default DEFAULT_ORG_LIMITS. */
   limits?: TenantLimiter;
+  /**
+   * True while the process drains before shutting down (`sluice serve --drain-seconds`): /ready
+   * answers 503 so that load balancers stop sending new work, while every route still serves.
+   */
+  draining?: () => boolean;
 }
 
 /** Largest JSON body: generous for base64 images, and the same order as a batch line (28 MiB). */
@@ -128,8 +133,10 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   // keep-alive socket still busy when close began does not hold shutdown for keepAliveTimeout.
   app.addHook('preClose', async () => { closing = true; });
   app.addHook('onClose', async () => bodyGuard.close());
+  const draining = opts.draining ?? (() => false);
   app.addHook('onSend', async (_request, reply) => {
-    if (closing) reply.header('connection', 'close');
+    // Draining too: a client on a keep-alive connection reconnects, through its load balancer, elsewhere.
+    if (closing || draining()) reply.header('connection', 'close');
   });
   // Root hooks, added before the plugin so that they run first for every route (fastify encapsulation).
   app.addHook('onRequest', async (request, reply) => {
@@ -146,8 +153,12 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
 
   app.get('/health', { schema: { hide: true } }, async () => ({ status: 'ok' }));
   // No model names: these two answer without a key. An engine out of service after a device fault
-  // makes the process not ready (its log says why), so an orchestrator replaces it.
+  // makes the process not ready (its log says why), so an orchestrator replaces it. A draining
+  // process is not ready either, so that load balancers take it out before it stops listening.
   app.get('/ready', { schema: { hide: true } }, async () => {
+    if (draining()) {
+      throw new ApiError(503, 'server_error', 'the server is draining before it shuts down; send new requests elsewhere', null, 'draining');
+    }
     if (opts.registry.models.some((m) => m.engine.brokenReason !== undefined)) {
       throw new ApiError(503, 'server_error', 'a model engine is out of service after a fault; see the server log', null, 'engine_broken');
     }

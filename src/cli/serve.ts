@@ -9,6 +9,9 @@ import { MAX_MAX_ORGANIZATIONS } from '../metrics/service-metrics.js';
 import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
 import { servedCatalog } from './served-catalog.js';
 
+/** The longest --drain-seconds: a drain is the few seconds a load balancer needs to notice. */
+export const MAX_DRAIN_SECONDS = 300;
+
 export const SERVE_HELP = `usage: sluice serve [--model DIR | --config FILE] [options]
 
 Serves the HTTP API (see README). Without --model or --config it serves the tiny demo model,
@@ -72,6 +75,10 @@ On first start with no API keys it makes one and prints it.
                        queues, KV use; default 10, at most 3600; 0: none)
   --log-level L        fatal | error | warn | info | debug (default info). The log is one JSON
                        stream (pino) on stderr; every line about a request has its request_id
+  --drain-seconds S    on SIGTERM or SIGINT, first drain for S seconds: GET /ready answers 503
+                       (so a load balancer or Kubernetes takes this replica out) while requests
+                       are still served; then shut down as usual. A second signal ends the drain
+                       at once (default 0: shut down at once; at most ${MAX_DRAIN_SECONDS})
 
 One server per data directory: a second one on the same --data-dir is refused.
 `;
@@ -109,6 +116,7 @@ export async function runServe(args: string[]): Promise<void> {
     'min-body-rate': { type: 'string' },
     'max-connections': { type: 'string' },
     'allow-private-webhooks': { type: 'boolean' },
+    'drain-seconds': { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   }, 'serve');
   if (values.help) {
@@ -148,6 +156,7 @@ export async function runServe(args: string[]): Promise<void> {
     processMetrics: true,
   };
   const logStatsSeconds = intFlag(values['log-stats-interval'], 'log-stats-interval', 0, 3600);
+  const drainSeconds = intFlag(values['drain-seconds'], 'drain-seconds', 0, MAX_DRAIN_SECONDS) ?? 0;
   // One JSON log stream: lifecycle, engine lines and one access line per request. The lifecycle
   // notices (loading, where it serves, shutting down) are written whatever --log-level says, as
   // they always were: an operator who asked for warnings only still learns where the server listens.
@@ -202,18 +211,35 @@ Try it:
 `);
   }
 
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    log(`${signal}: shutting down`);
+  // SIGTERM / SIGINT: drain first when --drain-seconds asks (/ready 503, requests still served),
+  // then shut down: new requests get 503, requests in flight finish, background work and webhooks
+  // stop (resumed at the next start), the store closes. A signal during the drain ends it at once;
+  // one during the shutdown exits at once.
+  let phase: 'serving' | 'draining' | 'closing' = 'serving';
+  let drainTimer: NodeJS.Timeout | undefined;
+  const shutDown = (why: string) => {
+    phase = 'closing';
+    clearTimeout(drainTimer);
+    log(`${why}: shutting down`);
     service.close().then(() => process.exit(0), (err: unknown) => {
       log(`shutdown failed: ${(err as Error).message}`);
       process.exit(1);
     });
   };
-  process.once('SIGINT', () => stop('SIGINT'));
-  process.once('SIGTERM', () => stop('SIGTERM'));
+  const onSignal = (signal: string) => {
+    if (phase === 'closing') {
+      log(`${signal} during shutdown: exiting now`);
+      process.exit(1);
+    }
+    if (phase === 'draining') return shutDown(`${signal} during the drain`);
+    if (drainSeconds === 0) return shutDown(signal);
+    phase = 'draining';
+    service.drain();
+    log(`${signal}: draining for ${drainSeconds} s (/ready answers 503, requests are still served), then shutting down`);
+    drainTimer = setTimeout(() => shutDown('drain over'), drainSeconds * 1000);
+  };
+  process.on('SIGINT', () => onSignal('SIGINT'));
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
 }
 
 /** --flex-deferral / --tenant-deferral: "off" or ROWS[,HOLD_MS]. */
