@@ -32,6 +32,8 @@ export interface CreateServerOptions {
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
+  /** Where file bytes live when not `<dataDir>/files` (a volume replicas share). */
+  filesDir?: string;
   /** fastify's logger option (pino settings). Default: off. */
   logger?: FastifyServerOptions['logger'];
   /** A pino logger to write to instead (`sluice serve` passes its one JSON stream); wins over `logger`. */
@@ -181,6 +183,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
 
   await app.register(sluiceApi, {
     prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
+    ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
     ...(opts.deadlines && { deadlines: opts.deadlines }),
     webhooks: { ...opts.webhooks, onAttempt: (outcome) => metrics.webhookAttempt(outcome) },
     ...(opts.batches ? { batches: opts.batches } : { onBatchLineDone: (outcome) => metrics.batchLineDone(outcome) }),

@@ -14,6 +14,8 @@ export interface ApiContext {
   service: GenerationService;
   /** Root of file bytes and other on-disk state (the SQLite file lives here too). */
   dataDir: string;
+  /** Where file bytes live when not `<dataDir>/files` (a volume replicas share). */
+  filesDir?: string;
   /** Runs, cancels, times out and resumes background responses. */
   background: BackgroundResponses;
   /** Completion webhooks: routes enqueue each final object (absent: no callbacks are sent). */

@@ -40,6 +40,8 @@ export interface SluiceApiOptions {
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
+  /** Where file bytes live when not `<dataDir>/files` (a volume replicas share). */
+  filesDir?: string;
   /** Seconds a background response may stay in_progress, per window (defaults: DEFAULT_WINDOW_DEADLINES). */
   deadlines?: Partial<WindowDeadlines>;
   /**
@@ -76,6 +78,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   if (!batches) {
     const owned = new BatchRunner({
       store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log,
+      ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
       ...(opts.onBatchLineDone && { onLineDone: opts.onBatchLineDone }),
     });
     app.addHook('onReady', async () => owned.start());
@@ -84,6 +87,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   }
   const ctx: ApiContext = {
     store: opts.store, registry: opts.registry, service, dataDir: opts.dataDir, background, webhooks, batches, billing,
+    ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
   };
   // Background work left by the previous process resumes (or times out) once the app is ready;
   // on close it stops without an outcome, to resume at the next start.

@@ -32,6 +32,8 @@ export interface BatchRunnerOptions {
   store: Store;
   registry: ModelRegistry;
   dataDir: string;
+  /** Where file bytes live when not `<dataDir>/files` (a volume replicas share). */
+  filesDir?: string;
   deadlines?: Partial<BatchDeadlines>;
   /**
    * Lines in flight across all batches; default twice the largest max_num_seqs of the served
@@ -93,7 +95,7 @@ export class BatchRunner {
 
   /** Opens the file storage and resumes every unfinished batch (of the process before), saying how many. */
   async start(): Promise<void> {
-    this.storage ??= await FileStorage.open(this.opts.dataDir);
+    this.storage ??= await FileStorage.open(this.opts.dataDir, this.opts.filesDir !== undefined ? { filesDir: this.opts.filesDir } : {});
     const unfinished = await this.opts.store.listUnfinishedBatches();
     for (const batch of unfinished) this.launch(batch);
     if (unfinished.length > 0) {

@@ -1,5 +1,7 @@
-// The bytes of uploaded files, one plain file per file id under `<dataDir>/files/`. Metadata lives in
-// the Store; this module knows nothing of organizations or HTTP.
+// The bytes of uploaded files, one plain file per file id under `<dataDir>/files/`, or under a files
+// directory of its own (`--files-dir`: a volume every replica sees). Metadata lives in the Store;
+// this module knows nothing of organizations or HTTP. Its interface is kept narrow (temp, commit,
+// remove, open for reading) so that an object store could stand behind it later.
 //
 // Invariant: a name without the temp prefix exists only for a completely written file. Uploads are
 // written to `.upload-<random>` in the same directory and renamed into place (atomic on one file
@@ -10,12 +12,27 @@
 
 import { randomBytes } from 'node:crypto';
 import { createWriteStream, type ReadStream, type WriteStream } from 'node:fs';
-import { chmod, mkdir, open, readdir, rename, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { chmod, mkdir, open, readdir, rename, rm, stat } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 
 const TEMP_PREFIX = '.upload-';
 /** File ids are made by the API (`file-` + hex); anything else never reaches the file system. */
 const FILE_ID = /^file-[0-9a-f]{8,64}$/;
+/**
+ * In a shared files directory, temp files untouched this long are swept at open. An upload in
+ * progress keeps writing (a stalled body is cut off by the body timeout and the minimum body rate),
+ * so only the leftovers of a crashed process get a day old.
+ */
+export const SHARED_TEMP_STALE_MS = 24 * 60 * 60 * 1000;
+
+export interface FileStorageOptions {
+  /**
+   * The directory of the bytes when it is not `<dataDir>/files` (created 0700 if missing). It may
+   * be shared by several processes (replicas on one volume): then only stale temp files are swept
+   * at open, never another process's upload in progress.
+   */
+  filesDir?: string;
+}
 
 export interface TempFile {
   path: string;
@@ -36,13 +53,22 @@ export class FileStorage {
    * Creates the directory if needed (0700; an existing one is tightened to 0700) and removes temp
    * files left by uploads that never finished.
    */
-  static async open(dataDir: string): Promise<FileStorage> {
-    const dir = join(dataDir, 'files');
+  static async open(dataDir: string, opts: FileStorageOptions = {}): Promise<FileStorage> {
+    const shared = opts.filesDir !== undefined;
+    const dir = shared ? resolve(opts.filesDir!) : join(dataDir, 'files');
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
-    // NOTE: safe because one process owns the data directory (the SQLite store is single-process).
+    // NOTE: in <dataDir>/files every temp file is a dead one: one process owns the data directory
+    // (its lock). A files directory of its own may be shared by running replicas: only stale ones.
+    const staleBefore = Date.now() - SHARED_TEMP_STALE_MS;
     for (const name of await readdir(dir)) {
-      if (name.startsWith(TEMP_PREFIX)) await rm(join(dir, name), { force: true });
+      if (!name.startsWith(TEMP_PREFIX)) continue;
+      const path = join(dir, name);
+      if (shared) {
+        const info = await stat(path).catch(() => undefined);
+        if (info === undefined || info.mtimeMs >= staleBefore) continue;
+      }
+      await rm(path, { force: true });
     }
     return new FileStorage(dir);
   }

@@ -152,7 +152,7 @@ function drainRequest(request: FastifyRequest): void {
 }
 
 export async function registerFileRoutes(app: FastifyInstance, ctx: ApiContext): Promise<void> {
-  const storage = await FileStorage.open(ctx.dataDir);
+  const storage = await FileStorage.open(ctx.dataDir, ctx.filesDir !== undefined ? { filesDir: ctx.filesDir } : {});
 
   const getOwned = async (request: FastifyRequest<{ Params: FileIdParams }>): Promise<FileRecord> => {
     const id = request.params.file_id;
