@@ -23,7 +23,7 @@ import type { CreatedKey } from './store/api-keys.js';
 import type { Store } from './store/store.js';
 
 export type CreateSluiceOptions = Pick<OpenServiceOptions,
-  'catalog' | 'dataDir' | 'engineDefaults' | 'onProgress' | 'deadlines' | 'webhooks' | 'batchDeadlines' | 'orgLimits'>;
+  'catalog' | 'dataDir' | 'databaseUrl' | 'databaseSchema' | 'filesDir' | 'engineDefaults' | 'onProgress' | 'deadlines' | 'webhooks' | 'batchDeadlines' | 'orgLimits'>;
 
 export interface Sluice {
   /**
@@ -66,6 +66,7 @@ export async function createSluice(opts: CreateSluiceOptions): Promise<Sluice> {
     app.addHook('onClose', async () => parts.close());
     await app.register(sluiceApi, {
       store: parts.store, registry: parts.registry, dataDir: parts.dataDir, limits: parts.limits, batches: parts.batches,
+      ...(parts.filesDir !== undefined && { filesDir: parts.filesDir }),
       ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }),
     });

@@ -14,6 +14,7 @@ import type { EngineLoadOptions } from './engine/engine.js';
 import { ModelRegistry } from './serving/model-registry.js';
 import { createApiKey, type CreatedKey } from './store/api-keys.js';
 import { SqliteStore } from './store/sqlite-store.js';
+import { openPostgresStore } from './store/database-url.js';
 import type { WebhookSettings } from './webhooks/dispatcher.js';
 import { BatchRunner, type BatchDeadlines } from './batches/runner.js';
 import type { BatchLog } from './batches/batch-job.js';
@@ -34,6 +35,20 @@ export interface OpenServiceOptions {
    * a second openService on it fails (SluiceError data_dir_locked) while the first runs.
    */
   dataDir: string;
+  /**
+   * A PostgreSQL database (postgres:// or postgresql:// URL) for the store instead of the SQLite
+   * file in the data directory: several processes (replicas) may share it. Each process still
+   * keeps a data directory of its own (locked as always) for its per-deployment secrets, which
+   * must be identical on every replica (README, Several replicas on PostgreSQL).
+   */
+  databaseUrl?: string;
+  /** The schema of sluice's tables in that database (default: the connection's, normally public). */
+  databaseSchema?: string;
+  /**
+   * Where uploaded file bytes and batch results live (default `<dataDir>/files`): a directory every
+   * replica sees (a shared volume) when several share one database.
+   */
+  filesDir?: string;
   engineDefaults?: Omit<EngineLoadOptions, 'model'>;
   /** fastify's logger option (pino settings); default off. */
   logger?: FastifyServerOptions['logger'];
@@ -92,7 +107,7 @@ export function storePath(dataDir: string): string {
   return join(resolve(dataDir), 'sluice.db');
 }
 
-export type ServicePartsOptions = Pick<OpenServiceOptions, 'catalog' | 'dataDir' | 'engineDefaults' | 'onProgress' | 'batchDeadlines' | 'orgLimits'> & {
+export type ServicePartsOptions = Pick<OpenServiceOptions, 'catalog' | 'dataDir' | 'databaseUrl' | 'databaseSchema' | 'filesDir' | 'engineDefaults' | 'onProgress' | 'batchDeadlines' | 'orgLimits'> & {
   /** Where the batch runner logs (the app's logger, which exists only after the parts). */
   batchLog: BatchLog;
   /** Told when a batch line is done (metrics). */
@@ -102,6 +117,8 @@ export type ServicePartsOptions = Pick<OpenServiceOptions, 'catalog' | 'dataDir'
 /** What the API needs besides HTTP, shared by openService and createSluice (embed.ts). */
 export interface ServiceParts {
   dataDir: string;
+  /** The absolute files directory when one was given (else the bytes are in `<dataDir>/files`). */
+  filesDir: string | undefined;
   store: Store;
   registry: ModelRegistry;
   /** The key made because the store had none (shown once), else undefined. */
@@ -123,10 +140,15 @@ export async function openServiceParts(opts: ServicePartsOptions): Promise<Servi
   const dataDir = resolve(opts.dataDir);
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
   // Before anything touches the directory: a second server must not resume this one's work.
+  // With PostgreSQL it still guards this process's own directory (its secrets, and the file bytes
+  // unless --files-dir moves them); the database and a files directory are shared by design.
   const lock = DataDirLock.acquire(dataDir);
-  let store: SqliteStore;
+  const filesDir = opts.filesDir === undefined ? undefined : resolve(opts.filesDir);
+  let store: Store;
   try {
-    store = new SqliteStore(storePath(dataDir));
+    store = opts.databaseUrl === undefined
+      ? new SqliteStore(storePath(dataDir))
+      : await openPostgresStore(opts.databaseUrl, opts.databaseSchema === undefined ? {} : { schema: opts.databaseSchema });
   } catch (err) {
     lock.release();
     throw err;
@@ -134,7 +156,9 @@ export async function openServiceParts(opts: ServicePartsOptions): Promise<Servi
   let registry: ModelRegistry | undefined;
   try {
     // This process owns the SQLite store: requests in flight when the last one stopped are gone.
-    await store.releasePendingIdempotency();
+    // A PostgreSQL store is shared: the pending keys may be another running replica's, so they are
+    // left alone (a dead replica's are released by the leases of a later slice; README).
+    if (opts.databaseUrl === undefined) await store.releasePendingIdempotency();
     const registryOptions: Parameters<typeof ModelRegistry.load>[1] = {
       engineDefaults: { threads: defaultServeThreads(), prefixHashKey: loadOrCreatePrefixHashKey(dataDir), ...opts.engineDefaults },
     };
@@ -144,14 +168,14 @@ export async function openServiceParts(opts: ServicePartsOptions): Promise<Servi
     const firstKey = (await store.countActiveApiKeys()) === 0 ? await createApiKey(store, DEFAULT_ORGANIZATION) : undefined;
     const limits = new TenantLimiter(opts.catalog.limits, opts.orgLimits);
     const batches = new BatchRunner({
-      store, registry, dataDir, limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }), log: opts.batchLog,
+      store, registry, dataDir, ...(filesDir !== undefined && { filesDir }), limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }), log: opts.batchLog,
       ...(opts.onBatchLineDone && { onLineDone: opts.onBatchLineDone }),
     });
     let closed = false;
     const loaded = registry;
     const opened = store;
     return {
-      dataDir, store, registry, firstKey, limits, batches,
+      dataDir, filesDir, store, registry, firstKey, limits, batches,
       async close() {
         if (closed) return;
         closed = true;
@@ -181,11 +205,11 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     batchLog: { error: (obj, msg) => app?.log.error(obj, msg), info: (obj, msg) => app?.log.info(obj, msg) },
     onBatchLineDone: (outcome) => metrics.batchLineDone(outcome),
   });
-  const { store, registry, dataDir, firstKey, limits, batches } = parts;
+  const { store, registry, dataDir, filesDir, firstKey, limits, batches } = parts;
   let draining = false;
   try {
     app = await createServer({
-      store, registry, dataDir, logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
+      store, registry, dataDir, ...(filesDir !== undefined && { filesDir }), logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
       metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
       ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,

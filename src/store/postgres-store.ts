@@ -1,6 +1,6 @@
 // The store on PostgreSQL (the maintained `pg` driver): the same Store interface and semantics as
-// SqliteStore, for several processes sharing one database. Not yet selectable by `sluice serve`
-// (SQLite stays the default); leases for background and batch work come later.
+// SqliteStore, for several processes sharing one database. Selected by `sluice serve --database-url`
+// (the databaseUrl option; SQLite stays the default); leases for background and batch work come later.
 //
 // Writes that SQLite groups in a transaction are one transaction here too, on one pooled client
 // (commitRequestEnd above all: response, ledger row, webhook delivery, idempotency result and batch
@@ -30,6 +30,8 @@ export interface PostgresStoreOptions {
   schema?: string;
   /** Most connections the pool opens (pg's default: 10). */
   maxConnections?: number;
+  /** Milliseconds a new connection may take before it fails (pg's default: no limit). */
+  connectTimeoutMs?: number;
 }
 
 const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
@@ -82,6 +84,7 @@ export class PostgresStore implements Store {
       connectionString: url,
       types: STORE_TYPES,
       ...(opts.maxConnections !== undefined ? { max: opts.maxConnections } : {}),
+      ...(opts.connectTimeoutMs !== undefined ? { connectionTimeoutMillis: opts.connectTimeoutMs } : {}),
       // The schema is checked above to be a plain identifier; search_path makes every unqualified table name its own.
       ...(schema !== undefined ? { options: `-c search_path=${schema}` } : {}),
     });
