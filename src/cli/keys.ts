@@ -2,8 +2,7 @@
 
 import { SluiceError } from '../errors.js';
 import { createApiKey, revokeApiKey } from '../store/api-keys.js';
-import { SqliteStore } from '../store/sqlite-store.js';
-import { storePath } from '../service.js';
+import { databaseUrlFlag, openCliStore } from './database-flag.js';
 import { noStoreMessage, storeExists, warnNoStore } from './store-check.js';
 import { parseFlags } from './args.js';
 import { ReasoningSeal } from '../serving/reasoning-seal.js';
@@ -19,7 +18,9 @@ export const KEYS_HELP = `usage: sluice keys <create|list|revoke|rotate-reasonin
   sluice keys retire-reasoning-key ID
                                     remove an older reasoning key: its blobs can no longer be replayed
 
-  --data-dir DIR    the service's data directory (default ./data)
+  --data-dir DIR    the service's data directory (default ./data; the reasoning keys are there)
+  --database-url URL  the deployment's PostgreSQL database instead of the data directory's SQLite
+                    file (or SLUICE_DATABASE_URL, keeping the password off the command line)
   --json            machine-readable output
 `;
 
@@ -36,6 +37,7 @@ export async function runKeys(args: string[]): Promise<void> {
     org: { type: 'string' },
     admin: { type: 'boolean' },
     'data-dir': { type: 'string' },
+    'database-url': { type: 'string' },
     json: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
   }, `keys ${action}`);
@@ -55,7 +57,8 @@ export async function runKeys(args: string[]): Promise<void> {
     process.stdout.write('retired\n');
     return;
   }
-  if (!storeExists(dataDir)) {
+  const databaseUrl = databaseUrlFlag(values['database-url']);
+  if (databaseUrl === undefined && !storeExists(dataDir)) {
     // A mistyped --data-dir must not quietly become a new, empty store.
     if (action === 'list') {
       warnNoStore(dataDir);
@@ -65,7 +68,7 @@ export async function runKeys(args: string[]): Promise<void> {
     if (action === 'revoke') throw new SluiceError('invalid_argument', `keys revoke: ${noStoreMessage(dataDir)}`, { param: 'data-dir' });
     if (action === 'create') process.stderr.write(`sluice: ${noStoreMessage(dataDir)}; making a new one for this key\n`);
   }
-  const store = new SqliteStore(storePath(dataDir));
+  const store = await openCliStore(databaseUrl, dataDir);
   try {
     switch (action) {
       case 'create': {

@@ -1,6 +1,7 @@
 // `sluice serve`: the HTTP service on a model directory, a catalog file, or the tiny demo model.
 
 import { createServer as createNetServer } from 'node:net';
+import { resolve } from 'node:path';
 import { pino } from 'pino';
 import { SluiceError } from '../errors.js';
 import { DEFAULT_TRANSPORT_LIMITS } from '../api/transport.js';
@@ -8,6 +9,8 @@ import { openService } from '../service.js';
 import { MAX_MAX_ORGANIZATIONS } from '../metrics/service-metrics.js';
 import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
 import { servedCatalog } from './served-catalog.js';
+import { DATABASE_URL_HELP, databaseUrlFlag } from './database-flag.js';
+import { redactDatabaseUrl } from '../store/database-url.js';
 
 /** The longest --drain-seconds: a drain is the few seconds a load balancer needs to notice. */
 export const MAX_DRAIN_SECONDS = 300;
@@ -23,6 +26,9 @@ On first start with no API keys it makes one and prints it.
   --host HOST          listen address (default 127.0.0.1)
   --port N             listen port (default 8080)
   --data-dir DIR       keys, responses, files (default ./data)
+${DATABASE_URL_HELP}
+  --files-dir DIR      uploaded files and batch results (default DATA_DIR/files): a volume every
+                       replica sees when several share one --database-url
   --backend B          cpu | cuda | auto (default auto)
   --threads N          CPU compute threads (default: all CPUs but one, left to HTTP)
   --gpu-memory-utilization F
@@ -80,7 +86,9 @@ On first start with no API keys it makes one and prints it.
                        are still served; then shut down as usual. A second signal ends the drain
                        at once (default 0: shut down at once; at most ${MAX_DRAIN_SECONDS})
 
-One server per data directory: a second one on the same --data-dir is refused.
+One server per data directory: a second one on the same --data-dir is refused. Replicas on one
+--database-url each keep their own --data-dir, with identical prefix-hash.key and
+reasoning-keys.json (README, Several replicas on PostgreSQL).
 `;
 
 export async function runServe(args: string[]): Promise<void> {
@@ -90,6 +98,8 @@ export async function runServe(args: string[]): Promise<void> {
     host: { type: 'string' },
     port: { type: 'string' },
     'data-dir': { type: 'string' },
+    'database-url': { type: 'string' },
+    'files-dir': { type: 'string' },
     backend: { type: 'string' },
     threads: { type: 'string' },
     'gpu-memory-utilization': { type: 'string' },
@@ -125,6 +135,10 @@ export async function runServe(args: string[]): Promise<void> {
   }
   if (values.model !== undefined && values.config !== undefined) {
     throw new SluiceError('invalid_argument', 'serve: give --model or --config, not both');
+  }
+  const databaseUrl = databaseUrlFlag(values['database-url']);
+  if (values['files-dir'] !== undefined && values['files-dir'].trim() === '') {
+    throw new SluiceError('invalid_argument', 'serve: --files-dir needs a directory', { param: 'files-dir' });
   }
   const host = values.host ?? '127.0.0.1';
   const port = intFlag(values.port, 'port', 0, 65535) ?? 8080;
@@ -178,6 +192,8 @@ export async function runServe(args: string[]): Promise<void> {
   const service = await openService({
     catalog,
     dataDir: values['data-dir'] ?? 'data',
+    ...(databaseUrl !== undefined && { databaseUrl }),
+    ...(values['files-dir'] !== undefined && { filesDir: values['files-dir'] }),
     engineDefaults: defined,
     loggerInstance: logger,
     metrics: Object.fromEntries(Object.entries(metrics).filter(([, v]) => v !== undefined)),
@@ -193,7 +209,9 @@ export async function runServe(args: string[]): Promise<void> {
   const address = await service.app.listen({ host, port });
   // The backend each engine runs on (with --backend auto, cuda where a GPU is usable, else cpu).
   const backends = [...new Set(service.registry.models.map((m) => m.engine.info.backend))].join(' and ');
-  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (${backends} backend; data in ${service.dataDir})`);
+  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (${backends} backend; data in ${service.dataDir}`
+    + `${databaseUrl !== undefined ? `, store in PostgreSQL ${redactDatabaseUrl(databaseUrl)}` : ''}`
+    + `${values['files-dir'] !== undefined ? `, files in ${resolve(values['files-dir'])}` : ''})`);
   if (service.firstKey) {
     const model = service.registry.models[0]!.id;
     process.stdout.write(`

@@ -2,8 +2,7 @@
 // directory's store; the same report GET /v1/admin/usage returns (--json prints it as is).
 
 import { parseSince, summarizeUsage, usageReport, type UsageReport, type UsageTotals } from '../billing/usage-report.js';
-import { SqliteStore } from '../store/sqlite-store.js';
-import { storePath } from '../service.js';
+import { databaseUrlFlag, openCliStore } from './database-flag.js';
 import { parseFlags } from './args.js';
 import { storeExists, warnNoStore } from './store-check.js';
 
@@ -15,6 +14,8 @@ export const USAGE_HELP = `usage: sluice usage [options]
   --org NAME        one organization only
   --since DATE      requests completed at or after DATE: YYYY-MM-DD (UTC midnight) or an ISO 8601 date-time
   --data-dir DIR    the service's data directory (default ./data)
+  --database-url URL  the deployment's PostgreSQL database instead of the data directory's SQLite
+                    file (or SLUICE_DATABASE_URL, keeping the password off the command line)
   --json            the report as JSON (costs as exact decimal strings)
 `;
 
@@ -23,6 +24,7 @@ export async function runUsage(args: string[]): Promise<void> {
     org: { type: 'string' },
     since: { type: 'string' },
     'data-dir': { type: 'string' },
+    'database-url': { type: 'string' },
     json: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
   }, 'usage');
@@ -33,13 +35,14 @@ export async function runUsage(args: string[]): Promise<void> {
   const sinceMs = values.since === undefined ? undefined : parseSince(values.since);
   const dataDir = values['data-dir'] ?? 'data';
   const filter = { ...(values.org !== undefined && { orgName: values.org }), ...(sinceMs !== undefined && { sinceMs }) };
-  if (!storeExists(dataDir)) {
+  const databaseUrl = databaseUrlFlag(values['database-url']);
+  if (databaseUrl === undefined && !storeExists(dataDir)) {
     // A mistyped --data-dir must not quietly become a new, empty store: warn, and report nothing.
     warnNoStore(dataDir);
     printReport(summarizeUsage([], filter), values.json === true);
     return;
   }
-  const store = new SqliteStore(storePath(dataDir));
+  const store = await openCliStore(databaseUrl, dataDir);
   try {
     printReport(await usageReport(store, filter), values.json === true);
   } finally {
