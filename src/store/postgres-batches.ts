@@ -9,63 +9,17 @@
 
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import { UNFINISHED_BATCH_STATUSES } from './batch-records.js';
-import type { Db, Row } from './postgres-db.js';
+import type { Db } from './postgres-db.js';
 import type { FileRecord } from './store.js';
-
-/** BatchPatch field -> column. Only these columns are ever written by a transition. */
-const PATCH_COLUMNS: Record<keyof BatchPatch, string> = {
-  status: 'status',
-  errors: 'errors',
-  outputFileId: 'output_file_id',
-  errorFileId: 'error_file_id',
-  total: 'total',
-  inProgressAt: 'in_progress_at',
-  finalizingAt: 'finalizing_at',
-  completedAt: 'completed_at',
-  failedAt: 'failed_at',
-  expiredAt: 'expired_at',
-  cancellingAt: 'cancelling_at',
-  cancelledAt: 'cancelled_at',
-};
-
-const json = (value: unknown): string | null => (value === null || value === undefined ? null : JSON.stringify(value));
-const num = (value: unknown): number | null => (value as number | null) ?? null;
-
-function batchRecord(row: Row): BatchRecord {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    orgName: row['org_name'] as string,
-    keyId: row['key_id'] as string,
-    endpoint: row['endpoint'] as string,
-    inputFileId: row['input_file_id'] as string,
-    completionWindow: row['completion_window'] as string,
-    status: row['status'] as BatchStatus,
-    errors: row['errors'] === null ? null : JSON.parse(row['errors'] as string),
-    outputFileId: (row['output_file_id'] as string | null) ?? null,
-    errorFileId: (row['error_file_id'] as string | null) ?? null,
-    metadata: row['metadata'] === null ? null : JSON.parse(row['metadata'] as string),
-    requestCounts: { total: row['total'] as number, completed: row['completed'] as number, failed: row['failed'] as number },
-    progress: { nextLine: row['next_line'] as number, nextOffset: row['next_offset'] as number },
-    createdAt: row['created_at'] as number,
-    expiresAt: row['expires_at'] as number,
-    inProgressAt: num(row['in_progress_at']),
-    finalizingAt: num(row['finalizing_at']),
-    completedAt: num(row['completed_at']),
-    failedAt: num(row['failed_at']),
-    expiredAt: num(row['expired_at']),
-    cancellingAt: num(row['cancelling_at']),
-    cancelledAt: num(row['cancelled_at']),
-  };
-}
+import { BATCH_PATCH_COLUMNS, batchRecord, jsonText } from './store-rows.js';
 
 export const postgresBatches = {
   async insert(db: Db, b: BatchRecord): Promise<void> {
     await db.query(`INSERT INTO batches (id, org_id, org_name, key_id, endpoint, input_file_id, completion_window, status,
                       errors, metadata, total, created_at, expires_at)
                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-    [b.id, b.orgId, b.orgName, b.keyId, b.endpoint, b.inputFileId, b.completionWindow, b.status, json(b.errors),
-      json(b.metadata), b.requestCounts.total, b.createdAt, b.expiresAt]);
+    [b.id, b.orgId, b.orgName, b.keyId, b.endpoint, b.inputFileId, b.completionWindow, b.status, jsonText(b.errors),
+      jsonText(b.metadata), b.requestCounts.total, b.createdAt, b.expiresAt]);
   },
 
   async get(db: Db, orgId: string, id: string): Promise<BatchRecord | undefined> {
@@ -100,8 +54,8 @@ export const postgresBatches = {
     const values: unknown[] = [id, [...from]];
     for (const [key, value] of Object.entries(patch) as [keyof BatchPatch, unknown][]) {
       if (value === undefined) continue;
-      values.push(key === 'errors' ? json(value) : value);
-      sets.push(`${PATCH_COLUMNS[key]} = $${values.length}`);
+      values.push(key === 'errors' ? jsonText(value) : value);
+      sets.push(`${BATCH_PATCH_COLUMNS[key]} = $${values.length}`);
     }
     if (sets.length === 0) sets.push('status = status');
     const { rows } = await db.query(`UPDATE batches SET ${sets.join(', ')} WHERE id = $1 AND status = ANY($2::text[]) RETURNING *`, values);

@@ -8,7 +8,9 @@
 
 import pg from 'pg';
 
-export type Row = Record<string, unknown>;
+import type { Row } from './store-rows.js';
+
+export type { Row };
 
 /** Something statements run on: the pool (each statement on its own) or a transaction's client. */
 export interface Db {

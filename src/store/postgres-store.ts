@@ -21,6 +21,7 @@ import { postgresUsage } from './postgres-usage.js';
 import { postgresWebhooks } from './postgres-webhooks.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { RequestEnd, RequestEndCommit, UsageRecord, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
+import { fileRecord, keyInfo } from './store-rows.js';
 
 export interface PostgresStoreOptions {
   /**
@@ -35,30 +36,6 @@ export interface PostgresStoreOptions {
 }
 
 const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
-
-function keyInfo(row: Row): ApiKeyInfo {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    orgName: row['org_name'] as string,
-    prefix: row['prefix'] as string,
-    createdAt: row['created_at'] as number,
-    revokedAt: (row['revoked_at'] as number | null) ?? null,
-  };
-}
-
-function fileRecord(row: Row): FileRecord {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    bytes: row['bytes'] as number,
-    createdAt: row['created_at'] as number,
-    filename: row['filename'] as string,
-    purpose: row['purpose'] as string,
-    status: row['status'] as string,
-    statusDetails: (row['status_details'] as string | null) ?? null,
-  };
-}
 
 function organization(row: Row): Organization {
   return { id: row['id'] as string, name: row['name'] as string, createdAt: row['created_at'] as number };

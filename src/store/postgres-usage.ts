@@ -3,30 +3,9 @@
 // constraints on id and on (surface, request_id) keep exactly one row per request, whichever
 // replica or retry writes it (ON CONFLICT DO NOTHING).
 
-import type { Db, Row } from './postgres-db.js';
+import type { Db } from './postgres-db.js';
 import type { UsageRecord } from './store.js';
-
-function usageRecord(row: Row): UsageRecord {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    orgName: row['org_name'] as string,
-    keyId: row['key_id'] as string,
-    model: row['model'] as string,
-    tier: row['tier'] as string,
-    surface: row['surface'] as string,
-    requestId: row['request_id'] as string,
-    inputTokens: row['input_tokens'] as number,
-    cachedTokens: row['cached_tokens'] as number,
-    outputTokens: row['output_tokens'] as number,
-    inputCost: row['input_cost'] as string,
-    cachedCost: row['cached_cost'] as string,
-    outputCost: row['output_cost'] as string,
-    cost: row['cost'] as string,
-    longContext: row['long_context'] === true,
-    completedAtMs: row['completed_at_ms'] as number,
-  };
-}
+import { usageRecord } from './store-rows.js';
 
 export const postgresUsage = {
   async insertUsage(db: Db, r: UsageRecord): Promise<boolean> {

@@ -7,25 +7,9 @@
 // a transaction that first takes a transaction-level advisory lock (the same serialization SQLite's
 // IMMEDIATE transaction gives), then ranks and leases in the same snapshot of committed rows.
 
-import type { Db, Row } from './postgres-db.js';
+import type { Db } from './postgres-db.js';
 import type { WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
-
-function webhookDelivery(row: Row): WebhookDelivery {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    objectId: row['object_id'] as string,
-    url: row['url'] as string,
-    host: row['host'] as string,
-    token: (row['token'] as string | null) ?? null,
-    body: row['body'] as string,
-    state: row['state'] as WebhookDelivery['state'],
-    attempts: row['attempts'] as number,
-    nextAttemptAtMs: row['next_attempt_at_ms'] as number,
-    lastError: (row['last_error'] as string | null) ?? null,
-    createdAt: row['created_at'] as number,
-  };
-}
+import { webhookDelivery } from './store-rows.js';
 
 /** The advisory lock key (two-key form, second key: the schema) serializing fair claims. */
 const CLAIM_LOCK = 0x51c4;

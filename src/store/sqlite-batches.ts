@@ -10,55 +10,7 @@ import type {
 } from './batch-records.js';
 import { UNFINISHED_BATCH_STATUSES } from './batch-records.js';
 import type { FileRecord } from './store.js';
-
-type Row = Record<string, unknown>;
-
-/** BatchPatch field -> column. Only these columns are ever written by a transition. */
-const PATCH_COLUMNS: Record<keyof BatchPatch, string> = {
-  status: 'status',
-  errors: 'errors',
-  outputFileId: 'output_file_id',
-  errorFileId: 'error_file_id',
-  total: 'total',
-  inProgressAt: 'in_progress_at',
-  finalizingAt: 'finalizing_at',
-  completedAt: 'completed_at',
-  failedAt: 'failed_at',
-  expiredAt: 'expired_at',
-  cancellingAt: 'cancelling_at',
-  cancelledAt: 'cancelled_at',
-};
-
-const json = (value: unknown): string | null => (value === null || value === undefined ? null : JSON.stringify(value));
-const num = (value: unknown): number | null => (value as number | null) ?? null;
-
-function batchRecord(row: Row): BatchRecord {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    orgName: row['org_name'] as string,
-    keyId: row['key_id'] as string,
-    endpoint: row['endpoint'] as string,
-    inputFileId: row['input_file_id'] as string,
-    completionWindow: row['completion_window'] as string,
-    status: row['status'] as BatchStatus,
-    errors: row['errors'] === null ? null : JSON.parse(row['errors'] as string),
-    outputFileId: (row['output_file_id'] as string | null) ?? null,
-    errorFileId: (row['error_file_id'] as string | null) ?? null,
-    metadata: row['metadata'] === null ? null : JSON.parse(row['metadata'] as string),
-    requestCounts: { total: row['total'] as number, completed: row['completed'] as number, failed: row['failed'] as number },
-    progress: { nextLine: row['next_line'] as number, nextOffset: row['next_offset'] as number },
-    createdAt: row['created_at'] as number,
-    expiresAt: row['expires_at'] as number,
-    inProgressAt: num(row['in_progress_at']),
-    finalizingAt: num(row['finalizing_at']),
-    completedAt: num(row['completed_at']),
-    failedAt: num(row['failed_at']),
-    expiredAt: num(row['expired_at']),
-    cancellingAt: num(row['cancelling_at']),
-    cancelledAt: num(row['cancelled_at']),
-  };
-}
+import { BATCH_PATCH_COLUMNS, batchRecord, jsonText, type Row } from './store-rows.js';
 
 export class SqliteBatches {
   private readonly stmt: Record<string, Database.Statement>;
@@ -93,7 +45,7 @@ export class SqliteBatches {
   insert(b: BatchRecord): void {
     this.stmt['insert']!.run({
       id: b.id, orgId: b.orgId, orgName: b.orgName, keyId: b.keyId, endpoint: b.endpoint, inputFileId: b.inputFileId,
-      completionWindow: b.completionWindow, status: b.status, errors: json(b.errors), metadata: json(b.metadata),
+      completionWindow: b.completionWindow, status: b.status, errors: jsonText(b.errors), metadata: jsonText(b.metadata),
       total: b.requestCounts.total, createdAt: b.createdAt, expiresAt: b.expiresAt,
     });
   }
@@ -159,8 +111,8 @@ export class SqliteBatches {
     const values: unknown[] = [];
     for (const [key, value] of Object.entries(patch) as [keyof BatchPatch, unknown][]) {
       if (value === undefined) continue;
-      sets.push(`${PATCH_COLUMNS[key]} = ?`);
-      values.push(key === 'errors' ? json(value) : value);
+      sets.push(`${BATCH_PATCH_COLUMNS[key]} = ?`);
+      values.push(key === 'errors' ? jsonText(value) : value);
     }
     if (sets.length > 0) this.db.prepare(`UPDATE batches SET ${sets.join(', ')} WHERE id = ?`).run(...values, id);
     return batchRecord(this.stmt['getById']!.get(id) as Row);

@@ -16,35 +16,10 @@ import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatu
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { RequestEnd, RequestEndCommit, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 import type { UsageRecord } from './store.js';
-
-type Row = Record<string, unknown>;
+import { fileRecord, keyInfo, type Row } from './store-rows.js';
 
 /** Free pages handed back per step of reclaimSpace (4 KiB pages: 8 MiB). */
 const RECLAIM_STEP_PAGES = 2048;
-
-function keyInfo(row: Row): ApiKeyInfo {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    orgName: row['org_name'] as string,
-    prefix: row['prefix'] as string,
-    createdAt: row['created_at'] as number,
-    revokedAt: (row['revoked_at'] as number | null) ?? null,
-  };
-}
-
-function fileRecord(row: Row): FileRecord {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    bytes: row['bytes'] as number,
-    createdAt: row['created_at'] as number,
-    filename: row['filename'] as string,
-    purpose: row['purpose'] as string,
-    status: row['status'] as string,
-    statusDetails: (row['status_details'] as string | null) ?? null,
-  };
-}
 
 export class SqliteStore implements Store {
   private readonly db: Database.Database;
@@ -349,7 +324,6 @@ export class SqliteStore implements Store {
   private get usage(): SqliteUsage {
     return (this.usageTables ??= new SqliteUsage(this.db));
   }
-
 
   async listUsage(filter: { orgName?: string; sinceMs?: number }): Promise<UsageRecord[]> {
     return this.usage.listUsage(filter);

@@ -3,30 +3,7 @@
 
 import type Database from 'better-sqlite3';
 import type { UsageRecord } from './store.js';
-
-type Row = Record<string, unknown>;
-
-function usageRecord(row: Row): UsageRecord {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    orgName: row['org_name'] as string,
-    keyId: row['key_id'] as string,
-    model: row['model'] as string,
-    tier: row['tier'] as string,
-    surface: row['surface'] as string,
-    requestId: row['request_id'] as string,
-    inputTokens: row['input_tokens'] as number,
-    cachedTokens: row['cached_tokens'] as number,
-    outputTokens: row['output_tokens'] as number,
-    inputCost: row['input_cost'] as string,
-    cachedCost: row['cached_cost'] as string,
-    outputCost: row['output_cost'] as string,
-    cost: row['cost'] as string,
-    longContext: row['long_context'] === 1,
-    completedAtMs: row['completed_at_ms'] as number,
-  };
-}
+import { usageRecord, type Row } from './store-rows.js';
 
 export class SqliteUsage {
   private readonly insert: Database.Statement;

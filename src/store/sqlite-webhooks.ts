@@ -8,25 +8,7 @@
 
 import type Database from 'better-sqlite3';
 import type { WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
-
-type Row = Record<string, unknown>;
-
-function webhookDelivery(row: Row): WebhookDelivery {
-  return {
-    id: row['id'] as string,
-    orgId: row['org_id'] as string,
-    objectId: row['object_id'] as string,
-    url: row['url'] as string,
-    host: row['host'] as string,
-    token: (row['token'] as string | null) ?? null,
-    body: row['body'] as string,
-    state: row['state'] as WebhookDelivery['state'],
-    attempts: row['attempts'] as number,
-    nextAttemptAtMs: row['next_attempt_at_ms'] as number,
-    lastError: (row['last_error'] as string | null) ?? null,
-    createdAt: row['created_at'] as number,
-  };
-}
+import { webhookDelivery, type Row } from './store-rows.js';
 
 /**
  * The fair claim, as one statement: due rows are ranked within their host, round robin over the
