@@ -100,14 +100,14 @@ export async function childMain(args: Args): Promise<void> {
       const picked = Array.from({ length: Math.max(1, w.inputTokens - overhead) }, () => words[Math.floor(random() * words.length)]!);
       let body = bodyOf(picked.join(''), w);
       // Words that merge with what surrounds them (rare): trim or pad until the prompt fits.
-      for (let attempt = 0; attempt < 3; attempt++) {
-        const diff = (await promptLength(body)) - w.inputTokens;
-        if (diff === 0 || (diff > 0 && picked.length === 1)) break;
+      let diff = (await promptLength(body)) - w.inputTokens;
+      for (let attempt = 0; attempt < 3 && diff !== 0 && !(diff > 0 && picked.length === 1); attempt++) {
         if (diff > 0) picked.splice(picked.length - Math.min(diff, picked.length - 1));
         else for (let k = 0; k < -diff; k++) picked.push(words[Math.floor(random() * words.length)]!);
         body = bodyOf(picked.join(''), w);
+        diff = (await promptLength(body)) - w.inputTokens;
       }
-      if ((await promptLength(body)) === w.inputTokens) exact++;
+      if (diff === 0) exact++;
       else off++;
       bodies.push(body);
     }
