@@ -206,29 +206,8 @@ export async function runServe(args: string[]): Promise<void> {
     ...(values['allow-private-webhooks'] && { webhooks: { allowPrivateAddresses: true } }),
   });
 
-  const address = await service.app.listen({ host, port });
-  // The backend each engine runs on (with --backend auto, cuda where a GPU is usable, else cpu).
-  const backends = [...new Set(service.registry.models.map((m) => m.engine.info.backend))].join(' and ');
-  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (${backends} backend; data in ${service.dataDir}`
-    + `${databaseUrl !== undefined ? `, store in PostgreSQL ${redactDatabaseUrl(databaseUrl)}` : ''}`
-    + `${values['files-dir'] !== undefined ? `, files in ${resolve(values['files-dir'])}` : ''})`);
-  if (service.firstKey) {
-    const model = service.registry.models[0]!.id;
-    process.stdout.write(`
-No API keys existed, so one was made for organization "${service.firstKey.info.orgName}" (shown only now):
-
-  ${service.firstKey.key}
-
-Try it:
-
-  curl ${address}/v1/responses \\
-    -H "Authorization: Bearer ${service.firstKey.key}" \\
-    -H "Content-Type: application/json" \\
-    -d '{"model": "${model}", "input": "Hello", "max_output_tokens": 16}'
-
-`);
-  }
-
+  // Installed before the port opens: a signal sent once the "serving" line is read must never meet
+  // the default action (kill), as it could when the handlers came after that line.
   // SIGTERM / SIGINT: drain first when --drain-seconds asks (/ready 503, requests still served),
   // then shut down: new requests get 503, requests in flight finish, background work and webhooks
   // stop (resumed at the next start), the store closes. A signal during the drain ends it at once;
@@ -258,6 +237,30 @@ Try it:
   };
   process.on('SIGINT', () => onSignal('SIGINT'));
   process.on('SIGTERM', () => onSignal('SIGTERM'));
+
+  const address = await service.app.listen({ host, port });
+  // The backend each engine runs on (with --backend auto, cuda where a GPU is usable, else cpu).
+  const backends = [...new Set(service.registry.models.map((m) => m.engine.info.backend))].join(' and ');
+  log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (${backends} backend; data in ${service.dataDir}`
+    + `${databaseUrl !== undefined ? `, store in PostgreSQL ${redactDatabaseUrl(databaseUrl)}` : ''}`
+    + `${values['files-dir'] !== undefined ? `, files in ${resolve(values['files-dir'])}` : ''})`);
+  if (service.firstKey) {
+    const model = service.registry.models[0]!.id;
+    process.stdout.write(`
+No API keys existed, so one was made for organization "${service.firstKey.info.orgName}" (shown only now):
+
+  ${service.firstKey.key}
+
+Try it:
+
+  curl ${address}/v1/responses \\
+    -H "Authorization: Bearer ${service.firstKey.key}" \\
+    -H "Content-Type: application/json" \\
+    -d '{"model": "${model}", "input": "Hello", "max_output_tokens": 16}'
+
+`);
+  }
+
 }
 
 /** --flex-deferral / --tenant-deferral: "off" or ROWS[,HOLD_MS]. */
