@@ -65,7 +65,7 @@ export async function createSluice(opts: CreateSluiceOptions): Promise<Sluice> {
     // after them: background work and webhooks have stopped before the engines and the store go.
     app.addHook('onClose', async () => parts.close());
     await app.register(sluiceApi, {
-      store: parts.store, registry: parts.registry, dataDir: parts.dataDir, limits: parts.limits, batches: parts.batches,
+      store: parts.store, registry: parts.registry, dataDir: parts.dataDir, limits: parts.limits, batches: parts.batches, lease: parts.lease,
       ...(parts.filesDir !== undefined && { filesDir: parts.filesDir }),
       ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }),

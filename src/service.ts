@@ -3,6 +3,7 @@
 // service in their process; createSluice (embed.ts) opens the same parts (openServiceParts) for the
 // API mounted in their own fastify app; createServer (api/app.ts) is the lower level.
 
+import { leaseConfig, type LeaseConfig } from './store/leases.js';
 import { mkdirSync } from 'node:fs';
 import os from 'node:os';
 import { join, resolve } from 'node:path';
@@ -44,6 +45,11 @@ export interface OpenServiceOptions {
   databaseUrl?: string;
   /** The schema of sluice's tables in that database (default: the connection's, normally public). */
   databaseSchema?: string;
+  /**
+   * This process's replica id and lease length for the work replicas share (store/leases.ts);
+   * default a new id and DEFAULT_LEASE_TTL_MS.
+   */
+  lease?: LeaseConfig;
   /**
    * Where uploaded file bytes and batch results live (default `<dataDir>/files`): a directory every
    * replica sees (a shared volume) when several share one database.
@@ -107,7 +113,7 @@ export function storePath(dataDir: string): string {
   return join(resolve(dataDir), 'sluice.db');
 }
 
-export type ServicePartsOptions = Pick<OpenServiceOptions, 'catalog' | 'dataDir' | 'databaseUrl' | 'databaseSchema' | 'filesDir' | 'engineDefaults' | 'onProgress' | 'batchDeadlines' | 'orgLimits'> & {
+export type ServicePartsOptions = Pick<OpenServiceOptions, 'catalog' | 'dataDir' | 'databaseUrl' | 'databaseSchema' | 'lease' | 'filesDir' | 'engineDefaults' | 'onProgress' | 'batchDeadlines' | 'orgLimits'> & {
   /** Where the batch runner logs (the app's logger, which exists only after the parts). */
   batchLog: BatchLog;
   /** Told when a batch line is done (metrics). */
@@ -127,6 +133,8 @@ export interface ServiceParts {
   limits: TenantLimiter;
   /** Not started: its owner starts it once the API is mounted. */
   batches: BatchRunner;
+  /** This process's replica id and lease length. */
+  lease: LeaseConfig;
   /** Stops the batches, frees the models, closes the store, releases the data directory. Safe to call twice. */
   close(): Promise<void>;
 }
@@ -167,15 +175,16 @@ export async function openServiceParts(opts: ServicePartsOptions): Promise<Servi
     registry = await ModelRegistry.load(opts.catalog, registryOptions);
     const firstKey = (await store.countActiveApiKeys()) === 0 ? await createApiKey(store, DEFAULT_ORGANIZATION) : undefined;
     const limits = new TenantLimiter(opts.catalog.limits, opts.orgLimits);
+    const lease = opts.lease ?? leaseConfig();
     const batches = new BatchRunner({
-      store, registry, dataDir, ...(filesDir !== undefined && { filesDir }), limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }), log: opts.batchLog,
+      store, registry, dataDir, lease, ...(filesDir !== undefined && { filesDir }), limits, ...(opts.batchDeadlines && { deadlines: opts.batchDeadlines }), log: opts.batchLog,
       ...(opts.onBatchLineDone && { onLineDone: opts.onBatchLineDone }),
     });
     let closed = false;
     const loaded = registry;
     const opened = store;
     return {
-      dataDir, filesDir, store, registry, firstKey, limits, batches,
+      dataDir, filesDir, store, registry, firstKey, limits, batches, lease,
       async close() {
         if (closed) return;
         closed = true;
@@ -205,11 +214,11 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     batchLog: { error: (obj, msg) => app?.log.error(obj, msg), info: (obj, msg) => app?.log.info(obj, msg) },
     onBatchLineDone: (outcome) => metrics.batchLineDone(outcome),
   });
-  const { store, registry, dataDir, filesDir, firstKey, limits, batches } = parts;
+  const { store, registry, dataDir, filesDir, firstKey, limits, batches, lease } = parts;
   let draining = false;
   try {
     app = await createServer({
-      store, registry, dataDir, ...(filesDir !== undefined && { filesDir }), logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
+      store, registry, dataDir, lease, ...(filesDir !== undefined && { filesDir }), logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
       metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
       ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,

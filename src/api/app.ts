@@ -8,6 +8,7 @@
 // missing Host header, an unsupported Expect header, and bodies that arrive too slowly (408,
 // transport.ts).
 
+import type { LeaseConfig } from '../store/leases.js';
 import Fastify, {
   LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyServerOptions,
 } from 'fastify';
@@ -54,6 +55,8 @@ export interface CreateServerOptions {
   webhooks?: WebhookSettings;
   /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
   batches?: BatchRunner;
+  /** This process's replica id and lease length (default: a new id, DEFAULT_LEASE_TTL_MS). */
+  lease?: LeaseConfig;
   /** Body timeout, minimum body rate, connection cap; defaults DEFAULT_TRANSPORT_LIMITS (transport.ts). */
   transport?: Partial<TransportLimits>;
   /** Per-organization limits, shared with the batch runner; default DEFAULT_ORG_LIMITS. */
@@ -183,6 +186,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
 
   await app.register(sluiceApi, {
     prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
+    ...(opts.lease && { lease: opts.lease }),
     ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
     ...(opts.deadlines && { deadlines: opts.deadlines }),
     webhooks: { ...opts.webhooks, onAttempt: (outcome) => metrics.webhookAttempt(outcome) },

@@ -14,6 +14,7 @@
 // start. The job's stored request is the only place besides the pending delivery that holds
 // metadata.webhook_token; it goes with the job.
 
+import type { LeaseConfig } from '../store/leases.js';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSluiceError, SluiceError } from '../errors.js';
 import type { CompletionWindow } from '../config/catalog.js';
@@ -50,6 +51,8 @@ export interface BackgroundOptions {
   log: FastifyBaseLogger;
   /** The usage ledger: a run that ends with a result is billed in the write that stores it. */
   billing?: Billing;
+  /** This process's replica id and lease length (default: a new id, DEFAULT_LEASE_TTL_MS). */
+  lease?: LeaseConfig;
   /** Completion webhooks: a terminal response's delivery is stored with it (absent: none are sent). */
   webhooks?: WebhookDispatcher;
 }

@@ -6,6 +6,7 @@
 // Inside the plugin's scope: strict body validation (validation.ts), the one error handler, the
 // bearer-key hook, the OpenAPI document and every surface's routes.
 
+import { leaseConfig, type LeaseConfig } from '../store/leases.js';
 import swagger from '@fastify/swagger';
 import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import { ReasoningSeal } from '../serving/reasoning-seal.js';
@@ -54,6 +55,12 @@ export interface SluiceApiOptions {
    * its own with default deadlines, resumed when the app is ready and stopped when it closes.
    */
   batches?: BatchRunner;
+  /**
+   * This process's replica id and lease length for background responses and batch chunks
+   * (store/leases.ts); default a new id and DEFAULT_LEASE_TTL_MS. The plugin's own batch runner
+   * uses it too.
+   */
+  lease?: LeaseConfig;
   /** Told when a line of the plugin's own batch runner is done (the service's metrics); not used with `batches`. */
   onBatchLineDone?: (outcome: 'completed' | 'failed') => void;
 }
@@ -71,13 +78,14 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   });
   app.addHook('onClose', async () => webhooks.close());
   const billing = new Billing(opts.registry);
+  const lease = opts.lease ?? leaseConfig();
   const background = new BackgroundResponses({
-    store: opts.store, service, billing, webhooks, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log,
+    store: opts.store, service, billing, webhooks, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log, lease,
   });
   let batches = opts.batches;
   if (!batches) {
     const owned = new BatchRunner({
-      store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log,
+      store: opts.store, registry: opts.registry, dataDir: opts.dataDir, log: app.log, lease,
       ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
       ...(opts.onBatchLineDone && { onLineDone: opts.onBatchLineDone }),
     });

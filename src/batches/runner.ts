@@ -7,6 +7,7 @@
 // cancel request moves validating/in_progress to cancelling (a compare-and-set) and then tells the
 // job, which ends the batch as cancelled.
 
+import type { LeaseConfig } from '../store/leases.js';
 import { randomBytes } from 'node:crypto';
 import { FileStorage } from '../files/file-storage.js';
 import { ReasoningSeal } from '../serving/reasoning-seal.js';
@@ -42,6 +43,8 @@ export interface BatchRunnerOptions {
    * engine's throughput with one max_num_seqs of slots).
    */
   maxLinesInFlight?: number;
+  /** This process's replica id and lease length for batch chunks (default: a new id, DEFAULT_LEASE_TTL_MS). */
+  lease?: LeaseConfig;
   /** Per-organization limits, shared with the API's requests (default: a limiter of its own). */
   limits?: TenantLimiter;
   log?: BatchLog;

@@ -170,4 +170,37 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
     items       TEXT NOT NULL                 -- the request's input items as JSON, in order
   );
   `,
+  // 8: leases on background jobs and in-progress idempotency keys (store/leases.ts): the replica
+  // running each, until when, and the completion window a claim orders by (asap 0 < standard 1 < flex 2).
+  `
+  ALTER TABLE background_jobs ADD COLUMN window_rank INTEGER NOT NULL DEFAULT 1;
+  ALTER TABLE background_jobs ADD COLUMN lease_owner TEXT;                        -- replica id, NULL: free
+  ALTER TABLE background_jobs ADD COLUMN lease_until_ms INTEGER NOT NULL DEFAULT 0; -- Unix ms
+  CREATE INDEX background_jobs_claim ON background_jobs(window_rank, created_at);
+  ALTER TABLE idempotency ADD COLUMN lease_owner TEXT;
+  ALTER TABLE idempotency ADD COLUMN lease_until_ms INTEGER NOT NULL DEFAULT 0;
+  `,
+  // 9: batches split into chunks of lines, each claimed under a lease, so that replicas share a
+  // batch's lines; the batch row's own lease covers validation and the end (files, final status).
+  `
+  ALTER TABLE batches ADD COLUMN window_rank INTEGER NOT NULL DEFAULT 2;
+  UPDATE batches SET window_rank = CASE completion_window WHEN 'asap' THEN 0 WHEN 'standard' THEN 1 ELSE 2 END;
+  ALTER TABLE batches ADD COLUMN lease_owner TEXT;
+  ALTER TABLE batches ADD COLUMN lease_until_ms INTEGER NOT NULL DEFAULT 0;
+  CREATE TABLE batch_chunks (
+    batch_id       TEXT NOT NULL,
+    chunk_no       INTEGER NOT NULL,          -- 0-based, in file order
+    first_line     INTEGER NOT NULL,          -- 1-based line number of its first line
+    start_offset   INTEGER NOT NULL,          -- byte offset of its first line
+    end_offset     INTEGER NOT NULL,          -- byte offset just past its last line
+    num_lines      INTEGER NOT NULL,
+    window_rank    INTEGER NOT NULL,          -- the batch's: claim order
+    created_at     INTEGER NOT NULL,          -- the batch's: claim order within a window
+    done           INTEGER NOT NULL DEFAULT 0,
+    lease_owner    TEXT,
+    lease_until_ms INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (batch_id, chunk_no)
+  );
+  CREATE INDEX batch_chunks_claim ON batch_chunks(done, window_rank, created_at);
+  `,
 ];

@@ -158,6 +158,44 @@ export const POSTGRES_MIGRATIONS: readonly PostgresMigration[] = [
     CREATE INDEX usage_ledger_completed ON usage_ledger(completed_at_ms);
     `,
   },
+  {
+    // Leases on background jobs and in-progress idempotency keys (store/leases.ts).
+    name: 'background and idempotency leases',
+    sql: `
+    ALTER TABLE background_jobs ADD COLUMN window_rank INTEGER NOT NULL DEFAULT 1;  -- asap 0, standard 1, flex 2
+    ALTER TABLE background_jobs ADD COLUMN lease_owner TEXT;                        -- replica id, NULL: free
+    ALTER TABLE background_jobs ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0; -- Unix ms
+    CREATE INDEX background_jobs_claim ON background_jobs(window_rank, created_at);
+    ALTER TABLE idempotency ADD COLUMN lease_owner TEXT;
+    ALTER TABLE idempotency ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0;
+    `,
+  },
+  {
+    // Batches split into chunks of lines claimed under leases; the batch row's lease covers
+    // validation and the end.
+    name: 'batch chunks',
+    sql: `
+    ALTER TABLE batches ADD COLUMN window_rank INTEGER NOT NULL DEFAULT 2;
+    UPDATE batches SET window_rank = CASE completion_window WHEN 'asap' THEN 0 WHEN 'standard' THEN 1 ELSE 2 END;
+    ALTER TABLE batches ADD COLUMN lease_owner TEXT;
+    ALTER TABLE batches ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0;
+    CREATE TABLE batch_chunks (
+      batch_id       TEXT NOT NULL,
+      chunk_no       INTEGER NOT NULL,               -- 0-based, in file order
+      first_line     BIGINT NOT NULL,                -- 1-based line number of its first line
+      start_offset   BIGINT NOT NULL,                -- byte offset of its first line
+      end_offset     BIGINT NOT NULL,                -- byte offset just past its last line
+      num_lines      INTEGER NOT NULL,
+      window_rank    INTEGER NOT NULL,               -- the batch's: claim order
+      created_at     BIGINT NOT NULL,                -- the batch's: claim order within a window
+      done           BOOLEAN NOT NULL DEFAULT FALSE,
+      lease_owner    TEXT,
+      lease_until_ms BIGINT NOT NULL DEFAULT 0,
+      PRIMARY KEY (batch_id, chunk_no)
+    );
+    CREATE INDEX batch_chunks_claim ON batch_chunks(done, window_rank, created_at);
+    `,
+  },
 ];
 
 /** The advisory lock (two-key form) held while migrating: the schema's name is the second key. */

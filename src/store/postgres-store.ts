@@ -48,6 +48,7 @@ const createdAtOf = (body: ResponseBody) => (typeof body['created_at'] === 'numb
 const KEY_SELECT = 'SELECT k.*, o.name AS org_name FROM api_keys k JOIN organizations o ON o.id = k.org_id';
 
 export class PostgresStore implements Store {
+  readonly shared = true;
   private constructor(private readonly pool: pg.Pool) {}
 
   /**

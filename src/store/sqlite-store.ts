@@ -22,6 +22,7 @@ import { fileRecord, keyInfo, type Row } from './store-rows.js';
 const RECLAIM_STEP_PAGES = 2048;
 
 export class SqliteStore implements Store {
+  readonly shared = false;
   private readonly db: Database.Database;
   private readonly stmt: Record<string, Database.Statement>;
 

@@ -66,6 +66,13 @@ export interface BackgroundJob {
 }
 
 export interface Store {
+  /**
+   * True when other processes may use this store at the same time (PostgreSQL): leases of other
+   * replicas are then live, and only expiry frees them. False for SQLite, which one process owns
+   * (the data directory lock): the leases a previous process left are released at start.
+   */
+  readonly shared: boolean;
+
   // Organizations and keys.
   ensureOrganization(name: string): Promise<Organization>;
   getOrganizationByName(name: string): Promise<Organization | undefined>;
