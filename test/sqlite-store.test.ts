@@ -8,7 +8,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { SQLITE_MIGRATIONS } from '../src/store/migrations.js';
 import { SqliteStore } from '../src/store/sqlite-store.js';
 import type { Store } from '../src/store/store.js';
-import { describeStores, type StoreUnderTest } from './helpers/stores.js';
+import { describeStores, HELD, type StoreUnderTest } from './helpers/stores.js';
 
 let root: string;
 beforeAll(() => { root = mkdtempSync(join(os.tmpdir(), 'sluice-store-')); });
@@ -52,15 +52,15 @@ describeStores('store basics', (kind) => {
 
   it('walks an idempotency key through new, in progress, done and mismatch; releases pending keys', async () => {
     const org = (await store.ensureOrganization('a')).id;
-    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 1)).toEqual({ state: 'new' });
-    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 2)).toEqual({ state: 'in_progress' });
-    expect(await store.beginIdempotency(org, 'messages', 'k', 'h2', 2)).toEqual({ state: 'mismatch' });
-    expect(await store.beginIdempotency('other-org', 'messages', 'k', 'h2', 2)).toEqual({ state: 'new' });
+    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 1, HELD)).toEqual({ state: 'new' });
+    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 2, HELD)).toEqual({ state: 'in_progress' });
+    expect(await store.beginIdempotency(org, 'messages', 'k', 'h2', 2, HELD)).toEqual({ state: 'mismatch' });
+    expect(await store.beginIdempotency('other-org', 'messages', 'k', 'h2', 2, HELD)).toEqual({ state: 'new' });
     await store.completeIdempotency(org, 'messages', 'k', 200, { id: 'msg_1' });
-    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 3)).toEqual({ state: 'done', statusCode: 200, body: { id: 'msg_1' } });
+    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 3, HELD)).toEqual({ state: 'done', statusCode: 200, body: { id: 'msg_1' } });
     // The other organization's key is still pending: a restart releases it, and only it.
     expect(await store.releasePendingIdempotency()).toBe(1);
-    expect(await store.beginIdempotency('other-org', 'messages', 'k', 'h2', 4)).toEqual({ state: 'new' });
-    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 4)).toMatchObject({ state: 'done' });
+    expect(await store.beginIdempotency('other-org', 'messages', 'k', 'h2', 4, HELD)).toEqual({ state: 'new' });
+    expect(await store.beginIdempotency(org, 'messages', 'k', 'h1', 4, HELD)).toMatchObject({ state: 'done' });
   });
 });

@@ -7,7 +7,7 @@
 import { afterEach, beforeEach, expect, it } from 'vitest';
 import type { BatchRecord } from '../src/store/batch-records.js';
 import type { FileRecord, Store, UsageRecord, WebhookDelivery } from '../src/store/store.js';
-import { describeStores, type StoreUnderTest } from './helpers/stores.js';
+import { describeStores, HELD, type StoreUnderTest } from './helpers/stores.js';
 
 function usage(orgId: string, orgName: string, requestId: string, over: Partial<UsageRecord> = {}): UsageRecord {
   return {
@@ -107,36 +107,36 @@ describeStores('store contract', (kind) => {
   });
 
   it('abandons only an in-progress idempotency key', async () => {
-    await store.beginIdempotency(org, 'messages', 'pending', 'h', 1);
-    await store.beginIdempotency(org, 'messages', 'done', 'h', 1);
+    await store.beginIdempotency(org, 'messages', 'pending', 'h', 1, HELD);
+    await store.beginIdempotency(org, 'messages', 'done', 'h', 1, HELD);
     await store.completeIdempotency(org, 'messages', 'done', 201, { ok: true });
     await store.abandonIdempotency(org, 'messages', 'pending');
     await store.abandonIdempotency(org, 'messages', 'done');
-    expect(await store.beginIdempotency(org, 'messages', 'pending', 'h2', 2)).toEqual({ state: 'new' });
-    expect(await store.beginIdempotency(org, 'messages', 'done', 'h', 2)).toEqual({ state: 'done', statusCode: 201, body: { ok: true } });
+    expect(await store.beginIdempotency(org, 'messages', 'pending', 'h2', 2, HELD)).toEqual({ state: 'new' });
+    expect(await store.beginIdempotency(org, 'messages', 'done', 'h', 2, HELD)).toEqual({ state: 'done', statusCode: 201, body: { ok: true } });
   });
 
   it('background jobs: stored with their response, listed in order, dropped when finished', async () => {
     const job = (id: string, createdAt: number) => ({
-      responseId: id, orgId: org, deadlineAt: 1_700_000_600, request: { model: 'm', input: [1, 2] }, createdAt,
+      responseId: id, orgId: org, deadlineAt: 1_700_000_600, request: { model: 'm', input: [1, 2] }, createdAt, window: 'standard' as const,
     });
-    await store.insertBackgroundResponse({ id: 'resp_b', status: 'in_progress' }, job('resp_b', 20));
-    await store.insertBackgroundResponse({ id: 'resp_a', status: 'in_progress' }, job('resp_a', 10));
-    await store.insertBackgroundResponse({ id: 'resp_c', status: 'in_progress' }, job('resp_c', 30));
+    await store.insertBackgroundResponse({ id: 'resp_b', status: 'in_progress' }, job('resp_b', 20), HELD);
+    await store.insertBackgroundResponse({ id: 'resp_a', status: 'in_progress' }, job('resp_a', 10), HELD);
+    await store.insertBackgroundResponse({ id: 'resp_c', status: 'in_progress' }, job('resp_c', 30), HELD);
     expect(await store.listBackgroundJobs()).toEqual([job('resp_a', 10), job('resp_b', 20), job('resp_c', 30)]);
     // A job and its response are one write: a duplicate id stores neither.
-    await expect(store.insertBackgroundResponse({ id: 'resp_a', status: 'in_progress' }, job('resp_a', 40))).rejects.toThrow();
+    await expect(store.insertBackgroundResponse({ id: 'resp_a', status: 'in_progress' }, job('resp_a', 40), HELD)).rejects.toThrow();
     expect(await store.listBackgroundJobs()).toHaveLength(3);
     await store.finishBackgroundResponse(org, { id: 'resp_a', status: 'completed' });
     expect(await store.getResponse(org, 'resp_a')).toEqual({ id: 'resp_a', status: 'completed' });
-    await store.commitRequestEnd({ response: { orgId: org, kind: 'background', body: { id: 'resp_b', status: 'failed' } } });
+    await store.commitRequestEnd({ response: { orgId: org, kind: 'background', leaseOwner: HELD.owner, body: { id: 'resp_b', status: 'failed' } } });
     expect(await store.getResponse(org, 'resp_b')).toEqual({ id: 'resp_b', status: 'failed' });
     expect((await store.listBackgroundJobs()).map((j) => j.responseId)).toEqual(['resp_c']);
   });
 
   it('commits a request end whole, or nothing of it', async () => {
     await store.insertBatch(batch('batch_1', org));
-    await store.beginIdempotency(org, 'messages', 'idem', 'h', 1);
+    await store.beginIdempotency(org, 'messages', 'idem', 'h', 1, HELD);
     const end = {
       response: { orgId: org, kind: 'foreground' as const, body: { id: 'resp_1', status: 'completed', created_at: 1_700_000_000 } },
       usage: usage(org, 'o', 'resp_1'),
@@ -148,7 +148,7 @@ describeStores('store contract', (kind) => {
     expect(await store.getResponse(org, 'resp_1')).toEqual(end.response.body);
     expect(await store.listUsage({})).toEqual([end.usage]);
     expect(await store.countPendingWebhookDeliveries()).toBe(1);
-    expect(await store.beginIdempotency(org, 'messages', 'idem', 'h', 2)).toEqual({ state: 'done', statusCode: 200, body: { id: 'resp_1' } });
+    expect(await store.beginIdempotency(org, 'messages', 'idem', 'h', 2, HELD)).toEqual({ state: 'done', statusCode: 200, body: { id: 'resp_1' } });
     expect((await store.getBatch(org, 'batch_1'))!.requestCounts.completed).toBe(1);
 
     // The same request's end again (a run after a restart): the response insert fails, so nothing
@@ -196,7 +196,7 @@ describeStores('store contract', (kind) => {
       Promise.all(Array.from({ length: 8 }, (_, i) => fn(i % 2 === 0 ? store : second, i)));
 
     // One new idempotency key: exactly one request runs it.
-    const begun = await both((s, i) => s.beginIdempotency(org, 'messages', 'race', 'h', i));
+    const begun = await both((s, i) => s.beginIdempotency(org, 'messages', 'race', 'h', i, HELD));
     expect(begun.filter((b) => b.state === 'new')).toHaveLength(1);
     expect(begun.filter((b) => b.state === 'in_progress')).toHaveLength(7);
 

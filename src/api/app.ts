@@ -186,7 +186,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
 
   await app.register(sluiceApi, {
     prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
-    ...(opts.lease && { lease: opts.lease }),
+    ...(opts.lease && { lease: opts.lease }), draining,
     ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
     ...(opts.deadlines && { deadlines: opts.deadlines }),
     webhooks: { ...opts.webhooks, onAttempt: (outcome) => metrics.webhookAttempt(outcome) },

@@ -7,6 +7,7 @@ import type { BackgroundResponses } from './background-responses.js';
 import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
 import type { BatchRunner } from '../batches/runner.js';
 import type { Billing } from '../billing/ledger.js';
+import type { LeaseConfig } from '../store/leases.js';
 
 export interface ApiContext {
   store: Store;
@@ -24,4 +25,6 @@ export interface ApiContext {
   batches: BatchRunner;
   /** The usage ledger: every request that finishes with a result is recorded once. */
   billing: Billing;
+  /** This process's replica id and lease length: in-progress idempotency keys are leased to it. */
+  lease: LeaseConfig;
 }

@@ -63,6 +63,8 @@ export interface SluiceApiOptions {
   lease?: LeaseConfig;
   /** Told when a line of the plugin's own batch runner is done (the service's metrics); not used with `batches`. */
   onBatchLineDone?: (outcome: 'completed' | 'failed') => void;
+  /** True while the process drains before shutting down: background work is no longer claimed. */
+  draining?: () => boolean;
 }
 
 const PUBLIC_ROUTES = new Set(['/openapi.json']);
@@ -81,6 +83,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   const lease = opts.lease ?? leaseConfig();
   const background = new BackgroundResponses({
     store: opts.store, service, billing, webhooks, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log, lease,
+    ...(opts.draining && { draining: opts.draining }),
   });
   let batches = opts.batches;
   if (!batches) {
@@ -94,11 +97,12 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
     batches = owned;
   }
   const ctx: ApiContext = {
-    store: opts.store, registry: opts.registry, service, dataDir: opts.dataDir, background, webhooks, batches, billing,
+    store: opts.store, registry: opts.registry, service, dataDir: opts.dataDir, background, webhooks, batches, billing, lease,
     ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
   };
-  // Background work left by the previous process resumes (or times out) once the app is ready;
-  // on close it stops without an outcome, to resume at the next start.
+  // Once the app is ready, background work is claimed under leases (work left by a previous process
+  // or a dead replica resumes, or times out); on close it stops without an outcome and its leases
+  // are handed back, for another replica or the next start.
   app.addHook('onReady', async () => background.recover());
   app.addHook('onClose', async () => background.close());
 

@@ -19,6 +19,6 @@ export async function commitRequestEnd(store: Store, webhooks: WebhookDispatcher
   const delivery = callback && webhooks?.deliveryFor(callback.orgId, callback.metadata, callback.body);
   if (!delivery && Object.keys(end).length === 0) return { batchResultRecorded: false }; // nothing to write
   const committed = await store.commitRequestEnd(delivery ? { ...end, delivery } : end);
-  if (delivery) webhooks?.wake();
+  if (delivery && !committed.backgroundLeaseLost) webhooks?.wake();
   return committed;
 }

@@ -44,3 +44,18 @@ export function leaseConfig(ttlMs: number = DEFAULT_LEASE_TTL_MS, owner: string 
 
 /** Claim order of completion windows: asap before standard before flex (lower first). */
 export const WINDOW_RANK: Record<CompletionWindow, number> = { asap: 0, standard: 1, flex: 2 };
+
+/** Completion windows by rank (the inverse of WINDOW_RANK). */
+export const WINDOW_OF_RANK: readonly CompletionWindow[] = ['asap', 'standard', 'flex'];
+
+/** A lease taken or renewed at `nowMs` by `owner`, until `untilMs` (Unix ms): what the store's lease methods take. */
+export interface LeaseTerm {
+  owner: string;
+  nowMs: number;
+  untilMs: number;
+}
+
+/** The term of a lease taken now under `lease`. */
+export function leaseTerm(lease: LeaseConfig, nowMs: number = Date.now()): LeaseTerm {
+  return { owner: lease.owner, nowMs, untilMs: nowMs + lease.ttlMs };
+}

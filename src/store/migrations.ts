@@ -177,8 +177,10 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
   ALTER TABLE background_jobs ADD COLUMN lease_owner TEXT;                        -- replica id, NULL: free
   ALTER TABLE background_jobs ADD COLUMN lease_until_ms INTEGER NOT NULL DEFAULT 0; -- Unix ms
   CREATE INDEX background_jobs_claim ON background_jobs(window_rank, created_at);
+  CREATE INDEX background_jobs_lease ON background_jobs(lease_owner);             -- renewals and hand-backs
   ALTER TABLE idempotency ADD COLUMN lease_owner TEXT;
   ALTER TABLE idempotency ADD COLUMN lease_until_ms INTEGER NOT NULL DEFAULT 0;
+  CREATE INDEX idempotency_lease ON idempotency(lease_owner) WHERE status_code IS NULL; -- in-progress keys only
   `,
   // 9: batches split into chunks of lines, each claimed under a lease, so that replicas share a
   // batch's lines; the batch row's own lease covers validation and the end (files, final status).

@@ -166,8 +166,10 @@ export const POSTGRES_MIGRATIONS: readonly PostgresMigration[] = [
     ALTER TABLE background_jobs ADD COLUMN lease_owner TEXT;                        -- replica id, NULL: free
     ALTER TABLE background_jobs ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0; -- Unix ms
     CREATE INDEX background_jobs_claim ON background_jobs(window_rank, created_at);
+    CREATE INDEX background_jobs_lease ON background_jobs(lease_owner);              -- renewals and hand-backs
     ALTER TABLE idempotency ADD COLUMN lease_owner TEXT;
     ALTER TABLE idempotency ADD COLUMN lease_until_ms BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX idempotency_lease ON idempotency(lease_owner) WHERE status_code IS NULL; -- in-progress keys only
     `,
   },
   {

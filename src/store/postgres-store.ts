@@ -1,27 +1,30 @@
 // The store on PostgreSQL (the maintained `pg` driver): the same Store interface and semantics as
 // SqliteStore, for several processes sharing one database. Selected by `sluice serve --database-url`
-// (the databaseUrl option; SQLite stays the default); leases for background and batch work come later.
+// (the databaseUrl option; SQLite stays the default). Background jobs and in-progress idempotency
+// keys run under leases (leases.ts, postgres-leases.ts), so each runs on one replica at a time.
 //
 // Writes that SQLite groups in a transaction are one transaction here too, on one pooled client
 // (commitRequestEnd above all: response, ledger row, webhook delivery, idempotency result and batch
 // result row commit together or not at all). Races are settled by the database, never by timing:
 // status changes are compare-and-set UPDATEs, idempotency keys and ledger rows are unique by
 // constraints (INSERT ... ON CONFLICT), and the fair webhook claim is serialized by an advisory
-// lock. Every statement is parameterized. Batches, the usage ledger and webhook deliveries live in
-// postgres-batches.ts, postgres-usage.ts and postgres-webhooks.ts; integers come back exact
+// lock. Every statement is parameterized. Batches, the usage ledger, webhook deliveries and leased
+// work live in postgres-batches.ts, postgres-usage.ts, postgres-webhooks.ts and postgres-leases.ts; integers come back exact
 // (postgres-db.ts).
 
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import { postgresBatches } from './postgres-batches.js';
+import { postgresLeases } from './postgres-leases.js';
+import type { LeaseTerm } from './leases.js';
 import { STORE_TYPES, type Db, type Row } from './postgres-db.js';
 import { migratePostgres } from './postgres-migrations.js';
 import { postgresUsage } from './postgres-usage.js';
 import { postgresWebhooks } from './postgres-webhooks.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { RequestEnd, RequestEndCommit, UsageRecord, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
-import { fileRecord, keyInfo } from './store-rows.js';
+import { backgroundJob, fileRecord, keyInfo } from './store-rows.js';
 
 export interface PostgresStoreOptions {
   /**
@@ -211,20 +214,8 @@ export class PostgresStore implements Store {
   }
 
   // Idempotency keys.
-  async beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number): Promise<IdempotencyBegin> {
-    // The primary key settles a race on a new key: exactly one INSERT creates the row. A loser reads
-    // the winner's row; if the winner abandoned it meanwhile, the key is new again: try once more.
-    for (;;) {
-      const inserted = await this.changed(`INSERT INTO idempotency (org_id, scope, key, request_hash, created_at)
-                                           VALUES ($1, $2, $3, $4, $5) ON CONFLICT (org_id, scope, key) DO NOTHING`,
-      [orgId, scope, key, requestHash, at]);
-      if (inserted === 1) return { state: 'new' };
-      const row = await this.one('SELECT * FROM idempotency WHERE org_id = $1 AND scope = $2 AND key = $3', [orgId, scope, key]);
-      if (!row) continue;
-      if (row['request_hash'] !== requestHash) return { state: 'mismatch' };
-      if (row['status_code'] === null) return { state: 'in_progress' };
-      return { state: 'done', statusCode: row['status_code'] as number, body: JSON.parse(row['body'] as string) };
-    }
+  async beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number, lease: LeaseTerm): Promise<IdempotencyBegin> {
+    return postgresLeases.beginIdempotency(this.pool, orgId, scope, key, requestHash, at, lease);
   }
 
   private static async completeIdempotencyRow(db: Db, orgId: string, scope: string, key: string, statusCode: number, body: unknown): Promise<void> {
@@ -264,11 +255,14 @@ export class PostgresStore implements Store {
   async commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit> {
     return this.transaction(async (tx): Promise<RequestEndCommit> => {
       const { response, idempotency, batchResult } = end;
+      // The fence first: a background end whose job this replica no longer holds writes nothing.
+      if (response?.kind === 'background' && !(await postgresLeases.fenceBackgroundEnd(tx, response.orgId, response.body.id, response.leaseOwner))) {
+        return { batchResultRecorded: false, backgroundLeaseLost: true };
+      }
       if (response?.kind === 'foreground') {
         await PostgresStore.insertResponseRow(tx, response.orgId, response.body, createdAtOf(response.body));
       } else if (response?.kind === 'background') {
         await PostgresStore.updateResponseRow(tx, response.orgId, response.body);
-        await tx.query('DELETE FROM background_jobs WHERE response_id = $1 AND org_id = $2', [response.body.id, response.orgId]);
       }
       if (idempotency) {
         await PostgresStore.completeIdempotencyRow(tx, idempotency.orgId, idempotency.scope, idempotency.key, idempotency.statusCode, idempotency.body);
@@ -282,11 +276,10 @@ export class PostgresStore implements Store {
     });
   }
 
-  // Background jobs.
-  async insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void> {
+  // Background jobs (leases in postgres-leases.ts).
+  async insertBackgroundResponse(body: ResponseBody, job: BackgroundJob, lease: LeaseTerm): Promise<void> {
     await this.transaction(async (tx) => {
-      await tx.query('INSERT INTO background_jobs (response_id, org_id, deadline_at, request, created_at) VALUES ($1, $2, $3, $4, $5)',
-        [job.responseId, job.orgId, job.deadlineAt, JSON.stringify(job.request), job.createdAt]);
+      await postgresLeases.insertJob(tx, job, lease);
       await PostgresStore.insertResponseRow(tx, job.orgId, body, job.createdAt);
     });
   }
@@ -300,13 +293,36 @@ export class PostgresStore implements Store {
 
   async listBackgroundJobs(): Promise<BackgroundJob[]> {
     const { rows } = await this.pool.query('SELECT * FROM background_jobs ORDER BY created_at, response_id COLLATE "C"');
-    return rows.map((row: Row) => ({
-      responseId: row['response_id'] as string,
-      orgId: row['org_id'] as string,
-      deadlineAt: row['deadline_at'] as number,
-      request: JSON.parse(row['request'] as string) as Record<string, unknown>,
-      createdAt: row['created_at'] as number,
-    }));
+    return rows.map(backgroundJob);
+  }
+
+  async getBackgroundJob(orgId: string, responseId: string): Promise<BackgroundJob | undefined> {
+    return postgresLeases.getJob(this.pool, orgId, responseId);
+  }
+
+  async claimBackgroundJobs(lease: LeaseTerm, limit: number): Promise<BackgroundJob[]> {
+    return this.transaction((tx) => postgresLeases.claim(tx, lease, limit));
+  }
+
+  async renewLeases(lease: LeaseTerm): Promise<string[]> {
+    return postgresLeases.renew(this.pool, lease);
+  }
+
+  async releaseLeases(owner: string): Promise<void> {
+    await this.transaction((tx) => postgresLeases.release(tx, owner));
+  }
+
+  async releaseAllLeases(): Promise<void> {
+    await this.transaction((tx) => postgresLeases.release(tx, undefined));
+  }
+
+  async cancelBackgroundResponse(orgId: string, cancelled: ResponseBody, delivery?: WebhookDelivery): Promise<boolean> {
+    return this.transaction(async (tx) => {
+      if (!(await postgresLeases.takeForCancel(tx, orgId, cancelled.id))) return false;
+      await PostgresStore.updateResponseRow(tx, orgId, cancelled);
+      if (delivery) await postgresWebhooks.insert(tx, delivery);
+      return true;
+    });
   }
 
   // Webhook deliveries (postgres-webhooks.ts).

@@ -1,8 +1,8 @@
 // The single-process store: one SQLite file (better-sqlite3, WAL) under the data directory.
 // better-sqlite3 is synchronous and each statement takes microseconds, so the async interface
-// simply wraps its results. Batches, the usage ledger and webhook deliveries live in delegates
-// (sqlite-batches.ts, sqlite-usage.ts, sqlite-webhooks.ts); commitRequestEnd writes across them in
-// one transaction.
+// simply wraps its results. Batches, the usage ledger, webhook deliveries and leased work live in
+// delegates (sqlite-batches.ts, sqlite-usage.ts, sqlite-webhooks.ts, sqlite-leases.ts);
+// commitRequestEnd writes across them in one transaction.
 
 import { randomUUID } from 'node:crypto';
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
@@ -10,13 +10,15 @@ import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 import { SQLITE_MIGRATIONS } from './migrations.js';
 import { SqliteBatches } from './sqlite-batches.js';
+import { SqliteLeases } from './sqlite-leases.js';
 import { SqliteUsage } from './sqlite-usage.js';
 import { SqliteWebhooks } from './sqlite-webhooks.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { RequestEnd, RequestEndCommit, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 import type { UsageRecord } from './store.js';
-import { fileRecord, keyInfo, type Row } from './store-rows.js';
+import { backgroundJob, fileRecord, keyInfo, type Row } from './store-rows.js';
+import type { LeaseTerm } from './leases.js';
 
 /** Free pages handed back per step of reclaimSpace (4 KiB pages: 8 MiB). */
 const RECLAIM_STEP_PAGES = 2048;
@@ -64,12 +66,9 @@ export class SqliteStore implements Store {
                           AND seq < COALESCE((SELECT seq FROM files WHERE id = ? AND org_id = ?), 9223372036854775807)
                           ORDER BY seq DESC LIMIT ?`),
       deleteFile: prepare('DELETE FROM files WHERE id = ? AND org_id = ?'),
-      getIdem: prepare('SELECT * FROM idempotency WHERE org_id = ? AND scope = ? AND key = ?'),
-      insertIdem: prepare('INSERT INTO idempotency (org_id, scope, key, request_hash, created_at) VALUES (?, ?, ?, ?, ?)'),
       completeIdem: prepare('UPDATE idempotency SET status_code = ?, body = ? WHERE org_id = ? AND scope = ? AND key = ?'),
       deleteIdem: prepare('DELETE FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL'),
       deletePendingIdem: prepare('DELETE FROM idempotency WHERE status_code IS NULL'),
-      insertJob: prepare('INSERT INTO background_jobs (response_id, org_id, deadline_at, request, created_at) VALUES (?, ?, ?, ?, ?)'),
       deleteJob: prepare('DELETE FROM background_jobs WHERE response_id = ? AND org_id = ?'),
       listJobs: prepare('SELECT * FROM background_jobs ORDER BY created_at, response_id'),
     };
@@ -158,18 +157,8 @@ export class SqliteStore implements Store {
     return this.stmt['deleteFile']!.run(id, orgId).changes > 0;
   }
 
-  async beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number): Promise<IdempotencyBegin> {
-    // One transaction: two requests racing on a new key cannot both see it as new.
-    return this.db.transaction((): IdempotencyBegin => {
-      const row = this.stmt['getIdem']!.get(orgId, scope, key) as Row | undefined;
-      if (!row) {
-        this.stmt['insertIdem']!.run(orgId, scope, key, requestHash, at);
-        return { state: 'new' };
-      }
-      if (row['request_hash'] !== requestHash) return { state: 'mismatch' };
-      if (row['status_code'] === null) return { state: 'in_progress' };
-      return { state: 'done', statusCode: row['status_code'] as number, body: JSON.parse(row['body'] as string) };
-    }).immediate();
+  async beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number, lease: LeaseTerm): Promise<IdempotencyBegin> {
+    return this.leases.beginIdempotency(orgId, scope, key, requestHash, at, lease);
   }
 
   async completeIdempotency(orgId: string, scope: string, key: string, statusCode: number, body: unknown): Promise<void> {
@@ -203,10 +192,15 @@ export class SqliteStore implements Store {
     if (this.db.open) this.db.pragma('wal_checkpoint(TRUNCATE)');
   }
 
-  // Background jobs.
-  async insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void> {
+  // Background jobs (leases in sqlite-leases.ts).
+  private leaseTables: SqliteLeases | undefined;
+  private get leases(): SqliteLeases {
+    return (this.leaseTables ??= new SqliteLeases(this.db));
+  }
+
+  async insertBackgroundResponse(body: ResponseBody, job: BackgroundJob, lease: LeaseTerm): Promise<void> {
     this.db.transaction(() => {
-      this.stmt['insertJob']!.run(job.responseId, job.orgId, job.deadlineAt, JSON.stringify(job.request), job.createdAt);
+      this.leases.insertJob(job, lease);
       const now = Math.floor(Date.now() / 1000);
       this.stmt['insertResponse']!.run(body.id, job.orgId, body.status, job.createdAt, now, JSON.stringify(body));
     })();
@@ -220,13 +214,36 @@ export class SqliteStore implements Store {
   }
 
   async listBackgroundJobs(): Promise<BackgroundJob[]> {
-    return (this.stmt['listJobs']!.all() as Row[]).map((row) => ({
-      responseId: row['response_id'] as string,
-      orgId: row['org_id'] as string,
-      deadlineAt: row['deadline_at'] as number,
-      request: JSON.parse(row['request'] as string) as Record<string, unknown>,
-      createdAt: row['created_at'] as number,
-    }));
+    return (this.stmt['listJobs']!.all() as Row[]).map(backgroundJob);
+  }
+
+  async getBackgroundJob(orgId: string, responseId: string): Promise<BackgroundJob | undefined> {
+    return this.leases.getJob(orgId, responseId);
+  }
+
+  async claimBackgroundJobs(lease: LeaseTerm, limit: number): Promise<BackgroundJob[]> {
+    return this.leases.claim(lease, limit);
+  }
+
+  async renewLeases(lease: LeaseTerm): Promise<string[]> {
+    return this.leases.renew(lease);
+  }
+
+  async releaseLeases(owner: string): Promise<void> {
+    this.leases.release(owner);
+  }
+
+  async releaseAllLeases(): Promise<void> {
+    this.leases.releaseAll();
+  }
+
+  async cancelBackgroundResponse(orgId: string, cancelled: ResponseBody, delivery?: WebhookDelivery): Promise<boolean> {
+    return this.db.transaction((): boolean => {
+      if (!this.leases.takeForCancel(orgId, cancelled.id)) return false;
+      this.stmt['updateResponse']!.run(cancelled.status, Math.floor(Date.now() / 1000), JSON.stringify(cancelled), cancelled.id, orgId);
+      if (delivery) this.webhooks.insert(delivery);
+      return true;
+    }).immediate();
   }
 
   // Webhook deliveries (sqlite-webhooks.ts).
@@ -259,6 +276,10 @@ export class SqliteStore implements Store {
   async commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit> {
     return this.db.transaction((): RequestEndCommit => {
       const { response, idempotency, batchResult } = end;
+      // The fence first: a background end whose job this replica no longer holds writes nothing.
+      if (response?.kind === 'background' && !this.leases.fenceBackgroundEnd(response.orgId, response.body.id, response.leaseOwner)) {
+        return { batchResultRecorded: false, backgroundLeaseLost: true };
+      }
       if (response?.kind === 'foreground') {
         const createdAt = typeof response.body['created_at'] === 'number' ? response.body['created_at'] : Math.floor(Date.now() / 1000);
         this.stmt['insertResponse']!.run(response.body.id, response.orgId, response.body.status, createdAt,
@@ -266,7 +287,6 @@ export class SqliteStore implements Store {
       } else if (response?.kind === 'background') {
         this.stmt['updateResponse']!.run(response.body.status, Math.floor(Date.now() / 1000), JSON.stringify(response.body),
           response.body.id, response.orgId);
-        this.stmt['deleteJob']!.run(response.body.id, response.orgId);
       }
       if (idempotency) {
         this.stmt['completeIdem']!.run(idempotency.statusCode, JSON.stringify(idempotency.body), idempotency.orgId, idempotency.scope, idempotency.key);

@@ -3,7 +3,8 @@
 // stores, so a new column is mapped once.
 
 import type { BatchPatch, BatchRecord, BatchStatus } from './batch-records.js';
-import type { ApiKeyInfo, FileRecord, UsageRecord, WebhookDelivery } from './store.js';
+import { WINDOW_OF_RANK } from './leases.js';
+import type { ApiKeyInfo, BackgroundJob, FileRecord, UsageRecord, WebhookDelivery } from './store.js';
 
 /** A row as either driver returns it: column name -> value. */
 export type Row = Record<string, unknown>;
@@ -117,5 +118,16 @@ export function batchRecord(row: Row): BatchRecord {
     expiredAt: numOrNull(row['expired_at']),
     cancellingAt: numOrNull(row['cancelling_at']),
     cancelledAt: numOrNull(row['cancelled_at']),
+  };
+}
+
+export function backgroundJob(row: Row): BackgroundJob {
+  return {
+    responseId: row['response_id'] as string,
+    orgId: row['org_id'] as string,
+    deadlineAt: row['deadline_at'] as number,
+    request: JSON.parse(row['request'] as string) as Record<string, unknown>,
+    createdAt: row['created_at'] as number,
+    window: WINDOW_OF_RANK[row['window_rank'] as number] ?? 'standard',
   };
 }

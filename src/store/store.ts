@@ -11,7 +11,9 @@
 // transaction, so a crash or a failed write never leaves a billed request without its result, or
 // a result without the callback promised for it.
 
+import type { CompletionWindow } from '../config/catalog.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
+import type { LeaseTerm } from './leases.js';
 
 export interface Organization {
   id: string;
@@ -63,6 +65,8 @@ export interface BackgroundJob {
   /** The GenerationRequest, JSON-compatible. */
   request: Record<string, unknown>;
   createdAt: number;
+  /** Its completion window: claims take asap before standard before flex, then the oldest first. */
+  window: CompletionWindow;
 }
 
 export interface Store {
@@ -104,7 +108,12 @@ export interface Store {
   deleteFile(orgId: string, id: string): Promise<boolean>;
 
   // Idempotency keys, per organization and scope (the endpoint).
-  beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number): Promise<IdempotencyBegin>;
+  /**
+   * A new key is recorded in progress, leased to `lease.owner` until `lease.untilMs`; an in-progress
+   * key whose lease expired (its replica died) is taken over: 'new' for this caller, now its owner.
+   * renewLeases extends the lease while the request runs.
+   */
+  beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number, lease: LeaseTerm): Promise<IdempotencyBegin>;
   completeIdempotency(orgId: string, scope: string, key: string, statusCode: number, body: unknown): Promise<void>;
   /** Forgets an in-progress key whose request failed before producing a result worth replaying. */
   abandonIdempotency(orgId: string, scope: string, key: string): Promise<void>;
@@ -124,12 +133,40 @@ export interface Store {
    */
   commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit>;
 
-  // Background jobs.
-  /** Stores the in_progress response and its job in one transaction. */
-  insertBackgroundResponse(body: ResponseBody, job: BackgroundJob): Promise<void>;
-  /** Stores the terminal response and drops its job in one transaction. */
+  // Background jobs, run under leases (leases.ts).
+  /** Stores the in_progress response and its job, leased to `lease.owner`, in one transaction. */
+  insertBackgroundResponse(body: ResponseBody, job: BackgroundJob, lease: LeaseTerm): Promise<void>;
+  /** Stores the terminal response and drops its job in one transaction (no lease check: a stale job's cleanup). */
   finishBackgroundResponse(orgId: string, body: ResponseBody): Promise<void>;
+  /** Every job, of every organization and lease, oldest first. */
   listBackgroundJobs(): Promise<BackgroundJob[]>;
+  getBackgroundJob(orgId: string, responseId: string): Promise<BackgroundJob | undefined>;
+  /**
+   * Leases to `lease.owner` up to `limit` jobs whose lease is free or expired at `lease.nowMs`,
+   * asap before standard before flex, then oldest first, and returns them in that order.
+   * Concurrent claims (other replicas) never return the same job.
+   */
+  claimBackgroundJobs(lease: LeaseTerm, limit: number): Promise<BackgroundJob[]>;
+  /**
+   * Extends to `lease.untilMs` every lease `lease.owner` holds (background jobs and in-progress
+   * idempotency keys), one UPDATE per table; returns the ids of the background jobs it still holds.
+   * A run whose job is not among them lost it (cancelled elsewhere, or taken over after expiry).
+   */
+  renewLeases(lease: LeaseTerm): Promise<string[]>;
+  /** Hands back every lease `owner` holds (owner NULL, expiry 0): others may claim them at once. */
+  releaseLeases(owner: string): Promise<void>;
+  /**
+   * Hands back every lease, whoever holds it: only for a store one process owns (not shared), at
+   * its start, when the previous process is known to be dead.
+   */
+  releaseAllLeases(): Promise<void>;
+  /**
+   * Cancels a background response wherever it runs, in one transaction: while its job exists and
+   * the stored response is in_progress, stores `cancelled` (the cancelled object), deletes the job
+   * and adds `delivery`; false (nothing written) when the job is gone or the response ended. The
+   * replica running it finds at its next renewal that the job is gone, and stops without writing.
+   */
+  cancelBackgroundResponse(orgId: string, cancelled: ResponseBody, delivery?: WebhookDelivery): Promise<boolean>;
 
   // Webhook deliveries.
   insertWebhookDelivery(delivery: WebhookDelivery): Promise<void>;
@@ -262,9 +299,10 @@ export interface WebhookClaimCaps {
 export interface RequestEnd {
   /**
    * The terminal Responses object: `foreground` inserts it; `background` replaces the stored
-   * in_progress object and deletes its job.
+   * in_progress object and deletes its job, only while the job exists and is leased to
+   * `leaseOwner` (the fence: otherwise nothing of the end is written, see RequestEndCommit).
    */
-  response?: { orgId: string; body: ResponseBody; kind: 'foreground' | 'background' };
+  response?: { orgId: string; body: ResponseBody; kind: 'foreground' } | { orgId: string; body: ResponseBody; kind: 'background'; leaseOwner: string };
   /** Its ledger row, when the request is billed (it ended with a result). */
   usage?: UsageRecord;
   /** Its completion webhook delivery, when one is due. */
@@ -278,4 +316,9 @@ export interface RequestEnd {
 export interface RequestEndCommit {
   /** False when the batch line already had a result row (it was neither stored nor counted again). */
   batchResultRecorded: boolean;
+  /**
+   * True when a background end was refused because its job is gone or leased to another replica:
+   * nothing at all was written (no response, ledger row, delivery).
+   */
+  backgroundLeaseLost?: true;
 }

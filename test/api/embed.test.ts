@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
 import { createSluice, SqliteStore, type Catalog, type Sluice } from '../../src/index.js';
 import { chatLine, createBatch, waitForBatch } from '../helpers/batches.js';
+import { HELD } from '../helpers/stores.js';
 
 type Body = Record<string, any>;
 
@@ -50,7 +51,7 @@ describe('createSluice', () => {
     // A Messages request the last process was running when it stopped: its key is still pending.
     const before = new SqliteStore(join(dataDir, 'sluice.db'));
     const org = (await before.ensureOrganization('default')).id;
-    expect(await before.beginIdempotency(org, 'messages', 'cut-off', 'hash-of-another-body', Date.now())).toEqual({ state: 'new' });
+    expect(await before.beginIdempotency(org, 'messages', 'cut-off', 'hash-of-another-body', Date.now(), HELD)).toEqual({ state: 'new' });
     await before.close();
 
     const { app, sluice, baseUrl } = await startHost(dataDir);

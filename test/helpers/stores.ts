@@ -14,8 +14,12 @@ import { describe } from 'vitest';
 import { PostgresStore } from '../../src/store/postgres-store.js';
 import { SqliteStore } from '../../src/store/sqlite-store.js';
 import type { Store } from '../../src/store/store.js';
+import type { LeaseTerm } from '../../src/store/leases.js';
 
 export type Row = Record<string, unknown>;
+
+/** A lease held for the whole test (an hour) by replica `rpl_test`: for tests about something else. */
+export const HELD: LeaseTerm = { owner: 'rpl_test', nowMs: Date.now(), untilMs: Date.now() + 3_600_000 };
 
 /** One test's store, on data of its own. */
 export interface StoreUnderTest {

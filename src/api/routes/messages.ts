@@ -11,7 +11,8 @@
 // body is kept; a repeat with the same body gets that body back without generating (header
 // `idempotent-replayed: true`); a repeat while the first still runs is 409 idempotency_key_in_use;
 // a repeat with a different body is 422 idempotency_key_reused. A call that fails releases its
-// key, so a retry runs afresh.
+// key, so a retry runs afresh. A running key is leased to this replica (renewed while it runs);
+// when the replica dies, its key is taken over by the first repeat after the lease runs out.
 //
 // The end is one write: the ledger row together with the key's stored result (request-end.ts), so
 // a message whose result cannot be stored is a 500, is not billed, and releases its key.
@@ -26,6 +27,7 @@ import {
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import { commitRequestEnd } from '../request-end.js';
+import { leaseTerm } from '../../store/leases.js';
 import { ApiError } from '../errors.js';
 import { AnthropicErrorEnvelopeSchema, anthropicErrorResponses } from '../schemas/common.js';
 import {
@@ -80,7 +82,7 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
     const idem = idempotencyKeyOf(request.headers);
     if (idem === undefined) return createMessage(ctx, body, caller, reply);
 
-    const begun = await ctx.store.beginIdempotency(caller.orgId, SCOPE, idem.key, requestHash(body), nowSeconds());
+    const begun = await ctx.store.beginIdempotency(caller.orgId, SCOPE, idem.key, requestHash(body), nowSeconds(), leaseTerm(ctx.lease));
     switch (begun.state) {
       case 'done':
         reply.header('idempotent-replayed', 'true');

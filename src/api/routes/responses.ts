@@ -177,10 +177,14 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
     if (stored.status !== 'in_progress') {
       throw new ApiError(409, 'conflict_error', `the response is already ${stored.status} and cannot be cancelled`, 'response_id', 'response_not_cancellable');
     }
-    const cancelled = await ctx.background.cancel(orgId, id);
-    if (!cancelled) {
-      throw new ApiError(409, 'conflict_error', 'the response is not running in this server process; retry shortly', 'response_id', 'response_not_running');
+    // Wherever it runs (this process, another replica, or a dead one whose lease has not run out).
+    const after = await ctx.background.cancel(orgId, id);
+    if (!after) throw notFound(`no response with id "${id}"`, 'response_id');
+    if (after.status === 'cancelled') return after;
+    if (after.status !== 'in_progress') {
+      throw new ApiError(409, 'conflict_error', `the response is already ${after.status} and cannot be cancelled`, 'response_id', 'response_not_cancellable');
     }
-    return cancelled;
+    // In progress without a job (a store left inconsistent by hand): nothing runs it to stop.
+    throw new ApiError(409, 'conflict_error', 'the response could not be cancelled right now; retry shortly', 'response_id', 'response_not_running');
   });
 }
