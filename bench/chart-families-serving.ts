@@ -1,5 +1,5 @@
 // Charts for the benches that measure the server around the engine: bench:http, bench:serve,
-// bench:prefix, bench:structured and bench:throughput.
+// bench:prefix, bench:prefix:replicas, bench:structured and bench:throughput.
 import { basename } from 'node:path';
 
 import { barChart, datum, lineChart, type Chart, type Datum } from './chart-kit.js';
@@ -126,6 +126,22 @@ export function prefixCharts(r: Json, file: string): Chart[] {
       xTitle: 'request (in order sent)', valueTitle: 'TTFT (ms, log scale)', seriesTitle: 'prefix cache', xType: 'quantitative', log: true,
     }),
   ];
+}
+
+/** bench/results/prefix-replicas.json: cached_tokens / prompt tokens per set-up (one replica, affinity, round robin). */
+export function prefixReplicasCharts(r: Json, file: string): Chart[] {
+  const settings = obj(r.settings, 'settings');
+  const modes = arr(r.modes, 'modes').map((m, i) => obj(m, `modes[${i}]`));
+  const h = header('prefix:replicas', r, file, optStr(settings.backend)?.toUpperCase() ?? null, [
+    `${settings.keys ?? '?'} prompt_cache_key values × ${settings.requestsPerKey ?? '?'} requests through HAProxy · ` +
+      `${settings.prefixWords ?? '?'}-word prefix per key · ${count(settings.threadsPerReplica, 'thread')} per replica`,
+  ]);
+  const data = modes.flatMap((m, i) => [
+    datum(str(m.name, `modes[${i}].name`), 'all keyed requests', 100 * num(m.cachedFraction, `modes[${i}].cachedFraction`)),
+    datum(str(m.name, `modes[${i}].name`), "from each key's 2nd request", 100 * num(m.cachedFractionAfterFirst, `modes[${i}].cachedFractionAfterFirst`)),
+  ]);
+  return [barChart({ name: 'cached', what: 'cached_tokens / prompt tokens, affinity vs round robin', header: h, data,
+    categoryTitle: 'set-up', valueTitle: 'cached / prompt tokens (%)', seriesTitle: 'requests' })];
 }
 
 /** bench/results/structured-*.json: token-mask time percentiles, and decode cost of a schema by batch. */

@@ -12,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 import type { TopLevelSpec } from 'vega-lite';
 
 import { cudaKernelCharts, engineCharts, engineCudaCharts, engineTsPathCharts } from './chart-families-engine.js';
-import { httpCharts, prefixCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
+import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import type { Chart } from './chart-kit.js';
 import { ShapeError, type Json } from './chart-shape.js';
 
@@ -28,6 +28,7 @@ const FAMILIES: Record<string, Family> = {
   'http': httpCharts,
   'serve': serveCharts,
   'prefix': prefixCharts,
+  'prefix-replicas': prefixReplicasCharts,
   'structured': structuredCharts,
   'throughput': throughputCharts,
 };
