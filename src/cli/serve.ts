@@ -11,6 +11,7 @@ import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
 import { servedCatalog } from './served-catalog.js';
 import { DATABASE_URL_HELP, databaseUrlFlag } from './database-flag.js';
 import { redactDatabaseUrl } from '../store/database-url.js';
+import { DEFAULT_LEASE_TTL_MS, leaseConfig } from '../store/leases.js';
 
 /** The longest --drain-seconds: a drain is the few seconds a load balancer needs to notice. */
 export const MAX_DRAIN_SECONDS = 300;
@@ -85,6 +86,9 @@ ${DATABASE_URL_HELP}
                        (so a load balancer or Kubernetes takes this replica out) while requests
                        are still served; then shut down as usual. A second signal ends the drain
                        at once (default 0: shut down at once; at most ${MAX_DRAIN_SECONDS})
+  --lease-seconds S    how long this replica's claim on a background response or batch chunk
+                       holds without renewal (renewed every S/3): a replica that dies loses its
+                       work to the others after at most S seconds (default ${DEFAULT_LEASE_TTL_MS / 1000}; 1 to 600)
 
 One server per data directory: a second one on the same --data-dir is refused. Replicas on one
 --database-url each keep their own --data-dir, with identical prefix-hash.key and
@@ -127,6 +131,7 @@ export async function runServe(args: string[]): Promise<void> {
     'max-connections': { type: 'string' },
     'allow-private-webhooks': { type: 'boolean' },
     'drain-seconds': { type: 'string' },
+    'lease-seconds': { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   }, 'serve');
   if (values.help) {
@@ -171,6 +176,7 @@ export async function runServe(args: string[]): Promise<void> {
   };
   const logStatsSeconds = intFlag(values['log-stats-interval'], 'log-stats-interval', 0, 3600);
   const drainSeconds = intFlag(values['drain-seconds'], 'drain-seconds', 0, MAX_DRAIN_SECONDS) ?? 0;
+  const leaseSeconds = intFlag(values['lease-seconds'], 'lease-seconds', 1, 600) ?? DEFAULT_LEASE_TTL_MS / 1000;
   // One JSON log stream: lifecycle, engine lines and one access line per request. The lifecycle
   // notices (loading, where it serves, shutting down) are written whatever --log-level says, as
   // they always were: an operator who asked for warnings only still learns where the server listens.
@@ -193,6 +199,7 @@ export async function runServe(args: string[]): Promise<void> {
     catalog,
     dataDir: values['data-dir'] ?? 'data',
     ...(databaseUrl !== undefined && { databaseUrl }),
+    lease: leaseConfig(leaseSeconds * 1000),
     ...(values['files-dir'] !== undefined && { filesDir: values['files-dir'] }),
     engineDefaults: defined,
     loggerInstance: logger,

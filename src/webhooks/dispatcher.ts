@@ -20,6 +20,10 @@
 // Credentials: the token lives only in the delivery row while the delivery is pending; the store
 // forgets it when the delivery ends (delivered or failed). Callback bodies never carry it.
 //
+// Replicas sharing a store (store.shared): a delivery stored by another replica is woken there, but
+// one left by a replica that died (pending, or mid-attempt with a lease that runs out) wakes no one:
+// each dispatcher then also looks every pollIntervalMs (one cheap claim when nothing is due).
+//
 // Duplicates: delivery is at-least-once. A process that dies after the receiver's 2xx but before
 // the outcome is stored sends the callback again after the restart (the body's id deduplicates).
 //
@@ -63,6 +67,8 @@ export interface WebhookSettings {
   resolveAll?: ResolveAll;
   /** Told the outcome of each attempt whose result is stored (the service's metrics); must not throw. */
   onAttempt?: (outcome: WebhookAttemptOutcome) => void;
+  /** With a store replicas share: the longest wait between looks for due deliveries; default 5 s. */
+  pollIntervalMs?: number;
 }
 
 /**
@@ -73,7 +79,7 @@ export type WebhookAttemptOutcome = 'delivered' | 'retry' | 'failed' | 'refused'
 
 export const DEFAULT_WEBHOOK_SETTINGS = {
   timeoutMs: 30_000, baseDelayMs: 1_000, maxRetries: 3, allowPrivateAddresses: false,
-  maxInFlight: 256, maxInFlightPerOrg: 32, maxInFlightPerHost: 16,
+  maxInFlight: 256, maxInFlightPerOrg: 32, maxInFlightPerHost: 16, pollIntervalMs: 5_000,
 } as const;
 
 /** Longest timer: long backoffs are re-checked rather than trusted to one huge timeout. */
@@ -92,6 +98,8 @@ export class WebhookDispatcher {
   private readonly onAttempt: (outcome: WebhookAttemptOutcome) => void;
   private readonly maxInFlight: number;
   private readonly caps: WebhookClaimCaps;
+  /** The longest sleep: MAX_SLEEP_MS alone, or the poll interval when replicas share the store. */
+  private readonly maxSleepMs: number;
   /** delivery id -> the attempt running now; its controller aborts it on close. */
   private readonly inFlight = new Map<string, { controller: AbortController; done: Promise<void> }>();
   private timer: NodeJS.Timeout | undefined;
@@ -114,6 +122,7 @@ export class WebhookDispatcher {
       perOrg: settings.maxInFlightPerOrg ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerOrg,
       perHost: settings.maxInFlightPerHost ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerHost,
     };
+    this.maxSleepMs = store.shared ? Math.min(MAX_SLEEP_MS, settings.pollIntervalMs ?? DEFAULT_WEBHOOK_SETTINGS.pollIntervalMs) : MAX_SLEEP_MS;
   }
 
   /** Begins sending: deliveries left pending by an earlier process are due at once. */
@@ -220,7 +229,9 @@ export class WebhookDispatcher {
       } while (this.pumpAgain && !this.closed);
       if (this.closed) return;
       const next = await this.store.nextWebhookAttemptMs(now);
+      // With a shared store, nothing pending here still gets a look later (another replica's leftovers).
       if (next !== undefined) this.sleepUntil(next);
+      else if (this.store.shared) this.sleepUntil(now + this.maxSleepMs);
     } catch (err) {
       if (this.closed) return;
       this.log.error({ err }, 'completion webhooks: could not read pending deliveries; retrying');
@@ -231,7 +242,7 @@ export class WebhookDispatcher {
   private sleepUntil(atMs: number): void {
     if (this.closed) return;
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.wake(), Math.min(Math.max(0, atMs - Date.now()), MAX_SLEEP_MS));
+    this.timer = setTimeout(() => this.wake(), Math.min(Math.max(0, atMs - Date.now()), this.maxSleepMs));
     this.timer.unref(); // pending callbacks alone do not keep a process alive
   }
 
