@@ -85,3 +85,57 @@ export interface BatchResultRow {
   /** The JSONL line to write, without its newline. */
   line: string;
 }
+
+/**
+ * A run of consecutive input lines claimed and run as one piece under a lease (batch_chunks). Its
+ * byte range holds `numLines` non-blank lines (blank lines inside it are skipped, not counted).
+ */
+export interface BatchChunkBounds {
+  /** 0-based, in file order. */
+  chunkNo: number;
+  /** 1-based line number of its first line. */
+  firstLine: number;
+  /** 1-based line number of its last line. */
+  lastLine: number;
+  /** Byte offset where its first line starts. */
+  startOffset: number;
+  /** Byte offset just past its last line. */
+  endOffset: number;
+  numLines: number;
+}
+
+/** A chunk a replica claimed, with its batch (what running its lines needs). */
+export interface ClaimedBatchChunk {
+  chunk: BatchChunkBounds;
+  batch: BatchRecord;
+}
+
+/** A batch row leased for its own work (Store.claimBatch), as it is once leased. */
+export interface BatchClaim {
+  batch: BatchRecord;
+  /** Its lines are split into chunks already (false: still validating, or a batch from before chunks). */
+  chunked: boolean;
+  /** Chunks not done yet; none becomes done while the row is leased (the fence). */
+  undoneChunks: number;
+}
+
+/** What a renewal found still held by its owner. */
+export interface HeldBatchLeases {
+  /** Batches whose row lease (validation, chunking, the end) is still ours. */
+  batchIds: string[];
+  /** `<batch id>:<chunk no>` of chunks still ours, undone, of batches still in_progress and not being ended. */
+  chunkKeys: string[];
+}
+
+export const chunkKey = (batchId: string, chunkNo: number): string => `${batchId}:${chunkNo}`;
+
+/** SQL for a completion window's claim rank (leases.ts WINDOW_RANK: asap 0, standard 1, flex and "24h" 2). */
+export const WINDOW_RANK_SQL = (column: string): string => `CASE ${column} WHEN 'asap' THEN 0 WHEN 'standard' THEN 1 ELSE 2 END`;
+
+/** A batch_chunks row (either driver) as its bounds. */
+export function chunkBounds(r: Record<string, unknown>): BatchChunkBounds {
+  return {
+    chunkNo: r['chunk_no'] as number, firstLine: r['first_line'] as number, lastLine: r['last_line'] as number, startOffset: r['start_offset'] as number,
+    endOffset: r['end_offset'] as number, numLines: r['num_lines'] as number,
+  };
+}

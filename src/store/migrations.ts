@@ -189,12 +189,14 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
   UPDATE batches SET window_rank = CASE completion_window WHEN 'asap' THEN 0 WHEN 'standard' THEN 1 ELSE 2 END;
   ALTER TABLE batches ADD COLUMN lease_owner TEXT;
   ALTER TABLE batches ADD COLUMN lease_until_ms INTEGER NOT NULL DEFAULT 0;
+  ALTER TABLE batches ADD COLUMN num_chunks INTEGER;  -- NULL until its lines are split into chunks
   CREATE TABLE batch_chunks (
     batch_id       TEXT NOT NULL,
     chunk_no       INTEGER NOT NULL,          -- 0-based, in file order
     first_line     INTEGER NOT NULL,          -- 1-based line number of its first line
     start_offset   INTEGER NOT NULL,          -- byte offset of its first line
     end_offset     INTEGER NOT NULL,          -- byte offset just past its last line
+    last_line      INTEGER NOT NULL,          -- 1-based line number of its last line
     num_lines      INTEGER NOT NULL,
     window_rank    INTEGER NOT NULL,          -- the batch's: claim order
     created_at     INTEGER NOT NULL,          -- the batch's: claim order within a window
@@ -204,5 +206,6 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
     PRIMARY KEY (batch_id, chunk_no)
   );
   CREATE INDEX batch_chunks_claim ON batch_chunks(done, window_rank, created_at);
+  CREATE INDEX batch_chunks_undone ON batch_chunks(batch_id, done);
   `,
 ];

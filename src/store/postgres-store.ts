@@ -15,6 +15,7 @@
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
+import type { BatchChunkBounds, BatchClaim, ClaimedBatchChunk, HeldBatchLeases } from './batch-records.js';
 import { postgresBatches } from './postgres-batches.js';
 import { postgresLeases } from './postgres-leases.js';
 import type { LeaseTerm } from './leases.js';
@@ -267,6 +268,10 @@ export class PostgresStore implements Store {
       if (idempotency) {
         await PostgresStore.completeIdempotencyRow(tx, idempotency.orgId, idempotency.scope, idempotency.key, idempotency.statusCode, idempotency.body);
       }
+      // The fence before any write: a batch line whose chunk this replica no longer holds (or whose batch is ending) writes nothing.
+      if (batchResult?.lease && !(await postgresBatches.fence(tx, batchResult.batchId, batchResult.lease.chunkNo, batchResult.lease.owner))) {
+        return { batchResultRecorded: false, batchLeaseLost: true };
+      }
       const batchResultRecorded = batchResult
         ? await postgresBatches.recordResult(tx, batchResult.batchId, batchResult.result, batchResult.progress)
         : false;
@@ -371,8 +376,8 @@ export class PostgresStore implements Store {
     return this.transaction((tx) => postgresBatches.recordResult(tx, id, result, progress));
   }
 
-  async listBatchResultLines(id: string, fromLine: number): Promise<number[]> {
-    return postgresBatches.resultLines(this.pool, id, fromLine);
+  async listBatchResultLines(id: string, fromLine: number, toLine?: number): Promise<number[]> {
+    return postgresBatches.resultLines(this.pool, id, fromLine, toLine);
   }
 
   async listBatchResults(id: string, afterLine: number, limit: number): Promise<BatchResultRow[]> {
@@ -380,7 +385,43 @@ export class PostgresStore implements Store {
   }
 
   async finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined> {
-    return this.transaction((tx) => postgresBatches.finish(tx, id, from, patch, files));
+    const ended = await this.transaction((tx) => postgresBatches.finish(tx, id, from, patch, files));
+    if (ended) await postgresBatches.dropChunks(this.pool, id);
+    return ended;
+  }
+
+  // Batch work under leases (postgres-batches.ts). Renewals and releases are one statement per
+  // table, each its own transaction, so none holds a batch row's lock while it takes chunk locks.
+  async listBatchWork(owner: string, nowMs: number): Promise<BatchRecord[]> {
+    return postgresBatches.work(this.pool, owner, nowMs);
+  }
+
+  async claimBatch(id: string, lease: LeaseTerm): Promise<BatchClaim | undefined> {
+    return postgresBatches.claimBatch(this.pool, id, lease);
+  }
+
+  async startBatchChunks(id: string, owner: string, from: readonly BatchStatus[], patch: BatchPatch, chunks: BatchChunkBounds[]): Promise<BatchRecord | undefined> {
+    return this.transaction((tx) => postgresBatches.startChunks(tx, id, owner, from, patch, chunks));
+  }
+
+  async claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]> {
+    return this.transaction((tx) => postgresBatches.claimChunks(tx, lease, limit, skipBatchIds));
+  }
+
+  async renewBatchLeases(lease: LeaseTerm): Promise<HeldBatchLeases> {
+    return postgresBatches.renew(this.pool, lease);
+  }
+
+  async finishBatchChunk(batchId: string, chunkNo: number, owner: string): Promise<boolean> {
+    return this.transaction((tx) => postgresBatches.finishChunk(tx, batchId, chunkNo, owner));
+  }
+
+  async releaseBatchLease(batchId: string, owner: string, chunkNo?: number): Promise<void> {
+    await postgresBatches.releaseOne(this.pool, batchId, owner, chunkNo);
+  }
+
+  async releaseBatchLeases(owner?: string): Promise<number> {
+    return postgresBatches.release(this.pool, owner);
   }
 
   // Usage ledger (postgres-usage.ts).

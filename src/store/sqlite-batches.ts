@@ -6,9 +6,10 @@
 
 import type Database from 'better-sqlite3';
 import type {
-  BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus,
+  BatchChunkBounds, BatchClaim, BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus, ClaimedBatchChunk, HeldBatchLeases,
 } from './batch-records.js';
-import { UNFINISHED_BATCH_STATUSES } from './batch-records.js';
+import { chunkBounds, chunkKey, UNFINISHED_BATCH_STATUSES, WINDOW_RANK_SQL } from './batch-records.js';
+import type { LeaseTerm } from './leases.js';
 import type { FileRecord } from './store.js';
 import { BATCH_PATCH_COLUMNS, batchRecord, jsonText, type Row } from './store-rows.js';
 
@@ -20,9 +21,9 @@ export class SqliteBatches {
     const unfinished = UNFINISHED_BATCH_STATUSES.map((s) => `'${s}'`).join(', ');
     this.stmt = {
       insert: prepare(`INSERT INTO batches (id, org_id, org_name, key_id, endpoint, input_file_id, completion_window, status,
-                         errors, metadata, total, created_at, expires_at)
+                         errors, metadata, total, created_at, expires_at, window_rank)
                        VALUES (@id, @orgId, @orgName, @keyId, @endpoint, @inputFileId, @completionWindow, @status,
-                         @errors, @metadata, @total, @createdAt, @expiresAt)`),
+                         @errors, @metadata, @total, @createdAt, @expiresAt, ${WINDOW_RANK_SQL('@completionWindow')})`),
       get: prepare('SELECT * FROM batches WHERE id = ? AND org_id = ?'),
       getById: prepare('SELECT * FROM batches WHERE id = ?'),
       seqOf: prepare('SELECT seq FROM batches WHERE id = ? AND org_id = ?'),
@@ -34,11 +35,48 @@ export class SqliteBatches {
       countResult: prepare(`UPDATE batches SET completed = completed + ?, failed = failed + ?,
                               next_line = MAX(next_line, ?), next_offset = MAX(next_offset, ?) WHERE id = ?`),
       progress: prepare('UPDATE batches SET next_line = MAX(next_line, ?), next_offset = MAX(next_offset, ?) WHERE id = ?'),
-      resultLines: prepare('SELECT line_no FROM batch_results WHERE batch_id = ? AND line_no >= ? ORDER BY line_no'),
+      resultLines: prepare('SELECT line_no FROM batch_results WHERE batch_id = ? AND line_no >= ? AND line_no <= ? ORDER BY line_no'),
       results: prepare('SELECT line_no, ok, line FROM batch_results WHERE batch_id = ? AND line_no > ? ORDER BY line_no LIMIT ?'),
       dropResults: prepare('DELETE FROM batch_results WHERE batch_id = ?'),
       insertFile: prepare(`INSERT OR IGNORE INTO files (id, org_id, bytes, created_at, filename, purpose, status, status_details)
                            VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+      dropChunks: prepare('DELETE FROM batch_chunks WHERE batch_id = ?'),
+      work: prepare(`SELECT * FROM batches b WHERE b.status IN (${unfinished})
+                       AND (b.lease_owner IS NULL OR b.lease_owner = @owner OR b.lease_until_ms <= @nowMs)
+                       AND (b.status <> 'in_progress' OR b.num_chunks IS NULL OR b.errors IS NOT NULL OR b.expires_at <= @nowSec
+                            OR NOT EXISTS (SELECT 1 FROM batch_chunks c WHERE c.batch_id = b.id AND c.done = 0))
+                     ORDER BY b.window_rank, b.created_at, b.seq`),
+      claimBatch: prepare(`UPDATE batches SET lease_owner = @owner, lease_until_ms = @untilMs
+                           WHERE id = @id AND status IN (${unfinished})
+                             AND (lease_owner IS NULL OR lease_owner = @owner OR lease_until_ms <= @nowMs)`),
+      insertChunk: prepare(`INSERT INTO batch_chunks (batch_id, chunk_no, first_line, last_line, start_offset, end_offset, num_lines, window_rank, created_at)
+                            SELECT id, ?, ?, ?, ?, ?, ?, window_rank, created_at FROM batches WHERE id = ?`),
+      chunked: prepare('UPDATE batches SET num_chunks = ?, lease_owner = NULL, lease_until_ms = 0 WHERE id = ?'),
+      claimable: prepare(`SELECT c.batch_id, c.chunk_no, c.first_line, c.last_line, c.start_offset, c.end_offset, c.num_lines
+                          FROM batch_chunks c JOIN batches b ON b.id = c.batch_id
+                          WHERE c.done = 0 AND (c.lease_owner IS NULL OR c.lease_until_ms <= @nowMs)
+                            AND b.status = 'in_progress' AND b.lease_owner IS NULL AND b.expires_at > @nowSec
+                            AND c.batch_id NOT IN (SELECT value FROM json_each(@skip))
+                          ORDER BY c.window_rank, c.created_at, b.seq, c.chunk_no LIMIT @limit`),
+      leaseChunk: prepare('UPDATE batch_chunks SET lease_owner = ?, lease_until_ms = ? WHERE batch_id = ? AND chunk_no = ?'),
+      renewBatches: prepare(`UPDATE batches SET lease_until_ms = @untilMs WHERE lease_owner = @owner AND status IN (${unfinished})
+                             RETURNING id`),
+      renewChunks: prepare(`UPDATE batch_chunks SET lease_until_ms = @untilMs WHERE lease_owner = @owner AND done = 0
+                              AND batch_id IN (SELECT id FROM batches WHERE status = 'in_progress' AND lease_owner IS NULL)
+                            RETURNING batch_id, chunk_no`),
+      // The fence of a line's commit and of a chunk's end.
+      fence: prepare(`SELECT 1 FROM batch_chunks c JOIN batches b ON b.id = c.batch_id
+                      WHERE c.batch_id = ? AND c.chunk_no = ? AND c.lease_owner = ? AND c.done = 0
+                        AND b.status = 'in_progress' AND b.lease_owner IS NULL`),
+      chunkDone: prepare('UPDATE batch_chunks SET done = 1, lease_owner = NULL, lease_until_ms = 0 WHERE batch_id = ? AND chunk_no = ?'),
+      undone: prepare('SELECT COUNT(*) AS n FROM batch_chunks WHERE batch_id = ? AND done = 0'),
+      releaseRowOf: prepare('UPDATE batches SET lease_owner = NULL, lease_until_ms = 0 WHERE id = ? AND lease_owner = ?'),
+      releaseRow: prepare('UPDATE batches SET lease_owner = NULL, lease_until_ms = 0 WHERE id = ?'),
+      releaseChunk: prepare('UPDATE batch_chunks SET lease_owner = NULL, lease_until_ms = 0 WHERE batch_id = ? AND chunk_no = ? AND lease_owner = ?'),
+      releaseBatchesOf: prepare('UPDATE batches SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner = ?'),
+      releaseChunksOf: prepare('UPDATE batch_chunks SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner = ?'),
+      releaseAllBatches: prepare('UPDATE batches SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner IS NOT NULL'),
+      releaseAllChunks: prepare('UPDATE batch_chunks SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner IS NOT NULL'),
     };
   }
 
@@ -81,8 +119,8 @@ export class SqliteBatches {
     })();
   }
 
-  resultLines(id: string, fromLine: number): number[] {
-    return (this.stmt['resultLines']!.all(id, fromLine) as { line_no: number }[]).map((r) => r.line_no);
+  resultLines(id: string, fromLine: number, toLine = Number.MAX_SAFE_INTEGER): number[] {
+    return (this.stmt['resultLines']!.all(id, fromLine, toLine) as { line_no: number }[]).map((r) => r.line_no);
   }
 
   results(id: string, afterLine: number, limit: number): BatchResultRow[] {
@@ -99,8 +137,82 @@ export class SqliteBatches {
         this.stmt['insertFile']!.run(f.id, f.orgId, f.bytes, f.createdAt, f.filename, f.purpose, f.status, f.statusDetails);
       }
       this.stmt['dropResults']!.run(id);
+      this.stmt['dropChunks']!.run(id);
+      this.stmt['releaseRow']!.run(id);
       return updated;
     })();
+  }
+
+  // Leases (store.ts, "Batch work under leases").
+  work(owner: string, nowMs: number): BatchRecord[] {
+    return (this.stmt['work']!.all({ owner, nowMs, nowSec: Math.floor(nowMs / 1000) }) as Row[]).map(batchRecord);
+  }
+
+  claimBatch(id: string, lease: LeaseTerm): BatchClaim | undefined {
+    return this.db.transaction(() => {
+      if (this.stmt['claimBatch']!.run({ id, ...lease }).changes === 0) return undefined;
+      const row = this.stmt['getById']!.get(id) as Row;
+      const undone = (this.stmt['undone']!.get(id) as { n: number }).n;
+      return { batch: batchRecord(row), chunked: row['num_chunks'] !== null, undoneChunks: undone };
+    }).immediate();
+  }
+
+  startChunks(id: string, owner: string, from: readonly BatchStatus[], patch: BatchPatch, chunks: BatchChunkBounds[]): BatchRecord | undefined {
+    return this.db.transaction(() => {
+      const row = this.stmt['getById']!.get(id) as Row | undefined;
+      // Chunks are written once per batch: a batch already split (by another task) is left alone.
+      if (!row || row['lease_owner'] !== owner || row['num_chunks'] !== null || !this.applyPatch(id, from, patch)) return undefined;
+      for (const c of chunks) this.stmt['insertChunk']!.run(c.chunkNo, c.firstLine, c.lastLine, c.startOffset, c.endOffset, c.numLines, id);
+      this.stmt['chunked']!.run(chunks.length, id);
+      return batchRecord(this.stmt['getById']!.get(id) as Row);
+    }).immediate();
+  }
+
+  claimChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): ClaimedBatchChunk[] {
+    return this.db.transaction(() => {
+      const rows = this.stmt['claimable']!.all({
+        nowMs: lease.nowMs, nowSec: Math.floor(lease.nowMs / 1000), skip: JSON.stringify(skipBatchIds), limit,
+      }) as Row[];
+      return rows.map((r) => {
+        this.stmt['leaseChunk']!.run(lease.owner, lease.untilMs, r['batch_id'], r['chunk_no']);
+        return { chunk: chunkBounds(r), batch: batchRecord(this.stmt['getById']!.get(r['batch_id']) as Row) };
+      });
+    }).immediate();
+  }
+
+  renew(lease: LeaseTerm): HeldBatchLeases {
+    return this.db.transaction(() => {
+      const batches = this.stmt['renewBatches']!.all({ owner: lease.owner, untilMs: lease.untilMs }) as Row[];
+      const chunks = this.stmt['renewChunks']!.all({ owner: lease.owner, untilMs: lease.untilMs }) as Row[];
+      return {
+        batchIds: batches.map((r) => r['id'] as string),
+        chunkKeys: chunks.map((r) => chunkKey(r['batch_id'] as string, r['chunk_no'] as number)),
+      };
+    })();
+  }
+
+  /** Inside the caller's transaction: may chunk `chunkNo`'s owner still write? */
+  fenced(batchId: string, chunkNo: number, owner: string): boolean {
+    return this.stmt['fence']!.get(batchId, chunkNo, owner) !== undefined;
+  }
+
+  finishChunk(batchId: string, chunkNo: number, owner: string): boolean {
+    return this.db.transaction(() => {
+      if (!this.fenced(batchId, chunkNo, owner)) return false;
+      this.stmt['chunkDone']!.run(batchId, chunkNo);
+      return true;
+    }).immediate();
+  }
+
+  releaseOne(batchId: string, owner: string, chunkNo: number | undefined): void {
+    if (chunkNo === undefined) this.stmt['releaseRowOf']!.run(batchId, owner);
+    else this.stmt['releaseChunk']!.run(batchId, chunkNo, owner);
+  }
+
+  release(owner: string | undefined): number {
+    return this.db.transaction(() => owner === undefined
+      ? this.stmt['releaseAllBatches']!.run().changes + this.stmt['releaseAllChunks']!.run().changes
+      : this.stmt['releaseBatchesOf']!.run(owner).changes + this.stmt['releaseChunksOf']!.run(owner).changes)();
   }
 
   /** Runs inside a transaction: the compare-and-set, then the row as it now is. */

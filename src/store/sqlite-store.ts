@@ -14,6 +14,7 @@ import { SqliteLeases } from './sqlite-leases.js';
 import { SqliteUsage } from './sqlite-usage.js';
 import { SqliteWebhooks } from './sqlite-webhooks.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
+import type { BatchChunkBounds, BatchClaim, ClaimedBatchChunk, HeldBatchLeases } from './batch-records.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, IdempotencyBegin, Organization, ResponseBody, Store } from './store.js';
 import type { RequestEnd, RequestEndCommit, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 import type { UsageRecord } from './store.js';
@@ -291,6 +292,10 @@ export class SqliteStore implements Store {
       if (idempotency) {
         this.stmt['completeIdem']!.run(idempotency.statusCode, JSON.stringify(idempotency.body), idempotency.orgId, idempotency.scope, idempotency.key);
       }
+      // A fenced batch line whose chunk this replica no longer holds (or whose batch is ending) writes nothing.
+      if (batchResult?.lease && !this.batches.fenced(batchResult.batchId, batchResult.lease.chunkNo, batchResult.lease.owner)) {
+        return { batchResultRecorded: false, batchLeaseLost: true };
+      }
       const batchResultRecorded = batchResult ? this.batches.recordResult(batchResult.batchId, batchResult.result, batchResult.progress) : false;
       if (end.usage) this.usage.insertUsage(end.usage);
       if (end.delivery) this.webhooks.insert(end.delivery);
@@ -328,8 +333,8 @@ export class SqliteStore implements Store {
     return this.batches.recordResult(id, result, progress);
   }
 
-  async listBatchResultLines(id: string, fromLine: number): Promise<number[]> {
-    return this.batches.resultLines(id, fromLine);
+  async listBatchResultLines(id: string, fromLine: number, toLine?: number): Promise<number[]> {
+    return this.batches.resultLines(id, fromLine, toLine);
   }
 
   async listBatchResults(id: string, afterLine: number, limit: number): Promise<BatchResultRow[]> {
@@ -338,6 +343,39 @@ export class SqliteStore implements Store {
 
   async finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined> {
     return this.batches.finish(id, from, patch, files);
+  }
+
+  // Batch work under leases (sqlite-batches.ts).
+  async listBatchWork(owner: string, nowMs: number): Promise<BatchRecord[]> {
+    return this.batches.work(owner, nowMs);
+  }
+
+  async claimBatch(id: string, lease: LeaseTerm): Promise<BatchClaim | undefined> {
+    return this.batches.claimBatch(id, lease);
+  }
+
+  async startBatchChunks(id: string, owner: string, from: readonly BatchStatus[], patch: BatchPatch, chunks: BatchChunkBounds[]): Promise<BatchRecord | undefined> {
+    return this.batches.startChunks(id, owner, from, patch, chunks);
+  }
+
+  async claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]> {
+    return this.batches.claimChunks(lease, limit, skipBatchIds);
+  }
+
+  async renewBatchLeases(lease: LeaseTerm): Promise<HeldBatchLeases> {
+    return this.batches.renew(lease);
+  }
+
+  async finishBatchChunk(batchId: string, chunkNo: number, owner: string): Promise<boolean> {
+    return this.batches.finishChunk(batchId, chunkNo, owner);
+  }
+
+  async releaseBatchLease(batchId: string, owner: string, chunkNo?: number): Promise<void> {
+    this.batches.releaseOne(batchId, owner, chunkNo);
+  }
+
+  async releaseBatchLeases(owner?: string): Promise<number> {
+    return this.batches.release(owner);
   }
 
   // Usage ledger.

@@ -13,6 +13,7 @@
 
 import type { CompletionWindow } from '../config/catalog.js';
 import type { BatchPatch, BatchProgress, BatchRecord, BatchResultRow, BatchStatus } from './batch-records.js';
+import type { BatchChunkBounds, BatchClaim, ClaimedBatchChunk, HeldBatchLeases } from './batch-records.js';
 import type { LeaseTerm } from './leases.js';
 
 export interface Organization {
@@ -210,8 +211,8 @@ export interface Store {
    * transaction. A line already recorded is neither stored nor counted again (returns false).
    */
   recordBatchResult(id: string, result: BatchResultRow, progress: BatchProgress): Promise<boolean>;
-  /** Line numbers >= fromLine that have a result, ascending. */
-  listBatchResultLines(id: string, fromLine: number): Promise<number[]>;
+  /** Line numbers >= fromLine (and <= toLine when given) that have a result, ascending. */
+  listBatchResultLines(id: string, fromLine: number, toLine?: number): Promise<number[]>;
   /** Up to `limit` results after line `afterLine`, in line order. */
   listBatchResults(id: string, afterLine: number, limit: number): Promise<BatchResultRow[]>;
   /**
@@ -219,6 +220,46 @@ export interface Store {
    * records (an id already recorded is kept), then its result rows are dropped.
    */
   finishBatch(id: string, from: readonly BatchStatus[], patch: BatchPatch, files: FileRecord[]): Promise<BatchRecord | undefined>;
+
+  // Batch work under leases (leases.ts; batches/runner.ts). The batch row's lease covers its
+  // validation, its split into chunks and its end; each chunk's lease covers running its lines.
+  /**
+   * Unfinished batches whose next step is the batch row's own work and whose row lease is free,
+   * expired at `nowMs` or `owner`'s: validating, finalizing, cancelling, and in_progress ones not
+   * split into chunks yet (from before chunks), with no chunk left undone, with errors (their
+   * input vanished) or past expires_at. Claim order: window, then age.
+   */
+  listBatchWork(owner: string, nowMs: number): Promise<BatchRecord[]>;
+  /**
+   * Leases the batch row to `lease.owner` while it is unfinished and its lease is free, expired or
+   * already the owner's (a compare-and-set); the batch as it now is, else undefined. Taking it is
+   * also a barrier: a line commit that began before it has committed, and none passes the fence after it.
+   */
+  claimBatch(id: string, lease: LeaseTerm): Promise<BatchClaim | undefined>;
+  /**
+   * In one transaction, while the status is one of `from` and the row lease is `owner`'s: applies
+   * `patch`, records `chunks` (their lines now claimable) and hands the row lease back. Undefined
+   * (nothing written) otherwise.
+   */
+  startBatchChunks(id: string, owner: string, from: readonly BatchStatus[], patch: BatchPatch, chunks: BatchChunkBounds[]): Promise<BatchRecord | undefined>;
+  /**
+   * Leases to `lease.owner` up to `limit` chunks, not done, lease free or expired, of in_progress
+   * batches not past expires_at whose row nobody holds, none of `skipBatchIds`; asap before
+   * standard before flex, then the batch's age, then chunk order. Concurrent claims never return
+   * the same chunk.
+   */
+  claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]>;
+  /** Extends `lease.owner`'s batch row and chunk leases (one UPDATE per table); what it still holds. */
+  renewBatchLeases(lease: LeaseTerm): Promise<HeldBatchLeases>;
+  /** Marks a chunk done and frees it, only while it is `owner`'s and its batch in_progress (fenced). */
+  finishBatchChunk(batchId: string, chunkNo: number, owner: string): Promise<boolean>;
+  /** Hands back the row lease of a batch, or with `chunkNo` one chunk's, if `owner` holds it. */
+  releaseBatchLease(batchId: string, owner: string, chunkNo?: number): Promise<void>;
+  /**
+   * Hands back every batch row and chunk lease of `owner` (owner NULL, expiry 0), or of everyone
+   * when undefined (a store one process owns, at its start); how many.
+   */
+  releaseBatchLeases(owner?: string): Promise<number>;
 
   // Usage ledger (rows are written by commitRequestEnd, idempotent on (surface, requestId): a
   // request run again after a restart is not recorded twice).
@@ -309,8 +350,12 @@ export interface RequestEnd {
   delivery?: WebhookDelivery;
   /** Messages: the result an idempotency key replays (completeIdempotency). */
   idempotency?: { orgId: string; scope: string; key: string; statusCode: number; body: unknown };
-  /** A batch line: its result row and the batch's progress (recordBatchResult). */
-  batchResult?: { batchId: string; result: BatchResultRow; progress: BatchProgress };
+  /**
+   * A batch line: its result row and the batch's progress (recordBatchResult). With `lease`, fenced:
+   * written only while chunk `chunkNo` is `owner`'s and not done, and the batch is in_progress with
+   * its row lease free (nobody is ending it); otherwise nothing of the end is written.
+   */
+  batchResult?: { batchId: string; result: BatchResultRow; progress: BatchProgress; lease?: { owner: string; chunkNo: number } };
 }
 
 export interface RequestEndCommit {
@@ -321,4 +366,6 @@ export interface RequestEndCommit {
    * nothing at all was written (no response, ledger row, delivery).
    */
   backgroundLeaseLost?: true;
+  /** True when a fenced batch line was refused (chunk lease lost, or its batch left in_progress): nothing was written. */
+  batchLeaseLost?: true;
 }
