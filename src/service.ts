@@ -238,7 +238,7 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
   const started = app;
   return {
     app, store, registry, dataDir, firstKey, batches, metrics,
-    drain() { draining = true; },
+    drain() { draining = true; batches.drain(); },
     async close() {
       if (closed) return;
       closed = true;

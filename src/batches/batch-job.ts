@@ -1,31 +1,23 @@
-// One batch's work in this process: validate the input, run its lines, and end it (completed,
-// expired, cancelled or failed) with its result files. A job that is stopped for shutdown leaves
-// the batch as it is; the next process starts a new job for it, which resumes where the store
-// says it got to.
+// A batch row's own work, run by the replica holding the row's lease (store/leases.ts; the runner
+// claims it): validating the input and splitting it into chunks, splitting a batch from before
+// chunks, and the end (completed, expired, cancelled or failed, with the result files). The lines
+// themselves run in chunks (chunk-run.ts), on whichever replicas claim them.
 //
-// Exactly once: a line counts as done only when its result row is committed (the store's
-// commitRequestEnd, in the same transaction as the line's ledger row when it ended with a result:
-// a line is billed exactly when its result is kept), and the progress recorded with it never
-// passes a line whose row is not committed yet: a line
-// leaves `inFlight` only after its own row is stored, and every progress value is the start of the
-// lowest line still in `inFlight` (or the read position when none is). So a restart re-runs exactly
-// the lines without a row: those from progress.nextLine on, minus the rows already there.
+// Exactly once: the move to in_progress and the chunk rows are one transaction (a compare-and-set
+// on the status and on this lease), and every end is a compare-and-set on the status, so each
+// happens once whoever races. Claiming the row lease for an end is a barrier: a line commit holds
+// its batch row until it commits, and the fence refuses every line commit once the row is leased
+// (store.ts, RequestEnd.batchResult), so the result files written after the claim hold every
+// counted line.
 
 import { setMaxListeners } from 'node:events';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { FileStorage } from '../files/file-storage.js';
-import type { GenerationService } from '../serving/generation-service.js';
-import type { BatchErrorItem, BatchPatch, BatchProgress, BatchRecord, BatchStatus } from '../store/batch-records.js';
+import type { BatchClaim, BatchErrorItem, BatchPatch, BatchRecord, BatchStatus } from '../store/batch-records.js';
 import type { Store } from '../store/store.js';
-import { jsonlLines, type JsonlLine } from './jsonl-lines.js';
-import { executeLine } from './line-executor.js';
+import { splitIntoChunks } from './chunks.js';
 import { writeResultFiles } from './result-files.js';
-import type { Slots } from './slots.js';
-import type { Billing } from '../billing/ledger.js';
 import { checkBatchInput } from './validate-input.js';
-
-/** Why a job stops before its lines are done. `shutdown` keeps the batch's state for a restart. */
-export type StopReason = 'cancel' | 'expire' | 'shutdown';
 
 /** The logger calls jobs and the runner make (fastify's logger fits). */
 export interface BatchLog {
@@ -36,13 +28,11 @@ export interface BatchLog {
 export interface JobDeps {
   store: Store;
   storage: FileStorage;
-  service: GenerationService;
-  slots: Slots;
   log: BatchLog;
-  /** The usage ledger: each line that ends with a result is billed once, with its result row. */
-  billing?: Billing;
-  /** Told when a line's result row is stored (metrics). */
-  onLineDone?: (outcome: 'completed' | 'failed') => void;
+  /** This replica's id: the owner of the row lease the job runs under. */
+  owner: string;
+  /** Lines per chunk (chunks.ts). */
+  chunkLines: number;
 }
 
 const now = () => Math.floor(Date.now() / 1000);
@@ -54,141 +44,119 @@ export function runWindow(completionWindow: string): CompletionWindow {
   return completionWindow === '24h' ? 'flex' : (completionWindow as CompletionWindow);
 }
 
+/** The error a batch whose input file vanished fails with. */
+export function inputMissingError(batch: BatchRecord, when: 'before' | 'while'): BatchErrorItem {
+  const message = when === 'before' ? `the input file ${batch.inputFileId} no longer exists`
+    : `the input file ${batch.inputFileId} was deleted while the batch ran`;
+  return { code: 'file_not_found', message, line: null, param: 'input_file_id' };
+}
+
 export class BatchJob {
   private readonly controller = new AbortController();
-  private stopReason: StopReason | undefined;
   private expiryTimer: NodeJS.Timeout | undefined;
-  /** Set when the input file vanished mid-run: the batch fails, keeping its finished lines. */
-  private inputMissing = false;
+  private expired = false;
 
-  constructor(private readonly deps: JobDeps, readonly batchId: string, private readonly orgId: string) {
-    // Every line in flight (and each of a line's choices) listens on this one signal: up to the
-    // slot count and more, by design, so the default warning at 10 listeners does not apply.
+  private readonly batch: BatchRecord;
+
+  /** `claim`: the batch as its row lease was claimed by this replica. */
+  constructor(private readonly deps: JobDeps, private readonly claim: BatchClaim) {
+    this.batch = claim.batch;
     setMaxListeners(0, this.controller.signal);
   }
 
-  /** Stops starting lines and aborts those running. The first reason other than shutdown wins. */
-  stop(reason: StopReason): void {
-    if (this.stopReason === undefined || reason === 'shutdown') this.stopReason = reason;
+  get batchId(): string {
+    return this.batch.id;
+  }
+
+  /** Stops the job where it is (shutdown, a lost lease, a cancel of a validating batch): nothing more is written. */
+  stop(): void {
     this.controller.abort();
   }
 
-  async run(): Promise<void> {
+  /** Resolves false when a step failed (a store or file error, logged): it is tried again at a later poll. */
+  async run(): Promise<boolean> {
+    const batch = this.batch;
     try {
-      let batch = await this.deps.store.getBatch(this.orgId, this.batchId);
-      if (!batch) return;
       this.armExpiry(batch.expiresAt);
-      if (batch.status === 'validating') batch = await this.validate(batch);
-      if (batch?.status === 'in_progress' && !this.controller.signal.aborted) await this.runLines(batch);
-      await this.end();
+      if (batch.status === 'validating' && !this.expired) {
+        if (await this.validate(batch)) return true;
+      } else if (batch.status === 'in_progress' && !this.claim.chunked && !this.expired && batch.errors === null) {
+        if (await this.split(batch)) return true;
+      }
+      if (!this.controller.signal.aborted || this.expired) await this.end();
+      return true;
     } catch (err) {
-      this.deps.log.error({ err, batch_id: this.batchId }, 'batch job failed; it resumes at the next start');
+      this.deps.log.error({ err, batch_id: batch.id }, 'batch step failed; it is tried again at a later poll');
+      return false;
     } finally {
       clearTimeout(this.expiryTimer);
-      this.controller.abort(); // releases any slot waiter
     }
   }
 
   private armExpiry(expiresAt: number): void {
     const ms = expiresAt * 1000 - Date.now();
-    if (ms <= 0) return this.stop('expire');
-    this.expiryTimer = setTimeout(() => (ms > MAX_TIMER_MS ? this.armExpiry(expiresAt) : this.stop('expire')), Math.min(ms, MAX_TIMER_MS));
+    if (ms <= 0) {
+      this.expired = true;
+      return;
+    }
+    this.expiryTimer = setTimeout(() => {
+      if (ms > MAX_TIMER_MS) return this.armExpiry(expiresAt);
+      this.expired = true;
+      this.controller.abort();
+    }, Math.min(ms, MAX_TIMER_MS));
     this.expiryTimer.unref();
   }
 
-  private async validate(batch: BatchRecord): Promise<BatchRecord | undefined> {
-    const { store, storage } = this.deps;
-    const opened = await storage.openRead(batch.inputFileId);
-    const fail = (errors: BatchErrorItem[], total = 0) =>
-      store.transitionBatch(batch.id, ['validating'], { status: 'failed', errors, total, failedAt: now() });
-    if (!opened) {
-      return fail([{ code: 'file_not_found', message: `the input file ${batch.inputFileId} no longer exists`, line: null, param: 'input_file_id' }]);
-    }
-    const check = await checkBatchInput(opened.stream, batch.endpoint, this.controller.signal);
-    opened.stream.destroy();
-    if (this.controller.signal.aborted) return batch;
-    if (check.errors.length > 0) return fail(check.errors, check.numRequests);
-    return store.transitionBatch(batch.id, ['validating'], { status: 'in_progress', total: check.numRequests, inProgressAt: now() });
-  }
-
-  private async runLines(batch: BatchRecord): Promise<void> {
-    const { store, storage, slots } = this.deps;
+  /** Validates and moves to in_progress with the chunks; true when that (or a failure) ended this job's part. */
+  private async validate(batch: BatchRecord): Promise<boolean> {
+    const { store, storage, owner } = this.deps;
     const signal = this.controller.signal;
-    const opened = await storage.openRead(batch.inputFileId, { start: batch.progress.nextOffset });
-    if (!opened) {
-      this.inputMissing = true;
-      return;
-    }
-    // Rows past the progress point: lines that finished out of order before a restart (at most
-    // the previous in-flight window), skipped as they are read.
-    const finished = new Set(await store.listBatchResultLines(batch.id, batch.progress.nextLine));
-    // line number -> its start offset; insertion (= line) order, so the first entry is the lowest.
-    const inFlight = new Map<number, number>();
-    let readPos: BatchProgress = { ...batch.progress };
-    const progressWithout = (lineNo: number): BatchProgress => {
-      for (const [n, start] of inFlight) if (n !== lineNo) return { nextLine: n, nextOffset: start };
-      return readPos;
+    const opened = await storage.openRead(batch.inputFileId);
+    const fail = async (errors: BatchErrorItem[], total = 0) => {
+      await store.transitionBatch(batch.id, ['validating'], { status: 'failed', errors, total, failedAt: now() });
+      return true;
     };
-    const running = new Set<Promise<void>>();
-    const caller = { orgId: batch.orgId, orgName: batch.orgName, keyId: batch.keyId };
-    const window = runWindow(batch.completionWindow);
-
-    const runOne = async (line: JsonlLine) => {
-      const outcome = await executeLine({ text: line.text, service: this.deps.service, caller, window, signal });
-      // An aborted line stays in inFlight: no progress recorded after this may pass it.
-      if (outcome.kind === 'aborted') return;
-      if (outcome.kind === 'error' && outcome.internal !== undefined) {
-        this.deps.log.error({ err: outcome.internal, batch_id: batch.id, line: line.lineNo }, 'batch line failed inside the service');
-      }
-      try {
-        const usage = outcome.kind === 'ok'
-          ? this.deps.billing?.usageRecord({ surface: 'batch', requestId: `${batch.id}:${line.lineNo}`, ...outcome.usage })
-          : undefined;
-        await store.commitRequestEnd({
-          batchResult: { batchId: batch.id, result: { lineNo: line.lineNo, ok: outcome.kind === 'ok', line: outcome.line }, progress: progressWithout(line.lineNo) },
-          ...(usage && { usage }),
-        });
-        inFlight.delete(line.lineNo);
-        this.deps.onLineDone?.(outcome.kind === 'ok' ? 'completed' : 'failed');
-      } catch (err) {
-        this.deps.log.error({ err, batch_id: batch.id }, 'could not record a batch result; the batch stops until the next start');
-        this.stop('shutdown');
-      }
-    };
-
+    if (!opened) return fail([inputMissingError(batch, 'before')]);
+    let check;
     try {
-      for await (const line of jsonlLines(opened.stream, batch.progress.nextOffset, batch.progress.nextLine)) {
-        if (signal.aborted) break;
-        const after = { nextLine: line.lineNo + 1, nextOffset: line.end };
-        if (line.text.trim() === '' || finished.delete(line.lineNo)) {
-          readPos = after;
-          continue;
-        }
-        if (!(await slots.acquire(signal, batch.orgId))) break;
-        // Taken together, synchronously: the read position never passes a line not yet in flight.
-        inFlight.set(line.lineNo, line.start);
-        readPos = after;
-        const task: Promise<void> = runOne(line).finally(() => {
-          slots.release();
-          running.delete(task);
-        });
-        running.add(task);
-      }
+      check = await checkBatchInput(opened.stream, batch.endpoint, signal, this.deps.chunkLines);
     } finally {
       opened.stream.destroy();
-      await Promise.all(running);
     }
+    if (signal.aborted) return false;
+    if (check.errors.length > 0) return fail(check.errors, check.numRequests);
+    const started = await store.startBatchChunks(batch.id, owner, ['validating'],
+      { status: 'in_progress', total: check.numRequests, inProgressAt: now() }, check.chunks);
+    return started !== undefined; // else a cancel landed meanwhile: end it
+  }
+
+  /** A batch in_progress from before chunks: its lines from the recorded progress on, split into chunks. */
+  private async split(batch: BatchRecord): Promise<boolean> {
+    const { store, storage, owner } = this.deps;
+    const opened = await storage.openRead(batch.inputFileId, { start: batch.progress.nextOffset });
+    if (!opened) {
+      await store.transitionBatch(batch.id, ['in_progress'], { errors: [inputMissingError(batch, 'while')] });
+      return false; // ends it as failed
+    }
+    let chunks;
+    try {
+      chunks = await splitIntoChunks(opened.stream, batch.progress.nextOffset, batch.progress.nextLine, this.controller.signal, this.deps.chunkLines);
+    } finally {
+      opened.stream.destroy();
+    }
+    if (!chunks) return false;
+    return (await store.startBatchChunks(batch.id, owner, ['in_progress'], {}, chunks)) !== undefined;
   }
 
   /**
-   * Ends the batch per its stored status and why the job stopped. Every end is a compare-and-set;
-   * losing one (a cancel landed meanwhile) re-reads the batch and ends it the new way.
+   * Ends the batch per its stored status. Every end is a compare-and-set; losing one (a cancel
+   * landed meanwhile) re-reads the batch and ends it the new way.
    */
   private async end(): Promise<void> {
     const { store } = this.deps;
     for (;;) {
-      if (this.stopReason === 'shutdown') return;
-      const batch = await store.getBatch(this.orgId, this.batchId);
+      if (this.controller.signal.aborted && !this.expired) return;
+      const batch = await store.getBatch(this.batch.orgId, this.batch.id);
       if (!batch) return;
       const t = now();
       let from: BatchStatus;
@@ -199,21 +167,20 @@ export class BatchJob {
           break;
         case 'validating':
         case 'in_progress':
-          if (this.stopReason === 'expire' || t >= batch.expiresAt) {
+          if (this.expired || t >= batch.expiresAt) {
             from = batch.status; patch = { status: 'expired', expiredAt: t };
-          } else if (this.inputMissing) {
-            from = 'in_progress';
-            patch = { status: 'failed', failedAt: t, errors: [{ code: 'file_not_found', message: `the input file ${batch.inputFileId} was deleted while the batch ran`, line: null, param: 'input_file_id' }] };
-          } else if (batch.status === 'in_progress' && this.stopReason === undefined) {
-            // Every line has a result: on to finalizing (the next turn of the loop completes it).
+          } else if (batch.status === 'in_progress' && (batch.errors !== null || (this.claim.chunked && this.claim.undoneChunks === 0))) {
+            // Every chunk is done (none gets done while the row is ours), or the input vanished
+            // (errors): on to finalizing, then the end.
             await store.transitionBatch(batch.id, ['in_progress'], { status: 'finalizing', finalizingAt: t });
             continue;
           } else {
-            return; // stopped for a cancel whose status change has not landed: nothing to end here
+            return; // lines remain to run, or validation goes on: nothing to end (the runner hands the row back)
           }
           break;
         case 'finalizing':
-          from = 'finalizing'; patch = { status: 'completed', completedAt: t };
+          from = 'finalizing';
+          patch = batch.errors !== null ? { status: 'failed', failedAt: t } : { status: 'completed', completedAt: t };
           break;
         default:
           return; // already terminal

@@ -1,9 +1,12 @@
 // The `validating` step of a batch: reads the input file once, line by line, and checks what the
 // upload could not know: that every request targets the batch's endpoint. Counts the requests
 // (request_counts.total). Upload already checked JSON, custom_id uniqueness, method and url.
+// Records the chunk boundaries on the way (chunks.ts), so the lines are read once before they run.
 
 import type { Readable } from 'node:stream';
 import type { BatchErrorItem } from '../store/batch-records.js';
+import type { BatchChunkBounds } from '../store/batch-records.js';
+import { BATCH_CHUNK_LINES, ChunkSplitter } from './chunks.js';
 import { jsonlLines } from './jsonl-lines.js';
 
 /** Errors reported at most per batch (OpenAI lists a sample too); the count is still exact. */
@@ -14,16 +17,20 @@ export interface InputCheck {
   numRequests: number;
   /** Empty when the batch may run. */
   errors: BatchErrorItem[];
+  /** The requests' chunks, in file order. */
+  chunks: BatchChunkBounds[];
 }
 
-export async function checkBatchInput(stream: Readable, endpoint: string, signal: AbortSignal): Promise<InputCheck> {
+export async function checkBatchInput(stream: Readable, endpoint: string, signal: AbortSignal, chunkLines = BATCH_CHUNK_LINES): Promise<InputCheck> {
   const errors: BatchErrorItem[] = [];
+  const splitter = new ChunkSplitter(chunkLines);
   let numRequests = 0;
   const report = (item: BatchErrorItem) => { if (errors.length < MAX_REPORTED_ERRORS) errors.push(item); };
   for await (const line of jsonlLines(stream)) {
     if (signal.aborted) break;
     if (line.text.trim() === '') continue;
     numRequests += 1;
+    splitter.add(line);
     let url: unknown;
     try {
       url = (JSON.parse(line.text) as { url?: unknown }).url;
@@ -43,5 +50,5 @@ export async function checkBatchInput(stream: Readable, endpoint: string, signal
   if (numRequests === 0 && !signal.aborted) {
     report({ code: 'empty_file', message: 'the input file has no requests', line: null, param: 'input_file_id' });
   }
-  return { numRequests, errors };
+  return { numRequests, errors, chunks: splitter.chunks };
 }
