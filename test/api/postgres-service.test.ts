@@ -5,9 +5,8 @@
 // own, dropped after it. Skipped, with the reason in its name, without SLUICE_TEST_POSTGRES_URL;
 // failing instead with SLUICE_REQUIRE_POSTGRES=1 (test/helpers/stores.ts).
 //
-// Not tested here, because it is not done yet: work claimed across replicas (leases). Each replica
-// runs the batches created on it and, at its start, resumes every unfinished batch and background
-// response in the database: two replicas started on unfinished work would both run it (README).
+// Work that replicas share under leases is tested in batch-replicas.test.ts (batch lines in chunks)
+// and background-replicas.test.ts (background responses).
 
 import { execFile, spawn } from 'node:child_process';
 import { copyFileSync, mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
