@@ -4,8 +4,11 @@
 // per-document schema sees: the names that must agree between documents (selector and labels,
 // named ports, volumes and the ConfigMap and claims they name), the serve arguments (flags
 // `sluice serve` knows, paths under the mounts, the port, the drain within the grace period and
-// longer than the readiness probe needs to notice it), and the catalog in the ConfigMap, which
-// must be one `sluice serve --config` accepts.
+// longer than the readiness probe needs to notice it), what several replicas need (each its own
+// data directory, the files on a ReadWriteMany claim, the database URL from a Secret,
+// prefix-hash.key and reasoning-keys.json from one Secret in every data directory, the Secrets'
+// kubectl lines in the header, a lease length), and the catalog in the ConfigMap, which must be one
+// `sluice serve --config` accepts.
 import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -60,7 +63,19 @@ const container = {
       type: 'object', required: ['requests', 'limits'], additionalProperties: false,
       properties: { requests: resourceList, limits: resourceList },
     },
-    env: { type: 'array', items: { type: 'object', required: ['name'], properties: { name: { type: 'string' }, value: { type: 'string' } } } },
+    env: {
+      type: 'array',
+      items: {
+        type: 'object', required: ['name'], additionalProperties: false, minProperties: 2, maxProperties: 2,
+        properties: {
+          name: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }, value: { type: 'string' },
+          valueFrom: {
+            type: 'object', required: ['secretKeyRef'], additionalProperties: false,
+            properties: { secretKeyRef: { type: 'object', required: ['name', 'key'], additionalProperties: false, properties: { name, key: { type: 'string', minLength: 1 } } } },
+          },
+        },
+      },
+    },
     volumeMounts: {
       type: 'array',
       items: {
@@ -76,6 +91,16 @@ const volume = {
     name,
     configMap: { type: 'object', required: ['name'], properties: { name } },
     persistentVolumeClaim: { type: 'object', required: ['claimName'], additionalProperties: false, properties: { claimName: name, readOnly: { type: 'boolean' } } },
+    secret: {
+      type: 'object', required: ['secretName'], additionalProperties: false,
+      properties: {
+        secretName: name, defaultMode: { type: 'integer', minimum: 0, maximum: 511 },
+        items: {
+          type: 'array', minItems: 1,
+          items: { type: 'object', required: ['key', 'path'], additionalProperties: false, properties: { key: { type: 'string' }, path: { type: 'string', pattern: '^[^/]' } } },
+        },
+      },
+    },
     emptyDir: { type: 'object' },
   },
 };
@@ -230,7 +255,6 @@ describe('deploy/kubernetes.yaml', () => {
     const dataDir = flag(args, '--data-dir')!;
     const dataVolume = (c!['volumeMounts'] as Doc[]).find((m) => m['mountPath'] === dataDir);
     expect(dataVolume, `a volume mounted at --data-dir ${dataDir}`).toBeDefined();
-    expect(volumes.get(dataVolume!['name'])!['persistentVolumeClaim']).toBeDefined();
     expect(dataVolume!['readOnly']).not.toBe(true);
     expect(Number(flag(args, '--port'))).toBe((c!['ports'] as Doc[]).find((p) => p['name'] === c!['readinessProbe'].httpGet.port)!['containerPort']);
     expect(flag(args, '--host')).toBe('0.0.0.0');
@@ -241,6 +265,59 @@ describe('deploy/kubernetes.yaml', () => {
     expect(drain).toBeGreaterThan((ready.periodSeconds ?? 10) * (ready.failureThreshold ?? 3) + (ready.timeoutSeconds ?? 1));
     // ... and the grace period leaves time after the drain for requests in flight to finish.
     expect(pod.spec.terminationGracePeriodSeconds).toBeGreaterThanOrEqual(drain + 60);
+  });
+
+  it('runs several replicas on one database, one files volume and one pair of deployment secrets', () => {
+    const deployment = one('Deployment');
+    const pod = deployment['spec'].template;
+    const [c] = pod.spec.containers as Doc[];
+    const args = c!['args'] as string[];
+    const mounts = c!['volumeMounts'] as Doc[];
+    const volumes = new Map((pod.spec.volumes as Doc[]).map((v) => [v['name'], v]));
+    const header = readFileSync(MANIFEST, 'utf8').split('\n').filter((l) => l.startsWith('#')).join('\n');
+    expect(deployment['spec'].replicas).toBeGreaterThan(1);
+    // A pod may be replaced without a spare GPU: no surge.
+    expect(deployment['spec'].strategy).toMatchObject({ type: 'RollingUpdate', rollingUpdate: { maxSurge: 0 } });
+
+    // Each replica its own data directory (a shared one would refuse all replicas but the first).
+    const dataDir = flag(args, '--data-dir')!;
+    expect(volumes.get(mounts.find((m) => m['mountPath'] === dataDir)!['name'])!['emptyDir'], `--data-dir ${dataDir} per pod`).toBeDefined();
+    // The files on one ReadWriteMany claim, writable.
+    const filesDir = flag(args, '--files-dir');
+    expect(filesDir, '--files-dir').toBeDefined();
+    const filesMount = mounts.find((m) => m['mountPath'] === filesDir)!;
+    expect(filesMount['readOnly']).not.toBe(true);
+    const claim = volumes.get(filesMount['name'])!['persistentVolumeClaim'].claimName;
+    expect(one('PersistentVolumeClaim', claim)['spec'].accessModes).toContain('ReadWriteMany');
+
+    // The database URL from a Secret, as SLUICE_DATABASE_URL (never on the command line).
+    expect(args).not.toContain('--database-url');
+    const env = (c!['env'] as Doc[]).find((e) => e['name'] === 'SLUICE_DATABASE_URL');
+    expect(env?.['valueFrom']?.secretKeyRef, 'SLUICE_DATABASE_URL from a Secret').toBeDefined();
+    const dbSecret = env!['valueFrom'].secretKeyRef as { name: string; key: string };
+
+    // prefix-hash.key and reasoning-keys.json: one Secret's items, mounted read-only into the data directory.
+    const keyMounts = ['prefix-hash.key', 'reasoning-keys.json'].map((file) => {
+      const m = mounts.find((x) => x['mountPath'] === `${dataDir}/${file}`);
+      expect(m, `${file} mounted in ${dataDir}`).toBeDefined();
+      expect(m!['readOnly']).toBe(true);
+      const secret = volumes.get(m!['name'])!['secret'];
+      expect(secret, `${file} from a Secret`).toBeDefined();
+      expect((secret.items as Doc[]).find((i) => i['path'] === m!['subPath'])?.['key'], `${file} is an item of ${secret.secretName}`).toBe(file);
+      return secret.secretName as string;
+    });
+    expect(new Set(keyMounts).size, 'one Secret for both files').toBe(1);
+
+    // The Secrets are created by the operator, as the header says how (none is in the file).
+    expect(header).toContain(`kubectl create secret generic ${dbSecret.name} --from-literal=${dbSecret.key}=`);
+    const keysLine = header.split('\n').find((l) => l.includes(`kubectl create secret generic ${keyMounts[0]} `));
+    expect(keysLine, `how to create ${keyMounts[0]}`).toBeDefined();
+    for (const file of ['prefix-hash.key', 'reasoning-keys.json']) expect(keysLine).toMatch(new RegExp(`--from-file=\\S*/${file.replace('.', '\\.')}(\\s|$)`));
+
+    // Leases: a killed replica's work moves after --lease-seconds; a drained one hands its leases back within the grace period.
+    const lease = Number(flag(args, '--lease-seconds'));
+    expect(Number.isInteger(lease) && lease >= 1, `--lease-seconds ${lease}`).toBe(true);
+    expect(pod.spec.terminationGracePeriodSeconds).toBeGreaterThan(Number(flag(args, '--drain-seconds')));
   });
 
   it('passes arguments sluice serve knows, and a catalog it accepts', async () => {
