@@ -28,6 +28,9 @@ export interface BatchRequestCounts {
 /**
  * How far the runner got through the input file. Invariant: every non-blank line before
  * `nextLine` has a result row; lines at or after it may have one too (they finished out of order).
+ * Once a batch is split into chunks (batch_chunks), its progress stays where the split began (the
+ * start for a new batch) and the chunks' done flags carry it: chunks finish in any order, on any
+ * replica. A batch from before chunks is split from its progress on.
  */
 export interface BatchProgress {
   /** 1-based. */
