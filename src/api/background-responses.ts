@@ -251,7 +251,8 @@ export class BackgroundResponses {
       }
     }
     if (counts.resumed + counts.timed_out + counts.failed > 0) {
-      this.opts.log.info(counts, `background responses taken over (left by a stopped process or replica): ${counts.resumed} resumed, `
+      const whose = this.opts.store.shared ? 'taken over from stopped replicas' : 'left by the previous process';
+      this.opts.log.info(counts, `background responses ${whose}: ${counts.resumed} resumed, `
         + `${counts.timed_out} past their deadline (failed: timeout), ${counts.failed} no longer valid (failed)`);
     }
   }
