@@ -1,7 +1,9 @@
 // BackgroundResponses under leases, on a real store with a stand-in generation service whose runs
 // last until they are aborted: claims stop at maxRuns and while the process drains; a run whose
-// job is cancelled on another replica is stopped at the next renewal without writing; close()
-// hands the leases back so that another replica takes the jobs at once. Leases of 600 ms.
+// job is cancelled on another replica is stopped at the next renewal without writing; a job taken
+// over but not run (the store failed meanwhile) is handed back and runs after all; a job whose
+// response is gone is dropped; close() hands the leases back so that another replica takes the
+// jobs at once. Leases of 600 ms.
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
@@ -82,6 +84,18 @@ describe('background responses under leases', () => {
     await vi.waitFor(() => expect(b.numInProgress(org)).toBe(0), { timeout: 10_000 });
     expect(await store.getResponse(org, 'resp_1')).toEqual(cancelled);
     expect(await store.listUsage({})).toEqual([]);
+  });
+
+  it('hands back a job it took over but could not start, so that it runs after all; drops a job without a response', async () => {
+    await orphan('resp_1');
+    await orphan('resp_gone');
+    await store.deleteResponse(org, 'resp_gone');
+    const getResponse = vi.spyOn(store, 'getResponse').mockRejectedValueOnce(new Error('the database went away'));
+    const b = background();
+    await b.recover();
+    await vi.waitFor(() => expect(b.numInProgress(org)).toBe(1), { timeout: 10_000 });
+    expect(getResponse).toHaveBeenCalledTimes(3);
+    expect((await store.listBackgroundJobs()).map((j) => j.responseId)).toEqual(['resp_1']);
   });
 
   it('close() stops the runs without an outcome and hands their leases back at once', async () => {

@@ -127,13 +127,18 @@ describeStores('leases', (kind) => {
     expect(await store.getBackgroundJob('org_other', 'resp_2')).toBeUndefined();
   });
 
-  it('hands leases back: an owner\'s at close, everyone\'s at a lone store\'s start', async () => {
+  it('hands leases back: an owner\'s at close, one job\'s, everyone\'s at a lone store\'s start', async () => {
     await insert('resp_a1', 10, 'standard', term('rpl_a', 1_000, 60_000));
     await insert('resp_b1', 11, 'standard', term('rpl_b', 1_000, 60_000));
     await store.beginIdempotency(org, 'messages', 'k_a', 'h', 1, term('rpl_a', 1_000, 60_000));
     await store.releaseLeases('rpl_a');
     expect((await store.claimBackgroundJobs(term('rpl_c', 2_000), 5)).map((j) => j.responseId)).toEqual(['resp_a1']);
     expect(await store.beginIdempotency(org, 'messages', 'k_a', 'h', 2, term('rpl_c', 2_000))).toEqual({ state: 'new' });
+    // One job, only while the owner named holds it.
+    await store.releaseBackgroundJob('resp_b1', 'rpl_a');
+    expect(await store.claimBackgroundJobs(term('rpl_c', 2_000), 5)).toEqual([]);
+    await store.releaseBackgroundJob('resp_b1', 'rpl_b');
+    expect((await store.claimBackgroundJobs(term('rpl_c', 2_000), 5)).map((j) => j.responseId)).toEqual(['resp_b1']);
     await store.releaseAllLeases();
     expect((await store.claimBackgroundJobs(term('rpl_d', 2_000), 5)).map((j) => j.responseId)).toEqual(['resp_a1', 'resp_b1']);
   });

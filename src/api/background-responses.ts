@@ -22,8 +22,8 @@
 //
 // A run's end is one write (request-end.ts): the terminal response, the deletion of its job, its
 // ledger row when it ended with a result, and its completion webhook delivery. A run whose end
-// cannot be written stays in_progress with its job (and unbilled), and runs again once its lease
-// is free. The job's stored request is the only place besides the pending delivery that holds
+// cannot be written stays in_progress with its job (and unbilled); the next renewal hands its
+// lease back, and it runs again (here or on another replica). The job's stored request is the only place besides the pending delivery that holds
 // metadata.webhook_token; it goes with the job.
 
 import { leaseConfig, leaseTerm, type LeaseConfig } from '../store/leases.js';
@@ -92,6 +92,8 @@ export function maxRunsFor(registry: ModelRegistry): number {
 
 export class BackgroundResponses {
   private readonly running = new Map<string, Running>();
+  /** Jobs this process holds but does not run yet: being stored (start) or taken over (claim). */
+  private readonly pending = new Set<string>();
   private closed = false;
   private readonly lease: LeaseConfig;
   private readonly maxRuns: number;
@@ -121,15 +123,20 @@ export class BackgroundResponses {
     const createdAt = running['created_at'] as number;
     const deadlineAt = this.deadlineFor(prepared.window, createdAt);
     const term = leaseTerm(this.lease);
-    await this.opts.store.insertBackgroundResponse(running, {
-      responseId: running.id,
-      orgId,
-      deadlineAt,
-      request: prepared.request as unknown as Record<string, unknown>,
-      createdAt,
-      window: prepared.window,
-    }, term);
-    this.launch(orgId, running, prepared, deadlineAt, term.untilMs);
+    this.pending.add(running.id);
+    try {
+      await this.opts.store.insertBackgroundResponse(running, {
+        responseId: running.id,
+        orgId,
+        deadlineAt,
+        request: prepared.request as unknown as Record<string, unknown>,
+        createdAt,
+        window: prepared.window,
+      }, term);
+      this.launch(orgId, running, prepared, deadlineAt, term.untilMs);
+    } finally {
+      this.pending.delete(running.id);
+    }
   }
 
   /**
@@ -214,7 +221,9 @@ export class BackgroundResponses {
 
   /**
    * Extends every lease of this process; stops the runs whose job it no longer holds. A run started
-   * after the renewal's UPDATE is not judged by it (the snapshot of ids is taken before).
+   * after the renewal's UPDATE is not judged by it (the snapshot of ids is taken before). A job it
+   * holds without running it (its end could not be stored, or taking it over failed) is handed
+   * back, so that it runs again (here or elsewhere) instead of staying leased here for good.
    */
   private async renew(): Promise<void> {
     const checked = [...this.running.entries()];
@@ -231,6 +240,9 @@ export class BackgroundResponses {
       if (held.has(id)) run.leaseUntilMs = term.untilMs;
       else run.controller.abort(LEASE_LOST);
     }
+    for (const id of held) {
+      if (!this.running.has(id) && !this.pending.has(id)) await this.opts.store.releaseBackgroundJob(id, this.lease.owner);
+    }
   }
 
   /** Claims free or expired jobs while this process has room, and runs (or ends) each. */
@@ -242,12 +254,15 @@ export class BackgroundResponses {
     if (jobs.length === 0) return;
     const counts = { resumed: 0, timed_out: 0, failed: 0 };
     for (const job of jobs) {
+      this.pending.add(job.responseId);
       try {
         const outcome = await this.adopt(job, term.untilMs);
         if (outcome) counts[outcome]++;
       } catch (err) {
-        // Its lease runs out and it is claimed again (here or elsewhere).
+        // The next renewal hands it back, and it is claimed again (here or elsewhere).
         this.opts.log.error({ err, response_id: job.responseId }, 'background responses: could not take over a job');
+      } finally {
+        this.pending.delete(job.responseId);
       }
     }
     if (counts.resumed + counts.timed_out + counts.failed > 0) {
@@ -260,8 +275,16 @@ export class BackgroundResponses {
   /** Runs a claimed job, or ends it when it is past its deadline or no longer prepares. */
   private async adopt(job: BackgroundJob, leaseUntilMs: number): Promise<'resumed' | 'timed_out' | 'failed' | undefined> {
     const stored = await this.opts.store.getResponse(job.orgId, job.responseId);
-    if (!stored || stored.status !== 'in_progress') {
-      if (stored) await this.opts.store.finishBackgroundResponse(job.orgId, stored); // drop a stale job
+    if (!stored) {
+      // A job without its response (removed behind the store's back): nothing to run. The fenced
+      // end drops the job; the response update it carries finds no row.
+      await this.opts.store.commitRequestEnd({
+        response: { orgId: job.orgId, body: { id: job.responseId, status: 'failed' }, kind: 'background', leaseOwner: this.lease.owner },
+      });
+      return undefined;
+    }
+    if (stored.status !== 'in_progress') {
+      await this.opts.store.finishBackgroundResponse(job.orgId, stored); // drop a stale job
       return undefined;
     }
     const metadata = (job.request as { metadata?: unknown }).metadata;
@@ -320,7 +343,7 @@ export class BackgroundResponses {
     try {
       await this.finish(orgId, prepared.request.metadata, final, usage);
     } catch (err) {
-      if (!this.closed) this.opts.log.error({ err, response_id: running.id }, 'could not store a background response; it runs again once its lease is free');
+      if (!this.closed) this.opts.log.error({ err, response_id: running.id }, 'could not store a background response; it runs again once its lease is handed back');
     }
   }
 

@@ -47,6 +47,11 @@ export const postgresLeases = {
     return rows.map((r) => r['response_id'] as string);
   },
 
+  async releaseJob(db: Db, responseId: string, owner: string): Promise<void> {
+    await db.query('UPDATE background_jobs SET lease_owner = NULL, lease_until_ms = 0 WHERE response_id = $1 AND lease_owner = $2',
+      [responseId, owner]);
+  },
+
   /** `owner` undefined: every lease, whoever holds it (a store one process owns, at its start). */
   async release(db: Db, owner: string | undefined): Promise<void> {
     const which = owner === undefined ? 'lease_owner IS NOT NULL' : 'lease_owner = $1';

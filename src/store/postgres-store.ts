@@ -317,6 +317,10 @@ export class PostgresStore implements Store {
     await this.transaction((tx) => postgresLeases.release(tx, owner));
   }
 
+  async releaseBackgroundJob(responseId: string, owner: string): Promise<void> {
+    await postgresLeases.releaseJob(this.pool, responseId, owner);
+  }
+
   async releaseAllLeases(): Promise<void> {
     await this.transaction((tx) => postgresLeases.release(tx, undefined));
   }

@@ -13,7 +13,7 @@ import type { BackgroundJob, IdempotencyBegin } from './store.js';
 import { backgroundJob, type Row } from './store-rows.js';
 
 type Statement = 'insertJob' | 'getJob' | 'claimable' | 'lease' | 'renewJobs' | 'renewKeys' | 'releaseJobs' | 'releaseKeys'
-  | 'releaseAllJobs' | 'releaseAllKeys' | 'fence' | 'getIdem' | 'insertIdem' | 'takeIdem' | 'getStatus' | 'deleteJob';
+  | 'releaseJob' | 'releaseAllJobs' | 'releaseAllKeys' | 'fence' | 'getIdem' | 'insertIdem' | 'takeIdem' | 'getStatus' | 'deleteJob';
 
 export class SqliteLeases {
   private readonly stmt: Record<Statement, Database.Statement>;
@@ -31,6 +31,7 @@ export class SqliteLeases {
       renewKeys: prepare('UPDATE idempotency SET lease_until_ms = ? WHERE lease_owner = ? AND status_code IS NULL'),
       releaseJobs: prepare('UPDATE background_jobs SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner = ?'),
       releaseKeys: prepare('UPDATE idempotency SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner = ? AND status_code IS NULL'),
+      releaseJob: prepare('UPDATE background_jobs SET lease_owner = NULL, lease_until_ms = 0 WHERE response_id = ? AND lease_owner = ?'),
       releaseAllJobs: prepare('UPDATE background_jobs SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner IS NOT NULL'),
       releaseAllKeys: prepare('UPDATE idempotency SET lease_owner = NULL, lease_until_ms = 0 WHERE lease_owner IS NOT NULL AND status_code IS NULL'),
       fence: prepare('DELETE FROM background_jobs WHERE response_id = ? AND org_id = ? AND lease_owner = ?'),
@@ -75,6 +76,10 @@ export class SqliteLeases {
       this.stmt.releaseJobs.run(owner);
       this.stmt.releaseKeys.run(owner);
     }).immediate();
+  }
+
+  releaseJob(responseId: string, owner: string): void {
+    this.stmt.releaseJob.run(responseId, owner);
   }
 
   releaseAll(): void {

@@ -234,6 +234,10 @@ export class SqliteStore implements Store {
     this.leases.release(owner);
   }
 
+  async releaseBackgroundJob(responseId: string, owner: string): Promise<void> {
+    this.leases.releaseJob(responseId, owner);
+  }
+
   async releaseAllLeases(): Promise<void> {
     this.leases.releaseAll();
   }

@@ -156,6 +156,8 @@ export interface Store {
   renewLeases(lease: LeaseTerm): Promise<string[]>;
   /** Hands back every lease `owner` holds (owner NULL, expiry 0): others may claim them at once. */
   releaseLeases(owner: string): Promise<void>;
+  /** Hands back one job's lease while `owner` holds it (a job it claimed but does not run). */
+  releaseBackgroundJob(responseId: string, owner: string): Promise<void>;
   /**
    * Hands back every lease, whoever holds it: only for a store one process owns (not shared), at
    * its start, when the previous process is known to be dead.
