@@ -180,20 +180,21 @@ export class BackgroundResponses {
 
   /**
    * Stops the keeper, then every run without storing an outcome, then hands this process's leases
-   * back so that another replica (or the next start) takes the work at once.
+   * back so that another replica (or the next start) takes the work at once. Waits for the store
+   * at most a lease's length at each step: an unreachable database must not hold the shutdown, and
+   * the leases expire by then anyway.
    */
   async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.timer);
-    await this.ticking;
+    if (this.ticking) await settledWithin(this.ticking, this.lease.ttlMs);
     const runs = [...this.running.values()];
     for (const run of runs) run.controller.abort(SHUTDOWN);
     await Promise.all(runs.map((r) => r.done));
-    try {
-      await this.opts.store.releaseLeases(this.lease.owner);
-    } catch (err) {
+    const handedBack = this.opts.store.releaseLeases(this.lease.owner).catch((err: unknown) => {
       this.opts.log.warn({ err }, 'background responses: could not hand back leases at close; they expire on their own');
-    }
+    });
+    await settledWithin(handedBack, this.lease.ttlMs);
   }
 
   /**
@@ -360,6 +361,17 @@ export class BackgroundResponses {
       return false;
     }
     return true;
+  }
+}
+
+/** Resolves once `work` settles or `ms` have passed, whichever comes first; never rejects. */
+async function settledWithin(work: Promise<unknown>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<void>((resolve) => { timer = setTimeout(resolve, ms); });
+  try {
+    await Promise.race([work.then(() => {}, () => {}), timeout]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
