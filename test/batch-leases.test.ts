@@ -15,10 +15,11 @@ const T = 1_700_000_000_000; // "now" in ms for the leases below
 const TTL = 1_000;
 const term = (owner: string, nowMs = T): LeaseTerm => ({ owner, nowMs, untilMs: nowMs + TTL });
 
-async function newBatch(store: Store, id: string, window: string, createdAt: number, status: BatchRecord['status'] = 'validating'): Promise<BatchRecord> {
-  const org = await store.ensureOrganization('o');
+async function newBatch(store: Store, id: string, window: string, createdAt: number, status: BatchRecord['status'] = 'validating',
+  orgName = 'o'): Promise<BatchRecord> {
+  const org = await store.ensureOrganization(orgName);
   const batch: BatchRecord = {
-    id, orgId: org.id, orgName: 'o', keyId: 'k', endpoint: '/v1/responses', inputFileId: 'file-00000000', completionWindow: window,
+    id, orgId: org.id, orgName, keyId: 'k', endpoint: '/v1/responses', inputFileId: 'file-00000000', completionWindow: window,
     status, errors: null, outputFileId: null, errorFileId: null, metadata: null,
     requestCounts: { total: 0, completed: 0, failed: 0 }, progress: { nextLine: 1, nextOffset: 0 }, createdAt, expiresAt: 4_000_000_000 + createdAt,
     inProgressAt: null, finalizingAt: null, completedAt: null, failedAt: null, expiredAt: null, cancellingAt: null, cancelledAt: null,
@@ -33,8 +34,9 @@ const chunksOf = (n: number): BatchChunkBounds[] => Array.from({ length: n }, (_
 }));
 
 /** A validating batch taken through validation by `owner`: in_progress with `n` chunks. */
-async function chunkedBatch(store: Store, id: string, window: string, createdAt: number, n: number, owner = 'rpl_validator'): Promise<BatchRecord> {
-  await newBatch(store, id, window, createdAt);
+async function chunkedBatch(store: Store, id: string, window: string, createdAt: number, n: number, owner = 'rpl_validator',
+  orgName = 'o'): Promise<BatchRecord> {
+  await newBatch(store, id, window, createdAt, 'validating', orgName);
   expect(await store.claimBatch(id, term(owner))).toMatchObject({ chunked: false, undoneChunks: 0 });
   const started = await store.startBatchChunks(id, owner, ['validating'], { status: 'in_progress', total: 2 * n, inProgressAt: createdAt }, chunksOf(n));
   expect(started).toMatchObject({ status: 'in_progress', requestCounts: { total: 2 * n } });
@@ -109,6 +111,20 @@ describeStores('batch leases in the store', (kind) => {
     await chunkedBatch(store, 'batch_a', 'asap', 500, 1);
     await chunkedBatch(store, 'batch_b', 'asap', 600, 1);
     expect((await store.claimBatchChunks(term('rpl_a'), 1, ['batch_a']))[0]?.batch.id).toBe('batch_b');
+  });
+
+  it('skips the organizations a replica names (at their cap of feeding batches): another organization\'s newer batch is claimed', async () => {
+    const a1 = await chunkedBatch(store, 'batch_a1', 'flex', 100, 2, 'rpl_validator', 'org-a');
+    await chunkedBatch(store, 'batch_a2', 'flex', 110, 2, 'rpl_validator', 'org-a');
+    const b1 = await chunkedBatch(store, 'batch_b1', 'flex', 120, 2, 'rpl_validator', 'org-b');
+    const claim = (skipBatches: string[], skipOrgs: string[]) => store.claimBatchChunks(term('rpl_a'), 1, skipBatches, skipOrgs)
+      .then((c) => c.map((x) => `${x.batch.id}#${x.chunk.chunkNo}`));
+    // Without a skipped organization the oldest batch comes first.
+    expect(await claim([], [])).toEqual(['batch_a1#0']);
+    // org-a at its cap: org-b's newer batch is next, though org-a's second batch is older.
+    expect(await claim([a1.id], [a1.orgId])).toEqual(['batch_b1#0']);
+    // Both skipped: nothing.
+    expect(await claim([a1.id, b1.id], [a1.orgId, b1.orgId])).toEqual([]);
   });
 
   it('two stores claiming at once never get the same chunk', async () => {

@@ -13,8 +13,10 @@
 // per table) and stops the runs whose lease it lost. Lines of all batches share one pool of slots
 // (about the engine's max_num_seqs, per-organization fairness): a chunk's lines wait for slots,
 // and the next chunk is claimed as soon as the current one has handed out its last line, so the
-// engine's queue never empties between chunks. One chunk per batch feeds at a time, and at most
-// MAX_FEEDING_CHUNKS (batches) at once.
+// engine's queue never empties between chunks. One chunk per batch feeds at a time, at most
+// MAX_FEEDING_BATCHES_PER_ORG batches of one organization and MAX_FEEDING_BATCHES in all: an
+// organization with many batches cannot keep another's batch from being claimed (the slots then
+// share the lines in flight between organizations).
 //
 // With SQLite (store.shared false) the process owns the store alone: the leases the previous
 // process left are released at start. drain() claims nothing new and lets what runs finish;
@@ -91,8 +93,13 @@ export type CancelOutcome =
 const stderrLine = (obj: object, msg: string) => process.stderr.write(`sluice: ${msg} ${JSON.stringify(obj, (_k, v) => (v instanceof Error ? v.stack : v))}\n`);
 const stderrLog: BatchLog = { error: stderrLine, info: stderrLine };
 
-/** Batches whose lines feed the slots at once here (one chunk each). */
-export const MAX_FEEDING_CHUNKS = 4;
+/** Batches of one organization whose lines feed the slots at once here (one chunk each). */
+export const MAX_FEEDING_BATCHES_PER_ORG = 2;
+/**
+ * Batches whose lines feed the slots at once here, all organizations together: a feeding chunk
+ * holds a lease and an open input stream, and its lines wait for slots.
+ */
+export const MAX_FEEDING_BATCHES = 64;
 
 interface Running<T> {
   run: T;
@@ -285,12 +292,15 @@ export class BatchRunner {
       const claim = await store.claimBatch(batch.id, leaseTerm(this.lease));
       if (claim) this.launchJob(claim);
     }
-    // Chunks, while fewer than MAX_FEEDING_CHUNKS batches feed lines here.
+    // Chunks, while the caps on feeding batches (per organization, in all) leave room.
     for (;;) {
       if (this.stopped || this.draining) return;
-      const feeding = [...this.chunks.values()].filter((c) => c.run.feeding).map((c) => c.run.batch.id);
-      if (feeding.length >= MAX_FEEDING_CHUNKS) return;
-      const [claimed] = await store.claimBatchChunks(leaseTerm(this.lease), 1, feeding);
+      const feeding = [...this.chunks.values()].filter((c) => c.run.feeding).map((c) => c.run.batch);
+      if (feeding.length >= MAX_FEEDING_BATCHES) return;
+      const perOrg = new Map<string, number>();
+      for (const b of feeding) perOrg.set(b.orgId, (perOrg.get(b.orgId) ?? 0) + 1);
+      const fullOrgs = [...perOrg].filter(([, n]) => n >= MAX_FEEDING_BATCHES_PER_ORG).map(([org]) => org);
+      const [claimed] = await store.claimBatchChunks(leaseTerm(this.lease), 1, feeding.map((b) => b.id), fullOrgs);
       if (!claimed) return;
       this.launchChunk(claimed);
     }

@@ -156,13 +156,14 @@ export const postgresBatches = {
   },
 
   /** Run inside the caller's transaction: FOR UPDATE SKIP LOCKED, so concurrent claims never meet on a chunk. */
-  async claimChunks(db: Db, lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]> {
+  async claimChunks(db: Db, lease: LeaseTerm, limit: number, skipBatchIds: readonly string[], skipOrgIds: readonly string[] = []): Promise<ClaimedBatchChunk[]> {
     const { rows } = await db.query(`SELECT c.batch_id, c.chunk_no, c.first_line, c.last_line, c.start_offset, c.end_offset, c.num_lines
         FROM batch_chunks c JOIN batches b ON b.id = c.batch_id
         WHERE NOT c.done AND (c.lease_owner IS NULL OR c.lease_until_ms <= $1)
           AND b.status = 'in_progress' AND b.lease_owner IS NULL AND b.expires_at > $2 AND NOT (c.batch_id = ANY($3::text[]))
+          AND NOT (b.org_id = ANY($5::text[]))
         ORDER BY c.window_rank, c.created_at, b.seq, c.chunk_no LIMIT $4
-        FOR UPDATE OF c SKIP LOCKED`, [lease.nowMs, Math.floor(lease.nowMs / 1000), [...skipBatchIds], limit]);
+        FOR UPDATE OF c SKIP LOCKED`, [lease.nowMs, Math.floor(lease.nowMs / 1000), [...skipBatchIds], limit, [...skipOrgIds]]);
     const claimed: ClaimedBatchChunk[] = [];
     for (const r of rows) {
       await db.query('UPDATE batch_chunks SET lease_owner = $1, lease_until_ms = $2 WHERE batch_id = $3 AND chunk_no = $4',

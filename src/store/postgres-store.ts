@@ -408,8 +408,8 @@ export class PostgresStore implements Store {
     return this.transaction((tx) => postgresBatches.startChunks(tx, id, owner, from, patch, chunks));
   }
 
-  async claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]> {
-    return this.transaction((tx) => postgresBatches.claimChunks(tx, lease, limit, skipBatchIds));
+  async claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[], skipOrgIds: readonly string[] = []): Promise<ClaimedBatchChunk[]> {
+    return this.transaction((tx) => postgresBatches.claimChunks(tx, lease, limit, skipBatchIds, skipOrgIds));
   }
 
   async renewBatchLeases(lease: LeaseTerm): Promise<HeldBatchLeases> {

@@ -57,6 +57,7 @@ export class SqliteBatches {
                           WHERE c.done = 0 AND (c.lease_owner IS NULL OR c.lease_until_ms <= @nowMs)
                             AND b.status = 'in_progress' AND b.lease_owner IS NULL AND b.expires_at > @nowSec
                             AND c.batch_id NOT IN (SELECT value FROM json_each(@skip))
+                            AND b.org_id NOT IN (SELECT value FROM json_each(@skipOrgs))
                           ORDER BY c.window_rank, c.created_at, b.seq, c.chunk_no LIMIT @limit`),
       leaseChunk: prepare('UPDATE batch_chunks SET lease_owner = ?, lease_until_ms = ? WHERE batch_id = ? AND chunk_no = ?'),
       renewBatches: prepare(`UPDATE batches SET lease_until_ms = @untilMs WHERE lease_owner = @owner AND status IN (${unfinished})
@@ -168,10 +169,10 @@ export class SqliteBatches {
     }).immediate();
   }
 
-  claimChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): ClaimedBatchChunk[] {
+  claimChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[], skipOrgIds: readonly string[] = []): ClaimedBatchChunk[] {
     return this.db.transaction(() => {
       const rows = this.stmt['claimable']!.all({
-        nowMs: lease.nowMs, nowSec: Math.floor(lease.nowMs / 1000), skip: JSON.stringify(skipBatchIds), limit,
+        nowMs: lease.nowMs, nowSec: Math.floor(lease.nowMs / 1000), skip: JSON.stringify(skipBatchIds), skipOrgs: JSON.stringify(skipOrgIds), limit,
       }) as Row[];
       return rows.map((r) => {
         this.stmt['leaseChunk']!.run(lease.owner, lease.untilMs, r['batch_id'], r['chunk_no']);

@@ -362,8 +362,8 @@ export class SqliteStore implements Store {
     return this.batches.startChunks(id, owner, from, patch, chunks);
   }
 
-  async claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]> {
-    return this.batches.claimChunks(lease, limit, skipBatchIds);
+  async claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[], skipOrgIds: readonly string[] = []): Promise<ClaimedBatchChunk[]> {
+    return this.batches.claimChunks(lease, limit, skipBatchIds, skipOrgIds);
   }
 
   async renewBatchLeases(lease: LeaseTerm): Promise<HeldBatchLeases> {

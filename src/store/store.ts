@@ -246,11 +246,11 @@ export interface Store {
   startBatchChunks(id: string, owner: string, from: readonly BatchStatus[], patch: BatchPatch, chunks: BatchChunkBounds[]): Promise<BatchRecord | undefined>;
   /**
    * Leases to `lease.owner` up to `limit` chunks, not done, lease free or expired, of in_progress
-   * batches not past expires_at whose row nobody holds, none of `skipBatchIds`; asap before
-   * standard before flex, then the batch's age, then chunk order. Concurrent claims never return
-   * the same chunk.
+   * batches not past expires_at whose row nobody holds, none of `skipBatchIds` nor of an
+   * organization in `skipOrgIds`; asap before standard before flex, then the batch's age, then
+   * chunk order. Concurrent claims never return the same chunk.
    */
-  claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[]): Promise<ClaimedBatchChunk[]>;
+  claimBatchChunks(lease: LeaseTerm, limit: number, skipBatchIds: readonly string[], skipOrgIds?: readonly string[]): Promise<ClaimedBatchChunk[]>;
   /** Extends `lease.owner`'s batch row and chunk leases (one UPDATE per table); what it still holds. */
   renewBatchLeases(lease: LeaseTerm): Promise<HeldBatchLeases>;
   /** Marks a chunk done and frees it, only while it is `owner`'s and its batch in_progress (fenced). */
