@@ -197,15 +197,6 @@ export class BackgroundResponses {
     await settledWithin(handedBack, this.lease.ttlMs);
   }
 
-  /**
-   * Test-only: stops renewing and claiming, as a process that froze or died would, without handing
-   * anything back (the leases expire after ttl). Runs go on until their end is fenced off.
-   */
-  stopLeaseKeeperForTests(): void {
-    clearInterval(this.timer);
-    this.timer = undefined;
-  }
-
   /** One keeper tick: renew, then claim (never two at once). */
   private tick(): Promise<void> {
     if (this.closed) return this.ticking ?? Promise.resolve();
