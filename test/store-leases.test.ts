@@ -158,4 +158,25 @@ describeStores('leases', (kind) => {
     await store.completeIdempotency(org, 'messages', 'k', 200, { id: 'msg_1' });
     expect(await second.beginIdempotency(org, 'messages', 'k', 'h', 1, term('rpl_b', 99_000))).toEqual({ state: 'done', statusCode: 200, body: { id: 'msg_1' } });
   });
+
+  it('a stale owner\'s idempotent end writes nothing, and its abandon leaves the key to the replica that took it over', async () => {
+    const second = await t.open();
+    const idemEnd = (owner: string, id: string) => ({
+      usage: { ...usage(org, id), surface: 'messages' },
+      idempotency: { orgId: org, scope: 'messages', key: 'k2', statusCode: 200, body: { id }, leaseOwner: owner },
+    });
+    expect(await store.beginIdempotency(org, 'messages', 'k2', 'h', 1, term('rpl_a', 1_000))).toEqual({ state: 'new' });
+    // rpl_a stalls past its lease; rpl_b takes the key over.
+    expect(await second.beginIdempotency(org, 'messages', 'k2', 'h', 1, term('rpl_b', 5_000))).toEqual({ state: 'new' });
+    expect(await store.commitRequestEnd(idemEnd('rpl_a', 'msg_a'))).toMatchObject({ idempotencyLeaseLost: true });
+    await store.abandonIdempotency(org, 'messages', 'k2', 'rpl_a');
+    expect(await t.rows(`SELECT request_id FROM usage_ledger WHERE surface = 'messages'`)).toEqual([]);
+    // Still rpl_b's: a third caller waits, and rpl_b's end is the key's result.
+    expect(await store.beginIdempotency(org, 'messages', 'k2', 'h', 1, term('rpl_c', 5_500))).toEqual({ state: 'in_progress' });
+    expect(await second.commitRequestEnd(idemEnd('rpl_b', 'msg_b'))).not.toHaveProperty('idempotencyLeaseLost');
+    expect(await store.beginIdempotency(org, 'messages', 'k2', 'h', 1, term('rpl_c', 6_000))).toEqual({ state: 'done', statusCode: 200, body: { id: 'msg_b' } });
+    // Completed: a second end for the key (rpl_b again, or anyone) is refused too.
+    expect(await second.commitRequestEnd(idemEnd('rpl_b', 'msg_b2'))).toMatchObject({ idempotencyLeaseLost: true });
+    expect((await t.rows(`SELECT request_id FROM usage_ledger WHERE surface = 'messages'`)).map((r) => r['request_id'])).toEqual(['msg_b']);
+  });
 });

@@ -228,8 +228,9 @@ export class PostgresStore implements Store {
     await PostgresStore.completeIdempotencyRow(this.pool, orgId, scope, key, statusCode, body);
   }
 
-  async abandonIdempotency(orgId: string, scope: string, key: string): Promise<void> {
-    await this.pool.query('DELETE FROM idempotency WHERE org_id = $1 AND scope = $2 AND key = $3 AND status_code IS NULL', [orgId, scope, key]);
+  async abandonIdempotency(orgId: string, scope: string, key: string, leaseOwner?: string): Promise<void> {
+    await this.pool.query(`DELETE FROM idempotency WHERE org_id = $1 AND scope = $2 AND key = $3 AND status_code IS NULL
+        AND ($4::text IS NULL OR lease_owner = $4)`, [orgId, scope, key, leaseOwner ?? null]);
   }
 
   async releasePendingIdempotency(): Promise<number> {
@@ -256,9 +257,19 @@ export class PostgresStore implements Store {
   async commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit> {
     return this.transaction(async (tx): Promise<RequestEndCommit> => {
       const { response, idempotency, batchResult } = end;
-      // The fence first: a background end whose job this replica no longer holds writes nothing.
+      // The fences first, before any write: an end whose work this replica no longer holds writes nothing.
       if (response?.kind === 'background' && !(await postgresLeases.fenceBackgroundEnd(tx, response.orgId, response.body.id, response.leaseOwner))) {
         return { batchResultRecorded: false, backgroundLeaseLost: true };
+      }
+      if (idempotency?.leaseOwner !== undefined) {
+        // Locks the key's row until the commit: a takeover (beginIdempotency) waits for it.
+        const held = await tx.query(`SELECT 1 FROM idempotency WHERE org_id = $1 AND scope = $2 AND key = $3 AND status_code IS NULL
+            AND lease_owner = $4 FOR UPDATE`, [idempotency.orgId, idempotency.scope, idempotency.key, idempotency.leaseOwner]);
+        if (held.rowCount === 0) return { batchResultRecorded: false, idempotencyLeaseLost: true };
+      }
+      // A batch line whose chunk this replica no longer holds (or whose batch is ending) writes nothing.
+      if (batchResult?.lease && !(await postgresBatches.fence(tx, batchResult.batchId, batchResult.lease.chunkNo, batchResult.lease.owner))) {
+        return { batchResultRecorded: false, batchLeaseLost: true };
       }
       if (response?.kind === 'foreground') {
         await PostgresStore.insertResponseRow(tx, response.orgId, response.body, createdAtOf(response.body));
@@ -267,10 +278,6 @@ export class PostgresStore implements Store {
       }
       if (idempotency) {
         await PostgresStore.completeIdempotencyRow(tx, idempotency.orgId, idempotency.scope, idempotency.key, idempotency.statusCode, idempotency.body);
-      }
-      // The fence before any write: a batch line whose chunk this replica no longer holds (or whose batch is ending) writes nothing.
-      if (batchResult?.lease && !(await postgresBatches.fence(tx, batchResult.batchId, batchResult.lease.chunkNo, batchResult.lease.owner))) {
-        return { batchResultRecorded: false, batchLeaseLost: true };
       }
       const batchResultRecorded = batchResult
         ? await postgresBatches.recordResult(tx, batchResult.batchId, batchResult.result, batchResult.progress)

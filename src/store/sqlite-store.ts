@@ -69,6 +69,10 @@ export class SqliteStore implements Store {
       deleteFile: prepare('DELETE FROM files WHERE id = ? AND org_id = ?'),
       completeIdem: prepare('UPDATE idempotency SET status_code = ?, body = ? WHERE org_id = ? AND scope = ? AND key = ?'),
       deleteIdem: prepare('DELETE FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL'),
+      deleteOwnIdem: prepare(`DELETE FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL
+                                AND lease_owner = ?`),
+      fenceIdem: prepare(`SELECT 1 FROM idempotency WHERE org_id = ? AND scope = ? AND key = ? AND status_code IS NULL
+                            AND lease_owner = ?`),
       deletePendingIdem: prepare('DELETE FROM idempotency WHERE status_code IS NULL'),
       deleteJob: prepare('DELETE FROM background_jobs WHERE response_id = ? AND org_id = ?'),
       listJobs: prepare('SELECT * FROM background_jobs ORDER BY created_at, response_id'),
@@ -166,8 +170,9 @@ export class SqliteStore implements Store {
     this.stmt['completeIdem']!.run(statusCode, JSON.stringify(body), orgId, scope, key);
   }
 
-  async abandonIdempotency(orgId: string, scope: string, key: string): Promise<void> {
-    this.stmt['deleteIdem']!.run(orgId, scope, key);
+  async abandonIdempotency(orgId: string, scope: string, key: string, leaseOwner?: string): Promise<void> {
+    if (leaseOwner === undefined) this.stmt['deleteIdem']!.run(orgId, scope, key);
+    else this.stmt['deleteOwnIdem']!.run(orgId, scope, key, leaseOwner);
   }
 
   async releasePendingIdempotency(): Promise<number> {
@@ -281,9 +286,17 @@ export class SqliteStore implements Store {
   async commitRequestEnd(end: RequestEnd): Promise<RequestEndCommit> {
     return this.db.transaction((): RequestEndCommit => {
       const { response, idempotency, batchResult } = end;
-      // The fence first: a background end whose job this replica no longer holds writes nothing.
+      // The fences first, before any write: an end whose work this replica no longer holds writes nothing.
       if (response?.kind === 'background' && !this.leases.fenceBackgroundEnd(response.orgId, response.body.id, response.leaseOwner)) {
         return { batchResultRecorded: false, backgroundLeaseLost: true };
+      }
+      if (idempotency?.leaseOwner !== undefined
+        && this.stmt['fenceIdem']!.get(idempotency.orgId, idempotency.scope, idempotency.key, idempotency.leaseOwner) === undefined) {
+        return { batchResultRecorded: false, idempotencyLeaseLost: true };
+      }
+      // A fenced batch line whose chunk this replica no longer holds (or whose batch is ending) writes nothing.
+      if (batchResult?.lease && !this.batches.fenced(batchResult.batchId, batchResult.lease.chunkNo, batchResult.lease.owner)) {
+        return { batchResultRecorded: false, batchLeaseLost: true };
       }
       if (response?.kind === 'foreground') {
         const createdAt = typeof response.body['created_at'] === 'number' ? response.body['created_at'] : Math.floor(Date.now() / 1000);
@@ -295,10 +308,6 @@ export class SqliteStore implements Store {
       }
       if (idempotency) {
         this.stmt['completeIdem']!.run(idempotency.statusCode, JSON.stringify(idempotency.body), idempotency.orgId, idempotency.scope, idempotency.key);
-      }
-      // A fenced batch line whose chunk this replica no longer holds (or whose batch is ending) writes nothing.
-      if (batchResult?.lease && !this.batches.fenced(batchResult.batchId, batchResult.lease.chunkNo, batchResult.lease.owner)) {
-        return { batchResultRecorded: false, batchLeaseLost: true };
       }
       const batchResultRecorded = batchResult ? this.batches.recordResult(batchResult.batchId, batchResult.result, batchResult.progress) : false;
       if (end.usage) this.usage.insertUsage(end.usage);

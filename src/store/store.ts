@@ -117,7 +117,7 @@ export interface Store {
   beginIdempotency(orgId: string, scope: string, key: string, requestHash: string, at: number, lease: LeaseTerm): Promise<IdempotencyBegin>;
   completeIdempotency(orgId: string, scope: string, key: string, statusCode: number, body: unknown): Promise<void>;
   /** Forgets an in-progress key whose request failed before producing a result worth replaying. */
-  abandonIdempotency(orgId: string, scope: string, key: string): Promise<void>;
+  abandonIdempotency(orgId: string, scope: string, key: string, leaseOwner?: string): Promise<void>;
   /**
    * Forgets every in-progress key: called at startup by a process that owns the store alone, so
    * that a key whose request died with the previous process can be retried (instead of 409
@@ -350,8 +350,12 @@ export interface RequestEnd {
   usage?: UsageRecord;
   /** Its completion webhook delivery, when one is due. */
   delivery?: WebhookDelivery;
-  /** Messages: the result an idempotency key replays (completeIdempotency). */
-  idempotency?: { orgId: string; scope: string; key: string; statusCode: number; body: unknown };
+  /**
+   * Messages: the result an idempotency key replays (completeIdempotency). With `leaseOwner`,
+   * fenced: written only while the key is still in progress and leased to that replica (another
+   * replica takes a key over when its lease expires); otherwise nothing of the end is written.
+   */
+  idempotency?: { orgId: string; scope: string; key: string; statusCode: number; body: unknown; leaseOwner?: string };
   /**
    * A batch line: its result row and the batch's progress (recordBatchResult). With `lease`, fenced:
    * written only while chunk `chunkNo` is `owner`'s and not done, and the batch is in_progress with
@@ -368,6 +372,11 @@ export interface RequestEndCommit {
    * nothing at all was written (no response, ledger row, delivery).
    */
   backgroundLeaseLost?: true;
+  /**
+   * True when a fenced idempotent end was refused because its key is no longer this replica's
+   * (taken over after its lease expired, or already completed): nothing was written.
+   */
+  idempotencyLeaseLost?: true;
   /** True when a fenced batch line was refused (chunk lease lost, or its batch left in_progress): nothing was written. */
   batchLeaseLost?: true;
 }

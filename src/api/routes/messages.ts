@@ -49,12 +49,19 @@ async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: C
   noteUsage(reply.request, [result]);
   const id = newId('msg');
   const message = messageObject(id, prepared, result);
-  await commitRequestEnd(ctx.store, ctx.webhooks, {
+  const committed = await commitRequestEnd(ctx.store, ctx.webhooks, {
     usage: ctx.billing.usageRecord({ surface: 'messages', requestId: id, prepared, results: [result] }),
     ...(idempotencyKey !== undefined && {
-      idempotency: { orgId: caller.orgId, scope: SCOPE, key: idempotencyKey, statusCode: 200, body: message },
+      idempotency: { orgId: caller.orgId, scope: SCOPE, key: idempotencyKey, statusCode: 200, body: message, leaseOwner: ctx.lease.owner },
     }),
   });
+  if (committed.idempotencyLeaseLost) {
+    // This replica stalled past the key's lease and another took the key over: its result (one
+    // message, one ledger row) is the key's; this one was not stored nor billed.
+    throw new ApiError(409, 'conflict_error',
+      'this request\'s idempotency key was taken over by another server after this one stalled; retry with the same key to get its result',
+      null, 'idempotency_key_in_use');
+  }
   return message;
 }
 
@@ -101,7 +108,7 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
     try {
       return await createMessage(ctx, body, caller, reply, idem.key);
     } catch (err) {
-      await ctx.store.abandonIdempotency(caller.orgId, SCOPE, idem.key);
+      await ctx.store.abandonIdempotency(caller.orgId, SCOPE, idem.key, ctx.lease.owner);
       throw err;
     }
   });
