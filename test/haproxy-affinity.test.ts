@@ -13,23 +13,19 @@
 // Without a haproxy binary the suite is skipped (developers' machines), except in CI (CI=true or
 // SLUICE_REQUIRE_HAPROXY=1), where .ci/run installs Debian's package and a missing binary fails.
 
-import { spawn, type ChildProcess } from 'node:child_process';
-import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { findHaproxy, HAPROXY_MISSING as MISSING, startHaproxy, waitFor, type Haproxy } from '../bench/haproxy.js';
 import { makeModel } from '../models/make-model.js';
 import { storePath } from '../src/service.js';
 import { createApiKey } from '../src/store/api-keys.js';
 import { SqliteStore } from '../src/store/sqlite-store.js';
 import { startServe, stopServe, type ServeProcess } from './helpers/serve-process.js';
 
-const CANDIDATES = ['/usr/sbin/haproxy', '/usr/bin/haproxy', '/usr/local/sbin/haproxy', '/usr/local/bin/haproxy'];
-const haproxy = [process.env.SLUICE_HAPROXY, ...CANDIDATES].find((p): p is string => p !== undefined && p !== '' && existsSync(p));
+const haproxy = findHaproxy();
 const required = process.env.CI === 'true' || process.env.CI === '1' || process.env.SLUICE_REQUIRE_HAPROXY === '1';
-const MISSING = `no haproxy binary (looked for $SLUICE_HAPROXY, ${CANDIDATES.join(', ')}); install Debian's package: apt-get install haproxy`;
-const TEMPLATE = join(import.meta.dirname, '..', 'deploy', 'haproxy.cfg');
 const ROUTE = '/v1/chat/completions';
 const KEYS = ['alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot'];
 // Long enough for several full 16-token KV blocks, different per key.
@@ -43,44 +39,12 @@ describe.runIf(!haproxy && required)('prompt_cache_key affinity behind HAProxy (
   });
 });
 
-/** Renders deploy/haproxy.cfg: its placeholders filled, comment lines left alone. */
-function renderHaproxyConfig(template: string, values: { bind: string; stats_bind: string; servers: Array<[name: string, address: string]> }): string {
-  return template.split('\n').map((line) => {
-    if (line.trimStart().startsWith('#')) return line;
-    const indent = /^\s*/.exec(line)![0];
-    return line
-      .replace('{{bind}}', values.bind)
-      .replace('{{stats_bind}}', values.stats_bind)
-      .replace('{{servers}}', values.servers.map(([name, address], i) => `${i === 0 ? '' : indent}server ${name} ${address}`).join('\n'));
-  }).join('\n');
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
-
-async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 15_000): Promise<T> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    const got = await probe().catch(() => undefined);
-    if (got !== undefined) return got;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
 describe.skipIf(!haproxy)(`prompt_cache_key affinity behind HAProxy${haproxy ? ` (${haproxy})` : ` (skipped: ${MISSING})`}`, () => {
   let root: string;
   let key: string;
   const replicas = new Map<string, ServeProcess>();
-  let lb: ChildProcess | undefined;
-  let lbOutput = '';
+  let lb: Haproxy | undefined;
   let lbOrigin: string;
-  let statsOrigin: string;
 
   beforeAll(async () => {
     root = mkdtempSync(join(os.tmpdir(), 'sluice-haproxy-'));
@@ -98,39 +62,18 @@ describe.skipIf(!haproxy)(`prompt_cache_key affinity behind HAProxy${haproxy ? `
     ])] as const));
     for (const [name, p] of started) replicas.set(name, p);
 
-    const [port, statsPort] = [await freePort(), await freePort()];
-    lbOrigin = `http://127.0.0.1:${port}`;
-    statsOrigin = `http://127.0.0.1:${statsPort}`;
-    const config = renderHaproxyConfig(readFileSync(TEMPLATE, 'utf8'), {
-      bind: `127.0.0.1:${port}`, stats_bind: `127.0.0.1:${statsPort}`,
-      servers: started.map(([name, p]) => [name, p.origin.replace('http://', '')]),
-    });
-    const configPath = join(root, 'haproxy.cfg');
-    writeFileSync(configPath, config);
-    // -db: stay in the foreground, so that the test owns the process and its log.
-    lb = spawn(haproxy!, ['-db', '-f', configPath], { stdio: ['ignore', 'pipe', 'pipe'] });
-    lb.stdout!.on('data', (d) => { lbOutput += d; });
-    lb.stderr!.on('data', (d) => { lbOutput += d; });
-    await waitFor(`HAProxy to see every replica up (its output: ${lbOutput})`, async () => {
-      const states = await serverStates();
-      return [...replicas.keys()].every((n) => states.get(`sluice_by_key/${n}`) === 'UP' && states.get(`sluice_least_conn/${n}`) === 'UP') ? true : undefined;
-    });
+    lb = await startHaproxy({ binary: haproxy!, dir: root, servers: started.map(([name, p]) => [name, p.origin.replace('http://', '')]) });
+    lbOrigin = lb.origin;
   });
 
   afterAll(async () => {
-    lb?.kill('SIGTERM');
+    await lb?.stop();
     await Promise.all([...replicas.values()].map((p) => stopServe(p, 10_000)));
     if (root) rmSync(root, { recursive: true, force: true });
   });
 
   /** backend/server -> status (UP, DOWN, ...) from HAProxy's CSV status page. */
-  async function serverStates(): Promise<Map<string, string>> {
-    const csv = await (await fetch(`${statsOrigin}/stats;csv`)).text();
-    const [header, ...rows] = csv.trim().split('\n');
-    const cols = header!.replace(/^# /, '').split(',');
-    const [px, sv, status] = ['pxname', 'svname', 'status'].map((c) => cols.indexOf(c));
-    return new Map(rows.map((r) => r.split(',')).map((f) => [`${f[px!]}/${f[sv!]}`, f[status!]!]));
-  }
+  const serverStates = () => lb!.serverStates();
 
   interface Sent { id: string; key: string | undefined; status: number; cached: number }
 
