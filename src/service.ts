@@ -91,6 +91,8 @@ export interface Service {
   batches: BatchRunner;
   /** The Prometheus registry GET /metrics serves. */
   metrics: ServiceMetrics;
+  /** This process's replica id (the owner of its leases) and lease length. */
+  lease: LeaseConfig;
   /**
    * Starts draining: from now on GET /ready answers 503 (code `draining`) while every other route
    * serves as before, so that load balancers move new work to other replicas; close() follows.
@@ -237,7 +239,7 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
   let closed = false;
   const started = app;
   return {
-    app, store, registry, dataDir, firstKey, batches, metrics,
+    app, store, registry, dataDir, firstKey, batches, metrics, lease,
     drain() { draining = true; batches.drain(); },
     async close() {
       if (closed) return;

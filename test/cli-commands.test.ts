@@ -212,7 +212,7 @@ describe('a first sluice serve', () => {
         });
         exited.then((code) => reject(new Error(`serve exited with ${code}: ${stderr}`)));
       });
-      expect(stderr).toContain(`(${autoBackend()} backend; data in ${dataDir})`);
+      expect(stderr).toContain(`(${autoBackend()} backend; data in ${dataDir}; replica rpl_`);
       expect(stderr).not.toMatch(/CUDA/i);
       await new Promise((r) => setTimeout(r, 50)); // the key banner on stdout
       const key = /sk-sluice-[A-Za-z0-9_-]+/.exec(stdout)![0];

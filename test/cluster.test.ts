@@ -147,6 +147,27 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
     return n;
   }
 
+  /** A replica's id (the owner of its leases), from its "serving" log line. */
+  function replicaIdOf(p: ServeProcess): string {
+    for (const l of p.logLines) {
+      const m = /; replica (rpl_[0-9a-f]+)\)$/.exec(String(l['msg']));
+      if (m) return m[1]!;
+    }
+    throw new Error('no replica id in the serving line');
+  }
+
+  /** Live leases (batch chunks and background jobs) held by one replica. */
+  async function leasesHeldBy(owner: string): Promise<number> {
+    const db = await schemaClient(schema);
+    try {
+      const n = async (table: string) => Number((await db.query(`SELECT COUNT(*) AS n FROM ${table} WHERE lease_owner = $1 AND lease_until_ms > $2`,
+        [owner, Date.now()])).rows[0].n);
+      return await n('batch_chunks') + await n('background_jobs');
+    } finally {
+      await db.end();
+    }
+  }
+
   /** Batch chunks and background jobs under a live lease and how many replicas hold them, and unfinished background responses (read from PostgreSQL). */
   async function leasedWork(): Promise<{ chunks: { count: number; owners: number }; jobs: { count: number; owners: number; unfinished: number } }> {
     const db = await schemaClient(schema);
@@ -244,6 +265,8 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
     expect(TERMINAL_BATCH, `the batch ended before the kill (${JSON.stringify(progress.request_counts)}): make it longer`).not.toContain(progress.status);
     expect(Object.fromEntries(work)[killed], `sequences running on ${killed}, to be killed`).toBeGreaterThan(0);
     const leased = await leasedWork();
+    const killedId = replicaIdOf(replicas.get(killed)!);
+    const heldByKilled = await leasesHeldBy(killedId);
     replicas.get(killed)!.child.kill('SIGKILL');
     const drainedProcess = replicas.get(drained)!;
     drainedProcess.child.kill('SIGTERM');
@@ -251,6 +274,8 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
     console.info(`cluster: at ${elapsed()} ${doneAtKill} lines done, sequences running ${JSON.stringify(Object.fromEntries(work))}; `
       + `leased just before: ${JSON.stringify(leased)}; kill -9 ${killed}, SIGTERM ${drained}, ${survivor} survives`);
     expect(leased.chunks.count, 'batch chunks under a lease at the kill').toBeGreaterThan(0);
+    // The killed replica's own leases are what must move: it held some when it died.
+    expect(heldByKilled, `leases held by ${killed} (${killedId}) at the kill`).toBeGreaterThan(0);
     expect(leased.jobs.unfinished, 'background responses unfinished at the kill').toBeGreaterThan(0);
 
     // 4. Everything terminal, polled through HAProxy (which now sends everything to the survivor).

@@ -250,7 +250,7 @@ export async function runServe(args: string[]): Promise<void> {
   const backends = [...new Set(service.registry.models.map((m) => m.engine.info.backend))].join(' and ');
   log(`serving ${service.registry.models.map((m) => m.id).join(', ')} on ${address}/v1 (${backends} backend; data in ${service.dataDir}`
     + `${databaseUrl !== undefined ? `, store in PostgreSQL ${redactDatabaseUrl(databaseUrl)}` : ''}`
-    + `${values['files-dir'] !== undefined ? `, files in ${resolve(values['files-dir'])}` : ''})`);
+    + `${values['files-dir'] !== undefined ? `, files in ${resolve(values['files-dir'])}` : ''}; replica ${service.lease.owner})`);
   if (service.firstKey) {
     const model = service.registry.models[0]!.id;
     process.stdout.write(`
