@@ -4,10 +4,11 @@ import { readdirSync, statSync } from 'node:fs';
 import { SluiceError } from '../errors.js';
 import { makeModel, PRESETS, weightBytes } from '../../models/make-model.js';
 import type { Dtype } from '../../models/make-model.js';
+import { exportOnnx, ONNX_QUANTIZATIONS, type OnnxQuantization } from '../../models/onnx-export.js';
 import { formatBytes, stderrProgress } from '../progress.js';
 import { choiceFlag, intFlag, parseFlags, requiredFlag } from './args.js';
 
-export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--force]
+export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--onnx fp32|int4] [--force]
 
 Writes a Hugging Face model directory (config, tokenizer, chat template, safetensors) with
 deterministic random weights in the shape of a preset.
@@ -16,6 +17,8 @@ deterministic random weights in the shape of a preset.
   --out DIR       output directory (created if missing)
   --dtype D       weight dtype (default: the preset's)
   --seed N        weight seed, 0..2^32-1 (default 0)
+  --onnx Q        also write an ONNX export of the same weights (onnx/model.onnx with past/present
+                  KV tensors, as optimum lays it out): fp32, or int4 (MatMulNBits, 32 per scale)
   --force         write into --out even when it is not empty (its model files are replaced)
 `;
 
@@ -25,6 +28,7 @@ export async function runMakeModel(args: string[]): Promise<void> {
     out: { type: 'string' },
     dtype: { type: 'string' },
     seed: { type: 'string' },
+    onnx: { type: 'string' },
     force: { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
   }, 'make-model');
@@ -40,11 +44,16 @@ export async function runMakeModel(args: string[]): Promise<void> {
   const out = requiredFlag(values.out, 'out', 'make-model');
   const dtype = choiceFlag<Dtype>(values.dtype, 'dtype', ['f32', 'f16', 'bf16']);
   const seed = intFlag(values.seed, 'seed', 0, 2 ** 32 - 1);
+  const onnx = choiceFlag<OnnxQuantization>(values.onnx, 'onnx', ONNX_QUANTIZATIONS);
   checkOut(out, values.force === true);
 
   const totalBytes = weightBytes(preset, dtype);
   process.stderr.write(`making ${preset} (${formatBytes(totalBytes)} of weights) in ${out}\n`);
   await makeModel({ preset, out, dtype, seed, onProgress: stderrProgress('writing weights') });
+  if (onnx !== undefined) {
+    const written = await exportOnnx({ modelDir: out, quantization: onnx, onProgress: stderrProgress('writing the ONNX export (layers)') });
+    process.stderr.write(`onnx ${onnx}: ${written.path}\n`);
+  }
   process.stderr.write(`done: ${out}\n`);
 }
 
