@@ -23,7 +23,7 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --logprobs K         with --json: the top K (0..20) alternatives of every token
   --stop TEXT          stop before TEXT (repeatable)
   --json               print one JSON object instead of streaming the text
-  --backend B          cpu | cuda | auto (default auto: cuda when a GPU is usable, else cpu;
+  --backend B          cpu | cuda | onnx | auto (default auto: cuda when a GPU is usable, else cpu;
                        the last line says which ran)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory for weights, activations and KV (default 0.9)
@@ -69,7 +69,7 @@ export async function runGenerate(args: string[]): Promise<void> {
     stop: values.stop,
     ...(values.chat ? { messages: [{ role: 'user' as const, content: prompt }] } : { prompt }),
   };
-  const backend = choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'auto'] as const);
+  const backend = choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'onnx', 'auto'] as const);
   const threads = intFlag(values.threads, 'threads', 0);
   const matmulPrecision = choiceFlag(values.precision, 'precision', ['f32', 'bf16'] as const);
   const cudaGemm = choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const);

@@ -30,7 +30,8 @@ On first start with no API keys it makes one and prints it.
 ${DATABASE_URL_HELP}
   --files-dir DIR      uploaded files and batch results (default DATA_DIR/files): a volume every
                        replica sees when several share one --database-url
-  --backend B          cpu | cuda | auto (default auto)
+  --backend B          cpu | cuda | onnx | auto (default auto; onnx: the model's ONNX export on
+                       onnxruntime's CPU provider, auto picks it when there are no safetensors)
   --threads N          CPU compute threads (default: all CPUs but one, left to HTTP)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory to use (default 0.9)
@@ -149,7 +150,7 @@ export async function runServe(args: string[]): Promise<void> {
   const port = intFlag(values.port, 'port', 0, 65535) ?? 8080;
   const logLevel = choiceFlag(values['log-level'], 'log-level', ['fatal', 'error', 'warn', 'info', 'debug'] as const) ?? 'info';
   const engineDefaults = {
-    backend: choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'auto'] as const),
+    backend: choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'onnx', 'auto'] as const),
     threads: intFlag(values.threads, 'threads', 0),
     gpuMemoryUtilization: numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1),
     cudaGemm: choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const),

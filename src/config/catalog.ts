@@ -33,7 +33,7 @@ export const LongContextPricingSchema = Type.Object({
 export type LongContextPricing = Static<typeof LongContextPricingSchema>;
 
 const EngineSettingsSchema = Type.Object({
-  backend: Type.Optional(Type.Enum(['auto', 'cpu', 'cuda'])),
+  backend: Type.Optional(Type.Enum(['auto', 'cpu', 'cuda', 'onnx'])),
   kv_cache_bytes: Type.Optional(Type.Integer({ minimum: 1 })),
   gpu_memory_utilization: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1 })),
   threads: Type.Optional(Type.Integer({ minimum: 0 })),

@@ -22,11 +22,16 @@ import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
 import { StructuredOutputs, type TokenConstraint } from '../structured/structured-outputs.js';
 import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../structured/thinking.js';
 import { readWeightsAhead } from './weight-files.js';
+import { loadOnnxHandle, servesOnnxByDefault } from './onnx/onnx-backend.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
   model: string;
-  /** 'auto' (default): cuda when the addon has it and a device is usable, else cpu (info.cudaUnavailableReason says why). */
+  /**
+   * 'auto' (default): cuda when the addon has it and a device is usable, else cpu (info.cudaUnavailableReason
+   * says why); onnx when the directory holds an ONNX export (onnx/model.onnx) and no safetensors.
+   * 'onnx': the ONNX export through onnxruntime-node's CPU execution provider (src/engine/onnx/onnx-handle.ts).
+   */
   backend?: BackendName | 'auto';
   /** KV cache pool size. Default: CPU, see defaultKvCacheBytes; CUDA, what gpuMemoryUtilization leaves. */
   kvCacheBytes?: number;
@@ -136,6 +141,7 @@ const DEFAULT_BLOCK_SIZE = 16;
 const BATCH_LIMITS = {
   cpu: { maxNumSeqs: 64, maxBatchedTokens: 512 },
   cuda: { maxNumSeqs: 256, maxBatchedTokens: 8192 },
+  onnx: { maxNumSeqs: 32, maxBatchedTokens: 512 },
 } as const;
 /**
  * Flex rows allowed per step while urgent work runs, per backend. A CPU step costs about its rows,
@@ -144,7 +150,9 @@ const BATCH_LIMITS = {
  * free. NOTE: the CUDA figure is reasoned from the step's bytes, not yet measured (bench:serve's
  * tier case on a GPU is the check).
  */
-const DEFAULT_FLEX_DEFERRAL = { cpu: { rowsPerStep: 8, holdMs: 1000 }, cuda: { rowsPerStep: 32, holdMs: 1000 } } as const;
+const DEFAULT_FLEX_DEFERRAL = {
+  cpu: { rowsPerStep: 8, holdMs: 1000 }, cuda: { rowsPerStep: 32, holdMs: 1000 }, onnx: { rowsPerStep: 8, holdMs: 1000 },
+} as const;
 const DEFAULT_TENANT_DEFERRAL = { rowsPerStep: 16, holdMs: 1000 };
 
 /**
@@ -224,16 +232,19 @@ export class Engine {
     if (!Number.isInteger(base.numThreads) || base.numThreads < 0) {
       throw new SluiceError('invalid_argument', `threads must be an integer >= 0, got ${base.numThreads}`, { param: 'threads' });
     }
-    if (!nativeAvailable()) {
+    let requested = opts.backend ?? 'auto';
+    if (requested === 'auto' && servesOnnxByDefault(modelDir)) requested = 'onnx';
+    if (requested !== 'onnx' && !nativeAvailable()) {
       throw new SluiceError('native_unavailable', 'the native addon is not built: run `npm run build:native`');
     }
 
-    if (opts.onLoadProgress) await readWeightsAhead(modelDir, opts.onLoadProgress, opts.readAheadMinBytes);
+    if (opts.onLoadProgress && requested !== 'onnx') await readWeightsAhead(modelDir, opts.onLoadProgress, opts.readAheadMinBytes);
 
-    const requested = opts.backend ?? 'auto';
     let handle: NativeEngineHandle;
     let noCudaReason: string | undefined;
-    if (requested === 'cuda' || requested === 'cpu') {
+    if (requested === 'onnx') {
+      handle = await loadOnnxHandle({ ...base, ...limitsFor('onnx') });
+    } else if (requested === 'cuda' || requested === 'cpu') {
       if (requested === 'cuda' && !nativeAddon().cudaCompiled) {
         throw new SluiceError('backend_unavailable',
           'this build of sluice has no CUDA backend; use backend cpu (or rebuild with CUDA)', { param: 'backend' });
@@ -245,7 +256,7 @@ export class Engine {
       noCudaReason = nativeAddon().cudaCompiled ? cudaUnavailableReason() : 'this build has no CUDA backend';
       handle = await loadHandle(noCudaReason === undefined ? cudaBase : cpuBase);
     } else {
-      throw new SluiceError('invalid_argument', `backend must be cpu, cuda or auto, got ${String(requested)}`, { param: 'backend' });
+      throw new SluiceError('invalid_argument', `backend must be cpu, cuda, onnx or auto, got ${String(requested)}`, { param: 'backend' });
     }
 
     try {

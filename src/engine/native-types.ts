@@ -1,7 +1,8 @@
 // The typed boundary to the native addon (native/addon). Only src/engine/native.ts loads the
 // .node file; everything else sees these types. Plans and results cross as typed arrays.
 
-export type BackendName = 'cpu' | 'cuda';
+/** 'onnx': an ONNX export run by onnxruntime-node's CPU execution provider (src/engine/onnx), not the native addon. */
+export type BackendName = 'cpu' | 'cuda' | 'onnx';
 export type MatmulPrecision = 'f32' | 'bf16';
 export type CudaGemm = 'native' | 'cublaslt' | 'auto';
 
