@@ -117,6 +117,20 @@ describe('loading errors', () => {
     await cpu.dispose();
   });
 
+  it('refuses int8 quantization on CUDA (CPU only), and a CPU engine serves it with q8_0 weights', async () => {
+    for (const backend of ['cuda', 'onnx'] as const) {
+      const err = await Engine.load({ model: tinyDir, backend, quantization: 'int8' }).catch((e: unknown) => e);
+      expect((err as SluiceError).code).toBe('invalid_argument');
+      expect((err as SluiceError).message).toMatch(/quantization 'int8' is supported by the cpu backend only/);
+    }
+    const bad = await Engine.load({ model: tinyDir, backend: 'cpu', quantization: 'int4' as never }).catch((e: unknown) => e);
+    expect((bad as SluiceError).code).toBe('invalid_argument');
+    const cpu = await Engine.load({ model: tinyDir, backend: 'auto', quantization: 'int8', kvCacheBytes: 8 << 20 });
+    expect(cpu.info.backend).toBe('cpu');
+    expect(cpu.info.weightDtype).toBe('q8_0');
+    await cpu.dispose();
+  });
+
   it('names the supported architectures for an unsupported one', async () => {
     const dir = join(root, 'gpt2');
     await makeModel({ preset: 'test-llama', out: dir, weights: false });

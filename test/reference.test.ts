@@ -18,6 +18,7 @@ import {
   ropeInvFreq,
   softmax,
 } from './reference/reference-model.js';
+import { q8RoundTrip, roundToF16 } from './reference/q8.js';
 import { bf16ToNumber, halfToNumber } from './reference/safetensors-reader.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-reference-'));
@@ -329,5 +330,33 @@ describe('reference on generated test models', () => {
     const s = new ReferenceSession(loadReferenceModel(single));
     s.step(1);
     expect(s.position).toBe(1);
+  });
+});
+
+describe('reference Q8_0 quantization (the int8 mode of the engine tests)', () => {
+  it('rounds to f16 to nearest even, saturating', () => {
+    expect(roundToF16(1)).toBe(1);
+    expect(roundToF16(1 + 2 ** -11)).toBe(1); // a tie goes to the even mantissa
+    expect(roundToF16(1 + 3 * 2 ** -11)).toBe(1 + 2 ** -9);
+    expect(roundToF16(2 ** -25 * 3)).toBe(2 ** -23); // subnormal: units of 2^-24
+    expect(roundToF16(1e6)).toBe(65504);
+    expect(roundToF16(-0.1)).toBe(-0.0999755859375);
+  });
+
+  it('quantizes blocks of 32 with one scale each, the largest magnitude to 127', () => {
+    const w = Float64Array.from({ length: 70 }, (_, i) => Math.sin(i * 1.7) * (i < 32 ? 1 : 0.01));
+    w[40] = -0.5;
+    const q = q8RoundTrip(w, 1, 70);
+    for (const [b, e] of [[0, 32], [32, 64], [64, 70]]) {
+      let amax = 0;
+      for (let k = b!; k < e!; k++) amax = Math.max(amax, Math.abs(w[k]!));
+      const d = roundToF16(Math.fround(amax / 127));
+      for (let k = b!; k < e!; k++) {
+        expect(Number.isInteger(Math.round(q[k]! / d * 1e6) / 1e6)).toBe(true); // a multiple of d
+        expect(Math.abs(q[k]! - w[k]!)).toBeLessThanOrEqual(d / 2 + 1e-12);
+      }
+    }
+    expect(q[40]).toBeCloseTo(-127 * roundToF16(Math.fround(0.5 / 127)), 15);
+    expect(Array.from(q8RoundTrip(new Float64Array(32), 1, 32))).toEqual(new Array(32).fill(0));
   });
 });

@@ -427,6 +427,7 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   opts.block_size = int(get_int(o, "blockSize", 16));
   opts.num_threads = int(get_int(o, "numThreads", 0));
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
+  if (o.Get("quantization").IsString()) opts.quantization = o.Get("quantization").As<Napi::String>().Utf8Value();
   if (o.Get("cudaGemm").IsString()) opts.cuda_gemm = o.Get("cudaGemm").As<Napi::String>().Utf8Value();
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   opts.max_num_seqs = get_int32(env, o, "maxNumSeqs", 0, 0, 1 << 20);

@@ -101,6 +101,31 @@ TEST_CASE(same_tokens_alone_in_batch_and_chunked) {
   CHECK(same_bits(alone.logprobs, generate(*e1, prompt, 40, 0, 7).logprobs));
 }
 
+TEST_CASE(int8_quantization_loads_on_cpu_is_batch_invariant_and_refused_elsewhere) {
+  TinyModelSpec spec;
+  std::string dir = temp_dir("int8");
+  write_tiny_model(dir, spec);
+  EngineOptions o;
+  o.model_dir = dir;
+  o.kv_cache_bytes = size_t(8) << 20;
+  o.block_size = 4;
+  o.num_threads = 2;
+  o.prefix_caching = false;
+  o.quantization = "int8";
+  auto e = Engine::load(o);
+  CHECK(e->info().weight_dtype == "q8_0");
+  auto prompt = prompt_of(23, 5, spec.vocab);
+  Generated alone = generate(*e, prompt, 24, 0, 1000);
+  Generated both = generate(*e, prompt, 24, 7, 3);
+  CHECK(alone.tokens == both.tokens);
+  CHECK(same_bits(alone.logprobs, both.logprobs));
+  o.quantization = "int4";
+  CHECK_THROWS_CODE(Engine::load(o), ErrorCode::kInvalidArgument);
+  o.quantization = "int8";
+  o.backend = "cuda";  // refused before anything loads, CUDA build or not
+  CHECK_THROWS_CODE(Engine::load(o), ErrorCode::kInvalidArgument);
+}
+
 TEST_CASE(seeded_sampling_repeats_and_differs_by_seed) {
   TinyModelSpec spec;
   std::string dir = temp_dir("sampling");

@@ -72,6 +72,7 @@ const FLAG_OF_OPTION: Record<string, string> = {
   gpuMemoryUtilization: '--gpu-memory-utilization',
   matmulPrecision: '--precision',
   cudaGemm: '--cuda-gemm',
+  quantization: '--quantization',
   maxNumSeqs: '--max-num-seqs',
   maxBatchedTokens: '--max-batched-tokens',
   flexDeferral: '--flex-deferral',

@@ -37,6 +37,8 @@ ${DATABASE_URL_HELP}
                        CUDA: fraction of GPU memory to use (default 0.9)
   --cuda-gemm G        CUDA GEMMs of more than 8 tokens: native (default) | cublaslt (cuBLASLt
                        loaded at run time) | auto (cuBLASLt where the host has it)
+  --quantization Q     none (default) | int8: quantize the matmul weights of a bf16/f16/f32
+                       checkpoint at load into 8-bit blocks (Q8_0); CPU backend only
   --kv-cache-bytes N   KV cache pool size
   --max-num-seqs N     sequences running at once (default: CPU 64, CUDA 256)
   --max-batched-tokens N
@@ -109,6 +111,7 @@ export async function runServe(args: string[]): Promise<void> {
     threads: { type: 'string' },
     'gpu-memory-utilization': { type: 'string' },
     'cuda-gemm': { type: 'string' },
+    quantization: { type: 'string' },
     'kv-cache-bytes': { type: 'string' },
     'max-num-seqs': { type: 'string' },
     'max-batched-tokens': { type: 'string' },
@@ -154,6 +157,7 @@ export async function runServe(args: string[]): Promise<void> {
     threads: intFlag(values.threads, 'threads', 0),
     gpuMemoryUtilization: numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1),
     cudaGemm: choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const),
+    quantization: choiceFlag(values.quantization, 'quantization', ['none', 'int8'] as const),
     kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
     maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),

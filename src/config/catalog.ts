@@ -37,6 +37,7 @@ const EngineSettingsSchema = Type.Object({
   kv_cache_bytes: Type.Optional(Type.Integer({ minimum: 1 })),
   gpu_memory_utilization: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1 })),
   threads: Type.Optional(Type.Integer({ minimum: 0 })),
+  quantization: Type.Optional(Type.Enum(['none', 'int8'])),
   max_num_seqs: Type.Optional(Type.Integer({ minimum: 1 })),
   max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
 }, { additionalProperties: false });

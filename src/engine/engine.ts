@@ -12,7 +12,7 @@ import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encod
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
-import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo } from './native-types.js';
+import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from './native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
   type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,
@@ -53,6 +53,13 @@ export interface EngineLoadOptions {
    * throughput, as llama.cpp and vLLM do on CPU.
    */
   matmulPrecision?: MatmulPrecision;
+  /**
+   * Weights (default 'none': as the checkpoint stores them). 'int8' quantizes the matmul weights
+   * (projections and lm_head) of a bf16/f16/f32 checkpoint at load into Q8_0 blocks (32 int8
+   * values, one scale each), about half the bytes each decoded token reads. CPU only: backend
+   * 'auto' then picks the CPU, and backends 'cuda' and 'onnx' refuse it.
+   */
+  quantization?: Quantization;
   /**
    * Prefix caching (default true): full KV blocks stay cached after their sequences end and a new
    * request starts after its longest cached prompt prefix (usage.cachedTokens); false computes
@@ -206,6 +213,7 @@ export class Engine {
       blockSize: opts.blockSize ?? DEFAULT_BLOCK_SIZE,
       numThreads: opts.threads ?? 0,
       matmulPrecision: opts.matmulPrecision ?? 'f32',
+      quantization: opts.quantization ?? 'none',
       gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
       cudaGemm: opts.cudaGemm ?? 'native',
       prefixCaching: opts.prefixCaching ?? true,
@@ -224,6 +232,9 @@ export class Engine {
     if (base.matmulPrecision !== 'f32' && base.matmulPrecision !== 'bf16') {
       throw new SluiceError('invalid_argument', `matmulPrecision must be 'f32' or 'bf16', got ${String(base.matmulPrecision)}`, { param: 'matmulPrecision' });
     }
+    if (base.quantization !== 'none' && base.quantization !== 'int8') {
+      throw new SluiceError('invalid_argument', `quantization must be 'none' or 'int8', got ${String(base.quantization)}`, { param: 'quantization' });
+    }
     if (!['native', 'cublaslt', 'auto'].includes(base.cudaGemm)) {
       throw new SluiceError('invalid_argument', `cudaGemm must be 'native', 'cublaslt' or 'auto', got ${String(base.cudaGemm)}`, { param: 'cudaGemm' });
     }
@@ -234,6 +245,11 @@ export class Engine {
     }
     let requested = opts.backend ?? 'auto';
     if (requested === 'auto' && servesOnnxByDefault(modelDir)) requested = 'onnx';
+    // Q8_0 kernels exist on the CPU backend only; backend 'auto' then loads the CPU one.
+    if (base.quantization === 'int8' && requested !== 'auto' && requested !== 'cpu') {
+      throw new SluiceError('invalid_argument',
+        `quantization 'int8' is supported by the cpu backend only, not ${String(requested)}: drop quantization or use backend cpu`, { param: 'quantization' });
+    }
     if (requested !== 'onnx' && !nativeAvailable()) {
       throw new SluiceError('native_unavailable', 'the native addon is not built: run `npm run build:native`');
     }
@@ -254,7 +270,7 @@ export class Engine {
       // No message on the CPU path: a machine without a GPU is nothing to report at every start.
       // The reason is kept in info.cudaUnavailableReason; callers say which backend runs.
       noCudaReason = nativeAddon().cudaCompiled ? cudaUnavailableReason() : 'this build has no CUDA backend';
-      handle = await loadHandle(noCudaReason === undefined ? cudaBase : cpuBase);
+      handle = await loadHandle(noCudaReason === undefined && base.quantization === 'none' ? cudaBase : cpuBase);
     } else {
       throw new SluiceError('invalid_argument', `backend must be cpu, cuda, onnx or auto, got ${String(requested)}`, { param: 'backend' });
     }

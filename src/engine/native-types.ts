@@ -5,6 +5,8 @@
 export type BackendName = 'cpu' | 'cuda' | 'onnx';
 export type MatmulPrecision = 'f32' | 'bf16';
 export type CudaGemm = 'native' | 'cublaslt' | 'auto';
+/** Weights as stored ('none') or quantized at load to Q8_0 blocks ('int8', CPU only). */
+export type Quantization = 'none' | 'int8';
 
 export interface NativeLoadOptions {
   /** Hugging Face model directory (config.json, *.safetensors). */
@@ -18,6 +20,8 @@ export interface NativeLoadOptions {
   numThreads: number;
   /** Activation precision against bf16 weights (see EngineOptions::matmul_precision). */
   matmulPrecision?: MatmulPrecision;
+  /** Weight quantization at load (see EngineOptions::quantization). */
+  quantization?: Quantization;
   /**
    * CUDA: fraction of device memory the engine may hold; the KV pool gets what weights and
    * activations leave. Engines on one device must split it (fractions adding up to at most 1).

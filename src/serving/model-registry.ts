@@ -110,6 +110,7 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   if (settings.kv_cache_bytes !== undefined) out.kvCacheBytes = settings.kv_cache_bytes;
   if (settings.gpu_memory_utilization !== undefined) out.gpuMemoryUtilization = settings.gpu_memory_utilization;
   if (settings.threads !== undefined) out.threads = settings.threads;
+  if (settings.quantization !== undefined) out.quantization = settings.quantization;
   if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
   if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;
   return out;

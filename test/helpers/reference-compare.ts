@@ -3,7 +3,7 @@
 import { expect } from 'vitest';
 
 import type { NativeEngineHandle } from '../../src/engine/native-types.js';
-import { loadReferenceModel, logSoftmax, referenceGreedyDetailed, referenceLogits } from '../reference/reference-model.js';
+import { type ReferenceModel, loadReferenceModel, logSoftmax, referenceGreedyDetailed, referenceLogits } from '../reference/reference-model.js';
 import { runNative } from './native-run.js';
 
 export const GENERATE = 40;
@@ -43,3 +43,46 @@ export async function compareWithReference(engine: NativeEngineHandle, dir: stri
   expect(worst, `${label}: worst logprob difference`).toBeLessThan(tol);
 }
 
+
+export interface AgreementStats {
+  /** Next-token predictions compared. */
+  positions: number;
+  /** Positions where the engine's top-1 is the reference's. */
+  agree: number;
+  /** Disagreements at a reference top-1/top-2 logit gap under the near-tie threshold (excused). */
+  nearTies: number;
+  /** Largest and mean |engine - reference| over the logprobs the engine reports (its pick and top-5). */
+  maxDiff: number;
+  meanDiff: number;
+}
+
+/**
+ * Teacher-forced agreement with a reference model: along the reference's own greedy
+ * continuation of each prompt, the engine predicts every next token from the same prefix, so one
+ * early difference does not decide the rest. For approximate engines (quantized weights), whose
+ * continuation may legitimately part from the reference's.
+ */
+export async function teacherForcedAgreement(engine: NativeEngineHandle, ref: ReferenceModel, prompts: number[][], n: number,
+  nearTie: number): Promise<AgreementStats> {
+  const stats: AgreementStats = { positions: 0, agree: 0, nearTies: 0, maxDiff: 0, meanDiff: 0 };
+  let sum = 0, count = 0;
+  for (const prompt of prompts) {
+    const want = referenceGreedyDetailed(ref, prompt, n);
+    const logits = referenceLogits(ref, [...prompt, ...want.tokens.slice(0, -1)]);
+    for (let i = 0; i < n; i++) {
+      const got = await runNative(engine, [...prompt, ...want.tokens.slice(0, i)], 1);
+      const lsm = logSoftmax(logits[prompt.length - 1 + i]!);
+      stats.positions++;
+      if (got.tokens[0] === want.tokens[i]) stats.agree++;
+      else if (want.gaps[i]! < nearTie) stats.nearTies++;
+      const diffs = [Math.abs(got.logprobs[0]! - lsm[got.tokens[0]!]!), ...got.topIds[0]!.map((id, k) => Math.abs(got.topLogprobs[0]![k]! - lsm[id]!))];
+      for (const d of diffs) {
+        stats.maxDiff = Math.max(stats.maxDiff, d);
+        sum += d;
+        count++;
+      }
+    }
+  }
+  stats.meanDiff = sum / count;
+  return stats;
+}

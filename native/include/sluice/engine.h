@@ -47,6 +47,11 @@ struct EngineOptions {
   // two bf16 terms on AVX512-BF16 hardware); "bf16" rounds them to bf16 once, as llama.cpp and
   // vLLM do on CPU, for twice the arithmetic throughput of large batches and prefill.
   std::string matmul_precision = "f32";
+  // Weights: "none" uses the checkpoint's as stored; "int8" quantizes the matmul weights
+  // (projections and lm_head) of a bf16/f16/f32 checkpoint at load into Q8_0 blocks (32 int8
+  // values, one f16 scale), with activations quantized likewise at each matmul. CPU only: a
+  // CUDA engine refuses it (kInvalidArgument).
+  std::string quantization = "none";
   // Prefix caching: full KV blocks stay cached (under a hash chained over their tokens, their
   // parent block and the model) after their sequences end, and a new sequence starts from the
   // longest cached prefix of its prompt. Off: every prompt is computed in full.

@@ -13,6 +13,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_q8.h"
 #include "cpu/ops_simd.h"
 
 namespace sluice {
@@ -72,6 +73,7 @@ float load_scalar(const void* p, DType t, int64_t i) {
     case DType::F32: return static_cast<const float*>(p)[i];
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::Q8_0: break;  // blocks, not elements: only the Q8_0 kernels read them
   }
   return 0.f;
 }
@@ -178,6 +180,19 @@ void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const 
     if (T * K <= 16384) rows_to_bf16_avx512bf16(x, T, K, split, xbp);
     else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + rows * b * K); });
   }
+  bool any_q8 = false;
+  for (int i = 0; i < num_outs; i++) any_q8 |= outs[i].w_dtype == DType::Q8_0;
+  thread_local std::vector<int8_t> xq;  // Q8_0 activations [T, Kp] and scales [T, Kp / 32]
+  thread_local std::vector<float> xd;
+  if (any_q8) {
+    const int64_t Kp = q8_padded_k(K);
+    xq.resize(size_t(T * Kp));
+    xd.resize(size_t(T * (Kp / kQ8Block)));
+    int8_t* xqp = xq.data();
+    float* xdp = xd.data();
+    if (T * K <= 16384) quantize_activations_q8(x, T, K, xqp, xdp);
+    else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { quantize_activations_q8(x + b * K, e - b, K, xqp + b * Kp, xdp + b * (Kp / kQ8Block)); });
+  }
   using Kernel = void (*)(const GemmArgs&, int64_t, int64_t);
   GemmArgs args[8];
   Kernel kernels[8];
@@ -207,7 +222,13 @@ void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const 
     a.bias_dtype = o.bias_dtype;
     a.y = o.y;
     kernels[i] = gemm_generic;
-    if (level == SimdLevel::Avx512Bf16 && o.w_dtype == DType::BF16) {
+    if (o.w_dtype == DType::Q8_0) {
+      a.xq = xq.data();
+      a.xd = xd.data();
+      kernels[i] = level >= SimdLevel::Avx512 && cpu_has_avx512vnni() ? gemm_q8_avx512vnni
+                   : level >= SimdLevel::Avx2                         ? gemm_q8_avx2
+                                                                      : gemm_q8_generic;
+    } else if (level == SimdLevel::Avx512Bf16 && o.w_dtype == DType::BF16) {
       a.xb = xbp;
       a.xb_split = split;
       kernels[i] = gemm_avx512bf16;

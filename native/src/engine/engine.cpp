@@ -10,6 +10,7 @@
 #include "kv/block_hash.h"
 #include "kv/block_pool.h"
 #include "model/model_weights.h"
+#include "model/quantize.h"
 #include "model/safetensors.h"
 #include "sample/sampler.h"
 #include "sluice/error.h"
@@ -44,9 +45,18 @@ class EngineImpl final : public Engine {
     const std::string config_text = read_text_file(config_path);
     config_ = parse_model_config(config_text, config_path);
     // The model key: blocks are only shared between computations that give the same K/V.
-    model_key_ = fnv1a64(config_text + "\n" + opts.matmul_precision);
+    model_key_ = fnv1a64(config_text + "\n" + opts.matmul_precision +
+                         (opts.quantization == "none" ? "" : "\n" + opts.quantization));
+    if (opts.quantization != "none" && opts.quantization != "int8")
+      throw Error(ErrorCode::kInvalidArgument,
+                  "quantization must be \"none\" or \"int8\", got \"" + opts.quantization + "\"");
+    if (opts.quantization == "int8" && opts.backend != "cpu")
+      throw Error(ErrorCode::kInvalidArgument,
+                  "quantization \"int8\" is supported by the cpu backend only (the " + opts.backend +
+                      " backend serves the checkpoint's own dtype; drop --quantization or use --backend cpu)");
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
+    if (opts.quantization == "int8") quantize_weights_q8(weights_, opts.num_threads);
 
     if (opts.matmul_precision != "f32" && opts.matmul_precision != "bf16")
       throw Error(ErrorCode::kInvalidArgument,

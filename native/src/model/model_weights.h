@@ -29,6 +29,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   size_t total_bytes = 0;  // bytes of all bound tensors as stored (tied counted once)
   DType main_dtype = DType::F32;  // dtype of the projection weights, for reporting
+  // Tensors made at load (quantized copies) that views above point into; shared so a copy of
+  // ModelWeights keeps them alive.
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;
 };
 
 // Throws sluice::Error naming the tensor (and file) that is missing or has the wrong shape.

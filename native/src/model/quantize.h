@@ -1,0 +1,16 @@
+// Weight quantization at load: "int8" turns the matmul weights of a bound checkpoint into Q8_0
+// copies (cpu/gemm_q8.h) that the views then point to.
+#pragma once
+#include <string>
+
+#include "model/model_weights.h"
+
+namespace sluice {
+
+// Quantizes every projection (q, k, v, o, gate, up, down) and lm_head to Q8_0, in parallel on
+// num_threads threads (0 = all online CPUs). The embedding table stays as stored (a lookup reads
+// a few rows per step); a tied lm_head becomes its own quantized copy. Norms and biases stay
+// float. Updates total_bytes (quantized tensors at their new size) and main_dtype.
+void quantize_weights_q8(ModelWeights& w, int num_threads);
+
+}  // namespace sluice
