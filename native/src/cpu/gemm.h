@@ -19,6 +19,7 @@ struct GemmArgs {
   const void* bias = nullptr;     // [N] or nullptr
   DType bias_dtype = DType::F32;
   float* y = nullptr;             // [T, N]
+  const char* pf_end = nullptr;   // end of the weights this call may prefetch (set by the kernel)
   // Q8_0 weights (see gemm_q8.h): x quantized the same way, [T, Kp] int8 and [T, Kp / 32] scales.
   const int8_t* xq = nullptr;
   const float* xd = nullptr;

@@ -82,7 +82,7 @@ inline void store_tile(const __m512 (&acc)[MR][NR], const GemmArgs& a, int64_t t
 // [T, 2K]: the hi row then the lo row. Without SPLIT (precision bf16) xb is [T, K] = bf16(x):
 // half the instructions, the activation rounding llama.cpp and vLLM use on CPU.
 template <bool SPLIT, int MR, int NR>
-void tile_bf16(const GemmArgs& a, int64_t t0, int64_t n0) {
+void tile_bf16(const GemmArgs& a, int64_t t0, int64_t n0, const char* pf) {
   const int64_t K = a.K;
   constexpr int64_t kRows = SPLIT ? 2 : 1;  // xb rows per activation row
   const uint16_t* xb = a.xb + t0 * kRows * K;
@@ -97,6 +97,12 @@ void tile_bf16(const GemmArgs& a, int64_t t0, int64_t n0) {
     __m512bh wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; j++) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
+    if (pf) {  // one line per weight row loaded: the prefetch keeps pace with the loads
+      const char* p = pf + k * 2 * NR;
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; j++)
+        if (p + 64 * j < a.pf_end) _mm_prefetch(p + 64 * j, _MM_HINT_T1);
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) {
       const __m512bh hi = (__m512bh)_mm512_loadu_si512(xb + i * kRows * K + k);
@@ -153,7 +159,7 @@ inline __m512 load_w16_masked(const void* w, int64_t off, __mmask16 m) {
 }
 
 template <DType WT, int MR, int NR>
-void tile_f32(const GemmArgs& a, int64_t t0, int64_t n0) {
+void tile_f32(const GemmArgs& a, int64_t t0, int64_t n0, const char*) {
   const int64_t K = a.K;
   const float* x = a.x + t0 * K;
   __m512 acc[MR][NR];
@@ -188,7 +194,8 @@ void tile_f32(const GemmArgs& a, int64_t t0, int64_t n0) {
   store_tile<MR, NR>(acc, a, t0, n0);
 }
 
-using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
+// pf: where to prefetch weights from while this tile computes (nullptr: nowhere), see run_tiles.
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, const char* pf);
 
 template <template <int, int> class Maker>
 struct TileTable {
@@ -223,14 +230,28 @@ struct Bf16WidenMaker {
   static constexpr TileFn fn = &tile_f32<DType::BF16, M, N>;
 };
 
-void run_tiles(const TileFn (&fns)[kMR + 1][kNR + 1], const GemmArgs& a, int64_t n_begin, int64_t n_end) {
+// Software prefetch of the weights, kPrefetchBytes ahead of the tile being computed, into L2:
+// a tile reads NR rows as NR interleaved streams (only K * 2 bytes each, a few dozen lines),
+// too short for the hardware prefetchers to train on, so a batch-1 GEMV stalled on memory at
+// about half the bandwidth of a plain streaming read. The slice [n_begin, n_end) of W is
+// contiguous, so the prefetch walks it linearly and stops at its end (the next slice may be
+// another thread's). Only the first tile of activation rows per weight tile prefetches; the
+// others reuse the weights from cache. Loads and arithmetic are unchanged (see gemm.h).
+constexpr int64_t kPrefetchBytes = 16384;
+
+void run_tiles(const TileFn (&fns)[kMR + 1][kNR + 1], const GemmArgs& args, int64_t n_begin, int64_t n_end) {
+  GemmArgs a = args;
+  const char* w = static_cast<const char*>(a.w);
+  const int64_t row_bytes = a.w_dtype == DType::F32 ? a.K * 4 : a.K * 2;
+  a.pf_end = w + n_end * row_bytes;
   for (int64_t tb = 0; tb < a.T; tb += kTB) {
     const int64_t te = min64(a.T, tb + kTB);
     for (int64_t n = n_begin; n < n_end; n += kNR) {
       const int nr = int(min64(kNR, n_end - n));
+      const char* pf = w + n * row_bytes + kPrefetchBytes;
       for (int64_t t = tb; t < te; t += kMR) {
         const int mr = int(min64(kMR, te - t));
-        fns[mr][nr](a, t, n);
+        fns[mr][nr](a, t, n, t == tb ? pf : nullptr);
       }
     }
   }
