@@ -42,6 +42,8 @@ const { values: args } = parseArgs({
     warmup: { type: 'string' },
     rounds: { type: 'string' },
     'native-bin': { type: 'string' },
+    // --backend onnx (engine-onnx.ts): which exports to run.
+    'onnx-quantization': { type: 'string' },
   },
 });
 
@@ -135,7 +137,8 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
 
 async function main(): Promise<void> {
   if (args.backend === 'cuda') return (await import('./engine-cuda.js')).main();  // its own options and output
-  if (args.backend !== 'cpu') throw new Error(`--backend must be cpu or cuda, got ${args.backend}`);
+  if (args.backend === 'onnx') return (await import('./engine-onnx.js')).main();  // its own options and output
+  if (args.backend !== 'cpu') throw new Error(`--backend must be cpu, cuda or onnx, got ${args.backend}`);
   if (args.path === 'ts') return (await import('./engine-ts-path.js')).main();  // its own defaults and output
   if (args.path !== undefined && args.path !== 'native') throw new Error(`--path must be native or ts, got ${args.path}`);
   if (args.worker) {

@@ -210,6 +210,7 @@ describe('the facade on an export without safetensors', () => {
     try {
       expect(onnx.info.backend).toBe('onnx');
       expect(onnx.info.prefixCaching).toBe(false);
+      expect(onnx.info.weightBytes).toBeGreaterThan(0);
       const req = { messages: [{ role: 'user' as const, content: 'Tell me about rivers.' }], maxTokens: 24, logprobs: 3, temperature: 0 };
       const [got, want] = await Promise.all([onnx.generate(req), native.generate(req)]);
       expect(got.tokenIds).toEqual(want.tokenIds);

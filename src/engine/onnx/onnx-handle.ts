@@ -13,8 +13,8 @@
 //   position_ids per row; each present is cut back to its own length afterwards.
 // - Token masks (structured outputs) are applied to the logits here, before sampling.
 
-import { closeSync, fstatSync, openSync, readFileSync, readSync } from 'node:fs';
-import { join } from 'node:path';
+import { closeSync, fstatSync, openSync, readdirSync, readFileSync, readSync, statSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import type * as Ort from 'onnxruntime-node';
 import {
   ADD_ADMITTED, ADD_FAILED, ADD_NO_KV_BLOCKS, ROW_FAILED, ROW_NO_KV_BLOCKS, ROW_RAN,
@@ -105,7 +105,7 @@ export class OnnxEngineHandle implements NativeEngineHandle {
         numKvHeads,
         headDim,
         contextLength,
-        weightBytes: 0,
+        weightBytes: exportBytes(opts.modelPath),
         kvCacheBytes: numBlocks * opts.blockSize * bytesPerToken,
         blockSize: opts.blockSize,
         numBlocks,
@@ -344,6 +344,12 @@ export class OnnxEngineHandle implements NativeEngineHandle {
     this.numUsedBlocks -= seq.numBlocks;
     this.sequences.delete(seqId);
   }
+}
+
+/** Bytes of the graph file and the external data files beside it (the weights, as stored). */
+function exportBytes(modelPath: string): number {
+  const dir = dirname(modelPath);
+  return readdirSync(dir).filter((f) => /\.onnx(_data)?$|\.onnx\.data$/.test(f)).reduce((sum, f) => sum + statSync(join(dir, f)).size, 0);
 }
 
 /** The quantization sluice's exporter recorded in model.onnx's metadata, read without loading it (best effort). */
