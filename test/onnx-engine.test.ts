@@ -2,7 +2,7 @@
 // architecture variant engine-reference.test.ts covers: the export's logits (fp32, and int4 against
 // the reference run on the same dequantized weights), greedy and seeded generations through the
 // step contract, batching, and the facade's automatic choice of the backend.
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { exportOnnx, INT4_BLOCK, quantizeInt4, type OnnxQuantization } from '../models/onnx-export.js';
+import { runMakeModel } from '../src/cli/make-model.js';
 import { Engine } from '../src/engine/engine.js';
 import { loadNativeEngine } from '../src/engine/native.js';
 import type { NativeEngineHandle } from '../src/engine/native-types.js';
@@ -234,5 +235,16 @@ describe('the facade on an export without safetensors', () => {
     const bare = join(root, 'bare');
     await makeModel({ preset: 'tiny', out: bare, seed: 3 });
     await expect(Engine.load({ model: bare, backend: 'onnx' })).rejects.toMatchObject({ code: 'model_file_missing' });
+  });
+});
+
+describe('sluice make-model --onnx', () => {
+  it('writes the export beside the checkpoint, and refuses an unknown quantization', async () => {
+    const out = join(root, 'cli-int4');
+    await runMakeModel(['--preset', 'test-qwen2', '--out', out, '--onnx', 'int4']);
+    expect(existsSync(join(out, 'model.safetensors'))).toBe(true);
+    expect(readdirSync(join(out, 'onnx')).sort()).toEqual(['model.onnx', 'model.onnx_data']);
+    await expect(runMakeModel(['--preset', 'test-qwen2', '--out', join(root, 'cli-bad'), '--onnx', 'int8']))
+      .rejects.toMatchObject({ code: 'invalid_argument' });
   });
 });

@@ -51,7 +51,10 @@ export async function runMakeModel(args: string[]): Promise<void> {
   process.stderr.write(`making ${preset} (${formatBytes(totalBytes)} of weights) in ${out}\n`);
   await makeModel({ preset, out, dtype, seed, onProgress: stderrProgress('writing weights') });
   if (onnx !== undefined) {
-    const written = await exportOnnx({ modelDir: out, quantization: onnx, onProgress: stderrProgress('writing the ONNX export (layers)') });
+    const written = await exportOnnx({
+      modelDir: out, quantization: onnx,
+      onProgress: (done, total) => process.stderr.write(`\rwriting the ${onnx} ONNX export: layer ${done}/${total}${done === total ? '\n' : ''}`),
+    });
     process.stderr.write(`onnx ${onnx}: ${written.path}\n`);
   }
   process.stderr.write(`done: ${out}\n`);
