@@ -252,9 +252,19 @@ export class OnnxEngineHandle implements NativeEngineHandle {
     for (let at = 0; at < decodeRows.length; at += this.maxDecodeBatch) {
       const group = decodeRows.slice(at, at + this.maxDecodeBatch);
       const seqs = group.map(({ i }) => this.sequences.get(plan.seqIds[i]!)!);
-      const rows = await decodeBatch(this.ort, this.session, this.modelInfo, this.takesPositionIds, seqs.map((s) => ({
-        token: s.tokens[s.numComputedTokens]!, position: s.numComputedTokens, past: s.past!,
-      })));
+      let rows: Awaited<ReturnType<typeof decodeBatch>>;
+      try {
+        rows = await decodeBatch(this.ort, this.session, this.modelInfo, this.takesPositionIds, seqs.map((s) => ({
+          token: s.tokens[s.numComputedTokens]!, position: s.numComputedTokens, past: s.past!,
+        })));
+      } catch (err) {
+        // The group's rows fail on their own (their sequences are unchanged); the step goes on.
+        for (const row of group) {
+          errors.push({ seqId: plan.seqIds[row.i]!, code: 'INTERNAL', message: (err as Error).message });
+          claimed.splice(claimed.indexOf(row), 1);
+        }
+        continue;
+      }
       group.forEach(({ i }, r) => {
         seqs[r]!.past = rows[r]!.present;
         seqs[r]!.numComputedTokens += 1;
