@@ -380,6 +380,16 @@ TEST_CASE(matmul_rows_are_bit_identical_across_l2_blocks_and_decode_tiles) {
         matmul(two, x.data() + (T - rows) * K, rows, K, w.bytes.data(), dt, N, nullptr, DType::F32, part.data());
         CHECK(bits_equal(part.data(), all.data() + (T - rows) * N, part.size()));
       }
+      // Precision bf16 (activations rounded once): batch 1 streams W row by row on AVX512-BF16,
+      // larger batches run tiles; every row the same bits, with a bias too.
+      std::vector<float> bias = randn(size_t(N));
+      matmul(two, x.data(), T, K, w.bytes.data(), dt, N, bias.data(), DType::F32, all.data(), MatmulPrecision::BF16);
+      for (int64_t t = 0; t < T; t++) {
+        std::vector<float> single(static_cast<size_t>(N));
+        matmul(t % 2 ? one : two, x.data() + t * K, 1, K, w.bytes.data(), dt, N, bias.data(), DType::F32, single.data(),
+               MatmulPrecision::BF16);
+        CHECK(bits_equal(single.data(), all.data() + t * N, size_t(N)));
+      }
     }
   }
   force_simd_level(nullptr);
