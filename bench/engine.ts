@@ -7,7 +7,12 @@
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
 // Memory bandwidth is sampled in that same process around each round of decode steps (this
 // machine's bandwidth drifts with its neighbours); the batch-1 roofline ratio compares the best
-// decode round with the best bandwidth sample (the stricter pairing). Prints a table and writes JSON (default bench/results/engine-cpu.json).
+// decode round with the best bandwidth sample (the stricter pairing), and the medians.
+// The roofline is bandwidth / bytes streamed per token (bench/roofline.ts: the probe, its
+// independent check build/sluice_stream_read, the bytes). With --llama-cpp DIR (or
+// SLUICE_NODE_LLAMA_CPP=DIR; DIR = an installed node-llama-cpp package, not a dependency of
+// sluice) llama.cpp runs the same model as a GGUF, batch 1, same prompt, steps and threads,
+// before and after sluice's rows (bench/peer-llama-cpp.ts). Prints a table and writes JSON (default bench/results/engine-cpu.json).
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -18,6 +23,8 @@ import { parseArgs } from 'node:util';
 import { machineInfo } from './machine.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
+import { llamaCppPackage, runLlamaCppPeer, type PeerRow } from './peer-llama-cpp.js';
+import { PROBE_BYTES, decodeBytesPerToken, median as medianOf, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
 import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
 
@@ -42,6 +49,8 @@ const { values: args } = parseArgs({
     warmup: { type: 'string' },
     rounds: { type: 'string' },
     'native-bin': { type: 'string' },
+    // The llama.cpp peer: an installed node-llama-cpp package directory (else SLUICE_NODE_LLAMA_CPP).
+    'llama-cpp': { type: 'string' },
     // --backend onnx (engine-onnx.ts): which exports to run.
     'onnx-quantization': { type: 'string' },
   },
@@ -111,13 +120,15 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
   checkStep(await engine.step(decodePlan)); // warm-up
   // Decode in rounds, with a bandwidth sample before each round and after the last: on a
   // machine whose bandwidth drifts, the best round is compared with the best bandwidth sample.
-  const bandwidthSamples = [await measureMemoryBandwidth(threads, 2 ** 29, 3)];
+  // Peak RSS of the engine: taken before the first bandwidth sample maps the probe's buffer.
+  const peakRssBytes = process.resourceUsage().maxRSS * 1024;
+  const bandwidthSamples = [await measureMemoryBandwidth(threads, PROBE_BYTES, 3)];
   const roundTokensPerS: number[] = [];
   for (let round = 0; round < DECODE_ROUNDS; round++) {
     t0 = performance.now();
     for (let s = 0; s < decodeSteps; s++) checkStep(await engine.step(decodePlan));
     roundTokensPerS.push((batch * decodeSteps) / ((performance.now() - t0) / 1000));
-    bandwidthSamples.push(await measureMemoryBandwidth(threads, 2 ** 29, 3));
+    bandwidthSamples.push(await measureMemoryBandwidth(threads, PROBE_BYTES, 3));
   }
   await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: seqIds });
   engine.dispose();
@@ -130,7 +141,7 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
     decodeTokensPerS: Math.max(...roundTokensPerS),
     decodeTokensPerSMedian: median(roundTokensPerS),
     decodeStepMs: (1000 * batch) / Math.max(...roundTokensPerS),
-    peakRssBytes: process.resourceUsage().maxRSS * 1024,
+    peakRssBytes,
     info: info as unknown as Record<string, unknown>,
   };
 }
@@ -150,6 +161,21 @@ async function main(): Promise<void> {
   const batches = args.batch!.split(',').map(Number);
   const precisions = args.precision!.split(',') as MatmulPrecision[];
   const rows: WorkerResult[] = [];
+  // The plain streaming-read check and the llama.cpp peer run before and after sluice's rows.
+  const root = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  const peerThreads = threads > 0 ? threads : os.cpus().length;
+  const llamaCpp = llamaCppPackage(args['llama-cpp']);
+  const streamChecks: StreamReadCheck[] = [];
+  const peers: PeerRow[] = [];
+  const sidePass = () => {
+    const check = streamReadCheck(root, peerThreads);
+    if (check) streamChecks.push(check);
+    if (llamaCpp) {
+      process.stderr.write(`llama.cpp peer (bf16, batch 1, ${peerThreads} threads)...\n`);
+      peers.push(runLlamaCppPeer(llamaCpp, modelDir, 'bf16', { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
+    }
+  };
+  sidePass();
   const self = fileURLToPath(import.meta.url);
   for (const precision of precisions) {
     for (const batch of batches) {
@@ -161,6 +187,7 @@ async function main(): Promise<void> {
       rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
     }
   }
+  sidePass();
   const info = rows[0]!.info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
   const bandwidth = Math.max(...rows.flatMap((r) => r.bandwidthSamples));
   const rssLimit = 1.3 * info.weightBytes + info.kvCacheBytes;
@@ -178,6 +205,27 @@ async function main(): Promise<void> {
     };
   };
   const targets = precisions.map(evaluate);
+
+  // The batch-1 roofline of each batch-1 row: its bandwidth samples / the bytes its step streams.
+  const shape = rows[0]!.info as unknown as DecodeShape;
+  const tied = tiedEmbeddings(modelDir);
+  const contextTokens = promptLen + 1 + Math.floor((DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
+  const rooflines = rows.filter((r) => r.batch === 1).map((r) => {
+    const q = (r as { quantization?: string }).quantization ?? 'none';
+    const weightBytes = (r as { weightBytes?: number }).weightBytes ?? shape.weightBytes;
+    const bytesPerToken = decodeBytesPerToken({ ...shape, weightBytes },
+      { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens });
+    const probeBest = Math.max(...r.bandwidthSamples), probeMedian = medianOf(r.bandwidthSamples);
+    return {
+      precision: r.precision, quantization: q, bytesPerToken, contextTokens,
+      probeBestBytesPerS: probeBest, probeMedianBytesPerS: probeMedian,
+      rooflineTokensPerS: probeBest / bytesPerToken,
+      decodeTokensPerS: r.decodeTokensPerS,
+      decodeVsRoofline: r.decodeTokensPerS / (probeBest / bytesPerToken),
+      decodeMedianVsMedianRoofline: r.decodeTokensPerSMedian / (probeMedian / bytesPerToken),
+    };
+  });
+  const checkSamples = streamChecks.flatMap((c) => c.samplesBytesPerS);
 
   console.log(`model ${args.model ?? args.preset} (${info.architecture}, ${info.weightDtype}), weights ${(info.weightBytes / 1e6).toFixed(1)} MB, ` +
     `KV pool ${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, cpu ${info.simd} x${info.numThreads}`);
@@ -199,6 +247,32 @@ async function main(): Promise<void> {
       `peak RSS ${pct(t.peakRssOverLimit)} of 1.3 x weights + KV budget (target <= 100%)`);
   }
 
+  console.log('');
+  const gbs = (x: number) => (x / 1e9).toFixed(1);
+  console.log(`memory bandwidth, ${peerThreads} threads, ${(PROBE_BYTES / 2 ** 30).toFixed(1)} GiB buffers: probe best ${gbs(Math.max(...rows.flatMap((r) => r.bandwidthSamples)))} / median ` +
+    `${gbs(medianOf(rows.flatMap((r) => r.bandwidthSamples)))} GB/s (around decode rounds); plain streaming read (sluice_stream_read) ` +
+    (checkSamples.length ? `best ${gbs(Math.max(...checkSamples))} / median ${gbs(medianOf(checkSamples))} GB/s (before and after the rows)` : 'not built (build/sluice_stream_read)'));
+  for (const r of rooflines) {
+    console.log(`[${r.precision}${r.quantization === 'none' ? '' : `, ${r.quantization}`}] batch-1 decode ${r.decodeTokensPerS.toFixed(1)} tok/s = ` +
+      `${(100 * r.decodeVsRoofline).toFixed(0)}% of the roofline ${r.rooflineTokensPerS.toFixed(1)} tok/s (best bandwidth sample / ${(r.bytesPerToken / 1e6).toFixed(1)} MB per token, ` +
+      `weights + KV at ${r.contextTokens} tokens); medians: ${(100 * r.decodeMedianVsMedianRoofline).toFixed(0)}%`);
+  }
+  if (peers.length > 0) {
+    console.log('');
+    console.log('| engine | weights | threads | batch | prefill tok/s | decode tok/s | decode step ms | peak RSS MB |');
+    console.log('|--------|---------|--------:|------:|--------------:|-------------:|---------------:|------------:|');
+    for (const p of peers) {
+      console.log(`| llama.cpp (node-llama-cpp ${p.version}) | ${p.weights} | ${p.threads} | 1 | ${p.prefillTokensPerS.toFixed(1)} | ${p.decodeTokensPerS.toFixed(1)} | ${p.decodeStepMs.toFixed(2)} | ${(p.peakRssBytes / 1e6).toFixed(0)} |`);
+    }
+    for (const r of rows.filter((x) => x.batch === 1 && ((x as { quantization?: string }).quantization ?? 'none') === 'none')) {
+      console.log(`| sluice (${r.precision}) | ${shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
+    }
+    const peerBest = Math.max(...peers.map((p) => p.decodeTokensPerS));
+    for (const r of rooflines.filter((x) => x.quantization === 'none')) {
+      console.log(`[${r.precision}] batch-1 decode = ${(r.decodeTokensPerS / peerBest).toFixed(2)}x llama.cpp's best run (target >= 1x for bf16)`);
+    }
+  }
+
   const result = {
     bench: 'engine',
     date: new Date().toISOString(),
@@ -209,6 +283,9 @@ async function main(): Promise<void> {
     decodeRooflineTokensPerS: bandwidth / info.weightBytes,
     rows,
     targets,
+    // bench/roofline.ts: per batch-1 row, bytes per token and the probe; the independent check.
+    roofline: { probeBytes: PROBE_BYTES, rows: rooflines, streamReadChecks: streamChecks },
+    peers,
     simd: nativeAddon().simdLevel(),
   };
   for (const r of result.rows) delete (r as Partial<WorkerResult>).info;

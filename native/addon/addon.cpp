@@ -452,7 +452,7 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
 Napi::Value MeasureBandwidth(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   int threads = info[0].IsNumber() ? info[0].As<Napi::Number>().Int32Value() : 0;
-  size_t bytes = info[1].IsNumber() ? size_t(info[1].As<Napi::Number>().Int64Value()) : (size_t(1) << 30);
+  size_t bytes = info[1].IsNumber() ? size_t(info[1].As<Napi::Number>().Int64Value()) : 0;  // 0: the native default
   int repeats = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : 5;
   auto* worker = new PromiseWorker<double>(
       env, [=]() { return sluice::measure_memory_bandwidth(threads, bytes, repeats); },

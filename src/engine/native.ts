@@ -88,7 +88,10 @@ export function cudaUnavailableReason(): string | undefined {
   return nativeAddon().cudaUnavailableReason() || undefined;
 }
 
-/** Streaming read bandwidth of main memory in bytes/s. */
-export function measureMemoryBandwidth(numThreads = 0, bytes = 1 << 30, repeats = 5): Promise<number> {
+/**
+ * Streaming read bandwidth of main memory in bytes/s, best of `repeats`; each of `numThreads`
+ * threads (0: one per CPU) streams its contiguous slice. bytes 0: max(1 GiB, 8 x last-level cache).
+ */
+export function measureMemoryBandwidth(numThreads = 0, bytes = 0, repeats = 5): Promise<number> {
   return nativeAddon().measureMemoryBandwidth(numThreads, bytes, repeats);
 }

@@ -218,8 +218,11 @@ class Engine {
   virtual void inject_fault(uint32_t seq_id, FaultPoint point) = 0;
 };
 
-// Streaming read bandwidth of main memory in bytes/s with `num_threads` threads.
-double measure_memory_bandwidth(int num_threads, size_t bytes = size_t(1) << 30, int repeats = 5);
+// Streaming read bandwidth of main memory in bytes/s with `num_threads` threads (<= 0: one per
+// online CPU), best of `repeats`: each thread streams its contiguous slice of one buffer, as the
+// batch-1 GEMV streams its slice of the weights. bytes = 0 picks max(1 GiB, 8 x the last-level
+// cache), so no part of the buffer is still cached when it is read again.
+double measure_memory_bandwidth(int num_threads, size_t bytes = 0, int repeats = 5);
 
 // Device-to-device copy bandwidth of the CUDA device in bytes/s (bytes read + bytes written),
 // best of `repeats`. Throws Error(kBackendUnavailable) without the CUDA backend or a device.

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cpu/cpu_features.h"
@@ -392,7 +394,23 @@ void apply_token_masks(ThreadPool& pool, float* logits, int64_t R, int64_t V, co
   });
 }
 
+size_t probe_bytes() {
+  size_t largest = 0;
+  for (int index = 0; index < 8; index++) {
+    const std::string path = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size";
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) continue;
+    unsigned long long size = 0;
+    char unit = 0;
+    if (std::fscanf(f, "%llu%c", &size, &unit) >= 1)
+      largest = std::max<size_t>(largest, size_t(size) * (unit == 'K' ? 1024 : unit == 'M' ? 1 << 20 : 1));
+    std::fclose(f);
+  }
+  return std::max<size_t>(size_t(1) << 30, 8 * largest);
+}
+
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
+  if (bytes == 0) bytes = probe_bytes();
   const size_t n = bytes / sizeof(uint64_t);
   void* mem = ::mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return 0;

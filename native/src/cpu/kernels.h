@@ -104,7 +104,10 @@ void apply_token_masks(ThreadPool& pool, float* logits, int64_t R, int64_t V, co
                        uint8_t* allows_any);
 
 // Read bandwidth of main memory in bytes/s, measured by streaming `bytes` with all threads of
-// the pool (best of `repeats`). Used by the bench for the decode roofline.
+// the pool, each its contiguous slice (best of `repeats`). bytes = 0: probe_bytes(). Used by the
+// bench for the decode roofline.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats);
+// max(1 GiB, 8 x the largest CPU cache sysfs reports): a buffer no cache level can hold.
+size_t probe_bytes();
 
 }  // namespace sluice::cpu
