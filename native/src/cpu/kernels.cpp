@@ -281,8 +281,10 @@ void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, floa
 void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {
   auto fn = pick(silu_mul_generic, silu_mul_avx2, silu_mul_avx512);
   // Split on multiples of 16 so every element goes through the same vector lane position class.
+  // At least 16K elements a thread: a decode row (a few thousand) runs on the caller, without
+  // a parallel region that costs more than it saves.
   const int64_t n = T * D, units = (n + 15) / 16;
-  pool.parallel_for(units, 256, [&](int64_t b, int64_t e) {
+  pool.parallel_for(units, 1024, [&](int64_t b, int64_t e) {
     const int64_t lo = b * 16, hi = std::min(n, e * 16);
     fn(gate + lo, up + lo, hi - lo, out + lo);
   });

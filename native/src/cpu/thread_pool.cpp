@@ -23,6 +23,12 @@ namespace sluice::cpu {
 // Workers wait for a new "generation" number. They spin for a short while first because a
 // decode step issues hundreds of small parallel regions back to back, and a futex sleep/wake
 // per region would cost more than the regions themselves; after the spin they block.
+// NOTE: past kSpinsBeforeYield pauses a waiting thread (a worker between regions, the caller
+// waiting for the workers) yields its core at each turn: on a machine shared with other
+// processes, a pool thread is often descheduled mid-region, and a waiter that keeps spinning
+// burns the time slice that thread needs to finish (batch-1 decode GEMVs on 2 threads with
+// another process busy: about 10 -> 23 GB/s). On an idle machine yield returns at once.
+constexpr int kSpinsBeforeYield = 500;
 struct ThreadPool::Impl {
   int num_threads = 1;
   std::vector<std::thread> workers;
@@ -46,6 +52,7 @@ struct ThreadPool::Impl {
         int spins = 0;
         while ((g = generation.load(std::memory_order_acquire)) == seen && !stop.load(std::memory_order_relaxed)) {
           SLUICE_PAUSE();
+          if (spins >= kSpinsBeforeYield) std::this_thread::yield();
           if (++spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
             std::unique_lock<std::mutex> lock(mu);
             sleepers.fetch_add(1);
@@ -111,7 +118,10 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     caller_error = std::current_exception();
   }
   // Wait even when our share threw: the workers are still running `fn`, which the caller owns.
-  while (p.pending.load(std::memory_order_acquire) != 0) SLUICE_PAUSE();
+  for (int spins = 0; p.pending.load(std::memory_order_acquire) != 0; spins++) {
+    SLUICE_PAUSE();
+    if (spins >= kSpinsBeforeYield) std::this_thread::yield();
+  }
   p.job = nullptr;
   std::exception_ptr worker_error;
   {

@@ -209,7 +209,7 @@ void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& ou
   if (sample_scratch_.size() < size_t(threads)) sample_scratch_.resize(size_t(threads));
   row_failure_.assign(size_t(R), RowFailure{});
   std::atomic<int64_t> next_row{0};
-  pool_.run([&](int index, int) {
+  const auto sample_rows = [&](int index, int) {
     SampleScratch& scratch = sample_scratch_[size_t(index)];
     for (int64_t r = next_row.fetch_add(1); r < R; r = next_row.fetch_add(1)) {
       // One row's failure is that row's alone: it is reported and the next row is sampled.
@@ -233,7 +233,10 @@ void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& ou
         failure = {true, ErrorCode::kInternal, e.what()};
       }
     }
-  });
+  };
+  // One row (batch-1 decode) is sampled on this thread: no parallel region to start and join.
+  if (R == 1) sample_rows(0, 1);
+  else pool_.run(sample_rows);
   for (int64_t r = 0; r < R; r++) {
     const RowFailure& f = row_failure_[size_t(r)];
     if (f.failed) fail_row(out, r, f.code, f.message);
