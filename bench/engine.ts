@@ -11,8 +11,10 @@
 // The roofline is bandwidth / bytes streamed per token (bench/roofline.ts: the probe, its
 // independent check build/sluice_stream_read, the bytes). With --llama-cpp DIR (or
 // SLUICE_NODE_LLAMA_CPP=DIR; DIR = an installed node-llama-cpp package, not a dependency of
-// sluice) llama.cpp runs the same model as a GGUF, batch 1, same prompt, steps and threads,
-// before and after sluice's rows (bench/peer-llama-cpp.ts). Prints a table and writes JSON (default bench/results/engine-cpu.json).
+// sluice) llama.cpp runs the same model as a GGUF, batch 1, same prompt, steps and threads
+// (bench/peer-llama-cpp.ts), alternating with sluice batch-1 runs: --pairs N (default 3) pairs
+// of (llama.cpp, sluice), one before sluice's table and the rest after, so that the load of a
+// shared machine falls on both; the best and the median run of each are compared. Prints a table and writes JSON (default bench/results/engine-cpu.json).
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -51,6 +53,7 @@ const { values: args } = parseArgs({
     'native-bin': { type: 'string' },
     // The llama.cpp peer: an installed node-llama-cpp package directory (else SLUICE_NODE_LLAMA_CPP).
     'llama-cpp': { type: 'string' },
+    pairs: { type: 'string', default: '3' },
     // --backend onnx (engine-onnx.ts): which exports to run.
     'onnx-quantization': { type: 'string' },
   },
@@ -167,14 +170,25 @@ async function main(): Promise<void> {
   const llamaCpp = llamaCppPackage(args['llama-cpp']);
   const streamChecks: StreamReadCheck[] = [];
   const peers: PeerRow[] = [];
+  // sluice's batch-1 runs paired with the peer's (precision bf16 when it is benched).
+  const pairedPrecision: MatmulPrecision = precisions.includes('bf16') ? 'bf16' : precisions[0]!;
+  const paired: WorkerResult[] = [];
   const sidePass = () => {
     const check = streamReadCheck(root, peerThreads);
     if (check) streamChecks.push(check);
-    if (llamaCpp) {
-      process.stderr.write(`llama.cpp peer (bf16, batch 1, ${peerThreads} threads)...\n`);
-      peers.push(runLlamaCppPeer(llamaCpp, modelDir, 'bf16', { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
-    }
+    if (!llamaCpp) return;
+    process.stderr.write(`llama.cpp peer (bf16, batch 1, ${peerThreads} threads)...\n`);
+    peers.push(runLlamaCppPeer(llamaCpp, modelDir, 'bf16', { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
+    process.stderr.write(`sluice beside it (precision ${pairedPrecision}, batch 1)...\n`);
+    const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', '1', '--model', modelDir, '--prompt', String(promptLen),
+      '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', pairedPrecision],
+      { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+    if (child.status !== 0) throw new Error(`bench worker for the paired batch-1 run failed (exit ${child.status})`);
+    const row = JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult;
+    delete (row as Partial<WorkerResult>).info;
+    paired.push(row);
   };
+  const pairs = llamaCpp ? Math.max(1, Number(args.pairs)) : 1;
   sidePass();
   const self = fileURLToPath(import.meta.url);
   for (const precision of precisions) {
@@ -187,7 +201,7 @@ async function main(): Promise<void> {
       rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
     }
   }
-  sidePass();
+  for (let i = 1; i < Math.max(2, pairs); i++) sidePass();
   const info = rows[0]!.info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
   const bandwidth = Math.max(...rows.flatMap((r) => r.bandwidthSamples));
   const rssLimit = 1.3 * info.weightBytes + info.kvCacheBytes;
@@ -267,10 +281,14 @@ async function main(): Promise<void> {
     for (const r of rows.filter((x) => x.batch === 1 && ((x as { quantization?: string }).quantization ?? 'none') === 'none')) {
       console.log(`| sluice (${r.precision}) | ${shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
     }
-    const peerBest = Math.max(...peers.map((p) => p.decodeTokensPerS));
-    for (const r of rooflines.filter((x) => x.quantization === 'none')) {
-      console.log(`[${r.precision}] batch-1 decode = ${(r.decodeTokensPerS / peerBest).toFixed(2)}x llama.cpp's best run (target >= 1x for bf16)`);
+    for (const r of paired) {
+      console.log(`| sluice (${r.precision}, paired) | ${shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
     }
+    const decodes = (xs: { decodeTokensPerS: number }[]) => xs.map((x) => x.decodeTokensPerS);
+    const prefills = (xs: { prefillTokensPerS: number }[]) => xs.map((x) => x.prefillTokensPerS);
+    console.log(`[${pairedPrecision}] over ${paired.length} alternating pairs: batch-1 decode, best ${(Math.max(...decodes(paired)) / Math.max(...decodes(peers))).toFixed(2)}x / ` +
+      `median ${(medianOf(decodes(paired)) / medianOf(decodes(peers))).toFixed(2)}x llama.cpp's (target >= 1x); prefill of ${promptLen} tokens, best ` +
+      `${(Math.max(...prefills(paired)) / Math.max(...prefills(peers))).toFixed(2)}x / median ${(medianOf(prefills(paired)) / medianOf(prefills(peers))).toFixed(2)}x`);
   }
 
   const result = {
@@ -285,7 +303,9 @@ async function main(): Promise<void> {
     targets,
     // bench/roofline.ts: per batch-1 row, bytes per token and the probe; the independent check.
     roofline: { probeBytes: PROBE_BYTES, rows: rooflines, streamReadChecks: streamChecks },
+    // llama.cpp runs and the sluice batch-1 runs alternating with them (pair i = peers[i], paired[i]).
     peers,
+    paired,
     simd: nativeAddon().simdLevel(),
   };
   for (const r of result.rows) delete (r as Partial<WorkerResult>).info;
