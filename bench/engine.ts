@@ -12,7 +12,7 @@
 // independent check build/sluice_stream_read, the bytes). With --llama-cpp DIR (or
 // SLUICE_NODE_LLAMA_CPP=DIR; DIR = an installed node-llama-cpp package, not a dependency of
 // sluice) llama.cpp runs the same model as a GGUF, batch 1, same prompt, steps and threads
-// (bench/peer-llama-cpp.ts), alternating with sluice batch-1 runs: --pairs N (default 3) pairs
+// (bench/peer-llama-cpp.ts), alternating with sluice batch-1 runs: --pairs N (default 3, at least 2) pairs
 // of (llama.cpp, sluice), one before sluice's table and the rest after, so that the load of a
 // shared machine falls on both; the best and the median run of each are compared. Prints a table and writes JSON (default bench/results/engine-cpu.json).
 import { spawnSync } from 'node:child_process';
@@ -289,6 +289,11 @@ async function main(): Promise<void> {
     console.log(`[${pairedPrecision}] over ${paired.length} alternating pairs: batch-1 decode, best ${(Math.max(...decodes(paired)) / Math.max(...decodes(peers))).toFixed(2)}x / ` +
       `median ${(medianOf(decodes(paired)) / medianOf(decodes(peers))).toFixed(2)}x llama.cpp's (target >= 1x); prefill of ${promptLen} tokens, best ` +
       `${(Math.max(...prefills(paired)) / Math.max(...prefills(peers))).toFixed(2)}x / median ${(medianOf(prefills(paired)) / medianOf(prefills(peers))).toFixed(2)}x`);
+    const pairedRoofline = rooflines.find((r) => r.precision === pairedPrecision && r.quantization === 'none');
+    if (pairedRoofline) {
+      const pct = (r: WorkerResult) => `${((100 * r.decodeTokensPerS * pairedRoofline.bytesPerToken) / Math.max(...r.bandwidthSamples)).toFixed(0)}%`;
+      console.log(`[${pairedPrecision}] the paired sluice runs at ${paired.map(pct).join(' / ')} of their own rooflines (best bandwidth sample of each run)`);
+    }
   }
 
   const result = {
