@@ -2,7 +2,7 @@
 // the full TypeScript path through Engine beside the native loop: see engine-ts-path.ts):
 //   npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
 //   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N]
-//   [--precision f32,bf16] [--out FILE]
+//   [--precision f32,bf16] [--quantization none,int8] [--out FILE]
 // This default mode drives the native handle directly (plan adds / frees, no scheduler).
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
 // Memory bandwidth is sampled in that same process around each round of decode steps (this
@@ -28,7 +28,7 @@ import { ensureBenchModel } from './bench-model.js';
 import { llamaCppPackage, runLlamaCppPeer, type PeerRow } from './peer-llama-cpp.js';
 import { PROBE_BYTES, decodeBytesPerToken, median as medianOf, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
-import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
+import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/engine/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -44,6 +44,8 @@ const { values: args } = parseArgs({
     threads: { type: 'string', default: '0' },
     'kv-gib': { type: 'string', default: '2' },
     precision: { type: 'string', default: 'f32,bf16' },
+    // Weights as stored (none) and/or quantized at load to Q8_0 (int8); every precision runs each.
+    quantization: { type: 'string', default: 'none' },
     out: { type: 'string', default: 'bench/results/engine-cpu.json' },
     worker: { type: 'string' },
     // --path ts (engine-ts-path.ts; its own defaults): the full TypeScript path beside sluice_bench.
@@ -61,6 +63,9 @@ const { values: args } = parseArgs({
 
 interface WorkerResult {
   precision: MatmulPrecision;
+  quantization: Quantization;
+  /** Bytes of the weights as the engine holds them (int8: the Q8_0 copies). */
+  weightBytes: number;
   batch: number;
   /** Read bandwidth samples (bytes/s) taken around the decode loop. */
   bandwidthSamples: number[];
@@ -91,8 +96,9 @@ function checkStep(res: NativeStepResult): NativeStepResult {
   return res;
 }
 
-async function runWorker(modelDir: string, batch: number, precision: MatmulPrecision): Promise<WorkerResult> {
-  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision, prefixCaching: false });
+async function runWorker(modelDir: string, batch: number, precision: MatmulPrecision, quantization: Quantization): Promise<WorkerResult> {
+  const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision,
+    quantization, prefixCaching: false });
   const info = engine.info();
   const sampling = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
   const seqIds = Uint32Array.from({ length: batch }, (_, i) => i + 1);
@@ -137,6 +143,8 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
   engine.dispose();
   return {
     precision,
+    quantization,
+    weightBytes: info.weightBytes,
     batch,
     bandwidthSamples,
     prefillTokensPerS: (batch * promptLen) / (prefillMs / 1000),
@@ -156,13 +164,14 @@ async function main(): Promise<void> {
   if (args.path === 'ts') return (await import('./engine-ts-path.js')).main();  // its own defaults and output
   if (args.path !== undefined && args.path !== 'native') throw new Error(`--path must be native or ts, got ${args.path}`);
   if (args.worker) {
-    const result = await runWorker(args.model!, Number(args.worker), args.precision as MatmulPrecision);
+    const result = await runWorker(args.model!, Number(args.worker), args.precision as MatmulPrecision, args.quantization as Quantization);
     process.stdout.write(JSON.stringify(result) + '\n');
     return;
   }
   const modelDir = args.model ? resolve(args.model) : await ensureBenchModel(args.preset!, args.dtype as 'f32' | 'f16' | 'bf16');
   const batches = args.batch!.split(',').map(Number);
   const precisions = args.precision!.split(',') as MatmulPrecision[];
+  const quantizations = args.quantization!.split(',') as Quantization[];
   const rows: WorkerResult[] = [];
   // The plain streaming-read check and the llama.cpp peer run before and after sluice's rows.
   const root = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -191,37 +200,45 @@ async function main(): Promise<void> {
   const pairs = llamaCpp ? Math.max(1, Number(args.pairs)) : 1;
   sidePass();
   const self = fileURLToPath(import.meta.url);
-  for (const precision of precisions) {
-    for (const batch of batches) {
-      process.stderr.write(`precision ${precision}, batch ${batch}: prefill ${batch}x${promptLen} tokens, ${decodeSteps} decode steps...\n`);
-      const child = spawnSync(process.execPath, [self, '--worker', String(batch), '--model', modelDir, '--prompt', String(promptLen),
-        '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', precision],
-        { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
-      if (child.status !== 0) throw new Error(`bench worker for batch ${batch} failed (exit ${child.status})`);
-      rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
+  for (const quantization of quantizations) {
+    for (const precision of precisions) {
+      for (const batch of batches) {
+        process.stderr.write(`precision ${precision}, quantization ${quantization}, batch ${batch}: prefill ${batch}x${promptLen} tokens, ${decodeSteps} decode steps...\n`);
+        const child = spawnSync(process.execPath, [self, '--worker', String(batch), '--model', modelDir, '--prompt', String(promptLen),
+          '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', precision,
+          '--quantization', quantization], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+        if (child.status !== 0) throw new Error(`bench worker for batch ${batch} failed (exit ${child.status})`);
+        rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
+      }
     }
   }
   for (let i = 1; i < Math.max(2, pairs); i++) sidePass();
-  const info = rows[0]!.info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
+  // Model facts from an unquantized row where there is one (int8 rows report their Q8_0 weights).
+  const baseRow = rows.find((r) => r.quantization === 'none') ?? rows[0]!;
+  const info = baseRow.info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
   const bandwidth = Math.max(...rows.flatMap((r) => r.bandwidthSamples));
   const rssLimit = 1.3 * info.weightBytes + info.kvCacheBytes;
-  const evaluate = (precision: MatmulPrecision) => {
-    const b1 = rows.find((r) => r.precision === precision && r.batch === 1);
-    const b32 = rows.find((r) => r.precision === precision && r.batch === 32);
-    const roofline = b1 ? Math.max(...b1.bandwidthSamples) / info.weightBytes : null;
+  const evaluate = (precision: MatmulPrecision, quantization: Quantization) => {
+    const mine = rows.filter((r) => r.precision === precision && r.quantization === quantization);
+    const b1 = mine.find((r) => r.batch === 1);
+    const b32 = mine.find((r) => r.batch === 32);
+    const unquantizedB1 = rows.find((r) => r.precision === precision && r.quantization === 'none' && r.batch === 1);
+    const roofline = b1 ? Math.max(...b1.bandwidthSamples) / b1.weightBytes : null;
     return {
       precision,
+      quantization,
+      batch1DecodeOverUnquantized: quantization !== 'none' && b1 && unquantizedB1 ? b1.decodeTokensPerS / unquantizedB1.decodeTokensPerS : null,
       decodeRooflineTokensPerS: roofline,
       batch1DecodeVsRoofline: b1 && roofline ? b1.decodeTokensPerS / roofline : null,
       batch32OverBatch1Decode: b1 && b32 ? b32.decodeTokensPerS / b1.decodeTokensPerS : null,
       prefillTokensPerS: b1?.prefillTokensPerS ?? null,
-      peakRssOverLimit: Math.max(...rows.filter((r) => r.precision === precision).map((r) => r.peakRssBytes)) / rssLimit,
+      peakRssOverLimit: Math.max(...mine.map((r) => r.peakRssBytes)) / rssLimit,
     };
   };
-  const targets = precisions.map(evaluate);
+  const targets = quantizations.flatMap((q) => precisions.map((p) => evaluate(p, q)));
 
   // The batch-1 roofline of each batch-1 row: its bandwidth samples / the bytes its step streams.
-  const shape = rows[0]!.info as unknown as DecodeShape;
+  const shape = baseRow.info as unknown as DecodeShape;
   const tied = tiedEmbeddings(modelDir);
   const contextTokens = promptLen + 1 + Math.floor((DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
   const rooflines = rows.filter((r) => r.batch === 1).map((r) => {
@@ -246,16 +263,19 @@ async function main(): Promise<void> {
   console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s (best of ${rows.length * (DECODE_ROUNDS + 1)} samples) -> batch-1 decode roofline ${(bandwidth / info.weightBytes).toFixed(1)} tok/s`);
   console.log(`decode tok/s: best of ${DECODE_ROUNDS} rounds of ${decodeSteps} steps; roofline per row from the best bandwidth sample of that process`);
   console.log('');
-  console.log('| precision | batch | prefill tok/s | decode tok/s | decode step ms | bandwidth GB/s | peak RSS MB |');
-  console.log('|-----------|------:|--------------:|-------------:|---------------:|---------------:|------------:|');
+  console.log('| weights | precision | batch | prefill tok/s | decode tok/s | decode step ms | bandwidth GB/s | peak RSS MB |');
+  console.log('|---------|-----------|------:|--------------:|-------------:|---------------:|---------------:|------------:|');
   for (const r of rows) {
-    console.log(`| ${r.precision} | ${r.batch} | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ` +
+    console.log(`| ${r.quantization === 'int8' ? 'q8_0' : info.weightDtype} | ${r.precision} | ${r.batch} | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ` +
       `${(Math.max(...r.bandwidthSamples) / 1e9).toFixed(1)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
   }
   console.log('');
   const pct = (x: number | null) => (x === null ? 'n/a' : `${(100 * x).toFixed(0)}%`);
   for (const t of targets) {
-    console.log(`[${t.precision}] batch-1 decode at ${pct(t.batch1DecodeVsRoofline)} of roofline (target >= 90%); ` +
+    if (t.batch1DecodeOverUnquantized !== null) {
+      console.log(`[${t.precision}, ${t.quantization}] batch-1 decode = ${t.batch1DecodeOverUnquantized.toFixed(2)}x the unquantized weights' (target >= 1.7x)`);
+    }
+    console.log(`[${t.precision}${t.quantization === 'none' ? '' : `, ${t.quantization}`}] batch-1 decode at ${pct(t.batch1DecodeVsRoofline)} of roofline (target >= 90%); ` +
       `batch-32 decode = ${t.batch32OverBatch1Decode?.toFixed(1) ?? 'n/a'}x batch 1 (target >= 8x); ` +
       `prefill of ${promptLen} tokens ${t.prefillTokensPerS?.toFixed(0) ?? 'n/a'} tok/s (target >= 250); ` +
       `peak RSS ${pct(t.peakRssOverLimit)} of 1.3 x weights + KV budget (target <= 100%)`);
@@ -278,8 +298,8 @@ async function main(): Promise<void> {
     for (const p of peers) {
       console.log(`| llama.cpp (node-llama-cpp ${p.version}) | ${p.weights} | ${p.threads} | 1 | ${p.prefillTokensPerS.toFixed(1)} | ${p.decodeTokensPerS.toFixed(1)} | ${p.decodeStepMs.toFixed(2)} | ${(p.peakRssBytes / 1e6).toFixed(0)} |`);
     }
-    for (const r of rows.filter((x) => x.batch === 1 && ((x as { quantization?: string }).quantization ?? 'none') === 'none')) {
-      console.log(`| sluice (${r.precision}) | ${shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
+    for (const r of rows.filter((x) => x.batch === 1)) {
+      console.log(`| sluice (${r.precision}) | ${r.quantization === 'int8' ? 'q8_0' : shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
     }
     for (const r of paired) {
       console.log(`| sluice (${r.precision}, paired) | ${shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);

@@ -1,6 +1,7 @@
 // Native engine bench, no Node needed:
 //   sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt 512] [--decode 32]
-//                [--threads N] [--kv-bytes BYTES] [--gpu-memory-utilization F] [--json FILE]
+//                [--threads N] [--kv-bytes BYTES] [--gpu-memory-utilization F] [--precision f32|bf16]
+//                [--quantization none|int8] [--json FILE]
 // Prints a table: memory bandwidth (CPU: streaming read; CUDA: device-to-device copy, read +
 // written bytes), the batch-1 decode roofline (weight bytes / bandwidth), and per batch size the
 // prefill and decode throughput. The Node bench (bench/engine.ts) drives the same engine through
@@ -48,7 +49,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, json_out, precision = "f32", backend = "cpu";
+  std::string model, json_out, precision = "f32", backend = "cpu", quantization = "none";
   std::vector<int> batches{1, 8, 32};
   int prompt_len = 512, decode_steps = 32, threads = 0;
   size_t kv_bytes = 0;
@@ -70,10 +71,11 @@ int main(int argc, char** argv) {
     else if (a == "--kv-bytes") kv_bytes = size_t(std::atoll(next().c_str()));
     else if (a == "--json") json_out = next();
     else if (a == "--precision") precision = next();
+    else if (a == "--quantization") quantization = next();
     else if (a == "--backend") backend = next();
     else if (a == "--gpu-memory-utilization") gpu_util = std::atof(next().c_str());
     else {
-      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--json FILE]\n");
+      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--quantization none|int8] [--json FILE]\n");
       return 2;
     }
   }
@@ -93,6 +95,7 @@ int main(int argc, char** argv) {
     opts.gpu_memory_utilization = gpu_util;
     opts.num_threads = threads;
     opts.matmul_precision = precision;
+    opts.quantization = quantization;
     opts.prefix_caching = false;  // the same prompts repeat across batch sizes: measure compute, not hits
     auto engine = Engine::load(opts);
     const EngineInfo info = engine->info();
