@@ -26,9 +26,13 @@ import { machineInfo } from './machine.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { llamaCppPackage, runLlamaCppPeer, type PeerRow } from './peer-llama-cpp.js';
+import type { GgufWeightType } from './gguf.js';
 import { PROBE_BYTES, decodeBytesPerToken, median as medianOf, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
 import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/engine/native-types.js';
+
+/** The llama.cpp GGUF weights benched beside sluice's rows of a quantization. */
+const peerWeights = (quantization: Quantization): GgufWeightType => (quantization === 'int8' ? 'q8_0' : 'bf16');
 
 const { values: args } = parseArgs({
   options: {
@@ -177,6 +181,7 @@ async function main(): Promise<void> {
   const root = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
   const peerThreads = threads > 0 ? threads : os.cpus().length;
   const llamaCpp = llamaCppPackage(args['llama-cpp']);
+  const loadAtStart = os.loadavg()[0];
   const streamChecks: StreamReadCheck[] = [];
   const peers: PeerRow[] = [];
   // sluice's batch-1 runs paired with the peer's (precision bf16 when it is benched).
@@ -186,16 +191,20 @@ async function main(): Promise<void> {
     const check = streamReadCheck(root, peerThreads);
     if (check) streamChecks.push(check);
     if (!llamaCpp) return;
-    process.stderr.write(`llama.cpp peer (bf16, batch 1, ${peerThreads} threads)...\n`);
-    peers.push(runLlamaCppPeer(llamaCpp, modelDir, 'bf16', { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
-    process.stderr.write(`sluice beside it (precision ${pairedPrecision}, batch 1)...\n`);
-    const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', '1', '--model', modelDir, '--prompt', String(promptLen),
-      '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', pairedPrecision],
-      { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
-    if (child.status !== 0) throw new Error(`bench worker for the paired batch-1 run failed (exit ${child.status})`);
-    const row = JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult;
-    delete (row as Partial<WorkerResult>).info;
-    paired.push(row);
+    // Each weight format benched has its peer: bf16 GGUF beside unquantized rows, Q8_0 beside int8.
+    for (const quantization of quantizations) {
+      const weights = peerWeights(quantization);
+      process.stderr.write(`llama.cpp peer (${weights}, batch 1, ${peerThreads} threads)...\n`);
+      peers.push(runLlamaCppPeer(llamaCpp, modelDir, weights, { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
+      process.stderr.write(`sluice beside it (precision ${pairedPrecision}, quantization ${quantization}, batch 1)...\n`);
+      const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', '1', '--model', modelDir, '--prompt', String(promptLen),
+        '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', pairedPrecision,
+        '--quantization', quantization], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+      if (child.status !== 0) throw new Error(`bench worker for the paired batch-1 run failed (exit ${child.status})`);
+      const row = JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult;
+      delete (row as Partial<WorkerResult>).info;
+      paired.push(row);
+    }
   };
   const pairs = llamaCpp ? Math.max(1, Number(args.pairs)) : 1;
   sidePass();
@@ -302,17 +311,23 @@ async function main(): Promise<void> {
       console.log(`| sluice (${r.precision}) | ${r.quantization === 'int8' ? 'q8_0' : shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
     }
     for (const r of paired) {
-      console.log(`| sluice (${r.precision}, paired) | ${shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
+      console.log(`| sluice (${r.precision}, paired) | ${r.quantization === 'int8' ? 'q8_0' : shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
     }
     const decodes = (xs: { decodeTokensPerS: number }[]) => xs.map((x) => x.decodeTokensPerS);
     const prefills = (xs: { prefillTokensPerS: number }[]) => xs.map((x) => x.prefillTokensPerS);
-    console.log(`[${pairedPrecision}] over ${paired.length} alternating pairs: batch-1 decode, best ${(Math.max(...decodes(paired)) / Math.max(...decodes(peers))).toFixed(2)}x / ` +
-      `median ${(medianOf(decodes(paired)) / medianOf(decodes(peers))).toFixed(2)}x llama.cpp's (target >= 1x); prefill of ${promptLen} tokens, best ` +
-      `${(Math.max(...prefills(paired)) / Math.max(...prefills(peers))).toFixed(2)}x / median ${(medianOf(prefills(paired)) / medianOf(prefills(peers))).toFixed(2)}x`);
-    const pairedRoofline = rooflines.find((r) => r.precision === pairedPrecision && r.quantization === 'none');
-    if (pairedRoofline) {
-      const pct = (r: WorkerResult) => `${((100 * r.decodeTokensPerS * pairedRoofline.bytesPerToken) / Math.max(...r.bandwidthSamples)).toFixed(0)}%`;
-      console.log(`[${pairedPrecision}] the paired sluice runs at ${paired.map(pct).join(' / ')} of their own rooflines (best bandwidth sample of each run)`);
+    for (const quantization of quantizations) {
+      const mine = paired.filter((r) => r.quantization === quantization);
+      const theirs = peers.filter((p) => p.weights === peerWeights(quantization));
+      if (mine.length === 0 || theirs.length === 0) continue;
+      const label = `${pairedPrecision}${quantization === 'none' ? '' : `, ${quantization} vs ${peerWeights(quantization)}`}`;
+      console.log(`[${label}] over ${mine.length} alternating pairs: batch-1 decode, best ${(Math.max(...decodes(mine)) / Math.max(...decodes(theirs))).toFixed(2)}x / ` +
+        `median ${(medianOf(decodes(mine)) / medianOf(decodes(theirs))).toFixed(2)}x llama.cpp's (target >= 1x); prefill of ${promptLen} tokens, best ` +
+        `${(Math.max(...prefills(mine)) / Math.max(...prefills(theirs))).toFixed(2)}x / median ${(medianOf(prefills(mine)) / medianOf(prefills(theirs))).toFixed(2)}x`);
+      const pairedRoofline = rooflines.find((r) => r.precision === pairedPrecision && r.quantization === quantization);
+      if (pairedRoofline) {
+        const pct = (r: WorkerResult) => `${((100 * r.decodeTokensPerS * pairedRoofline.bytesPerToken) / Math.max(...r.bandwidthSamples)).toFixed(0)}%`;
+        console.log(`[${label}] the paired sluice runs at ${mine.map(pct).join(' / ')} of their own rooflines (best bandwidth sample of each run)`);
+      }
     }
   }
 
@@ -320,6 +335,8 @@ async function main(): Promise<void> {
     bench: 'engine',
     date: new Date().toISOString(),
     machine: machineInfo(),
+    // 1-minute load average when the run began and ended: other work on the machine shows here.
+    loadAverage: { start: loadAtStart, end: os.loadavg()[0] },
     model: { preset: args.model ? null : args.preset, dir: modelDir, ...info },
     settings: { promptTokens: promptLen, decodeSteps, threads: info.numThreads, prefillChunkTokens: 2048 },
     memoryBandwidthBytesPerS: bandwidth,
