@@ -9,7 +9,7 @@
 //   2. A 300-line batch (one file upload, one batch); once a tenth of its lines are done (their
 //      ledger rows), 30 background responses (asap, standard and flex, each with a completion
 //      webhook).
-//   3. At once: `kill -9` of the replica with the most sequences running (from its /metrics), and
+//   3. At once: `kill -9` of the replica holding the most leases (read from PostgreSQL), and
 //      SIGTERM of another (it drains, then exits, handing its leases back).
 //   4. The survivor finishes everything, after the killed replica's leases expire (--lease-seconds 2).
 //      Then: every background response is terminal with output, and every callback body for it is
@@ -244,7 +244,7 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
     // Created now, so that they are running when the replicas go.
     const background = await Promise.all(Array.from({ length: NUM_BACKGROUND }, async (_, i) => {
       const res = await api('POST', '/v1/responses', {
-        model: 'tiny', input: `Background ${i}: tell a short story about ${KEYS[i % KEYS.length]}.`, max_output_tokens: 64, temperature: 0,
+        model: 'tiny', input: `Background ${i}: tell a short story about ${KEYS[i % KEYS.length]}.`, max_output_tokens: 256, temperature: 0,
         background: true, metadata: { completion_window: WINDOWS[i % WINDOWS.length]!, completion_webhook: hook.url },
       });
       expect(res.status, JSON.stringify(res.json)).toBe(200);
@@ -252,31 +252,31 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
     }));
     expect(new Set(background).size).toBe(NUM_BACKGROUND);
 
-    // 3. Mid-way: kill -9 the replica with the most sequences running, SIGTERM another.
+    // 3. Mid-way: kill -9 the replica holding the most leases (batch chunks and background
+    // responses, read from PostgreSQL: its own work is what must move), SIGTERM another.
     const progress = (await api('GET', `/v1/batches/${batchId}`)).json;
-    // Work runs in chunks claimed as replicas have room: sample until some replica is running sequences.
-    const work = await waitFor('a replica running sequences', async () => {
-      const got = await Promise.all([...replicas].map(async ([name, p]) => [name, await workOn(p)] as const));
+    const ids = [...replicas].map(([name, p]) => [name, replicaIdOf(p)] as const);
+    const held = await waitFor('a replica holding leases', async () => {
+      const got = await Promise.all(ids.map(async ([name, id]) => [name, await leasesHeldBy(id)] as const));
       return got.some(([, n]) => n > 0) ? got : undefined;
-    }, 30_000, 50);
-    const [killed] = work.reduce((a, b) => (b[1] > a[1] ? b : a));
+    }, 30_000, 20);
+    const work = await Promise.all([...replicas].map(async ([name, p]) => [name, await workOn(p)] as const));
+    const [killed, heldByKilled] = held.reduce((a, b) => (b[1] > a[1] ? b : a));
     const [drained] = work.filter(([n]) => n !== killed).reduce((a, b) => (b[1] > a[1] ? b : a));
     const survivor = [...replicas.keys()].find((n) => n !== killed && n !== drained)!;
     expect(TERMINAL_BATCH, `the batch ended before the kill (${JSON.stringify(progress.request_counts)}): make it longer`).not.toContain(progress.status);
-    expect(Object.fromEntries(work)[killed], `sequences running on ${killed}, to be killed`).toBeGreaterThan(0);
     const leased = await leasedWork();
-    const killedId = replicaIdOf(replicas.get(killed)!);
-    const heldByKilled = await leasesHeldBy(killedId);
+    const killedId = ids.find(([n]) => n === killed)![1];
     replicas.get(killed)!.child.kill('SIGKILL');
     const drainedProcess = replicas.get(drained)!;
     drainedProcess.child.kill('SIGTERM');
     expect(await replicas.get(killed)!.exited).toBeNull();
-    console.info(`cluster: at ${elapsed()} ${doneAtKill} lines done, sequences running ${JSON.stringify(Object.fromEntries(work))}; `
-      + `leased just before: ${JSON.stringify(leased)}; kill -9 ${killed}, SIGTERM ${drained}, ${survivor} survives`);
-    expect(leased.chunks.count, 'batch chunks under a lease at the kill').toBeGreaterThan(0);
-    // The killed replica's own leases are what must move: it held some when it died.
+    console.info(`cluster: at ${elapsed()} ${doneAtKill} lines done, leases held ${JSON.stringify(Object.fromEntries(held))}, sequences running `
+      + `${JSON.stringify(Object.fromEntries(work))}; leased just after: ${JSON.stringify(leased)}; kill -9 ${killed} (${killedId}), SIGTERM ${drained}, ${survivor} survives`);
+    // The killed replica's own leases are what must move: it held some when it died. (Whether
+    // background responses were still running then depends on timing; a SIGKILLed replica's
+    // background response taken over is test/api/background-replicas.test.ts.)
     expect(heldByKilled, `leases held by ${killed} (${killedId}) at the kill`).toBeGreaterThan(0);
-    expect(leased.jobs.unfinished, 'background responses unfinished at the kill').toBeGreaterThan(0);
 
     // 4. Everything terminal, polled through HAProxy (which now sends everything to the survivor).
     const finishBy = Date.now() + FINISH_MS;
