@@ -17,20 +17,26 @@ import type { NativeEngineHandle } from '../src/engine/native-types.js';
 import { loadOnnxHandle } from '../src/engine/onnx/onnx-backend.js';
 import { runNative, type NativeRun } from './helpers/native-run.js';
 import { compareWithReference, promptFor } from './helpers/reference-compare.js';
-import { loadReferenceModel, referenceLogits, type Linear, type ReferenceModel } from './reference/reference-model.js';
+import {
+  loadReferenceModel, logSoftmax, referenceGreedyDetailed, referenceLogits, type Linear, type ReferenceModel,
+} from './reference/reference-model.js';
 
 type Dtype = 'f32' | 'f16' | 'bf16';
 
-// Tolerances. Observed worst cases on these models (logits std ~6, |logit| up to ~27) in brackets.
+// Tolerances. Observed worst cases over VARIANTS on these models (logits std ~6, |logit| up to ~27)
+// in brackets.
 // - Logits of the fp32 export vs the float64 reference, every position of an 11-token prompt:
-//   max abs diff 1e-3 [3.4e-5]: f32 arithmetic in another order than the native kernels.
+//   max abs diff 1e-3 [6.1e-5]: f32 arithmetic in another order than the native kernels.
 // - Logprobs (chosen token and top 5) of the ONNX backend vs the native engine on the same greedy
-//   tokens: 5e-4 [see the log] for f32/f16 checkpoints; bf16 checkpoints 5e-3, as the native
+//   tokens: 5e-4 [6.5e-5] for f32/f16 checkpoints; bf16 checkpoints 5e-3 [6.3e-4], as the native
 //   engine's bf16 tolerance against the reference (its AVX512-BF16 products; ONNX widens to f32).
-// - int4 export vs the float64 reference run on the dequantized int4 weights: 2e-3 [~1e-4]:
-//   MatMulNBits dequantizes exactly but accumulates in f32 in its own order.
+// - int4 export vs the float64 reference run on the dequantized int4 weights: 2e-3 [6.7e-5] on the
+//   logits of the export, and on the logprobs the backend serves along its greedy continuation
+//   [4.8e-5]: MatMulNBits dequantizes exactly but accumulates in f32 in its own order. That
+//   continuation must equal the dequantized reference's outright, as for f32 checkpoints.
 const LOGIT_TOL = 1e-3;
 const INT4_LOGIT_TOL = 2e-3;
+const INT4_GENERATE = 40;
 const LOGPROB_TOL: Record<Dtype, number> = { f32: 5e-4, f16: 5e-4, bf16: 5e-3 };
 const NEAR_TIE_GAP: Record<Dtype, number> = { f32: 0, f16: 0, bf16: 5e-3 };
 
@@ -38,9 +44,11 @@ const VARIANTS: Array<[string, Dtype]> = [
   ['test-llama', 'f32'],
   ['test-llama', 'bf16'],
   ['test-llama-linear', 'f32'],
+  ['test-llama-linear', 'bf16'],
   ['test-qwen2', 'f32'],
   ['test-qwen2', 'bf16'],
   ['test-qwen3', 'f32'],
+  ['test-qwen3', 'bf16'],
   ['test-mistral', 'f16'],
 ];
 
@@ -164,6 +172,17 @@ function dequantizedReference(dir: string): ReferenceModel {
       const nibble = (packed[i >> 1]! >> ((i & 1) * 4)) & 15;
       w[i] = (nibble - 8) * scales[Math.floor(i / INT4_BLOCK)]!;
     }
+    // The quantizer itself, against the unquantized weights: each block's scale is its max |w| / 7
+    // (as an f32) and every weight rounds to the nearest of its 16 levels, within half a scale.
+    for (let b = 0; b < scales.length; b++) {
+      let amax = 0;
+      for (let j = 0; j < INT4_BLOCK; j++) amax = Math.max(amax, Math.abs(l.w[b * INT4_BLOCK + j]!));
+      if (scales[b] !== Math.fround(amax / 7)) expect.fail(`int4 block ${b}: scale ${scales[b]} for max |w| ${amax}`);
+      for (let j = 0; j < INT4_BLOCK; j++) {
+        const i = b * INT4_BLOCK + j;
+        if (Math.abs(w[i]! - l.w[i]!) > scales[b]! * (0.5 + 1e-6)) expect.fail(`int4 weight ${i}: ${l.w[i]} -> ${w[i]}, scale ${scales[b]}`);
+      }
+    }
     return { ...l, w };
   };
   for (const L of ref.layers) {
@@ -173,22 +192,36 @@ function dequantizedReference(dir: string): ReferenceModel {
   return ref;
 }
 
-describe.each([['test-llama'], ['test-qwen2'], ['test-qwen3']])('%s, int4 ONNX export (MatMulNBits)', (preset) => {
-  it('computes the logits of its dequantized weights, and serves greedy text', async () => {
-    const dir = join(root, `${preset}-int4`);
-    await makeModel({ preset, out: dir, seed: 7 });
+// Every (preset, dtype) pair of VARIANTS: the int4 export quantizes the checkpoint's weights as
+// widened to f32, so an f16 or bf16 checkpoint reaches MatMulNBits through its own read path.
+describe.each(VARIANTS)('%s in %s, int4 ONNX export (MatMulNBits)', (preset, dtype) => {
+  it('computes the logits of its dequantized weights, and serves its greedy text and logprobs', async () => {
+    const dir = join(root, `${preset}-${dtype}-int4`);
+    await makeModel({ preset, out: dir, dtype, seed: 7 });
     const quantization: OnnxQuantization = 'int4';
     await exportOnnx({ modelDir: dir, quantization });
     const ref = dequantizedReference(dir);
     const tokens = promptFor(ref.config.vocabSize, 11, 1);
     const worst = maxAbsDiff(await exportLogits(join(dir, 'onnx', 'model.onnx'), ref, tokens), referenceLogits(ref, tokens));
-    console.log(`${preset}: int4 export logits, max abs diff vs float64 on the dequantized weights ${worst.toExponential(2)}`);
+    console.log(`${preset}/${dtype}: int4 export logits, max abs diff vs float64 on the dequantized weights ${worst.toExponential(2)}`);
     expect(worst).toBeLessThan(INT4_LOGIT_TOL);
     const handle = await loadOnnxHandle({ modelDir: dir, kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 2, maxNumSeqs: 4 });
     try {
       expect(handle.info().simd).toContain('int4');
-      const run = await runNative(handle, tokens, 8);
-      expect(run.tokens).toHaveLength(8);
+      const run = await runNative(handle, tokens, INT4_GENERATE);
+      expect(run.tokens).toHaveLength(INT4_GENERATE);
+      // Served through the backend (prefill, then decode steps on the KV cache): the dequantized
+      // reference's greedy continuation outright, and its logprobs teacher-forced on those tokens.
+      expect(run.tokens).toEqual(referenceGreedyDetailed(ref, tokens, INT4_GENERATE).tokens);
+      const logits = referenceLogits(ref, [...tokens, ...run.tokens.slice(0, -1)]);
+      let worstLp = 0;
+      run.tokens.forEach((id, i) => {
+        const lsm = logSoftmax(logits[tokens.length - 1 + i]!);
+        worstLp = Math.max(worstLp, Math.abs(run.logprobs[i]! - lsm[id]!));
+        run.topIds[i]!.forEach((top, k) => { worstLp = Math.max(worstLp, Math.abs(run.topLogprobs[i]![k]! - lsm[top]!)); });
+      });
+      console.log(`${preset}/${dtype}: int4 served, ${INT4_GENERATE} greedy tokens as the dequantized reference, worst logprob diff ${worstLp.toExponential(2)}`);
+      expect(worstLp).toBeLessThan(INT4_LOGIT_TOL);
     } finally {
       handle.dispose();
     }
