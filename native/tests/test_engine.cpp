@@ -126,6 +126,34 @@ TEST_CASE(int8_quantization_loads_on_cpu_is_batch_invariant_and_refused_elsewher
   CHECK_THROWS_CODE(Engine::load(o), ErrorCode::kInvalidArgument);
 }
 
+TEST_CASE(weights_copied_to_host_memory_compute_what_the_file_mapping_does) {
+  // The CPU backend copies the streamed matrices out of the checkpoint mapping at load
+  // (model/resident_weights.h) unless SLUICE_CPU_WEIGHTS=mmap: the values, and so every logprob,
+  // must be the same bits either way, tied (the embedding is the copied lm_head) or not.
+  for (bool tied : {false, true}) {
+    TinyModelSpec spec;
+    spec.tied = tied;
+    spec.dtype = "BF16";
+    std::string dir = temp_dir(std::string("resident") + (tied ? "-tied" : ""));
+    write_tiny_model(dir, spec);
+    auto prompt = prompt_of(17, 3, spec.vocab);
+    ::unsetenv("SLUICE_CPU_WEIGHTS");
+    auto copied = load(dir, size_t(8) << 20, 2, false);
+    ::setenv("SLUICE_CPU_WEIGHTS", "mmap", 1);
+    auto mapped = load(dir, size_t(8) << 20, 2, false);
+    CHECK(copied->info().weight_bytes == mapped->info().weight_bytes);
+    Generated a = generate(*copied, prompt, 16, 3, 5), b = generate(*mapped, prompt, 16, 3, 5);
+    CHECK(a.tokens == b.tokens);
+    CHECK(same_bits(a.logprobs, b.logprobs));
+  }
+  ::setenv("SLUICE_CPU_WEIGHTS", "ram", 1);
+  TinyModelSpec spec;
+  std::string dir = temp_dir("resident-bad-env");
+  write_tiny_model(dir, spec);
+  CHECK_THROWS_CODE(load(dir), ErrorCode::kInvalidArgument);
+  ::unsetenv("SLUICE_CPU_WEIGHTS");
+}
+
 TEST_CASE(seeded_sampling_repeats_and_differs_by_seed) {
   TinyModelSpec spec;
   std::string dir = temp_dir("sampling");

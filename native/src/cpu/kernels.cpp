@@ -1,7 +1,6 @@
 // Kernel entry points: dispatch by SIMD level, threading, and the portable implementations.
 #include "cpu/kernels.h"
 
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,6 +16,7 @@
 #include "cpu/gemm.h"
 #include "cpu/gemm_q8.h"
 #include "cpu/ops_simd.h"
+#include "util/host_memory.h"
 
 namespace sluice {
 
@@ -414,9 +414,9 @@ size_t probe_bytes() {
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
   if (bytes == 0) bytes = probe_bytes();
   const size_t n = bytes / sizeof(uint64_t);
-  void* mem = ::mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return 0;
-  uint64_t* buf = static_cast<uint64_t*>(mem);
+  // The kind of memory the CPU backend streams its weights from (resident_weights.h).
+  HostBuffer mem(n * sizeof(uint64_t));
+  uint64_t* buf = reinterpret_cast<uint64_t*>(mem.data());
   pool.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) buf[i] = uint64_t(i);
   });
@@ -441,7 +441,6 @@ double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, double(n * sizeof(uint64_t)) / dt);
   }
-  ::munmap(mem, n * sizeof(uint64_t));
   volatile uint64_t keep = sinks[0];
   (void)keep;
   return best;

@@ -11,6 +11,7 @@
 #include "kv/block_pool.h"
 #include "model/model_weights.h"
 #include "model/quantize.h"
+#include "model/resident_weights.h"
 #include "model/safetensors.h"
 #include "sample/sampler.h"
 #include "sluice/error.h"
@@ -56,7 +57,10 @@ class EngineImpl final : public Engine {
                       " backend serves the checkpoint's own dtype; drop --quantization or use --backend cpu)");
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
+    // The CPU streams the projections and the lm_head every decode step: from anonymous huge-page
+    // memory (quantized, or copied as stored) rather than the checkpoint's page cache.
     if (opts.quantization == "int8") quantize_weights_q8(weights_, opts.num_threads);
+    else if (opts.backend == "cpu" && cpu_weights_copied_from_env()) copy_weights_to_host_memory(weights_, opts.num_threads);
 
     if (opts.matmul_precision != "f32" && opts.matmul_precision != "bf16")
       throw Error(ErrorCode::kInvalidArgument,

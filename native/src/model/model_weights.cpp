@@ -84,4 +84,12 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
   return w;
 }
 
+std::vector<TensorView*> streamed_matrices(ModelWeights& w) {
+  std::vector<TensorView*> out;
+  for (LayerWeights& l : w.layers)
+    for (TensorView* t : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) out.push_back(t);
+  out.push_back(&w.lm_head);
+  return out;
+}
+
 }  // namespace sluice
