@@ -2,10 +2,12 @@
 //
 // Bandwidth: the native probe (sluice::measure_memory_bandwidth) streams PROBE_BYTES =
 // max(1 GiB, 8 x the last-level cache) with the engine's thread count, each thread its
-// contiguous slice, as the batch-1 GEMV streams its slice of the weights; it is sampled in the
-// bench worker around each round of decode. An independent check, build/sluice_stream_read
-// (native/bench/stream_read.cpp: plain threads summing their slices of a 1 GiB buffer, no sluice
-// code), runs beside each worker in the same sitting; both are reported.
+// contiguous slice, as the batch-1 GEMV streams its slice of the weights, from the kind of memory
+// the CPU backend keeps its weights in (anonymous, huge pages advised: native/src/util/
+// host_memory.h); it is sampled in the bench worker around each round of decode. An independent
+// check, build/sluice_stream_read (native/bench/stream_read.cpp: plain threads summing their
+// slices of a huge-page buffer of the same size, no sluice code), runs beside each worker in the
+// same sitting; both are reported.
 // Bytes per token: every weight a decode step reads (the projections and the lm_head; the
 // embedding table only when it is the lm_head) plus the K and V the step's attention reads.
 import { spawnSync } from 'node:child_process';
@@ -42,7 +44,7 @@ export interface StreamReadCheck {
 export function streamReadCheck(root: string, threads: number, repeats = 3): StreamReadCheck | null {
   const bin = join(root, 'build', 'sluice_stream_read');
   if (!existsSync(bin)) return null;
-  const child = spawnSync(bin, ['--threads', String(threads), '--bytes', String(PROBE_BYTES), '--repeats', String(repeats)], { encoding: 'utf8' });
+  const child = spawnSync(bin, ['--threads', String(threads), '--bytes', String(PROBE_BYTES), '--repeats', String(repeats), '--pages', 'huge'], { encoding: 'utf8' });
   if (child.status !== 0) throw new Error(`sluice_stream_read failed (exit ${child.status}): ${child.stderr}`);
   return JSON.parse(child.stdout.trim()) as StreamReadCheck;
 }

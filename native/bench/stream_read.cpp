@@ -1,7 +1,9 @@
 // An independent check of the CPU memory-bandwidth probe (sluice::measure_memory_bandwidth),
 // sharing none of its code: N std::threads each sum their contiguous slice of one buffer with
-// plain 64-bit loads, timed together; best of --repeats. Prints one JSON line:
-//   sluice_stream_read [--threads N] [--bytes B] [--repeats R]
+// plain 64-bit loads, timed together; best of --repeats. The buffer is anonymous memory advised
+// for transparent huge pages (--pages huge, the default: the memory the CPU backend keeps its
+// weights in) or left in 4 KiB pages (--pages small). Prints one JSON line:
+//   sluice_stream_read [--threads N] [--bytes B] [--repeats R] [--pages huge|small]
 //   {"threads":2,"bytes":1073741824,"repeats":5,"bestBytesPerS":...,"samplesBytesPerS":[...]}
 // bench/engine.ts runs it beside the probe, in the same sitting, and reports both.
 #include <sys/mman.h>
@@ -19,25 +21,30 @@
 
 int main(int argc, char** argv) {
   int threads = 0, repeats = 5;
+  bool huge = true;
   size_t bytes = size_t(1) << 30;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::atoi(argv[i + 1]);
     else if (a == "--bytes") bytes = size_t(std::atoll(argv[i + 1]));
     else if (a == "--repeats") repeats = std::atoi(argv[i + 1]);
+    else if (a == "--pages" && (std::strcmp(argv[i + 1], "huge") == 0 || std::strcmp(argv[i + 1], "small") == 0))
+      huge = std::strcmp(argv[i + 1], "huge") == 0;
     else {
-      std::fprintf(stderr, "usage: sluice_stream_read [--threads N] [--bytes B] [--repeats R]\n");
+      std::fprintf(stderr, "usage: sluice_stream_read [--threads N] [--bytes B] [--repeats R] [--pages huge|small]\n");
       return 2;
     }
   }
   if (threads <= 0) threads = int(sysconf(_SC_NPROCESSORS_ONLN));
   const size_t n = bytes / sizeof(uint64_t);
-  void* mem = mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const size_t huge_page = size_t(2) << 20, mapped = n * sizeof(uint64_t) + huge_page;
+  void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     std::perror("mmap");
     return 1;
   }
-  uint64_t* buf = static_cast<uint64_t*>(mem);
+  uint64_t* buf = reinterpret_cast<uint64_t*>((uintptr_t(mem) + huge_page - 1) / huge_page * huge_page);
+  if (huge) madvise(buf, n * sizeof(uint64_t), MADV_HUGEPAGE);  // a hint the kernel may ignore
   for (size_t i = 0; i < n; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;  // every page written: no zero page
   std::vector<uint64_t> sums(size_t(threads) * 8);
   std::vector<double> samples;
@@ -71,10 +78,10 @@ int main(int argc, char** argv) {
   }
   uint64_t check = 0;
   for (int t = 0; t < threads; t++) check ^= sums[size_t(t) * 8];
-  std::printf("{\"threads\":%d,\"bytes\":%zu,\"repeats\":%d,\"bestBytesPerS\":%.0f,\"samplesBytesPerS\":[", threads,
-              n * sizeof(uint64_t), repeats, best);
+  std::printf("{\"threads\":%d,\"bytes\":%zu,\"pages\":\"%s\",\"repeats\":%d,\"bestBytesPerS\":%.0f,\"samplesBytesPerS\":[", threads,
+              n * sizeof(uint64_t), huge ? "huge" : "small", repeats, best);
   for (size_t i = 0; i < samples.size(); i++) std::printf("%s%.0f", i ? "," : "", samples[i]);
   std::printf("],\"checksum\":%llu}\n", (unsigned long long)(check & 0xffff));
-  munmap(mem, n * sizeof(uint64_t));
+  munmap(mem, mapped);
   return 0;
 }
