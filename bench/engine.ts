@@ -6,9 +6,11 @@
 //   [--pairs 3] [--out FILE]
 // This default mode drives the native handle directly (plan adds / frees, no scheduler).
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
-// Memory bandwidth is sampled in that same process around each round of decode steps (this
-// machine's bandwidth drifts with its neighbours); the batch-1 roofline ratio compares the best
-// decode round with the best bandwidth sample (the stricter pairing), and the medians.
+// Memory bandwidth is sampled in that same process before the first round of decode steps and
+// after each (this machine's bandwidth drifts with its neighbours); the batch-1 roofline ratio
+// is the median over the rounds of each round against the higher of the two samples around it
+// (also printed: the best round against the best sample, and the medians). At batch 1 the plain
+// streaming read runs right after the first and the last probe sample, to show they agree.
 // The roofline is bandwidth / bytes streamed per token (bench/roofline.ts: the probe, its
 // independent check build/sluice_stream_read, the bytes). With --llama-cpp DIR (or
 // SLUICE_NODE_LLAMA_CPP=DIR; DIR = an installed node-llama-cpp package, not a dependency of
@@ -85,8 +87,12 @@ interface WorkerResult {
   /** Bytes of the weights as the engine holds them (int8: the Q8_0 copies). */
   weightBytes: number;
   batch: number;
-  /** Read bandwidth samples (bytes/s) taken around the decode loop. */
+  /** Read bandwidth samples (bytes/s): one before the first decode round and one after each. */
   bandwidthSamples: number[];
+  /** Decode tokens/s of each round (round i ran between bandwidthSamples[i] and [i + 1]). */
+  roundTokensPerS: number[];
+  /** Batch 1: plain streaming reads (build/sluice_stream_read) each taken right after a probe sample (before the first round, after the last). */
+  streamReadBesideProbe: Array<{ probeBytesPerS: number; plainBytesPerS: number }>;
   prefillTokensPerS: number;
   prefillMs: number;
   /** Best of DECODE_ROUNDS rounds of decodeSteps steps. */
@@ -103,6 +109,10 @@ const threads = Number(args.threads);
 const kvBytes = Number(args['kv-gib']) * 2 ** 30;
 
 const DECODE_ROUNDS = 3;
+// Batch 1 is compared with the roofline round by round (each round against the bandwidth sampled
+// right before and after it), so it runs more, shorter-lived rounds than the other batch sizes.
+const BATCH1_DECODE_ROUNDS = 6;
+const roundsFor = (batch: number) => (batch === 1 ? BATCH1_DECODE_ROUNDS : DECODE_ROUNDS);
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Throws unless every row ran and every add was admitted (a bench's KV pool must hold all of its sequences). */
@@ -149,14 +159,23 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
   // machine whose bandwidth drifts, the best round is compared with the best bandwidth sample.
   // Peak RSS of the engine: taken before the first bandwidth sample maps the probe's buffer.
   const peakRssBytes = process.resourceUsage().maxRSS * 1024;
+  // The probe and the independent plain read, back to back (batch 1 only): do they agree?
+  const streamReadBesideProbe: WorkerResult['streamReadBesideProbe'] = [];
+  const root = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  const besideProbe = (probeBytesPerS: number) => {
+    const plain = batch === 1 ? streamReadCheck(root, info.numThreads, 3) : null;
+    if (plain) streamReadBesideProbe.push({ probeBytesPerS, plainBytesPerS: plain.bestBytesPerS });
+  };
   const bandwidthSamples = [await measureMemoryBandwidth(threads, PROBE_BYTES, 3)];
+  besideProbe(bandwidthSamples[0]!);
   const roundTokensPerS: number[] = [];
-  for (let round = 0; round < DECODE_ROUNDS; round++) {
+  for (let round = 0; round < roundsFor(batch); round++) {
     t0 = performance.now();
     for (let s = 0; s < decodeSteps; s++) checkStep(await engine.step(decodePlan));
     roundTokensPerS.push((batch * decodeSteps) / ((performance.now() - t0) / 1000));
     bandwidthSamples.push(await measureMemoryBandwidth(threads, PROBE_BYTES, 3));
   }
+  besideProbe(bandwidthSamples[bandwidthSamples.length - 1]!);
   await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: seqIds });
   engine.dispose();
   return {
@@ -165,6 +184,8 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
     weightBytes: info.weightBytes,
     batch,
     bandwidthSamples,
+    roundTokensPerS,
+    streamReadBesideProbe,
     prefillTokensPerS: (batch * promptLen) / (prefillMs / 1000),
     prefillMs,
     decodeTokensPerS: Math.max(...roundTokensPerS),
@@ -270,12 +291,17 @@ async function main(): Promise<void> {
   // The one roofline definition: targets and the top-level field use these rows.
   const shape = baseRow.info as unknown as DecodeShape;
   const tied = tiedEmbeddings(modelDir);
-  const contextTokens = promptLen + 1 + Math.floor((DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
+  const contextTokens = promptLen + 1 + Math.floor((BATCH1_DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
   const rooflineOf = (r: WorkerResult) => {
     const q = r.quantization ?? 'none';
     const bytesPerToken = decodeBytesPerToken({ ...shape, weightBytes: r.weightBytes ?? shape.weightBytes },
       { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens });
     const probeBest = Math.max(...r.bandwidthSamples), probeMedian = medianOf(r.bandwidthSamples);
+    // Round by round: round i's bytes/s against the higher of the probe samples taken right
+    // before and right after it. This machine's bandwidth drifts by 2x within a minute with its
+    // neighbours, so a best round set against the best sample of another moment says little.
+    const roundVsRoofline = (r.roundTokensPerS ?? []).map((tps, i) =>
+      (tps * bytesPerToken) / Math.max(r.bandwidthSamples[i]!, r.bandwidthSamples[i + 1] ?? r.bandwidthSamples[i]!));
     return {
       precision: r.precision, quantization: q, bytesPerToken, contextTokens,
       probeBestBytesPerS: probeBest, probeMedianBytesPerS: probeMedian,
@@ -283,6 +309,8 @@ async function main(): Promise<void> {
       decodeTokensPerS: r.decodeTokensPerS,
       decodeVsRoofline: r.decodeTokensPerS / (probeBest / bytesPerToken),
       decodeMedianVsMedianRoofline: r.decodeTokensPerSMedian / (probeMedian / bytesPerToken),
+      roundVsRoofline,
+      decodeVsRooflinePaired: roundVsRoofline.length ? medianOf(roundVsRoofline) : null,
     };
   };
   const rooflines = rows.filter((r) => r.batch === 1).map(rooflineOf);
@@ -291,13 +319,15 @@ async function main(): Promise<void> {
     const b1 = mine.find((r) => r.batch === 1);
     const b32 = mine.find((r) => r.batch === 32);
     const unquantizedB1 = rows.find((r) => r.precision === precision && r.quantization === 'none' && r.batch === 1);
-    const roofline = b1 ? rooflineOf(b1).rooflineTokensPerS : null;
+    const b1Roofline = b1 ? rooflineOf(b1) : null;
+    const roofline = b1Roofline?.rooflineTokensPerS ?? null;
     return {
       precision,
       quantization,
       batch1DecodeOverUnquantized: quantization !== 'none' && b1 && unquantizedB1 ? b1.decodeTokensPerS / unquantizedB1.decodeTokensPerS : null,
       decodeRooflineTokensPerS: roofline,
-      batch1DecodeVsRoofline: b1 && roofline ? b1.decodeTokensPerS / roofline : null,
+      // Median over the rounds, each against the bandwidth sampled around it (rooflineOf).
+      batch1DecodeVsRoofline: b1Roofline?.decodeVsRooflinePaired ?? null,
       batch32OverBatch1Decode: b1 && b32 ? b32.decodeTokensPerS / b1.decodeTokensPerS : null,
       prefillTokensPerS: b1?.prefillTokensPerS ?? null,
       peakRssOverLimit: Math.max(...mine.map((r) => r.peakRssBytes)) / rssLimit,
@@ -311,7 +341,7 @@ async function main(): Promise<void> {
   console.log(`model ${args.model ?? args.preset} (${info.architecture}, ${info.weightDtype}), weights ${(info.weightBytes / 1e6).toFixed(1)} MB, ` +
     `KV pool ${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, cpu ${info.simd} x${info.numThreads}`);
   console.log(`memory read bandwidth ${(bandwidth / 1e9).toFixed(2)} GB/s (best of ${rows.length * (DECODE_ROUNDS + 1)} samples)`);
-  console.log(`decode tok/s: best of ${DECODE_ROUNDS} rounds of ${decodeSteps} steps; roofline per row from the best bandwidth sample of that process`);
+  console.log(`decode tok/s: best of ${BATCH1_DECODE_ROUNDS} rounds (batch 1) or ${DECODE_ROUNDS} (larger batches) of ${decodeSteps} steps; bandwidth sampled in the same process before the first round and after each`);
   console.log('');
   console.log('| weights | precision | batch | prefill tok/s | decode tok/s | decode step ms | bandwidth GB/s | peak RSS MB |');
   console.log('|---------|-----------|------:|--------------:|-------------:|---------------:|---------------:|------------:|');
@@ -336,10 +366,17 @@ async function main(): Promise<void> {
   console.log(`memory bandwidth, ${peerThreads} threads, ${(PROBE_BYTES / 2 ** 30).toFixed(1)} GiB buffers: probe best ${gbs(Math.max(...rows.flatMap((r) => r.bandwidthSamples)))} / median ` +
     `${gbs(medianOf(rows.flatMap((r) => r.bandwidthSamples)))} GB/s (around decode rounds); plain streaming read (sluice_stream_read) ` +
     (checkSamples.length ? `best ${gbs(Math.max(...checkSamples))} / median ${gbs(medianOf(checkSamples))} GB/s (before and after the rows)` : 'not built (build/sluice_stream_read)'));
+  const beside = rows.flatMap((r) => r.streamReadBesideProbe ?? []);
+  if (beside.length > 0) {
+    const ratios = beside.map((b) => b.probeBytesPerS / b.plainBytesPerS);
+    console.log(`probe / plain streaming read taken back to back: median ${medianOf(ratios).toFixed(2)} over ${ratios.length} pairs ` +
+      `(${ratios.map((x) => x.toFixed(2)).join(', ')})`);
+  }
   for (const r of rooflines) {
-    console.log(`[${r.precision}${r.quantization === 'none' ? '' : `, ${r.quantization}`}] batch-1 decode ${r.decodeTokensPerS.toFixed(1)} tok/s = ` +
-      `${(100 * r.decodeVsRoofline).toFixed(0)}% of the roofline ${r.rooflineTokensPerS.toFixed(1)} tok/s (best bandwidth sample / ${(r.bytesPerToken / 1e6).toFixed(1)} MB per token, ` +
-      `weights + KV at ${r.contextTokens} tokens); medians: ${(100 * r.decodeMedianVsMedianRoofline).toFixed(0)}%`);
+    console.log(`[${r.precision}${r.quantization === 'none' ? '' : `, ${r.quantization}`}] batch-1 decode, round by round against the bandwidth sampled around each round: ` +
+      `median ${pct(r.decodeVsRooflinePaired)} (${r.roundVsRoofline.map((x) => `${(100 * x).toFixed(0)}`).join(', ')}%) of the roofline; best round ${r.decodeTokensPerS.toFixed(1)} tok/s = ` +
+      `${(100 * r.decodeVsRoofline).toFixed(0)}% of the best sample's roofline ${r.rooflineTokensPerS.toFixed(1)} tok/s; medians: ${(100 * r.decodeMedianVsMedianRoofline).toFixed(0)}% ` +
+      `(${(r.bytesPerToken / 1e6).toFixed(1)} MB per token: weights + KV at ${r.contextTokens} tokens)`);
   }
   // Every run of the side passes (and sluice's and ONNX Runtime's main-pass rows), then one
   // side-by-side row per engine and weights: best and median across the side passes.
