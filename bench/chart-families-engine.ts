@@ -131,3 +131,28 @@ export function engineTsPathCharts(r: Json, file: string): Chart[] {
     categoryTitle: 'batch (concurrent sequences)', valueTitle: 'decode tokens/s (all sequences)', seriesTitle: 'path',
   })];
 }
+
+/** bench/results/engine-ab-*.json (bench/engine-ab.ts): two builds alternating, medians by batch. */
+export function engineAbCharts(r: Json, file: string): Chart[] {
+  const settings = obj(r.settings, 'settings');
+  const summary = arr(r.summary, 'summary').map((row, i) => {
+    const o = obj(row, `summary[${i}]`);
+    return {
+      build: str(o.build, `summary[${i}].build`),
+      kernels: optStr(o.kernels),
+      batch: num(o.batch, `summary[${i}].batch`),
+      decode: num(o.decodeMedian, `summary[${i}].decodeMedian`),
+      prefill: num(o.prefillMedian, `summary[${i}].prefillMedian`),
+    };
+  });
+  const simd = optStr(r.simd);
+  const h = header('engine-ab', r, file, `CPU ${summary[0]?.kernels ?? simd ?? '?'}`, [
+    `${count(settings.pairs, 'alternating pair')} · ${settings.promptTokens ?? '?'}-token prompts, ${settings.decodeSteps ?? '?'} decode steps` +
+      `${simd ? ` · SLUICE_SIMD=${simd}` : ''} · medians`,
+  ]);
+  const common = { header: h, categoryTitle: 'batch (sequences)', seriesTitle: 'build' } as const;
+  return [
+    barChart({ ...common, name: 'decode', what: 'decode tokens/s by batch and build', data: summary.map((x) => datum(x.batch, x.build, x.decode)), valueTitle: 'decode tokens/s (median)' }),
+    barChart({ ...common, name: 'prefill', what: 'prefill tokens/s by batch and build', data: summary.map((x) => datum(x.batch, x.build, x.prefill)), valueTitle: 'prefill tokens/s (median)' }),
+  ];
+}

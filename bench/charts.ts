@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 
 import type { TopLevelSpec } from 'vega-lite';
 
-import { cudaKernelCharts, engineCharts, engineCudaCharts, engineTsPathCharts } from './chart-families-engine.js';
+import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineTsPathCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import type { Chart } from './chart-kit.js';
 import { ShapeError, type Json } from './chart-shape.js';
@@ -23,6 +23,7 @@ type Family = (result: Json, file: string) => Chart[];
 // bench field -> its charts. The CUDA kernel timings come from a native bench with no `bench` field.
 const FAMILIES: Record<string, Family> = {
   'engine': engineCharts,
+  'engine-ab': engineAbCharts,
   'engine-cuda': engineCudaCharts,
   'engine-ts-path': engineTsPathCharts,
   'http': httpCharts,
