@@ -102,7 +102,7 @@ describe('bench charts', () => {
         checkSvg(readFileSync(path, 'utf8'), chart, (chart.spec as { title: { subtitle: string[] } }).title.subtitle[0]!);
       }
     }
-    expect([...families].sort()).toEqual(['cuda-kernels', 'engine', 'engine-cuda', 'engine-ts-path', 'http', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput']);
+    expect([...families].sort()).toEqual(['cuda-kernels', 'engine', 'engine-ab', 'engine-cuda', 'engine-ts-path', 'http', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput']);
   });
 
   it('names the machine and device from the result', () => {
