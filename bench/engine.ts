@@ -7,10 +7,12 @@
 // This default mode drives the native handle directly (plan adds / frees, no scheduler).
 // Each (precision, batch size) runs in its own child process so peak RSS is per configuration.
 // Memory bandwidth is sampled in that same process before the first round of decode steps and
-// after each (this machine's bandwidth drifts with its neighbours); the batch-1 roofline ratio
-// is the median over the rounds of each round against the higher of the two samples around it
-// (also printed: the best round against the best sample, and the medians). At batch 1 the plain
-// streaming read runs right after the first and the last probe sample, to show they agree.
+// after each (this machine's bandwidth drifts with its neighbours). At batch 1, 16 short rounds
+// of 8 steps follow, with a probe read (its buffer kept: about 70 ms) before the first and after
+// each; the batch-1 roofline ratio is the median over them of each round against the higher of
+// the two reads around it (also printed: the best round against the best sample, and the
+// medians). At batch 1 the plain streaming read runs right after the first and the last probe
+// sample of the long rounds, to show the two agree.
 // The roofline is bandwidth / bytes streamed per token (bench/roofline.ts: the probe, its
 // independent check build/sluice_stream_read, the bytes). With --llama-cpp DIR (or
 // SLUICE_NODE_LLAMA_CPP=DIR; DIR = an installed node-llama-cpp package, not a dependency of
@@ -91,6 +93,12 @@ interface WorkerResult {
   bandwidthSamples: number[];
   /** Decode tokens/s of each round (round i ran between bandwidthSamples[i] and [i + 1]). */
   roundTokensPerS: number[];
+  /**
+   * Batch 1, after the rounds above: FINE_ROUNDS short rounds of FINE_STEPS steps, the probe read
+   * (its buffer kept, about 70 ms) before the first and after each: fine.tokensPerS[i] ran between
+   * fine.bandwidth[i] and [i + 1]. Null at larger batches.
+   */
+  fine: { steps: number; tokensPerS: number[]; bandwidth: number[] } | null;
   /** Batch 1: plain streaming reads (build/sluice_stream_read) each taken right after a probe sample (before the first round, after the last). */
   streamReadBesideProbe: Array<{ probeBytesPerS: number; plainBytesPerS: number }>;
   prefillTokensPerS: number;
@@ -113,6 +121,10 @@ const DECODE_ROUNDS = 3;
 // right before and after it), so it runs more, shorter-lived rounds than the other batch sizes.
 const BATCH1_DECODE_ROUNDS = 6;
 const roundsFor = (batch: number) => (batch === 1 ? BATCH1_DECODE_ROUNDS : DECODE_ROUNDS);
+// The roofline ratio's rounds (batch 1): short, each between two probe reads a fraction of a
+// second apart, because this machine's bandwidth changes from one second to the next.
+const FINE_ROUNDS = 16;
+const FINE_STEPS = 8;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Throws unless every row ran and every add was admitted (a bench's KV pool must hold all of its sequences). */
@@ -176,6 +188,16 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
     bandwidthSamples.push(await measureMemoryBandwidth(threads, PROBE_BYTES, 3));
   }
   besideProbe(bandwidthSamples[bandwidthSamples.length - 1]!);
+  let fine: WorkerResult['fine'] = null;
+  if (batch === 1) {
+    fine = { steps: FINE_STEPS, tokensPerS: [], bandwidth: [await measureMemoryBandwidth(threads, PROBE_BYTES, 2, true)] };
+    for (let round = 0; round < FINE_ROUNDS; round++) {
+      t0 = performance.now();
+      for (let s = 0; s < FINE_STEPS; s++) checkStep(await engine.step(decodePlan));
+      fine.tokensPerS.push(FINE_STEPS / ((performance.now() - t0) / 1000));
+      fine.bandwidth.push(await measureMemoryBandwidth(threads, PROBE_BYTES, 2, round < FINE_ROUNDS - 1));  // the last frees the buffer
+    }
+  }
   await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: seqIds });
   engine.dispose();
   return {
@@ -185,6 +207,7 @@ async function runWorker(modelDir: string, batch: number, precision: MatmulPreci
     batch,
     bandwidthSamples,
     roundTokensPerS,
+    fine,
     streamReadBesideProbe,
     prefillTokensPerS: (batch * promptLen) / (prefillMs / 1000),
     prefillMs,
@@ -205,7 +228,8 @@ interface InterleavedResult {
 }
 
 /**
- * The unquantized and the int8 engine in one process, batch 1, decoding in alternating rounds:
+ * The unquantized and the int8 engine in one process, batch 1, decoding in alternating short
+ * rounds (FINE_ROUNDS of FINE_STEPS steps each):
  * the machine's bandwidth drifts by 2x within a minute, so the int8 / unquantized ratio is taken
  * between neighbouring rounds, a few seconds apart, rather than between runs minutes apart.
  */
@@ -225,11 +249,12 @@ async function runInterleaved(modelDir: string, precision: MatmulPrecision): Pro
     checkStep(await engine.step(plan));  // warm-up
   }
   const rounds: InterleavedResult['rounds'] = [];
-  for (let round = 0; round < 2 * BATCH1_DECODE_ROUNDS; round++) {
+  // Short rounds (as the roofline's): neighbours a fraction of a second apart.
+  for (let round = 0; round < 2 * FINE_ROUNDS; round++) {
     const e = round % 2;
     const t0 = performance.now();
-    for (let s = 0; s < decodeSteps; s++) checkStep(await engines[e]!.step(plan));
-    rounds.push({ quantization: quantizations[e]!, tokensPerS: decodeSteps / ((performance.now() - t0) / 1000) });
+    for (let s = 0; s < FINE_STEPS; s++) checkStep(await engines[e]!.step(plan));
+    rounds.push({ quantization: quantizations[e]!, tokensPerS: FINE_STEPS / ((performance.now() - t0) / 1000) });
   }
   for (const engine of engines) engine.dispose();
   const int8OverUnquantized: number[] = [];
@@ -332,7 +357,7 @@ async function main(): Promise<void> {
   // int8 against the unquantized weights in alternating rounds of one process (runInterleaved).
   let interleaved: InterleavedResult | null = null;
   if (quantizations.includes('none') && quantizations.includes('int8')) {
-    process.stderr.write(`unquantized and int8 engines in one process, alternating rounds of ${decodeSteps} decode steps (batch 1, precision ${pairedPrecision})...\n`);
+    process.stderr.write(`unquantized and int8 engines in one process, alternating rounds of ${FINE_STEPS} decode steps (batch 1, precision ${pairedPrecision})...\n`);
     const child = spawnSync(process.execPath, [self, '--worker', 'interleaved', '--model', modelDir, '--prompt', String(promptLen), '--decode', String(decodeSteps),
       '--threads', String(threads), '--precision', pairedPrecision], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
     if (child.status !== 0) throw new Error(`bench worker for the interleaved int8 run failed (exit ${child.status})`);
@@ -349,16 +374,20 @@ async function main(): Promise<void> {
   const shape = baseRow.info as unknown as DecodeShape;
   const tied = tiedEmbeddings(modelDir);
   const contextTokens = promptLen + 1 + Math.floor((BATCH1_DECODE_ROUNDS * decodeSteps) / 2);  // mean over the decode rounds
+  const fineContextTokens = promptLen + 1 + BATCH1_DECODE_ROUNDS * decodeSteps + Math.floor((FINE_ROUNDS * FINE_STEPS) / 2);
   const rooflineOf = (r: WorkerResult) => {
     const q = r.quantization ?? 'none';
     const bytesPerToken = decodeBytesPerToken({ ...shape, weightBytes: r.weightBytes ?? shape.weightBytes },
       { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens });
     const probeBest = Math.max(...r.bandwidthSamples), probeMedian = medianOf(r.bandwidthSamples);
-    // Round by round: round i's bytes/s against the higher of the probe samples taken right
-    // before and right after it. This machine's bandwidth drifts by 2x within a minute with its
-    // neighbours, so a best round set against the best sample of another moment says little.
-    const roundVsRoofline = (r.roundTokensPerS ?? []).map((tps, i) =>
-      (tps * bytesPerToken) / Math.max(r.bandwidthSamples[i]!, r.bandwidthSamples[i + 1] ?? r.bandwidthSamples[i]!));
+    // Round by round over the short rounds: each round's bytes/s against the higher of the probe
+    // reads taken right before and right after it (a fraction of a second each way). This
+    // machine's bandwidth changes by 2x from one second to the next with its neighbours, so a
+    // best round set against the best sample of another moment says little.
+    const fineBytesPerToken = r.fine ? decodeBytesPerToken({ ...shape, weightBytes: r.weightBytes ?? shape.weightBytes },
+      { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens: fineContextTokens }) : bytesPerToken;
+    const roundVsRoofline = (r.fine?.tokensPerS ?? []).map((tps, i) =>
+      (tps * fineBytesPerToken) / Math.max(r.fine!.bandwidth[i]!, r.fine!.bandwidth[i + 1]!));
     return {
       precision: r.precision, quantization: q, bytesPerToken, contextTokens,
       probeBestBytesPerS: probeBest, probeMedianBytesPerS: probeMedian,
@@ -436,7 +465,7 @@ async function main(): Promise<void> {
       `(${ratios.map((x) => x.toFixed(2)).join(', ')})`);
   }
   for (const r of rooflines) {
-    console.log(`[${r.precision}${r.quantization === 'none' ? '' : `, ${r.quantization}`}] batch-1 decode, round by round against the bandwidth sampled around each round: ` +
+    console.log(`[${r.precision}${r.quantization === 'none' ? '' : `, ${r.quantization}`}] batch-1 decode in ${FINE_ROUNDS} rounds of ${FINE_STEPS} steps, each against the higher of the probe reads right before and after it: ` +
       `median ${pct(r.decodeVsRooflinePaired)} (${r.roundVsRoofline.map((x) => `${(100 * x).toFixed(0)}`).join(', ')}%) of the roofline; best round ${r.decodeTokensPerS.toFixed(1)} tok/s = ` +
       `${(100 * r.decodeVsRoofline).toFixed(0)}% of the best sample's roofline ${r.rooflineTokensPerS.toFixed(1)} tok/s; medians: ${(100 * r.decodeMedianVsMedianRoofline).toFixed(0)}% ` +
       `(${(r.bytesPerToken / 1e6).toFixed(1)} MB per token: weights + KV at ${r.contextTokens} tokens)`);

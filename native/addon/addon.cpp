@@ -454,8 +454,9 @@ Napi::Value MeasureBandwidth(const Napi::CallbackInfo& info) {
   int threads = info[0].IsNumber() ? info[0].As<Napi::Number>().Int32Value() : 0;
   size_t bytes = info[1].IsNumber() ? size_t(info[1].As<Napi::Number>().Int64Value()) : 0;  // 0: the native default
   int repeats = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : 5;
+  bool keep = info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
   auto* worker = new PromiseWorker<double>(
-      env, [=]() { return sluice::measure_memory_bandwidth(threads, bytes, repeats); },
+      env, [=]() { return sluice::measure_memory_bandwidth(threads, bytes, repeats, keep); },
       [](Napi::Env e, double& v) -> Napi::Value { return Napi::Number::New(e, v); });
   Napi::Promise p = worker->promise();
   worker->Queue();

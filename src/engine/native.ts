@@ -28,7 +28,7 @@ interface NativeAddon {
   GrammarMatcher: new (grammar: NativeCompiledGrammar) => NativeGrammarMatcher;
   fillGrammarMasks(matchers: NativeGrammarMatcher[], out: Uint32Array, offsets: Uint32Array): Promise<Int32Array>;
   load(options: NativeLoadOptions): Promise<NativeEngineHandle>;
-  measureMemoryBandwidth(numThreads: number, bytes: number, repeats: number): Promise<number>;
+  measureMemoryBandwidth(numThreads: number, bytes: number, repeats: number, keepBuffer: boolean): Promise<number>;
   measureDeviceBandwidth(bytes: number, repeats: number): Promise<number>;
   cudaUnavailableReason(): string;
   simdLevel(): string;
@@ -91,7 +91,8 @@ export function cudaUnavailableReason(): string | undefined {
 /**
  * Streaming read bandwidth of main memory in bytes/s, best of `repeats`; each of `numThreads`
  * threads (0: one per CPU) streams its contiguous slice. bytes 0: max(1 GiB, 8 x last-level cache).
+ * keepBuffer: the filled buffer stays for the next call of the same size (false frees it).
  */
-export function measureMemoryBandwidth(numThreads = 0, bytes = 0, repeats = 5): Promise<number> {
-  return nativeAddon().measureMemoryBandwidth(numThreads, bytes, repeats);
+export function measureMemoryBandwidth(numThreads = 0, bytes = 0, repeats = 5, keepBuffer = false): Promise<number> {
+  return nativeAddon().measureMemoryBandwidth(numThreads, bytes, repeats, keepBuffer);
 }

@@ -222,7 +222,10 @@ class Engine {
 // online CPU), best of `repeats`: each thread streams its contiguous slice of one buffer, as the
 // batch-1 GEMV streams its slice of the weights. bytes = 0 picks max(1 GiB, 8 x the last-level
 // cache), so no part of the buffer is still cached when it is read again.
-double measure_memory_bandwidth(int num_threads, size_t bytes = 0, int repeats = 5);
+// keep_buffer: keep the filled buffer for the next call of the same size (a bench sampling the
+// bandwidth between short decode rounds then reads only, without mapping and filling a GiB each
+// time); false frees a kept buffer after this call.
+double measure_memory_bandwidth(int num_threads, size_t bytes = 0, int repeats = 5, bool keep_buffer = false);
 
 // Device-to-device copy bandwidth of the CUDA device in bytes/s (bytes read + bytes written),
 // best of `repeats`. Throws Error(kBackendUnavailable) without the CUDA backend or a device.

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -411,15 +413,24 @@ size_t probe_bytes() {
   return std::max<size_t>(size_t(1) << 30, 8 * largest);
 }
 
-double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats, bool keep_buffer) {
   if (bytes == 0) bytes = probe_bytes();
   const size_t n = bytes / sizeof(uint64_t);
-  // The kind of memory the CPU backend streams its weights from (resident_weights.h).
-  HostBuffer mem(n * sizeof(uint64_t));
-  uint64_t* buf = reinterpret_cast<uint64_t*>(mem.data());
-  pool.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) buf[i] = uint64_t(i);
-  });
+  // The kind of memory the CPU backend streams its weights from (resident_weights.h), filled
+  // once; a kept buffer serves the next call of the same size.
+  static std::mutex kept_mu;
+  static std::unique_ptr<HostBuffer> kept;
+  std::unique_lock<std::mutex> lock(kept_mu);
+  std::unique_ptr<HostBuffer> mem = std::move(kept);
+  if (!mem || mem->size() != n * sizeof(uint64_t)) {
+    mem.reset();  // (a kept buffer of another size is freed first)
+    mem = std::make_unique<HostBuffer>(n * sizeof(uint64_t));
+    uint64_t* fill = reinterpret_cast<uint64_t*>(mem->data());
+    pool.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; i++) fill[i] = uint64_t(i);
+    });
+  }
+  uint64_t* buf = reinterpret_cast<uint64_t*>(mem->data());
   double best = 0;
   std::vector<uint64_t> sinks(size_t(pool.size()) * 8);
   for (int r = 0; r < repeats; r++) {
@@ -443,6 +454,7 @@ double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
   }
   volatile uint64_t keep = sinks[0];
   (void)keep;
+  if (keep_buffer) kept = std::move(mem);
   return best;
 }
 

@@ -106,7 +106,7 @@ void apply_token_masks(ThreadPool& pool, float* logits, int64_t R, int64_t V, co
 // Read bandwidth of main memory in bytes/s, measured by streaming `bytes` with all threads of
 // the pool, each its contiguous slice (best of `repeats`). bytes = 0: probe_bytes(). Used by the
 // bench for the decode roofline.
-double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats);
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats, bool keep_buffer = false);
 // max(1 GiB, 8 x the largest CPU cache sysfs reports): a buffer no cache level can hold.
 size_t probe_bytes();
 

@@ -506,9 +506,9 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) { return std:
 
 bool cuda_available(std::string* why) { return cuda_backend_available(why); }
 
-double measure_memory_bandwidth(int num_threads, size_t bytes, int repeats) {
+double measure_memory_bandwidth(int num_threads, size_t bytes, int repeats, bool keep_buffer) {
   cpu::ThreadPool pool(num_threads);
-  return cpu::measure_read_bandwidth(pool, bytes, repeats);
+  return cpu::measure_read_bandwidth(pool, bytes, repeats, keep_buffer);
 }
 
 }  // namespace sluice
