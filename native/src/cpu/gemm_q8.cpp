@@ -16,6 +16,15 @@ inline float round_even(float v) {
   return (v + magic) - magic;
 }
 
+// std::fmax / std::fmin as comparisons: the same results (a NaN operand is ignored, as fmax and
+// fmin do; clamp127(NaN) = 127 = fmax(-127, fmin(127, NaN))), but the compiler vectorizes them,
+// where fmaxf / fminf stayed library calls (17% of an int8 load's time in quantization).
+inline float max_ignoring_nan(float acc, float v) { return v > acc ? v : acc; }
+inline float clamp127(float v) {
+  const float hi = v < 127.f ? v : 127.f;  // NaN -> 127
+  return hi > -127.f ? hi : -127.f;
+}
+
 inline float load_f32(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::F32: return static_cast<const float*>(p)[i];
@@ -40,7 +49,7 @@ void quantize_rows_q8(const void* src, DType src_dtype, int64_t N, int64_t K, in
       for (int64_t i = 0; i < kQ8Block; i++) {
         const int64_t k = b * kQ8Block + i;
         block[i] = k < K ? load_f32(src, src_dtype, n * K + k) : 0.f;
-        amax = std::fmax(amax, std::fabs(block[i]));
+        amax = max_ignoring_nan(amax, std::fabs(block[i]));
       }
       // The stored (f16) scale is the one the values are divided by, so q * d is the nearest
       // grid point of the grid actually used. f16 overflow cannot happen for real weights
@@ -50,7 +59,7 @@ void quantize_rows_q8(const void* src, DType src_dtype, int64_t N, int64_t K, in
       const float id = dd > 0.f ? 1.f / dd : 0.f;
       d[n * nb + b] = dh;
       int8_t* qb = q + n * Kp + b * kQ8Block;
-      for (int64_t i = 0; i < kQ8Block; i++) qb[i] = int8_t(std::fmax(-127.f, std::fmin(127.f, round_even(block[i] * id))));
+      for (int64_t i = 0; i < kQ8Block; i++) qb[i] = int8_t(clamp127(round_even(block[i] * id)));
     }
   }
 }
@@ -63,7 +72,7 @@ void quantize_activations_q8(const float* x, int64_t T, int64_t K, int8_t* xq, f
     for (int64_t b = 0; b < nb; b++) {
       const int64_t k0 = b * kQ8Block, n = K - k0 < kQ8Block ? (K - k0 > 0 ? K - k0 : 0) : kQ8Block;
       float amax = 0.f;
-      for (int64_t i = 0; i < n; i++) amax = std::fmax(amax, std::fabs(xr[k0 + i]));
+      for (int64_t i = 0; i < n; i++) amax = max_ignoring_nan(amax, std::fabs(xr[k0 + i]));
       const float id = amax > 0.f ? 127.f / amax : 0.f;
       xd[t * nb + b] = amax / 127.f;
       // |x * id| <= 127 up to one rounding, which round_even maps back to 127.
