@@ -18,7 +18,7 @@ import { parseArgs } from 'node:util';
 import { ensureBenchModel } from './bench-model.js';
 import { chartsBesideResult } from './charts.js';
 import { machineInfo } from './machine.js';
-import { median } from './roofline.js';
+import { median } from './bench-step.js';
 
 const { values: args } = parseArgs({
   options: {

@@ -13,10 +13,11 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { checkBenchStep, median } from './bench-step.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureDeviceBandwidth } from '../src/engine/native.js';
-import { ADD_ADMITTED, ROW_RAN, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
+import { type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -59,7 +60,6 @@ interface WorkerResult {
 }
 
 const promptOf = (b: number, len: number, vocab: number) => Int32Array.from({ length: len }, (_, t) => (t * 31 + b * 7 + 11) % vocab);
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 async function runWorker(modelDir: string): Promise<WorkerResult> {
   const bandwidth = await measureDeviceBandwidth();
@@ -122,14 +122,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   return { info: finalInfo as unknown as WorkerResult['info'], bandwidthBytesPerS: bandwidth, rows, reference, cpuReference };
 }
 
-/** Throws unless every row ran and every add was admitted (the bench's KV pool must hold all of its sequences). */
-function checkStep(res: NativeStepResult): NativeStepResult {
-  if (res.errors.length > 0) throw new Error(`bench step: ${res.errors.map((e) => `${e.seqId} ${e.code}: ${e.message}`).join('; ')}`);
-  if (res.addStatus.some((s) => s !== ADD_ADMITTED) || res.rowStatus.some((s) => s !== ROW_RAN)) {
-    throw new Error('bench step: the KV pool is too small (raise --gpu-memory-utilization)');
-  }
-  return res;
-}
+const checkStep = (res: NativeStepResult) => checkBenchStep(res, '--gpu-memory-utilization');
 
 /** A step with only frees: releases the sequences' KV blocks. */
 async function freeAll(engine: NativeEngineHandle, ids: Uint32Array): Promise<void> {

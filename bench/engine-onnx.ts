@@ -14,12 +14,13 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { checkBenchStep, median } from './bench-step.js';
 import { machineInfo } from './machine.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { exportOnnx, type OnnxQuantization } from '../models/onnx-export.js';
 import { loadOnnxHandle } from '../src/engine/onnx/onnx-backend.js';
-import { ADD_ADMITTED, ROW_RAN, type NativeStepResult } from '../src/engine/native-types.js';
+import { type NativeStepResult } from '../src/engine/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -57,15 +58,8 @@ const promptLen = Number(args.prompt);
 const decodeSteps = Number(args.decode);
 const threads = Number(args.threads);
 const DECODE_ROUNDS = 3;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-function checkStep(res: NativeStepResult): NativeStepResult {
-  if (res.errors.length > 0) throw new Error(`bench step: ${res.errors.map((e) => `${e.seqId} ${e.code}: ${e.message}`).join('; ')}`);
-  if (res.addStatus.some((s) => s !== ADD_ADMITTED) || res.rowStatus.some((s) => s !== ROW_RAN)) {
-    throw new Error('bench step: the KV budget is too small (raise --kv-gib)');
-  }
-  return res;
-}
+const checkStep = (res: NativeStepResult) => checkBenchStep(res, '--kv-gib');
 
 type WorkerResult = OnnxWorkerResult;
 

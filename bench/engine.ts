@@ -43,9 +43,10 @@ import { llamaCppPackage, runLlamaCppPeer, type PeerRow } from './peer-llama-cpp
 import type { GgufWeightType } from './gguf.js';
 import type { OnnxWorkerResult } from './engine-onnx.js';
 import type { OnnxQuantization } from '../models/onnx-export.js';
-import { PROBE_BYTES, decodeBytesPerToken, median as medianOf, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
+import { checkBenchStep, median } from './bench-step.js';
+import { PROBE_BYTES, decodeBytesPerToken, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
 import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
-import { ADD_ADMITTED, ROW_RAN, type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/engine/native-types.js';
+import { type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/engine/native-types.js';
 
 /** The llama.cpp GGUF weights benched beside sluice's rows of a quantization. */
 const peerWeights = (quantization: Quantization): GgufWeightType => (quantization === 'int8' ? 'q8_0' : 'bf16');
@@ -125,16 +126,8 @@ const roundsFor = (batch: number) => (batch === 1 ? BATCH1_DECODE_ROUNDS : DECOD
 // second apart, because this machine's bandwidth changes from one second to the next.
 const FINE_ROUNDS = 16;
 const FINE_STEPS = 8;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-/** Throws unless every row ran and every add was admitted (a bench's KV pool must hold all of its sequences). */
-function checkStep(res: NativeStepResult): NativeStepResult {
-  if (res.errors.length > 0) throw new Error(`bench step: ${res.errors.map((e) => `${e.seqId} ${e.code}: ${e.message}`).join('; ')}`);
-  if (res.addStatus.some((s) => s !== ADD_ADMITTED) || res.rowStatus.some((s) => s !== ROW_RAN)) {
-    throw new Error('bench step: the KV pool is too small (raise --kv-gib)');
-  }
-  return res;
-}
+const checkStep = (res: NativeStepResult) => checkBenchStep(res, '--kv-gib');
 
 async function runWorker(modelDir: string, batch: number, precision: MatmulPrecision, quantization: Quantization): Promise<WorkerResult> {
   const engine = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: kvBytes, blockSize: 16, numThreads: threads, matmulPrecision: precision,
@@ -379,7 +372,7 @@ async function main(): Promise<void> {
     const q = r.quantization ?? 'none';
     const bytesPerToken = decodeBytesPerToken({ ...shape, weightBytes: r.weightBytes ?? shape.weightBytes },
       { tiedLmHead: tied && q === 'none', kvBytesPerValue: r.precision === 'bf16' ? 2 : 4, contextTokens });
-    const probeBest = Math.max(...r.bandwidthSamples), probeMedian = medianOf(r.bandwidthSamples);
+    const probeBest = Math.max(...r.bandwidthSamples), probeMedian = median(r.bandwidthSamples);
     // Round by round over the short rounds: each round's bytes/s against the higher of the probe
     // reads taken right before and right after it (a fraction of a second each way). This
     // machine's bandwidth changes by 2x from one second to the next with its neighbours, so a
@@ -396,7 +389,7 @@ async function main(): Promise<void> {
       decodeVsRoofline: r.decodeTokensPerS / (probeBest / bytesPerToken),
       decodeMedianVsMedianRoofline: r.decodeTokensPerSMedian / (probeMedian / bytesPerToken),
       roundVsRoofline,
-      decodeVsRooflinePaired: roundVsRoofline.length ? medianOf(roundVsRoofline) : null,
+      decodeVsRooflinePaired: roundVsRoofline.length ? median(roundVsRoofline) : null,
     };
   };
   const rooflines = rows.filter((r) => r.batch === 1).map(rooflineOf);
@@ -440,8 +433,8 @@ async function main(): Promise<void> {
   if (interleaved) {
     const byQ = (q: Quantization) => interleaved!.rounds.filter((r) => r.quantization === q).map((r) => r.tokensPerS);
     console.log(`[${interleaved.precision}, int8] batch-1 decode in alternating rounds of one process: int8 / unquantized, median ` +
-      `${medianOf(interleaved.int8OverUnquantized).toFixed(2)}x over ${interleaved.int8OverUnquantized.length} neighbouring round pairs (target >= 1.7x); ` +
-      `rounds: unquantized median ${medianOf(byQ('none')).toFixed(1)}, int8 median ${medianOf(byQ('int8')).toFixed(1)} tok/s`);
+      `${median(interleaved.int8OverUnquantized).toFixed(2)}x over ${interleaved.int8OverUnquantized.length} neighbouring round pairs (target >= 1.7x); ` +
+      `rounds: unquantized median ${median(byQ('none')).toFixed(1)}, int8 median ${median(byQ('int8')).toFixed(1)} tok/s`);
   }
   for (const t of targets) {
     if (t.batch1DecodeOverUnquantized !== null) {
@@ -456,12 +449,12 @@ async function main(): Promise<void> {
   console.log('');
   const gbs = (x: number) => (x / 1e9).toFixed(1);
   console.log(`memory bandwidth, ${peerThreads} threads, ${(PROBE_BYTES / 2 ** 30).toFixed(1)} GiB buffers: probe best ${gbs(Math.max(...rows.flatMap((r) => r.bandwidthSamples)))} / median ` +
-    `${gbs(medianOf(rows.flatMap((r) => r.bandwidthSamples)))} GB/s (around decode rounds); plain streaming read (sluice_stream_read) ` +
-    (checkSamples.length ? `best ${gbs(Math.max(...checkSamples))} / median ${gbs(medianOf(checkSamples))} GB/s (before and after the rows)` : 'not built (build/sluice_stream_read)'));
+    `${gbs(median(rows.flatMap((r) => r.bandwidthSamples)))} GB/s (around decode rounds); plain streaming read (sluice_stream_read) ` +
+    (checkSamples.length ? `best ${gbs(Math.max(...checkSamples))} / median ${gbs(median(checkSamples))} GB/s (before and after the rows)` : 'not built (build/sluice_stream_read)'));
   const beside = rows.flatMap((r) => r.streamReadBesideProbe ?? []);
   if (beside.length > 0) {
     const ratios = beside.map((b) => b.probeBytesPerS / b.plainBytesPerS);
-    console.log(`probe / plain streaming read taken back to back: median ${medianOf(ratios).toFixed(2)} over ${ratios.length} pairs ` +
+    console.log(`probe / plain streaming read taken back to back: median ${median(ratios).toFixed(2)} over ${ratios.length} pairs ` +
       `(${ratios.map((x) => x.toFixed(2)).join(', ')})`);
   }
   for (const r of rooflines) {
@@ -487,8 +480,8 @@ async function main(): Promise<void> {
     const decode = runs.map((x) => x.decodeTokensPerS), prefill = runs.map((x) => x.prefillTokensPerS);
     sideBySide.push({
       engine, version, weights, precision, quantization, threads: peerThreads, batch: 1, runs: runs.length,
-      prefillTokensPerSBest: Math.max(...prefill), prefillTokensPerSMedian: medianOf(prefill),
-      decodeTokensPerSBest: Math.max(...decode), decodeTokensPerSMedian: medianOf(decode),
+      prefillTokensPerSBest: Math.max(...prefill), prefillTokensPerSMedian: median(prefill),
+      decodeTokensPerSBest: Math.max(...decode), decodeTokensPerSMedian: median(decode),
       decodeStepMsBest: 1000 / Math.max(...decode), peakRssBytesMax: Math.max(...runs.map((x) => x.peakRssBytes)),
     });
   };
@@ -522,9 +515,9 @@ async function main(): Promise<void> {
     const decodes = (xs: { decodeTokensPerS: number }[]) => xs.map((x) => x.decodeTokensPerS);
     const prefills = (xs: { prefillTokensPerS: number }[]) => xs.map((x) => x.prefillTokensPerS);
     const ratios = (mine: Run[], theirs: Run[]) =>
-      `batch-1 decode, best ${(Math.max(...decodes(mine)) / Math.max(...decodes(theirs))).toFixed(2)}x / median ${(medianOf(decodes(mine)) / medianOf(decodes(theirs))).toFixed(2)}x`;
+      `batch-1 decode, best ${(Math.max(...decodes(mine)) / Math.max(...decodes(theirs))).toFixed(2)}x / median ${(median(decodes(mine)) / median(decodes(theirs))).toFixed(2)}x`;
     const prefillRatios = (mine: Run[], theirs: Run[]) =>
-      `prefill of ${promptLen} tokens, best ${(Math.max(...prefills(mine)) / Math.max(...prefills(theirs))).toFixed(2)}x / median ${(medianOf(prefills(mine)) / medianOf(prefills(theirs))).toFixed(2)}x`;
+      `prefill of ${promptLen} tokens, best ${(Math.max(...prefills(mine)) / Math.max(...prefills(theirs))).toFixed(2)}x / median ${(median(prefills(mine)) / median(prefills(theirs))).toFixed(2)}x`;
     for (const quantization of quantizations) {
       const mine = paired.filter((r) => r.quantization === quantization);
       const theirs = peers.filter((p) => p.weights === peerWeights(quantization));

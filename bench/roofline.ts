@@ -77,5 +77,3 @@ export function tiedEmbeddings(modelDir: string): boolean {
   const config = JSON.parse(readFileSync(join(modelDir, 'config.json'), 'utf8')) as { tie_word_embeddings?: boolean };
   return config.tie_word_embeddings === true;
 }
-
-export const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
