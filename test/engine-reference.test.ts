@@ -9,34 +9,13 @@ import { makeModel } from '../models/make-model.js';
 import { loadNativeEngine } from '../src/engine/native.js';
 import type { NativeEngineHandle } from '../src/engine/native-types.js';
 import { runNative } from './helpers/native-run.js';
-import { GENERATE, compareWithReference, promptFor, teacherForcedAgreement } from './helpers/reference-compare.js';
+import {
+  GENERATE, LOGPROB_TOL, NEAR_TIE_GAP, REFERENCE_VARIANTS, compareWithReference, promptFor, teacherForcedAgreement,
+} from './helpers/reference-compare.js';
 import { quantizeReferenceQ8 } from './reference/q8.js';
 import { loadReferenceModel } from './reference/reference-model.js';
 
-type Dtype = 'f32' | 'f16' | 'bf16';
-
-// Tolerances on log-probabilities (natural log units) between the engine (default matmul
-// precision 'f32') and the reference. Observed worst cases on these models are in brackets.
-// - f32 / f16 weights: f32 arithmetic (f16 widens exactly): 5e-4 [4e-5].
-// - bf16 weights: on AVX512-BF16 the activations enter vdpbf16ps as two bf16 terms (~16
-//   mantissa bits): 5e-3 [6e-4]. Elsewhere the weights widen to f32 and f32 numbers apply.
-const LOGPROB_TOL: Record<Dtype, number> = { f32: 5e-4, f16: 5e-4, bf16: 5e-3 };
-// A greedy step whose reference top-1/top-2 logit gap is below this is a near tie that rounding
-// may legitimately decide; the test reports it instead of failing. 0 for f32 / f16: there the
-// continuation must equal the reference's outright.
-const NEAR_TIE_GAP: Record<Dtype, number> = { f32: 0, f16: 0, bf16: 5e-3 };
-
-const VARIANTS: Array<[string, Dtype]> = [
-  ['test-llama', 'f32'],
-  ['test-llama', 'bf16'],
-  ['test-llama-linear', 'f32'],
-  ['test-llama-linear', 'bf16'],
-  ['test-qwen2', 'f32'],
-  ['test-qwen2', 'bf16'],
-  ['test-qwen3', 'f32'],
-  ['test-qwen3', 'bf16'],
-  ['test-mistral', 'f16'],
-];
+const VARIANTS = REFERENCE_VARIANTS;
 
 let root: string;
 beforeAll(() => {

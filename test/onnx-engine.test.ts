@@ -16,12 +16,10 @@ import { loadNativeEngine } from '../src/engine/native.js';
 import type { NativeEngineHandle } from '../src/engine/native-types.js';
 import { loadOnnxHandle } from '../src/engine/onnx/onnx-backend.js';
 import { runNative, type NativeRun } from './helpers/native-run.js';
-import { compareWithReference, promptFor } from './helpers/reference-compare.js';
+import { LOGPROB_TOL, NEAR_TIE_GAP, REFERENCE_VARIANTS, compareWithReference, promptFor } from './helpers/reference-compare.js';
 import {
   loadReferenceModel, logSoftmax, referenceGreedyDetailed, referenceLogits, type Linear, type ReferenceModel,
 } from './reference/reference-model.js';
-
-type Dtype = 'f32' | 'f16' | 'bf16';
 
 // Tolerances. Observed worst cases over VARIANTS on these models (logits std ~6, |logit| up to ~27)
 // in brackets.
@@ -37,20 +35,8 @@ type Dtype = 'f32' | 'f16' | 'bf16';
 const LOGIT_TOL = 1e-3;
 const INT4_LOGIT_TOL = 2e-3;
 const INT4_GENERATE = 40;
-const LOGPROB_TOL: Record<Dtype, number> = { f32: 5e-4, f16: 5e-4, bf16: 5e-3 };
-const NEAR_TIE_GAP: Record<Dtype, number> = { f32: 0, f16: 0, bf16: 5e-3 };
 
-const VARIANTS: Array<[string, Dtype]> = [
-  ['test-llama', 'f32'],
-  ['test-llama', 'bf16'],
-  ['test-llama-linear', 'f32'],
-  ['test-llama-linear', 'bf16'],
-  ['test-qwen2', 'f32'],
-  ['test-qwen2', 'bf16'],
-  ['test-qwen3', 'f32'],
-  ['test-qwen3', 'bf16'],
-  ['test-mistral', 'f16'],
-];
+const VARIANTS = REFERENCE_VARIANTS;
 
 let root: string;
 beforeAll(() => {
