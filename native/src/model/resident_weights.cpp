@@ -1,5 +1,6 @@
 #include "model/resident_weights.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -42,19 +41,6 @@ void release_mapped_pages(const void* data, size_t bytes) {
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (uintptr_t(data) + page - 1) / page * page, end = (uintptr_t(data) + bytes) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
-size_t anon_huge_page_bytes() {
-  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kib = 0;
-  while (std::fgets(line, sizeof line, f)) {
-    unsigned long long v = 0;
-    if (std::sscanf(line, "AnonHugePages: %llu kB", &v) == 1) kib = size_t(v);
-  }
-  std::fclose(f);
-  return kib * 1024;
 }
 
 }  // namespace sluice

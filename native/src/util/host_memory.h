@@ -33,8 +33,4 @@ class HostBuffer {
 // (whole pages inside [data, data + bytes) only); a later read faults them in from the file.
 void release_mapped_pages(const void* data, size_t bytes);
 
-// Bytes of anonymous memory in transparent huge pages in this process (AnonHugePages of
-// /proc/self/smaps_rollup; 0 where unavailable).
-size_t anon_huge_page_bytes();
-
 }  // namespace sluice
