@@ -196,6 +196,52 @@ TEST_CASE(matmul_multi_equals_separate_matmuls) {
   force_simd_level(nullptr);
 }
 
+TEST_CASE(matmul_chunks_cover_every_row_once_large_first_small_last) {
+  // qwen2.5-0.5b's q/k/v and gate/up, and its lm_head, as int8 and bf16; a few odd shapes.
+  struct Shape {
+    std::vector<int64_t> Ns;
+    int64_t K;
+    DType dt;
+  };
+  const std::vector<Shape> shapes{{{896, 128, 128}, 896, DType::Q8_0}, {{4864, 4864}, 896, DType::BF16},
+                                  {{151936}, 896, DType::Q8_0},       {{896}, 4864, DType::BF16},
+                                  {{7, 1, 30}, 33, DType::F32},       {{100000}, 64, DType::F16}};
+  for (const Shape& s : shapes)
+    for (int threads : {1, 2, 16}) {
+      std::vector<LinearOut> outs;
+      for (int64_t N : s.Ns) outs.push_back({nullptr, s.dt, N, nullptr, DType::F32, nullptr});
+      std::vector<MatmulChunk> chunks;
+      matmul_chunks(outs.data(), int(outs.size()), s.K, threads, chunks);
+      // In order, contiguous, each output from row 0 to row N.
+      size_t c = 0;
+      for (int i = 0; i < int(outs.size()); i++) {
+        int64_t row = 0;
+        while (c < chunks.size() && chunks[c].out == i) {
+          CHECK(chunks[c].begin == row);
+          CHECK(chunks[c].end > chunks[c].begin);
+          // Whole multiples of 6 rows, except the last chunk of an output.
+          if (chunks[c].end != outs[size_t(i)].N) CHECK((chunks[c].end - chunks[c].begin) % 6 == 0);
+          row = chunks[c].end;
+          c++;
+        }
+        CHECK(row == outs[size_t(i)].N);
+      }
+      CHECK(c == chunks.size());
+      // Within an output, no chunk is larger than the one before it (the last may be cut short).
+      for (size_t k = 1; k < chunks.size(); k++)
+        if (chunks[k].out == chunks[k - 1].out) CHECK(chunks[k].end - chunks[k].begin <= chunks[k - 1].end - chunks[k - 1].begin);
+    }
+  // The lm_head at two threads: the first chunk a quarter of the rows, the last ones about
+  // 128 KiB of int8 rows (952 bytes each), so at least 16 chunks and far more than 8.
+  std::vector<MatmulChunk> chunks;
+  const LinearOut lm{nullptr, DType::Q8_0, 151936, nullptr, DType::F32, nullptr};
+  matmul_chunks(&lm, 1, 896, 2, chunks);
+  const int64_t first = chunks.front().end - chunks.front().begin;
+  CHECK(first >= 151936 / 4 - 6 && first <= 151936 / 4 + 6);
+  CHECK(chunks.size() > 16);
+  CHECK(chunks[chunks.size() - 2].end - chunks[chunks.size() - 2].begin == 138);
+}
+
 TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
   ThreadPool pool(2);
   for (const char* level : levels()) {

@@ -167,6 +167,33 @@ void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out)
 
 using namespace detail;
 
+// Guided chunking: each chunk takes 1 / (2 * threads) of the weight bytes still unassigned, and
+// at least kMinChunkBytes (and 24 rows), in whole multiples of 6 rows, so the first chunks are
+// large and the last ones small. Large chunks keep each thread streaming one long run of rows
+// (batch-1 decode on the 2-core Zen 4, in bursts of high bandwidth: int8 42.8 -> 48.9 GB/s,
+// bf16 46.5 -> 50.8 GB/s against fixed chunks of N / (8 * threads) rows), and small last chunks
+// keep the wait at the end of the region short, also when one thread is slowed by another process.
+void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, std::vector<MatmulChunk>& chunks) {
+  constexpr int64_t kMinChunkBytes = 128 << 10;
+  chunks.clear();
+  auto row_bytes = [&](int i) {
+    return outs[i].w_dtype == DType::Q8_0 ? int64_t(q8_bytes(1, K)) : K * int64_t(dtype_size(outs[i].w_dtype));
+  };
+  int64_t remaining = 0;  // weight bytes not yet in a chunk
+  for (int i = 0; i < num_outs; i++) remaining += outs[i].N * row_bytes(i);
+  for (int i = 0; i < num_outs; i++) {
+    const int64_t rb = row_bytes(i);
+    for (int64_t b = 0; b < outs[i].N;) {
+      const int64_t want = std::max(kMinChunkBytes, remaining / (2 * int64_t(threads)));
+      const int64_t rows = std::max<int64_t>(24, (want / rb + 5) / 6 * 6);
+      const int64_t e = std::min(outs[i].N, b + rows);
+      chunks.push_back({i, b, e});
+      remaining -= (e - b) * rb;
+      b = e;
+    }
+  }
+}
+
 void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
                   MatmulPrecision precision) {
   if (T <= 0 || num_outs <= 0) return;
@@ -201,16 +228,11 @@ void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const 
   GemmArgs args[8];
   Kernel kernels[8];
   if (num_outs > 8) throw std::invalid_argument("matmul_multi: at most 8 outputs");
-  // Work list: contiguous chunks of output features of every output. Threads take chunks from a
-  // shared counter, so a thread slowed by something else on the machine does not hold the others
-  // up, and one parallel region serves all outputs. Which thread computes an output never
-  // changes its value.
-  struct Chunk {
-    int out;
-    int64_t begin, end;
-  };
-  thread_local std::vector<Chunk> chunks;
-  chunks.clear();
+  // Work list: contiguous chunks of output features of every output (matmul_chunks). Threads take
+  // chunks from a shared counter, so a thread slowed by something else on the machine does not
+  // hold the others up, and one parallel region serves all outputs. Which thread computes an
+  // output never changes its value.
+  thread_local std::vector<MatmulChunk> chunks;
   const int threads = pool.size();
   for (int i = 0; i < num_outs; i++) {
     const LinearOut& o = outs[i];
@@ -241,10 +263,9 @@ void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const 
     } else if (level == SimdLevel::Avx2) {
       kernels[i] = gemm_avx2;
     }
-    const int64_t chunk = std::max<int64_t>(24, (o.N / (int64_t(threads) * 8) + 5) / 6 * 6);
-    for (int64_t b = 0; b < o.N; b += chunk) chunks.push_back({i, b, std::min(o.N, b + chunk)});
   }
-  Chunk* list = chunks.data();
+  matmul_chunks(outs, num_outs, K, threads, chunks);
+  const MatmulChunk* list = chunks.data();
   const int64_t num_chunks = int64_t(chunks.size());
   if (threads == 1 || num_chunks == 1) {
     for (int64_t c = 0; c < num_chunks; c++) kernels[list[c].out](args[list[c].out], list[c].begin, list[c].end);

@@ -4,6 +4,7 @@
 // chunks. Shapes are given as [rows, cols], row-major.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "cpu/thread_pool.h"
 #include "sluice/dtype.h"
@@ -39,6 +40,14 @@ struct LinearOut {
 };
 void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
                   MatmulPrecision precision = MatmulPrecision::F32);
+
+// How matmul_multi cuts its outputs into the chunks the threads take in turn: rows [begin, end)
+// of output `out`; every row of every output in exactly one chunk, in order.
+struct MatmulChunk {
+  int out;
+  int64_t begin, end;
+};
+void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, std::vector<MatmulChunk>& chunks);
 
 // out[T, D] = x[T, D] / rms(x) * weight[D]; out may alias x.
 void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void* weight, DType w_dtype,
