@@ -219,8 +219,8 @@ TEST_CASE(matmul_chunks_cover_every_row_once_large_first_small_last) {
         while (c < chunks.size() && chunks[c].out == i) {
           CHECK(chunks[c].begin == row);
           CHECK(chunks[c].end > chunks[c].begin);
-          // Whole multiples of 6 rows, except the last chunk of an output.
-          if (chunks[c].end != outs[size_t(i)].N) CHECK((chunks[c].end - chunks[c].begin) % 6 == 0);
+          // Whole multiples of 12 rows, except the last chunk of an output.
+          if (chunks[c].end != outs[size_t(i)].N) CHECK((chunks[c].end - chunks[c].begin) % 12 == 0);
           row = chunks[c].end;
           c++;
         }
@@ -237,9 +237,9 @@ TEST_CASE(matmul_chunks_cover_every_row_once_large_first_small_last) {
   const LinearOut lm{nullptr, DType::Q8_0, 151936, nullptr, DType::F32, nullptr};
   matmul_chunks(&lm, 1, 896, 2, chunks);
   const int64_t first = chunks.front().end - chunks.front().begin;
-  CHECK(first >= 151936 / 4 - 6 && first <= 151936 / 4 + 6);
+  CHECK(first >= 151936 / 4 - 12 && first <= 151936 / 4 + 12);
   CHECK(chunks.size() > 16);
-  CHECK(chunks[chunks.size() - 2].end - chunks[chunks.size() - 2].begin == 138);
+  CHECK(chunks[chunks.size() - 2].end - chunks[chunks.size() - 2].begin == 144);
 }
 
 TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {

@@ -167,12 +167,13 @@ void silu_mul_generic(const float* gate, const float* up, int64_t n, float* out)
 
 using namespace detail;
 
-// Guided chunking: each chunk takes 1 / (2 * threads) of the weight bytes still unassigned, and
-// at least kMinChunkBytes (and 24 rows), in whole multiples of 6 rows, so the first chunks are
-// large and the last ones small. Large chunks keep each thread streaming one long run of rows
-// (batch-1 decode on the 2-core Zen 4, in bursts of high bandwidth: int8 42.8 -> 48.9 GB/s,
-// bf16 46.5 -> 50.8 GB/s against fixed chunks of N / (8 * threads) rows), and small last chunks
-// keep the wait at the end of the region short, also when one thread is slowed by another process.
+// Guided chunking: each chunk takes 1 / (2 * threads) of the weight bytes still unassigned, at
+// least kMinChunkBytes (and 24 rows), in whole multiples of 12 rows (the decode tiles' 4 row
+// streams, the prefill tiles' 3 or 6 rows): the first chunks are large, the last ones small.
+// Large chunks keep each thread streaming one long run of rows (batch-1 decode on the 2-core
+// Zen 4, in bursts of high bandwidth: int8 42.8 -> 48.9 GB/s, bf16 46.5 -> 50.8 GB/s against
+// fixed chunks of N / (8 * threads) rows); small last chunks keep the wait at the end of the
+// region short, also when one thread is slowed by another process.
 void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, std::vector<MatmulChunk>& chunks) {
   constexpr int64_t kMinChunkBytes = 128 << 10;
   chunks.clear();
@@ -185,7 +186,7 @@ void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, 
     const int64_t rb = row_bytes(i);
     for (int64_t b = 0; b < outs[i].N;) {
       const int64_t want = std::max(kMinChunkBytes, remaining / (2 * int64_t(threads)));
-      const int64_t rows = std::max<int64_t>(24, (want / rb + 5) / 6 * 6);
+      const int64_t rows = std::max<int64_t>(24, (want / rb + 11) / 12 * 12);
       const int64_t e = std::min(outs[i].N, b + rows);
       chunks.push_back({i, b, e});
       remaining -= (e - b) * rb;
