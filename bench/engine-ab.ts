@@ -7,7 +7,7 @@
 //     -DCMAKE_BUILD_TYPE=Release -DSLUICE_CUDA=OFF && cmake --build /tmp/base/build --target sluice_bench
 //   npm run bench:engine:ab -- --a /tmp/base/build/sluice_bench --a-label <rev> [--b build/sluice_bench]
 //     [--simd avx2] [--model DIR | --preset qwen2.5-0.5b] [--batch 1,8] [--prompt 128] [--decode 64]
-//     [--pairs 4] [--out bench/results/engine-ab.json]
+//     [--precision bf16] [--quantization int8] [--pairs 4] [--out bench/results/engine-ab.json]
 // Prints a table and writes JSON.
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -34,6 +34,8 @@ const { values: args } = parseArgs({
     decode: { type: 'string', default: '64' },
     threads: { type: 'string', default: '0' },
     pairs: { type: 'string', default: '4' },
+    precision: { type: 'string' },     // sluice_bench --precision (f32 | bf16); its default when absent
+    quantization: { type: 'string' },  // sluice_bench --quantization (none | int8)
     out: { type: 'string', default: 'bench/results/engine-ab.json' },
   },
 });
@@ -47,6 +49,9 @@ async function main(): Promise<void> {
   if (!Number.isInteger(pairs) || pairs < 2 || pairs > 20) throw new Error('--pairs must be an integer in 2..20');
   const modelDir = args.model ? resolve(args.model) : await ensureBenchModel(args.preset!, 'bf16');
   const env = { ...process.env, ...(args.simd ? { SLUICE_SIMD: args.simd } : {}) };
+  if (args.precision !== undefined && args.precision !== 'f32' && args.precision !== 'bf16') throw new Error('--precision must be f32 or bf16');
+  if (args.quantization !== undefined && args.quantization !== 'none' && args.quantization !== 'int8') throw new Error('--quantization must be none or int8');
+  const engineArgs = [...(args.precision ? ['--precision', args.precision] : []), ...(args.quantization ? ['--quantization', args.quantization] : [])];
   const scratch = mkdtempSync(join(os.tmpdir(), 'sluice-ab-'));
   const builds = [{ label: args['a-label']!, bin: resolve(args.a) }, { label: args['b-label']!, bin: resolve(args.b!) }];
   const runs: Array<{ build: string; pair: number; result: NativeResult }> = [];
@@ -56,7 +61,7 @@ async function main(): Promise<void> {
         process.stderr.write(`pair ${pair + 1}/${pairs}: ${build.label}...\n`);
         const json = join(scratch, 'run.json');
         const child = spawnSync(build.bin, ['--model', modelDir, '--batch', args.batch!, '--prompt', args.prompt!, '--decode', args.decode!,
-          '--threads', args.threads!, '--json', json], { env, encoding: 'utf8' });
+          '--threads', args.threads!, ...engineArgs, '--json', json], { env, encoding: 'utf8' });
         if (child.status !== 0) throw new Error(`${build.bin} failed (exit ${child.status}): ${child.stderr}`);
         runs.push({ build: build.label, pair, result: JSON.parse(readFileSync(json, 'utf8')) as NativeResult });
       }
@@ -72,7 +77,8 @@ async function main(): Promise<void> {
       decodeMedian: median(decode), decodeBest: Math.max(...decode), prefillMedian: median(prefill), prefillBest: Math.max(...prefill), decode, prefill };
   }));
   const machine = machineInfo();
-  console.log(`${machine.cpuGeneration ?? machine.cpu} x${machine.cores}${args.simd ? `, SLUICE_SIMD=${args.simd}` : ''}: ${pairs} alternating pairs, prompt ${args.prompt}, ${args.decode} decode steps`);
+  console.log(`${machine.cpuGeneration ?? machine.cpu} x${machine.cores}${args.simd ? `, SLUICE_SIMD=${args.simd}` : ''}${engineArgs.length ? `, ${engineArgs.join(' ')}` : ''}: ` +
+    `${pairs} alternating pairs, prompt ${args.prompt}, ${args.decode} decode steps`);
   console.log('| build | kernels | batch | decode tok/s median / best | prefill tok/s median / best |');
   console.log('|-------|---------|------:|---------------------------:|----------------------------:|');
   for (const s of summary) {
@@ -86,7 +92,8 @@ async function main(): Promise<void> {
     console.log(`batch ${r.batch}: ${builds[1]!.label} / ${builds[0]!.label}: decode ${r.decodeMedianBOverA.toFixed(2)}x, prefill ${r.prefillMedianBOverA.toFixed(2)}x (medians)`);
   }
   const result = { bench: 'engine-ab', date: new Date().toISOString(), machine, loadAverage: os.loadavg()[0], simd: args.simd ?? null,
-    settings: { model: modelDir, batches, promptTokens: Number(args.prompt), decodeSteps: Number(args.decode), pairs }, builds, summary, ratios, runs };
+    settings: { model: modelDir, batches, promptTokens: Number(args.prompt), decodeSteps: Number(args.decode), pairs,
+      precision: args.precision ?? null, quantization: args.quantization ?? null }, builds, summary, ratios, runs };
   mkdirSync(dirname(resolve(args.out!)), { recursive: true });
   writeFileSync(resolve(args.out!), JSON.stringify(result, null, 2) + '\n');
   await chartsBesideResult(resolve(args.out!));
