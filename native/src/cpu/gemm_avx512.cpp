@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "cpu/gemm.h"
+#include "cpu/reduce_avx512.h"
 
 namespace sluice::cpu::detail {
 
@@ -37,26 +38,6 @@ constexpr int64_t kTB = 64;  // activation rows per cache block (kept in L2 whil
 
 inline float bias_at(const GemmArgs& a, int64_t n) {
   return a.bias ? load_scalar(a.bias, a.bias_dtype, n) : 0.f;
-}
-
-// Horizontal sums of 16 accumulators at once (lane j of the result = sum of v[j]), by a
-// transpose-and-add tree: within each 128-bit quarter (l0 + l2) + (l1 + l3), then quarters
-// (q0 + q1) + (q2 + q3). Every slot gets the same tree, and zero padding leaves other slots
-// untouched, so an output's value never depends on its position in a tile.
-inline __m512 reduce16(const __m512* v) {
-  __m512 s[8], w[4], y[2];
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; k++)
-    s[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; k++) {
-    const __m512d a = _mm512_castps_pd(s[2 * k]), b = _mm512_castps_pd(s[2 * k + 1]);
-    w[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-#pragma GCC unroll 2
-  for (int k = 0; k < 2; k++)
-    y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88), _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
 }
 
 // y[t0 + i, n0 + j] = sum(acc[i][j]) + bias[n0 + j]

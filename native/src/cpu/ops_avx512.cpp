@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cpu/ops_simd.h"
+#include "cpu/reduce_avx512.h"
 
 namespace sluice::cpu::detail {
 
@@ -35,10 +36,32 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline int64_t kv_offset(const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
-  const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
-  return (slot * c.n_kv_heads + kv_head) * c.head_dim;
-}
+// Element offsets of one kv head's K/V rows at positions 0, 1, 2, ... of a sequence, through
+// its block table: slot = table[p / block_size] * block_size + p % block_size, row offset =
+// (slot * n_kv_heads + kv_head) * head_dim, without a division per position (at a 4096-token
+// context the divisions cost more than the arithmetic they address).
+class KvCursor {
+ public:
+  KvCursor(const int32_t* table, const PagedKV& c, int64_t kv_head)
+      : table_(table), block_size_(c.block_size), stride_(c.n_kv_heads * c.head_dim), head_(kv_head * c.head_dim) {}
+  // The current position's offset; then next() moves to the following position.
+  int64_t offset() {
+    // A block's entry is read on its first position only (never one past the last).
+    if (within_ == 0) base_ = int64_t(table_[block_]) * block_size_ * stride_ + head_;
+    return base_ + within_ * stride_;
+  }
+  void next() {
+    if (++within_ == block_size_) {
+      within_ = 0;
+      block_++;
+    }
+  }
+
+ private:
+  const int32_t* table_;
+  int64_t block_size_, stride_, head_;
+  int64_t block_ = 0, within_ = 0, base_ = 0;
+};
 
 // 16 K/V elements as f32 from an f32 or bf16 cache (KV = float or uint16_t), masked.
 template <typename KV>
@@ -71,6 +94,16 @@ inline float softmax_weights(float* scores, int64_t P, float max_score) {
   return 1.0f / _mm512_reduce_add_ps(sumv);
 }
 
+// scores[0:n] = the sums of acc[0:n] (reduce16) times scale, and mxv = their running maximum
+// (lane-wise; a NaN score is skipped, as `s > max ? s : max` would). The sum of a position's dot
+// product lanes is the same tree in every slot, so a score never depends on its block.
+inline void store_scores(const __m512* acc, int n, __m512 scale, float* scores, __m512& mxv) {
+  const __m512 s = _mm512_mul_ps(reduce16(acc), scale);
+  const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  _mm512_mask_storeu_ps(scores, m, s);
+  mxv = _mm512_mask_max_ps(mxv, m, s, mxv);  // max(s, mxv): the second operand where s is NaN
+}
+
 }  // namespace
 
 template <typename KV>
@@ -82,21 +115,29 @@ void attend_single(const float* q, const int32_t* table, int64_t pos, int64_t kv
   // q is held in registers (head_dim <= 256).
   __m512 qv[16];
   for (int64_t i = 0; i < chunks; i++) qv[i] = _mm512_maskz_loadu_ps(i + 1 < chunks ? 0xffff : tail, q + 16 * i);
-  float max_score = -INFINITY;
-  for (int64_t p = 0; p < P; p++) {
-    const int64_t off = kv_offset(table, p, c, kv_head);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < chunks; i++)
-      acc = _mm512_fmadd_ps(qv[i], load_kv16<KV>(c.k, off + 16 * i, i + 1 < chunks ? 0xffff : tail), acc);
-    const float s = _mm512_reduce_add_ps(acc) * scale;
-    scores[p] = s;
-    max_score = s > max_score ? s : max_score;
+  // Scores 16 positions at a time: their dot products' lanes summed together (reduce16).
+  const __m512 sv = _mm512_set1_ps(scale);
+  __m512 mxv = _mm512_set1_ps(-INFINITY);
+  KvCursor kc(table, c, kv_head);
+  for (int64_t p0 = 0; p0 < P; p0 += 16) {
+    const int n = int(min64(16, P - p0));
+    __m512 acc[16];
+    for (int r = 0; r < 16; r++) {
+      acc[r] = _mm512_setzero_ps();
+      if (r >= n) continue;
+      const int64_t off = kc.offset();
+      kc.next();
+      for (int64_t i = 0; i < chunks; i++)
+        acc[r] = _mm512_fmadd_ps(qv[i], load_kv16<KV>(c.k, off + 16 * i, i + 1 < chunks ? 0xffff : tail), acc[r]);
+    }
+    store_scores(acc, n, sv, scores + p0, mxv);
   }
-  const float inv_sum = softmax_weights(scores, P, max_score);
+  const float inv_sum = softmax_weights(scores, P, _mm512_reduce_max_ps(mxv));
   __m512 o[16];
   for (int64_t i = 0; i < chunks; i++) o[i] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < P; j++) {
-    const int64_t off = kv_offset(table, j, c, kv_head);
+  KvCursor vc(table, c, kv_head);
+  for (int64_t j = 0; j < P; j++, vc.next()) {
+    const int64_t off = vc.offset();
     const __m512 w = _mm512_set1_ps(scores[j]);
     for (int64_t i = 0; i < chunks; i++)
       o[i] = _mm512_fmadd_ps(w, load_kv16<KV>(c.v, off + 16 * i, i + 1 < chunks ? 0xffff : tail), o[i]);
@@ -112,54 +153,92 @@ void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv
   else attend_single<float>(q, table, pos, kv_head, c, scale, scores, out);
 }
 
-// All heads of one GQA group for one token: each K/V row is loaded once and used by up to HB
-// heads at a time (their q / output accumulators stay in registers). Per head the arithmetic
-// is exactly the single-head order, so grouping never changes a result.
+// NH heads (their q rows back to back, then their scores and outputs likewise) sharing every
+// K/V row load. NH and CH are compile-time, so q, the running maxima and the NH x CH output
+// accumulators stay in registers.
+template <typename KV, int CH, int NH>
+void attend_heads(const float* q, const int32_t* table, int64_t P, int64_t kv_head, const PagedKV& c, float scale,
+                  float* scores, float* out) {
+  __m512 qv[NH][CH];
+#pragma GCC unroll 16
+  for (int h = 0; h < NH; h++)
+#pragma GCC unroll 16
+    for (int i = 0; i < CH; i++) qv[h][i] = _mm512_loadu_ps(q + h * CH * 16 + 16 * i);
+  const __m512 sv = _mm512_set1_ps(scale);
+  __m512 mxv[NH];
+#pragma GCC unroll 16
+  for (int h = 0; h < NH; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
+  KvCursor kc(table, c, kv_head);
+  for (int64_t p0 = 0; p0 < P; p0 += 16) {
+    const int n = int(min64(16, P - p0));
+    __m512 acc[NH][16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+      if (r >= n) {
+#pragma GCC unroll 16
+        for (int h = 0; h < NH; h++) acc[h][r] = _mm512_setzero_ps();
+        continue;
+      }
+      const int64_t off = kc.offset();
+      kc.next();
+      __m512 kv[CH];
+#pragma GCC unroll 16
+      for (int i = 0; i < CH; i++) kv[i] = load_kv16<KV>(c.k, off + 16 * i, 0xffff);
+#pragma GCC unroll 16
+      for (int h = 0; h < NH; h++) {
+        __m512 d = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int i = 0; i < CH; i++) d = _mm512_fmadd_ps(qv[h][i], kv[i], d);
+        acc[h][r] = d;
+      }
+    }
+#pragma GCC unroll 16
+    for (int h = 0; h < NH; h++) store_scores(acc[h], n, sv, scores + h * P + p0, mxv[h]);
+  }
+  float inv_sum[NH];
+#pragma GCC unroll 16
+  for (int h = 0; h < NH; h++) inv_sum[h] = softmax_weights(scores + h * P, P, _mm512_reduce_max_ps(mxv[h]));
+  __m512 o[NH][CH];
+#pragma GCC unroll 16
+  for (int h = 0; h < NH; h++)
+#pragma GCC unroll 16
+    for (int i = 0; i < CH; i++) o[h][i] = _mm512_setzero_ps();
+  KvCursor vc(table, c, kv_head);
+  for (int64_t j = 0; j < P; j++, vc.next()) {
+    const int64_t off = vc.offset();
+    __m512 vv[CH];
+#pragma GCC unroll 16
+    for (int i = 0; i < CH; i++) vv[i] = load_kv16<KV>(c.v, off + 16 * i, 0xffff);
+#pragma GCC unroll 16
+    for (int h = 0; h < NH; h++) {
+      const __m512 w = _mm512_set1_ps(scores[h * P + j]);
+#pragma GCC unroll 16
+      for (int i = 0; i < CH; i++) o[h][i] = _mm512_fmadd_ps(w, vv[i], o[h][i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < NH; h++) {
+    const __m512 is = _mm512_set1_ps(inv_sum[h]);
+#pragma GCC unroll 16
+    for (int i = 0; i < CH; i++) _mm512_storeu_ps(out + h * CH * 16 + 16 * i, _mm512_mul_ps(o[h][i], is));
+  }
+}
+
+// All heads of one GQA group for one token, HB at a time (attend_heads). Per head the
+// arithmetic is exactly the single-head order, so grouping never changes a result.
 template <typename KV, int CH, int HB>
 void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c,
                        float scale, float* scores, float* out) {
+  using Fn = void (*)(const float*, const int32_t*, int64_t, int64_t, const PagedKV&, float, float*, float*);
+  static constexpr Fn fns[8] = {&attend_heads<KV, CH, 1>, &attend_heads<KV, CH, 2>, &attend_heads<KV, CH, 3>,
+                                &attend_heads<KV, CH, 4>, &attend_heads<KV, CH, (HB > 4 ? 5 : 1)>,
+                                &attend_heads<KV, CH, (HB > 4 ? 6 : 1)>, &attend_heads<KV, CH, (HB > 4 ? 7 : 1)>,
+                                &attend_heads<KV, CH, (HB > 4 ? 8 : 1)>};
+  static_assert(HB >= 1 && HB <= 8, "at most 8 heads per pass");
   const int64_t P = pos + 1;
   for (int64_t g0 = 0; g0 < G; g0 += HB) {
     const int hb = int(min64(HB, G - g0));
-    float* sc[HB];
-    for (int h = 0; h < HB; h++) sc[h] = scores + (h < hb ? h : 0) * P;
-    __m512 qv[HB][CH];
-    for (int h = 0; h < HB; h++)
-      for (int i = 0; i < CH; i++) qv[h][i] = h < hb ? _mm512_loadu_ps(q + (g0 + h) * CH * 16 + 16 * i) : _mm512_setzero_ps();
-    float mx[HB];
-    for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
-    for (int64_t p = 0; p < P; p++) {
-      const int64_t off = kv_offset(table, p, c, kv_head);
-      __m512 kv[CH];
-      for (int i = 0; i < CH; i++) kv[i] = load_kv16<KV>(c.k, off + 16 * i, 0xffff);
-      for (int h = 0; h < HB; h++) {
-        if (h >= hb) break;
-        __m512 acc = _mm512_setzero_ps();
-        for (int i = 0; i < CH; i++) acc = _mm512_fmadd_ps(qv[h][i], kv[i], acc);
-        const float s = _mm512_reduce_add_ps(acc) * scale;
-        sc[h][p] = s;
-        mx[h] = s > mx[h] ? s : mx[h];
-      }
-    }
-    float inv_sum[HB];
-    for (int h = 0; h < hb; h++) inv_sum[h] = softmax_weights(sc[h], P, mx[h]);
-    __m512 o[HB][CH];
-    for (int h = 0; h < HB; h++)
-      for (int i = 0; i < CH; i++) o[h][i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < P; j++) {
-      const int64_t off = kv_offset(table, j, c, kv_head);
-      __m512 vv[CH];
-      for (int i = 0; i < CH; i++) vv[i] = load_kv16<KV>(c.v, off + 16 * i, 0xffff);
-      for (int h = 0; h < HB; h++) {
-        if (h >= hb) break;
-        const __m512 w = _mm512_set1_ps(sc[h][j]);
-        for (int i = 0; i < CH; i++) o[h][i] = _mm512_fmadd_ps(w, vv[i], o[h][i]);
-      }
-    }
-    for (int h = 0; h < hb; h++) {
-      const __m512 is = _mm512_set1_ps(inv_sum[h]);
-      for (int i = 0; i < CH; i++) _mm512_storeu_ps(out + (g0 + h) * CH * 16 + 16 * i, _mm512_mul_ps(o[h][i], is));
-    }
+    fns[hb - 1](q + g0 * CH * 16, table, P, kv_head, c, scale, scores, out + g0 * CH * 16);
   }
 }
 
