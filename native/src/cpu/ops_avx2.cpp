@@ -66,10 +66,32 @@ inline float bf16_value(uint16_t h) {
   return f;
 }
 
-inline int64_t kv_offset(const int32_t* table, int64_t p, const PagedKV& c, int64_t kv_head) {
-  const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
-  return (slot * c.n_kv_heads + kv_head) * c.head_dim;
-}
+// Element offsets of one kv head's K/V rows at positions 0, 1, 2, ... of a sequence, through
+// its block table: slot = table[p / block_size] * block_size + p % block_size, row offset =
+// (slot * n_kv_heads + kv_head) * head_dim, without a division per position (at a 4096-token
+// context the divisions cost more than the arithmetic they address).
+class KvCursor {
+ public:
+  KvCursor(const int32_t* table, const PagedKV& c, int64_t kv_head)
+      : table_(table), block_size_(c.block_size), stride_(c.n_kv_heads * c.head_dim), head_(kv_head * c.head_dim) {}
+  // The current position's offset; then next() moves to the following position.
+  int64_t offset() {
+    // A block's entry is read on its first position only (never one past the last).
+    if (within_ == 0) base_ = int64_t(table_[block_]) * block_size_ * stride_ + head_;
+    return base_ + within_ * stride_;
+  }
+  void next() {
+    if (++within_ == block_size_) {
+      within_ = 0;
+      block_++;
+    }
+  }
+
+ private:
+  const int32_t* table_;
+  int64_t block_size_, stride_, head_;
+  int64_t block_ = 0, within_ = 0, base_ = 0;
+};
 
 // 8 K/V elements as f32 from an f32 or bf16 cache (KV = float or uint16_t).
 template <typename KV>
@@ -123,8 +145,9 @@ template <typename KV, int HB>
 void qk_block(const float* q, int64_t hd, const int32_t* table, int64_t P, int64_t kv_head, const PagedKV& c,
               float scale, float* const* sc, float* mx) {
   for (int h = 0; h < HB; h++) mx[h] = -INFINITY;
-  for (int64_t p = 0; p < P; p++) {
-    const int64_t off = kv_offset(table, p, c, kv_head);
+  KvCursor kc(table, c, kv_head);
+  for (int64_t p = 0; p < P; p++, kc.next()) {
+    const int64_t off = kc.offset();
     __m256 acc[HB];
 #pragma GCC unroll 8
     for (int h = 0; h < HB; h++) acc[h] = _mm256_setzero_ps();
@@ -148,8 +171,9 @@ void pv_block(int64_t hd, int64_t c0, const int32_t* table, int64_t P, int64_t k
   __m256 o[HB][CB];
   for (int h = 0; h < HB; h++)
     for (int j = 0; j < CB; j++) o[h][j] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < P; p++) {
-    const int64_t off = kv_offset(table, p, c, kv_head) + c0 * 8;
+  KvCursor kc(table, c, kv_head);
+  for (int64_t p = 0; p < P; p++, kc.next()) {
+    const int64_t off = kc.offset() + c0 * 8;
     __m256 vv[CB];
 #pragma GCC unroll 12
     for (int j = 0; j < CB; j++) vv[j] = load_kv8<KV>(c.v, off + 8 * j);
@@ -222,8 +246,9 @@ void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_he
                 float* scores, float* out) {
   const int64_t hd = c.head_dim, P = pos + 1, hd8 = hd & ~int64_t(7);
   float mx = -INFINITY;
-  for (int64_t p = 0; p < P; p++) {
-    const int64_t off = kv_offset(table, p, c, kv_head);
+  KvCursor kc(table, c, kv_head);
+  for (int64_t p = 0; p < P; p++, kc.next()) {
+    const int64_t off = kc.offset();
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < hd8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_kv8<KV>(c.k, off + i), acc);
     float s = hsum8(acc);
@@ -236,8 +261,9 @@ void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_he
   for (int64_t d0 = 0; d0 < hd8; d0 += 8 * 4) {  // 4 chunks of outputs per pass over V
     const int64_t nc = min64(4, (hd8 - d0) / 8);
     __m256 o[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t p = 0; p < P; p++) {
-      const int64_t off = kv_offset(table, p, c, kv_head) + d0;
+    KvCursor vc(table, c, kv_head);
+    for (int64_t p = 0; p < P; p++, vc.next()) {
+      const int64_t off = vc.offset() + d0;
       const __m256 w = _mm256_broadcast_ss(scores + p);
       for (int64_t j = 0; j < nc; j++) o[j] = _mm256_fmadd_ps(w, load_kv8<KV>(c.v, off + 8 * j), o[j]);
     }
@@ -245,7 +271,8 @@ void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_he
   }
   for (int64_t d = hd8; d < hd; d++) {
     float o = 0.f;
-    for (int64_t p = 0; p < P; p++) o += scores[p] * load_kv1<KV>(c.v, kv_offset(table, p, c, kv_head) + d);
+    KvCursor vc(table, c, kv_head);
+    for (int64_t p = 0; p < P; p++, vc.next()) o += scores[p] * load_kv1<KV>(c.v, vc.offset() + d);
     out[d] = o * inv;
   }
 }
