@@ -518,25 +518,37 @@ TEST_CASE(paged_attention_long_contexts_odd_head_dims_and_wide_groups) {
   force_simd_level(nullptr);
 }
 
-TEST_CASE(avx2_grouped_attention_equals_single_head_bit_for_bit) {
-  // The grouped kernel shares K/V loads across heads but must keep the single-head arithmetic.
-  if (detected_simd_level() < SimdLevel::Avx2) return;
-  for (DType kv_dtype : {DType::F32, DType::BF16}) {
-    for (int64_t hd : {8, 64, 128}) {
-      for (int64_t G : {1, 3, 7, 11}) {
-        const int64_t bs = 8, n_kv = 1, pos = 45;
-        RandomCache rc(kv_dtype, 6 * bs, bs, n_kv, hd);
-        const PagedKV& c = rc.cache;
-        std::vector<int32_t> table{4, 1, 5, 0, 3, 2};
-        std::vector<float> q = randn(size_t(G * hd)), grouped(size_t(G * hd)), single(size_t(G * hd));
-        std::vector<float> scores(size_t(G * (pos + 1)));
-        const float scale = 0.125f;
-        CHECK(detail::attend_group_avx2(q.data(), G, table.data(), pos, 0, c, scale, scores.data(), grouped.data()));
-        for (int64_t g = 0; g < G; g++)
-          detail::attend_avx2(q.data() + g * hd, table.data(), pos, 0, c, scale, scores.data(), single.data() + g * hd);
-        CHECK(bits_equal(grouped.data(), single.data(), grouped.size()));
-      }
-    }
+TEST_CASE(grouped_attention_equals_single_head_bit_for_bit_avx2_and_avx512) {
+  // The grouped kernels share K/V loads across heads but must keep the single-head arithmetic
+  // (AVX-512: scores summed 16 positions at a time; contexts here end mid-block of 16, and the
+  // cache's blocks of 8 or 16 positions are scattered).
+  struct Level {
+    SimdLevel need;
+    bool (*group)(const float*, int64_t, const int32_t*, int64_t, int64_t, const PagedKV&, float, float*, float*);
+    detail::AttendFn single;
+    std::vector<int64_t> head_dims;
+  };
+  const std::vector<Level> kinds{{SimdLevel::Avx2, detail::attend_group_avx2, detail::attend_avx2, {8, 64, 128}},
+                                 {SimdLevel::Avx512, detail::attend_group_avx512, detail::attend_avx512, {16, 32, 48, 64, 128}}};
+  for (const Level& lv : kinds) {
+    if (detected_simd_level() < lv.need) continue;
+    for (DType kv_dtype : {DType::F32, DType::BF16})
+      for (int64_t hd : lv.head_dims)
+        for (int64_t G : {1, 3, 7, 11})
+          for (int64_t bs : {8, 16})
+            for (int64_t pos : {0, 15, 45}) {
+              const int64_t n_kv = 1;
+              RandomCache rc(kv_dtype, 6 * 8 * 2, bs, n_kv, hd);
+              const PagedKV& c = rc.cache;
+              std::vector<int32_t> table{4, 1, 5, 0, 3, 2};
+              std::vector<float> q = randn(size_t(G * hd)), grouped(size_t(G * hd)), single(size_t(G * hd));
+              std::vector<float> scores(size_t(G * (pos + 16)));
+              const float scale = 0.125f;
+              CHECK(lv.group(q.data(), G, table.data(), pos, 0, c, scale, scores.data(), grouped.data()));
+              for (int64_t g = 0; g < G; g++)
+                lv.single(q.data() + g * hd, table.data(), pos, 0, c, scale, scores.data(), single.data() + g * hd);
+              CHECK(bits_equal(grouped.data(), single.data(), grouped.size()));
+            }
   }
 }
 
