@@ -8,6 +8,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "cpu/kv_cursor.h"
 #include "cpu/ops_simd.h"
 
 namespace sluice::cpu::detail {
@@ -65,33 +66,6 @@ inline float bf16_value(uint16_t h) {
   __builtin_memcpy(&f, &bits, 4);
   return f;
 }
-
-// Element offsets of one kv head's K/V rows at positions 0, 1, 2, ... of a sequence, through
-// its block table: slot = table[p / block_size] * block_size + p % block_size, row offset =
-// (slot * n_kv_heads + kv_head) * head_dim, without a division per position (at a 4096-token
-// context the divisions cost more than the arithmetic they address).
-class KvCursor {
- public:
-  KvCursor(const int32_t* table, const PagedKV& c, int64_t kv_head)
-      : table_(table), block_size_(c.block_size), stride_(c.n_kv_heads * c.head_dim), head_(kv_head * c.head_dim) {}
-  // The current position's offset; then next() moves to the following position.
-  int64_t offset() {
-    // A block's entry is read on its first position only (never one past the last).
-    if (within_ == 0) base_ = int64_t(table_[block_]) * block_size_ * stride_ + head_;
-    return base_ + within_ * stride_;
-  }
-  void next() {
-    if (++within_ == block_size_) {
-      within_ = 0;
-      block_++;
-    }
-  }
-
- private:
-  const int32_t* table_;
-  int64_t block_size_, stride_, head_;
-  int64_t block_ = 0, within_ = 0, base_ = 0;
-};
 
 // 8 K/V elements as f32 from an f32 or bf16 cache (KV = float or uint16_t).
 template <typename KV>
