@@ -315,7 +315,19 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
       [...responses].filter(([, r]) => TERMINAL_RESPONSE.includes(r.status)).every(([id]) => hook.calls.some((c) => c.body['id'] === id)) ? true : undefined), 15_000)
       .catch(() => undefined);
     const delivered = new Set(hook.calls.map((c) => String(c.body['id'])));
-    expect.soft(background.filter((id) => !delivered.has(id)), 'responses whose callback never arrived').toEqual([]);
+    const undelivered = background.filter((id) => !delivered.has(id));
+    if (undelivered.length > 0) {
+      // What the store says of them (state, attempts, lease), to tell a lost delivery from a late one.
+      const db = await schemaClient(schema);
+      try {
+        const { rows } = await db.query(`SELECT object_id, state, attempts, last_error, lease_owner, leased_until_ms, next_attempt_at_ms
+          FROM webhook_deliveries WHERE object_id = ANY($1::text[])`, [undelivered]);
+        console.info(`cluster: at ${elapsed()} (now ${Date.now()}) deliveries of responses without a callback: ${JSON.stringify(rows)}`);
+      } finally {
+        await db.end();
+      }
+    }
+    expect.soft(undelivered, 'responses whose callback never arrived').toEqual([]);
     expect.soft([...delivered].filter((id) => !background.includes(id)), 'callbacks for unknown ids').toEqual([]);
     for (const c of hook.calls) {
       const stored = responses.get(String(c.body['id']));
