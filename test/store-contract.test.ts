@@ -216,7 +216,7 @@ describeStores('store contract', (kind) => {
 
     // Claims of the same due deliveries: none is claimed twice, and the per-organization cap holds.
     for (let i = 0; i < 6; i++) await store.insertWebhookDelivery(delivery(`whd_${i}`, org, `resp_${i}`));
-    const claims = await both((s) => s.claimDueWebhookDeliveries(10_000, 40_000, 10, { perOrg: 4, perHost: 10 }));
+    const claims = await both((s) => s.claimDueWebhookDeliveries({ owner: 'rpl_test', nowMs: 10_000, untilMs: 40_000 }, 10, { perOrg: 4, perHost: 10 }));
     const claimed = claims.flat().map((d) => d.id);
     expect(new Set(claimed).size).toBe(claimed.length);
     expect(claimed).toHaveLength(4);

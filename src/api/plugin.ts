@@ -56,9 +56,9 @@ export interface SluiceApiOptions {
    */
   batches?: BatchRunner;
   /**
-   * This process's replica id and lease length for background responses and batch chunks
-   * (store/leases.ts); default a new id and DEFAULT_LEASE_TTL_MS. The plugin's own batch runner
-   * uses it too.
+   * This process's replica id and lease length for background responses, batch chunks and
+   * completion webhook deliveries (store/leases.ts); default a new id and DEFAULT_LEASE_TTL_MS.
+   * The plugin's own batch runner uses it too.
    */
   lease?: LeaseConfig;
   /** Told when a line of the plugin's own batch runner is done (the service's metrics); not used with `batches`. */
@@ -73,14 +73,15 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   const service = new GenerationService(opts.registry, opts.limits, ReasoningSeal.open(opts.dataDir));
   // Completion webhooks: the plugin owns the dispatcher; it resumes pending deliveries when the app
   // is ready and stops (leaving the unfinished ones pending) when the app closes.
-  const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log });
+  // Its deliveries are leased to this process's replica id, like its other work.
+  const lease = opts.lease ?? leaseConfig();
+  const webhooks = new WebhookDispatcher(opts.store, { ...opts.webhooks, log: opts.webhooks?.log ?? app.log, lease });
   app.addHook('onReady', async () => {
-    webhooks.start();
+    await webhooks.start();
     await webhooks.logPending().catch((err: unknown) => app.log.error({ err }, 'completion webhooks: could not count pending deliveries'));
   });
   app.addHook('onClose', async () => webhooks.close());
   const billing = new Billing(opts.registry);
-  const lease = opts.lease ?? leaseConfig();
   const background = new BackgroundResponses({
     store: opts.store, service, billing, webhooks, deadlines: { ...DEFAULT_WINDOW_DEADLINES, ...opts.deadlines }, log: app.log, lease,
     ...(opts.draining && { draining: opts.draining }),

@@ -89,9 +89,9 @@ ${DATABASE_URL_HELP}
                        (so a load balancer or Kubernetes takes this replica out) while requests
                        are still served; then shut down as usual. A second signal ends the drain
                        at once (default 0: shut down at once; at most ${MAX_DRAIN_SECONDS})
-  --lease-seconds S    how long this replica's claim on a background response or batch chunk
-                       holds without renewal (renewed every S/3): a replica that dies loses its
-                       work to the others after at most S seconds (default ${DEFAULT_LEASE_TTL_MS / 1000}; 1 to 600)
+  --lease-seconds S    how long this replica's claim on a background response, batch chunk or
+                       webhook delivery holds without renewal (renewed every S/3): a replica that
+                       dies loses its work to the others after at most S seconds (default ${DEFAULT_LEASE_TTL_MS / 1000}; 1 to 600)
 
 One server per data directory: a second one on the same --data-dir is refused. Replicas on one
 --database-url each keep their own --data-dir, with identical prefix-hash.key and

@@ -208,4 +208,11 @@ export const SQLITE_MIGRATIONS: readonly string[] = [
   CREATE INDEX batch_chunks_claim ON batch_chunks(done, window_rank, created_at);
   CREATE INDEX batch_chunks_undone ON batch_chunks(batch_id, done);
   `,
+  // 10: the process holding a webhook delivery's lease, so that it renews the lease while its attempt
+  // runs and its outcome is written only while it still holds it (a lease can then be as short as
+  // the other leases instead of outlasting a whole attempt).
+  `
+  ALTER TABLE webhook_deliveries ADD COLUMN lease_owner TEXT;   -- replica id while an attempt runs
+  CREATE INDEX webhook_deliveries_owner ON webhook_deliveries(lease_owner) WHERE lease_owner IS NOT NULL;
+  `,
 ];

@@ -201,6 +201,15 @@ export const POSTGRES_MIGRATIONS: readonly PostgresMigration[] = [
     CREATE INDEX batch_chunks_undone ON batch_chunks(batch_id, done);
     `,
   },
+  {
+    // The process holding a webhook delivery's lease: it renews the lease while its attempt runs,
+    // and its outcome is written only while it still holds it.
+    name: 'webhook delivery lease owners',
+    sql: `
+    ALTER TABLE webhook_deliveries ADD COLUMN lease_owner TEXT;   -- replica id while an attempt runs
+    CREATE INDEX webhook_deliveries_owner ON webhook_deliveries(lease_owner) WHERE lease_owner IS NOT NULL;
+    `,
+  },
 ];
 
 /** The advisory lock (two-key form) held while migrating: the schema's name is the second key. */

@@ -346,12 +346,20 @@ export class PostgresStore implements Store {
     await postgresWebhooks.insert(this.pool, d);
   }
 
-  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
-    return this.transaction((tx) => postgresWebhooks.claimDue(tx, nowMs, leaseUntilMs, limit, caps));
+  async claimDueWebhookDeliveries(lease: LeaseTerm, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
+    return this.transaction((tx) => postgresWebhooks.claimDue(tx, lease, limit, caps));
   }
 
-  async updateWebhookDelivery(id: string, u: WebhookDeliveryUpdate): Promise<void> {
-    await postgresWebhooks.update(this.pool, id, u);
+  async renewWebhookLeases(lease: LeaseTerm): Promise<string[]> {
+    return postgresWebhooks.renew(this.pool, lease);
+  }
+
+  async updateWebhookDelivery(id: string, owner: string, u: WebhookDeliveryUpdate): Promise<boolean> {
+    return postgresWebhooks.update(this.pool, id, owner, u);
+  }
+
+  async releaseAllWebhookLeases(nowMs: number): Promise<number> {
+    return postgresWebhooks.releaseAll(this.pool, nowMs);
   }
 
   async nextWebhookAttemptMs(afterMs: number): Promise<number | undefined> {

@@ -1,12 +1,14 @@
 // Completion webhook deliveries in the PostgreSQL store: PostgresStore delegates its "Webhook
 // deliveries" methods here, and its commitRequestEnd inserts deliveries through insert().
 //
-// Leases as in sqlite-webhooks.ts: a claimed delivery has leased_until_ms set (and
-// next_attempt_at_ms moved to the same time) until its outcome is recorded. The fair claim counts
+// Leases as in sqlite-webhooks.ts: a claimed delivery has lease_owner and leased_until_ms set (and
+// next_attempt_at_ms moved to the same time) until its outcome is recorded; the owner renews it
+// while its attempt runs, and records the outcome only while it still holds it. The fair claim counts
 // unexpired leases of every replica as in flight, so claims must not interleave: each claim runs in
 // a transaction that first takes a transaction-level advisory lock (the same serialization SQLite's
 // IMMEDIATE transaction gives), then ranks and leases in the same snapshot of committed rows.
 
+import type { LeaseTerm } from './leases.js';
 import type { Db } from './postgres-db.js';
 import type { WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 import { webhookDelivery } from './store-rows.js';
@@ -57,23 +59,37 @@ export const postgresWebhooks = {
   },
 
   /** Runs inside the caller's transaction: the lock, the ranking and the leases commit together. */
-  async claimDue(tx: Db, nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
+  async claimDue(tx: Db, lease: LeaseTerm, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
     await tx.query(`SELECT pg_advisory_xact_lock($1, hashtext(COALESCE(current_schema(), '')))`, [CLAIM_LOCK]);
-    const { rows } = await tx.query(CLAIM_SQL, [nowMs, caps.perHost, caps.perOrg, limit]);
+    const { rows } = await tx.query(CLAIM_SQL, [lease.nowMs, caps.perHost, caps.perOrg, limit]);
     const claimed = rows.map(webhookDelivery);
     if (claimed.length > 0) {
-      await tx.query('UPDATE webhook_deliveries SET next_attempt_at_ms = $1, leased_until_ms = $1 WHERE id = ANY($2::text[])',
-        [leaseUntilMs, claimed.map((d) => d.id)]);
+      await tx.query('UPDATE webhook_deliveries SET next_attempt_at_ms = $1, leased_until_ms = $1, lease_owner = $2 WHERE id = ANY($3::text[])',
+        [lease.untilMs, lease.owner, claimed.map((d) => d.id)]);
     }
     return claimed;
   },
 
-  async update(db: Db, id: string, u: WebhookDeliveryUpdate): Promise<void> {
-    await db.query(`UPDATE webhook_deliveries SET state = $2, attempts = $3, next_attempt_at_ms = $4,
-                      last_error = $5, leased_until_ms = NULL, updated_at = $6,
-                      token = CASE WHEN $2 = 'pending' THEN token ELSE NULL END
-                    WHERE id = $1`,
-    [id, u.state, u.attempts, u.nextAttemptAtMs, u.lastError, Math.floor(Date.now() / 1000)]);
+  async renew(db: Db, lease: LeaseTerm): Promise<string[]> {
+    const { rows } = await db.query(`UPDATE webhook_deliveries SET next_attempt_at_ms = $1, leased_until_ms = $1
+                                      WHERE lease_owner = $2 AND state = 'pending' RETURNING id`, [lease.untilMs, lease.owner]);
+    return rows.map((r) => r['id'] as string);
+  },
+
+  async update(db: Db, id: string, owner: string, u: WebhookDeliveryUpdate): Promise<boolean> {
+    const { rowCount } = await db.query(`UPDATE webhook_deliveries SET state = $3, attempts = $4, next_attempt_at_ms = $5,
+                      last_error = $6, leased_until_ms = NULL, lease_owner = NULL, updated_at = $7,
+                      token = CASE WHEN $3 = 'pending' THEN token ELSE NULL END
+                    WHERE id = $1 AND lease_owner = $2`,
+    [id, owner, u.state, u.attempts, u.nextAttemptAtMs, u.lastError, Math.floor(Date.now() / 1000)]);
+    return (rowCount ?? 0) > 0;
+  },
+
+  async releaseAll(db: Db, nowMs: number): Promise<number> {
+    const { rowCount } = await db.query(`UPDATE webhook_deliveries SET next_attempt_at_ms = LEAST(next_attempt_at_ms, $1),
+                                           leased_until_ms = NULL, lease_owner = NULL
+                                          WHERE state = 'pending' AND leased_until_ms IS NOT NULL`, [nowMs]);
+    return rowCount ?? 0;
   },
 
   async nextAttemptMs(db: Db, afterMs: number): Promise<number | undefined> {

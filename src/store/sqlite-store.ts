@@ -266,12 +266,20 @@ export class SqliteStore implements Store {
     this.webhooks.insert(d);
   }
 
-  async claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
-    return this.webhooks.claimDue(nowMs, leaseUntilMs, limit, caps);
+  async claimDueWebhookDeliveries(lease: LeaseTerm, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]> {
+    return this.webhooks.claimDue(lease, limit, caps);
   }
 
-  async updateWebhookDelivery(id: string, u: WebhookDeliveryUpdate): Promise<void> {
-    this.webhooks.update(id, u);
+  async renewWebhookLeases(lease: LeaseTerm): Promise<string[]> {
+    return this.webhooks.renew(lease);
+  }
+
+  async updateWebhookDelivery(id: string, owner: string, u: WebhookDeliveryUpdate): Promise<boolean> {
+    return this.webhooks.update(id, owner, u);
+  }
+
+  async releaseAllWebhookLeases(nowMs: number): Promise<number> {
+    return this.webhooks.releaseAll(nowMs);
   }
 
   async nextWebhookAttemptMs(afterMs: number): Promise<number | undefined> {

@@ -1,12 +1,16 @@
 // Completion webhook deliveries in the SQLite store (migrations 3 and 6): SqliteStore delegates its
 // "Webhook deliveries" methods here, and its commitRequestEnd inserts deliveries through insert().
 //
-// Leases: a claimed delivery has leased_until_ms set (and next_attempt_at_ms moved to the same
-// time, so it is not due meanwhile) until its outcome is recorded, which clears it. Rows with an
-// unexpired lease are the attempts in flight, whichever process runs them; the fairness caps count
-// those. A process that died mid-attempt leaves a lease that simply expires.
+// Leases: a claimed delivery has lease_owner and leased_until_ms set (and next_attempt_at_ms moved
+// to the same time, so it is not due meanwhile) until its outcome is recorded, which clears them;
+// the owner renews the lease while its attempt runs, and records the outcome only while it still
+// holds it. Rows with an unexpired lease are the attempts in flight, whichever process runs them;
+// the fairness caps count those. A process that died mid-attempt leaves a lease that expires
+// (after one lease length, not a whole attempt's timeout), or that the next process on the same
+// store hands back at its start.
 
 import type Database from 'better-sqlite3';
+import type { LeaseTerm } from './leases.js';
 import type { WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from './store.js';
 import { webhookDelivery, type Row } from './store-rows.js';
 
@@ -47,7 +51,7 @@ const CLAIM_SQL = `
    LIMIT @limit`;
 
 export class SqliteWebhooks {
-  private readonly stmt: Record<'insert' | 'claim' | 'lease' | 'update' | 'next' | 'pending', Database.Statement>;
+  private readonly stmt: Record<'insert' | 'claim' | 'lease' | 'renew' | 'update' | 'releaseAll' | 'next' | 'pending', Database.Statement>;
 
   constructor(private readonly db: Database.Database) {
     this.stmt = {
@@ -55,11 +59,15 @@ export class SqliteWebhooks {
                             next_attempt_at_ms, last_error, created_at, updated_at)
                           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
       claim: db.prepare(CLAIM_SQL),
-      lease: db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = ?, leased_until_ms = ? WHERE id = ?'),
+      lease: db.prepare('UPDATE webhook_deliveries SET next_attempt_at_ms = @until, leased_until_ms = @until, lease_owner = @owner WHERE id = @id'),
+      renew: db.prepare(`UPDATE webhook_deliveries SET next_attempt_at_ms = @until, leased_until_ms = @until
+                          WHERE lease_owner = @owner AND state = 'pending' RETURNING id`),
       update: db.prepare(`UPDATE webhook_deliveries SET state = @state, attempts = @attempts, next_attempt_at_ms = @next,
-                            last_error = @lastError, leased_until_ms = NULL, updated_at = @at,
+                            last_error = @lastError, leased_until_ms = NULL, lease_owner = NULL, updated_at = @at,
                             token = CASE WHEN @state = 'pending' THEN token ELSE NULL END
-                          WHERE id = @id`),
+                          WHERE id = @id AND lease_owner = @owner`),
+      releaseAll: db.prepare(`UPDATE webhook_deliveries SET next_attempt_at_ms = MIN(next_attempt_at_ms, @now), leased_until_ms = NULL,
+                               lease_owner = NULL WHERE state = 'pending' AND leased_until_ms IS NOT NULL`),
       next: db.prepare(`SELECT MIN(next_attempt_at_ms) AS at FROM webhook_deliveries
                           WHERE state = 'pending' AND next_attempt_at_ms > ?`),
       pending: db.prepare(`SELECT COUNT(*) AS n FROM webhook_deliveries WHERE state = 'pending'`),
@@ -72,19 +80,27 @@ export class SqliteWebhooks {
       d.nextAttemptAtMs, d.lastError, d.createdAt, d.createdAt);
   }
 
-  claimDue(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): WebhookDelivery[] {
+  claimDue(lease: LeaseTerm, limit: number, caps: WebhookClaimCaps): WebhookDelivery[] {
     // IMMEDIATE: the write lock is taken before the select, so two claimers never pick the same rows.
     return this.db.transaction((): WebhookDelivery[] => {
-      const rows = (this.stmt.claim.all({ now: nowMs, perOrg: caps.perOrg, perHost: caps.perHost, limit }) as Row[]).map(webhookDelivery);
-      for (const row of rows) this.stmt.lease.run(leaseUntilMs, leaseUntilMs, row.id);
+      const rows = (this.stmt.claim.all({ now: lease.nowMs, perOrg: caps.perOrg, perHost: caps.perHost, limit }) as Row[]).map(webhookDelivery);
+      for (const row of rows) this.stmt.lease.run({ until: lease.untilMs, owner: lease.owner, id: row.id });
       return rows;
     }).immediate();
   }
 
-  update(id: string, u: WebhookDeliveryUpdate): void {
-    this.stmt.update.run({
-      id, state: u.state, attempts: u.attempts, next: u.nextAttemptAtMs, lastError: u.lastError, at: Math.floor(Date.now() / 1000),
-    });
+  renew(lease: LeaseTerm): string[] {
+    return (this.stmt.renew.all({ until: lease.untilMs, owner: lease.owner }) as Array<{ id: string }>).map((r) => r.id);
+  }
+
+  update(id: string, owner: string, u: WebhookDeliveryUpdate): boolean {
+    return this.stmt.update.run({
+      id, owner, state: u.state, attempts: u.attempts, next: u.nextAttemptAtMs, lastError: u.lastError, at: Math.floor(Date.now() / 1000),
+    }).changes > 0;
+  }
+
+  releaseAll(nowMs: number): number {
+    return this.stmt.releaseAll.run({ now: nowMs }).changes;
   }
 
   nextAttemptMs(afterMs: number): number | undefined {

@@ -174,20 +174,35 @@ export interface Store {
   // Webhook deliveries.
   insertWebhookDelivery(delivery: WebhookDelivery): Promise<void>;
   /**
-   * Takes up to `limit` pending deliveries due at `nowMs` and leases them until `leaseUntilMs`
-   * (their next attempt moves there too), in one transaction, so no other claim takes them while
-   * they are being sent; a process that dies mid-attempt leaves them due again at the lease's end.
+   * Takes up to `limit` pending deliveries due at `lease.nowMs` and leases them to `lease.owner`
+   * until `lease.untilMs` (their next attempt moves there too), in one transaction, so no other
+   * claim takes them while they are being sent. The holder renews the lease while its attempt runs
+   * (renewWebhookLeases); a process that dies mid-attempt leaves them due again at the lease's end.
    * Fair: deliveries with an unexpired lease count as in flight, and a claim never brings an
    * organization above `caps.perOrg` nor a receiver host above `caps.perHost` in flight; among
    * the rest it takes each organization's oldest due delivery first, then each one's second, ...
    * (round robin over organizations; within a host, round robin over its organizations too).
    */
-  claimDueWebhookDeliveries(nowMs: number, leaseUntilMs: number, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]>;
+  claimDueWebhookDeliveries(lease: LeaseTerm, limit: number, caps: WebhookClaimCaps): Promise<WebhookDelivery[]>;
+  /**
+   * Extends to `lease.untilMs` the lease of every pending delivery `lease.owner` still holds (its
+   * next attempt moves there too); returns their ids. A delivery missing from them was taken over
+   * by another process after its lease ran out.
+   */
+  renewWebhookLeases(lease: LeaseTerm): Promise<string[]>;
   /**
    * Records an attempt's outcome (or, after a shutdown abort, just the next attempt time) and ends
-   * the lease. A delivery that ends (delivered or failed) forgets its token.
+   * the lease, only while `owner` holds it (a fence: a process that stalled past its lease cannot
+   * overwrite what the process that took the delivery over records). False: nothing was written.
+   * A delivery that ends (delivered or failed) forgets its token.
    */
-  updateWebhookDelivery(id: string, update: WebhookDeliveryUpdate): Promise<void>;
+  updateWebhookDelivery(id: string, owner: string, update: WebhookDeliveryUpdate): Promise<boolean>;
+  /**
+   * Hands back every delivery lease, whoever holds it: only for a store one process owns (not
+   * shared), at its start, when the previous process is known to be dead. The deliveries are due
+   * again at `nowMs` (or earlier, when their lease had already run out). Returns how many.
+   */
+  releaseAllWebhookLeases(nowMs: number): Promise<number>;
   /**
    * The earliest next attempt time (ms) after `afterMs` of a pending delivery (a lease's end
    * included); undefined when there is none.

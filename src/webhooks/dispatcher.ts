@@ -20,6 +20,15 @@
 // Credentials: the token lives only in the delivery row while the delivery is pending; the store
 // forgets it when the delivery ends (delivered or failed). Callback bodies never carry it.
 //
+// Leases: a claimed delivery is leased to this process (its replica id) for one lease length
+// (store/leases.ts, `--lease-seconds`), renewed every third of it while the attempt runs, so a
+// slow receiver (up to the attempt timeout) keeps its delivery here, while a process that dies
+// mid-attempt frees it within one lease length instead of a whole attempt timeout. An outcome is
+// written only while this process still holds the lease (a fence: a process that stalled past its
+// lease cannot overwrite what the process that took the delivery over records); an attempt whose
+// lease was taken over is stopped without writing. A store one process owns (SQLite) hands back
+// the leases of the process before at start.
+//
 // Replicas sharing a store (store.shared): a delivery stored by another replica is woken there, but
 // one left by a replica that died (pending, or mid-attempt with a lease that runs out) wakes no one:
 // each dispatcher then also looks every pollIntervalMs (one cheap claim when nothing is due).
@@ -31,6 +40,7 @@
 
 import { randomUUID } from 'node:crypto';
 import type { LookupFunction } from 'node:net';
+import { leaseConfig, leaseTerm, type LeaseConfig } from '../store/leases.js';
 import type { Store, WebhookClaimCaps, WebhookDelivery } from '../store/store.js';
 import { guardedLookup, postCallback, RefusedDestinationError, refusedLiteralHost, type ResolveAll } from './callback-sender.js';
 import { sendsCallback, webhookTargetOf, withoutWebhookToken } from './events.js';
@@ -86,7 +96,26 @@ export const DEFAULT_WEBHOOK_SETTINGS = {
 const MAX_SLEEP_MS = 60_000;
 
 /** `refused`: the destination is not allowed, a permanent failure. */
-type Outcome = { ok: true } | { ok: false; error: string; refused?: true } | 'shutdown';
+type Outcome = { ok: true } | { ok: false; error: string; refused?: true } | 'shutdown' | 'lease_lost';
+
+/** Why an attempt in flight was aborted: the process closes, or another process took its delivery. */
+const SHUTDOWN = Symbol('shutdown');
+const LEASE_LOST = Symbol('lease lost');
+
+/** One attempt in flight: its controller aborts it (SHUTDOWN or LEASE_LOST). */
+interface InFlight {
+  controller: AbortController;
+  done: Promise<void>;
+  /** Until when (Unix ms) this process's last write of the delivery's lease holds it. */
+  leaseUntilMs: number;
+}
+
+/** The dispatcher's own options besides the operator's settings. */
+export interface WebhookDispatcherOptions extends WebhookSettings {
+  log: WebhookLog;
+  /** This process's replica id and lease length (default: a new id, DEFAULT_LEASE_TTL_MS). */
+  lease?: LeaseConfig;
+}
 
 export class WebhookDispatcher {
   private readonly timeoutMs: number;
@@ -100,17 +129,22 @@ export class WebhookDispatcher {
   private readonly caps: WebhookClaimCaps;
   /** The longest sleep: MAX_SLEEP_MS alone, or the poll interval when replicas share the store. */
   private readonly maxSleepMs: number;
-  /** delivery id -> the attempt running now; its controller aborts it on close. */
-  private readonly inFlight = new Map<string, { controller: AbortController; done: Promise<void> }>();
+  private readonly lease: LeaseConfig;
+  /** delivery id -> the attempt running now. */
+  private readonly inFlight = new Map<string, InFlight>();
   private timer: NodeJS.Timeout | undefined;
+  /** Renews the leases of the attempts in flight every third of a lease (started by start()). */
+  private keeper: NodeJS.Timeout | undefined;
+  private renewing: Promise<void> | undefined;
   private started = false;
   private closed = false;
   /** A pump is running; `pumpAgain` asks it to look once more before it sleeps. */
   private pumping: Promise<void> | undefined;
   private pumpAgain = false;
 
-  constructor(private readonly store: Store, settings: WebhookSettings & { log: WebhookLog }) {
+  constructor(private readonly store: Store, settings: WebhookDispatcherOptions) {
     this.log = settings.log;
+    this.lease = settings.lease ?? leaseConfig();
     this.timeoutMs = settings.timeoutMs ?? DEFAULT_WEBHOOK_SETTINGS.timeoutMs;
     this.baseDelayMs = settings.baseDelayMs ?? DEFAULT_WEBHOOK_SETTINGS.baseDelayMs;
     this.maxAttempts = 1 + (settings.maxRetries ?? DEFAULT_WEBHOOK_SETTINGS.maxRetries);
@@ -125,10 +159,24 @@ export class WebhookDispatcher {
     this.maxSleepMs = store.shared ? Math.min(MAX_SLEEP_MS, settings.pollIntervalMs ?? DEFAULT_WEBHOOK_SETTINGS.pollIntervalMs) : MAX_SLEEP_MS;
   }
 
-  /** Begins sending: deliveries left pending by an earlier process are due at once. */
-  start(): void {
+  /**
+   * Begins sending: deliveries left pending by an earlier process are due at once. With a store
+   * this process owns alone, the leases the process before left (it died mid-attempt) are handed
+   * back first; a failure to do so is logged, and those leases then simply expire.
+   */
+  async start(): Promise<void> {
     if (this.started || this.closed) return;
     this.started = true;
+    if (!this.store.shared) {
+      try {
+        await this.store.releaseAllWebhookLeases(Date.now());
+      } catch (err) {
+        this.log.error({ err }, 'completion webhooks: could not hand back the leases of the process before; they expire on their own');
+      }
+    }
+    if (this.closed) return;
+    this.keeper = setInterval(() => this.renewLeases(), Math.max(1, Math.floor(this.lease.ttlMs / 3)));
+    this.keeper.unref();
     this.wake();
   }
 
@@ -200,9 +248,34 @@ export class WebhookDispatcher {
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.timer);
-    for (const run of this.inFlight.values()) run.controller.abort();
+    clearInterval(this.keeper);
+    for (const run of this.inFlight.values()) run.controller.abort(SHUTDOWN);
     await this.pumping;
+    await this.renewing;
     await Promise.all([...this.inFlight.values()].map((run) => run.done));
+  }
+
+  /**
+   * One keeper tick: extends the leases of the attempts in flight (nothing to do, no query, when
+   * there are none) and stops those whose delivery another process took over. When the store
+   * cannot be reached, attempts whose lease has run out are stopped (another process may take
+   * them over); the rest go on, and the next tick tries again.
+   */
+  private renewLeases(): void {
+    if (this.closed || this.renewing || this.inFlight.size === 0) return;
+    const checked = [...this.inFlight.entries()];
+    const term = leaseTerm(this.lease);
+    this.renewing = this.store.renewWebhookLeases(term).then((ids) => {
+      const held = new Set(ids);
+      for (const [id, run] of checked) {
+        if (held.has(id)) run.leaseUntilMs = term.untilMs;
+        else run.controller.abort(LEASE_LOST);
+      }
+    }, (err: unknown) => {
+      if (this.closed) return;
+      this.log.error({ err }, 'completion webhooks: could not renew delivery leases; retrying');
+      for (const [, run] of checked) if (run.leaseUntilMs <= Date.now()) run.controller.abort(LEASE_LOST);
+    }).finally(() => { this.renewing = undefined; });
   }
 
   /**
@@ -219,12 +292,17 @@ export class WebhookDispatcher {
         now = Date.now();
         const room = this.maxInFlight - this.inFlight.size;
         if (room <= 0) return; // a finishing attempt wakes the pump again
-        // The lease outlasts the attempt (its timeout) so no later claim takes it meanwhile.
-        const claimed = await this.store.claimDueWebhookDeliveries(now, now + this.timeoutMs + 5_000, room, this.caps);
+        // Leased for one lease length; the keeper renews it while the attempt runs.
+        const term = leaseTerm(this.lease, now);
+        const claimed = await this.store.claimDueWebhookDeliveries(term, room, this.caps);
         for (const delivery of claimed) {
           // close() came while claiming: hand the claim back rather than start an attempt.
+          const running = this.inFlight.get(delivery.id);
           if (this.closed) await this.release(delivery);
-          else this.launch(delivery);
+          // Its attempt here outlived a lease that lapsed (a stall kept the keeper from renewing
+          // it): the claim took it back for this process, so that attempt goes on, not a second one.
+          else if (running) running.leaseUntilMs = term.untilMs;
+          else this.launch(delivery, term.untilMs);
         }
       } while (this.pumpAgain && !this.closed);
       if (this.closed) return;
@@ -246,7 +324,7 @@ export class WebhookDispatcher {
     this.timer.unref(); // pending callbacks alone do not keep a process alive
   }
 
-  private launch(delivery: WebhookDelivery): void {
+  private launch(delivery: WebhookDelivery, leaseUntilMs: number): void {
     const controller = new AbortController();
     const done = this.attempt(delivery, controller.signal)
       .catch((err: unknown) => this.log.error({ err, delivery_id: delivery.id }, 'completion webhook: could not record an attempt'))
@@ -254,58 +332,70 @@ export class WebhookDispatcher {
         this.inFlight.delete(delivery.id);
         this.wake();
       });
-    this.inFlight.set(delivery.id, { controller, done });
+    this.inFlight.set(delivery.id, { controller, done, leaseUntilMs });
   }
 
-  /** One attempt and its recorded outcome. */
-  private async attempt(d: WebhookDelivery, shutdown: AbortSignal): Promise<void> {
-    const outcome = await this.post(d, shutdown);
+  /** One attempt and its recorded outcome (written only while this process holds the delivery). */
+  private async attempt(d: WebhookDelivery, stop: AbortSignal): Promise<void> {
+    const outcome = await this.post(d, stop);
+    if (outcome === 'lease_lost') {
+      this.log.info?.({ delivery_id: d.id, object_id: d.objectId }, 'completion webhook attempt stopped: another process took the delivery over');
+      return;
+    }
     if (outcome === 'shutdown') {
       await this.release(d);
       return;
     }
     const attempts = d.attempts + 1;
     if (outcome.ok) {
-      await this.store.updateWebhookDelivery(d.id, { state: 'delivered', attempts, nextAttemptAtMs: Date.now(), lastError: null });
-      this.onAttempt('delivered');
+      if (await this.record(d, { state: 'delivered', attempts, nextAttemptAtMs: Date.now(), lastError: null })) this.onAttempt('delivered');
       return;
     }
     const fields = { delivery_id: d.id, object_id: d.objectId, url: d.url, attempt: attempts, error: outcome.error };
     if (outcome.refused) {
-      await this.store.updateWebhookDelivery(d.id, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error });
+      if (!(await this.record(d, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error }))) return;
       this.onAttempt('refused');
       this.log.warn({ ...fields, reason: 'refused_destination', detail: outcome.error }, 'completion webhook destination refused; not retried');
       return;
     }
     if (attempts >= this.maxAttempts) {
-      await this.store.updateWebhookDelivery(d.id, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error });
+      if (!(await this.record(d, { state: 'failed', attempts, nextAttemptAtMs: Date.now(), lastError: outcome.error }))) return;
       this.onAttempt('failed');
       this.log.error(fields, `completion webhook failed after ${attempts} attempts; giving up`);
       return;
     }
     const nextAttemptAtMs = Date.now() + this.baseDelayMs * 2 ** (attempts - 1);
-    await this.store.updateWebhookDelivery(d.id, { state: 'pending', attempts, nextAttemptAtMs, lastError: outcome.error });
+    if (!(await this.record(d, { state: 'pending', attempts, nextAttemptAtMs, lastError: outcome.error }))) return;
     this.onAttempt('retry');
     this.log.warn(fields, 'completion webhook attempt failed; will retry');
   }
 
-  /** Ends a claim without an attempt (shutdown is not the receiver's fault): due again at once. */
-  private async release(d: WebhookDelivery): Promise<void> {
-    await this.store.updateWebhookDelivery(d.id, { state: 'pending', attempts: d.attempts, nextAttemptAtMs: Date.now(), lastError: d.lastError });
+  /** Writes an attempt's outcome under the fence; false (logged) when another process holds the delivery now. */
+  private async record(d: WebhookDelivery, update: Parameters<Store['updateWebhookDelivery']>[2]): Promise<boolean> {
+    if (await this.store.updateWebhookDelivery(d.id, this.lease.owner, update)) return true;
+    this.log.info?.({ delivery_id: d.id, object_id: d.objectId, state: update.state },
+      'completion webhook outcome not recorded: another process took the delivery over after its lease ran out');
+    return false;
   }
 
-  private async post(d: WebhookDelivery, shutdown: AbortSignal): Promise<Outcome> {
+  /** Ends a claim without an attempt (shutdown is not the receiver's fault): due again at once. */
+  private async release(d: WebhookDelivery): Promise<void> {
+    await this.store.updateWebhookDelivery(d.id, this.lease.owner,
+      { state: 'pending', attempts: d.attempts, nextAttemptAtMs: Date.now(), lastError: d.lastError });
+  }
+
+  private async post(d: WebhookDelivery, stop: AbortSignal): Promise<Outcome> {
     const headers: Record<string, string> = { 'content-type': 'application/json' };
     if (d.token !== null) headers['authorization'] = `Bearer ${d.token}`;
     const timeout = AbortSignal.timeout(this.timeoutMs);
     try {
       const status = await postCallback(new URL(d.url), d.body, {
-        headers, signal: AbortSignal.any([shutdown, timeout]), lookup: this.lookup, allowPrivateAddresses: this.allowPrivateAddresses,
+        headers, signal: AbortSignal.any([stop, timeout]), lookup: this.lookup, allowPrivateAddresses: this.allowPrivateAddresses,
       });
       return status >= 200 && status < 300 ? { ok: true } : { ok: false, error: `HTTP ${status}` };
     } catch (err) {
       if (err instanceof RefusedDestinationError) return { ok: false, error: err.message, refused: true };
-      if (shutdown.aborted) return 'shutdown';
+      if (stop.aborted) return stop.reason === LEASE_LOST ? 'lease_lost' : 'shutdown';
       if (timeout.aborted) return { ok: false, error: `timed out after ${this.timeoutMs} ms` };
       return { ok: false, error: (err as Error).message };
     }

@@ -28,6 +28,8 @@ export interface StoreUnderTest {
   open(): Promise<Store>;
   /** Rows read straight from the database, bypassing the store (SQL both dialects accept). */
   rows(sql: string): Promise<Row[]>;
+  /** Runs a statement straight on the database, behind the store's back (another process's write). */
+  exec(sql: string): Promise<void>;
   /** Closes every store opened here and removes the data. */
   dispose(): Promise<void>;
 }
@@ -60,6 +62,14 @@ async function sqlite(): Promise<StoreUnderTest> {
       const db = new Database(path, { readonly: true });
       try {
         return db.prepare(sql).all() as Row[];
+      } finally {
+        db.close();
+      }
+    },
+    exec: async (sql) => {
+      const db = new Database(path);
+      try {
+        db.exec(sql);
       } finally {
         db.close();
       }
@@ -108,6 +118,14 @@ async function postgres(): Promise<StoreUnderTest> {
       const client = await schemaClient(schema);
       try {
         return (await client.query(sql)).rows as Row[];
+      } finally {
+        await client.end();
+      }
+    },
+    exec: async (sql) => {
+      const client = await schemaClient(schema);
+      try {
+        await client.query(sql);
       } finally {
         await client.end();
       }
