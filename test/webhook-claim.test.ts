@@ -6,7 +6,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { LeaseTerm } from '../src/store/leases.js';
 import type { Store, WebhookDelivery } from '../src/store/store.js';
-import { describeStores, type StoreUnderTest } from './helpers/stores.js';
+import { deliveryRow, describeStores, type StoreUnderTest } from './helpers/stores.js';
 
 describeStores('webhook claims', (kind) => {
   let t: StoreUnderTest;
@@ -93,17 +93,10 @@ describeStores('webhook claims', (kind) => {
   });
 
   describe('leases', () => {
-    /** The delivery's row as stored: its state, attempts and lease holder. */
-    async function row(id: string): Promise<{ state: string; attempts: number; owner: string | null }> {
-      const rows = (await t.rows(`SELECT state, attempts, lease_owner FROM webhook_deliveries WHERE id = '${id}'`)) as
-        Array<{ state: string; attempts: number; lease_owner: string | null }>;
-      return { state: rows[0]!.state, attempts: Number(rows[0]!.attempts), owner: rows[0]!.lease_owner };
-    }
-
     it('renewal extends only what its holder still holds; after a takeover the old holder writes nothing', async () => {
       const id = await due('A', 'a.example');
       expect((await store.claimDueWebhookDeliveries(at(NOW, NOW + 1_000, 'rpl_a'), 10, WIDE)).map((d) => d.id)).toEqual([id]);
-      expect(await row(id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_a' });
+      expect(await deliveryRow(t, id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_a' });
       // Renewed while its attempt runs: not due at the first lease's end.
       expect(await store.renewWebhookLeases(at(NOW + 500, NOW + 1_500, 'rpl_a'))).toEqual([id]);
       expect(await store.nextWebhookAttemptMs(NOW)).toBe(NOW + 1_500);
@@ -113,9 +106,9 @@ describeStores('webhook claims', (kind) => {
       expect((await store.claimDueWebhookDeliveries(at(NOW + 2_500, NOW + 3_500, 'rpl_b'), 10, WIDE)).map((d) => d.id)).toEqual([id]);
       expect(await store.renewWebhookLeases(at(NOW + 2_600, NOW + 3_600, 'rpl_a'))).toEqual([]);
       expect(await store.updateWebhookDelivery(id, 'rpl_a', { state: 'failed', attempts: 4, nextAttemptAtMs: NOW, lastError: 'late' })).toBe(false);
-      expect(await row(id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_b' });
+      expect(await deliveryRow(t, id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_b' });
       expect(await store.updateWebhookDelivery(id, 'rpl_b', { state: 'delivered', attempts: 1, nextAttemptAtMs: NOW, lastError: null })).toBe(true);
-      expect(await row(id)).toEqual({ state: 'delivered', attempts: 1, owner: null });
+      expect(await deliveryRow(t, id)).toEqual({ state: 'delivered', attempts: 1, owner: null });
       // An ended delivery is renewed by no one.
       expect(await store.renewWebhookLeases(at(NOW + 3_000, NOW + 4_000, 'rpl_b'))).toEqual([]);
     });
@@ -125,9 +118,9 @@ describeStores('webhook claims', (kind) => {
       const retry = await due('C', 'c.example', -60_000); // its next attempt is a minute away
       expect((await store.claimDueWebhookDeliveries(at(NOW), 10, WIDE)).map((d) => d.id).sort()).toEqual(leased);
       expect(await store.releaseAllWebhookLeases(NOW + 5)).toBe(2);
-      expect(await row(leased[0]!)).toEqual({ state: 'pending', attempts: 0, owner: null });
+      expect(await deliveryRow(t, leased[0]!)).toEqual({ state: 'pending', attempts: 0, owner: null });
       expect((await store.claimDueWebhookDeliveries(at(NOW + 5, LEASE, 'rpl_b'), 10, WIDE)).map((d) => d.id).sort()).toEqual(leased);
-      expect(await row(retry)).toEqual({ state: 'pending', attempts: 0, owner: null });
+      expect(await deliveryRow(t, retry)).toEqual({ state: 'pending', attempts: 0, owner: null });
       expect(await store.nextWebhookAttemptMs(LEASE)).toBe(NOW + 60_000);
     });
   });

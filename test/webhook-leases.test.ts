@@ -15,7 +15,7 @@ import { afterEach, beforeEach, expect, it } from 'vitest';
 import { leaseConfig } from '../src/store/leases.js';
 import type { Store, WebhookDelivery } from '../src/store/store.js';
 import { WebhookDispatcher, type WebhookLog } from '../src/webhooks/dispatcher.js';
-import { describeStores, type StoreUnderTest } from './helpers/stores.js';
+import { deliveryRow, describeStores, type StoreUnderTest } from './helpers/stores.js';
 import { startWebhookReceiver, type Hook, type WebhookReceiver } from './helpers/webhook-receiver.js';
 
 /** Lease length of the dispatchers here: renewed every 100 ms. */
@@ -67,12 +67,6 @@ describeStores('webhook delivery leases', (kind) => {
     return id;
   }
 
-  async function row(id: string): Promise<{ state: string; attempts: number; owner: string | null }> {
-    const rows = (await t.rows(`SELECT state, attempts, lease_owner FROM webhook_deliveries WHERE id = '${id}'`)) as
-      Array<{ state: string; attempts: number; lease_owner: string | null }>;
-    return { state: rows[0]!.state, attempts: Number(rows[0]!.attempts), owner: rows[0]!.lease_owner };
-  }
-
   /** Polls `check` every 20 ms until it holds; fails after `ms`. */
   async function eventually(what: string, check: () => Promise<boolean> | boolean, ms = 5_000): Promise<void> {
     const until = Date.now() + ms;
@@ -88,15 +82,15 @@ describeStores('webhook delivery leases', (kind) => {
     const id = await deliveryTo(t.store, hook);
     await dispatcher(dyingStore, 'rpl_dying', recordingLog());
     await hook.waitForCalls(1);
-    expect(await row(id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_dying' });
+    expect(await deliveryRow(t, id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_dying' });
     // Its process loses the database: it can neither renew nor record anything any more.
     await dyingStore.close();
     const survivorLog = recordingLog();
     await dispatcher(t.store, 'rpl_survivor', survivorLog);
     // The first attempt hangs for its 30 s timeout; the second call comes from the survivor.
     await hook.waitForCalls(2, 5_000);
-    await eventually('the survivor recorded the delivery', async () => (await row(id)).state === 'delivered');
-    expect(await row(id)).toEqual({ state: 'delivered', attempts: 1, owner: null });
+    await eventually('the survivor recorded the delivery', async () => (await deliveryRow(t, id)).state === 'delivered');
+    expect(await deliveryRow(t, id)).toEqual({ state: 'delivered', attempts: 1, owner: null });
     expect(survivorLog.messages.filter((m) => /could not|failed/.test(m))).toEqual([]);
   });
 
@@ -113,14 +107,14 @@ describeStores('webhook delivery leases', (kind) => {
       // The hanging attempt times out after 1.5 s (five lease lengths) and is recorded as failed by
       // the dispatcher that made it; the retry gets the 200.
       await hook.waitForCalls(2, 10_000);
-      await eventually('the retry recorded', async () => (await row(id)).state === 'delivered');
+      await eventually('the retry recorded', async () => (await deliveryRow(t, id)).state === 'delivered');
     } finally {
       clearInterval(waking);
     }
     // Taken over during the hang instead, it would have been delivered at the first attempt, and the
     // timed-out attempt's failure refused by the fence.
     expect(hook.calls).toHaveLength(2);
-    expect(await row(id)).toEqual({ state: 'delivered', attempts: 2, owner: null });
+    expect(await deliveryRow(t, id)).toEqual({ state: 'delivered', attempts: 2, owner: null });
     expect(log.messages).toContain('completion webhook attempt failed; will retry');
     expect(log.messages.filter((m) => /not recorded|stopped/.test(m))).toEqual([]);
   });
@@ -137,10 +131,10 @@ describeStores('webhook delivery leases', (kind) => {
     // The first look after the stall claims the delivery again (on SQLite before any renewal can run).
     d.wake();
     await hook.waitForCalls(2, 10_000);
-    await eventually('the retry recorded', async () => (await row(id)).state === 'delivered');
+    await eventually('the retry recorded', async () => (await deliveryRow(t, id)).state === 'delivered');
     // One attempt timed out and was recorded, then the retry: no second attempt during the hang.
     expect(hook.calls).toHaveLength(2);
-    expect(await row(id)).toEqual({ state: 'delivered', attempts: 2, owner: null });
+    expect(await deliveryRow(t, id)).toEqual({ state: 'delivered', attempts: 2, owner: null });
     expect(log.messages.filter((m) => /not recorded|stopped/.test(m))).toEqual([]);
   });
 
@@ -154,7 +148,7 @@ describeStores('webhook delivery leases', (kind) => {
     await t.exec(`UPDATE webhook_deliveries SET lease_owner = 'rpl_other', leased_until_ms = ${Date.now() + 60_000},
                     next_attempt_at_ms = ${Date.now() + 60_000} WHERE id = '${id}'`);
     await eventually('the attempt stopped', () => log.messages.includes('completion webhook attempt stopped: another process took the delivery over'));
-    expect(await row(id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_other' });
+    expect(await deliveryRow(t, id)).toEqual({ state: 'pending', attempts: 0, owner: 'rpl_other' });
     expect(hook.calls).toHaveLength(1);
   });
 });

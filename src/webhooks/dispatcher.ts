@@ -41,7 +41,7 @@
 import { randomUUID } from 'node:crypto';
 import type { LookupFunction } from 'node:net';
 import { leaseConfig, leaseTerm, type LeaseConfig } from '../store/leases.js';
-import type { Store, WebhookClaimCaps, WebhookDelivery } from '../store/store.js';
+import type { Store, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from '../store/store.js';
 import { guardedLookup, postCallback, RefusedDestinationError, refusedLiteralHost, type ResolveAll } from './callback-sender.js';
 import { sendsCallback, webhookTargetOf, withoutWebhookToken } from './events.js';
 
@@ -371,7 +371,7 @@ export class WebhookDispatcher {
   }
 
   /** Writes an attempt's outcome under the fence; false (logged) when another process holds the delivery now. */
-  private async record(d: WebhookDelivery, update: Parameters<Store['updateWebhookDelivery']>[2]): Promise<boolean> {
+  private async record(d: WebhookDelivery, update: WebhookDeliveryUpdate): Promise<boolean> {
     if (await this.store.updateWebhookDelivery(d.id, this.lease.owner, update)) return true;
     this.log.info?.({ delivery_id: d.id, object_id: d.objectId, state: update.state },
       'completion webhook outcome not recorded: another process took the delivery over after its lease ran out');

@@ -156,3 +156,10 @@ export function describeStores(title: string, body: (kind: StoreKind) => void): 
     else describe(`${title} [${kind.name}]`, () => body(kind));
   }
 }
+
+/** A webhook delivery's row as stored, read behind the store's back: its state, attempts and lease holder. */
+export async function deliveryRow(t: StoreUnderTest, id: string): Promise<{ state: string; attempts: number; owner: string | null }> {
+  const rows = (await t.rows(`SELECT state, attempts, lease_owner FROM webhook_deliveries WHERE id = '${id}'`)) as
+    Array<{ state: string; attempts: number; lease_owner: string | null }>;
+  return { state: rows[0]!.state, attempts: Number(rows[0]!.attempts), owner: rows[0]!.lease_owner };
+}
