@@ -1,6 +1,7 @@
 // Engine throughput on a CUDA GPU: npm run bench:engine -- --backend cuda
 //   [--preset qwen2.5-0.5b,llama-3.1-8b] [--batch 1,8,64,256] [--prompt 512] [--decode 32]
-//   [--gpu-memory-utilization 0.9] [--peer transformers] [--out bench/results/engine-cuda.json]
+//   [--gpu-memory-utilization 0.9] [--cuda-gemm native|cublaslt|auto] [--peer transformers]
+//   [--out bench/results/engine-cuda.json]
 // Each preset runs in its own process (bf16 weights, made on first use): device-to-device copy
 // bandwidth and the batch-1 decode roofline (weight bytes / bandwidth), then per batch size the
 // prefill and decode throughput and the device memory held. With --peer transformers, Hugging
@@ -17,7 +18,7 @@ import { checkBenchStep, median } from './bench-step.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureDeviceBandwidth } from '../src/engine/native.js';
-import { type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
+import { type CudaGemm, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -28,6 +29,7 @@ const { values: args } = parseArgs({
     prompt: { type: 'string', default: '512' },
     decode: { type: 'string', default: '32' },
     'gpu-memory-utilization': { type: 'string', default: '0.9' },
+    'cuda-gemm': { type: 'string', default: 'native' },
     peer: { type: 'string' },
     'cpu-reference': { type: 'boolean', default: true },
     out: { type: 'string', default: 'bench/results/engine-cuda.json' },
@@ -59,6 +61,12 @@ interface WorkerResult {
   cpuReference?: RefStep[];
 }
 
+function cudaGemmOption(): CudaGemm {
+  const value = String(args['cuda-gemm']);
+  if (value !== 'native' && value !== 'cublaslt' && value !== 'auto') throw new Error(`--cuda-gemm must be native, cublaslt or auto, got ${value}`);
+  return value;
+}
+
 const promptOf = (b: number, len: number, vocab: number) => Int32Array.from({ length: len }, (_, t) => (t * 31 + b * 7 + 11) % vocab);
 
 async function runWorker(modelDir: string): Promise<WorkerResult> {
@@ -66,6 +74,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   const engine = await loadNativeEngine({
     modelDir, backend: 'cuda', kvCacheBytes: 0, blockSize: 16, numThreads: 0,
     gpuMemoryUtilization: Number(args['gpu-memory-utilization']), prefixCaching: false,
+    cudaGemm: cudaGemmOption(),
   });
   const info = engine.info();
   const greedy = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
@@ -114,7 +123,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   // The same continuation on the CPU backend in f32 precision: sluice's own arithmetic without
   // bf16 activations, against which transformers' float32 logits should agree closely.
   let cpuReference: RefStep[] | undefined;
-  if (args['cpu-reference'] !== false) {
+  if (args['cpu-reference'] !== false && args['cpu-reference'] !== 'false') {  // --cpu-reference=false turns it off
     const cpu = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: 1 << 30, blockSize: 16, numThreads: 0, matmulPrecision: 'f32', prefixCaching: false });
     cpuReference = await referenceSteps(cpu, 1);
     cpu.dispose();
@@ -247,7 +256,7 @@ export async function main(): Promise<void> {
     date: new Date().toISOString(),
     machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, platform: `${os.platform()} ${os.release()}`, node: process.version },
     settings: { promptTokens: promptLen, decodeSteps, decodeRounds: DECODE_ROUNDS, prefillChunkTokens: PREFILL_CHUNK,
-      gpuMemoryUtilization: Number(args['gpu-memory-utilization']) },
+      gpuMemoryUtilization: Number(args['gpu-memory-utilization']), cudaGemm: cudaGemmOption() },
     models,
   };
   mkdirSync(dirname(resolve(String(args.out))), { recursive: true });

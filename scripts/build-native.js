@@ -56,6 +56,9 @@ function cmakeDefinitions(previous) {
   // build directory): `npm rebuild` after an install with SLUICE_CUDA=OFF changes nothing.
   const cuda = process.env.SLUICE_CUDA || previous?.defs?.SLUICE_CUDA;
   if (cuda) defs.SLUICE_CUDA = cuda;
+  // e.g. 90-real for an H100/H200-only build (CMake's default list covers sm_80 to sm_90 + PTX).
+  const architectures = process.env.SLUICE_CUDA_ARCHITECTURES || previous?.defs?.SLUICE_CUDA_ARCHITECTURES;
+  if (architectures) defs.SLUICE_CUDA_ARCHITECTURES = architectures;
   return defs;
 }
 
