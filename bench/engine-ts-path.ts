@@ -1,7 +1,8 @@
 // The full TypeScript path beside the native-only loop, on CPU:
 //   npm run bench:engine -- --path ts [--preset qwen2.5-0.5b] [--model DIR] [--dtype bf16]
 //   [--batch 1,64,256] [--prompt 16] [--decode 32] [--warmup 1] [--rounds 1] [--threads N]
-//   [--precision bf16] [--kv-gib 2] [--native-bin build/sluice_bench] [--out bench/results/engine-ts-path.json]
+//   [--precision bf16] [--kv-gib 2] [--native-bin build/sluice_bench] [--backend cpu|cuda]
+//   [--out bench/results/engine-ts-path.json]
 // For each batch size, in this one run, with the same model, threads, precision, KV pool, prompts
 // (distinct per sequence) and lengths:
 //   native  build/sluice_bench (no Node): `decode` decode steps after one warm-up step; tok/s =
@@ -46,6 +47,7 @@ const { values: args } = parseArgs({
     rounds: { type: 'string', default: '1' },
     threads: { type: 'string', default: '0' },
     precision: { type: 'string', default: 'bf16' },
+    backend: { type: 'string', default: 'cpu' },
     'kv-gib': { type: 'string', default: '2' },
     'native-bin': { type: 'string' },
     out: { type: 'string', default: 'bench/results/engine-ts-path.json' },
@@ -62,6 +64,8 @@ const rounds = Number(args.rounds);
 const threads = Number(args.threads);
 const precision = String(args.precision) as MatmulPrecision;
 const kvBytes = Math.round(Number(args['kv-gib']) * 2 ** 30);
+const backend = String(args.backend);
+if (backend !== 'cpu' && backend !== 'cuda') throw new Error(`--backend must be cpu or cuda, got ${backend}`);
 
 const promptOf = (b: number, vocab: number) => Array.from({ length: promptLen }, (_, t) => (t * 31 + b * 7 + 11) % vocab);
 
@@ -99,7 +103,7 @@ type LoopStats = SchedulerStats & { numSteps?: number; loopMs?: number };
 
 async function runTsWorker(modelDir: string, batch: number): Promise<TsResult> {
   const engine = await Engine.load({
-    model: modelDir, backend: 'cpu', threads, matmulPrecision: precision, prefixCaching: false,
+    model: modelDir, backend, threads, matmulPrecision: precision, prefixCaching: false,
     maxNumSeqs: batch, maxBatchedTokens: Math.max(batch * promptLen, batch), kvCacheBytes: kvBytes,
     flexDeferral: false, tenantDeferral: false,
   });
@@ -169,7 +173,7 @@ function runNative(bin: string, modelDir: string, batch: number): NativeResult {
   try {
     const json = join(dir, 'native.json');
     const child = spawnSync(bin, ['--model', modelDir, '--batch', String(batch), '--prompt', String(promptLen), '--decode', String(decodeSteps),
-      '--threads', String(threads), '--precision', precision, '--kv-bytes', String(kvBytes), '--json', json],
+      '--threads', String(threads), '--precision', precision, '--kv-bytes', String(kvBytes), '--backend', backend, '--json', json],
     { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
     if (child.status !== 0) throw new Error(`${bin} failed for batch ${batch} (exit ${child.status}${child.error ? `: ${child.error.message}` : ''})`);
     const r = JSON.parse(readFileSync(json, 'utf8')) as {
@@ -188,7 +192,7 @@ function runTsChild(modelDir: string, batch: number): TsResult {
   const self = fileURLToPath(import.meta.url);
   const child = spawnSync(process.execPath, [self, '--ts-worker', String(batch), '--model', modelDir, '--prompt', String(promptLen),
     '--decode', String(decodeSteps), '--warmup', String(warmupSteps), '--threads', String(threads), '--precision', precision,
-    '--kv-gib', String(args['kv-gib'])], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 24 });
+    '--kv-gib', String(args['kv-gib']), '--backend', backend], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], maxBuffer: 1 << 24 });
   if (child.status !== 0) throw new Error(`ts bench worker for batch ${batch} failed (exit ${child.status})`);
   return JSON.parse(child.stdout.trim().split('\n').pop()!) as TsResult;
 }
@@ -256,7 +260,7 @@ export async function main(): Promise<void> {
     machine: machineInfo(),
     model: { preset: args.model ? null : args.preset, dir: modelDir, ...info },
     settings: {
-      backend: 'cpu', precision, threads, promptTokens: promptLen, decodeSteps, warmupSteps, rounds, kvCacheBytes: kvBytes,
+      backend, precision, threads, promptTokens: promptLen, decodeSteps, warmupSteps, rounds, kvCacheBytes: kvBytes,
       nativeBin, target: TARGET, elapsedS,
       engine: { prefixCaching: false, flexDeferral: false, tenantDeferral: false, maxNumSeqs: 'batch', maxBatchedTokens: 'batch * promptTokens' },
     },

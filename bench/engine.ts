@@ -259,10 +259,10 @@ async function runInterleaved(modelDir: string, precision: MatmulPrecision): Pro
 }
 
 async function main(): Promise<void> {
+  if (args.path === 'ts') return (await import('./engine-ts-path.js')).main();  // its own defaults and output (cpu or cuda)
   if (args.backend === 'cuda') return (await import('./engine-cuda.js')).main();  // its own options and output
   if (args.backend === 'onnx') return (await import('./engine-onnx.js')).main();  // its own options and output
   if (args.backend !== 'cpu') throw new Error(`--backend must be cpu, cuda or onnx, got ${args.backend}`);
-  if (args.path === 'ts') return (await import('./engine-ts-path.js')).main();  // its own defaults and output
   if (args.path !== undefined && args.path !== 'native') throw new Error(`--path must be native or ts, got ${args.path}`);
   if (args.worker === 'interleaved') {
     process.stdout.write(JSON.stringify(await runInterleaved(args.model!, args.precision as MatmulPrecision)) + '\n');

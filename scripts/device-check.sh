@@ -20,6 +20,7 @@
 #   engine-small  bench:engine on qwen2.5-0.5b beside transformers
 #   engine-8b   bench:engine on llama-3.1-8b beside transformers (makes the 16 GB model once)
 #   engine-8b-lt  the same with --cuda-gemm cublaslt
+#   ts-path     the TypeScript path (Engine) beside sluice_bench at batch 1 and 256, 0.5b and 8B
 #   throughput  bench:throughput on the 8B (ShareGPT-like: engine, chat, batch, Poisson)
 #   serve       bench:serve tiers (asap TTFT under a flex backlog) on the 8B
 #   prefix      bench:prefix on the 8B
@@ -109,7 +110,24 @@ step() {
   echo "   -> $status (rc $rc, $(($(date +%s) - t0)) s)" | tee -a "$log"
   steps+=("{\"step\":$(json_escape "$name"),\"status\":\"$status\",\"rc\":$rc,\"seconds\":$(($(date +%s) - t0))}")
   [[ $status == passed ]] || phase_failed=$status
+  ran_steps=$((ran_steps + 1))
   return $rc
+}
+
+# strict_step NAME CAP CMD...: as step, but on a GPU a test that reports itself skipped (ctest's
+# exit 77 'Skipped', vitest's 'skipped', no test found) fails the step: a device that cannot run
+# the CUDA tests is a finding, not a pass.
+strict_step() {
+  local before after
+  before=$(wc -l < "$log")
+  step "$@" || return
+  ((dry)) && return 0
+  if tail -n +"$((before + 1))" "$log" | grep -qE '\*\*\*Skipped|Not Run|No tests were found| skipped'; then
+    echo "   -> failed: a test was skipped on the GPU" | tee -a "$log"
+    steps[-1]=${steps[-1]/\"status\":\"passed\"/\"status\":\"failed\",\"why\":\"skipped on the GPU\"}
+    phase_failed=failed
+    return 1
+  fi
 }
 
 # skip_step NAME WHY: a step this run cannot take (recorded, never reported as passed).
@@ -138,12 +156,14 @@ run_phase() {
   log=$out_dir/$name.log
   : > "$log"
   steps=()
+  ran_steps=0
   phase_failed=''
   phase_deadline=$(($(date +%s) + cap))
   echo "### phase $name (cap ${cap}s, ${left}s of the budget left)"
   local t0=$(date +%s)
   "$fn"
   local status=passed
+  ((ran_steps == 0)) && status=skipped
   [[ -n $phase_failed ]] && status=$phase_failed
   local joined
   joined=$(IFS=,; echo "${steps[*]}")
@@ -196,14 +216,14 @@ phase_build() {
 }
 
 phase_tests() {
-  step 'ctest CUDA (our GEMM)' 150 ctest --test-dir build -R '^test_cuda' --output-on-failure
+  strict_step 'ctest CUDA (our GEMM)' 150 ctest --test-dir build -R '^test_cuda' --output-on-failure
   if [[ -f $out_dir/cublaslt-dir ]] || ((dry)); then
-    step 'ctest CUDA engine (cuBLASLt)' 120 env SLUICE_TEST_CUDA_GEMM=cublaslt \
+    strict_step 'ctest CUDA engine (cuBLASLt)' 120 env SLUICE_TEST_CUDA_GEMM=cublaslt \
       ctest --test-dir build -R '^test_cuda_(engine|prefix)' --output-on-failure
   else
     skip_step 'ctest CUDA engine (cuBLASLt)' 'no libcublasLt on this host'
   fi
-  step 'vitest engine-cuda' 150 npx vitest run test/engine-cuda.test.ts
+  strict_step 'vitest engine-cuda' 150 npx vitest run test/engine-cuda.test.ts
   if command -v compute-sanitizer >/dev/null && ((!dry)); then
     step 'memcheck test_cuda_engine' "$(left_in_phase)" compute-sanitizer --tool memcheck --error-exitcode 9 \
       --print-limit 20 build/test_cuda_engine
@@ -247,6 +267,19 @@ phase_engine_8b_lt() {
   ((dry)) && { skip_step 'bench:engine llama-3.1-8b cuBLASLt' 'no GPU in a dry run'; return; }
   step 'bench:engine llama-3.1-8b cuBLASLt' "$(left_in_phase)" node dist/bench/engine.js --backend cuda \
     --preset llama-3.1-8b --cuda-gemm cublaslt --cpu-reference=false --out "$out_dir/engine-cuda-llama-3.1-8b-cublaslt.json"
+}
+
+phase_ts_path() {
+  local preset
+  if ((dry)); then
+    step 'TS path vs sluice_bench cpu tiny' "$(left_in_phase)" node dist/bench/engine.js --path ts --preset tiny \
+      --batch 1,8 --decode 8 --kv-gib 0.25 --out "$out_dir/engine-ts-path-cpu-tiny.json"
+    return
+  fi
+  for preset in qwen2.5-0.5b llama-3.1-8b; do
+    step "TS path vs sluice_bench $preset" "$(left_in_phase)" node dist/bench/engine.js --path ts --backend cuda \
+      --preset "$preset" --batch 1,256 --kv-gib 16 --out "$out_dir/engine-ts-path-$preset.json"
+  done
 }
 
 phase_throughput() {
@@ -297,6 +330,7 @@ run_phase kernels        60  240  phase_kernels
 run_phase engine-small   60  240  phase_engine_small
 run_phase engine-8b     200  420  phase_engine_8b
 run_phase engine-8b-lt  100  240  phase_engine_8b_lt
+run_phase ts-path       100  240  phase_ts_path
 run_phase throughput    200  480  phase_throughput
 run_phase serve         150  300  phase_serve
 run_phase prefix        100  240  phase_prefix
@@ -304,7 +338,7 @@ run_phase prefix        100  240  phase_prefix
 echo
 echo "device-check summary ($device, $(elapsed)s):"
 bad=0
-for p in env build tests kernels engine-small engine-8b engine-8b-lt throughput serve prefix; do
+for p in env build tests kernels engine-small engine-8b engine-8b-lt ts-path throughput serve prefix; do
   [[ -n ${phase_status[$p]:-} ]] || continue
   printf '  %-14s %s\n' "$p" "${phase_status[$p]}"
   [[ ${phase_status[$p]} == failed* || ${phase_status[$p]} == timeout* ]] && bad=1
