@@ -64,8 +64,8 @@ const rounds = Number(args.rounds);
 const threads = Number(args.threads);
 const precision = String(args.precision) as MatmulPrecision;
 const kvBytes = Math.round(Number(args['kv-gib']) * 2 ** 30);
-const backend = String(args.backend);
-if (backend !== 'cpu' && backend !== 'cuda') throw new Error(`--backend must be cpu or cuda, got ${backend}`);
+const backend = String(args.backend) as 'cpu' | 'cuda';
+if (backend !== 'cpu' && backend !== 'cuda') throw new Error(`--backend must be cpu or cuda, got ${String(backend)}`);
 
 const promptOf = (b: number, vocab: number) => Array.from({ length: promptLen }, (_, t) => (t * 31 + b * 7 + 11) % vocab);
 
