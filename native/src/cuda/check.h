@@ -2,6 +2,7 @@
 // the call, the CUDA error and where it happened.
 #pragma once
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <string>
 
@@ -32,6 +33,18 @@ inline bool is_sticky_cuda_error(cudaError_t err) {
     default:
       return false;
   }
+}
+
+// Whether a device query's failure only means that this host has no CUDA device: none found, or
+// no NVIDIA driver installed at all (the runtime reports a missing libcuda as an insufficient
+// driver, the same error as a driver too old for it, which must not pass for "no GPU").
+inline bool means_no_cuda_device(cudaError_t err) {
+  if (err == cudaErrorNoDevice) return true;
+  if (err != cudaErrorInsufficientDriver) return false;
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!driver) return true;
+  dlclose(driver);
+  return false;
 }
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {

@@ -78,6 +78,22 @@ void check(Status s, const char* what) {
   if (s != 0) throw Error(ErrorCode::kInternal, std::string("cuBLASLt: ") + what + " failed with status " + std::to_string(s));
 }
 
+// cublasLtMatmul fails with EXECUTION_FAILED or INTERNAL_ERROR when an earlier kernel faulted;
+// that is a sticky CUDA error, which must surface as kDeviceFault (breaking the engine) rather
+// than as an ordinary failed step. Neither query clears the error or disturbs a capture
+// (cudaStreamQuery would invalidate one, so it is skipped while capturing).
+void check_matmul(Status s, cudaStream_t stream) {
+  if (s == 0) return;
+  cudaError_t err = cudaPeekAtLastError();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (!is_sticky_cuda_error(err) && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusNone)
+    err = cudaStreamQuery(stream);
+  if (is_sticky_cuda_error(err))
+    throw_cuda_error(err, ("cublasLtMatmul (status " + std::to_string(s) + ")").c_str(), __FILE__, __LINE__);
+  check(s, "cublasLtMatmul");
+}
+
 }  // namespace
 
 std::unique_ptr<CublasLt> CublasLt::open(std::string* why) {
@@ -196,9 +212,9 @@ bool CublasLt::gemm(const GemmArgs& a, DType e, void* workspace, size_t workspac
   const float one = 1.f, zero = 0.f;
   auto run = [&](const Plan* p, const void* x, float* d, bool add, const float* bias) {
     if (p->bias_fused) check(api_->MatmulDescSetAttribute(p->desc, kDescBiasPointer, &bias, sizeof(bias)), "set BIAS_POINTER");
-    check(api_->Matmul(handle_, p->desc, &one, a.w, p->a, x, p->b, add ? &one : &zero, d, p->d, d, p->d, &p->algo,
-                       workspace, workspace_bytes, stream),
-          "cublasLtMatmul");
+    check_matmul(api_->Matmul(handle_, p->desc, &one, a.w, p->a, x, p->b, add ? &one : &zero, d, p->d, d, p->d,
+                              &p->algo, workspace, workspace_bytes, stream),
+                 stream);
   };
   if (a.epilogue != Epilogue::kSiluMul) {
     const bool add = a.epilogue == Epilogue::kAddTo;

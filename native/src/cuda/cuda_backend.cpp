@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -109,7 +110,10 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
-  std::string kernel_info() const override { return device_desc_; }
+  std::string kernel_info() const override {
+    std::lock_guard<std::mutex> lock(info_mu_);  // info() may run beside a step that notes a failed capture
+    return device_desc_ + graph_notes_;
+  }
   int num_threads() const override { return num_sms_; }
   size_t kv_bytes_per_block(int64_t block_size) const override {
     return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * 2;
@@ -129,6 +133,9 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   void ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table_width);
+  void allocate_activations(int64_t tokens, int64_t rows);
+  void allocate_step(const StepLayout& want);
+  cudaGraphExec_t capture_decode_graph(int bucket, int splits);
   void run_layers(int64_t T, int64_t R, int attn_splits);
   int choose_attn_splits(int64_t T, int64_t max_ctx) const;
   void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
@@ -171,7 +178,12 @@ class CudaBackend final : public Backend {
   DeviceBuffer token_masks_;  // [rows, mask words] of a step with grammar-constrained rows
   PinnedBuffer token_masks_host_;
 
-  std::map<int, cudaGraphExec_t> graphs_;  // decode batch bucket -> graph
+  // Decode batch bucket -> graph; nullptr marks a bucket whose capture failed, which then runs
+  // eagerly (a capture that fails once fails again: retrying it every step would fail them all).
+  std::map<int, cudaGraphExec_t> graphs_;
+  bool graphs_enabled_ = true;  // SLUICE_CUDA_GRAPHS=0 turns decode graphs off (to bisect a graph problem)
+  mutable std::mutex info_mu_;
+  std::string graph_notes_;  // appended to kernel_info(): graphs off, buckets that fell back to eager
   void drop_graphs();
   void open_cublaslt(const EngineOptions& opts);
 };
@@ -198,13 +210,17 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   if (prop.major < 8)
     throw Error(ErrorCode::kBackendUnavailable, device_desc_ + " is older than compute capability 8.0 (Ampere)");
   SLUICE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (const char* g = std::getenv("SLUICE_CUDA_GRAPHS"); g && std::string(g) == "0") {
+    graphs_enabled_ = false;
+    graph_notes_ = ", decode graphs: off (SLUICE_CUDA_GRAPHS=0)";
+  }
   SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
   w_ = cuda::upload_weights(c, w);
   e_ = w_.dtype;
-  gemm_tickets_.allocate(sizeof(int) * 65536);
-  gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20));
+  gemm_tickets_.allocate(sizeof(int) * 65536, stream_);
+  gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20), stream_);
   open_cublaslt(opts);
-  sample_out_.allocate(size_t(kMaxGraphBatch) * (2 + 2 * kMaxTopN) * 4);
+  sample_out_.allocate(size_t(kMaxGraphBatch) * (2 + 2 * kMaxTopN) * 4, stream_);
   // Activations for the largest step the scheduler plans, allocated before the KV pool is sized
   // (kv_budget_bytes), so that they never have to grow into memory the pool took.
   if (opts.max_num_seqs < 0 || opts.max_batched_tokens < 0)
@@ -212,7 +228,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   const int64_t max_rows = std::max<int64_t>(kMaxGraphBatch, opts.max_num_seqs);
   const int64_t max_tokens = std::max<int64_t>({512, opts.max_batched_tokens, max_rows});
   ensure_capacity(max_tokens, max_rows, max_rows + 1, 1);
-  token_masks_.allocate(size_t(max_rows) * size_t(token_mask_words(c_.vocab_size)) * 4);
+  token_masks_.allocate(size_t(max_rows) * size_t(token_mask_words(c_.vocab_size)) * 4, stream_);
 }
 
 CudaBackend::~CudaBackend() {
@@ -235,13 +251,14 @@ void CudaBackend::open_cublaslt(const EngineOptions& opts) {
   }
   // 32 MiB is what cuBLASLt's Hopper kernels ask for; the SiLU-and-mul scratch holds up to 1024
   // tokens of gate/up pre-activations (longer prefills run in chunks).
-  lt_workspace_.allocate(size_t(32) << 20);
-  lt_scratch_.allocate(size_t(1024) * size_t(2 * w_.inter_pad) * sizeof(float));
+  lt_workspace_.allocate(size_t(32) << 20, stream_);
+  lt_scratch_.allocate(size_t(1024) * size_t(2 * w_.inter_pad) * sizeof(float), stream_);
   device_desc_ += ", gemm: " + lt_->describe();
 }
 
 void CudaBackend::drop_graphs() {
-  for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [bucket, exec] : graphs_)
+    if (exec) cudaGraphExecDestroy(exec);
   graphs_.clear();
 }
 
@@ -280,65 +297,110 @@ void CudaBackend::allocate_kv(int64_t num_blocks, int64_t block_size) {
   num_blocks_ = num_blocks;
   block_size_ = block_size;
   scratch_block_ = int32_t(num_blocks);
-  kv_.allocate(kv_bytes_per_block(block_size) * size_t(num_blocks + 1));
+  kv_.allocate(kv_bytes_per_block(block_size) * size_t(num_blocks + 1), stream_);
   // Block tables get a fixed stride capacity (the longest context) so growing sequences never
   // move the step buffers, which would invalidate the captured graphs.
   const int64_t max_blocks = (c_.max_position_embeddings + block_size - 1) / block_size;
   ensure_capacity(cap_tokens_, cap_rows_, layout_.seqs, max_blocks);
 }
 
+// Growth is geometric (x1.5) so that a run of slowly larger steps reallocates, and drops the
+// graphs, a few times rather than at every step; if the larger size does not fit, the exact one
+// is tried. Recorded capacities are zeroed before the old buffers are freed and set only once every
+// new one exists: after a failed allocation (an out-of-memory step) the next step must reallocate,
+// not run with a freed or too small buffer, or write a larger step layout into the old pinned one.
 void CudaBackend::ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table_width) {
   const bool grow_acts = T > cap_tokens_ || R > cap_rows_;
   const bool grow_step = T > layout_.tokens || R > layout_.rows || S > layout_.seqs || table_width > layout_.table;
   if (!grow_acts && !grow_step) return;
   drop_graphs();  // graphs hold the old addresses
   SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const size_t H = size_t(c_.hidden_size), nq = size_t(c_.num_heads), hd = size_t(c_.head_dim);
+  auto grown = [](int64_t have, int64_t need) { return need > have ? std::max(need, have + have / 2) : have; };
+  // Runs alloc(geometric sizes...), and on running out of memory alloc(exact sizes...).
+  auto with_fallback = [](auto&& alloc, auto... sizes) {
+    try {
+      alloc(sizes.first...);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfMemory) throw;
+      cudaGetLastError();  // the failed cudaMalloc left its (non-sticky) error behind: later launch checks must not see it
+      alloc(sizes.second...);
+    }
+  };
   if (grow_acts) {
-    cap_tokens_ = std::max(cap_tokens_, T);
-    cap_rows_ = std::max(cap_rows_, R);
-    const size_t t = size_t(cap_tokens_), r = size_t(cap_rows_);
-    x_.allocate(t * H * 4);
-    xn_.allocate(t * size_t(w_.ld_h) * esz_);
-    qkv_.allocate(t * size_t(w_.qkv_rows) * 4);
-    q_.allocate(t * nq * hd * 4);
-    attn_.allocate(t * size_t(w_.ld_attn) * esz_);
-    h_.allocate(t * size_t(w_.inter_pad) * esz_);
-    cos_sin_.allocate(t * size_t(c_.rotary_dim()) * 4 + 4);
-    last_.allocate(r * size_t(w_.ld_h) * esz_);
-    logits_.allocate(r * size_t(c_.vocab_size) * 4);
-    // Split attention is used for up to kMaxGraphBatch tokens (decode); prefill uses one split.
-    const size_t split_tokens = std::min<size_t>(t, kMaxGraphBatch);
-    attn_part_capacity_ = split_tokens * nq * kMaxAttnSplits * hd;
-    attn_part_acc_.allocate(attn_part_capacity_ * 4);
-    attn_part_ml_.allocate(split_tokens * nq * kMaxAttnSplits * 2 * 4);
-    sample_params_.allocate(r * sizeof(cuda::SampleRowParams));
-    sample_out_.allocate(r * (2 + 2 * kMaxTopN) * 4);
-    sample_stats_.allocate(r * cuda::kSampleStatsFloatsPerRow * 4);
+    const int64_t t_exact = std::max(cap_tokens_, T), r_exact = std::max(cap_rows_, R);
+    const int64_t t_geo = grown(cap_tokens_, T), r_geo = grown(cap_rows_, R);
+    cap_tokens_ = 0;
+    cap_rows_ = 0;
+    with_fallback([&](int64_t t, int64_t r) { allocate_activations(t, r); }, std::make_pair(t_geo, t_exact),
+                  std::make_pair(r_geo, r_exact));
   }
   if (grow_step) {
-    StepLayout& L = layout_;
-    L.tokens = std::max(L.tokens, T);
-    L.rows = std::max(L.rows, R);
-    L.seqs = std::max(L.seqs, S);
-    L.table = std::max(L.table, table_width);
-    size_t off = 0;
-    auto take = [&](int64_t n) {
-      const size_t o = off;
-      off += (size_t(n) * 4 + 255) / 256 * 256;
-      return o;
-    };
-    L.off_ids = take(L.tokens);
-    L.off_pos = take(L.tokens);
-    L.off_seq = take(L.tokens);
-    L.off_slot = take(L.tokens);
-    L.off_rows = take(L.rows);
-    L.off_stride = take(1);
-    L.off_tables = take(L.seqs * L.table);
-    L.bytes = off;
-    step_dev_.allocate(off);
-    step_host_.reserve(off);
+    StepLayout exact, geo;
+    exact.tokens = std::max(layout_.tokens, T);
+    exact.rows = std::max(layout_.rows, R);
+    exact.seqs = std::max(layout_.seqs, S);
+    exact.table = std::max(layout_.table, table_width);  // the table stride is fixed by allocate_kv: no growth
+    geo = exact;
+    geo.tokens = grown(layout_.tokens, T);
+    geo.rows = grown(layout_.rows, R);
+    geo.seqs = grown(layout_.seqs, S);
+    layout_ = StepLayout{};
+    with_fallback([&](const StepLayout& L) { allocate_step(L); }, std::make_pair(geo, exact));
   }
+}
+
+// (Re)allocates the activations for `tokens` tokens and `rows` logit rows; sets the capacities
+// only when all of them exist.
+void CudaBackend::allocate_activations(int64_t tokens, int64_t rows) {
+  const size_t H = size_t(c_.hidden_size), nq = size_t(c_.num_heads), hd = size_t(c_.head_dim);
+  const size_t t = size_t(tokens), r = size_t(rows);
+  // The old buffers are freed first (DeviceBuffer::allocate) so that growth never needs the old
+  // and the new size at once.
+  x_.allocate(t * H * 4, stream_);
+  xn_.allocate(t * size_t(w_.ld_h) * esz_, stream_);
+  qkv_.allocate(t * size_t(w_.qkv_rows) * 4, stream_);
+  q_.allocate(t * nq * hd * 4, stream_);
+  attn_.allocate(t * size_t(w_.ld_attn) * esz_, stream_);
+  h_.allocate(t * size_t(w_.inter_pad) * esz_, stream_);
+  cos_sin_.allocate(t * size_t(c_.rotary_dim()) * 4 + 4, stream_);
+  last_.allocate(r * size_t(w_.ld_h) * esz_, stream_);
+  logits_.allocate(r * size_t(c_.vocab_size) * 4, stream_);
+  // Split attention is used for up to kMaxGraphBatch tokens (decode); prefill uses one split.
+  const size_t split_tokens = std::min<size_t>(t, kMaxGraphBatch);
+  attn_part_capacity_ = 0;
+  attn_part_acc_.allocate(split_tokens * nq * kMaxAttnSplits * hd * 4, stream_);
+  attn_part_ml_.allocate(split_tokens * nq * kMaxAttnSplits * 2 * 4, stream_);
+  sample_params_.allocate(r * sizeof(cuda::SampleRowParams), stream_);
+  sample_out_.allocate(r * (2 + 2 * kMaxTopN) * 4, stream_);
+  sample_stats_.allocate(r * cuda::kSampleStatsFloatsPerRow * 4, stream_);
+  attn_part_capacity_ = split_tokens * nq * kMaxAttnSplits * hd;
+  cap_tokens_ = tokens;
+  cap_rows_ = rows;
+}
+
+// Lays out the step inputs for the capacities in `want` and (re)allocates their device and
+// pinned buffers; layout_ is set only when both exist.
+void CudaBackend::allocate_step(const StepLayout& want) {
+  StepLayout L = want;
+  size_t off = 0;
+  auto take = [&](int64_t n) {
+    const size_t o = off;
+    off += (size_t(n) * 4 + 255) / 256 * 256;
+    return o;
+  };
+  L.off_ids = take(L.tokens);
+  L.off_pos = take(L.tokens);
+  L.off_seq = take(L.tokens);
+  L.off_slot = take(L.tokens);
+  L.off_rows = take(L.rows);
+  L.off_stride = take(1);
+  L.off_tables = take(L.seqs * L.table);
+  L.bytes = off;
+  // The last upload may still be reading the pinned buffer that reserve() is about to free.
+  SLUICE_CUDA_CHECK(cudaEventSynchronize(step_copied_));
+  step_dev_.allocate(off, stream_);
+  step_host_.reserve(off);
+  layout_ = L;
 }
 
 int CudaBackend::choose_attn_splits(int64_t T, int64_t max_ctx) const {
@@ -517,6 +579,44 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
   cuda::gemm(g, e_, ws, stream_);
 }
 
+// Captures the decode forward pass of `bucket` tokens into a graph. A capture that fails (an
+// operation the capture does not support, instantiation running out of memory...) returns
+// nullptr after leaving the stream out of capture mode, and kernel_info() names the bucket: the
+// caller runs that bucket eagerly from then on. A sticky device error still throws (the engine
+// must stop), as does a failure of the eager warm-up, which is an ordinary forward pass.
+cudaGraphExec_t CudaBackend::capture_decode_graph(int bucket, int splits) {
+  run_layers(bucket, bucket, splits);  // warm-up outside the capture (first launches load modules, fill plan caches)
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::string why;
+  try {
+    SLUICE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(bucket, bucket, splits);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);  // ends the (invalidated) capture; the partial graph is dropped
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    SLUICE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    SLUICE_CUDA_CHECK(err);
+    return exec;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kDeviceFault) throw;
+    why = e.what();
+  }
+  // A failed capture leaves its error as the last error: a later launch check must not report it.
+  const cudaError_t last = cudaGetLastError();
+  if (cuda::is_sticky_cuda_error(last)) cuda::throw_cuda_error(last, "decode graph capture", __FILE__, __LINE__);
+  // (Reallocation drops the graphs, nullptr entries included, so the bucket is captured again then.)
+  const std::string note = ", decode graph for batch " + std::to_string(bucket) + " failed, runs eagerly";
+  std::lock_guard<std::mutex> lock(info_mu_);
+  if (graph_notes_.find(note) == std::string::npos) graph_notes_ += note + " (" + why + ")";
+  return nullptr;
+}
+
 void CudaBackend::forward(const ForwardBatch& b) {
   SLUICE_CUDA_CHECK(cudaSetDevice(device_));
   const int64_t T = b.num_tokens, R = b.num_logit_rows, S = b.num_seqs;
@@ -526,33 +626,20 @@ void CudaBackend::forward(const ForwardBatch& b) {
   last_rows_ = R;
 
   // A pure decode step (one token per sequence, every one sampling) replays a graph.
-  const int bucket = T == S && R == T ? graph_bucket(T) : 0;
+  const int bucket = graphs_enabled_ && T == S && R == T ? graph_bucket(T) : 0;
   if (bucket) {
     ensure_capacity(bucket, bucket, bucket + 1, width);
     upload_step(b, bucket, bucket, width);
+    // Splits chosen for the longest context the model allows: a replay adapts the per-split
+    // ranges to the actual contexts in the kernel.
+    const int splits = choose_attn_splits(bucket, c_.max_position_embeddings);
     auto it = graphs_.find(bucket);
-    if (it == graphs_.end()) {
-      // Capture with splits chosen for the longest context the model allows: a replay adapts
-      // the per-split ranges to the actual contexts in the kernel.
-      const int splits = choose_attn_splits(bucket, c_.max_position_embeddings);
-      run_layers(bucket, bucket, splits);  // warm-up outside the capture (first launches load modules)
-      cudaGraph_t graph = nullptr;
-      SLUICE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        run_layers(bucket, bucket, splits);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      SLUICE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      SLUICE_CUDA_CHECK(err);
-      it = graphs_.emplace(bucket, exec).first;
+    if (it == graphs_.end()) it = graphs_.emplace(bucket, capture_decode_graph(bucket, splits)).first;
+    if (it->second) {
+      SLUICE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    } else {
+      run_layers(bucket, bucket, splits);  // this bucket's capture failed: eager, on the padded inputs
     }
-    SLUICE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     return;
   }
   ensure_capacity(T, R, S, width);
@@ -598,7 +685,7 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   if (any_mask) {
     const int64_t words = token_mask_words(c_.vocab_size);
     const size_t bytes = size_t(R) * size_t(words) * 4;
-    if (token_masks_.bytes() < bytes) token_masks_.allocate(bytes);
+    if (token_masks_.bytes() < bytes) token_masks_.allocate(bytes, stream_);
     token_masks_host_.reserve(bytes);
     auto* hm = token_masks_host_.get<uint32_t>();
     for (int64_t r = 0; r < R; r++) {
@@ -608,7 +695,16 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
         continue;
       }
       std::memcpy(dst, rows[r].allow, size_t(words) * 4);
-      allows_nothing[size_t(r)] = std::all_of(dst, dst + words, [](uint32_t w) { return w == 0; });
+      // As on the CPU (mask_row_generic), bits past V do not count: a mask whose only set bits
+      // lie there allows nothing. Such a row gets an all-ones mask instead, so that the device
+      // samples a real row, and fails below.
+      const uint32_t tail = c_.vocab_size % 32 ? (uint32_t(1) << (c_.vocab_size % 32)) - 1 : 0xffffffffu;
+      bool any = (dst[words - 1] & tail) != 0;
+      for (int64_t w = 0; w + 1 < words && !any; w++) any = dst[w] != 0;
+      if (!any) {
+        allows_nothing[size_t(r)] = 1;
+        std::fill(dst, dst + words, 0xffffffffu);
+      }
     }
     SLUICE_CUDA_CHECK(cudaMemcpyAsync(token_masks_.get(), hm, bytes, cudaMemcpyHostToDevice, stream_));
     cuda::apply_token_masks(logits_.get<float>(), int(R), int(c_.vocab_size), token_masks_.get<uint32_t>(), stream_);
@@ -625,11 +721,24 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   }
   // All rows are sampled by one kernel, so nothing fails per row on the device; an injected
   // fault (testing hook) is reported for its row as the CPU backend does.
+  const int64_t V = c_.vocab_size;
   for (int64_t r = 0; r < R; r++) {
     if (allows_nothing[size_t(r)]) {
       out.tokens[r] = -1;
       if (out.row_errors)
         out.row_errors->push_back({r, ErrorCode::kInvalidArgument, "the output grammar allows no token at this point"});
+      continue;
+    }
+    // The kernel writes -1 for a row without a finite logit (NaN or inf from an overflow): the
+    // engine must never append a token outside the vocabulary (the next step would embed it).
+    if (out.tokens[r] < 0 || out.tokens[r] >= V) {
+      const int32_t bad = out.tokens[r];
+      out.tokens[r] = -1;
+      if (out.row_errors)
+        out.row_errors->push_back({r, ErrorCode::kInternal,
+                                   bad == -1 ? std::string("the logits have no finite value (a numeric overflow?)")
+                                             : "the CUDA sampler returned token " + std::to_string(bad) +
+                                                   " outside the vocabulary"});
       continue;
     }
     if (!rows[r].inject_fault) continue;
@@ -651,9 +760,13 @@ bool cuda_backend_available(std::string* why) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
+    // "no CUDA device found" only for a host without one (tests skip on it); a device the runtime
+    // cannot use (an old driver) says why.
     if (why)
-      *why = err != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")"
-                                : std::string("no CUDA device found");
+      *why = err == cudaSuccess || cuda::means_no_cuda_device(err)
+                 ? std::string("no CUDA device found") +
+                       (err == cudaSuccess ? "" : std::string(" (") + cudaGetErrorString(err) + ")")
+                 : std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")";
     cudaGetLastError();  // the failed query leaves a (non-sticky) error behind: clear it
     return false;
   }

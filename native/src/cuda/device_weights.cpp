@@ -19,12 +19,12 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
-void DeviceBuffer::allocate(size_t bytes) {
+void DeviceBuffer::allocate(size_t bytes, cudaStream_t stream) {
   release();
   if (bytes == 0) return;
   SLUICE_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
   bytes_ = bytes;
-  SLUICE_CUDA_CHECK(cudaMemset(ptr_, 0, bytes));
+  SLUICE_CUDA_CHECK(cudaMemsetAsync(ptr_, 0, bytes, stream));
 }
 
 void DeviceBuffer::release() {

@@ -4,6 +4,8 @@
 // and norm weights in f32. Matrices keep the checkpoint's dtype (bf16 or f16); f32 checkpoints
 // are rounded to bf16 (round to nearest even).
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -26,7 +28,10 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  void allocate(size_t bytes);  // frees what it held; zero-filled
+  // Frees what it held; zero-filled by a memset queued on `stream`, so that work the owner
+  // queues on that stream afterwards (a non-blocking stream does not wait for the legacy one)
+  // never sees the fill land after its own writes.
+  void allocate(size_t bytes, cudaStream_t stream = nullptr);
   void release();
   template <typename T = void>
   T* get() const {

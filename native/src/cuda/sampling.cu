@@ -264,6 +264,20 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   const float* st = a.row_stats + size_t(row) * kMaxChunks * 3;
   for (int c = 0; c < stats_chunks(a.V); c++)
     merge_stats(best, se, best_id, st[3 * c], st[3 * c + 1], __float_as_int(st[3 * c + 2]));
+  // No finite logit (every token masked to -inf, or NaN/inf from an overflow): best_id is still
+  // the 0x7fffffff sentinel and indexing with it reads far outside the row. Report the row as
+  // unsampled (token -1) for the host to fail; nothing below may run for it.
+  if (!isfinite(best)) {
+    if (threadIdx.x == 0) {
+      a.tokens[row] = -1;
+      a.logprobs[row] = -INFINITY;
+      for (int i = 0; i < a.top_n; i++) {
+        a.top_ids[size_t(row) * a.top_n + i] = -1;
+        a.top_logprobs[size_t(row) * a.top_n + i] = -INFINITY;
+      }
+    }
+    return;
+  }
   const float lse = best + logf(se);
   const bool greedy = !(prm.temperature > 0.f && prm.top_k != 1);
   if (greedy && a.top_n == 0) {

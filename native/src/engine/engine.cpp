@@ -485,6 +485,16 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
     result.errors.push_back({sampling_rows_[size_t(e.row)]->seq_id, e.code, e.message});
     result.row_status[sampling_rows_[size_t(e.row)]->index] = uint8_t(RowStatus::kFailed);
   }
+  // A backend must fail a row it could not sample; a token outside the vocabulary that slipped
+  // through anyway would be appended and embedded by the next step (an out-of-bounds read).
+  for (size_t r = 0; r < m; r++) {
+    if (failed[r] || (tokens[r] >= 0 && tokens[r] < config_.vocab_size)) continue;
+    failed[r] = 1;
+    result.errors.push_back({sampling_rows_[r]->seq_id, ErrorCode::kInternal,
+                             "the " + backend_->name() + " sampler returned token " + std::to_string(tokens[r]) +
+                                 " outside the vocabulary"});
+    result.row_status[sampling_rows_[r]->index] = uint8_t(RowStatus::kFailed);
+  }
   result.top_n = top_n;
   for (size_t r = 0; r < m; r++) {
     if (failed[r]) continue;

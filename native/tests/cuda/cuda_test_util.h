@@ -7,15 +7,18 @@
 // must agree until the first step where the reference's two best logprobs are within 0.1 (a near
 // tie, which the test reports and after which the continuations may legitimately differ).
 #pragma once
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cuda/check.h"
 #include "engine_driver.h"
 #include "sluice/engine.h"
 #include "test_util.h"
@@ -30,6 +33,32 @@ inline std::string temp_dir(const std::string& name) {
   return "/tmp/sluice-cuda-test-" + std::to_string(::getpid()) + "/" + name;
 }
 
+// What a test main returns before running anything: 0 to run the tests, 77 (ctest: skipped) when
+// the host has no CUDA device (none found, or no NVIDIA driver at all), 1 for any other failure
+// to query the devices. An old driver (cudaErrorInsufficientDriver with libcuda present: a CUDA
+// 13 runtime needs R580+) or a broken install must fail, not look like a host without a GPU.
+inline int cuda_device_check(const char* suite) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (sluice::cuda::means_no_cuda_device(err) || (err == cudaSuccess && count == 0)) {
+    std::printf("%s: no CUDA device, skipped\n", suite);
+    return 77;
+  }
+  if (err != cudaSuccess) {
+    std::printf("%s: cudaGetDeviceCount failed: %s (%s)\n", suite, cudaGetErrorName(err), cudaGetErrorString(err));
+    return 1;
+  }
+  return 0;
+}
+
+// SLUICE_TEST_CUDA_GEMM=cublaslt (or auto) runs the CUDA engines of these tests with that
+// cuda_gemm, so that cuBLASLt is exercised inside an engine (captured graphs, fused bias, SiLU
+// chunks, the in-place residual add); unset, the default (native) kernels run.
+inline void apply_test_env(sluice::EngineOptions& o) {
+  if (o.backend != "cuda") return;
+  if (const char* gemm = std::getenv("SLUICE_TEST_CUDA_GEMM"); gemm && *gemm) o.cuda_gemm = gemm;
+}
+
 inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::string& backend, bool prefix_caching = true,
                                             size_t kv_cache_bytes = size_t(64) << 20) {
   sluice::EngineOptions o;
@@ -39,6 +68,11 @@ inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::s
   o.block_size = 16;
   o.num_threads = 2;
   o.prefix_caching = prefix_caching;
+  // Each CUDA engine is charged its gpu_memory_utilization share of the device even with an
+  // explicit KV size, and the default 0.9 leaves no room for a second: tests hold two at once
+  // (cache on and off), so each takes less than half.
+  if (kv_cache_bytes) o.gpu_memory_utilization = 0.45;
+  apply_test_env(o);
   return sluice::Engine::load(o);
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "sluice/engine.h"
@@ -93,6 +94,26 @@ TEST_CASE(batches_chunks_and_graph_decode_agree) {
   }
 }
 
+TEST_CASE(graphs_off_runs_decode_eagerly_and_agrees) {
+  // SLUICE_CUDA_GRAPHS=0 (read when an engine loads) turns the decode graphs off, which
+  // kernel_info() reports; the eager decode steps give the same continuations.
+  TinyModelSpec spec;
+  const std::string dir = temp_dir("graphs-off");
+  write_tiny_model(dir, spec);
+  const char* before = std::getenv("SLUICE_CUDA_GRAPHS");
+  const std::string saved = before ? before : "";
+  ::setenv("SLUICE_CUDA_GRAPHS", "0", 1);
+  auto gpu = load(dir, "cuda");
+  if (before) ::setenv("SLUICE_CUDA_GRAPHS", saved.c_str(), 1);
+  else ::unsetenv("SLUICE_CUDA_GRAPHS");
+  CHECK(gpu->info().simd.find("decode graphs: off") != std::string::npos);
+  auto cpu = load(dir, "cpu");
+  const auto prompt = prompt_of(19, 4, spec.vocab);
+  const auto ref = generate(*cpu, prompt, 24, 0, 1000);
+  compare(ref, generate(*gpu, prompt, 24, 0, 1000), "graphs off, alone");
+  compare(ref, generate(*gpu, prompt, 24, 15, 1000), "graphs off, batch 16");
+}
+
 TEST_CASE(seeded_sampling_repeats_on_the_gpu) {
   TinyModelSpec spec;
   const std::string dir = temp_dir("sampling");
@@ -124,6 +145,7 @@ TEST_CASE(device_memory_and_errors_are_reported) {
   EngineOptions o;
   o.model_dir = dir;
   o.backend = "cuda";
+  sluice_cuda_test::apply_test_env(o);
   o.gpu_memory_utilization = 0.5;  // KV sized from the fraction
   auto e = Engine::load(o);
   const EngineInfo info = e->info();
@@ -140,11 +162,7 @@ TEST_CASE(device_memory_and_errors_are_reported) {
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("cuda engine: no CUDA device, skipped\n");
-    return 77;
-  }
+  if (const int rc = sluice_cuda_test::cuda_device_check("cuda engine")) return rc;
   const int rc = sluice_test::run_all("cuda engine");
   std::system(("rm -rf /tmp/sluice-cuda-test-" + std::to_string(::getpid())).c_str());
   return rc;

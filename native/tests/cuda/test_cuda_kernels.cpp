@@ -16,6 +16,7 @@
 #include "sluice/dtype.h"
 #include "engine/backend.h"
 #include "test_util.h"
+#include "cuda/cuda_test_util.h"
 
 using namespace sluice;
 
@@ -371,6 +372,81 @@ TEST_CASE(sampling_matches_the_cpu_sampler) {
   }
 }
 
+TEST_CASE(token_masks_match_reference_at_every_level) {
+  // The CPU test of the same name (native/tests/test_kernels.cpp) on the device: widths that end
+  // mid-word, masks with empty, full and mixed words, an all-ones row (the CPU's unmasked row), a
+  // row allowing only the last token; then greedy sampling of the masked rows. A row that allows
+  // nothing (all-zero mask, or set bits only past V, which do not count) has no finite logit left:
+  // the sampler must write token -1 and logprob -inf for it without reading outside the row.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (int V : {1, 7, 31, 32, 45, 1001, 4096 + 19, 151936}) {
+    const int R = 6, words = (V + 31) / 32;
+    std::vector<float> logits(size_t(R) * size_t(V));
+    for (auto& v : logits) v = nd(rng);
+    std::vector<uint32_t> masks(size_t(R) * size_t(words), 0u);
+    auto mask = [&](int r, int w) -> uint32_t& { return masks[size_t(r) * size_t(words) + size_t(w)]; };
+    for (int w = 0; w < words; w++) {
+      const int kind = int(rng() % 3);
+      mask(0, w) = kind == 0 ? 0u : kind == 1 ? 0xffffffffu : uint32_t(rng());
+      mask(1, w) = uint32_t(rng()) & uint32_t(rng());  // sparse
+      mask(2, w) = 0xffffffffu;
+    }
+    mask(3, (V - 1) / 32) = uint32_t(1) << ((V - 1) % 32);
+    // Row 4 stays all zero; row 5 has bits past V only (all zero too when V is a multiple of 32).
+    if (V % 32 != 0) mask(5, words - 1) = ~((uint32_t(1) << (V % 32)) - 1);
+    Dev<float> dl(logits);
+    Dev<uint32_t> dm(masks);
+    cuda::apply_token_masks(dl.p, R, V, dm.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto masked = dl.read();
+    std::vector<int32_t> want_token(static_cast<size_t>(R), -1);
+    std::vector<double> want_lp(static_cast<size_t>(R), -INFINITY);
+    for (int r = 0; r < R; r++) {
+      double best = -INFINITY;
+      for (int i = 0; i < V; i++) {
+        const size_t at = size_t(r) * size_t(V) + size_t(i);
+        const bool allowed = (mask(r, i >> 5) >> (i & 31)) & 1u;
+        CHECK(allowed ? masked[at] == logits[at] : (std::isinf(masked[at]) && masked[at] < 0));
+        if (allowed && logits[at] > best) best = logits[at], want_token[size_t(r)] = i;
+      }
+      if (want_token[size_t(r)] < 0) continue;
+      double se = 0;
+      for (int i = 0; i < V; i++)
+        if ((mask(r, i >> 5) >> (i & 31)) & 1u) se += std::exp(double(logits[size_t(r) * size_t(V) + size_t(i)]) - best);
+      want_lp[size_t(r)] = -std::log(se);
+    }
+    CHECK(want_token[2] >= 0 && want_token[3] == V - 1 && want_token[4] == -1 && want_token[5] == -1);
+    // Greedy with no alternatives (the kernel's early exit) and with two (the selection path).
+    for (int top_n : {0, 2}) {
+      std::vector<cuda::SampleRowParams> params(static_cast<size_t>(R), cuda::SampleRowParams{0.f, 1.f, 0, 0, 0.5});
+      Dev<cuda::SampleRowParams> dp(params);
+      Dev<int32_t> tok(static_cast<size_t>(R)), top_ids(size_t(R) * 2);
+      Dev<float> lp(static_cast<size_t>(R)), top_lp(size_t(R) * 2), stats(size_t(R) * cuda::kSampleStatsFloatsPerRow);
+      cuda::SampleArgs a;
+      a.logits = dl.p, a.R = R, a.V = V, a.params = dp.p, a.top_n = top_n, a.tokens = tok.p, a.logprobs = lp.p;
+      a.top_ids = top_ids.p, a.top_logprobs = top_lp.p, a.row_stats = stats.p;
+      cuda::sample(a, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto gt = tok.read(), gti = top_ids.read();
+      const auto glp = lp.read(), gtlp = top_lp.read();
+      for (int r = 0; r < R; r++) {
+        const size_t ri = size_t(r);
+        if (gt[ri] != want_token[ri])
+          std::printf("  masks V=%d top_n=%d row %d: token %d, expected %d\n", V, top_n, r, gt[ri], want_token[ri]);
+        CHECK(gt[ri] == want_token[ri]);
+        if (want_token[ri] < 0) {
+          CHECK(std::isinf(glp[ri]) && glp[ri] < 0);
+          for (int k = 0; k < top_n; k++) CHECK(gti[ri * 2 + size_t(k)] == -1 && std::isinf(gtlp[ri * 2 + size_t(k)]));
+          continue;
+        }
+        CHECK(std::fabs(glp[ri] - want_lp[ri]) <= 1e-4 * (1 + std::fabs(want_lp[ri])));
+        if (top_n > 0) CHECK(gti[ri * 2] == want_token[ri]);
+      }
+    }
+  }
+}
+
 TEST_CASE(sampling_frequencies_follow_the_distribution) {
   // One row sampled with many draws: frequencies of temperature/top-p sampling match the
   // renormalised probabilities (chi-square over the kept tokens, generous bound).
@@ -424,10 +500,6 @@ TEST_CASE(sampling_frequencies_follow_the_distribution) {
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("cuda kernels: no CUDA device, skipped\n");
-    return 77;
-  }
+  if (const int rc = sluice_cuda_test::cuda_device_check("cuda kernels")) return rc;
   return sluice_test::run_all("cuda kernels");
 }

@@ -132,11 +132,7 @@ TEST_CASE(cuda_eviction_under_pressure_keeps_outputs) {
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("cuda prefix cache: no CUDA device, skipped\n");
-    return 77;
-  }
+  if (const int rc = sluice_cuda_test::cuda_device_check("cuda prefix cache")) return rc;
   const int rc = sluice_test::run_all("cuda prefix cache");
   std::system(("rm -rf /tmp/sluice-cuda-test-" + std::to_string(::getpid())).c_str());
   return rc;
