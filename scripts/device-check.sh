@@ -18,7 +18,8 @@
 #               compute-sanitizer memcheck on test_cuda_engine
 #   kernels     sluice_cuda_kernel_bench and torch.matmul on the 8B projection shapes, side by side
 #   engine-small  bench:engine on qwen2.5-0.5b beside transformers
-#   engine-8b   bench:engine on llama-3.1-8b beside transformers (makes the 16 GB model once)
+#   engine-8b   bench:engine on llama-3.1-8b beside transformers (makes the 16 GB model once; no CPU
+#               f32 reference: 32 GB of f32 weights on the host cost a minute, and the 0.5b has one)
 #   engine-8b-lt  the same with --cuda-gemm cublaslt
 #   ts-path     the TypeScript path (Engine) beside sluice_bench at batch 1 and 256, 0.5b and 8B
 #   throughput  bench:throughput on the 8B (ShareGPT-like: engine, chat, batch, Poisson)
@@ -260,7 +261,7 @@ phase_engine_small() {
 phase_engine_8b() {
   ((dry)) && { skip_step 'bench:engine llama-3.1-8b' 'a dry run benches the tiny model once (engine-small)'; return; }
   step 'bench:engine llama-3.1-8b + transformers' "$(left_in_phase)" node dist/bench/engine.js --backend cuda \
-    --preset llama-3.1-8b --peer transformers --out "$out_dir/engine-cuda-llama-3.1-8b.json"
+    --preset llama-3.1-8b --peer transformers --cpu-reference=false --out "$out_dir/engine-cuda-llama-3.1-8b.json"
 }
 
 phase_engine_8b_lt() {
