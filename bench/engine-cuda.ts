@@ -1,6 +1,6 @@
 // Engine throughput on a CUDA GPU: npm run bench:engine -- --backend cuda
 //   [--preset qwen2.5-0.5b,llama-3.1-8b] [--batch 1,8,64,256] [--prompt 512] [--decode 32]
-//   [--gpu-memory-utilization 0.9] [--cuda-gemm native|cublaslt|auto] [--peer transformers]
+//   [--gpu-memory-utilization 0.9] [--cuda-gemm auto|native|cublaslt] [--peer transformers]
 //   [--out bench/results/engine-cuda.json]
 // Each preset runs in its own process (bf16 weights, made on first use): device-to-device copy
 // bandwidth and the batch-1 decode roofline (weight bytes / bandwidth), then per batch size the
@@ -29,7 +29,7 @@ const { values: args } = parseArgs({
     prompt: { type: 'string', default: '512' },
     decode: { type: 'string', default: '32' },
     'gpu-memory-utilization': { type: 'string', default: '0.9' },
-    'cuda-gemm': { type: 'string', default: 'native' },
+    'cuda-gemm': { type: 'string', default: 'auto' },
     peer: { type: 'string' },
     'cpu-reference': { type: 'boolean', default: true },
     out: { type: 'string', default: 'bench/results/engine-cuda.json' },

@@ -27,7 +27,7 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
                        the last line says which ran)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory for weights, activations and KV (default 0.9)
-  --cuda-gemm G        native (default) | cublaslt | auto: who runs CUDA GEMMs of over 8 tokens
+  --cuda-gemm G        auto (default: cuBLASLt where the host has it) | native | cublaslt: who runs CUDA GEMMs of over 8 tokens
   --threads N          compute threads (default: all CPUs)
   --precision P        f32 | bf16: activations against bf16 weights (default f32)
 `;

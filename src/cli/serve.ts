@@ -35,8 +35,8 @@ ${DATABASE_URL_HELP}
   --threads N          CPU compute threads (default: all CPUs but one, left to HTTP)
   --gpu-memory-utilization F
                        CUDA: fraction of GPU memory to use (default 0.9)
-  --cuda-gemm G        CUDA GEMMs of more than 8 tokens: native (default) | cublaslt (cuBLASLt
-                       loaded at run time) | auto (cuBLASLt where the host has it)
+  --cuda-gemm G        CUDA GEMMs of more than 8 tokens: auto (default: cuBLASLt where the host
+                       has it, else our kernel) | native (our kernel) | cublaslt (cuBLASLt, required)
   --quantization Q     none (default) | int8: quantize the matmul weights of a bf16/f16/f32
                        checkpoint at load into 8-bit blocks (Q8_0); CPU backend only
   --kv-cache-bytes N   KV cache pool size

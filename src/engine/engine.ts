@@ -215,7 +215,7 @@ export class Engine {
       matmulPrecision: opts.matmulPrecision ?? 'f32',
       quantization: opts.quantization ?? 'none',
       gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
-      cudaGemm: opts.cudaGemm ?? 'native',
+      cudaGemm: opts.cudaGemm ?? 'auto',
       prefixCaching: opts.prefixCaching ?? true,
       prefixHashKey: opts.prefixHashKey ?? randomBytes(16).toString('hex'),
     };

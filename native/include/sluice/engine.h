@@ -41,7 +41,7 @@ struct EngineOptions {
   // CUDA GEMMs of more than 8 tokens: "native" (our tensor-core kernels), "cublaslt" (cuBLASLt,
   // loaded at run time; kBackendUnavailable when the host has none) or "auto" (cuBLASLt where
   // the host has it, else native).
-  std::string cuda_gemm = "native";
+  std::string cuda_gemm = "auto";
   int num_threads = 0;                // CPU compute threads; 0 = all online CPUs
   // Activations against bf16 weights: "f32" tracks an f32 computation (activations carried as
   // two bf16 terms on AVX512-BF16 hardware); "bf16" rounds them to bf16 once, as llama.cpp and
