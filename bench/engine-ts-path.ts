@@ -234,8 +234,9 @@ export async function main(): Promise<void> {
 
   const info = rows[0]!.ts.info;
   const fmt = (x: number | null, digits: number) => (x === null ? 'n/a' : x.toFixed(digits));
-  console.log(`model ${args.model ?? args.preset} (${info['architecture']}, ${info['weightDtype']}), cpu ${info['simd']} x${info['numThreads']}, ` +
-    `matmul precision ${precision}; ${promptLen}-token prompts, ${decodeSteps} decode steps after ${warmupSteps} warm-up; best of ${rounds} round(s)`);
+  console.log(`model ${args.model ?? args.preset} (${info['architecture']}, ${info['weightDtype']}), ` +
+    `${backend === 'cuda' ? `cuda ${info['simd']}` : `cpu ${info['simd']} x${info['numThreads']}, matmul precision ${precision}`}; ` +
+    `${promptLen}-token prompts, ${decodeSteps} decode steps after ${warmupSteps} warm-up; best of ${rounds} round(s)`);
   console.log('');
   console.log('| batch | native tok/s | TS tok/s | TS / native | native step ms | TS step ms | JS ms/step | target |');
   console.log('|------:|-------------:|---------:|------------:|---------------:|-----------:|-----------:|-------:|');

@@ -56,6 +56,9 @@ const { values: args } = parseArgs({
     backend: { type: 'string', default: 'cpu' },
     peer: { type: 'string' },
     'gpu-memory-utilization': { type: 'string' },
+    // --backend cuda (engine-cuda.ts): who runs GEMMs of over 8 tokens, and the CPU f32 reference run.
+    'cuda-gemm': { type: 'string' },
+    'cpu-reference': { type: 'string' },
     preset: { type: 'string', default: 'qwen2.5-0.5b' },
     model: { type: 'string' },
     dtype: { type: 'string', default: 'bf16' },

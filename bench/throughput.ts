@@ -99,6 +99,13 @@ export interface PhaseResult {
   statusAtMs?: Record<string, number>;
 }
 
+/** One line per finished phase on stderr, so a run stopped part-way (a device check's cap) still shows it. */
+function reportPhase<T extends PhaseResult>(r: T): T {
+  process.stderr.write(`  ${r.phase}: ${r.outputTokensPerS.toFixed(1)} output tok/s, ${r.requestsPerS.toFixed(2)} req/s, ` +
+    `${r.failed} failed, ${r.wallS.toFixed(1)} s\n`);
+  return r;
+}
+
 export function summarize(phase: string, records: RequestRecord[], wallMs: number, rate?: number): PhaseResult {
   const ok = records.filter((r) => r.ok);
   const outputTokens = ok.reduce((n, r) => n + r.outputTokens, 0);
@@ -193,18 +200,18 @@ async function main(): Promise<void> {
         process.stderr.write(`round ${round + 1}/${numRounds}: engine, every request at once...\n`);
         child.send({ cmd: 'engine-run' });
         const run = await child.next('engine-run');
-        these.push(summarize('engine', run.records, run.wallMs));
+        these.push(reportPhase(summarize('engine', run.records, run.wallMs)));
       }
       if (phases.has('chat')) {
         process.stderr.write(`round ${round + 1}/${numRounds}: chat, every request at once over HTTP...\n`);
         const bodies = await prepare(workload);
         const run: HttpRun = await runChat(base, bodies, bodies.map(() => 0));
-        these.push(summarize('chat', run.records, run.wallMs));
+        these.push(reportPhase(summarize('chat', run.records, run.wallMs)));
       }
       if (phases.has('batch')) {
         process.stderr.write(`round ${round + 1}/${numRounds}: batch, one Batches API batch...\n`);
         const run = await runBatch(base, await prepare(workload), args['batch-window']!);
-        these.push({ ...summarize('batch', run.records, run.wallMs), statusAtMs: run.statusAtMs });
+        these.push(reportPhase({ ...summarize('batch', run.records, run.wallMs), statusAtMs: run.statusAtMs }));
       }
       rounds.push(these);
     }
@@ -227,7 +234,7 @@ async function main(): Promise<void> {
       for (const [k, rate] of rates.entries()) {
         process.stderr.write(`poisson: ${n} requests at ${rate.toFixed(2)}/s...\n`);
         const run = await runChat(base, await prepare(workload.slice(0, n)), poissonOffsets(n, rate, seed * 1000 + k));
-        results.push(summarize('poisson', run.records, run.wallMs, rate));
+        results.push(reportPhase(summarize('poisson', run.records, run.wallMs, rate)));
       }
     }
 

@@ -20,9 +20,11 @@
 #   engine-small  bench:engine on qwen2.5-0.5b beside transformers
 #   engine-8b   bench:engine on llama-3.1-8b beside transformers (makes the 16 GB model once; no CPU
 #               f32 reference: 32 GB of f32 weights on the host cost a minute, and the 0.5b has one)
-#   engine-8b-lt  the same with --cuda-gemm cublaslt
+#   engine-8b-lt  the same with --cuda-gemm cublaslt (the default, auto, takes cuBLASLt where it loads;
+#               engine-8b pins --cuda-gemm native so the two paths stand side by side)
 #   ts-path     the TypeScript path (Engine) beside sluice_bench at batch 1 and 256, 0.5b and 8B
-#   throughput  bench:throughput on the 8B (ShareGPT-like: engine, chat, batch, Poisson)
+#   throughput  bench:throughput on the 8B (ShareGPT-like: engine, chat, batch)
+#   poisson     bench:throughput's Poisson arrivals on the 8B at fixed rates
 #   serve       bench:serve tiers (asap TTFT under a flex backlog) on the 8B
 #   prefix      bench:prefix on the 8B
 # A phase starts only when the remaining --budget holds its minimum; else it is 'deferred'.
@@ -224,7 +226,9 @@ phase_tests() {
   else
     skip_step 'ctest CUDA engine (cuBLASLt)' 'no libcublasLt on this host'
   fi
-  strict_step 'vitest engine-cuda' 150 npx vitest run test/engine-cuda.test.ts
+  # vitest's own entry: the device's Node runtime has no npx beside it.
+  # (Its 'CUDA unavailable' case is skipped where CUDA works; SLUICE_REQUIRE_CUDA fails a CUDA-less run.)
+  step 'vitest engine-cuda' 150 env SLUICE_REQUIRE_CUDA=$((dry ? 0 : 1)) node node_modules/vitest/vitest.mjs run test/engine-cuda.test.ts
   if command -v compute-sanitizer >/dev/null && ((!dry)); then
     step 'memcheck test_cuda_engine' "$(left_in_phase)" compute-sanitizer --tool memcheck --error-exitcode 9 \
       --print-limit 20 build/test_cuda_engine
@@ -255,13 +259,13 @@ phase_engine_small() {
     return
   fi
   step 'bench:engine qwen2.5-0.5b + transformers' "$(left_in_phase)" node dist/bench/engine.js --backend cuda \
-    --preset qwen2.5-0.5b --peer transformers --out "$out_dir/engine-cuda-qwen2.5-0.5b.json"
+    --preset qwen2.5-0.5b --peer transformers --cuda-gemm auto --out "$out_dir/engine-cuda-qwen2.5-0.5b.json"
 }
 
 phase_engine_8b() {
   ((dry)) && { skip_step 'bench:engine llama-3.1-8b' 'a dry run benches the tiny model once (engine-small)'; return; }
   step 'bench:engine llama-3.1-8b + transformers' "$(left_in_phase)" node dist/bench/engine.js --backend cuda \
-    --preset llama-3.1-8b --peer transformers --cpu-reference=false --out "$out_dir/engine-cuda-llama-3.1-8b.json"
+    --preset llama-3.1-8b --peer transformers --cuda-gemm native --cpu-reference=false --out "$out_dir/engine-cuda-llama-3.1-8b.json"
 }
 
 phase_engine_8b_lt() {
@@ -290,7 +294,20 @@ phase_throughput() {
     return
   fi
   step 'bench:throughput llama-3.1-8b' "$(left_in_phase)" node dist/bench/throughput.js --backend cuda \
-    --preset llama-3.1-8b --out "$out_dir/throughput-llama-3.1-8b.json"
+    --preset llama-3.1-8b --phases engine,chat,batch --out "$out_dir/throughput-llama-3.1-8b.json"
+}
+
+# Poisson arrivals at fixed rates around the offline engine rate (23.7 req/s on an H200 with our GEMM;
+# five rates of 1,000 requests did not fit 470 s), 300 requests per rate.
+phase_poisson() {
+  if ((dry)); then
+    step 'bench:throughput poisson cpu tiny' "$(left_in_phase)" node dist/bench/throughput.js --preset tiny \
+      --requests 24 --length-scale 0.1 --phases poisson --rates 4,8 --out "$out_dir/poisson-cpu-tiny.json"
+    return
+  fi
+  step 'bench:throughput poisson llama-3.1-8b' "$(left_in_phase)" node dist/bench/throughput.js --backend cuda \
+    --preset llama-3.1-8b --phases poisson --rates "${DC_POISSON_RATES:-10,20,30}" --poisson-requests 300 \
+    --out "$out_dir/poisson-llama-3.1-8b.json"
 }
 
 phase_serve() {
@@ -332,14 +349,15 @@ run_phase engine-small   60  240  phase_engine_small
 run_phase engine-8b     200  420  phase_engine_8b
 run_phase engine-8b-lt  100  240  phase_engine_8b_lt
 run_phase ts-path       100  240  phase_ts_path
-run_phase throughput    200  480  phase_throughput
+run_phase throughput    200  420  phase_throughput
+run_phase poisson       120  300  phase_poisson
 run_phase serve         150  300  phase_serve
 run_phase prefix        100  240  phase_prefix
 
 echo
 echo "device-check summary ($device, $(elapsed)s):"
 bad=0
-for p in env build tests kernels engine-small engine-8b engine-8b-lt ts-path throughput serve prefix; do
+for p in env build tests kernels engine-small engine-8b engine-8b-lt ts-path throughput poisson serve prefix; do
   [[ -n ${phase_status[$p]:-} ]] || continue
   printf '  %-14s %s\n' "$p" "${phase_status[$p]}"
   [[ ${phase_status[$p]} == failed* || ${phase_status[$p]} == timeout* ]] && bad=1

@@ -88,3 +88,12 @@ describe.skipIf(cudaReady)('CUDA unavailable', () => {
       .rejects.toMatchObject({ code: 'BACKEND_UNAVAILABLE' });
   });
 });
+
+// The device check (scripts/device-check.sh) sets SLUICE_REQUIRE_CUDA=1 on a GPU host: there every
+// CUDA case above must run, so an addon built without CUDA or an unusable device fails here.
+describe.runIf(process.env.SLUICE_REQUIRE_CUDA === '1')('CUDA required', () => {
+  it('is compiled in and usable', () => {
+    expect(nativeAddon().cudaCompiled).toBe(true);
+    expect(cudaUnavailableReason()).toBeUndefined();
+  });
+});
