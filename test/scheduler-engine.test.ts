@@ -108,6 +108,23 @@ describe('completion-window scheduling on the real engine', () => {
     expect(engine.schedulerStats()).toMatchObject({ numRunning: 0, numWaiting: 0 });
   });
 
+  it('serves another organization\'s standard request during one organization\'s asap flood (window floor)', async () => {
+    const engine = await load({ maxNumSeqs: 8 });
+    const events: string[] = [];
+    let b: Promise<number[]> | undefined;
+    const flood = Array.from({ length: 40 }, (_, i) => track(engine, events, `a${i}`,
+      { promptTokenIds: prompt(12, 20 + i), maxTokens: 24, completionWindow: 'asap', tenant: 'org_a' },
+      i === 0 ? () => { b = track(engine, events, 'b', { promptTokenIds: prompt(12, 90), maxTokens: 8, completionWindow: 'standard', tenant: 'org_b' }); } : undefined));
+    await Promise.all(flood);
+    await b;
+    const bEnd = events.indexOf('b:end');
+    expect(bEnd).toBeGreaterThan(0);
+    // Strict priority would have run b after all 40 asap requests were admitted (32+ of them ended).
+    const asapEndedBefore = events.slice(0, bEnd).filter((e) => /^a\d+:end$/.test(e)).length;
+    expect(asapEndedBefore).toBeLessThan(16);
+    expect(engine.schedulerStats()).toMatchObject({ numRunning: 0, numWaiting: 0 });
+  });
+
   it('frees the sequence of a cancelled request, waiting or running', async () => {
     const engine = await load({ numKvBlocks: 8 });
     const events: string[] = [];

@@ -48,6 +48,11 @@ export interface BatcherOptions {
   deferral?: DeferralGuard;
   /** Keeps steps short for a light tenant while another floods its window (see tenant-share.ts). Default: off. */
   tenantDeferral?: TenantDeferral;
+  /**
+   * Fraction of its even share of maxNumSeqs that each tenant keeps running against other tenants'
+   * more urgent windows (tenant-share.ts; default 0.25). 0: windows are strict priority between tenants.
+   */
+  windowFloorShare?: number;
   /** Milliseconds clock (tests inject one). */
   now?: () => number;
   /** Told once when a device fault puts the engine out of service (the facade logs it). */
@@ -172,7 +177,7 @@ export class Batcher {
     this.roster = new Roster(options.policy ?? new FcfsPolicy(), this.blockSize);
     this.planner = new Planner(this.roster, {
       maxBatchedTokens: this.maxBatchedTokens, maxNumSeqs: this.maxNumSeqs, deferral: options.deferral,
-      tenantDeferral: options.tenantDeferral, now: this.now,
+      tenantDeferral: options.tenantDeferral, windowFloorShare: options.windowFloorShare, now: this.now,
     }, this.numTotalBlocks);
   }
 

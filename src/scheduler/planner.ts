@@ -15,12 +15,19 @@
 // sequence is admitted only when its whole prompt's blocks are free; when it does not fit (blocks
 // or maxNumSeqs) it preempts running sequences of a less urgent priority (or of a tenant over its
 // fair share) when that makes it fit, never those of its own or a more urgent one.
+//
+// Before all of that comes the window floor (tenant-share.ts): a tenant running fewer sequences
+// than its floor while another tenant has more urgent work has its waiting requests admitted first
+// (preempting tenants above their floor if need be) and its running rows planned first; and a more
+// urgent window preempts another tenant's sequences only above that tenant's floor. So one
+// organization's flood of a more urgent window delays another's request by a bounded share, never
+// until the flood is over.
 
 import { SluiceError } from '../errors.js';
 import type { NativeStepPlan } from '../engine/native-types.js';
 import type { Roster } from './roster.js';
 import type { Sequence } from './sequence.js';
-import { TenantShare, tenantKey, type TenantDeferral } from './tenant-share.js';
+import { runningByTenant, TenantShare, tenantKey, WindowFloor, type TenantDeferral } from './tenant-share.js';
 
 /**
  * Deferral of background work. A step cannot be interrupted, so an urgent request that arrives
@@ -44,6 +51,8 @@ export interface PlannerOptions {
   maxNumSeqs: number;
   deferral?: DeferralGuard | undefined;
   tenantDeferral?: TenantDeferral | undefined;
+  /** TenantShareOptions.floorShare (default DEFAULT_WINDOW_FLOOR_SHARE; 0: windows strict between tenants). */
+  windowFloorShare?: number | undefined;
   now: () => number;
 }
 
@@ -93,6 +102,8 @@ interface StepDraft {
   heavyTokens: Map<string, number>;
   /** Priorities of the sequences preempted while planning this step. */
   preempted: number[];
+  /** The window floor of this step (tenant-share.ts). */
+  floor: WindowFloor;
 }
 
 export class Planner {
@@ -115,7 +126,13 @@ export class Planner {
     if (d && !(Number.isInteger(d.rowsPerStep) && d.rowsPerStep >= 1 && d.holdMs >= 0)) {
       throw new SluiceError('invalid_argument', 'deferral.rowsPerStep must be an integer >= 1 and deferral.holdMs >= 0', { param: 'deferral' });
     }
-    this.tenantShare = new TenantShare(opts.maxNumSeqs, td, opts.now);
+    const share = opts.windowFloorShare;
+    if (share !== undefined && !(share >= 0 && share <= 1)) {
+      throw new SluiceError('invalid_argument', `windowFloorShare must be between 0 and 1, got ${share}`, { param: 'windowFloorShare' });
+    }
+    this.tenantShare = new TenantShare(opts.maxNumSeqs, td, opts.now, {
+      ...(share !== undefined && { floorShare: share }), deferrableFrom: d?.fromPriority ?? Infinity,
+    });
   }
 
   /**
@@ -130,8 +147,24 @@ export class Planner {
       admissionBlocked: false, deferring: this.deferringNow(), urgentPrefill: false,
       numDeferredTokens: this.opts.deferral?.rowsPerStep ?? 0,
       heavy: this.tenantShare.heavyThisStep(roster.running, roster.waiting()), lightPrefill: false, heavyTokens: new Map(), preempted: [],
+      floor: this.tenantShare.floorThisStep(roster.running, roster.waiting()),
     };
     const isHeavy = (s: Sequence) => step.heavy.size > 0 && step.heavy.has(tenantKey(s));
+    // Tenants below their window floor first: their admissions, then their rows.
+    this.admitBelowFloor(step);
+    const numRunning = runningByTenant(roster.running);
+    const belowFloor = step.floor.contested
+      ? roster.running.filter((s) => numRunning.get(s.tenant)! <= step.floor.size && step.floor.outranked(s)) : [];
+    for (const seq of belowFloor) {
+      if (step.numBudgetTokens === 0) break;
+      if (step.rows.has(seq) || seq.state !== 'running' || this.finishesInFlight(seq)) continue;
+      if (this.deferrable(seq, step)) {
+        this.withDeferredCap(step, () => this.planRunning(step, seq));
+        continue;
+      }
+      this.planRunning(step, seq);
+      if ((step.rows.get(seq)?.numTokens ?? 0) > 1) step.urgentPrefill = step.lightPrefill = true;
+    }
     // Stable sort: with equal priorities this is admission order; a window's light tenants first.
     const byPriority = [...roster.running].sort((a, b) => a.priority - b.priority ||
       Number(isHeavy(a)) - Number(isHeavy(b)) || a.admittedOrder - b.admittedOrder);
@@ -258,6 +291,44 @@ export class Planner {
   }
 
   /**
+   * Admits, in the policy's order, the waiting requests of tenants below their window floor while
+   * another tenant has more urgent work (see the file comment), until each tenant reaches its floor.
+   * One that does not fit even after makeRoom blocks admission for the step, as a waiting head does.
+   */
+  private admitBelowFloor(step: StepDraft): void {
+    if (step.floor.size === 0 || !step.floor.contested) return;
+    const numRunning = runningByTenant(this.roster.running);
+    for (const seq of [...this.roster.waiting()]) {
+      if (step.admissionBlocked || step.numBudgetTokens === 0) return;
+      if (seq.state !== 'waiting' || (numRunning.get(seq.tenant) ?? 0) >= step.floor.size || !step.floor.outranked(seq)) continue;
+      if (this.deferrable(seq, step)) {
+        this.withDeferredCap(step, () => this.admitHead(step, seq));
+        if ((seq.state as Sequence['state']) !== 'running') return;
+      } else if (!this.admitHead(step, seq)) {
+        return;
+      }
+      // Preemptions may have changed others' counts too.
+      numRunning.clear();
+      for (const [t, n] of runningByTenant(this.roster.running)) numRunning.set(t, n);
+    }
+  }
+
+  /**
+   * Whether running `victim` may be preempted to admit waiting `seq`. The same tenant: only a less
+   * urgent window. Another tenant: a less urgent window, or the same window while the victim's
+   * tenant is over its fair share there and seq's under it (TenantShare.overFairShare), or any
+   * window while seq's tenant is below its floor; in every case only while the victim's tenant
+   * stays above its window floor (the same window's fair share is at least the floor).
+   */
+  private mayPreempt(step: StepDraft, victim: Sequence, seq: Sequence, numRunning: ReadonlyMap<string, number>): boolean {
+    if (victim.tenant === seq.tenant) return victim.priority > seq.priority;
+    if (victim.priority === seq.priority && this.tenantShare.overFairShare(victim, seq, this.roster.running, this.roster.waiting())) return true;
+    const floor = step.floor.size;
+    if ((numRunning.get(victim.tenant) ?? 0) <= floor) return false;
+    return victim.priority > seq.priority || ((numRunning.get(seq.tenant) ?? 0) < floor && step.floor.outranked(seq));
+  }
+
+  /**
    * Admits the waiting requests of light tenants in `priority`, in the policy's order, while they
    * fit: before the heavy tenant's rows take the step (they may pass the heavy tenant's waiting
    * requests; that is the point of sharing the window).
@@ -327,17 +398,19 @@ export class Planner {
   }
 
   /**
-   * Whether `seq` (waiting) can be admitted with `numBlocks` blocks, after preempting running
-   * sequences of a less urgent priority, or of another tenant holding more than its fair share of
-   * seq's priority while seq's tenant holds less, if that makes it fit. Preempts nobody when even
-   * all of them would not be enough: their recompute would buy nothing.
+   * Whether `seq` (waiting) can be admitted with `numBlocks` blocks, after preempting the running
+   * sequences mayPreempt allows (a less urgent window; a tenant over its fair share or above its
+   * window floor), if that makes it fit. Preempts nobody when even all of them would not be
+   * enough: their recompute would buy nothing.
    */
   private makeRoom(step: StepDraft, seq: Sequence, numBlocks: number): boolean {
     const roster = this.roster;
     const fits = () => roster.running.length < this.opts.maxNumSeqs && numBlocks <= this.numFreeBlocks(step);
     if (fits()) return true;
-    const lessUrgent = () => roster.running.filter((s) => s.priority > seq.priority ||
-      this.tenantShare.overFairShare(s, seq, roster.running, roster.waiting()));
+    const lessUrgent = () => {
+      const numRunning = runningByTenant(roster.running);
+      return roster.running.filter((s) => this.mayPreempt(step, s, seq, numRunning));
+    };
     const candidates = lessUrgent();
     let numReclaimableBlocks = 0;
     for (const s of candidates) numReclaimableBlocks += roster.predictedBlocks(s) + (step.rows.get(s)?.numNewBlocks ?? 0);
