@@ -3,6 +3,7 @@
 // Pure: a fake clock, no engine.
 
 import { describe, expect, it } from 'vitest';
+import { SluiceError } from '../src/errors.js';
 import { RateLimitError, TenantLimiter } from '../src/serving/tenant-limits.js';
 
 const acme = { orgId: 'org_acme', orgName: 'acme', keyId: 'k1' };
@@ -34,6 +35,21 @@ describe('TenantLimiter', () => {
     three();
     one();
     expect(() => limits.tryAcquire(acme, 4)).not.toThrow();
+  });
+
+  it('refuses n choices above the in-flight limit itself with a 400 naming n, never a 429 to retry', () => {
+    const limits = new TenantLimiter(undefined, { maxInflightRequests: 4 });
+    for (const call of [() => limits.tryAcquire(acme, 5), () => limits.checkChoices(acme, 5)]) {
+      expect(call).toThrow(SluiceError);
+      expect(call).not.toThrow(RateLimitError);
+      try {
+        call();
+      } catch (err) {
+        expect(err).toMatchObject({ code: 'invalid_request', param: 'n' });
+      }
+    }
+    expect(() => limits.checkChoices(acme, 4)).not.toThrow();
+    expect(() => new TenantLimiter(undefined, { maxInflightRequests: 0 }).checkChoices(acme, 1000)).not.toThrow();  // no limit
   });
 
   it('limits background responses in progress', () => {

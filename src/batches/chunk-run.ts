@@ -96,7 +96,7 @@ export class ChunkRun {
   }
 
   private async runLines(): Promise<ChunkOutcome> {
-    const { store, storage, slots } = this.deps;
+    const { store, storage, slots, service } = this.deps;
     const { chunk, batch } = this.claim;
     const signal = this.controller.signal;
     const opened = await storage.openRead(batch.inputFileId, { start: chunk.startOffset });
@@ -148,9 +148,12 @@ export class ChunkRun {
       for await (const line of jsonlLines(opened.stream, chunk.startOffset, chunk.firstLine)) {
         if (signal.aborted || line.start >= chunk.endOffset) break;
         if (line.text.trim() === '' || finished.has(line.lineNo)) continue;
-        if (!(await slots.acquire(signal, batch.orgId))) break;
+        // Batch lines count against their organization's limits: they wait while its tokens per
+        // minute are spent, and hold at most its in-flight limit of slots (slots.ts).
+        if (!(await service.waitForTokens(caller, signal).then(() => true, () => false))) break;
+        if (!(await slots.acquire(signal, batch.orgId, service.limits.limitsFor(caller).maxInflightRequests))) break;
         const task: Promise<void> = runOne(line).finally(() => {
-          slots.release();
+          slots.release(batch.orgId);
           running.delete(task);
         });
         running.add(task);

@@ -88,6 +88,8 @@ const SURFACES: Record<string, Surface> = {
       const body = raw as CreateChatCompletionBody;
       const model = service.registry.resolve(body.model, caller.orgName);
       const { request, n } = toChatGenerationRequest(body, caller, model.supportsChat);
+      // As its endpoint: more choices than the organization's in-flight limit is a 400 naming n.
+      service.limits.checkChoices(caller, n);
       const prepared = await service.prepare(inBatch(request, window));
       const created = nowSeconds();
       // One failure (or the line's abort) stops every choice and fails the line.

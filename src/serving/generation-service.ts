@@ -14,8 +14,10 @@ import { TenantLimiter, type Release } from './tenant-limits.js';
 
 /**
  * How a run meets its organization's limits (tenant-limits.ts): a foreground request needs an
- * in-flight slot (admitForeground, 429 without one); background work waits while its tokens per
- * minute are spent; batch lines are not counted against either (their slots bound them).
+ * in-flight slot (admitForeground, 429 without one); background work and batch lines wait while its
+ * tokens per minute are spent, and are charged their tokens like foreground work. Batch lines do not
+ * take foreground in-flight slots: the batch line slots (batches/slots.ts) hold at most the
+ * organization's in-flight limit of them at once.
  */
 export type RunMode = 'foreground' | 'background' | 'batch';
 
@@ -85,6 +87,7 @@ export class GenerationService {
    * taken. Call it before anything of the request is stored or sent; release when it ends.
    */
   admitForeground(caller: GenerationRequest['caller'], numChoices = 1): Release {
+    this.limits.checkChoices(caller, numChoices);
     this.limits.checkTokens(caller);
     return this.limits.tryAcquire(caller, numChoices);
   }
@@ -96,16 +99,20 @@ export class GenerationService {
   async run(prepared: PreparedGeneration, signal?: AbortSignal, mode: RunMode = 'foreground', admitted?: Release): Promise<GenerateResult> {
     const { caller } = prepared.request;
     const release = mode === 'foreground' && admitted === undefined ? this.admitForeground(caller) : undefined;
-    if (mode === 'background') await waitForTokens(this.limits, caller, signal);
-    const charged = mode !== 'batch';
+    if (mode !== 'foreground') await waitForTokens(this.limits, caller, signal);
     try {
-      if (charged) this.limits.chargeTokens(caller, prepared.promptTokenIds.length);
+      this.limits.chargeTokens(caller, prepared.promptTokenIds.length);
       const result = await this.generate(prepared, signal);
-      if (charged) this.limits.chargeTokens(caller, result.usage.completionTokens);
+      this.limits.chargeTokens(caller, result.usage.completionTokens);
       return result;
     } finally {
       release?.();
     }
+  }
+
+  /** Resolves once the organization's tokens per minute are no longer spent; rejects if `signal` aborts first. */
+  waitForTokens(caller: GenerationRequest['caller'], signal?: AbortSignal): Promise<void> {
+    return waitForTokens(this.limits, caller, signal);
   }
 
   private generate(prepared: PreparedGeneration, signal: AbortSignal | undefined): Promise<GenerateResult> {

@@ -1,17 +1,18 @@
 // Per-organization limits, so one organization's load cannot take the service from the others:
 //
 // - in flight: foreground generation requests of the organization at once (an n-choice request
-//   counts n). One more is refused (429) before anything of it is stored or sent. Background
-//   responses and batch lines are bounded by their own limits instead (the queued-background
-//   limit; batch line slots), so a backlog of them never blocks the organization's foreground
-//   work, and the scheduler orders them by window.
+//   counts n). One more is refused (429) before anything of it is stored or sent; an n above the
+//   limit itself is a 400 naming n (no retry could admit it). Background responses are bounded by
+//   their own limit (the queued-background limit); batch lines hold at most this many batch line
+//   slots at once (batches/slots.ts), a count of their own, so a backlog of either never blocks
+//   the organization's foreground work, and the scheduler orders them by window.
 // - queued background: background responses of the organization in progress at once; creating
 //   one more is a 429.
 // - tokens per minute: a token bucket of that size, refilled continuously. Prompt tokens are
 //   charged when a request starts and generated tokens when it ends (so the bucket may go
 //   negative); while it is negative, foreground and new background requests get 429 with the
-//   seconds until it refills, and accepted background work waits. Batch lines are not charged
-//   (batches have their own queue and deadlines).
+//   seconds until it refills, and accepted background work and batch lines wait (they are charged
+//   like foreground work).
 //
 // 429s are SluiceError rate_limit_exceeded with `retryAfterSeconds` (the API sends Retry-After).
 // The limits live in this process (one engine per process); limits across replicas are a later
@@ -83,9 +84,11 @@ export class TenantLimiter {
 
   /**
    * A foreground request of `count` generations (its n choices): takes that many in-flight slots
-   * now, or throws RateLimitError taking none.
+   * now, or throws RateLimitError taking none. A request of more choices than the limit itself
+   * could never be admitted: that is a 400 naming `n`, not a 429 to retry.
    */
   tryAcquire(caller: Caller, count = 1): Release {
+    this.checkChoices(caller, count);
     const limit = this.limitsFor(caller).maxInflightRequests;
     const org = this.state(caller);
     if (limit > 0 && org.inflight + count > limit) {
@@ -99,6 +102,15 @@ export class TenantLimiter {
       released = true;
       org.inflight -= count;
     };
+  }
+
+  /** Throws a 400 naming `n` when `count` choices exceed the in-flight limit: no retry could admit them. */
+  checkChoices(caller: Caller, count: number): void {
+    const limit = this.limitsFor(caller).maxInflightRequests;
+    if (limit > 0 && count > limit) {
+      throw new SluiceError('invalid_request', `n is ${count}, more than your organization's limit of ${limit} ` +
+        'generations in progress at once; ask for at most that many choices', { param: 'n' });
+    }
   }
 
   /** Refuses a new background response when the organization has `inProgress` of its limit already. */

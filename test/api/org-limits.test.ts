@@ -10,6 +10,8 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
+import { chatLine, createBatch, readResults, waitForBatch } from '../helpers/batches.js';
+import OpenAI from 'openai';
 
 let server: TestServer;
 let receiver: WebhookReceiver;
@@ -26,11 +28,12 @@ beforeAll(async () => {
           'one-at-a-time': { max_inflight_requests: 1 },
           'small-queue': { max_queued_background: 2, max_inflight_requests: 1 },
           'few-tokens': { tokens_per_minute: 60 },
+          'batch-tokens': { tokens_per_minute: 60 },
         },
       },
     }),
   });
-  for (const org of ['one-at-a-time', 'small-queue', 'few-tokens']) keys[org] = await server.keyFor(org);
+  for (const org of ['one-at-a-time', 'small-queue', 'few-tokens', 'batch-tokens']) keys[org] = await server.keyFor(org);
 });
 afterAll(async () => {
   await server?.close();
@@ -96,6 +99,18 @@ describe('per-organization limits', () => {
     expect(chatHook.calls).toHaveLength(1);
   });
 
+  it('answers 400 naming n when n alone exceeds the in-flight limit (no retry could admit it)', async () => {
+    const chat = { model: 'tiny', messages: [{ role: 'user', content: 'two answers' }], max_tokens: 2, n: 2 };
+    const res = await post(chat, keys['one-at-a-time']!, '/chat/completions');
+    expect(res.status).toBe(400);
+    expect(res.retryAfter).toBeNull();
+    expect(Object.keys(res.body)).toEqual(['error']);
+    expect(res.body['error']).toMatchObject({ type: 'invalid_request_error', param: 'n', code: 'invalid_request' });
+    expect(res.body['error'].message).toMatch(/n is 2.*limit of 1/);
+    // Within the limit, n is admitted as before.
+    expect((await post({ ...chat, n: 1 }, keys['one-at-a-time']!, '/chat/completions')).status).toBe(200);
+  });
+
   it('bounds the background queue; background work never takes the foreground\'s in-flight slots', async () => {
     const key = keys['small-queue']!;
     const body = { model: 'tiny', input: 'queued', max_output_tokens: 60, background: true };
@@ -126,6 +141,54 @@ describe('per-organization limits', () => {
     expect(second.body['error'].retry_after).toBe(wait);
     // Background requests are refused at creation too while the budget is spent.
     expect((await post({ model: 'tiny', input: 'bg', max_output_tokens: 4, background: true }, key)).status).toBe(429);
+  });
+});
+
+describe('batch lines and the organization\'s limits', () => {
+  it('charges batch lines to the tokens-per-minute budget and makes the rest wait, foreground getting 429 meanwhile', async () => {
+    const key = keys['batch-tokens']!;
+    const openai = new OpenAI({ baseURL: server.baseUrl, apiKey: key, maxRetries: 0 });
+    const lines = Array.from({ length: 12 }, (_, i) => chatLine(`l${i}`, `a long story number ${i}`, { max_tokens: 60, temperature: 0 }));
+    const batch = await createBatch(openai, lines, 'asap');
+    // The first lines spend the 60 tokens (their prompts as they start, their outputs as they end);
+    // the organization's own first foreground request after one has ended is refused.
+    await waitForBatch(openai, batch.id, (b) => (b.request_counts?.completed ?? 0) >= 1);
+    const refused = await post({ model: 'tiny', input: 'now', max_output_tokens: 2 }, key);
+    expect(refused.status).toBe(429);
+    expect(refused.body['error']).toMatchObject({ code: 'rate_limit_exceeded' });
+    // And the remaining lines wait for the budget (minutes of debt at 1 token/s) instead of running.
+    await new Promise((r) => setTimeout(r, 1000));
+    const now = await openai.batches.retrieve(batch.id);
+    expect(now.request_counts!.completed).toBeLessThan(lines.length);
+    await openai.batches.cancel(batch.id);
+    await waitForBatch(openai, batch.id);
+  });
+});
+
+describe('batch lines and the in-flight limit', () => {
+  it('runs at most the organization\'s in-flight limit of its batch lines at once', async () => {
+    const key = keys['one-at-a-time']!;
+    const openai = new OpenAI({ baseURL: server.baseUrl, apiKey: key, maxRetries: 0 });
+    const engine = server.service.registry.models[0]!.engine;
+    const lines = Array.from({ length: 4 }, (_, i) => chatLine(`c${i}`, `story ${i}`, { max_tokens: 30, temperature: 0 }));
+    // n above the limit is that line's 400 naming n, as its endpoint answers.
+    lines.push(chatLine('too-many', 'two at once', { n: 2 }));
+    const batch = await createBatch(openai, lines, 'asap');
+    let most = 0;
+    const watch = setInterval(() => {
+      const { numRunning, numWaiting } = engine.schedulerStats();
+      most = Math.max(most, numRunning + numWaiting);
+    }, 2);
+    try {
+      const done = await waitForBatch(openai, batch.id);
+      expect(done.status).toBe('completed');
+      expect(done.request_counts).toMatchObject({ completed: 4, failed: 1 });
+      const [failed] = await readResults(openai, done.error_file_id);
+      expect(failed).toMatchObject({ custom_id: 'too-many', response: { status_code: 400, body: { error: { param: 'n', type: 'invalid_request_error' } } } });
+    } finally {
+      clearInterval(watch);
+    }
+    expect(most).toBe(1);
   });
 });
 
