@@ -9,6 +9,7 @@ import OpenAI, { toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { fileUploadLimits } from '../../src/api/routes/files.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
+import { uploadWithRawFilename } from '../helpers/raw-upload.js';
 
 let server: TestServer;
 let client: OpenAI;
@@ -269,6 +270,24 @@ describe('refused uploads leave nothing behind', () => {
     await expectError(await postForm([['purpose', 'batch'], ['file', `nope\n${rest}`, 'x.jsonl']]), 400, { code: 'invalid_batch_file' });
     expect(await listedIds()).toBeInstanceOf(Array);
     expect(await onDisk()).toEqual([]);
+  });
+
+  it('refuses a filename holding a NUL or another control character (400; the same on PostgreSQL)', async () => {
+    const before = await listedIds();
+    for (const filename of ['a\u0000b.jsonl', '\u0000', 'tab\there.txt', 'del\u007f.txt']) {
+      const res = await uploadWithRawFilename(`${server.baseUrl}/files`, server.key, filename, '{"a":1}\n');
+      expect(res.status).toBe(400);
+      expect(Object.keys(res.body)).toEqual(['error']);
+      expect(res.body.error).toMatchObject({ type: 'invalid_request_error', param: 'file', code: 'invalid_request' });
+      expect(res.body.error.message).toMatch(/filename contains the control character U\+00(00|09|7F)/);
+    }
+    expect(await onDisk()).toEqual([]);
+    expect(await listedIds()).toEqual(before);
+    // Other characters are kept as given.
+    const ok = await uploadWithRawFilename(`${server.baseUrl}/files`, server.key, 'ünï cødé ✓.txt', '{"a":1}\n');
+    expect(ok.status).toBe(200);
+    expect(ok.body.filename).toBe('ünï cødé ✓.txt');
+    await client.files.delete(ok.body.id);
   });
 
   it('answers 415 for a body that is not multipart', async () => {

@@ -22,6 +22,7 @@ import { checkDatabaseUrl, redactDatabaseUrl, scrubPassword } from '../../src/st
 import { openService, type Service } from '../../src/service.js';
 import { dropSchema, freshSchema, POSTGRES_URL, schemaClient } from '../helpers/stores.js';
 import { chatLine, createBatch, readResults, waitForBatch } from '../helpers/batches.js';
+import { uploadWithRawFilename } from '../helpers/raw-upload.js';
 
 const execFileP = promisify(execFile);
 const CLI = resolve(dirname(fileURLToPath(import.meta.url)), '../../dist/src/cli.js');
@@ -149,6 +150,24 @@ const SHORT = { model: 'tiny', input: 'Hello', max_output_tokens: 4, temperature
 
     // One row per finished request: the foreground response, the background one, two batch lines.
     expect(await ledgerRows(schema)).toBe(4);
+  });
+
+  it('refuses an upload filename holding a NUL with 400 (PostgreSQL text cannot hold it), storing nothing', async () => {
+    const schema = newSchema();
+    const a = await startReplica(schema);
+    const key = a.service.firstKey!.key;
+    const res = await uploadWithRawFilename(`${a.origin}/v1/files`, key, 'bad\u0000name.jsonl', '{"a":1}\n');
+    expect(res.status).toBe(400);
+    expect(Object.keys(res.body)).toEqual(['error']);
+    expect(res.body.error).toMatchObject({ type: 'invalid_request_error', param: 'file', code: 'invalid_request' });
+    const rows = await schemaClient(schema);
+    try {
+      expect((await rows.query('SELECT id FROM files')).rows).toHaveLength(0);
+    } finally {
+      await rows.end();
+    }
+    const ok = await uploadWithRawFilename(`${a.origin}/v1/files`, key, 'good name.jsonl', '{"a":1}\n');
+    expect(ok.status).toBe(200);
   });
 
   it('two replicas on one database and one files directory answer for each other', async () => {

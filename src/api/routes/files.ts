@@ -59,6 +59,18 @@ const batchFileError = (problem: BatchFileProblem) => invalidRequest(`invalid ba
 const fileTooLarge = (maxBytes: number) =>
   new ApiError(413, 'request_too_large', `the file is larger than the limit of ${maxBytes} bytes`, 'file', 'file_too_large');
 
+/** C0 control characters and DEL: never part of a file's name (PostgreSQL text cannot even hold NUL). */
+const CONTROL_CHARACTER = /[\u0000-\u001f\u007f]/;
+
+/** Refuses a filename the stores could not keep as given, the same on SQLite and PostgreSQL. */
+function checkFilename(filename: string): void {
+  const bad = CONTROL_CHARACTER.exec(filename);
+  if (bad) {
+    const at = bad[0].codePointAt(0)!.toString(16).padStart(4, '0');
+    throw invalidRequest(`the file's filename contains the control character U+${at.toUpperCase()}; rename the file`, 'file', 'invalid_request');
+  }
+}
+
 interface ReceivedUpload {
   temp: TempFile;
   filename: string;
@@ -93,6 +105,7 @@ async function receiveUpload(request: FastifyRequest, storage: FileStorage): Pro
       }
       if (name !== 'file') throw invalidRequest(`${name} is not a recognised field here (send file and purpose)`, name, 'invalid_request');
       if (temp) throw invalidRequest('only one file may be uploaded per request', 'file', 'invalid_request');
+      checkFilename(part.filename);
       temp = storage.createTemp();
       received = await streamToTemp(part, temp, purpose);
       if (part.file.truncated) throw fileTooLarge(maxFileBytes);
