@@ -18,7 +18,9 @@ import type { WindowDeadlines } from './background-responses.js';
 import { ApiError, envelope, renderError } from './errors.js';
 import { jsonBodyParser } from './json-body.js';
 import { sluiceApi } from './plugin.js';
-import { BodyGuard, DEFAULT_TRANSPORT_LIMITS, makeClientErrorHandler, SocketResponses, type TransportLimits } from './transport.js';
+import {
+  BodyGuard, ConnectionGate, DEFAULT_TRANSPORT_LIMITS, makeClientErrorHandler, PROBE_PATHS, SocketResponses, type TransportLimits,
+} from './transport.js';
 import type { WebhookSettings } from '../webhooks/dispatcher.js';
 import type { BatchRunner } from '../batches/runner.js';
 import type { TenantLimiter } from '../serving/tenant-limits.js';
@@ -110,7 +112,9 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     clientErrorHandler: makeClientErrorHandler(responses),
     frameworkErrors: (err, request, reply) => replyFrameworkError(err, reply.header('x-request-id', request.id) as unknown as FastifyReply),
   });
-  if (limits.maxConnections > 0) app.server.maxConnections = limits.maxConnections;
+  // Instead of Node's maxConnections, which refuses probes too once idle sockets fill it.
+  const connections = new ConnectionGate(limits);
+  connections.install(app.server);
   // Expect other than 100-continue: Node would answer 417 with no body.
   app.server.on('checkExpectation', (req, res) => {
     const body = JSON.stringify(envelope('invalid_request_error', 'only "Expect: 100-continue" is supported', null, 'expectation_failed'));
@@ -141,12 +145,15 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   const draining = opts.draining ?? (() => false);
   app.addHook('onSend', async (_request, reply) => {
     // Draining too: a client on a keep-alive connection reconnects, through its load balancer, elsewhere.
-    if (closing || draining()) reply.header('connection', 'close');
+    if (closing || draining() || connections.isReserved(reply.raw.socket)) reply.header('connection', 'close');
   });
   // Root hooks, added before the plugin so that they run first for every route (fastify encapsulation).
   app.addHook('onRequest', async (request, reply) => {
     responses.track(request.raw.socket, reply.raw);
     if (closing) throw new ApiError(503, 'server_error', 'the server is shutting down; retry the request', null, 'shutting_down');
+    if (connections.isReserved(request.raw.socket) && !PROBE_PATHS.has(request.url.split('?')[0]!)) {
+      throw new ApiError(503, 'server_error', 'the server has no free connection for this request; retry shortly', null, 'too_many_connections');
+    }
     if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
       throw new ApiError(400, 'invalid_request_error', 'an HTTP/1.1 request needs a Host header', null, 'missing_host_header');
     }

@@ -6,7 +6,13 @@
 //   Generation itself is never timed here: only receiving the request is (Node's requestTimeout
 //   stays 0, which would count the same thing but reply outside the envelope, and is checked only
 //   every 30 s).
-// - Connections: at most maxConnections open at once; Node closes the ones past that on accept.
+// - Connections (ConnectionGate): at most maxConnections open at once. Idle connections (none of
+//   their requests in progress: fresh ones that have sent nothing yet, keep-alive ones between
+//   requests) never lock anyone out: one arriving past the cap displaces the connection idle the
+//   longest, and one address keeps at most maxIdleConnectionsPerAddress idle (its oldest idle one
+//   goes first). Only when every connection is busy is the cap really full; then up to
+//   reservedConnections more are let in for probes: GET /health and /ready answer on them, any
+//   other request gets 503 and the connection is closed after each reply.
 // - Malformed HTTP (Node's clientError: unparsable request, headers over 16 KiB, headers not
 //   received within headersTimeout) is answered on the raw socket with the envelope too.
 //
@@ -25,8 +31,12 @@ export interface TransportLimits {
   minBodyBytesPerSecond: number;
   /** Seconds a body may arrive at any rate before minBodyBytesPerSecond applies (slow starts, stalls). */
   bodyRateGraceSeconds: number;
-  /** Connections open at once; more are closed as they arrive. 0: no cap. */
+  /** Connections open at once (idle ones give way to new ones, see ConnectionGate). 0: no cap. */
   maxConnections: number;
+  /** Connections past maxConnections kept for /health and /ready while every other one is busy. */
+  reservedConnections: number;
+  /** Idle connections one client address may hold; past it, its longest idle one is closed. 0: no cap. */
+  maxIdleConnectionsPerAddress: number;
 }
 
 /**
@@ -40,7 +50,140 @@ export const DEFAULT_TRANSPORT_LIMITS: TransportLimits = {
   minBodyBytesPerSecond: 1024,
   bodyRateGraceSeconds: 10,
   maxConnections: 4096,
+  reservedConnections: 16,
+  maxIdleConnectionsPerAddress: 256,
 };
+
+/** The paths a reserved connection may ask for (probes; no key, no body, answered at once). */
+export const PROBE_PATHS: ReadonlySet<string> = new Set(['/health', '/ready']);
+
+interface Conn {
+  address: string;
+  /** Requests of this connection in progress (more than one only when pipelined). */
+  numBusy: number;
+  /** Let in past maxConnections: probes only, closed after each reply. */
+  reserved: boolean;
+}
+
+/**
+ * Counts a server's connections and enforces the connection limits (see the file comment). Installed
+ * on the HTTP server in place of Node's maxConnections, which refuses everything, probes included,
+ * once idle sockets fill it. Idle order is kept in insertion-ordered maps (re-inserted when a
+ * connection turns idle), so the first entry is always the one idle the longest.
+ */
+export class ConnectionGate {
+  private readonly conns = new Map<Socket, Conn>();
+  /** Idle regular connections, longest idle first. */
+  private readonly idle = new Map<Socket, Conn>();
+  /** address -> its idle connections (regular or reserved), longest idle first. */
+  private readonly idleByAddress = new Map<string, Map<Socket, Conn>>();
+  private numRegular = 0;
+  private numReserved = 0;
+
+  constructor(private readonly limits: Pick<TransportLimits, 'maxConnections' | 'reservedConnections' | 'maxIdleConnectionsPerAddress'>) {}
+
+  /** Watches `server`'s connections and requests. */
+  install(server: { on(event: 'connection', fn: (socket: Socket) => void): unknown; on(event: 'request', fn: (req: IncomingMessage, res: ServerResponse) => void): unknown }): void {
+    server.on('connection', (socket) => this.onConnection(socket));
+    server.on('request', (req, res) => this.onRequest(req, res));
+  }
+
+  /** Whether `socket` was let in on the probe reserve (its requests other than probes are refused). */
+  isReserved(socket: Socket | null | undefined): boolean {
+    return socket != null && this.conns.get(socket)?.reserved === true;
+  }
+
+  /** Open connections: regular, and on the probe reserve. */
+  get counts(): { regular: number; reserved: number } {
+    return { regular: this.numRegular, reserved: this.numReserved };
+  }
+
+  private onConnection(socket: Socket): void {
+    const conn: Conn = { address: socket.remoteAddress ?? '', numBusy: 0, reserved: false };
+    const { maxConnections, reservedConnections } = this.limits;
+    if (maxConnections > 0 && this.numRegular >= maxConnections) {
+      const displaced = first(this.idle);
+      if (displaced !== undefined) {
+        this.close(displaced);
+      } else {
+        // Every regular connection is busy: the probe reserve, whose idle ones give way the same way.
+        if (this.numReserved >= reservedConnections) {
+          const reservedIdle = this.oldestIdleReserved();
+          if (reservedIdle === undefined) {
+            socket.destroy();
+            return;
+          }
+          this.close(reservedIdle);
+        }
+        conn.reserved = true;
+      }
+    }
+    this.conns.set(socket, conn);
+    if (conn.reserved) this.numReserved++;
+    else this.numRegular++;
+    socket.once('close', () => this.forget(socket));
+    this.markIdle(socket, conn);
+  }
+
+  private onRequest(req: IncomingMessage, res: ServerResponse): void {
+    const socket = req.socket;
+    const conn = this.conns.get(socket);
+    if (conn === undefined) return;
+    conn.numBusy++;
+    this.unmarkIdle(socket, conn);
+    res.once('close', () => {
+      conn.numBusy--;
+      if (conn.numBusy > 0 || socket.destroyed || !this.conns.has(socket)) return;
+      // A probe's connection on the reserve holds no slot after its reply.
+      if (conn.reserved) socket.end();
+      else this.markIdle(socket, conn);
+    });
+  }
+
+  private markIdle(socket: Socket, conn: Conn): void {
+    if (!conn.reserved) this.idle.set(socket, conn);
+    let mine = this.idleByAddress.get(conn.address);
+    if (mine === undefined) this.idleByAddress.set(conn.address, (mine = new Map()));
+    mine.set(socket, conn);
+    const cap = this.limits.maxIdleConnectionsPerAddress;
+    while (cap > 0 && mine.size > cap) this.close(first(mine)!);
+  }
+
+  private unmarkIdle(socket: Socket, conn: Conn): void {
+    this.idle.delete(socket);
+    const mine = this.idleByAddress.get(conn.address);
+    mine?.delete(socket);
+    if (mine?.size === 0) this.idleByAddress.delete(conn.address);
+  }
+
+  private oldestIdleReserved(): Socket | undefined {
+    // A reserved connection is closed after its one reply, so an idle one has sent nothing yet and
+    // arrival order (the map's) is idle order. NOTE: a scan over all connections, but only while
+    // every regular one is busy and the reserve is full.
+    for (const [socket, conn] of this.conns) if (conn.reserved && conn.numBusy === 0) return socket;
+    return undefined;
+  }
+
+  /** Closes a connection now and forgets it (its 'close' event comes later). */
+  private close(socket: Socket): void {
+    this.forget(socket);
+    socket.destroy();
+  }
+
+  private forget(socket: Socket): void {
+    const conn = this.conns.get(socket);
+    if (conn === undefined) return;
+    this.conns.delete(socket);
+    this.unmarkIdle(socket, conn);
+    if (conn.reserved) this.numReserved--;
+    else this.numRegular--;
+  }
+}
+
+function first<K, V>(map: Map<K, V>): K | undefined {
+  for (const key of map.keys()) return key;
+  return undefined;
+}
 
 /** After a raw error reply, how long a client that keeps sending may hold the socket before it is destroyed. */
 const LINGER_MS = 1000;

@@ -53,7 +53,8 @@ ${DATABASE_URL_HELP}
                        R tokens per step there and none in steps that prefill the other's
                        requests (default 16,1000; see README, Security)
   --org-max-inflight N foreground generation requests of one organization at once (n choices
-                       count n); more get 429 (default 256; 0: no limit)
+                       count n); more get 429, an n above it 400 (default 256; 0: no limit).
+                       Its batch lines run at most this many at once too, counted apart
   --org-max-queued-background N
                        background responses of one organization in progress at once; more
                        get 429 (default 10000; 0: no limit)
@@ -71,7 +72,13 @@ ${DATABASE_URL_HELP}
                        a 500 MB upload at about 140 KB/s); slower bodies get 408. 0: no limit
   --min-body-rate B    bytes/s a body must average after its first ${DEFAULT_TRANSPORT_LIMITS.bodyRateGraceSeconds} s (default ${DEFAULT_TRANSPORT_LIMITS.minBodyBytesPerSecond});
                        a slower, dripping client gets 408 and is disconnected. 0: no minimum
-  --max-connections N  open connections at once; more are closed on arrival (default ${DEFAULT_TRANSPORT_LIMITS.maxConnections})
+  --max-connections N  open connections at once (default ${DEFAULT_TRANSPORT_LIMITS.maxConnections}); past it a new connection
+                       displaces the one idle the longest, and while all are busy only /health
+                       and /ready are answered, on ${DEFAULT_TRANSPORT_LIMITS.reservedConnections} reserved connections. 0: no cap
+  --max-idle-connections-per-address N
+                       idle connections one client address may hold; past it its longest idle one
+                       is closed (default ${DEFAULT_TRANSPORT_LIMITS.maxIdleConnectionsPerAddress}; behind a load balancer that pools
+                       connections, raise it above the pool's size). 0: no cap
   --allow-private-webhooks
                        let completion webhooks go to private, loopback and link-local addresses
                        (refused by default: a caller could reach services inside your network)
@@ -133,6 +140,7 @@ export async function runServe(args: string[]): Promise<void> {
     'body-timeout': { type: 'string' },
     'min-body-rate': { type: 'string' },
     'max-connections': { type: 'string' },
+    'max-idle-connections-per-address': { type: 'string' },
     'allow-private-webhooks': { type: 'boolean' },
     'drain-seconds': { type: 'string' },
     'lease-seconds': { type: 'string' },
@@ -173,6 +181,7 @@ export async function runServe(args: string[]): Promise<void> {
     bodyTimeoutSeconds: intFlag(values['body-timeout'], 'body-timeout', 0),
     minBodyBytesPerSecond: intFlag(values['min-body-rate'], 'min-body-rate', 0),
     maxConnections: intFlag(values['max-connections'], 'max-connections', 0),
+    maxIdleConnectionsPerAddress: intFlag(values['max-idle-connections-per-address'], 'max-idle-connections-per-address', 0),
   }).filter(([, v]) => v !== undefined));
   const metrics = {
     public: values['metrics-public'] === true,

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import OpenAI, { toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
-import type { TransportLimits } from '../../src/api/transport.js';
+import { DEFAULT_TRANSPORT_LIMITS, type TransportLimits } from '../../src/api/transport.js';
 import { openService, type Service } from '../../src/service.js';
 import { createApiKey } from '../../src/store/api-keys.js';
 import { httpRequest, rawExchange } from '../helpers/raw-http.js';
@@ -85,30 +85,127 @@ describe('body timeout and minimum body rate', () => {
   });
 });
 
-describe('connection cap', () => {
-  it('closes connections past maxConnections at once, and takes new ones when some end', async () => {
-    const server = await start('connections', { maxConnections: 2 });
+/** A connection that has sent nothing; `closed` turns true when the server closes it. */
+interface Idle {
+  socket: net.Socket;
+  closed: boolean;
+}
+
+async function openIdle(origin: string, count: number, localAddress?: string): Promise<Idle[]> {
+  const { hostname, port } = new URL(origin);
+  const out: Idle[] = [];
+  // In waves, so that the listen backlog never overflows.
+  for (let done = 0; done < count; done += 200) {
+    out.push(...await Promise.all(Array.from({ length: Math.min(200, count - done) }, () => new Promise<Idle>((resolve) => {
+      const idle: Idle = { socket: net.connect({ port: Number(port), host: hostname, ...(localAddress && { localAddress }) }), closed: false };
+      idle.socket.on('error', () => {});
+      idle.socket.on('close', () => { idle.closed = true; });
+      idle.socket.once('connect', () => resolve(idle));
+    }))));
+  }
+  return out;
+}
+
+const settle = (ms = 200) => new Promise((r) => setTimeout(r, ms));
+const health = (origin: string) => rawExchange(origin, httpRequest('GET', '/health', { Host: 'x', Connection: 'close' }), { waitMs: 5000 });
+
+describe('connection limits', () => {
+  it('answers /health past 4,100 idle unauthenticated connections from one address, under the defaults', async () => {
+    const server = await start('idle-flood', {});
+    try {
+      const idle = await openIdle(server.origin, 4100);
+      await settle(500);
+      const open = idle.filter((c) => !c.closed);
+      // The per-address idle cap: the newest 256 stay, the older ones were closed.
+      expect(open.length).toBe(DEFAULT_TRANSPORT_LIMITS.maxIdleConnectionsPerAddress);
+      expect(idle.slice(-open.length).every((c) => !c.closed)).toBe(true);
+      const t0 = Date.now();
+      expect((await health(server.origin)).status).toBe(200);
+      expect(Date.now() - t0).toBeLessThan(3000);
+      const ready = await rawExchange(server.origin, httpRequest('GET', '/ready', { Host: 'x', Connection: 'close' }));
+      expect(ready.status).toBe(200);
+      for (const c of idle) c.socket.destroy();
+    } finally {
+      server.service.app.server.closeAllConnections();
+      await server.service.close();
+    }
+  });
+
+  it('past maxConnections, a new connection displaces the one idle the longest', async () => {
+    const server = await start('displace', { maxConnections: 20, maxIdleConnectionsPerAddress: 0 });
+    try {
+      const idle = await openIdle(server.origin, 30);
+      await settle();
+      // The first ten were displaced by the last ten; the newest twenty are open.
+      expect(idle.map((c) => c.closed)).toEqual([...Array(10).fill(true), ...Array(20).fill(false)]);
+      expect((await health(server.origin)).status).toBe(200);
+      // And an ordinary request gets in the same way.
+      const models = await rawExchange(server.origin, httpRequest('GET', '/v1/models', { Host: 'x', Connection: 'close', Authorization: `Bearer ${server.key}` }));
+      expect(models.status).toBe(200);
+      for (const c of idle) c.socket.destroy();
+    } finally {
+      server.service.app.server.closeAllConnections();
+      await server.service.close();
+    }
+  });
+
+  it('when every connection is busy, /health and /ready answer on the reserve and other requests get 503', async () => {
+    const server = await start('busy', { maxConnections: 3, reservedConnections: 2, maxIdleConnectionsPerAddress: 0 });
+    const busy: net.Socket[] = [];
     try {
       const { hostname, port } = new URL(server.origin);
-      const connect = () => new Promise<net.Socket>((resolve) => {
-        const s = net.connect(Number(port), hostname, () => resolve(s));
+      // Three uploads whose bodies never finish: busy connections (a request in progress).
+      for (let i = 0; i < 3; i++) {
+        const s = net.connect(Number(port), hostname);
         s.on('error', () => {});
-      });
-      const first = await connect();
-      const second = await connect();
-      await new Promise((r) => setTimeout(r, 100)); // the server has accepted both
-      const third = await connect();
-      const thirdClosed = await new Promise<boolean>((resolve) => {
-        third.on('close', () => resolve(true));
-        third.write(httpRequest('GET', '/health', { Host: 'x' }));
-        setTimeout(() => resolve(false), 3000);
-      });
-      expect(thirdClosed).toBe(true);
-      first.destroy();
-      second.destroy();
-      await new Promise((r) => setTimeout(r, 100));
-      const reply = await rawExchange(server.origin, httpRequest('GET', '/health', { Host: 'x', Connection: 'close' }));
+        await new Promise((r) => s.once('connect', r));
+        s.write(httpRequest('POST', '/v1/files', { Host: 'x', Authorization: `Bearer ${server.key}`, 'Content-Type': 'multipart/form-data; boundary=b', 'Content-Length': 100_000 }, '--b\r\n'));
+        busy.push(s);
+      }
+      await settle();
+      for (let i = 0; i < 3; i++) {
+        expect((await health(server.origin)).status).toBe(200);
+        expect((await rawExchange(server.origin, httpRequest('GET', '/ready', { Host: 'x' }))).status).toBe(200);
+      }
+      const refused = await rawExchange(server.origin, httpRequest('GET', '/v1/models', { Host: 'x', Authorization: `Bearer ${server.key}` }));
+      expect(refused.status).toBe(503);
+      expect(refused.closed).toBe(true);
+      expect(JSON.parse(refused.body)).toEqual({ error: { type: 'server_error', code: 'too_many_connections', param: null, message: expect.any(String) } });
+      // Idle connections on the reserve give way too: probes still get in.
+      const idle = await openIdle(server.origin, 5);
+      await settle();
+      expect(idle.filter((c) => !c.closed).length).toBeLessThanOrEqual(2);
+      expect((await health(server.origin)).status).toBe(200);
+      for (const c of idle) c.socket.destroy();
+      // A busy connection ends: regular requests are served again.
+      busy.shift()!.destroy();
+      await settle();
+      const models = await rawExchange(server.origin, httpRequest('GET', '/v1/models', { Host: 'x', Connection: 'close', Authorization: `Bearer ${server.key}` }));
+      expect(models.status).toBe(200);
+    } finally {
+      for (const s of busy) s.destroy();
+      server.service.app.server.closeAllConnections();
+      await server.service.close();
+    }
+  });
+
+  it('keeps at most maxIdleConnectionsPerAddress idle connections per client address, the newest', async () => {
+    const server = await start('per-address', { maxIdleConnectionsPerAddress: 4 });
+    try {
+      const mine = await openIdle(server.origin, 10);
+      await settle();
+      expect(mine.map((c) => c.closed)).toEqual([...Array(6).fill(true), ...Array(4).fill(false)]);
+      // Another address is counted apart (Linux routes all of 127/8 to loopback).
+      const other = await openIdle(server.origin, 4, '127.0.0.2');
+      await settle();
+      expect(other.every((c) => !c.closed)).toBe(true);
+      expect(mine.filter((c) => !c.closed)).toHaveLength(4);
+      // A connection that finished a request counts as idle again: a keep-alive reply displaces the oldest.
+      const reply = await rawExchange(server.origin, httpRequest('GET', '/health', { Host: 'x' }), { waitMs: 300 });
       expect(reply.status).toBe(200);
+      await settle();
+      expect(mine.filter((c) => !c.closed)).toHaveLength(3);
+      for (const c of [...mine, ...other]) c.socket.destroy();
     } finally {
       server.service.app.server.closeAllConnections();
       await server.service.close();
