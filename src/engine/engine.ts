@@ -431,7 +431,7 @@ export class Engine {
       throw new SluiceError('invalid_request', 'this model has no single-token <think> and </think> tags, so it has no thinking budget',
         { param: 'thinking' });
     }
-    const inner = req.responseFormat === undefined ? undefined : await this.structuredOutputs().constraint(req.responseFormat);
+    const inner = req.responseFormat === undefined ? undefined : await this.structuredOutputs().constraint(req.responseFormat, { tenant: req.tenant ?? '' });
     if (budget === undefined) return inner;
     // Templates that open the block in the generation prompt: the output starts inside it.
     const opened = promptOpensThinking(promptTokenIds, tags!);
