@@ -1,33 +1,49 @@
-// The grammar worker (worker_threads): holds one model's xgrammar instance (WebAssembly), its
-// compiled grammars and every sequence's matcher, so that compiling a schema and computing token
-// masks never run on the event loop. Started by StructuredOutputs (structured-outputs.ts) from
-// the compiled file dist/src/structured/grammar-worker.js. Messages, answered in order:
-//   init    {tokens, special, vocabType, ...}  -> {reply, bytes, offsets}  (the tokens' bytes, "" where never allowed)
-//   open    {matcher, key, kind, source}        -> {reply} | {reply, error}
-//   ebnf    {kind, source}                      -> {reply, ebnf} | {reply, error}   (for the native engine)
-//   masks   {ids, accepts: [matcher, token][]}  -> {reply, masks (transferred), failed: number[]}
-//   close   {matcher}                           (no answer)
+// A grammar worker (worker_threads): one xgrammar instance (WebAssembly) for one model, in one of
+// two roles, so that compiling a schema and computing token masks never run on the event loop.
+// Started by StructuredOutputs (structured-outputs.ts, compile-workers.ts) from the compiled file
+// dist/src/structured/grammar-worker.js.
+//   - 'compile': sees untrusted schemas first. Turns a schema into grammar text (for the native
+//     engine) or compiles it once against the vocabulary to prove it compiles, in time and within
+//     memory, and to estimate its size; keeps nothing. Any error ends the worker; a compile past
+//     its limit gets it terminated. It holds no matcher, so neither takes anyone else's sequences.
+//   - 'matchers': holds compiled grammars (cached by bytes) and every sequence's matcher; compiles
+//     only what a compile worker has already compiled. Any error ends it too; StructuredOutputs then
+//     rebuilds its matchers elsewhere from their grammars and the tokens they had accepted.
+// Messages, answered in order:
+//   init    {role, tokens, special, vocabType, ...} -> {reply, bytes, offsets}  (matchers: the tokens' bytes, "" where never allowed)
+//   warm    {vocabulary}                            -> {reply}                  (compile: the module loaded, the vocabulary indexed)
+//   probe   {kind, source}                          -> {reply, grammarBytes, ms} | {reply, error}
+//   ebnf    {kind, source}                          -> {reply, ebnf} | {reply, error}   (for the native engine)
+//   open    {matcher, key, kind, source, grammarBytes, replay} -> {reply} | {reply, error}
+//   masks   {ids, accepts: [matcher, token][]}      -> {reply, masks (transferred), failed: number[]}
+//   close   {matcher}                               (no answer)
 
-import { parentPort } from 'node:worker_threads';
+import { parentPort, workerData } from 'node:worker_threads';
 
 import type * as XG from '@mlc-ai/web-xgrammar';
 
+import { ByteLru, estimateGrammarBytes } from './grammar-cache.js';
 import { xgrammar } from './xgrammar.js';
 import { buildGrammarVocabulary, CLEARS_STATE, KEEPS_STATE, tokenBytes, type GrammarVocabulary, type VocabType } from './vocabulary.js';
 
+/** Faults a test can inject into a compile (honoured only in a worker started with workerData.testHooks). */
+export type GrammarFault = 'runtime-error' | 'abort' | 'hang' | 'exit';
+
 export type GrammarRequest =
-  | { op: 'init'; reply: number; tokens: (string | undefined)[]; special: boolean[]; vocabType: VocabType; vocabSize: number;
-      stopTokenIds: number[]; cacheSize: number; maxWhitespace: number }
-  | { op: 'open'; reply: number; matcher: number; key: string; kind: GrammarKind; source: string }
+  | { op: 'init'; reply: number; role: 'compile' | 'matchers'; tokens: (string | undefined)[]; special: boolean[]; vocabType: VocabType;
+      vocabSize: number; stopTokenIds: number[]; cacheSize: number; cacheBytes: number; maxWhitespace: number }
+  | { op: 'warm'; reply: number; vocabulary: boolean }
+  | { op: 'probe'; reply: number; kind: GrammarKind; source: string; fault?: GrammarFault }
+  | { op: 'open'; reply: number; matcher: number; key: string; kind: GrammarKind; source: string; grammarBytes: number; replay: number[] }
   | { op: 'masks'; reply: number; ids: number[]; accepts: [number, number][] }
-  | { op: 'ebnf'; reply: number; kind: GrammarKind; source: string }
+  | { op: 'ebnf'; reply: number; kind: GrammarKind; source: string; fault?: GrammarFault }
   | { op: 'close'; matcher: number };
 
 /** json_schema: a JSON schema's text; structural_tag: xgrammar's structural tag JSON (tool calls). */
 export type GrammarKind = 'json_schema' | 'structural_tag';
 
 export type GrammarAnswer =
-  | { reply: number; error?: string; ebnf?: string; bytes?: Uint8Array; offsets?: Uint32Array }
+  | { reply: number; error?: string; ebnf?: string; bytes?: Uint8Array; offsets?: Uint32Array; grammarBytes?: number; ms?: number }
   | { reply: number; masks: Uint32Array; failed: number[] };
 
 interface Matcher {
@@ -37,16 +53,20 @@ interface Matcher {
   failed: boolean;
 }
 
+type InitRequest = Extract<GrammarRequest, { op: 'init' }>;
+
+let config: InitRequest | undefined;
 let state: {
   compiler: XG.GrammarCompiler;
   vocabulary: GrammarVocabulary;
   words: number;
   stopTokenIds: number[];
-  cacheSize: number;
   maxWhitespace: number;
 } | undefined;
-const compiled = new Map<string, XG.CompiledGrammar>();
+/** key -> compiled grammar (matchers role); an evicted grammar's matchers keep their own reference. */
+let compiled: ByteLru<XG.CompiledGrammar> | undefined;
 const matchers = new Map<number, Matcher>();
+const testHooks = (workerData as { testHooks?: boolean } | null)?.testHooks === true;
 
 /** The vocabulary's bytes, concatenated, and where each token's begin (vocabSize + 1 offsets). */
 function packedBytes(vocabulary: GrammarVocabulary, type: VocabType): { bytes: Uint8Array; offsets: Uint32Array } {
@@ -58,7 +78,18 @@ function packedBytes(vocabulary: GrammarVocabulary, type: VocabType): { bytes: U
   return { bytes, offsets };
 }
 
-async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<{ bytes: Uint8Array; offsets: Uint32Array }> {
+async function init(req: InitRequest): Promise<{ bytes: Uint8Array; offsets: Uint32Array } | undefined> {
+  config = req;
+  compiled = new ByteLru<XG.CompiledGrammar>(req.cacheSize, req.cacheBytes, (g) => g.dispose());
+  if (req.role === 'compile') return undefined;  // indexed when a probe first needs it (warm)
+  await warm();
+  return packedBytes(state!.vocabulary, req.vocabType);
+}
+
+/** Indexes the vocabulary for xgrammar's compiler, once. */
+async function warm(): Promise<void> {
+  if (state !== undefined) return;
+  const req = config!;
   const xg = xgrammar();
   const vocabulary = buildGrammarVocabulary(req.tokens, req.special, req.vocabType, req.vocabSize);
   const info = await xg.TokenizerInfo.createTokenizerInfo(vocabulary.encoded, req.vocabType, false, req.vocabSize, req.stopTokenIds);
@@ -67,37 +98,69 @@ async function init(req: Extract<GrammarRequest, { op: 'init' }>): Promise<{ byt
     vocabulary,
     words: Math.ceil(req.vocabSize / 32),
     stopTokenIds: req.stopTokenIds,
-    cacheSize: req.cacheSize,
     maxWhitespace: req.maxWhitespace,
   };
-  return packedBytes(vocabulary, req.vocabType);
 }
 
-/** The compiled grammar for `key` (least recently used out past the cache size). */
-async function grammarFor(key: string, kind: GrammarKind, source: string): Promise<XG.CompiledGrammar> {
+function compile(kind: GrammarKind, source: string): Promise<XG.CompiledGrammar> {
   const s = state!;
-  let grammar = compiled.get(key);
-  if (grammar !== undefined) {
-    compiled.delete(key);
-  } else {
-    grammar = kind === 'json_schema'
-      ? await s.compiler.compileJSONSchema(source, true, undefined, undefined, false, s.maxWhitespace)
-      : await s.compiler.compileStructuralTag(source);
-    while (compiled.size >= s.cacheSize) {
-      const oldest = compiled.keys().next().value as string;
-      compiled.get(oldest)!.dispose();  // matchers made from it keep their own reference
-      compiled.delete(oldest);
-    }
+  return kind === 'json_schema'
+    ? s.compiler.compileJSONSchema(source, true, undefined, undefined, false, s.maxWhitespace)
+    : s.compiler.compileStructuralTag(source);
+}
+
+/** A test's fault, raised where the engine's own would be. */
+function inject(fault: GrammarFault | undefined): void {
+  if (fault === undefined || !testHooks) return;
+  if (fault === 'runtime-error') throw new WebAssembly.RuntimeError('memory access out of bounds');
+  if (fault === 'abort') throw new Error('[FATAL] injected. Aborted(). Build with -sASSERTIONS for more info.');
+  if (fault === 'exit') process.exit(3);
+  for (;;) { /* hang: a compile that never ends */ }
+}
+
+/** Compiles once to prove the grammar compiles, and estimates its size; keeps nothing. */
+async function probe(req: Extract<GrammarRequest, { op: 'probe' }>): Promise<{ grammarBytes: number; ms: number }> {
+  await warm();
+  const t0 = performance.now();
+  inject(req.fault);
+  const grammar = await compile(req.kind, req.source);
+  const ms = performance.now() - t0;
+  grammar.dispose();
+  return { grammarBytes: estimateGrammarBytes(ms, await textChars(req.kind, req.source), config!.vocabSize), ms };
+}
+
+/** The length of the grammar's text form (part of the size estimate). */
+async function textChars(kind: GrammarKind, source: string): Promise<number> {
+  const xg = xgrammar();
+  const grammar = kind === 'json_schema'
+    ? await xg.Grammar.fromJSONSchema(source, true, undefined, undefined, false, config!.maxWhitespace)
+    : await xg.Grammar.fromStructuralTag(source);
+  try {
+    return grammar.toString().length;
+  } finally {
+    grammar.dispose();
   }
-  compiled.set(key, grammar);
+}
+
+/** The compiled grammar for `key` (matchers role: only grammars a compile worker has compiled). */
+async function grammarFor(key: string, kind: GrammarKind, source: string, grammarBytes: number): Promise<XG.CompiledGrammar> {
+  const cached = compiled!.get(key);
+  if (cached !== undefined) return cached;
+  const grammar = await compile(kind, source);
+  // Not kept (larger than the whole budget): the matcher holds its own reference; released below.
+  if (!compiled!.set(key, grammar, grammarBytes)) uncached.add(grammar);
   return grammar;
 }
+
+/** Grammars too large to cache, disposed once their matcher is made. */
+const uncached = new Set<XG.CompiledGrammar>();
 
 /** The grammar of a schema or structural tag as text (xgrammar's EBNF), for the native engine to compile. */
 async function ebnf(req: Extract<GrammarRequest, { op: 'ebnf' }>): Promise<string> {
   const xg = xgrammar();
+  inject(req.fault);
   const grammar = req.kind === 'json_schema'
-    ? await xg.Grammar.fromJSONSchema(req.source, true, undefined, undefined, false, state!.maxWhitespace)
+    ? await xg.Grammar.fromJSONSchema(req.source, true, undefined, undefined, false, config!.maxWhitespace)
     : await xg.Grammar.fromStructuralTag(req.source);
   try {
     return grammar.toString();
@@ -107,9 +170,12 @@ async function ebnf(req: Extract<GrammarRequest, { op: 'ebnf' }>): Promise<strin
 }
 
 async function open(req: Extract<GrammarRequest, { op: 'open' }>): Promise<void> {
-  const grammar = await grammarFor(req.key, req.kind, req.source);
+  const grammar = await grammarFor(req.key, req.kind, req.source, req.grammarBytes);
   const matcher = await xgrammar().GrammarMatcher.createGrammarMatcher(grammar, state!.stopTokenIds);
-  matchers.set(req.matcher, { matcher, lead: 0, failed: false });
+  if (uncached.delete(grammar)) grammar.dispose();
+  const m: Matcher = { matcher, lead: 0, failed: false };
+  for (const token of req.replay) accept(m, token);  // a matcher rebuilt after its worker ended
+  matchers.set(req.matcher, m);
 }
 
 function accept(m: Matcher, token: number): void {
@@ -162,27 +228,29 @@ parentPort?.on('message', (req: GrammarRequest) => {
     }
     try {
       if (req.op === 'init') {
-        const { bytes, offsets } = await init(req);
-        parentPort!.postMessage({ reply: req.reply, bytes, offsets }, [bytes.buffer as ArrayBuffer, offsets.buffer as ArrayBuffer]);
-        return;
-      }
-      if (req.op === 'open') await open(req);
-      else if (req.op === 'ebnf') {
-        parentPort!.postMessage({ reply: req.reply, ebnf: await ebnf(req) });
-        return;
-      }
-      else {
+        const packed = await init(req);
+        if (packed === undefined) parentPort!.postMessage({ reply: req.reply });
+        else parentPort!.postMessage({ reply: req.reply, ...packed }, [packed.bytes.buffer as ArrayBuffer, packed.offsets.buffer as ArrayBuffer]);
+      } else if (req.op === 'masks') {
         const answer = await masks(req) as { reply: number; masks: Uint32Array; failed: number[] };
         parentPort!.postMessage(answer, [answer.masks.buffer as ArrayBuffer]);
-        return;
+      } else if (req.op === 'ebnf') {
+        parentPort!.postMessage({ reply: req.reply, ebnf: await ebnf(req) });
+      } else if (req.op === 'probe') {
+        parentPort!.postMessage({ reply: req.reply, ...await probe(req) });
+      } else {
+        if (req.op === 'open') await open(req);
+        else if (req.vocabulary) await warm();
+        else (await xgrammar().Grammar.builtinJSONGrammar()).dispose();  // the WebAssembly module instantiated
+        parentPort!.postMessage({ reply: req.reply });
       }
-      parentPort!.postMessage({ reply: req.reply });
     } catch (err) {
-      const message = err instanceof Error ? err.message : String(err);
+      const message = err instanceof Error ? `${err.name === 'Error' ? '' : `${err.name}: `}${err.message}` : String(err);
       parentPort!.postMessage({ reply: req.reply, error: message });
-      // A WebAssembly abort (its 2 GB heap exhausted, say) leaves the module unusable: end this
-      // worker so that its sequences fail and the next request gets a fresh one.
-      if (/abort/i.test(message)) setImmediate(() => process.exit(1));
+      // Any error out of the WebAssembly module (an abort, "memory access out of bounds", any
+      // RuntimeError, a C++ exception) may leave its heap corrupt: this instance ends, and the
+      // next request gets a fresh one (a matchers worker's sequences are rebuilt there).
+      setImmediate(() => process.exit(1));
     }
   });
 });
