@@ -1,6 +1,7 @@
 // The native grammar engine (native/src/grammar) for Node: a vocabulary indexed once per model,
-// grammars compiled on the libuv pool, and matchers whose masks for a whole step are filled on
-// the pool in one call while the event loop goes on.
+// grammars compiled on two threads of their own (off libuv's pool, which the engine's steps
+// use), and matchers whose masks for a whole step are filled on the pool in one call while the
+// event loop goes on.
 //
 //   grammarVocabulary(bytes, offsets, stopIds) -> Promise<External>   (new GrammarVocabulary(ext))
 //   compileGrammar(vocabulary, text, timeoutMs) -> Promise<External>  (new CompiledGrammar(ext))
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "grammar/token_matcher.h"
+#include "dedicated_threads.h"
 #include "promise_worker.h"
 #include "sluice/error.h"
 
@@ -201,7 +203,9 @@ Napi::Value CompileGrammar(const Napi::CallbackInfo& info) {
     deadline = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count() +
                int64_t(timeout_ms);
   }
-  auto* worker = new PromiseWorker<std::shared_ptr<const CompiledGrammar>>(
+  // A tenant's schema decides how long this runs: on threads of its own, never on libuv's pool,
+  // where the engine's steps wait for a thread (dedicated_threads.h).
+  return DedicatedThreads::grammar().run<std::shared_ptr<const CompiledGrammar>>(
       env,
       [vocab, text = std::move(text), deadline]() {
         return rethrow_grammar_errors([&] {
@@ -210,9 +214,6 @@ Napi::Value CompileGrammar(const Napi::CallbackInfo& info) {
         });
       },
       [](Napi::Env e, std::shared_ptr<const CompiledGrammar>& g) { return external_of(e, g); });
-  Napi::Promise p = worker->promise();
-  worker->Queue();
-  return p;
 }
 
 Napi::Value FillGrammarMasks(const Napi::CallbackInfo& info) {
