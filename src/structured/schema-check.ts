@@ -3,8 +3,15 @@
 // (never silently ignored: `strict` promises the output validates). Also the size limits, and
 // OpenAI's strict-mode rules (every object closed with additionalProperties: false and every
 // property required). allOf of objects is merged here (the compiler takes one object).
+// The grammar compiler (xgrammar, WebAssembly) is untrusted with untrusted input: what aborts it or
+// makes it write a wrong grammar is refused here, in plain words, never left for its own errors:
+// patterns are read and rewritten in json-pattern.ts, numeric bounds in schema-bounds.ts, and the
+// size once `$ref`s are followed is measured in schema-refs.ts.
 
 import { SluiceError } from '../errors.js';
+import { jsonPattern, PatternError, type JsonPattern } from './json-pattern.js';
+import { checkNumericBounds } from './schema-bounds.js';
+import { checkRefExpansion } from './schema-refs.js';
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Schema = { [key: string]: Json };
@@ -20,16 +27,28 @@ export const SUPPORTED_FORMATS = ['date', 'time', 'date-time', 'uuid', 'email'] 
 
 const DATE = '[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))';
 const TIME = '([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])';
-/** Exact patterns for the date formats (February 29 is never generated: a pattern cannot tell leap years). */
-const FORMAT_PATTERNS: Record<string, string> = { date: `^${DATE}$`, time: `^${TIME}$`, 'date-time': `^${DATE}T${TIME}$` };
+const EMAIL_LOCAL = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+";
+const EMAIL_LABEL = '[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?';
+/**
+ * Exact patterns for the date formats (February 29 is never generated: a pattern cannot tell leap
+ * years) and for email, ajv-formats' (the compiler's own allows "a@b" and a quoted local part
+ * whose backslash pairs are not valid JSON escapes), as the grammar compiler gets them.
+ */
+const FORMAT_PATTERNS: Record<string, string> = Object.fromEntries(Object.entries({
+  date: `^${DATE}$`, time: `^${TIME}$`, 'date-time': `^${DATE}T${TIME}$`,
+  email: `^${EMAIL_LOCAL}(\\.${EMAIL_LOCAL})*@(${EMAIL_LABEL}\\.)+${EMAIL_LABEL}$`,
+}).map(([format, pattern]) => [format, jsonPattern(pattern).regex]));
 
 /**
- * maxStringLength bounds minLength and maxLength, maxLengthTotal their sum over a schema: the
- * grammar counts characters with one state per character, and compiling each state costs a pass
- * over the vocabulary (about 3 s for a limit of 32 at a 152k vocabulary on a 2-core machine).
+ * maxStringLength bounds minLength and maxLength; maxGrammarPositions the string positions a
+ * schema unrolls to, summed over it: each length limit's characters and each pattern's weighted
+ * positions (json-pattern.ts). The grammar counts characters with one position per character,
+ * and compiling a position with a wide class costs a pass over the vocabulary: about 35 ms at
+ * Qwen2.5's 152k vocabulary on a 2-core Zen 5 (maxLength 32: 0.7 s, 64: 1.9 s, 128 as a pattern:
+ * 4.6 s). maxDepth and maxNodes hold inline and once '$ref's are followed (schema-refs.ts).
  */
 export const SCHEMA_LIMITS = { maxDepth: 32, maxNodes: 5000, maxEnum: 1000, maxPatternLength: 1000, maxCount: 100_000,
-  maxStringLength: 32, maxLengthTotal: 64 };
+  maxStringLength: 128, maxGrammarPositions: 128, maxPatternPositions: 4096 };
 
 export interface CheckedSchema {
   /** The schema to compile (allOf merged, annotations kept). */
@@ -51,13 +70,23 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
   const { strict, param } = opts;
   if (!isSchema(schema as Json)) fail(param, '', 'the schema must be a JSON object');
   let nodes = 0;
-  let lengthBudget = SCHEMA_LIMITS.maxLengthTotal;
+  let positionBudget = SCHEMA_LIMITS.maxGrammarPositions;
+  const spend = (cost: number, pointer: string) => {
+    positionBudget -= cost;
+    if (positionBudget < 0) {
+      fail(param, pointer, `the string length limits and patterns in this schema unroll to more than ${SCHEMA_LIMITS.maxGrammarPositions} grammar positions`);
+    }
+  };
   const defs = new Set<string>();
   for (const key of ['$defs', 'definitions'] as const) {
     const d = (schema as Schema)[key];
     if (d === undefined) continue;
     if (!isSchema(d)) fail(param, `/${key}`, `'${key}' must be an object of schemas`);
-    for (const name of Object.keys(d)) defs.add(`#/${key}/${escapePointer(name)}`);
+    for (const name of Object.keys(d)) {
+      // The compiler looks a $ref's name up as written (it does not unescape ~0 and ~1).
+      if (/[/~]/.test(name)) fail(param, `/${key}/${escapePointer(name)}`, `a '${key}' name may not contain '/' or '~' (got ${JSON.stringify(name)})`);
+      defs.add(`#/${key}/${name}`);
+    }
   }
 
   const visit = (node: Json, pointer: string, depth: number, isRoot = false): Json => {
@@ -91,25 +120,19 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
       }
       return v;
     };
-    for (const [lo, hi] of [['minItems', 'maxItems']] as const) {
-      const a = count(lo), b = count(hi);
-      if (a !== undefined && b !== undefined && a > b) fail(param, `${pointer}/${lo}`, `'${lo}' exceeds '${hi}'`);
-    }
-    for (const key of ['minimum', 'maximum', 'exclusiveMinimum', 'exclusiveMaximum']) {
-      const v = s[key];
-      if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v))) fail(param, `${pointer}/${key}`, `'${key}' must be a finite number`);
-    }
-    const lower = Math.max(numberOr(s['minimum'], -Infinity), numberOr(s['exclusiveMinimum'], -Infinity));
-    const upper = Math.min(numberOr(s['maximum'], Infinity), numberOr(s['exclusiveMaximum'], Infinity));
-    if (lower > upper) fail(param, pointer, 'the minimum exceeds the maximum');
+    const minItems = count('minItems'), maxItems = count('maxItems');
+    if (minItems !== undefined && maxItems !== undefined && minItems > maxItems) fail(param, `${pointer}/minItems`, "'minItems' exceeds 'maxItems'");
+    checkItemCounts(s, minItems, maxItems, pointer, param);
+    checkNumericBounds(s, out, pointer, (at, message) => fail(param, at, message));
     if (s['pattern'] !== undefined) {
-      checkPattern(s['pattern'], `${pointer}/pattern`, param);
-      out['pattern'] = jsonSafePattern(s['pattern'] as string);
+      const rewritten = checkPattern(s['pattern'], `${pointer}/pattern`, param);
+      spend(rewritten.cost, `${pointer}/pattern`);
+      out['pattern'] = rewritten.regex;
     }
     if (s['format'] !== undefined && !(SUPPORTED_FORMATS as readonly Json[]).includes(s['format'])) {
       fail(param, `${pointer}/format`, `the format '${String(s['format'])}' is not supported (supported: ${SUPPORTED_FORMATS.join(', ')})`);
     }
-    // Dates and times as exact patterns (the compiler's own accept minute 60 and September 31).
+    // Dates, times and emails as exact patterns (the compiler's own accept minute 60, September 31 and "a@b").
     const exact = typeof s['format'] === 'string' ? FORMAT_PATTERNS[s['format']] : undefined;
     if (exact !== undefined && s['pattern'] === undefined) {
       delete out['format'];
@@ -117,10 +140,7 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
     }
     const lengths = stringLengths(s, pointer, param);
     if (lengths !== undefined) {
-      lengthBudget -= lengths.cost;
-      if (lengthBudget < 0) {
-        fail(param, `${pointer}/${lengths.keyword}`, `the string length limits in this schema add up to more than ${SCHEMA_LIMITS.maxLengthTotal} characters`);
-      }
+      spend(lengths.cost, `${pointer}/${lengths.keyword}`);
       delete out['minLength'];
       delete out['maxLength'];
       out['pattern'] = lengths.pattern;
@@ -139,13 +159,17 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
     if (props !== undefined) {
       if (!isSchema(props)) fail(param, `${pointer}/properties`, "'properties' must be an object of schemas");
       const p: Schema = {};
-      for (const [k, v] of Object.entries(props)) p[k] = visit(v, `${pointer}/properties/${escapePointer(k)}`, depth + 1);
+      for (const [k, v] of Object.entries(props)) {
+        checkPropertyName(k, `${pointer}/properties/${escapePointer(k)}`, param);
+        p[k] = visit(v, `${pointer}/properties/${escapePointer(k)}`, depth + 1);
+      }
       out['properties'] = p;
     }
     const required = s['required'];
     if (required !== undefined && (!Array.isArray(required) || !required.every((r) => typeof r === 'string'))) {
       fail(param, `${pointer}/required`, "'required' must be an array of property names");
     }
+    if (Array.isArray(required)) required.forEach((r, i) => checkPropertyName(r as string, `${pointer}/required/${i}`, param));
     const additional = s['additionalProperties'];
     if (additional !== undefined && typeof additional !== 'boolean') {
       out['additionalProperties'] = visit(additional, `${pointer}/additionalProperties`, depth + 1);
@@ -189,7 +213,31 @@ export function checkResponseSchema(schema: unknown, opts: { strict: boolean; pa
     if (strict && isRoot && !isObject) fail(param, `${pointer}/type`, "strict mode needs the root schema to be 'type': 'object'");
     return out;
   };
-  return { schema: visit(schema as Json, '', 0, true) as Schema };
+  const checked = visit(schema as Json, '', 0, true) as Schema;
+  checkRefExpansion(checked, { maxDepth: SCHEMA_LIMITS.maxDepth, maxSubschemas: SCHEMA_LIMITS.maxNodes }, (at, message) => fail(param, at, message));
+  return { schema: checked };
+}
+
+/**
+ * A property name is written into the grammar as the JSON string's raw text: xgrammar aborts on
+ * one holding a quote or a control character, and reads a backslash as an escape.
+ */
+function checkPropertyName(name: string, pointer: string, param: string): void {
+  // eslint-disable-next-line no-control-regex
+  if (/["\\\u0000-\u001f]/.test(name)) {
+    fail(param, pointer, `the property name ${JSON.stringify(name)} holds a quote, backslash or control character, which structured outputs do not support`);
+  }
+}
+
+/** items: false allows the prefixItems only, and the compiler always writes every one of them. */
+function checkItemCounts(s: Schema, minItems: number | undefined, maxItems: number | undefined, pointer: string, param: string): void {
+  const prefix = Array.isArray(s['prefixItems']) ? s['prefixItems'].length : 0;
+  if (s['items'] === false && minItems !== undefined && minItems > prefix) {
+    fail(param, `${pointer}/minItems`, `'minItems' ${minItems} asks for more items than 'items': false with ${prefix} 'prefixItems' allows`);
+  }
+  if (maxItems !== undefined && maxItems < prefix) {
+    fail(param, `${pointer}/maxItems`, `'maxItems' ${maxItems} is below the number of 'prefixItems' (${prefix}), which structured outputs always write`);
+  }
 }
 
 /** One JSON string character as it appears in the output: no escapes, no control characters. */
@@ -216,10 +264,6 @@ function stringLengths(s: Schema, pointer: string, param: string): { pattern: st
     if (s[other] !== undefined) fail(param, `${pointer}/${keyword}`, `'${keyword}' together with '${other}' is not supported by structured outputs`);
   }
   return { pattern: `^${PLAIN_CHAR}{${min ?? 0},${max ?? ''}}$`, cost: Math.max(min ?? 0, max ?? 0), keyword };
-}
-
-function numberOr(v: Json | undefined, fallback: number): number {
-  return typeof v === 'number' ? v : fallback;
 }
 
 /**
@@ -276,39 +320,11 @@ function mergeAllOf(s: Schema, pointer: string, param: string): Schema {
 }
 
 /**
- * The pattern with '.' and negated classes kept off control characters, quote and backslash:
- * a JSON string holds those only escaped, and the compiler would let them through raw.
+ * Regular expressions as ECMAScript reads them (JSON Schema's dialect), rewritten for the grammar
+ * compiler (json-pattern.ts): literals, classes, escapes (\d \w \s ...), groups, alternation,
+ * quantifiers, anchors at the ends.
  */
-export function jsonSafePattern(pattern: string): string {
-  let out = '';
-  let inClass = false;
-  for (let i = 0; i < pattern.length; i++) {
-    const c = pattern[i]!;
-    if (c === '\\') {
-      out += c + (pattern[i + 1] ?? '');
-      i++;
-    } else if (inClass) {
-      if (c === ']') inClass = false;
-      out += c;
-    } else if (c === '[') {
-      inClass = true;
-      if (pattern[i + 1] === '^') {
-        out += '[^\\x00-\\x1f"\\\\';
-        i++;
-      } else {
-        out += c;
-      }
-    } else if (c === '.') {
-      out += '[^\\x00-\\x1f"\\\\]';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-/** Regular expressions: literals, classes, escapes (\d \w \s ...), groups, alternation, quantifiers, anchors. */
-function checkPattern(pattern: Json, pointer: string, param: string): void {
+function checkPattern(pattern: Json, pointer: string, param: string): JsonPattern {
   if (typeof pattern !== 'string' || pattern.length === 0 || pattern.length > SCHEMA_LIMITS.maxPatternLength) {
     fail(param, pointer, `'pattern' must be a regular expression of 1 to ${SCHEMA_LIMITS.maxPatternLength} characters`);
   }
@@ -317,7 +333,15 @@ function checkPattern(pattern: Json, pointer: string, param: string): void {
   } catch (err) {
     fail(param, pointer, `'pattern' is not a valid regular expression: ${(err as Error).message}`);
   }
-  if (/\(\?[=!<]/.test(pattern)) fail(param, pointer, "'pattern' lookaround assertions are not supported");
-  if (/\\[1-9]|\\k</.test(pattern)) fail(param, pointer, "'pattern' backreferences are not supported");
-  if (/\\[bB]/.test(pattern)) fail(param, pointer, "'pattern' word boundaries are not supported");
+  let rewritten: JsonPattern;
+  try {
+    rewritten = jsonPattern(pattern);
+  } catch (err) {
+    if (err instanceof PatternError) fail(param, pointer, `'pattern' is not supported by structured outputs: ${err.message}`);
+    throw err;
+  }
+  if (rewritten.positions > SCHEMA_LIMITS.maxPatternPositions) {
+    fail(param, pointer, `'pattern' unrolls to more than ${SCHEMA_LIMITS.maxPatternPositions} characters (repetition counts multiplied out)`);
+  }
+  return rewritten;
 }

@@ -1,0 +1,94 @@
+// Issue 27 on the real engine with a random-weight model (any output is possible, so the grammar
+// does all the work): patterns whose classes hold or exclude quotes, backslashes, control and
+// space characters, bounds and longer strings yield only outputs that parse and validate (ajv);
+// each hostile schema is a 400 in plain words, and structured outputs keep working after it.
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+
+import Ajv2020 from 'ajv/dist/2020.js';
+import addFormats from 'ajv-formats';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { makeModel } from '../models/make-model.js';
+import { Engine, SluiceError } from '../src/index.js';
+import { REFUSED } from './helpers/hostile-schemas.js';
+
+let root: string;
+let engine: Engine;
+
+beforeAll(async () => {
+  root = mkdtempSync(join(os.tmpdir(), 'sluice-structured-patterns-'));
+  await makeModel({ preset: 'tiny', out: join(root, 'tiny'), seed: 7 });
+  engine = await Engine.load({ model: join(root, 'tiny'), backend: 'cpu', kvCacheBytes: 64 << 20, maxNumSeqs: 32 });
+});
+afterAll(async () => {
+  await engine?.dispose();
+  rmSync(root, { recursive: true, force: true });
+});
+
+const PATTERNS = [
+  '^\\W{1,12}$', '^\\S{1,12}$', '^[\\s\\S]{1,12}$', '^\\s{1,6}$', '^[^a-z]{1,12}$', '^["\\\\]{1,6}$', '^[a"\\\\ ]{1,8}$', '^.{1,12}$',
+  '^\\D{2,10}$', '^x"y\\\\z$', '^\\n\\t?$', '^[\\x01-\\x1f]{1,4}$', '^(a|"|\\\\)+$', 'a|b', '^[^"]{0,10}$', '^\\w+@\\w+\\.[a-z]{2,3}$',
+];
+
+/** Schemas that must come out valid: the patterns alone and in objects, bounds, and lengths up to the limit. */
+function corpus(): object[] {
+  const out: object[] = [];
+  for (const pattern of PATTERNS) {
+    out.push({ type: 'string', pattern });
+    out.push({ type: 'object', properties: { v: { type: 'string', pattern } }, required: ['v'], additionalProperties: false });
+  }
+  out.push({ type: 'integer', exclusiveMinimum: 4, exclusiveMaximum: 7 }, { type: 'integer', minimum: -3, exclusiveMaximum: -1 },
+    { type: 'integer', minimum: 5, maximum: 5 }, { type: 'integer', minimum: 18, maximum: 120 }, { type: 'integer', minimum: -300, maximum: -50 },
+    { type: 'string', maxLength: 40 }, { type: 'string', minLength: 100, maxLength: 128 },
+    { type: 'array', prefixItems: [{ type: 'integer' }, { type: 'string', pattern: '^\\W$' }], items: false, minItems: 2 });
+  return out;
+}
+
+describe('structured outputs under hostile patterns and bounds (issue 27)', () => {
+  it('every completed output parses as JSON and validates', { timeout: 240_000 }, async () => {
+    const ajv = new Ajv2020.default({ strict: false, allErrors: true });
+    addFormats.default(ajv);
+    const cases = corpus().flatMap((schema) => [0, 1, 2, 3, 4, 5].map((seed) => ({ schema, seed })));
+    const failures: string[] = [];
+    let completed = 0;
+    for (let start = 0; start < cases.length; start += 32) {
+      const batch = cases.slice(start, start + 32);
+      const results = await Promise.all(batch.map(({ schema, seed }) => engine.generate({
+        prompt: `pattern ${seed}`, maxTokens: 200, temperature: 1, seed, responseFormat: { type: 'json_schema', schema, strict: false },
+      })));
+      results.forEach((r, j) => {
+        if (r.finishReason !== 'stop') return;
+        completed++;
+        const { schema } = batch[j]!;
+        let value: unknown;
+        try {
+          value = JSON.parse(r.text);
+        } catch {
+          failures.push(`${JSON.stringify(schema)}: not JSON: ${JSON.stringify(r.text)}`);
+          return;
+        }
+        if (!ajv.validate(schema, value)) failures.push(`${JSON.stringify(schema)}: ${JSON.stringify(r.text)}: ${ajv.errorsText()}`);
+      });
+    }
+    expect(failures).toEqual([]);
+    expect(completed).toBeGreaterThan(cases.length / 2);
+  });
+
+  it('each hostile schema is a 400 in plain words before the grammar engine, which keeps serving', { timeout: 120_000 }, async () => {
+    for (const [schema, why] of REFUSED) {
+      const err = await engine.generate({ prompt: 'x', maxTokens: 4, responseFormat: { type: 'json_schema', schema, param: 'response_format.json_schema.schema' } })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(SluiceError);
+      expect((err as SluiceError).code).toBe('invalid_request');
+      expect((err as SluiceError).param).toBe('response_format.json_schema.schema');
+      expect((err as SluiceError).message).toMatch(why);
+      expect((err as SluiceError).message).not.toMatch(/ASSERTIONS|Aborted|FATAL/);
+    }
+    const after = await engine.generate({ prompt: 'after', maxTokens: 60, temperature: 1, seed: 3,
+      responseFormat: { type: 'json_schema', schema: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'], additionalProperties: false } } });
+    if (after.finishReason === 'stop') expect(typeof (JSON.parse(after.text) as { n: unknown }).n).toBe('number');
+    else expect(after.finishReason).toBe('length');
+  });
+});
