@@ -82,6 +82,21 @@ describe('tool-call parsing', () => {
       .toEqual([{ name: 'now', arguments: '{}' }, { name: 'get_weather', arguments: '{"city":"Rome"}' }]);
     expect(parseToolCalls('The weather is {"sunny"}', 'llama3_json', offered)).toEqual({ content: 'The weather is {"sunny"}', calls: [] });
   });
+
+  it('reads a call\'s JSON to its end, so a string holding the closing tag or a separator stays in the arguments (issue 27)', () => {
+    const note = 'ends with </tool_call> and <tool_call> inside';
+    const text = `<tool_call>\n{"name": "get_weather", "arguments": {"city": ${JSON.stringify(note)}}}\n</tool_call>\n`
+      + '<tool_call>\n{"name": "now", "arguments": {"q": "\\"}</tool_call>\\""}}\n</tool_call>';
+    expect(parseToolCalls(text, 'hermes', offered)).toEqual({
+      content: '',
+      calls: [{ name: 'get_weather', arguments: JSON.stringify({ city: note }) }, { name: 'now', arguments: JSON.stringify({ q: '"}</tool_call>"' }) }],
+    });
+    // Text after a call's JSON but before its closing tag: not a call.
+    const trailing = '<tool_call>\n{"name": "now", "arguments": {}} and more\n</tool_call>';
+    expect(parseToolCalls(trailing, 'hermes', offered)).toEqual({ content: trailing, calls: [] });
+    expect(parseToolCalls('{"name": "get_weather", "parameters": {"city": "a; {\\"b\\": 1}"}}; {"name": "now", "parameters": {}}', 'llama3_json', offered).calls)
+      .toEqual([{ name: 'get_weather', arguments: JSON.stringify({ city: 'a; {"b": 1}' }) }, { name: 'now', arguments: '{}' }]);
+  });
 });
 
 describe('splitting a generation', () => {

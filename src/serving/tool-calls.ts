@@ -4,7 +4,9 @@
 //       <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>
 //   - llama3_json (Llama 3.1 / 3.2 / 3.3): the whole answer is a JSON call (or several joined
 //     by ";"), {"name": "get_weather", "parameters": {"city": "Paris"}}, perhaps after <|python_tag|>.
-// A block that does not parse, or names a function the request did not offer, stays text.
+// A block that does not parse, or names a function the request did not offer, stays text. A call's
+// JSON is read with a scanner that knows strings, so an argument holding "</tool_call>" or "; {"
+// stays inside the arguments.
 
 export type ToolCallFormat = 'hermes' | 'llama3_json';
 
@@ -48,24 +50,89 @@ function parseJson(text: string): unknown {
 }
 
 /**
+ * The end (exclusive) of the JSON object or array that opens at text[start], skipping strings and
+ * their escapes; -1 when it is not closed (or text[start] opens neither).
+ */
+export function jsonValueEnd(text: string, start: number): number {
+  if (text[start] !== '{' && text[start] !== '[') return -1;
+  let depth = 0;
+  for (let i = start; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === '\\') i++;
+      if (i >= text.length) return -1;
+    } else if (c === '{' || c === '[') {
+      depth++;
+    } else if (c === '}' || c === ']') {
+      if (--depth === 0) return i + 1;
+    }
+  }
+  return -1;
+}
+
+const skipSpace = (text: string, i: number): number => {
+  while (i < text.length && /\s/.test(text[i]!)) i++;
+  return i;
+};
+
+const OPEN = '<tool_call>';
+const CLOSE = '</tool_call>';
+
+/** Hermes blocks: <tool_call>, a JSON object read to its end, </tool_call>. */
+function hermesCalls(text: string, offered: ReadonlySet<string>): { content: string; calls: ParsedToolCall[] } {
+  const calls: ParsedToolCall[] = [];
+  let content = '';
+  let from = 0;
+  for (let open = text.indexOf(OPEN); open >= 0; open = text.indexOf(OPEN, from)) {
+    const start = skipSpace(text, open + OPEN.length);
+    const end = jsonValueEnd(text, start);
+    const close = end < 0 ? -1 : skipSpace(text, end);
+    const call = close >= 0 && text.startsWith(CLOSE, close) ? callOf(parseJson(text.slice(start, end)), 'arguments', offered) : undefined;
+    if (call === undefined) {
+      // Not a call: the block stays text, up to its closing tag (or the next opening one).
+      const next = text.indexOf(CLOSE, open + OPEN.length);
+      const stop = next < 0 ? text.length : next + CLOSE.length;
+      content += text.slice(from, stop);
+      from = stop;
+      continue;
+    }
+    calls.push(call);
+    content += text.slice(from, open);
+    from = close + CLOSE.length;
+  }
+  content += text.slice(from);
+  return { content: calls.length > 0 ? content.trim() : text, calls };
+}
+
+/** JSON objects joined by ';' (the separator read outside strings only). */
+function jsonSequence(body: string): unknown[] | undefined {
+  const parts: unknown[] = [];
+  let i = 0;
+  while (true) {
+    i = skipSpace(body, i);
+    const end = jsonValueEnd(body, i);
+    if (end < 0) return undefined;
+    const part = parseJson(body.slice(i, end));
+    if (part === undefined) return undefined;
+    parts.push(part);
+    i = skipSpace(body, end);
+    if (i >= body.length) return parts;
+    if (body[i] !== ';') return undefined;
+    i++;
+  }
+}
+
+/**
  * Splits an answer into its tool calls and the text around them. `offered`: the function names
  * the request offered (calls to others stay text).
  */
 export function parseToolCalls(text: string, format: ToolCallFormat, offered: ReadonlySet<string>): { content: string; calls: ParsedToolCall[] } {
+  if (format === 'hermes') return hermesCalls(text, offered);
   const calls: ParsedToolCall[] = [];
-  if (format === 'hermes') {
-    const content = text.replace(/<tool_call>([\s\S]*?)<\/tool_call>/g, (block, body: string) => {
-      const call = callOf(parseJson(body.trim()), 'arguments', offered);
-      if (call === undefined) return block;
-      calls.push(call);
-      return '';
-    });
-    return { content: calls.length > 0 ? content.trim() : text, calls };
-  }
   const body = text.trim().replace(/^<\|python_tag\|>/, '').trim();
   if (!body.startsWith('{')) return { content: text, calls };
-  const whole = parseJson(body);
-  const parts = whole !== undefined ? [whole] : body.split(/;\s*(?=\{)/).map((p) => parseJson(p.trim()));
+  const parts = jsonSequence(body);
+  if (parts === undefined) return { content: text, calls };
   for (const part of parts) {
     const call = callOf(part, 'parameters', offered);
     if (call === undefined) return { content: text, calls: [] };
