@@ -23,6 +23,11 @@ export class ByteLru<V> {
     return entry.value;
   }
 
+  /** The value for `key` without marking it used; undefined when absent. */
+  peek(key: string): V | undefined {
+    return this.entries.get(key)?.value;
+  }
+
   has(key: string): boolean {
     return this.entries.has(key);
   }

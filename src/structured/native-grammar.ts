@@ -7,10 +7,16 @@ import { SluiceError } from '../errors.js';
 import {
   nativeAddon, type NativeCompiledGrammar, type NativeGrammarMatcher, type NativeGrammarVocabulary,
 } from '../engine/native.js';
+import { ByteLru } from './grammar-cache.js';
 import type { TokenConstraint } from './structured-outputs.js';
 
-/** Compiled grammars kept (each is small: well under a megabyte at a 152k vocabulary). */
-const GRAMMAR_CACHE = 64;
+/**
+ * Compiled grammars kept: at most 64, and at most 512 MiB by their reported sizes (a grammar with
+ * many long-string positions holds a mask cache per position: a tenant's schema of 25
+ * `^x.{1000}$` properties was measured at 119 MB), least recently used evicted first.
+ */
+const GRAMMAR_CACHE_ENTRIES = 64;
+const GRAMMAR_CACHE_BYTES = 512 * 2 ** 20;
 /**
  * Mask work (TokenMatcher::fill_mask_within's units: suffixes walked) done on the JS thread per
  * tick: about 100 us on a 2-core Zen 5 at a 152k vocabulary (measured: work up to 4,096 took at most
@@ -21,23 +27,27 @@ const GRAMMAR_CACHE = 64;
 export const SYNC_MASK_WORK_PER_TICK = 4096;
 
 export class NativeGrammars {
-  private readonly compiled = new Map<string, Promise<NativeCompiledGrammar | undefined>>();
+  /** Grammar key -> its compile (in flight: 0 bytes until it settles, then the grammar's size). */
+  private readonly compiled: ByteLru<Promise<NativeCompiledGrammar | undefined>>;
   private pending: { constraint: NativeConstraint; out: Uint32Array; offset: number; resolve(): void }[] = [];
   /** Mask work left for the JS thread in this tick (undefined: none asked yet this tick). */
   private syncWorkLeft: number | undefined;
 
   private constructor(private readonly vocabulary: NativeGrammarVocabulary, readonly words: number,
-    private readonly syncWorkPerTick: number) {}
+    private readonly syncWorkPerTick: number, cacheBytes: number) {
+    this.compiled = new ByteLru(GRAMMAR_CACHE_ENTRIES, cacheBytes);
+  }
 
   /**
    * Indexes a vocabulary (bytes and offsets as the grammar worker packs them). `syncWorkPerTick`:
    * mask work done on the JS thread per tick (default SYNC_MASK_WORK_PER_TICK; 0 sends every mask
-   * that must be computed to the pool).
+   * that must be computed to the pool). `cacheBytes`: the compiled grammars' byte budget.
    */
-  static async create(bytes: Uint8Array, offsets: Uint32Array, stopIds: number[], syncWorkPerTick = SYNC_MASK_WORK_PER_TICK): Promise<NativeGrammars> {
+  static async create(bytes: Uint8Array, offsets: Uint32Array, stopIds: number[], syncWorkPerTick = SYNC_MASK_WORK_PER_TICK,
+    cacheBytes = GRAMMAR_CACHE_BYTES): Promise<NativeGrammars> {
     const addon = nativeAddon();
     const vocabulary = new addon.GrammarVocabulary(await addon.grammarVocabulary(bytes, offsets, Int32Array.from(stopIds)));
-    return new NativeGrammars(vocabulary, Math.ceil(vocabulary.size / 32), syncWorkPerTick);
+    return new NativeGrammars(vocabulary, Math.ceil(vocabulary.size / 32), syncWorkPerTick, cacheBytes);
   }
 
   /**
@@ -45,11 +55,9 @@ export class NativeGrammars {
    * grammar text (the caller then uses xgrammar). A compile past `timeoutMs` is a 400.
    */
   async grammar(key: string, text: () => Promise<string>, timeoutMs: number, param: string): Promise<NativeCompiledGrammar | undefined> {
-    let entry = this.compiled.get(key);
-    if (entry !== undefined) {
-      this.compiled.delete(key);  // most recently used last
-    } else {
-      entry = text().then(async (ebnf) => {
+    let entry = this.compiled.get(key);  // now the most recently used
+    if (entry === undefined) {
+      const compile = text().then(async (ebnf) => {
         const addon = nativeAddon();
         try {
           return new addon.CompiledGrammar(await addon.compileGrammar(this.vocabulary, ebnf, timeoutMs));
@@ -60,10 +68,15 @@ export class NativeGrammars {
           return undefined;  // a construct the native reader does not take
         }
       });
-      entry.catch(() => this.compiled.delete(key));  // failures are not cached
-      while (this.compiled.size >= GRAMMAR_CACHE) this.compiled.delete(this.compiled.keys().next().value as string);
+      entry = compile;
+      this.compiled.set(key, compile, 0);
+      // A compiled grammar is charged its size once known (if its compile is still the cached one:
+      // an eviction in between keeps it out); a grammar the reader refused stays at 0 bytes, so it
+      // is not tried again; a failed compile is not cached.
+      compile.then((grammar) => {
+        if (grammar !== undefined && this.compiled.peek(key) === compile) this.compiled.set(key, compile, grammar.bytes);
+      }, () => { if (this.compiled.peek(key) === compile) this.compiled.delete(key); });
     }
-    this.compiled.set(key, entry);
     return entry;
   }
 
