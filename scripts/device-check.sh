@@ -14,7 +14,8 @@
 # passed or failed (a second call finishes what the first did not; --redo runs named phases again):
 #   env         the GPU, driver, nvcc, cmake, torch, and where libcublasLt lives (LD_LIBRARY_PATH)
 #   build       the native addon, tests and benches for sm_90 only (SLUICE_CUDA_ARCHITECTURES=90-real)
-#   tests       ctest's CUDA tests with our GEMM and with cuBLASLt, test/engine-cuda.test.ts,
+#   tests       ctest's CUDA tests with our GEMM and with cuBLASLt, test/engine-cuda.test.ts and
+#               test/pipelined-steps.test.ts,
 #               compute-sanitizer memcheck on test_cuda_engine
 #   kernels     sluice_cuda_kernel_bench and torch.matmul on the 8B projection shapes, side by side
 #   engine-small  bench:engine on qwen2.5-0.5b beside transformers
@@ -228,7 +229,8 @@ phase_tests() {
   fi
   # vitest's own entry: the device's Node runtime has no npx beside it.
   # (Its 'CUDA unavailable' case is skipped where CUDA works; SLUICE_REQUIRE_CUDA fails a CUDA-less run.)
-  step 'vitest engine-cuda' 150 env SLUICE_REQUIRE_CUDA=$((dry ? 0 : 1)) node node_modules/vitest/vitest.mjs run test/engine-cuda.test.ts
+  step 'vitest engine-cuda' 150 env SLUICE_REQUIRE_CUDA=$((dry ? 0 : 1)) node node_modules/vitest/vitest.mjs run test/engine-cuda.test.ts \
+    test/pipelined-steps.test.ts
   if command -v compute-sanitizer >/dev/null && ((!dry)); then
     step 'memcheck test_cuda_engine' "$(left_in_phase)" compute-sanitizer --tool memcheck --error-exitcode 9 \
       --print-limit 20 build/test_cuda_engine

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -116,9 +118,12 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       throw Napi::TypeError::New(info.Env(), "use load() to create an engine");
     engine_.reset(info[0].As<Napi::External<Engine>>().Data());
     mask_words_ = size_t(sluice::token_mask_words(engine_->info().config.vocab_size));
+    pipelined_ = engine_->pipelined();
   }
 
  private:
+  struct StepQueue;  // below
+
   Engine& engine(Napi::Env env) {
     if (!engine_ || dispose_pending_) throw make_error(env, "DISPOSED", "the engine has been disposed");
     return *engine_;
@@ -176,10 +181,15 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
     std::shared_ptr<StepQueue> queue = queue_;
     const uint64_t ticket = queue->next_ticket++;
+    if (pipelined_) {
+      std::lock_guard<std::mutex> l(queue->mu);
+      queue->waiting.emplace(ticket, plan);
+      queue->cv.notify_all();  // a worker waiting for its step's device work may begin this one
+    }
     in_flight_++;
     auto* worker = new PromiseWorker<sluice::StepResult>(
         env,
-        [&eng, plan, queue, ticket]() {
+        [&eng, plan, queue, ticket, pipelined = pipelined_]() {
           std::unique_lock<std::mutex> turn(queue->mu);
           queue->cv.wait(turn, [&] { return queue->serving == ticket; });
           turn.unlock();
@@ -193,7 +203,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
             }
           } next{*queue};
           std::lock_guard<std::mutex> lock(queue->engine_mu);
-          return eng.step(*plan);
+          if (!pipelined) return eng.step(*plan);
+          return run_pipelined(eng, *queue, ticket, *plan);
         },
         &StepResultToJs, Value(),
         [this]() {
@@ -202,6 +213,49 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     Napi::Promise promise = worker->promise();
     worker->Queue();
     return promise;
+  }
+
+  // A pipelined engine's step, on its worker's turn (holding engine_mu): begins it unless the
+  // worker before began it early; while its device work runs, begins the next step as soon as
+  // that one is submitted (so the device never waits for this result to reach JavaScript and the
+  // next plan to be prepared); then ends it. A next step with constrained rows is left to its own
+  // worker: its masks depend on this result. One worker at a time touches the engine, in ticket
+  // order, so this needs no more pool threads than the serial loop.
+  static sluice::StepResult run_pipelined(Engine& eng, StepQueue& q, uint64_t ticket, const sluice::StepPlan& plan) {
+    std::unique_lock<std::mutex> l(q.mu);
+    q.waiting.erase(ticket);
+    auto early = q.begun_early.find(ticket);
+    if (early != q.begun_early.end()) {
+      const std::exception_ptr failed = early->second;
+      q.begun_early.erase(early);
+      if (failed) std::rethrow_exception(failed);
+    } else {
+      l.unlock();
+      eng.begin_step(plan);
+      l.lock();
+    }
+    for (;;) {
+      auto next = q.waiting.find(ticket + 1);
+      if (next != q.waiting.end() && next->second->constrained.empty()) {
+        const std::shared_ptr<sluice::StepPlan> next_plan = next->second;
+        q.waiting.erase(next);
+        l.unlock();
+        std::exception_ptr failed;
+        try {
+          eng.begin_step(*next_plan);
+        } catch (...) {
+          failed = std::current_exception();  // that step's promise rejects with it
+        }
+        l.lock();
+        q.begun_early.emplace(ticket + 1, failed);
+        break;
+      }
+      if (next != q.waiting.end() || eng.step_ready()) break;
+      // Woken by a submission; the timeout bounds how late a finished step is noticed.
+      q.cv.wait_for(l, std::chrono::microseconds(50));
+    }
+    l.unlock();
+    return eng.end_step();
   }
 
   static const size_t kMaxPlanEntries = size_t(1) << 20;
@@ -365,6 +419,10 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     uint64_t next_ticket = 0;  // JS thread only
     uint64_t serving = 0;      // under mu
     std::mutex engine_mu;      // held while the engine runs a step or answers a synchronous call
+    // Pipelined engines only (run_pipelined), under mu: plans submitted and not yet begun, by
+    // ticket; and steps begun by the worker before theirs, with begin_step's error (or null).
+    std::map<uint64_t, std::shared_ptr<sluice::StepPlan>> waiting;
+    std::map<uint64_t, std::exception_ptr> begun_early;
   };
 
   // Where a step's token masks meet it: provided on the JS thread, awaited by the step (after its
@@ -401,6 +459,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   std::unordered_map<uint32_t, std::shared_ptr<MaskSlot>> mask_slots_;  // JS thread only
   std::shared_ptr<StepQueue> queue_ = std::make_shared<StepQueue>();
   int in_flight_ = 0;  // submitted steps not yet settled (JS thread only)
+  bool pipelined_ = false;  // the engine begins and ends steps in halves (cuda_device_tokens)
   bool dispose_pending_ = false;
 };
 
@@ -430,6 +489,8 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   if (o.Get("quantization").IsString()) opts.quantization = o.Get("quantization").As<Napi::String>().Utf8Value();
   if (o.Get("cudaGemm").IsString()) opts.cuda_gemm = o.Get("cudaGemm").As<Napi::String>().Utf8Value();
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
+  if (o.Get("cudaDeviceTokens").IsBoolean()) opts.cuda_device_tokens = o.Get("cudaDeviceTokens").As<Napi::Boolean>().Value();
+  if (o.Get("cudaGraphsAtLoad").IsBoolean()) opts.cuda_graphs_at_load = o.Get("cudaGraphsAtLoad").As<Napi::Boolean>().Value();
   opts.max_num_seqs = get_int32(env, o, "maxNumSeqs", 0, 0, 1 << 20);
   opts.max_batched_tokens = get_int32(env, o, "maxBatchedTokens", 0, 0, 1 << 24);
   if (o.Get("gpuMemoryUtilization").IsNumber())

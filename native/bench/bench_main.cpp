@@ -1,11 +1,12 @@
 // Native engine bench, no Node needed:
 //   sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt 512] [--decode 32]
 //                [--threads N] [--kv-bytes BYTES] [--gpu-memory-utilization F] [--precision f32|bf16]
-//                [--quantization none|int8] [--json FILE]
+//                [--quantization none|int8] [--device-tokens] [--graphs-at-load] [--json FILE]
 // Prints a table: memory bandwidth (CPU: streaming read; CUDA: device-to-device copy, read +
 // written bytes), the batch-1 decode roofline (weight bytes / bandwidth), and per batch size the
 // prefill and decode throughput. The Node bench (bench/engine.ts) drives the same engine through
-// the addon.
+// the addon. --device-tokens (EngineOptions::cuda_device_tokens) decodes pipelined: step N+1 is
+// begun before step N ends, as the addon does; --graphs-at-load captures the decode graphs at load.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   int prompt_len = 512, decode_steps = 32, threads = 0;
   size_t kv_bytes = 0;
   double gpu_util = 0.9;
+  bool device_tokens = false, graphs_at_load = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -74,8 +76,10 @@ int main(int argc, char** argv) {
     else if (a == "--quantization") quantization = next();
     else if (a == "--backend") backend = next();
     else if (a == "--gpu-memory-utilization") gpu_util = std::atof(next().c_str());
+    else if (a == "--device-tokens") device_tokens = true;
+    else if (a == "--graphs-at-load") graphs_at_load = true;
     else {
-      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--quantization none|int8] [--json FILE]\n");
+      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--quantization none|int8] [--device-tokens] [--graphs-at-load] [--json FILE]\n");
       return 2;
     }
   }
@@ -97,6 +101,8 @@ int main(int argc, char** argv) {
     opts.matmul_precision = precision;
     opts.quantization = quantization;
     opts.prefix_caching = false;  // the same prompts repeat across batch sizes: measure compute, not hits
+    opts.cuda_device_tokens = device_tokens;
+    opts.cuda_graphs_at_load = graphs_at_load;
     auto engine = Engine::load(opts);
     const EngineInfo info = engine->info();
     const double roofline = bandwidth / double(info.weight_bytes);
@@ -133,7 +139,17 @@ int main(int argc, char** argv) {
       decode.num_tokens.assign(ids.size(), 1);
       engine->step(decode);  // warm-up step
       t0 = Clock::now();
-      for (int s = 0; s < decode_steps; s++) engine->step(decode);
+      if (engine->pipelined()) {
+        // One step always in flight: the decode plan does not depend on the last result.
+        engine->begin_step(decode);
+        for (int s = 1; s < decode_steps; s++) {
+          engine->begin_step(decode);
+          engine->end_step();
+        }
+        engine->end_step();
+      } else {
+        for (int s = 0; s < decode_steps; s++) engine->step(decode);
+      }
       const double decode_s = seconds_since(t0);
       rows.push_back({batch, double(batch) * prompt_len / prefill_s, double(batch) * decode_steps / decode_s,
                       1000.0 * decode_s / decode_steps});
@@ -157,7 +173,8 @@ int main(int argc, char** argv) {
           << "\",\"weight_bytes\":" << info.weight_bytes << ",\"memory_bandwidth_bytes_per_s\":" << bandwidth
           << ",\"decode_roofline_tokens_per_s\":" << roofline << ",\"peak_rss_bytes\":" << peak_rss_bytes()
           << ",\"backend\":\"" << info.backend << "\",\"device\":\"" << info.simd
-          << "\",\"device_bytes\":" << info.device_bytes << ",\"kv_cache_bytes\":" << info.kv_cache_bytes << ",\"rows\":[";
+          << "\",\"device_tokens\":" << (engine->pipelined() ? "true" : "false")
+          << ",\"device_bytes\":" << info.device_bytes << ",\"kv_cache_bytes\":" << info.kv_cache_bytes << ",\"rows\":[";
       for (size_t i = 0; i < rows.size(); i++)
         out << (i ? "," : "") << "{\"batch\":" << rows[i].batch << ",\"prefill_tokens_per_s\":" << rows[i].prefill_tps
             << ",\"decode_tokens_per_s\":" << rows[i].decode_tps << ",\"decode_step_ms\":" << rows[i].decode_step_ms

@@ -43,6 +43,13 @@ export interface EngineLoadOptions {
    * (cuBLASLt where present). Decode GEMVs (8 tokens or fewer) are ours either way.
    */
   cudaGemm?: CudaGemm;
+  /**
+   * CUDA, off until measured on a GPU (README, "The step loop"): cudaDeviceTokens keeps sampled
+   * tokens on the device and begins step N+1 before N's tokens reach the host; cudaGraphsAtLoad
+   * captures every decode graph bucket up to maxNumSeqs at load.
+   */
+  cudaDeviceTokens?: boolean;
+  cudaGraphsAtLoad?: boolean;
   /** Tokens per KV block (default 16). */
   blockSize?: number;
   /** Compute threads (default 0 = all online CPUs). */
@@ -223,7 +230,10 @@ export class Engine {
       throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
     }
     // On CUDA the KV pool defaults to what gpuMemoryUtilization leaves (kvCacheBytes 0).
-    const cudaBase = { ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0, ...limitsFor('cuda') };
+    const cudaBase = {
+      ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0, ...limitsFor('cuda'),
+      cudaDeviceTokens: opts.cudaDeviceTokens ?? false, cudaGraphsAtLoad: opts.cudaGraphsAtLoad ?? false,
+    };
     const cpuBase = { ...base, backend: 'cpu' as const, ...limitsFor('cpu') };
     const g = base.gpuMemoryUtilization;
     if (typeof g !== 'number' || !(g > 0 && g <= 1)) {

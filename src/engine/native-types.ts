@@ -36,6 +36,14 @@ export interface NativeLoadOptions {
   prefixCaching?: boolean;
   /** Secret key of the keyed prefix-block hash: 32 hex digits (16 bytes). Default all zero. */
   prefixHashKey?: string;
+  /**
+   * Pipelined steps (EngineOptions::cuda_device_tokens, default false until measured on a GPU):
+   * sampled tokens stay on the device and the addon begins step N+1 before N's tokens reach the
+   * host. On the CPU it runs the same engine path with host-resolved tokens (tests only).
+   */
+  cudaDeviceTokens?: boolean;
+  /** CUDA: capture the decode graph of every batch bucket up to maxNumSeqs at load (default false). */
+  cudaGraphsAtLoad?: boolean;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */

@@ -42,6 +42,15 @@ struct EngineOptions {
   // loaded at run time; kBackendUnavailable when the host has none) or "auto" (cuBLASLt where
   // the host has it, else native).
   std::string cuda_gemm = "auto";
+  // Pipelined steps (the CUDA half of the step loop; off until measured on a GPU): a step's
+  // sampled tokens stay on the device and the next step, begun before this one's tokens reach
+  // the host (begin_step / end_step), reads them there. Environment: SLUICE_CUDA_DEVICE_TOKENS=1
+  // turns it on for CUDA engines. On the CPU backend the option runs the same engine path with
+  // the tokens resolved on the host (for tests; it gains nothing there).
+  bool cuda_device_tokens = false;
+  // CUDA: capture the decode graph of every batch bucket up to max_num_seqs at load instead of at
+  // a bucket's first decode step (which then pays the capture). SLUICE_CUDA_GRAPHS_AT_LOAD=1.
+  bool cuda_graphs_at_load = false;
   int num_threads = 0;                // CPU compute threads; 0 = all online CPUs
   // Activations against bf16 weights: "f32" tracks an f32 computation (activations carried as
   // two bf16 terms on AVX512-BF16 hardware); "bf16" rounds them to bf16 once, as llama.cpp and
@@ -213,6 +222,20 @@ class Engine {
   // result, a shortage of KV blocks included; it throws only for a malformed plan (arrays of
   // different lengths) and for faults of the whole step (kDeviceFault, then kEngineBroken).
   virtual StepResult step(const StepPlan& plan) = 0;
+  // The same step in two halves, when pipelined() (cuda_device_tokens): begin_step() prepares the
+  // plan, launches its forward pass and sampling and returns; end_step() waits for the oldest
+  // begun step and returns its result (results come back in begin order). At most two steps are
+  // in flight: begin_step() with two in flight throws kInvalidArgument. A plan begun while
+  // another is in flight sees that one's samples as known tokens (a decode row computes them on
+  // the device); when one of them fails, the row of the next step that computed it fails too
+  // (its error says why) and nothing it computed is kept. A plan with constrained rows first
+  // finishes the step in flight (its masks depend on that step's tokens). Not pipelined:
+  // begin_step() runs the whole step and end_step() returns its result.
+  virtual bool pipelined() const { return false; }
+  virtual void begin_step(const StepPlan& plan) = 0;
+  virtual StepResult end_step() = 0;
+  // Whether end_step() would return without waiting for the device (true with nothing in flight).
+  virtual bool step_ready() const = 0;
   // Testing hook: the next step that holds seq_id fails that row at `point` (kDevice: the next
   // step fails as a device fault whatever it holds; seq_id is ignored). One fault per sequence.
   virtual void inject_fault(uint32_t seq_id, FaultPoint point) = 0;

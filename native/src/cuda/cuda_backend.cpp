@@ -2,9 +2,14 @@
 // biases, Qwen3 q/k norms, rope scaling), over the kernels in kernels.h, with the paged KV cache
 // in device memory and sampling on the GPU. Pure decode steps replay a CUDA graph captured per
 // padded batch size; other steps (prefill chunks, mixed batches) launch the kernels directly.
+// With cuda_device_tokens (pipelined steps) sampled tokens stay on the device for the next
+// step's embedding gather, sampling returns before its tokens reach the host (two output slots),
+// and step inputs go up through two pinned buffers, so the host never waits on the copy of the
+// step before; with cuda_graphs_at_load every decode bucket up to max_num_seqs is captured at load.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -112,7 +117,12 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   std::string kernel_info() const override {
     std::lock_guard<std::mutex> lock(info_mu_);  // info() may run beside a step that notes a failed capture
-    return device_desc_ + graph_notes_;
+    std::string notes = graph_notes_;
+    if (graphs_at_load_)
+      notes += ", decode graphs captured: " + std::to_string(graphs_live_.load()) + " of " + std::to_string(graphs_wanted_) +
+               " buckets (at load)";
+    if (device_tokens_) notes += ", device tokens: on";
+    return device_desc_ + notes;
   }
   int num_threads() const override { return num_sms_; }
   size_t kv_bytes_per_block(int64_t block_size) const override {
@@ -124,6 +134,10 @@ class CudaBackend final : public Backend {
   void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) override;
   void read_logits(float* out) override;
   size_t device_bytes() const override;
+  bool resolves_device_tokens() const override { return device_tokens_; }
+  void sample_launch(const SampleRow* rows, int64_t R, int top_n, int slot) override;
+  void sample_collect(int slot, const SampleOutput& out) override;
+  bool sample_ready(int slot) const override;
 
  private:
   // Step inputs live at fixed device offsets so that captured graphs can replay them.
@@ -139,6 +153,7 @@ class CudaBackend final : public Backend {
   void run_layers(int64_t T, int64_t R, int attn_splits);
   int choose_attn_splits(int64_t T, int64_t max_ctx) const;
   void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
+  void capture_graphs_at_load();
   const int32_t* dev_i32(size_t off) const { return reinterpret_cast<const int32_t*>(step_dev_.get<uint8_t>() + off); }
 
   const ModelConfig c_;
@@ -169,12 +184,29 @@ class CudaBackend final : public Backend {
   size_t attn_part_capacity_ = 0;  // floats of attn_part_acc_
   StepLayout layout_;
   DeviceBuffer step_dev_;
-  PinnedBuffer step_host_;
-  cudaEvent_t step_copied_ = nullptr;  // the last upload from step_host_ has been read
+  // Pinned copies of the step inputs: one, or two used in turn with device tokens (the host
+  // writes one while the copy from the other may still be queued behind the step in flight).
+  PinnedBuffer step_host_[2];
+  cudaEvent_t step_copied_[2] = {nullptr, nullptr};  // the last upload from step_host_[i] has been read
+  int step_slot_ = 0;      // the pinned step buffer of the next upload
   int64_t last_rows_ = 0;  // logit rows of the last forward()
 
   DeviceBuffer sample_params_, sample_out_, sample_stats_;
-  PinnedBuffer sample_host_;
+  // One launch's sampling, from sample_launch() to sample_collect(). Its pinned buffer carries the
+  // row parameters up and [tokens R | logprobs R | top ids R*n | top logprobs R*n] down.
+  struct SampleSlot {
+    PinnedBuffer host;
+    cudaEvent_t done = nullptr;  // the download into `host` has landed
+    int64_t R = 0;
+    int top_n = 0;
+    std::vector<uint8_t> allows_nothing, inject_fault;  // [R]
+  };
+  SampleSlot sample_slots_[2];
+  // Device tokens: [device_token_rows_] the tokens of the last sample launch, which the next
+  // forward()'s resolve_device_tokens reads (captured graphs hold its address).
+  bool device_tokens_ = false;
+  DeviceBuffer device_token_buf_;
+  int64_t device_token_rows_ = 0;
   DeviceBuffer token_masks_;  // [rows, mask words] of a step with grammar-constrained rows
   PinnedBuffer token_masks_host_;
 
@@ -182,6 +214,10 @@ class CudaBackend final : public Backend {
   // eagerly (a capture that fails once fails again: retrying it every step would fail them all).
   std::map<int, cudaGraphExec_t> graphs_;
   bool graphs_enabled_ = true;  // SLUICE_CUDA_GRAPHS=0 turns decode graphs off (to bisect a graph problem)
+  bool graphs_at_load_ = false;     // cuda_graphs_at_load
+  int graph_limit_ = kMaxGraphBatch;  // decode batches captured at load: up to max_num_seqs' bucket
+  int graphs_wanted_ = 0;           // buckets captured at load
+  std::atomic<int> graphs_live_{0};  // captured graphs now (kernel_info() reads it beside a step)
   mutable std::mutex info_mu_;
   std::string graph_notes_;  // appended to kernel_info(): graphs off, buckets that fell back to eager
   void drop_graphs();
@@ -214,7 +250,11 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     graphs_enabled_ = false;
     graph_notes_ = ", decode graphs: off (SLUICE_CUDA_GRAPHS=0)";
   }
-  SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
+  for (cudaEvent_t* ev : {&step_copied_[0], &step_copied_[1], &sample_slots_[0].done, &sample_slots_[1].done})
+    SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+  device_tokens_ = opts.cuda_device_tokens;
+  const char* at_load = std::getenv("SLUICE_CUDA_GRAPHS_AT_LOAD");
+  graphs_at_load_ = graphs_enabled_ && (opts.cuda_graphs_at_load || (at_load && std::string(at_load) == "1"));
   w_ = cuda::upload_weights(c, w);
   e_ = w_.dtype;
   gemm_tickets_.allocate(sizeof(int) * 65536, stream_);
@@ -229,11 +269,17 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   const int64_t max_tokens = std::max<int64_t>({512, opts.max_batched_tokens, max_rows});
   ensure_capacity(max_tokens, max_rows, max_rows + 1, 1);
   token_masks_.allocate(size_t(max_rows) * size_t(token_mask_words(c_.vocab_size)) * 4, stream_);
+  if (device_tokens_) {
+    device_token_rows_ = max_rows;
+    device_token_buf_.allocate(size_t(max_rows) * 4, stream_);
+  }
+  if (opts.max_num_seqs > 0) graph_limit_ = std::min(opts.max_num_seqs, kMaxGraphBatch);
 }
 
 CudaBackend::~CudaBackend() {
   drop_graphs();
-  if (step_copied_) cudaEventDestroy(step_copied_);
+  for (cudaEvent_t ev : {step_copied_[0], step_copied_[1], sample_slots_[0].done, sample_slots_[1].done})
+    if (ev) cudaEventDestroy(ev);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -260,11 +306,12 @@ void CudaBackend::drop_graphs() {
   for (auto& [bucket, exec] : graphs_)
     if (exec) cudaGraphExecDestroy(exec);
   graphs_.clear();
+  graphs_live_ = 0;
 }
 
 size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
-             lt_workspace_.bytes() + lt_scratch_.bytes();
+             lt_workspace_.bytes() + lt_scratch_.bytes() + device_token_buf_.bytes();
   for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_,
                                 &attn_part_ml_, &sample_params_, &sample_out_, &sample_stats_, &token_masks_})
     n += b->bytes();
@@ -302,6 +349,35 @@ void CudaBackend::allocate_kv(int64_t num_blocks, int64_t block_size) {
   // move the step buffers, which would invalidate the captured graphs.
   const int64_t max_blocks = (c_.max_position_embeddings + block_size - 1) / block_size;
   ensure_capacity(cap_tokens_, cap_rows_, layout_.seqs, max_blocks);
+  if (graphs_at_load_) capture_graphs_at_load();
+}
+
+// Captures the decode graph of every bucket up to graph_limit_'s, each over a batch of padding
+// tokens only (token 0 at position 0 of the scratch sequence: it writes the scratch block alone),
+// so that no decode step pays a capture. A bucket whose capture fails runs eagerly, as when
+// captured lazily (capture_decode_graph).
+void CudaBackend::capture_graphs_at_load() {
+  const int32_t none = 0;
+  const int32_t* no_table = &none;
+  ForwardBatch padding;
+  padding.token_ids = padding.positions = padding.token_seq = padding.slots = padding.logit_rows = &none;
+  padding.block_tables = &no_table;
+  padding.num_seq_blocks = &none;
+  const int last = graph_bucket(graph_limit_);
+  int captured = 0, wanted = 0;
+  for (int bucket : kGraphBuckets) {
+    if (bucket > last) break;
+    wanted++;
+    ensure_capacity(bucket, bucket, bucket + 1, 1);
+    upload_step(padding, bucket, bucket, 1);
+    const cudaGraphExec_t exec = capture_decode_graph(bucket, choose_attn_splits(bucket, c_.max_position_embeddings));
+    graphs_.emplace(bucket, exec);
+    captured += exec != nullptr;
+  }
+  SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::lock_guard<std::mutex> lock(info_mu_);
+  graphs_wanted_ = wanted;
+  graphs_live_ = captured;
 }
 
 // Growth is geometric (x1.5) so that a run of slowly larger steps reallocates, and drops the
@@ -396,10 +472,11 @@ void CudaBackend::allocate_step(const StepLayout& want) {
   L.off_stride = take(1);
   L.off_tables = take(L.seqs * L.table);
   L.bytes = off;
-  // The last upload may still be reading the pinned buffer that reserve() is about to free.
-  SLUICE_CUDA_CHECK(cudaEventSynchronize(step_copied_));
+  // The last uploads may still be reading the pinned buffers that reserve() is about to free.
+  const int slots = device_tokens_ ? 2 : 1;
+  for (int i = 0; i < slots; i++) SLUICE_CUDA_CHECK(cudaEventSynchronize(step_copied_[i]));
   step_dev_.allocate(off, stream_);
-  step_host_.reserve(off);
+  for (int i = 0; i < slots; i++) step_host_[i].reserve(off);
   layout_ = L;
 }
 
@@ -412,9 +489,12 @@ int CudaBackend::choose_attn_splits(int64_t T, int64_t max_ctx) const {
 }
 
 void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t width) {
-  // The previous step's asynchronous copy may still be reading the pinned buffer.
-  SLUICE_CUDA_CHECK(cudaEventSynchronize(step_copied_));
-  uint8_t* h = step_host_.get<uint8_t>();
+  // The asynchronous copy out of this pinned buffer may still be queued: the previous step's (one
+  // buffer), or with device tokens the one before it, whose step has ended (so it never waits).
+  const int slot = step_slot_;
+  if (device_tokens_) step_slot_ ^= 1;
+  SLUICE_CUDA_CHECK(cudaEventSynchronize(step_copied_[slot]));
+  uint8_t* h = step_host_[slot].get<uint8_t>();
   const StepLayout& L = layout_;
   auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(h + off); };
   const int64_t T = b.num_tokens, S = b.num_seqs;
@@ -441,7 +521,7 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
   // Everything up to the end of the used table rows, in one copy.
   const size_t bytes = L.off_tables + size_t(table_rows * width) * 4;
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(step_dev_.get(), h, bytes, cudaMemcpyHostToDevice, stream_));
-  SLUICE_CUDA_CHECK(cudaEventRecord(step_copied_, stream_));
+  SLUICE_CUDA_CHECK(cudaEventRecord(step_copied_[slot], stream_));
 }
 
 void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
@@ -461,6 +541,10 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
   float* x = x_.get<float>();
   const int ti = int(T);
 
+  // Tokens the step before sampled and this one computes are still refs (< 0): read them here.
+  if (device_tokens_)
+    cuda::resolve_device_tokens(reinterpret_cast<int32_t*>(step_dev_.get<uint8_t>() + layout_.off_ids), ti, device_token_buf_.get<int32_t>(), int(device_token_rows_),
+                                int(c_.vocab_size), stream_);
   cuda::embedding(ids, ti, w_.embed.get(), int(w_.ld_h), e_, int(H), x, stream_);
   cuda::rope_table(pos, ti, w_.inv_freq.get<float>(), int(c_.rotary_dim() / 2), cos_sin_.get<float>(), stream_);
 
@@ -634,7 +718,10 @@ void CudaBackend::forward(const ForwardBatch& b) {
     // ranges to the actual contexts in the kernel.
     const int splits = choose_attn_splits(bucket, c_.max_position_embeddings);
     auto it = graphs_.find(bucket);
-    if (it == graphs_.end()) it = graphs_.emplace(bucket, capture_decode_graph(bucket, splits)).first;
+    if (it == graphs_.end()) {
+      it = graphs_.emplace(bucket, capture_decode_graph(bucket, splits)).first;
+      if (it->second) graphs_live_++;
+    }
     if (it->second) {
       SLUICE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     } else {
@@ -648,14 +735,31 @@ void CudaBackend::forward(const ForwardBatch& b) {
 }
 
 void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {
+  if (R == 0) return;
+  sample_launch(rows, R, out.top_n, 0);
+  sample_collect(0, out);
+}
+
+void CudaBackend::sample_launch(const SampleRow* rows, int64_t R, int top_n, int slot_index) {
   SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  SampleSlot& slot = sample_slots_[slot_index & 1];
+  slot.R = 0;
   if (R == 0) return;
   if (R != last_rows_) throw Error(ErrorCode::kInternal, "sample() rows differ from the last forward()");
-  if (out.top_n > kMaxTopN) throw Error(ErrorCode::kInvalidArgument, "at most 32 logprobs alternatives on CUDA");
+  if (top_n > kMaxTopN) throw Error(ErrorCode::kInvalidArgument, "at most 32 logprobs alternatives on CUDA");
+  if (device_tokens_ && R > device_token_rows_) {
+    // More sampling rows than load sized for: the captured graphs read the old buffer.
+    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    drop_graphs();
+    device_token_rows_ = 0;
+    device_token_buf_.allocate(size_t(R) * 4, stream_);
+    device_token_rows_ = R;
+  }
   const size_t params_bytes = size_t(R) * sizeof(cuda::SampleRowParams);
-  const size_t out_bytes = size_t(R) * (2 + 2 * size_t(out.top_n)) * 4;
-  sample_host_.reserve(std::max(params_bytes, out_bytes));
-  auto* p = sample_host_.get<cuda::SampleRowParams>();
+  const size_t out_bytes = size_t(R) * (2 + 2 * size_t(top_n)) * 4;
+  // The slot's last download was collected (the engine ends a step before reusing its slot).
+  slot.host.reserve(std::max(params_bytes, out_bytes));
+  auto* p = slot.host.get<cuda::SampleRowParams>();
   for (int64_t r = 0; r < R; r++) {
     const SamplingParams& sp = rows[r].params;
     Rng rng(rows[r].stream_seed);
@@ -665,13 +769,13 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   int32_t* d_tokens = sample_out_.get<int32_t>();
   float* d_logprobs = reinterpret_cast<float*>(d_tokens + R);
   int32_t* d_top_ids = reinterpret_cast<int32_t*>(d_logprobs + R);
-  float* d_top_lps = reinterpret_cast<float*>(d_top_ids + R * out.top_n);
+  float* d_top_lps = reinterpret_cast<float*>(d_top_ids + R * top_n);
   cuda::SampleArgs a;
   a.logits = logits_.get<float>();
   a.R = int(R);
   a.V = int(c_.vocab_size);
   a.params = sample_params_.get<cuda::SampleRowParams>();
-  a.top_n = out.top_n;
+  a.top_n = top_n;
   a.tokens = d_tokens;
   a.logprobs = d_logprobs;
   a.top_ids = d_top_ids;
@@ -679,13 +783,19 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   a.row_stats = sample_stats_.get<float>();
   // Grammar-constrained rows: their masks go up as one [R, words] array (all ones for the
   // others) and disallowed logits become -inf on the device; a row allowing nothing fails.
-  std::vector<uint8_t> allows_nothing(size_t(R), 0);
+  slot.allows_nothing.assign(size_t(R), 0);
+  slot.inject_fault.assign(size_t(R), 0);
   bool any_mask = false;
-  for (int64_t r = 0; r < R; r++) any_mask = any_mask || rows[r].allow;
+  for (int64_t r = 0; r < R; r++) {
+    any_mask = any_mask || rows[r].allow;
+    slot.inject_fault[size_t(r)] = rows[r].inject_fault;
+  }
   if (any_mask) {
     const int64_t words = token_mask_words(c_.vocab_size);
     const size_t bytes = size_t(R) * size_t(words) * 4;
     if (token_masks_.bytes() < bytes) token_masks_.allocate(bytes, stream_);
+    // NOTE: one pinned mask buffer serves both slots: a step with masks is begun only after the
+    // step before it has ended (its masks depend on that step's tokens), so no copy from it is queued.
     token_masks_host_.reserve(bytes);
     auto* hm = token_masks_host_.get<uint32_t>();
     for (int64_t r = 0; r < R; r++) {
@@ -702,7 +812,7 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
       bool any = (dst[words - 1] & tail) != 0;
       for (int64_t w = 0; w + 1 < words && !any; w++) any = dst[w] != 0;
       if (!any) {
-        allows_nothing[size_t(r)] = 1;
+        slot.allows_nothing[size_t(r)] = 1;
         std::fill(dst, dst + words, 0xffffffffu);
       }
     }
@@ -710,9 +820,31 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
     cuda::apply_token_masks(logits_.get<float>(), int(R), int(c_.vocab_size), token_masks_.get<uint32_t>(), stream_);
   }
   cuda::sample(a, stream_);
-  uint8_t* h = sample_host_.get<uint8_t>();
-  SLUICE_CUDA_CHECK(cudaMemcpyAsync(h, d_tokens, out_bytes, cudaMemcpyDeviceToHost, stream_));
-  SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The next forward() reads these tokens on the device (resolve_device_tokens).
+  if (device_tokens_)
+    SLUICE_CUDA_CHECK(cudaMemcpyAsync(device_token_buf_.get(), d_tokens, size_t(R) * 4, cudaMemcpyDeviceToDevice, stream_));
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(slot.host.get<uint8_t>(), d_tokens, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  SLUICE_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+  slot.R = R;
+  slot.top_n = top_n;
+}
+
+bool CudaBackend::sample_ready(int slot_index) const {
+  const SampleSlot& slot = sample_slots_[slot_index & 1];
+  if (slot.R == 0) return true;
+  // Anything but "not ready" (done, or an error that sample_collect() then reports) ends the wait.
+  return cudaEventQuery(slot.done) != cudaErrorNotReady;
+}
+
+// The host's one wait of a step: for the download of its samples.
+void CudaBackend::sample_collect(int slot_index, const SampleOutput& out) {
+  SLUICE_CUDA_CHECK(cudaSetDevice(device_));
+  SampleSlot& slot = sample_slots_[slot_index & 1];
+  const int64_t R = slot.R;
+  if (R == 0) return;
+  if (out.top_n != slot.top_n) throw Error(ErrorCode::kInternal, "sample_collect() top_n differs from its launch");
+  SLUICE_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  const uint8_t* h = slot.host.get<uint8_t>();
   std::memcpy(out.tokens, h, size_t(R) * 4);
   std::memcpy(out.logprobs, h + size_t(R) * 4, size_t(R) * 4);
   if (out.top_n > 0) {
@@ -723,7 +855,7 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
   // fault (testing hook) is reported for its row as the CPU backend does.
   const int64_t V = c_.vocab_size;
   for (int64_t r = 0; r < R; r++) {
-    if (allows_nothing[size_t(r)]) {
+    if (slot.allows_nothing[size_t(r)]) {
       out.tokens[r] = -1;
       if (out.row_errors)
         out.row_errors->push_back({r, ErrorCode::kInvalidArgument, "the output grammar allows no token at this point"});
@@ -741,10 +873,11 @@ void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& o
                                                    " outside the vocabulary"});
       continue;
     }
-    if (!rows[r].inject_fault) continue;
+    if (!slot.inject_fault[size_t(r)]) continue;
     out.tokens[r] = -1;
     if (out.row_errors) out.row_errors->push_back({r, ErrorCode::kInternal, "injected sampler fault"});
   }
+  slot.R = 0;
 }
 
 void CudaBackend::read_logits(float* out) {

@@ -20,6 +20,10 @@ void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType
                cudaStream_t stream);
 
 // out[r, 0:D] (E) = x[src, 0:D] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r.
+// Pipelined steps: ids[t] < 0 names row -2 - ids[t] of the last sampled tokens ([num_sampled]),
+// which replaces it in place; a token outside [0, V) (a failed row) or a row past num_sampled
+// becomes 0 (the engine discards what a failed row's successor computed).
+void resolve_device_tokens(int32_t* ids, int T, const int32_t* sampled, int num_sampled, int V, cudaStream_t stream);
 void rmsnorm(const float* x, int R, int D, const int32_t* rows, const float* w, float eps, void* out, int ld_out,
              DType e, cudaStream_t stream);
 

@@ -18,6 +18,16 @@ __global__ void embedding_kernel(const int32_t* ids, const E* table, int ld_tabl
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(t) * H + i] = to_float(row[i]);
 }
 
+__global__ void resolve_device_tokens_kernel(int32_t* ids, int T, const int32_t* sampled, int num_sampled, int V) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const int32_t id = ids[t];
+  if (id >= 0) return;
+  const int64_t r = -2 - int64_t(id);
+  const int32_t tok = r < num_sampled ? sampled[r] : -1;
+  ids[t] = tok >= 0 && tok < V ? tok : 0;
+}
+
 // One block per row. Sum of squares in f32 per thread, then a fixed-order block reduction.
 template <typename E>
 __global__ void rmsnorm_kernel(const float* x, int D, const int32_t* rows, const float* w, float eps, E* out,
@@ -96,6 +106,12 @@ void qkv_post_typed(const QkvPostArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+void resolve_device_tokens(int32_t* ids, int T, const int32_t* sampled, int num_sampled, int V, cudaStream_t stream) {
+  if (T <= 0) return;
+  resolve_device_tokens_kernel<<<(T + 255) / 256, 256, 0, stream>>>(ids, T, sampled, num_sampled, V);
+  SLUICE_CUDA_LAUNCH_CHECK("resolve_device_tokens_kernel");
+}
 
 void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float* x,
                cudaStream_t stream) {

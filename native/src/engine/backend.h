@@ -3,6 +3,8 @@
 // memory, the forward pass over one flattened batch, and the sampling of its logits (which stay
 // on the backend's device: copying [R, vocab] logits to the host would cost more than the step).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,7 +21,7 @@ namespace sluice {
 // Tokens of one sequence are contiguous and in position order.
 struct ForwardBatch {
   int64_t num_tokens = 0;                   // T
-  const int32_t* token_ids = nullptr;       // [T]
+  const int32_t* token_ids = nullptr;       // [T] (< 0: Backend::device_token_ref, pipelined steps only)
   const int32_t* positions = nullptr;       // [T] absolute position in its sequence
   const int32_t* token_seq = nullptr;       // [T] index into block_tables
   const int32_t* slots = nullptr;           // [T] KV slot = block_id * block_size + offset
@@ -81,6 +83,67 @@ class Backend {
   virtual void read_logits(float* out) = 0;
   // Accelerator memory the backend holds (weights, activations, KV); 0 for the CPU.
   virtual size_t device_bytes() const { return 0; }
+
+  // Pipelined steps (EngineOptions::cuda_device_tokens). sample() split in two: sample_launch()
+  // starts sampling the last forward()'s rows into output slot `slot` (0 or 1: the engine keeps
+  // at most two steps in flight, each with its own slot) and returns without waiting;
+  // sample_collect() waits for that slot and fills `out` as sample() would (row errors
+  // included). Between the two, the next forward() may name a token this launch sampled:
+  // ForwardBatch::token_ids entries < 0 are device_token_ref(r), the token row r sampled.
+  // Contract: such refs name the last launch only, r < its R; a row whose sample failed reads
+  // some valid token id (the engine discards what it computed).
+  // The defaults serve any synchronous backend (the CPU one, in tests): they sample at once into
+  // a host copy, and resolve_host_refs() replaces the refs with it before forward().
+  virtual bool resolves_device_tokens() const { return false; }
+  virtual void sample_launch(const SampleRow* rows, int64_t R, int top_n, int slot) {
+    HostSample& h = host_samples_[slot & 1];
+    h.R = R;
+    h.top_n = top_n;
+    h.tokens.assign(size_t(R), -1);
+    h.logprobs.assign(size_t(R), 0.f);
+    h.top_ids.assign(size_t(R) * size_t(top_n), -1);
+    h.top_logprobs.assign(size_t(R) * size_t(top_n), -INFINITY);
+    h.errors.clear();
+    sample(rows, R, {h.tokens.data(), h.logprobs.data(), top_n, h.top_ids.data(), h.top_logprobs.data(), &h.errors});
+    last_launch_slot_ = slot & 1;
+  }
+  virtual void sample_collect(int slot, const SampleOutput& out) {
+    const HostSample& h = host_samples_[slot & 1];
+    std::copy(h.tokens.begin(), h.tokens.end(), out.tokens);
+    std::copy(h.logprobs.begin(), h.logprobs.end(), out.logprobs);
+    std::copy(h.top_ids.begin(), h.top_ids.end(), out.top_ids);
+    std::copy(h.top_logprobs.begin(), h.top_logprobs.end(), out.top_logprobs);
+    if (out.row_errors) out.row_errors->insert(out.row_errors->end(), h.errors.begin(), h.errors.end());
+  }
+  // Whether sample_collect(slot) would return without waiting.
+  virtual bool sample_ready(int slot) const {
+    (void)slot;
+    return true;
+  }
+  // For a backend that does not resolve device tokens: ids[t] < 0 becomes the token the last
+  // sample_launch() drew for that row (0 where it failed).
+  void resolve_host_refs(int32_t* ids, int64_t T, int64_t vocab) const {
+    const HostSample& h = host_samples_[last_launch_slot_];
+    for (int64_t t = 0; t < T; t++) {
+      if (ids[t] >= 0) continue;
+      const int64_t r = device_token_row(ids[t]);
+      const int32_t tok = r < h.R ? h.tokens[size_t(r)] : -1;
+      ids[t] = tok >= 0 && tok < vocab ? tok : 0;
+    }
+  }
+  static int32_t device_token_ref(int64_t row) { return int32_t(-2 - row); }
+  static int64_t device_token_row(int32_t ref) { return -2 - int64_t(ref); }
+
+ private:
+  struct HostSample {
+    int64_t R = 0;
+    int top_n = 0;
+    std::vector<int32_t> tokens, top_ids;
+    std::vector<float> logprobs, top_logprobs;
+    std::vector<SampleRowError> errors;
+  };
+  HostSample host_samples_[2];
+  int last_launch_slot_ = 0;
 };
 
 std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,

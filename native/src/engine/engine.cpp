@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <deque>
 #include <unordered_map>
 
 #include "cpu/kernels.h"
@@ -31,6 +33,10 @@ struct Sequence {
   bool keyed = false;            // added with a prompt_cache_key: its blocks are released as keyed
   BlockHash root;                // parent hash of blocks[0]: the model and the cache scope
   uint64_t planned_in_step = 0;  // the step counter when the sequence last got a plan row
+  // Pipelined steps: which incarnation of seq_id this is (a step in flight may end after its
+  // sequence was freed and the id added again), and tokens may hold placeholders
+  // (Backend::device_token_ref(r), < 0): row r of the step in flight samples them.
+  uint64_t uid = 0;
 };
 
 std::string join_path(const std::string& dir, const char* name) {
@@ -65,10 +71,14 @@ class EngineImpl final : public Engine {
     if (opts.matmul_precision != "f32" && opts.matmul_precision != "bf16")
       throw Error(ErrorCode::kInvalidArgument,
                   "matmul_precision must be \"f32\" or \"bf16\", got \"" + opts.matmul_precision + "\"");
+    const char* env = std::getenv("SLUICE_CUDA_DEVICE_TOKENS");
+    pipelined_ = opts.cuda_device_tokens || (opts.backend == "cuda" && env && std::string(env) == "1");
     if (opts.backend == "cpu") {
       backend_ = create_cpu_backend(config_, weights_, opts.num_threads, opts.matmul_precision == "bf16");
     } else if (opts.backend == "cuda") {
-      backend_ = create_cuda_backend(config_, weights_, opts);
+      EngineOptions cuda_opts = opts;
+      cuda_opts.cuda_device_tokens = pipelined_;  // the backend resolves the refs of pipelined steps
+      backend_ = create_cuda_backend(config_, weights_, cuda_opts);
     } else {
       throw Error(ErrorCode::kInvalidArgument, "unknown backend \"" + opts.backend + "\" (expected cpu or cuda)");
     }
@@ -124,6 +134,7 @@ class EngineImpl final : public Engine {
     s.tokens = prompt;
     s.params = p;
     s.keyed = keyed;
+    s.uid = ++num_seqs_added_;
     s.root = root_block_hash(opts_.prefix_hash_key, model_key_, cache_scope);
     if (opts_.prefix_caching) map_cached_prefix(s);
     const int64_t num_cached = s.num_computed;
@@ -149,6 +160,13 @@ class EngineImpl final : public Engine {
   }
 
   StepResult step(const StepPlan& plan) override;
+  bool pipelined() const override { return pipelined_; }
+  void begin_step(const StepPlan& plan) override;
+  StepResult end_step() override;
+  bool step_ready() const override {
+    if (in_flight_.empty() || in_flight_.front().done || in_flight_.front().samples.empty()) return true;
+    return backend_->sample_ready(in_flight_.front().slot);
+  }
 
   void inject_fault(uint32_t seq_id, FaultPoint point) override {
     if (point == FaultPoint::kDevice) device_fault_pending_ = true;
@@ -179,8 +197,38 @@ class EngineImpl final : public Engine {
   std::vector<uint8_t> mask_missing_;  // per sampling row: constrained, and its mask never came
   // Adds one sequence when its prompt fits beside the blocks claimed so far.
   AddStatus admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached);
+  // Steps 1-4 of StepPlan: frees, claims, adds; fills the flattened batch of plan_rows_ and
+  // marks them kRan. Returns whether any row runs.
+  bool prepare_step(const StepPlan& plan, StepResult& result);
+  // Fills sample_rows_ / sampling_rows_ (the rows that sample, in logit-row order); returns top_n.
+  int collect_sampling_rows();
+  ForwardBatch forward_batch() const;
   // forward() + sample() of the rows in plan_rows_; a device fault breaks the engine.
   void run_backend(const StepPlan& plan, StepResult& result);
+
+  // Pipelined steps (see begin_step). A step begun and not yet ended.
+  struct InFlight {
+    StepResult result;  // rows, adds and errors of its preparation; samples added when it ends
+    struct Sample {
+      uint32_t seq_id;
+      uint64_t uid;
+      size_t pos;         // the placeholder's index in the sequence's tokens
+      size_t index;       // plan row
+      bool mask_missing;  // constrained and its mask never came
+    };
+    std::vector<Sample> samples;  // [m] logit-row order
+    std::vector<std::pair<uint32_t, uint64_t>> ran;  // (seq_id, uid) of its rows: prefix-cache their blocks at the end
+    int top_n = 0;
+    int slot = 0;       // the backend's sample output slot
+    bool done = false;  // its result is final
+  };
+  void launch_pipelined(const StepPlan& plan, InFlight& f);
+  void finish_pipelined(InFlight& f);
+  Sequence* find_live(uint32_t seq_id, uint64_t uid) {
+    auto it = seqs_.find(seq_id);
+    return it != seqs_.end() && it->second.uid == uid ? &it->second : nullptr;
+  }
+  StepResult step_serial(const StepPlan& plan);
 
   BlockHash block_hash(const Sequence& s, size_t block) const {
     const int64_t bs = opts_.block_size;
@@ -210,9 +258,16 @@ class EngineImpl final : public Engine {
     const size_t num_full = size_t(s.num_computed / opts_.block_size);
     while (s.block_hashes.size() < num_full) {
       const size_t i = s.block_hashes.size();
+      // Pipelined: a block holding a token still on the device is hashed once its step ends.
+      if (pipelined_ && holds_placeholder(s, i)) break;
       s.block_hashes.push_back(block_hash(s, i));
       blocks_->register_block(s.blocks[i], s.block_hashes[i]);
     }
+  }
+
+  bool holds_placeholder(const Sequence& s, size_t block) const {
+    const auto first = s.tokens.begin() + long(block) * opts_.block_size;
+    return std::any_of(first, first + opts_.block_size, [](int32_t t) { return t < 0; });
   }
 
   EngineOptions opts_;
@@ -225,6 +280,10 @@ class EngineImpl final : public Engine {
   uint64_t model_key_ = 0;  // extra key of every block hash (config.json + matmul precision)
   std::string broken_reason_;  // set by a device fault; the engine refuses work from then on
   uint64_t num_steps_ = 0;
+  uint64_t num_seqs_added_ = 0;  // Sequence::uid source
+  bool pipelined_ = false;       // cuda_device_tokens: begin_step / end_step overlap
+  std::deque<InFlight> in_flight_;  // begun steps, oldest first (at most two)
+  int next_slot_ = 0;               // the backend sample slot of the next launch
   std::unordered_map<uint32_t, FaultPoint> injected_faults_;  // seq_id -> pending testing fault
   bool device_fault_pending_ = false;
 
@@ -313,11 +372,33 @@ AddStatus EngineImpl::admit(const SequenceAdd& add, StepResult& result, int32_t*
 }
 
 StepResult EngineImpl::step(const StepPlan& plan) {
+  if (!pipelined_) return step_serial(plan);
+  if (!in_flight_.empty())
+    throw Error(ErrorCode::kInvalidArgument, "step() while begun steps are in flight: end_step() them first");
+  begin_step(plan);
+  return end_step();
+}
+
+StepResult EngineImpl::step_serial(const StepPlan& plan) {
+  StepResult result;
+  if (prepare_step(plan, result)) run_backend(plan, result);  // marks rows whose sampling failed
+  for (const PlanRow& row : plan_rows_) {
+    const Sequence& s = *row.seq;
+    result.row_computed[row.index] = uint32_t(row.count);
+    result.row_pending[row.index] = uint32_t(int64_t(s.tokens.size()) - s.num_computed);
+    result.row_blocks[row.index] = uint32_t(s.blocks.size());
+  }
+  result.num_free_blocks = blocks_->num_free();
+  result.num_evictable_blocks = blocks_->num_evictable();
+  result.num_cached_blocks = blocks_->num_cached();
+  return result;
+}
+
+bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
   check_in_service();
   const size_t n = plan.seq_ids.size();
   if (plan.num_tokens.size() != n) throw Error(ErrorCode::kInvalidArgument, "plan seq_ids and num_tokens differ in length");
   const int64_t bs = opts_.block_size;
-  StepResult result;
   num_steps_++;
   result.row_status.assign(n, uint8_t(RowStatus::kFailed));
   result.row_computed.assign(n, 0);
@@ -354,8 +435,8 @@ StepResult EngineImpl::step(const StepPlan& plan) {
     if (deferred[i]) claim_row(plan, i, result);  // unknown sequences: errors of their rows
   }
   std::sort(plan_rows_.begin(), plan_rows_.end(), [](const PlanRow& x, const PlanRow& y) { return x.index < y.index; });
-
-  if (!plan_rows_.empty()) {
+  if (plan_rows_.empty()) return false;
+  {
     token_ids_.clear();
     positions_.clear();
     token_seq_.clear();
@@ -378,18 +459,8 @@ StepResult EngineImpl::step(const StepPlan& plan) {
       if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
     }
     for (const PlanRow& row : plan_rows_) result.row_status[row.index] = uint8_t(RowStatus::kRan);
-    run_backend(plan, result);  // marks rows whose sampling failed
   }
-  for (const PlanRow& row : plan_rows_) {
-    const Sequence& s = *row.seq;
-    result.row_computed[row.index] = uint32_t(row.count);
-    result.row_pending[row.index] = uint32_t(int64_t(s.tokens.size()) - s.num_computed);
-    result.row_blocks[row.index] = uint32_t(s.blocks.size());
-  }
-  result.num_free_blocks = blocks_->num_free();
-  result.num_evictable_blocks = blocks_->num_evictable();
-  result.num_cached_blocks = blocks_->num_cached();
-  return result;
+  return true;
 }
 
 // Points each constrained sampling row at its mask, waiting (after the forward pass) for the
@@ -412,7 +483,7 @@ void EngineImpl::attach_token_masks(const StepPlan& plan) {
   }
 }
 
-void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
+ForwardBatch EngineImpl::forward_batch() const {
   ForwardBatch fb;
   fb.num_tokens = int64_t(token_ids_.size());
   fb.token_ids = token_ids_.data();
@@ -424,7 +495,10 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
   fb.num_seq_blocks = table_lens_.data();
   fb.num_logit_rows = int64_t(logit_rows_.size());
   fb.logit_rows = logit_rows_.data();
+  return fb;
+}
 
+int EngineImpl::collect_sampling_rows() {
   // The sequences whose known tokens are all computed after this step sample, in plan order
   // (= logit row order).
   int top_n = 0;
@@ -439,6 +513,12 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
     sample_rows_.push_back({s.params, s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size())),
                             take_fault(row.seq_id, FaultPoint::kSampleRow)});
   }
+  return top_n;
+}
+
+void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
+  const ForwardBatch fb = forward_batch();
+  const int top_n = collect_sampling_rows();
   const size_t m = sample_rows_.size();
   std::vector<int32_t>& tokens = sample_tokens_;
   std::vector<float>& logprobs = sample_logprobs_;
@@ -508,6 +588,157 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
     result.top_logprobs.insert(result.top_logprobs.end(), top_lps.begin() + long(r * size_t(top_n)),
                                top_lps.begin() + long((r + 1) * size_t(top_n)));
   }
+}
+
+// Pipelined steps (cuda_device_tokens). begin_step() applies a step to the sequences as if it
+// succeeded: rows advance num_computed, and each sampling row appends a placeholder
+// (device_token_ref(r)) that the next step's decode row computes on the device, where the token
+// already is. end_step() collects the samples: a placeholder becomes its token, or, when the
+// sample failed, the sequence is cut back to before it (the row of a step begun since that
+// computed it then fails as well). Invariant: every placeholder in a sequence belongs to the
+// last launched step that is not done, which is the backend's last sample_launch().
+void EngineImpl::begin_step(const StepPlan& plan) {
+  if (in_flight_.size() >= 2) throw Error(ErrorCode::kInvalidArgument, "two steps are in flight already: end_step() one first");
+  if (!pipelined_) {
+    InFlight f;
+    f.result = step_serial(plan);
+    f.done = true;
+    in_flight_.push_back(std::move(f));
+    return;
+  }
+  // A plan with constrained rows waits for masks that depend on the last step's tokens: the
+  // scheduler sees them only once that step has ended.
+  if (!plan.constrained.empty() && !in_flight_.empty() && !in_flight_.back().done) finish_pipelined(in_flight_.back());
+  InFlight f;
+  if (prepare_step(plan, f.result)) launch_pipelined(plan, f);
+  else f.done = true;
+  for (const PlanRow& row : plan_rows_) {
+    const Sequence& s = *row.seq;
+    f.result.row_computed[row.index] = uint32_t(row.count);
+    f.result.row_pending[row.index] = uint32_t(int64_t(s.tokens.size()) - s.num_computed);
+    f.result.row_blocks[row.index] = uint32_t(s.blocks.size());
+  }
+  if (f.done) {
+    f.result.num_free_blocks = blocks_->num_free();
+    f.result.num_evictable_blocks = blocks_->num_evictable();
+    f.result.num_cached_blocks = blocks_->num_cached();
+  }
+  in_flight_.push_back(std::move(f));
+}
+
+StepResult EngineImpl::end_step() {
+  if (in_flight_.empty()) throw Error(ErrorCode::kInvalidArgument, "end_step() without a begun step");
+  InFlight& f = in_flight_.front();
+  struct Pop {
+    std::deque<InFlight>& q;
+    ~Pop() { q.pop_front(); }  // a step whose end threw (a device fault) is over too
+  } pop{in_flight_};
+  if (!f.done) finish_pipelined(f);
+  return std::move(f.result);
+}
+
+void EngineImpl::launch_pipelined(const StepPlan& plan, InFlight& f) {
+  // Tokens still on the device: a backend that cannot read them there gets them from its host copy.
+  if (!backend_->resolves_device_tokens())
+    backend_->resolve_host_refs(token_ids_.data(), int64_t(token_ids_.size()), config_.vocab_size);
+  const ForwardBatch fb = forward_batch();
+  f.top_n = collect_sampling_rows();
+  f.slot = next_slot_;
+  try {
+    if (device_fault_pending_) {
+      device_fault_pending_ = false;
+      throw Error(ErrorCode::kDeviceFault, "injected device fault");
+    }
+    backend_->forward(fb);
+    attach_token_masks(plan);
+    if (!sample_rows_.empty()) backend_->sample_launch(sample_rows_.data(), int64_t(sample_rows_.size()), f.top_n, f.slot);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kDeviceFault) broken_reason_ = e.what();
+    throw;
+  }
+  if (!sample_rows_.empty()) next_slot_ ^= 1;
+  for (const PlanRow& row : plan_rows_) {
+    Sequence& s = *row.seq;
+    s.num_computed += row.count;
+    if (opts_.prefix_caching) cache_full_blocks(s);
+    f.ran.emplace_back(row.seq_id, s.uid);
+  }
+  for (size_t r = 0; r < sampling_rows_.size(); r++) {
+    Sequence& s = *sampling_rows_[r]->seq;
+    s.tokens.push_back(Backend::device_token_ref(int64_t(r)));
+    f.samples.push_back({sampling_rows_[r]->seq_id, s.uid, s.tokens.size() - 1, sampling_rows_[r]->index,
+                         mask_missing_[r] != 0});
+  }
+}
+
+void EngineImpl::finish_pipelined(InFlight& f) {
+  f.done = true;
+  check_in_service();  // a device fault of the step before: this one's samples cannot be trusted
+  StepResult& result = f.result;
+  const size_t m = f.samples.size();
+  const size_t tn = size_t(f.top_n);
+  std::vector<int32_t>& tokens = sample_tokens_;
+  tokens.assign(m, -1);
+  sample_logprobs_.assign(m, 0.f);
+  sample_top_ids_.assign(m * tn, -1);
+  sample_top_lps_.assign(m * tn, -INFINITY);
+  sample_errors_.clear();
+  if (m) {
+    try {
+      backend_->sample_collect(f.slot, {tokens.data(), sample_logprobs_.data(), f.top_n, sample_top_ids_.data(),
+                                        sample_top_lps_.data(), &sample_errors_});
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kDeviceFault) broken_reason_ = e.what();
+      throw;
+    }
+  }
+  // The same failures as run_backend(), in the same order.
+  std::vector<std::string> why(m);
+  std::vector<ErrorCode> code(m, ErrorCode::kInternal);
+  for (size_t r = 0; r < m; r++)
+    if (f.samples[r].mask_missing) why[r] = "the token mask of this constrained row was not provided", code[r] = ErrorCode::kInvalidArgument;
+  for (const SampleRowError& e : sample_errors_)
+    if (e.row >= 0 && size_t(e.row) < m && why[size_t(e.row)].empty()) why[size_t(e.row)] = e.message, code[size_t(e.row)] = e.code;
+  for (size_t r = 0; r < m; r++)
+    if (why[r].empty() && !(tokens[r] >= 0 && tokens[r] < config_.vocab_size))
+      why[r] = "the " + backend_->name() + " sampler returned token " + std::to_string(tokens[r]) + " outside the vocabulary";
+  result.top_n = f.top_n;
+  for (size_t r = 0; r < m; r++) {
+    const InFlight::Sample& smp = f.samples[r];
+    Sequence* s = find_live(smp.seq_id, smp.uid);
+    // Freed by a step begun since: its sample is still this step's result (as in a serial loop).
+    const bool present = s && s->tokens.size() > smp.pos && s->tokens[smp.pos] < 0;
+    if (s && !present && why[r].empty()) {
+      // Cut back by the failed sample of the step before, whose placeholder this row computed.
+      why[r] = "sequence " + std::to_string(smp.seq_id) + " has no token left to compute (its last sample failed)";
+      code[r] = ErrorCode::kInvalidArgument;
+      result.row_computed[smp.index] = 0;
+    }
+    if (!why[r].empty()) {
+      result.errors.push_back({smp.seq_id, code[r], why[r]});
+      result.row_status[smp.index] = uint8_t(RowStatus::kFailed);
+      result.row_pending[smp.index] = 0;
+      if (present) {
+        s->tokens.resize(smp.pos);
+        s->num_computed = std::min<int64_t>(s->num_computed, int64_t(smp.pos));
+      }
+      continue;
+    }
+    if (present) s->tokens[smp.pos] = tokens[r];
+    result.seq_ids.push_back(smp.seq_id);
+    result.tokens.push_back(tokens[r]);
+    result.logprobs.push_back(sample_logprobs_[r]);
+    result.top_ids.insert(result.top_ids.end(), sample_top_ids_.begin() + long(r * tn),
+                          sample_top_ids_.begin() + long((r + 1) * tn));
+    result.top_logprobs.insert(result.top_logprobs.end(), sample_top_lps_.begin() + long(r * tn),
+                               sample_top_lps_.begin() + long((r + 1) * tn));
+  }
+  if (opts_.prefix_caching)
+    for (const auto& [seq_id, uid] : f.ran)
+      if (Sequence* s = find_live(seq_id, uid)) cache_full_blocks(*s);
+  result.num_free_blocks = blocks_->num_free();
+  result.num_evictable_blocks = blocks_->num_evictable();
+  result.num_cached_blocks = blocks_->num_cached();
 }
 
 }  // namespace

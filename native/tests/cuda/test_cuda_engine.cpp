@@ -16,6 +16,7 @@
 #include "engine_driver.h"
 #include "tiny_model_writer.h"
 #include "cuda/cuda_test_util.h"
+#include "pipelined_driver.h"
 
 using namespace sluice;
 using sluice_test::prompt_of;
@@ -159,6 +160,121 @@ TEST_CASE(device_memory_and_errors_are_reported) {
   o.gpu_memory_utilization = 0.9;
   o.kv_cache_bytes = size_t(1) << 50;  // a petabyte of KV cannot fit
   CHECK_THROWS_CODE(Engine::load(o), ErrorCode::kOutOfMemory);
+}
+
+namespace {
+
+// A CUDA engine like cuda_test_util's load(), with the pipelined-step options.
+std::unique_ptr<Engine> load_cuda(const std::string& dir, bool device_tokens, bool graphs_at_load, int max_num_seqs = 0) {
+  EngineOptions o;
+  o.model_dir = dir;
+  o.backend = "cuda";
+  o.kv_cache_bytes = size_t(64) << 20;
+  o.block_size = 16;
+  o.prefix_caching = false;  // the CPU test covers the prefix cache under pipelined steps, bit for bit
+  o.gpu_memory_utilization = 0.45;
+  o.max_num_seqs = max_num_seqs;
+  o.cuda_device_tokens = device_tokens;
+  o.cuda_graphs_at_load = graphs_at_load;
+  sluice_cuda_test::apply_test_env(o);
+  return Engine::load(o);
+}
+
+// The scripts of test_pipelined_steps.cpp: alone, batched (graph buckets 16 and 8 padded),
+// chunked prefill (eager mixed steps), churn (a sequence freed mid-run, others added), a token
+// mask mid-run (its step ends the one in flight first), greedy and seeded.
+std::vector<std::pair<std::string, std::pair<sluice_test::ScriptOptions, SamplingParams>>> scripts() {
+  const SamplingParams greedy{0.f, 1.f, 0, 0, 2};
+  const SamplingParams seeded{1.0f, 0.9f, 40, 1234, 3};
+  sluice_test::ScriptOptions alone, batched, chunked, churn, masked;
+  batched.others = 15;
+  chunked.others = 3, chunked.chunk = 5;
+  churn.others = 4, churn.chunk = 7, churn.churn = true;
+  masked = churn;
+  masked.mask_step = 20;
+  return {{"greedy alone", {alone, greedy}},   {"seeded alone", {alone, seeded}},
+          {"greedy batch 16", {batched, greedy}}, {"seeded chunked", {chunked, seeded}},
+          {"greedy churn", {churn, greedy}},   {"seeded churn", {churn, seeded}},
+          {"token mask mid-run", {masked, seeded}}};
+}
+
+// Same plans, same batches, deterministic kernels: the same bits whichever loop ran them.
+void require_same(const std::vector<sluice_test::ScriptStep>& want, const std::vector<sluice_test::ScriptStep>& got,
+                  const std::string& what) {
+  CHECK(want.size() == got.size());
+  for (size_t k = 0; k < want.size() && k < got.size(); k++) {
+    if (want[k] == got[k]) continue;
+    std::printf("  %s: step %zu differs\n", what.c_str(), k);
+    CHECK(want[k] == got[k]);
+    return;
+  }
+}
+
+}  // namespace
+
+TEST_CASE(device_tokens_give_the_serial_tokens) {
+  TinyModelSpec spec;
+  spec.heads = 8, spec.kv_heads = 2;
+  const std::string dir = temp_dir("device-tokens");
+  write_tiny_model(dir, spec);
+  auto serial = load_cuda(dir, false, false);
+  auto piped = load_cuda(dir, true, false);
+  CHECK(!serial->pipelined() && piped->pipelined());
+  CHECK(piped->info().simd.find("device tokens: on") != std::string::npos);
+  const auto prompt = prompt_of(37, 5, spec.vocab);
+  for (const auto& [name, script] : scripts()) {
+    const auto want = sluice_test::run_script(*serial, prompt, script.second, script.first, false);
+    require_same(want, sluice_test::run_script(*piped, prompt, script.second, script.first, true), name);
+    if (script.first.mask_step >= 0)
+      CHECK(sluice_test::tokens_of(want, 0)[size_t(script.first.mask_step)] == script.first.mask_token);
+  }
+  // step() on a pipelined engine (begin + end, nothing overlapped) gives the same tokens too.
+  const auto one = sluice_test::run_script(*serial, prompt, {0.f, 1.f, 0, 0, 2}, {}, false);
+  require_same(one, sluice_test::run_script(*piped, prompt, {0.f, 1.f, 0, 0, 2}, {}, false), "step() pipelined");
+}
+
+TEST_CASE(device_tokens_fail_the_row_after_a_failed_sample) {
+  TinyModelSpec spec;
+  const std::string dir = temp_dir("device-tokens-fault");
+  write_tiny_model(dir, spec);
+  auto serial = load_cuda(dir, false, false);
+  auto piped = load_cuda(dir, true, false);
+  sluice_test::ScriptOptions o;
+  o.others = 3, o.fault_step = 10, o.fault_seq = 2, o.steps = 16;
+  const auto prompt = prompt_of(9, 3, spec.vocab);
+  const auto want = sluice_test::run_script(*serial, prompt, {0.f, 1.f, 0, 0, 0}, o, false);
+  const auto got = sluice_test::run_script(*piped, prompt, {0.f, 1.f, 0, 0, 0}, o, true);
+  // The pipelined step 11 computed sequence 2's row (the serial one did not), so the batches
+  // differ from there and the other rows may differ by rounding: compare the outcomes only.
+  CHECK(want.size() == got.size());
+  for (size_t k = 0; k < want.size() && k < got.size(); k++) {
+    CHECK(want[k].failed == got[k].failed);
+    CHECK(want[k].seq_ids == got[k].seq_ids);
+  }
+  CHECK(want[11].failed == std::vector<uint32_t>{2});
+}
+
+TEST_CASE(graphs_at_load_cover_every_bucket_and_agree) {
+  TinyModelSpec spec;
+  const std::string dir = temp_dir("graphs-at-load");
+  write_tiny_model(dir, spec);
+  {
+    auto all = load_cuda(dir, false, true);  // max_num_seqs 0: the default 256, all 15 buckets
+    const std::string info = all->info().simd;
+    std::printf("  %s\n", info.c_str());
+    CHECK(info.find("decode graphs captured: 15 of 15 buckets") != std::string::npos);
+  }
+  auto at_load = load_cuda(dir, true, true, 64);  // buckets 1..64: 9
+  CHECK(at_load->info().simd.find("decode graphs captured: 9 of 9 buckets") != std::string::npos);
+  auto lazy = load_cuda(dir, false, false, 64);
+  const auto prompt = prompt_of(19, 4, spec.vocab);
+  for (const auto& [name, script] : scripts()) {
+    const auto want = sluice_test::run_script(*lazy, prompt, script.second, script.first, false);
+    require_same(want, sluice_test::run_script(*at_load, prompt, script.second, script.first, true),
+                 name + " (graphs at load, device tokens)");
+  }
+  // No step captured anything more, and none was dropped.
+  CHECK(at_load->info().simd.find("decode graphs captured: 9 of 9 buckets") != std::string::npos);
 }
 
 int main() {
