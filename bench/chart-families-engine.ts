@@ -87,7 +87,7 @@ export function cudaKernelCharts(r: Json, file: string): Chart[] {
     const o = obj(row, `rows[${i}]`);
     return { op: str(o.op, `rows[${i}].op`), tokens: num(o.T, `rows[${i}].T`), us: num(o.us, `rows[${i}].us`), bytes: num(o.bytes, `rows[${i}].bytes`), flops: num(o.flops, `rows[${i}].flops`) };
   });
-  // NOTE: this bench records no machine or device; the file name is the only trace of where it ran.
+  // NOTE: results before the H200 run record no device; the file name is the only trace of where they ran.
   const h = header('cuda-kernels', r, file, optStr(r.device), [`model shape ${str(r.shape, 'shape')} · one kernel per launch, timed on the device`]);
   // The production GEMMs; "(L2-hot)" and "gemv rows N unroll M" rows are tuning sweeps of the same ops.
   const gemm = rows.filter((x) => x.op.startsWith('gemm ') && !x.op.includes('(L2-hot)') && !x.op.includes(' gemv '));

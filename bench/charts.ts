@@ -13,6 +13,7 @@ import type { TopLevelSpec } from 'vega-lite';
 
 import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineTsPathCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
+import { deviceCheckCharts, gemmVsTorchCharts, torchMatmulCharts } from './chart-families-device.js';
 import type { Chart } from './chart-kit.js';
 import { ShapeError, type Json } from './chart-shape.js';
 
@@ -26,6 +27,9 @@ const FAMILIES: Record<string, Family> = {
   'engine-ab': engineAbCharts,
   'engine-cuda': engineCudaCharts,
   'engine-ts-path': engineTsPathCharts,
+  'torch-matmul': torchMatmulCharts,
+  'gemm-vs-torch': gemmVsTorchCharts,
+  'device-check': deviceCheckCharts,
   'http': httpCharts,
   'serve': serveCharts,
   'prefix': prefixCharts,

@@ -102,7 +102,8 @@ describe('bench charts', () => {
         checkSvg(readFileSync(path, 'utf8'), chart, (chart.spec as { title: { subtitle: string[] } }).title.subtitle[0]!);
       }
     }
-    expect([...families].sort()).toEqual(['cuda-kernels', 'engine', 'engine-ab', 'engine-cuda', 'engine-ts-path', 'http', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput']);
+    expect([...families].sort()).toEqual(['cuda-kernels', 'device-check', 'engine', 'engine-ab', 'engine-cuda', 'engine-ts-path',
+      'gemm-vs-torch', 'http', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput', 'torch-matmul']);
   });
 
   it('names the machine and device from the result', () => {
@@ -115,6 +116,9 @@ describe('bench charts', () => {
     expect(subtitle('engine-cuda-h100.json')[0]).toContain('NVIDIA H100 80GB HBM3');
     expect(subtitle('throughput-amd-epyc-2core.json')[0]).toBe('AMD EPYC, 2 cores · avx512bf16 CPU');
     expect(subtitle('cuda-kernels-llama-3.1-8b-h100.json')[0]).toBe('machine and device not recorded in the result');
+    expect(subtitle('cuda-kernels-llama-3.1-8b-h200.json')[0]).toBe('NVIDIA H200');
+    expect(subtitle('gemm-vs-torch-llama-3.1-8b-h200.json')[0]).toBe('NVIDIA H200');
+    expect(subtitle('device-check-h200.json')[0]).toContain('NVIDIA H200');
   });
 
   it('draws a small engine result: one bar and one printed value per row', async () => {

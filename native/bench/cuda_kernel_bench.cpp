@@ -255,7 +255,9 @@ int main(int argc, char** argv) {
       std::printf("%-32s %6d %10.1f %10.1f %10.1f\n", r.op.c_str(), r.T, r.us, r.bytes / r.us / 1e3, r.flops / r.us / 1e6);
     if (!json.empty()) {
       std::ofstream out(json);
-      out << "{\"shape\":\"" << s.name << "\",\"rows\":[";
+      cudaDeviceProp prop{};
+      SLUICE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));  // the result names the device it ran on
+      out << "{\"shape\":\"" << s.name << "\",\"device\":\"" << prop.name << "\",\"rows\":[";
       for (size_t i = 0; i < rows.size(); i++)
         out << (i ? "," : "") << "{\"op\":\"" << rows[i].op << "\",\"T\":" << rows[i].T << ",\"us\":" << rows[i].us
             << ",\"bytes\":" << rows[i].bytes << ",\"flops\":" << rows[i].flops << "}";
