@@ -8,6 +8,7 @@ import { checkResponseSchema, SCHEMA_LIMITS } from '../src/structured/schema-che
 import { toolGrammar } from '../src/structured/tool-grammar.js';
 import { xgrammar } from '../src/structured/xgrammar.js';
 import { NativeGrammars } from '../src/structured/native-grammar.js';
+import { jsonSchemaGrammar } from '../src/structured/numeric-grammar.js';
 import { nativeAvailable } from '../src/engine/native.js';
 import { refChain, doubling, REFUSED } from './helpers/hostile-schemas.js';
 
@@ -49,14 +50,17 @@ describe('schema checks before the grammar engine (issue 27)', () => {
     // Recursion through $ref counts once.
     const list = { $defs: { node: { type: 'object', properties: { next: { anyOf: [{ $ref: '#/$defs/node' }, { type: 'null' }] } } } }, $ref: '#/$defs/node' };
     expect(() => checkResponseSchema(list, { strict: false, param: 'p' })).not.toThrow();
-    // Exclusive integer bounds become inclusive ones; a small range an enum (the compiler writes some ranges wrongly).
+    // Exclusive integer bounds become inclusive ones (the range's grammar is our own: numeric-grammar.ts).
     const wide = checkResponseSchema({ type: 'integer', exclusiveMinimum: 4, maximum: 9000, exclusiveMaximum: 7000 }, { strict: false, param: 'p' }).schema;
     expect(wide).toEqual({ type: 'integer', minimum: 5, maximum: 6999 });
     const small = checkResponseSchema({ type: 'integer', exclusiveMinimum: 4, maximum: 9, exclusiveMaximum: 7, title: 't' }, { strict: false, param: 'p' }).schema;
-    expect(small).toEqual({ enum: [5, 6], title: 't' });
-    expect(checkResponseSchema({ type: 'integer', minimum: 5, maximum: 5 }, { strict: false, param: 'p' }).schema).toEqual({ enum: [5] });
+    expect(small).toEqual({ type: 'integer', minimum: 5, maximum: 6, title: 't' });
+    expect(checkResponseSchema({ type: 'integer', minimum: 5, maximum: 5 }, { strict: false, param: 'p' }).schema).toEqual({ type: 'integer', minimum: 5, maximum: 5 });
     expect(checkResponseSchema({ type: ['integer', 'null'], minimum: 1, maximum: 3 }, { strict: false, param: 'p' }).schema)
       .toEqual({ type: ['integer', 'null'], minimum: 1, maximum: 3 });
+    // An enum's numbers outside the bounds are dropped (xgrammar would write them all).
+    expect(checkResponseSchema({ type: 'number', minimum: 3, enum: [1, 'a', 3, 4.5, 9] }, { strict: false, param: 'p' }).schema)
+      .toEqual({ type: 'number', minimum: 3, enum: ['a', 3, 4.5, 9] });
     // An e-mail of at most 40 characters (refused at 33 before), and one up to the whole budget.
     expect(() => checkResponseSchema({ type: 'string', maxLength: 40 }, { strict: false, param: 'p' })).not.toThrow();
     expect(() => checkResponseSchema({ type: 'string', minLength: 1, maxLength: SCHEMA_LIMITS.maxGrammarPositions }, { strict: false, param: 'p' })).not.toThrow();
@@ -65,7 +69,7 @@ describe('schema checks before the grammar engine (issue 27)', () => {
     expect(() => checkResponseSchema(ids, { strict: false, param: 'p' })).not.toThrow();
   });
 
-  it.runIf(nativeAvailable())('hands the native grammar engine small integer ranges as enums, which it follows exactly (xgrammar writes 18..120 as 18..129)', { timeout: 60_000 }, async () => {
+  it.runIf(nativeAvailable())('hands the native grammar engine integer ranges it follows exactly (xgrammar writes 18..120 as 18..129)', { timeout: 60_000 }, async () => {
     // A vocabulary of one token per ASCII character (and a stop token), so a value is accepted
     // character by character: what the engine would let a model write.
     const bytes = Uint8Array.from({ length: 128 }, (_, i) => i);
@@ -73,9 +77,10 @@ describe('schema checks before the grammar engine (issue 27)', () => {
     const stop = 128;
     const native = await NativeGrammars.create(bytes, offsets, [stop], 0);
     const xg = xgrammar();
-    const writes = async (schema: object, value: string) => {
-      const ebnf = (await xg.Grammar.fromJSONSchema(JSON.stringify(schema), true, undefined, undefined, false, 16)).toString();
-      const grammar = await native.grammar(JSON.stringify(schema), async () => ebnf, 10_000, 'p');
+    const writes = async (schema: object, value: string, ebnf: (source: string) => Promise<string>) => {
+      const source = JSON.stringify(schema);
+      const text = await ebnf(source);
+      const grammar = await native.grammar(text, async () => text, 10_000, 'p');
       const c = native.constraint(grammar!);
       try {
         return [...value].every((ch) => c.accept(ch.charCodeAt(0))) && c.accept(stop);
@@ -83,11 +88,20 @@ describe('schema checks before the grammar engine (issue 27)', () => {
         c.dispose();
       }
     };
-    expect(await writes({ type: 'integer', minimum: 18, maximum: 120 }, '125')).toBe(true);  // xgrammar's own range
+    const xgrammarOwn = async (source: string) => {
+      const g = await xg.Grammar.fromJSONSchema(source, true, undefined, undefined, false, 16);
+      try {
+        return g.toString();
+      } finally {
+        g.dispose();
+      }
+    };
+    const ours = (source: string) => jsonSchemaGrammar(xg, source, 16);
+    expect(await writes({ type: 'integer', minimum: 18, maximum: 120 }, '125', xgrammarOwn)).toBe(true);  // xgrammar's own range
     const wrong: string[] = [];
-    for (const [lo, hi] of [[18, 120], [-7, 12], [53, 114], [-114, -109], [0, 255], [-300, -50], [12000, 12100]] as const) {
+    for (const [lo, hi] of [[18, 120], [-7, 12], [53, 114], [-114, -109], [0, 255], [-300, -50], [12000, 12100], [12000, 12999], [-5000, 70000]] as const) {
       const { schema } = checkResponseSchema({ type: 'integer', minimum: lo, maximum: hi }, { strict: false, param: 'p' });
-      for (let v = lo - 30; v <= hi + 30; v++) if ((await writes(schema, String(v))) !== (v >= lo && v <= hi)) wrong.push(`${lo}..${hi}: ${v}`);
+      for (let v = lo - 30; v <= hi + 30; v += hi - lo > 1000 ? 97 : 1) if ((await writes(schema, String(v), ours)) !== (v >= lo && v <= hi)) wrong.push(`${lo}..${hi}: ${v}`);
     }
     expect(wrong.slice(0, 10)).toEqual([]);
   });

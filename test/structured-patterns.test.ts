@@ -1,8 +1,9 @@
 // Issue 27 on the real engine with a random-weight model (any output is possible, so the grammar
 // does all the work): patterns whose classes hold or exclude quotes, backslashes, control and
-// space characters, bounds and longer strings yield only outputs that parse and validate (ajv);
+// space characters, bounds and longer strings, and bounded integers and numbers (on the native
+// engine and on the xgrammar fallback) yield only outputs that parse and validate (ajv);
 // each hostile schema is a 400 in plain words, and structured outputs keep working after it.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 
@@ -12,6 +13,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine, SluiceError } from '../src/index.js';
+import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { StructuredOutputs } from '../src/structured/structured-outputs.js';
 import { REFUSED } from './helpers/hostile-schemas.js';
 
 let root: string;
@@ -43,37 +46,81 @@ function corpus(): object[] {
     { type: 'integer', minimum: 5, maximum: 5 }, { type: 'integer', minimum: 18, maximum: 120 }, { type: 'integer', minimum: -300, maximum: -50 },
     { type: 'string', maxLength: 40 }, { type: 'string', minLength: 100, maxLength: 128 },
     { type: 'array', prefixItems: [{ type: 'integer' }, { type: 'string', pattern: '^\\W$' }], items: false, minItems: 2 });
+  out.push(...NUMERIC);
   return out;
+}
+
+/**
+ * Bounded integers and numbers (our own grammar, numeric-grammar.ts): xgrammar's ranges let 1..4
+ * through minimum 5, 1.5 through maximum 1 and 121..129 through 18..120. Some fixed, some random.
+ */
+const NUMERIC: object[] = (() => {
+  const out: object[] = [
+    { type: 'integer', minimum: 5 }, { type: 'number', minimum: 0, maximum: 1 }, { type: 'number', exclusiveMinimum: 0, exclusiveMaximum: 1 },
+    { type: 'integer', maximum: -11 }, { type: ['integer', 'null'], minimum: 1000, maximum: 100_000 }, { minimum: 3, maximum: 7 },
+    { type: 'integer', minimum: -Number.MAX_SAFE_INTEGER, maximum: -Number.MAX_SAFE_INTEGER + 500 }, { type: 'number', maximum: -3, exclusiveMinimum: -5 },
+    { type: 'object', properties: { age: { type: 'integer', minimum: 18, maximum: 120 }, score: { type: 'number', minimum: 0, maximum: 1 }, n: { type: ['number', 'string'], exclusiveMinimum: 10 } },
+      required: ['age', 'score', 'n'], additionalProperties: false },
+    { type: 'array', items: { type: 'integer', exclusiveMinimum: -3, exclusiveMaximum: 300 }, minItems: 1, maxItems: 4 },
+  ];
+  let seed = 27;
+  const random = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x80000000;
+  for (let i = 0; i < 8; i++) {
+    const a = Math.round((random() - 0.5) * 10 ** (1 + Math.floor(random() * 6)));
+    const b = a + Math.floor(random() * 10 ** (1 + Math.floor(random() * 5)));
+    out.push(i % 2 === 0 ? { type: 'integer', minimum: a, maximum: b } : { type: 'number', exclusiveMinimum: a, maximum: b + 1 });
+  }
+  return out;
+})();
+
+/** Generates under each schema with seeds 0..5, 32 at a time; every completed output must parse and validate (ajv). */
+async function expectValidOutputs(schemas: object[]): Promise<void> {
+  const ajv = new Ajv2020.default({ strict: false, allErrors: true });
+  addFormats.default(ajv);
+  const cases = schemas.flatMap((schema) => [0, 1, 2, 3, 4, 5].map((seed) => ({ schema, seed })));
+  const failures: string[] = [];
+  let completed = 0;
+  for (let start = 0; start < cases.length; start += 32) {
+    const batch = cases.slice(start, start + 32);
+    const results = await Promise.all(batch.map(({ schema, seed }) => engine.generate({
+      prompt: `pattern ${seed}`, maxTokens: 200, temperature: 1, seed, responseFormat: { type: 'json_schema', schema, strict: false },
+    })));
+    results.forEach((r, j) => {
+      if (r.finishReason !== 'stop') return;
+      completed++;
+      const { schema } = batch[j]!;
+      let value: unknown;
+      try {
+        value = JSON.parse(r.text);
+      } catch {
+        failures.push(`${JSON.stringify(schema)}: not JSON: ${JSON.stringify(r.text)}`);
+        return;
+      }
+      if (!ajv.validate(schema, value)) failures.push(`${JSON.stringify(schema)}: ${JSON.stringify(r.text)}: ${ajv.errorsText()}`);
+    });
+  }
+  expect(failures).toEqual([]);
+  expect(completed).toBeGreaterThan(cases.length / 2);
 }
 
 describe('structured outputs under hostile patterns and bounds (issue 27)', () => {
   it('every completed output parses as JSON and validates', { timeout: 240_000 }, async () => {
-    const ajv = new Ajv2020.default({ strict: false, allErrors: true });
-    addFormats.default(ajv);
-    const cases = corpus().flatMap((schema) => [0, 1, 2, 3, 4, 5].map((seed) => ({ schema, seed })));
-    const failures: string[] = [];
-    let completed = 0;
-    for (let start = 0; start < cases.length; start += 32) {
-      const batch = cases.slice(start, start + 32);
-      const results = await Promise.all(batch.map(({ schema, seed }) => engine.generate({
-        prompt: `pattern ${seed}`, maxTokens: 200, temperature: 1, seed, responseFormat: { type: 'json_schema', schema, strict: false },
-      })));
-      results.forEach((r, j) => {
-        if (r.finishReason !== 'stop') return;
-        completed++;
-        const { schema } = batch[j]!;
-        let value: unknown;
-        try {
-          value = JSON.parse(r.text);
-        } catch {
-          failures.push(`${JSON.stringify(schema)}: not JSON: ${JSON.stringify(r.text)}`);
-          return;
-        }
-        if (!ajv.validate(schema, value)) failures.push(`${JSON.stringify(schema)}: ${JSON.stringify(r.text)}: ${ajv.errorsText()}`);
-      });
+    await expectValidOutputs(corpus());
+  });
+
+  it('bounded numbers stay exact on the xgrammar fallback too (it compiles the same grammar text)', { timeout: 240_000 }, async () => {
+    const tokenizer = await SluiceTokenizer.load(join(root, 'tiny'));
+    const { vocab_size: vocabSize } = JSON.parse(readFileSync(join(root, 'tiny', 'config.json'), 'utf8')) as { vocab_size: number };
+    const internals = engine as unknown as { structured?: StructuredOutputs };
+    const native = internals.structured;
+    const fallback = new StructuredOutputs(tokenizer, vocabSize, { engine: 'xgrammar' });
+    internals.structured = fallback;
+    try {
+      await expectValidOutputs(NUMERIC);
+    } finally {
+      await fallback.dispose();
+      internals.structured = native;
     }
-    expect(failures).toEqual([]);
-    expect(completed).toBeGreaterThan(cases.length / 2);
   });
 
   it('each hostile schema is a 400 in plain words before the grammar engine, which keeps serving', { timeout: 120_000 }, async () => {

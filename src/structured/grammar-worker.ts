@@ -23,6 +23,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import type * as XG from '@mlc-ai/web-xgrammar';
 
 import { ByteLru, estimateGrammarBytes } from './grammar-cache.js';
+import { exactStructuralTag, jsonSchemaGrammar, mayHoldNumericBounds } from './numeric-grammar.js';
 import { xgrammar } from './xgrammar.js';
 import { buildGrammarVocabulary, CLEARS_STATE, KEEPS_STATE, tokenBytes, type GrammarVocabulary, type VocabType } from './vocabulary.js';
 
@@ -102,11 +103,29 @@ async function warm(): Promise<void> {
   };
 }
 
-function compile(kind: GrammarKind, source: string): Promise<XG.CompiledGrammar> {
+/**
+ * A schema with numeric bounds compiles from its grammar text, where our exact number rules
+ * replace xgrammar's ranges (numeric-grammar.ts): the same text the native engine compiles. In a
+ * structural tag, such a schema becomes a grammar content holding that text.
+ */
+async function compile(kind: GrammarKind, source: string): Promise<XG.CompiledGrammar> {
   const s = state!;
+  if (kind === 'json_schema' && mayHoldNumericBounds(source)) return s.compiler.compileGrammar(await grammarText(kind, source));
   return kind === 'json_schema'
     ? s.compiler.compileJSONSchema(source, true, undefined, undefined, false, s.maxWhitespace)
-    : s.compiler.compileStructuralTag(source);
+    : s.compiler.compileStructuralTag(await exactStructuralTag(xgrammar(), source, s.maxWhitespace));
+}
+
+/** The grammar's text form: xgrammar's, with exact numeric ranges for a schema (numeric-grammar.ts). */
+async function grammarText(kind: GrammarKind, source: string): Promise<string> {
+  const xg = xgrammar();
+  if (kind === 'json_schema') return jsonSchemaGrammar(xg, source, config!.maxWhitespace);
+  const grammar = await xg.Grammar.fromStructuralTag(await exactStructuralTag(xg, source, config!.maxWhitespace));
+  try {
+    return grammar.toString();
+  } finally {
+    grammar.dispose();
+  }
 }
 
 /** A test's fault, raised where the engine's own would be. */
@@ -126,20 +145,8 @@ async function probe(req: Extract<GrammarRequest, { op: 'probe' }>): Promise<{ g
   const grammar = await compile(req.kind, req.source);
   const ms = performance.now() - t0;
   grammar.dispose();
-  return { grammarBytes: estimateGrammarBytes(ms, await textChars(req.kind, req.source), config!.vocabSize), ms };
-}
-
-/** The length of the grammar's text form (part of the size estimate). */
-async function textChars(kind: GrammarKind, source: string): Promise<number> {
-  const xg = xgrammar();
-  const grammar = kind === 'json_schema'
-    ? await xg.Grammar.fromJSONSchema(source, true, undefined, undefined, false, config!.maxWhitespace)
-    : await xg.Grammar.fromStructuralTag(source);
-  try {
-    return grammar.toString().length;
-  } finally {
-    grammar.dispose();
-  }
+  // The length of the grammar's text form is part of the size estimate.
+  return { grammarBytes: estimateGrammarBytes(ms, (await grammarText(req.kind, req.source)).length, config!.vocabSize), ms };
 }
 
 /** The compiled grammar for `key` (matchers role: only grammars a compile worker has compiled). */
@@ -155,18 +162,10 @@ async function grammarFor(key: string, kind: GrammarKind, source: string, gramma
 /** Grammars too large to cache, disposed once their matcher is made. */
 const uncached = new Set<XG.CompiledGrammar>();
 
-/** The grammar of a schema or structural tag as text (xgrammar's EBNF), for the native engine to compile. */
+/** The grammar of a schema or structural tag as text (xgrammar's EBNF, exact numbers), for the native engine to compile. */
 async function ebnf(req: Extract<GrammarRequest, { op: 'ebnf' }>): Promise<string> {
-  const xg = xgrammar();
   inject(req.fault);
-  const grammar = req.kind === 'json_schema'
-    ? await xg.Grammar.fromJSONSchema(req.source, true, undefined, undefined, false, config!.maxWhitespace)
-    : await xg.Grammar.fromStructuralTag(req.source);
-  try {
-    return grammar.toString();
-  } finally {
-    grammar.dispose();
-  }
+  return grammarText(req.kind, req.source);
 }
 
 async function open(req: Extract<GrammarRequest, { op: 'open' }>): Promise<void> {

@@ -5,14 +5,13 @@
 // with maximum 5 gives 5), writes a fractional bound's decimal point as "any character" (minimum
 // 0.5 allows `0"5`). So: bounds are whole numbers (safe integers; within 1e15 for a number), and a
 // range with nothing in it is a 400. Its ranges are also wrong inside, erratically (integer 18..120
-// allows 121..129, 12000..12999 allows 11005, but 1200..1299 is right; minimum 5 allows 1..4;
-// maximum -11 allows -10; maximum -10 leaves out -99..-11; number maximum 1 allows 1.5): an
-// integer range of up to SMALL_INTEGER_RANGE values goes to it as an enum, whose grammar text it
-// writes exactly (the native engine then follows it exactly; xgrammar's own matcher, the fallback,
-// lets -309 through an enum of -300..-50).
-// NOTE: wider integer ranges, one-sided integer bounds and all number ranges stay xgrammar's and
-// may overshoot; exact ones need a number grammar of our own (cutting a range into pieces does not
-// help: no kind of piece but the enum is right everywhere).
+// allows 121..129, 12000..12999 allows 11005; minimum 5 allows 1..4; maximum -11 allows -10;
+// number maximum 1 allows 1.5), and its own matcher, the fallback, does not follow an enum of
+// integers exactly either (-309 passes an enum of -300..-50): so xgrammar never writes a bounded
+// number: numeric-grammar.ts replaces each with an exact grammar of its own (in a response
+// schema's grammar text, and as a grammar content inside a tool call's structural tag). xgrammar
+// also writes an enum's values whatever the bounds beside it, and ignores whatever stands beside
+// anyOf / oneOf: an enum keeps the values within the bounds, and bounds beside a choice are a 400.
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Schema = { [key: string]: Json };
@@ -21,8 +20,6 @@ type Fail = (pointer: string, message: string) => never;
 const KEYS = ['minimum', 'maximum', 'exclusiveMinimum', 'exclusiveMaximum'] as const;
 /** A number bound's magnitude limit. */
 export const NUMBER_BOUND_LIMITS = { maxMagnitude: 1e15 };
-/** Integer ranges of at most this many values are written as an enum (18 ms to compile 256 at a 152k vocabulary). */
-export const SMALL_INTEGER_RANGE = 256;
 
 /**
  * Checks the bounds of schema `s` at `pointer` and writes the ones the compiler gets into `out`
@@ -69,11 +66,19 @@ export function checkNumericBounds(s: Schema, out: Schema, pointer: string, fail
     const what = integerOnly ? 'integer' : 'number';
     fail(`${pointer}/${loKey}`, `no ${what} satisfies both '${loKey}' ${s[loKey!]} and '${hiKey}' ${s[hiKey!]}`);
   }
-  if (type === 'integer' && lo !== undefined && hi !== undefined && hi - lo < SMALL_INTEGER_RANGE
-    && !['enum', 'const', 'anyOf', 'oneOf'].some((k) => s[k] !== undefined)) {
-    for (const k of ['type', ...KEYS]) delete out[k];
-    out['enum'] = Array.from({ length: hi - lo + 1 }, (_, i) => lo! + i);
+  // An enum's or const's values must satisfy the bounds themselves (xgrammar writes them as they
+  // are); bounds beside a choice are refused (xgrammar ignores what stands beside anyOf / oneOf).
+  const inRange = (v: number) => (lo === undefined || v > lo || (v === lo && !loOpen)) && (hi === undefined || v < hi || (v === hi && !hiOpen));
+  for (const key of ['anyOf', 'oneOf']) {
+    if (s[key] !== undefined) fail(`${pointer}/${loKey ?? hiKey}`, `numeric bounds beside '${key}' are not supported by structured outputs: put them inside each branch`);
   }
+  const values = s['enum'];
+  if (Array.isArray(values)) {
+    const kept = values.filter((v) => typeof v !== 'number' || inRange(v));
+    if (kept.length === 0) fail(`${pointer}/enum`, `no value of 'enum' satisfies the bounds`);
+    out['enum'] = kept;
+  }
+  if (typeof s['const'] === 'number' && !inRange(s['const'])) fail(`${pointer}/const`, `'const' ${s['const']} does not satisfy the bounds`);
 }
 
 /** The tighter of an inclusive and an exclusive bound: [value, keyword, exclusive]. */

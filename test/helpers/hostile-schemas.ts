@@ -34,6 +34,10 @@ export const REFUSED: [unknown, RegExp][] = [
   [{ type: 'number', minimum: 1e308 }, /'minimum' must be within \+-1000000000000000/],
   [{ type: 'number', minimum: 0.5 }, /'minimum' must be a whole number.*fractional bounds/],
   [{ type: 'number', maximum: Infinity }, /finite number/],
+  // xgrammar writes an enum's values as they are and ignores bounds beside anyOf.
+  [{ type: 'integer', minimum: 3, enum: [1, 2] }, /no value of 'enum' satisfies the bounds.*\(at \/enum\)/],
+  [{ type: 'number', exclusiveMaximum: 1, const: 1 }, /'const' 1 does not satisfy the bounds.*\(at \/const\)/],
+  [{ type: 'integer', minimum: 5, anyOf: [{ maximum: 10 }, { minimum: 20 }] }, /numeric bounds beside 'anyOf'.*\(at \/minimum\)/],
   [{ type: 'array', items: false, minItems: 1 }, /'minItems' 1 asks for more items than 'items': false.*\(at \/minItems\)/],
   [{ type: 'array', prefixItems: [{ type: 'integer' }], maxItems: 0 }, /'maxItems' 0 is below the number of 'prefixItems'/],
   [{ $defs: { 'a/b': { type: 'integer' } }, $ref: '#/$defs/a~1b' }, /'\$defs' name may not contain '\/'.*\(at \/\$defs\/a~1b\)/],
