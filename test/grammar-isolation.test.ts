@@ -206,6 +206,22 @@ describe.each(['xgrammar', 'native'] as const)('grammar workers (%s engine)', (e
     }
   });
 
+  it('a compile that fails with any text of the engine\'s own answers one fixed sentence; the text is only logged', { timeout: 120_000 }, async () => {
+    const logged: string[] = [];
+    const structured = new StructuredOutputs(tokenizer, vocabSize, { engine, workers: 1, compileQueue: new CompileQueue({ perTenant: 1, total: 1 }), log: (m) => logged.push(m) });
+    try {
+      // Below the schema check (which refuses an empty range): the grammar step fails with a plain-looking text of its own.
+      const err = await structured.compiled('json_schema', '{"type":"integer","minimum":5,"maximum":3}', 'response_format', 'a').catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(SluiceError);
+      expect((err as SluiceError).code).toBe('invalid_request');
+      expect((err as SluiceError).param).toBe('response_format');
+      expect((err as SluiceError).message).toBe('the schema cannot be compiled into a grammar');
+      expect(logged.join('\n')).toMatch(/no value in it/);
+    } finally {
+      await structured.dispose();
+    }
+  });
+
   it('a looping compile is ended at its limit; a compile queued behind it is timed from its own start', { timeout: 120_000 }, async () => {
     const structured = new StructuredOutputs(tokenizer, vocabSize, {
       engine, workers: 1, compileTimeoutMs: 3000, compileQueue: new CompileQueue({ perTenant: 1, total: 1 }), testFault: (source) => faults[source],

@@ -24,7 +24,7 @@ import { nativeAvailable } from '../engine/native.js';
 import { CompileQueue, sharedCompileQueue } from './compile-queue.js';
 import { CompileFailed, CompileTimeout, CompileWorkers, type CompileWorkerInit } from './compile-workers.js';
 import { ByteLru } from './grammar-cache.js';
-import { publicCompileError, workerPath } from './grammar-thread.js';
+import { workerPath } from './grammar-thread.js';
 import type { GrammarFault, GrammarKind } from './grammar-worker.js';
 import { GrammarWorker, WorkerConstraint, type WorkerGrammar } from './matcher-worker.js';
 import { NativeGrammars } from './native-grammar.js';
@@ -82,6 +82,11 @@ export interface StructuredOutputsOptions {
   maskWorkOnEventLoop?: number;
   /** Tests only: a fault to inject into the compile of `source` (see GrammarFault). */
   testFault?: (source: string) => GrammarFault | undefined;
+  /**
+   * Where the grammar engine's own error texts go (default: console.warn). They never reach a
+   * client: its error says only what failed, in a fixed sentence.
+   */
+  log?: (message: string) => void;
 }
 
 /** Who asks for a constraint. */
@@ -114,6 +119,7 @@ export class StructuredOutputs {
   private native: Promise<NativeGrammars | undefined> | undefined;
   private readonly maskWorkOnEventLoop: number | undefined;
   private readonly testFault: ((source: string) => GrammarFault | undefined) | undefined;
+  private readonly log: (message: string) => void;
   /** key -> the compiled grammar's estimated bytes, for grammars a compile worker compiled. */
   private readonly proven = new ByteLru<number>(4096, 64 << 20);
   /** key -> why its compile failed (answered again without a compile). */
@@ -131,6 +137,7 @@ export class StructuredOutputs {
     this.engine = opts.engine ?? (nativeAvailable() ? 'native' : 'xgrammar');
     this.maskWorkOnEventLoop = opts.maskWorkOnEventLoop;
     this.testFault = opts.testFault;
+    this.log = opts.log ?? ((message) => console.warn(message));
     this.queue = opts.compileQueue ?? sharedCompileQueue();
     const size = opts.workers ?? Math.min(4, Math.max(1, Math.floor(os.availableParallelism() / 4)));
     this.workers = new Array<GrammarWorker | undefined>(Math.max(1, Math.floor(size))).fill(undefined);
@@ -194,8 +201,7 @@ export class StructuredOutputs {
       await worker.call({ op: 'open', reply: 0, matcher: id, key, kind, source, grammarBytes, replay: constraint.tokens }, 2 * this.compileTimeoutMs);
     } catch (err) {
       worker.open--;
-      if (err instanceof SluiceError) throw err;
-      throw new SluiceError('engine_error', `the grammar engine could not start a matcher: ${publicCompileError((err as Error).message)}`);
+      throw this.hidden(err, 'engine_error', 'the grammar engine could not start a matcher');
     }
     constraint.attach(worker, id);
   }
@@ -219,9 +225,9 @@ export class StructuredOutputs {
         throw new SluiceError('invalid_request', `the schema took longer than ${this.compileTimeoutMs / 1000} s to compile into a grammar`, { param });
       }
       if (err instanceof CompileFailed) {
-        const message = `the schema cannot be compiled into a grammar: ${publicCompileError(err.message)}`;
-        this.refused.set(key, message, key.length);
-        throw new SluiceError('invalid_request', message, { param });
+        const refusal = this.hidden(err, 'invalid_request', 'the schema cannot be compiled into a grammar', param);
+        this.refused.set(key, refusal.message, key.length);
+        throw refusal;
       }
       throw err;
     }
@@ -230,6 +236,16 @@ export class StructuredOutputs {
   /** xgrammar's text form of a schema's (or structural tag's) grammar, made on a compile worker. */
   private grammarText(kind: GrammarKind, source: string, param: string): Promise<string> {
     return this.compileWorkerCall(`${kind}:${source}`, param, (timeoutMs) => this.compiles.ebnf(kind, source, timeoutMs, this.testFault?.(source)));
+  }
+
+  /**
+   * The error a client gets for `err`: a SluiceError as it is; anything else (the grammar engine's
+   * own text, which may hold its internals) as `sentence` alone, the detail logged.
+   */
+  private hidden(err: unknown, code: 'engine_error' | 'invalid_request', sentence: string, param?: string): SluiceError {
+    if (err instanceof SluiceError) return err;
+    this.log(`structured outputs: ${sentence}: ${err instanceof Error ? err.message : String(err)}`);
+    return new SluiceError(code, sentence, param === undefined ? undefined : { param });
   }
 
   /** Stops the workers; constraints still in use fail. Safe to call twice. */
@@ -285,7 +301,7 @@ export class StructuredOutputs {
           if (bytes !== undefined && offsets !== undefined) worker.packed = { bytes, offsets };
         }
       }, (err: Error) => {
-        throw err instanceof SluiceError ? err : new SluiceError('engine_error', `the grammar engine could not index the vocabulary: ${publicCompileError(err.message)}`);
+        throw this.hidden(err, 'engine_error', 'the grammar engine could not index the vocabulary');
       });
     worker.ready.catch(() => undefined);
     this.workers[best] = worker;
