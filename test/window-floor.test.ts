@@ -133,7 +133,10 @@ describe('Batcher: windows across tenants', () => {
   it('a more urgent window preempts another tenant only down to its floor, with no ping-pong', async () => {
     const { batcher, handle } = newBatcher(16, { tenantDeferral: undefined });
     const preempted: number[] = [];
-    const standard = flood(batcher, handle, 16, 150, { tenant: 'B', priority: STANDARD }, 5000);
+    // B's requests outlast A's whole flood (40 x 60 tokens on 14 slots: about 175 steps), so none of
+    // B's floor sequences ends during it and B's running count is exactly its floor at the lowest
+    // (with 150 tokens one could end mid-flood and a step saw 1 before its successor was admitted).
+    const standard = flood(batcher, handle, 16, 400, { tenant: 'B', priority: STANDARD }, 5000);
     await until(() => runningOf(batcher, 'B') === 16);
     const asap = flood(batcher, handle, 40, 60, { tenant: 'A', priority: ASAP });
     let minB = 16;
