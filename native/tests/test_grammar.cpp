@@ -3,6 +3,7 @@
 // seeded random walks, over a vocabulary built to cross every boundary the caches reason about:
 // tokens that end a string and go on, that end inside a multi-byte character, that hold several
 // characters of whitespace, that close the root.
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -86,9 +87,11 @@ TEST_CASE(grammar_reader_refuses_what_it_cannot_match) {
   CHECK(throws("root ::= \"a"));                   // unterminated string
   CHECK(throws("other ::= \"a\""));                // no root
   CHECK(throws("root ::= \"a\"{3,2}"));            // reversed bounds
-  CHECK(throws("root ::= \"a\"{0,2000}"));         // an optional range wider than is unrolled
+  CHECK(throws("root ::= (\"ab\"){0,2000}"));      // an optional range wider than is unrolled
+  CHECK(!throws("root ::= \"a\"{0,2000}"));        // ... unless one class: counted, not unrolled
   CHECK(throws("root ::= \"a\"{100001}"));         // a count past the bound
-  CHECK(throws("root ::= (\"a\"{1024}){1024}"));   // nested repetitions past the element bound
+  CHECK(throws("root ::= (\"ab\"{1024}){1024}"));  // nested repetitions past the element bound
+  CHECK(!throws("root ::= (\"a\"{1024}){1024}"));  // ... unless one class: a run of 1,048,576
   CHECK(!throws("root ::= (\"ab\"){50000}"));      // a large count is built by halving, not unrolled
 }
 
@@ -324,6 +327,228 @@ TEST_CASE(grammar_masks_stay_right_across_arena_compaction) {
     if (mask[0] != (k + 1 < 70000 ? 0x2u : 0x8u)) wrong++;
   }
   CHECK(wrong == 0);
+}
+
+namespace {
+
+/** The counted elements of the root rule as (min, max) pairs, max -1 for no bound. */
+std::vector<std::pair<long, long>> counted_runs(const Grammar& g) {
+  std::vector<std::pair<long, long>> out;
+  for (uint32_t start : g.alts[size_t(g.root)]) {
+    for (uint32_t i = start; g.elems[i].kind != ElemKind::kEnd; i++) {
+      const Element& e = g.elems[i];
+      if (e.counted) out.emplace_back(long(e.min_count), e.max_count == kUnboundedCount ? -1L : long(e.max_count));
+    }
+  }
+  return out;
+}
+
+/** A JSON string class run the way xgrammar 0.1.27 prints `^[^\x00-\x1f"\\]{lo,hi}$` for hi > 128. */
+std::string xgrammar_string_run(int lo, int hi) {
+  const std::string cls = "[^\\0-\\x1f\\\"\\\\]";
+  std::string g = "root ::= ((\"\\\"\" string_128 \"\\\"\"))\n";
+  if (lo == 0) {
+    for (int k = 1; k <= 127; k++) {
+      g += "string_" + std::to_string(k) + " ::= (\"\" | (" + cls + (k < 127 ? " string_" + std::to_string(k + 1) : std::string()) + "))\n";
+    }
+  }
+  g += "string_repeat_1 ::= ((" + cls + ")) (=(" + cls + " " + cls + "))\n";
+  g += "string_repeat_1_inner ::= ((string_repeat_1{" + std::to_string(std::max(lo, 128) - 128) + ", " + std::to_string(hi - 128) + "}))\n";
+  std::string tail;
+  for (int k = 0; k < 128; k++) tail += " " + cls;
+  g += "string_128 ::= (" + std::string(lo == 0 ? "(string_1) | " : "") + "(string_repeat_1_inner" + tail + "))\n";
+  return g;
+}
+
+/**
+ * A vocabulary for counted runs: the bytes, runs of 2..40 letters, runs ending in a quote or a
+ * comma, multi-byte characters whole and split, and a long run of 70 letters (more than the
+ * tagged walk tells apart: checked at mask time).
+ */
+std::vector<std::string> run_vocabulary(std::mt19937& rng) {
+  std::vector<std::string> v;
+  for (int b = 0; b < 256; b++) v.push_back(std::string(1, char(b)));
+  for (int n : {2, 3, 4, 5, 6, 7, 8, 11, 16, 23, 40}) {
+    v.push_back(std::string(size_t(n), 'a'));
+    v.push_back(std::string(size_t(n), 'b') + "\"");
+    v.push_back(std::string(size_t(n - 1), 'c') + "\",");
+    v.push_back(std::string(size_t(n), 'a') + "x");
+  }
+  v.push_back(std::string(70, 'a'));
+  v.push_back(std::string(70, 'a') + "\"");
+  for (const char* s : {"\xc3\xa9", "\xc3", "\xa9", "\xe4\xb8\xad", "\xe4\xb8", "\xad", "\xf0\x9f\x98\x80", "\xf0\x9f", "\x98\x80",
+                        "a\xc3\xa9", "\xc3\xa9\xc3\xa9\xc3", "\xa9\"", "\xad\xe4\xb8\xad\"", "\"\"", "\",\"", "\"]", "\"}", "ab\",\"cd",
+                        "x\"", "xx", "xxx", "a.", "b.", ".", "ab,", ",a", "[\"", "\"a"}) {
+    v.push_back(s);
+  }
+  const char alphabet[] = "abcx\",.[]";
+  std::uniform_int_distribution<int> len(2, 9), pick(0, int(sizeof(alphabet)) - 2);
+  for (int k = 0; k < 300; k++) {
+    std::string s;
+    for (int n = len(rng); n > 0; n--) s += alphabet[pick(rng)];
+    v.push_back(s);
+  }
+  v.push_back("");  // the stop token
+  return v;
+}
+
+/**
+ * Seeded random walks over `g`: at every step the mask must equal token-by-token acceptance
+ * (each token tried on a copy of the matcher). `prefer`: a token taken first when allowed (to
+ * run a counted element to its bound), with probability 3/4. Returns the mismatches.
+ */
+int walk_and_compare(const std::shared_ptr<const CompiledGrammar>& g, const std::vector<std::string>& tokens, int walks,
+                     int max_steps, uint32_t seed, int32_t prefer = -1) {
+  std::mt19937 rng(seed);
+  std::vector<uint32_t> mask(g->vocab().words());
+  const int32_t stop = int32_t(tokens.size() - 1);
+  int mismatches = 0;
+  for (int walk = 0; walk < walks; walk++) {
+    TokenMatcher m(g);
+    for (int step = 0; step < max_steps && !m.ended(); step++) {
+      m.fill_mask(mask.data());
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < tokens.size(); id++) {
+        TokenMatcher copy = m;
+        bool ok = copy.accept(int32_t(id));
+        if (ok != bit(mask, id)) {
+          if (mismatches++ < 5) {
+            std::printf("    walk %d step %d token %zu '%s': mask %d, accept %d\n", walk, step, id, tokens[id].c_str(),
+                        int(bit(mask, id)), int(ok));
+          }
+        }
+        if (ok) allowed.push_back(int32_t(id));
+      }
+      if (allowed.empty()) {
+        std::printf("    walk %d step %d: no token allowed\n", walk, step);
+        mismatches++;
+        break;
+      }
+      int32_t next = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+      if (prefer >= 0 && bit(mask, size_t(prefer)) && rng() % 4 != 0) next = prefer;
+      if (m.can_end() && rng() % 3 == 0) next = stop;
+      CHECK(m.accept(next));
+    }
+  }
+  return mismatches;
+}
+
+}  // namespace
+
+TEST_CASE(grammar_runs_of_one_class_are_read_as_counted_elements) {
+  // {m,n} of a class, a sequence of one class, xgrammar's chains and its split long repeats:
+  // each one counted element with the exact bounds.
+  auto runs = [](const std::string& text) { return counted_runs(parse_grammar(text)); };
+  using R = std::vector<std::pair<long, long>>;
+  CHECK(runs("root ::= \"\\\"\" [^\"\\\\]{0,1000} \"\\\"\"") == (R{{0, 1000}}));
+  CHECK(runs("root ::= [a-z] [a-z] [a-z] [a-z]{2,5} [a-z]") == (R{{6, 9}}));
+  CHECK(runs("root ::= [a-z]* [a-z]{772} [a-z]{128}") == (R{{900, -1}}));
+  CHECK(runs("root ::= [0-9]{2,3}").empty());  // short runs stay unrolled
+  CHECK(runs("root ::= [a-z] [a-z] [a-z] [a-z] [a-z] s\ns ::= \"\" | [a-z] s") == (R{{5, -1}}));  // xgrammar's C{5,}
+  CHECK(runs("root ::= (\"ab\"){5}").empty());  // not one class
+  CHECK(runs("root ::= r1\nr1 ::= \"\" | [a-z] r2\nr2 ::= \"\" | [a-z] r3\nr3 ::= \"\" | [a-z] r4\nr4 ::= \"\" | [a-z]") == (R{{0, 4}}));
+  CHECK(runs("root ::= [a-z]{0,3} | [a-z]{5,9}") == (R{{5, 9}}));  // a gap (4): two alternatives
+  CHECK(runs("root ::= [a-z]{0,3} | [a-z]{4,9}") == (R{{0, 9}}));  // no gap: one run
+  CHECK(runs(xgrammar_string_run(0, 1000)) == (R{{0, 1000}}));
+  CHECK(runs(xgrammar_string_run(900, 1000)) == (R{{900, 1000}}));
+  CHECK(runs(xgrammar_string_run(1000, 1000)) == (R{{1000, 1000}}));
+}
+
+TEST_CASE(grammar_counted_runs_accept_exactly_their_lengths) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; b++) tokens.push_back(std::string(1, char(b)));
+  tokens.push_back("");
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{int32_t(tokens.size() - 1)});
+  auto str = [](size_t n, const std::string& unit) {
+    std::string s = "\"";
+    for (size_t k = 0; k < n; k++) s += unit;
+    return s + "\"";
+  };
+  auto g = std::make_shared<CompiledGrammar>(parse_grammar(xgrammar_string_run(900, 1000)), vocab);
+  for (size_t n : {0, 1, 899, 900, 901, 999, 1000, 1001}) {
+    CHECK(accepts_text(g, str(n, "a")) == (n >= 900 && n <= 1000));
+    CHECK(accepts_text(g, str(n, "\xe4\xb8\xad")) == (n >= 900 && n <= 1000));  // code points, not bytes
+  }
+  CHECK(!accepts_text(g, str(950, "a").insert(500, "\"")));
+  CHECK(!accepts_text(g, str(950, "a").insert(500, "\xed\xa0\x80")));  // a surrogate is no character
+  auto open = std::make_shared<CompiledGrammar>(parse_grammar("root ::= [a-c]{5,} \".\""), vocab);
+  for (size_t n : {4, 5, 6, 2000}) CHECK(accepts_text(open, std::string(n, 'b') + ".") == (n >= 5));
+}
+
+TEST_CASE(grammar_counted_masks_match_token_by_token_checks) {
+  std::mt19937 rng(17);
+  auto tokens = run_vocabulary(rng);
+  const int32_t stop = int32_t(tokens.size() - 1);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{stop});
+  const char* cls = "[^\\0-\\x1f\\\"\\\\]";
+  struct Case {
+    std::string text;
+    int32_t prefer;  // a token that runs the count up
+  };
+  const int32_t aaaa = 256 + 4 * 2;  // "aaaa" (n = 4 in run_vocabulary)
+  std::vector<Case> cases = {
+      {std::string("root ::= \"\\\"\" ") + cls + "{0,12} \"\\\"\"", aaaa},
+      {std::string("root ::= \"\\\"\" ") + cls + "{5,9} \"\\\"\"", aaaa},
+      {std::string("root ::= \"\\\"\" ") + cls + "{30,45} \"\\\"\"", aaaa},
+      {std::string("root ::= \"\\\"\" ") + cls + "{75,80} \"\\\"\"", aaaa},  // the 70-letter token: checked at mask time
+      {"root ::= [a-c]{4,} \".\"", aaaa},
+      {"root ::= [ab]{0,5} [a-c]* \".\"", 'a'},  // the run's end is ambiguous
+      {"root ::= \"x\"{4,7} \".\"", 'x'},        // a byte class
+      // A run inside a rule used from several places: its end is checked against the stack below.
+      {"root ::= \"[\" item (\",\" item){0,3} \"]\"\nitem ::= \"\\\"\" [a-c]{2,6} \"\\\"\"", 'a'},
+      {"root ::= item (\",\" root)?\nitem ::= [^,.\\\"\\\\\\0-\\x1f]{1,5} | \"x\"", 'a'},
+      {xgrammar_string_run(0, 200), aaaa},
+      {xgrammar_string_run(150, 160), aaaa},
+  };
+  int total = 0;
+  for (size_t k = 0; k < cases.size(); k++) {
+    auto g = std::make_shared<CompiledGrammar>(parse_grammar(cases[k].text), vocab);
+    const auto& elems = g->grammar().elems;
+    CHECK(std::any_of(elems.begin(), elems.end(), [](const Element& e) { return e.counted; }));
+    int mismatches = walk_and_compare(g, tokens, 12, 90, uint32_t(100 + k), cases[k].prefer);
+    if (mismatches != 0) std::printf("    case %zu: %d mismatches\n", k, mismatches);
+    total += mismatches;
+  }
+  CHECK(total == 0);
+}
+
+TEST_CASE(grammar_counted_masks_at_every_count_near_the_bounds) {
+  // Single letters up to each count around min and max: at each, the mask equals token-by-token
+  // acceptance (the buckets near the bounds, and the shared one in the middle).
+  std::mt19937 rng(23);
+  auto tokens = run_vocabulary(rng);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{int32_t(tokens.size() - 1)});
+  const char* cls = "[^\\0-\\x1f\\\"\\\\]";
+  for (const std::string& text : {std::string("root ::= \"\\\"\" ") + cls + "{50,120} \"\\\"\" \",\"?",
+                                   std::string("root ::= \"\\\"\" ") + cls + "{0,60} \"\\\"\""}) {
+    auto g = std::make_shared<CompiledGrammar>(parse_grammar(text), vocab);
+    std::vector<uint32_t> mask(vocab->words());
+    TokenMatcher m(g);
+    CHECK(m.accept('"'));
+    int mismatches = 0;
+    for (int n = 0; n <= 121; n++) {
+      m.fill_mask(mask.data());
+      for (size_t id = 0; id < tokens.size(); id++) {
+        TokenMatcher copy = m;
+        if (copy.accept(int32_t(id)) != bit(mask, id)) mismatches++;
+      }
+      if (!m.accept(n % 7 == 3 ? 0xc3 : n % 7 == 4 ? 0xa9 : 'a')) break;  // now and then a character over two tokens
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE(grammar_counted_compile_does_not_grow_with_the_count) {
+  std::mt19937 rng(29);
+  auto tokens = run_vocabulary(rng);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{int32_t(tokens.size() - 1)});
+  auto positions = [&](int n) {
+    return CompiledGrammar(parse_grammar(xgrammar_string_run(0, n)), vocab).positions();
+  };
+  const size_t small = positions(200), large = positions(100000);
+  std::printf("    caches compiled: %zu at maxLength 200, %zu at 100000\n", small, large);
+  CHECK(small == large);
+  CHECK(large < 100);  // the longest run in a token is 40 letters: about 40 buckets
 }
 
 int main() { return sluice_test::run_all("grammar"); }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 namespace sluice::grammar {
@@ -24,6 +25,12 @@ constexpr int kMaxCount = 100000;
 constexpr int kMaxUnrolled = 1024;
 /** Elements in a lowered grammar; past this it is refused (nested repetitions multiply). */
 constexpr size_t kMaxElements = size_t(1) << 20;
+/** A run of one class longer than this is not read as a counted element (it is lowered as written). */
+constexpr int64_t kMaxRun = 10'000'000;
+/** Runs up to this many characters stay unrolled, one element each (as they always were). */
+constexpr int64_t kMinCounted = 4;
+/** Rules followed when reading a run (a longer chain of rules is lowered as written). */
+constexpr int kMaxRunDepth = 256;
 
 struct Expr {
   enum class Kind { kAlt, kSeq, kLiteral, kClass, kRef, kRepeat } kind = Kind::kSeq;
@@ -324,6 +331,15 @@ class Reader {
 class Lowering {
  public:
   Grammar build(std::vector<std::pair<std::string, Expr>> rules, const std::string& root_rule) {
+    for (auto& [name, body] : rules) exprs_.emplace(name, &body);
+    // Runs read from the last rule up: chains (r1 ::= "" | C r2, ...) are printed first link
+    // first, so each link then finds the next one read already (no deep recursion).
+    for (size_t k = rules.size(); k-- > 0;) {
+      Expr ref;
+      ref.kind = Expr::Kind::kRef;
+      ref.name = rules[k].first;
+      run_of(ref, 0);
+    }
     for (auto& [name, body] : rules) {
       int id = rule_id(name);
       if (defined_.size() <= size_t(id)) defined_.resize(id + 1, false);
@@ -369,6 +385,155 @@ class Lowering {
     return id;
   }
 
+  /**
+   * A run of one class: `cls` repeated lo..hi times (hi = kUnbounded: no bound). `empty`: the
+   * expression matches only "" (a run of any class, 0 times).
+   */
+  struct Run {
+    bool empty = true;
+    Element cls;
+    int64_t lo = 0, hi = 0;
+  };
+
+  static bool same_class(const Element& a, const Element& b) {
+    return a.kind == b.kind && a.set == b.set && a.any_non_ascii == b.any_non_ascii;
+  }
+
+  /** Joins `b` into `a` when both are runs of one class (or empty); false otherwise. */
+  static bool adopt_class(Run& a, const Run& b) {
+    if (b.empty) return true;
+    if (a.empty) {
+      a.empty = false;
+      a.cls = b.cls;
+      return true;
+    }
+    return same_class(a.cls, b.cls);
+  }
+
+  static int64_t add_counts(int64_t a, int64_t b) { return a == kUnbounded || b == kUnbounded ? kUnbounded : a + b; }
+
+  /** What `e` matches, when that is one class repeated a contiguous range of times (see Run). */
+  std::optional<Run> run_of(const Expr& e, int depth) {
+    if (depth > kMaxRunDepth) return std::nullopt;
+    switch (e.kind) {
+      case Expr::Kind::kClass:
+      case Expr::Kind::kLiteral: {
+        Run r;
+        if (e.kind == Expr::Kind::kLiteral && e.literal.empty()) return r;
+        if (!single(e, r.cls)) return std::nullopt;
+        r.empty = false;
+        r.lo = r.hi = 1;
+        return r;
+      }
+      case Expr::Kind::kRef: {
+        auto memo = runs_.find(e.name);
+        if (memo != runs_.end()) return memo->second;
+        auto body = exprs_.find(e.name);
+        if (body == exprs_.end()) return std::nullopt;
+        runs_.emplace(e.name, std::nullopt);  // while in progress: a cycle is no run
+        std::optional<Run> r = star_rule(e.name, *body->second);
+        if (!r) r = run_of(*body->second, depth + 1);  // (only rules count towards the depth)
+        runs_[e.name] = r;
+        return r;
+      }
+      case Expr::Kind::kSeq: {
+        Run acc;
+        for (const Expr& kid : e.kids) {
+          std::optional<Run> r = run_of(kid, depth);
+          if (!r || !adopt_class(acc, *r)) return std::nullopt;
+          acc.lo += r->lo;
+          acc.hi = add_counts(acc.hi, r->hi);
+          if (acc.lo > kMaxRun || acc.hi > kMaxRun) return std::nullopt;
+        }
+        return acc;
+      }
+      case Expr::Kind::kAlt: {
+        // Alternatives of one class whose count ranges, sorted, leave no gap: their union.
+        Run acc;
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        for (const Expr& kid : e.kids) {
+          std::optional<Run> r = run_of(kid, depth);
+          if (!r || !adopt_class(acc, *r)) return std::nullopt;
+          ranges.emplace_back(r->lo, r->hi == kUnbounded ? INT64_MAX : r->hi);
+        }
+        std::sort(ranges.begin(), ranges.end());
+        int64_t lo = ranges[0].first, hi = ranges[0].second;
+        for (auto [a, b] : ranges) {
+          if (hi != INT64_MAX && a > hi + 1) return std::nullopt;
+          hi = std::max(hi, b);
+        }
+        acc.lo = lo;
+        acc.hi = hi == INT64_MAX ? kUnbounded : hi;
+        return acc;
+      }
+      case Expr::Kind::kRepeat: {
+        std::optional<Run> r = run_of(e.kids[0], depth);
+        if (!r) return std::nullopt;
+        if (r->empty) return r;
+        Run out = *r;
+        const int64_t m = e.min, n = e.max;
+        if (r->lo == 1 && r->hi == 1) {
+          out.lo = m, out.hi = n;
+        } else if (r->lo == r->hi && m == n) {
+          out.lo = out.hi = m * r->lo;
+        } else if (r->lo == 0) {  // each copy may match nothing: 0 to n * hi
+          out.lo = 0;
+          out.hi = n == kUnbounded || r->hi == kUnbounded ? kUnbounded : n * r->hi;
+        } else {
+          return std::nullopt;  // (C C){1,3}: 2, 4 or 6, not a range
+        }
+        if (out.lo > kMaxRun || out.hi > kMaxRun) return std::nullopt;
+        return out;
+      }
+    }
+    return std::nullopt;
+  }
+
+  /** `r ::= "" | C r` (as xgrammar prints `C*`): C repeated 0 or more times. */
+  std::optional<Run> star_rule(const std::string& name, const Expr& body) {
+    const Expr* b = &body;
+    while (b->kind == Expr::Kind::kSeq && b->kids.size() == 1) b = &b->kids[0];
+    if (b->kind != Expr::Kind::kAlt || b->kids.size() != 2) return std::nullopt;
+    auto unwrap = [](const Expr* x) {
+      while (x->kind == Expr::Kind::kSeq && x->kids.size() == 1) x = &x->kids[0];
+      return x;
+    };
+    for (int empty = 0; empty < 2; empty++) {
+      const Expr* nothing = unwrap(&b->kids[size_t(empty)]);
+      const Expr* loop = unwrap(&b->kids[size_t(1 - empty)]);
+      const bool is_empty = (nothing->kind == Expr::Kind::kLiteral && nothing->literal.empty()) ||
+                            (nothing->kind == Expr::Kind::kSeq && nothing->kids.empty());
+      if (!is_empty || loop->kind != Expr::Kind::kSeq || loop->kids.size() != 2) continue;
+      const Expr* self = unwrap(&loop->kids[1]);
+      Run r;
+      if (self->kind != Expr::Kind::kRef || self->name != name || !single(*unwrap(&loop->kids[0]), r.cls)) continue;
+      r.empty = false;
+      r.lo = 0;
+      r.hi = kUnbounded;
+      return r;
+    }
+    return std::nullopt;
+  }
+
+  /** A run long enough to be one counted element (shorter ones are lowered as written). */
+  static bool worth_counting(const Run& r) {
+    return !r.empty && (r.hi == kUnbounded ? r.lo >= kMinCounted : r.hi >= kMinCounted);
+  }
+
+  /** Appends a run as one element: nothing, the class, the class starred, or counted. */
+  static void append_run(const Run& r, Alt& out) {
+    if (r.empty || r.hi == 0) return;
+    Element el = r.cls;
+    if (r.lo == 0 && r.hi == kUnbounded) {
+      el.star = true;
+    } else if (!(r.lo == 1 && r.hi == 1)) {
+      el.counted = true;
+      el.min_count = uint32_t(r.lo);
+      el.max_count = r.hi == kUnbounded ? kUnboundedCount : uint32_t(r.hi);
+    }
+    out.push_back(el);
+  }
+
   void define(int id, const Expr& outer) {
     // `r ::= (a | b)`, as xgrammar prints every rule: the group is the body, not a rule of its own.
     const Expr* unwrapped = &outer;
@@ -378,6 +543,15 @@ class Lowering {
     }
     const Expr& body = *unwrapped;
     std::vector<Alt> alts;
+    if (body.kind == Expr::Kind::kAlt || body.kind == Expr::Kind::kSeq) {
+      std::optional<Run> run = run_of(body, 0);
+      if (run && worth_counting(*run)) {
+        alts.emplace_back();
+        append_run(*run, alts.back());
+        bodies_[id] = std::move(alts);
+        return;
+      }
+    }
     if (body.kind == Expr::Kind::kAlt) {
       for (auto& kid : body.kids) {
         alts.emplace_back();
@@ -419,10 +593,40 @@ class Lowering {
     if (elements_ > kMaxElements) {
       throw GrammarError("grammar text: over " + std::to_string(kMaxElements) + " elements once repetitions are unrolled");
     }
-    switch (e.kind) {
-      case Expr::Kind::kSeq:
-        for (auto& kid : e.kids) append(kid, out, owner);
+    if (e.kind == Expr::Kind::kRef || e.kind == Expr::Kind::kAlt || e.kind == Expr::Kind::kRepeat) {
+      std::optional<Run> run = run_of(e, 0);
+      if (run && worth_counting(*run)) {
+        append_run(*run, out);
         return;
+      }
+    }
+    switch (e.kind) {
+      case Expr::Kind::kSeq: {
+        // Consecutive items that are runs of one class are one run (`C C{3} r` with r ::= C{0,5}).
+        size_t k = 0;
+        while (k < e.kids.size()) {
+          Run acc;
+          size_t end = k;
+          while (end < e.kids.size()) {
+            std::optional<Run> r = run_of(e.kids[end], 0);
+            Run joined = acc;
+            if (!r || !adopt_class(joined, *r)) break;
+            joined.lo += r->lo;
+            joined.hi = add_counts(joined.hi, r->hi);
+            if (joined.lo > kMaxRun || joined.hi > kMaxRun) break;
+            acc = joined;
+            end++;
+          }
+          if (end > k + 1 && worth_counting(acc)) {
+            append_run(acc, out);
+            k = end;
+          } else {
+            append(e.kids[k], out, owner);
+            k++;
+          }
+        }
+        return;
+      }
       case Expr::Kind::kLiteral:
         for (char c : e.literal) {
           Element el;
@@ -517,6 +721,8 @@ class Lowering {
   }
 
   Grammar g_;
+  std::unordered_map<std::string, const Expr*> exprs_;           // the rules as read, by name
+  std::unordered_map<std::string, std::optional<Run>> runs_;     // run_of of each rule read so far
   std::unordered_map<std::string, int> ids_;
   std::vector<std::vector<Alt>> bodies_;
   std::vector<bool> defined_;
@@ -529,7 +735,7 @@ void check_left_recursion(const Grammar& g) {
   size_t n = g.alts.size();
   std::vector<bool> nullable(n, false);
   auto elem_nullable = [&](const Element& e) {
-    return e.kind == ElemKind::kEnd || (e.kind == ElemKind::kRef ? bool(nullable[e.rule]) : e.star);
+    return e.kind == ElemKind::kEnd || (e.kind == ElemKind::kRef ? bool(nullable[e.rule]) : e.star || (e.counted && e.min_count == 0));
   };
   for (bool changed = true; changed;) {
     changed = false;

@@ -40,10 +40,20 @@ int next_utf8_state(uint32_t s, uint8_t b) {
   }
 }
 
-/** Steps stack sets over a grammar, pushing frames onto an arena. */
+/** Tags tell apart exits after 1..kTagBits-1 characters (bit 0: still in the run). */
+constexpr uint32_t kTagBits = 64;
+constexpr uint32_t kNoTagElem = UINT32_MAX;
+
+/**
+ * Steps stack sets over a grammar, pushing frames onto an arena. With a tag element (compiling a
+ * counted element, see CountedCaches), a top tagged with bit 0 at that element is its own run with
+ * no bound: each character it completes keeps it (count = characters so far) and also leaves the
+ * element, the stacks after that tagged with bit (count).
+ */
 class Stepper {
  public:
-  Stepper(const Grammar& g, std::vector<Frame>& arena) : g_(g), arena_(arena) {}
+  Stepper(const Grammar& g, std::vector<Frame>& arena, uint32_t tag_elem = kNoTagElem)
+      : g_(g), arena_(arena), tag_elem_(tag_elem), tagging_(tag_elem != kNoTagElem) {}
 
   /** Adds to `out` every top reachable from element e over a stack whose next frame is `parent`. */
   void expand(uint32_t e, int32_t parent, StackSet& out) {
@@ -52,10 +62,12 @@ class Stepper {
       if (el.kind == ElemKind::kEnd) {
         if (parent == kAcceptParent) {
           out.accepting = true;
+          out.accepting_tags |= tag_;
           return;
         }
         if (parent == kOpenParent) {
           out.completed = true;
+          out.completed_tags |= tag_;
           return;
         }
         const Frame f = arena_[size_t(parent)];
@@ -73,54 +85,97 @@ class Stepper {
         parent = back;
         continue;
       }
-      add(out, Terminal{e << 3, parent});
-      if (!el.star) return;
-      e++;  // a starred element may also match nothing
+      add(out, Terminal{e << 3, parent, 0});
+      if (!(el.star || (el.counted && el.min_count == 0))) return;
+      e++;  // a starred element (or one counted from 0) may also match nothing
     }
   }
 
   /** out = in after byte b. */
   void step(const StackSet& in, uint8_t b, StackSet& out) {
     out.clear();
-    for (const Terminal& t : in.tops) {
+    for (size_t j = 0; j < in.tops.size(); j++) {
+      const Terminal& t = in.tops[j];
+      if (tagging_) tag_ = in.tags[j];
       uint32_t e = t.key >> 3, s = t.key & 7;
       const Element& el = g_.elems[e];
       if (s == 0) {
         if (b < 0x80 || el.kind == ElemKind::kBytes) {
-          if (el.has(b)) end_char(e, t.parent, el.star, out);
+          if (el.has(b)) end_char(e, t.parent, t.count, out);
         } else if (uint32_t ls = lead_state(b)) {
-          add(out, Terminal{(e << 3) | ls, t.parent});  // a Class: any_non_ascii
+          add(out, Terminal{(e << 3) | ls, t.parent, t.count});  // a Class: any_non_ascii
         }
         continue;
       }
       int ns = next_utf8_state(s, b);
       if (ns < 0) continue;
       if (ns == 0) {
-        end_char(e, t.parent, el.star, out);
+        end_char(e, t.parent, t.count, out);
       } else {
-        add(out, Terminal{(e << 3) | uint32_t(ns), t.parent});
+        add(out, Terminal{(e << 3) | uint32_t(ns), t.parent, t.count});
       }
     }
+    tag_ = 0;
   }
 
  private:
-  void end_char(uint32_t e, int32_t parent, bool star, StackSet& out) { expand(star ? e : e + 1, parent, out); }
+  /** A character of element e completed, `count` characters of it before. */
+  void end_char(uint32_t e, int32_t parent, uint32_t count, StackSet& out) {
+    const Element& el = g_.elems[e];
+    if (el.star) return expand(e, parent, out);
+    if (!el.counted) return expand(e + 1, parent, out);
+    const uint32_t k = count + 1;
+    if (tagging_ && e == tag_elem_ && (tag_ & 1)) {
+      // The tagged walk's own run: no bound here (the buckets apply them), each exit tagged.
+      if (k >= kTagBits) {
+        out.overflow = true;
+        return;
+      }
+      add(out, Terminal{e << 3, parent, k});
+      const uint64_t saved = tag_;
+      tag_ = uint64_t(1) << k;
+      expand(e + 1, parent, out);
+      tag_ = saved;
+      return;
+    }
+    if (el.max_count == kUnboundedCount) {
+      add(out, Terminal{e << 3, parent, std::min(k, el.min_count)});
+    } else if (k < el.max_count) {
+      add(out, Terminal{e << 3, parent, k});
+    }
+    if (k >= el.min_count) expand(e + 1, parent, out);
+  }
 
   int32_t push(uint32_t elem, int32_t parent) {
     arena_.push_back(Frame{elem, parent});
     return int32_t(arena_.size() - 1);
   }
 
-  static void add(StackSet& out, Terminal t) {
-    for (const Terminal& have : out.tops) {
-      if (have == t) return;
+  void add(StackSet& out, Terminal t) {
+    if (tagging_) {
+      // The run's own top (bit 0) is never merged with a top that left it.
+      const bool own = tag_ & 1;
+      for (size_t j = 0; j < out.tops.size(); j++) {
+        if (out.tops[j] == t && bool(out.tags[j] & 1) == own) {
+          out.tags[j] |= tag_;
+          return;
+        }
+      }
+    } else {
+      for (const Terminal& have : out.tops) {
+        if (have == t) return;
+      }
     }
     if (out.tops.size() >= kMaxTops) throw GrammarError("the grammar is too ambiguous to match (over 4096 parse stacks at once)");
     out.tops.push_back(t);
+    if (tagging_) out.tags.push_back(tag_);
   }
 
   const Grammar& g_;
   std::vector<Frame>& arena_;
+  const uint32_t tag_elem_;
+  const bool tagging_;
+  uint64_t tag_ = 0;  // the tags of the top being stepped (tagging only)
 };
 
 int64_t now_ms() {
@@ -161,7 +216,7 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> tokens, std::vector<in
 }
 
 size_t PositionCache::bytes() const {
-  return sizeof(*this) + accepted_bits.size() * 4 + accepted_ids.size() * 4 + uncertain_token.size() * 12;
+  return sizeof(*this) + accepted_bits.size() * 4 + accepted_ids.size() * 4 + uncertain_token.size() * 12 + long_tokens.size() * 4;
 }
 
 // ---- compiling ----------------------------------------------------------------------------
@@ -171,7 +226,11 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVoc
   if (grammar_.elems.size() >= (size_t(1) << 28)) throw GrammarError("the grammar is too large");
   build_contexts();
   at_start_.resize(grammar_.elems.size());
+  counted_.resize(grammar_.elems.size());
   mid_char_.resize(grammar_.elems.size() * 8);
+  size_t longest = 0;
+  for (int32_t id : vocab_->sorted()) longest = std::max(longest, vocab_->bytes(id).size());
+  mid_char_clamp_ = uint32_t(std::min<size_t>(longest, 1u << 14)) + 1;
   std::vector<Frame> arena;
   // Only rules the root can reach are ever matched (xgrammar prints its generic JSON rules into
   // every schema's grammar, used or not).
@@ -195,7 +254,11 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVoc
     ElemKind kind = grammar_.elems[e].kind;
     if ((kind != ElemKind::kBytes && kind != ElemKind::kClass) || !reachable[size_t(rule_of_[e])]) continue;
     if (deadline_ms != 0 && now_ms() > deadline_ms) throw GrammarError("compiling the grammar ran past its time limit");
-    at_start_[e] = compile_position(e << 3, arena);
+    if (grammar_.elems[e].counted) {
+      counted_[e] = compile_counted(e, arena);
+    } else {
+      at_start_[e] = compile_position(e << 3, 0, arena);
+    }
   }
 }
 
@@ -301,48 +364,109 @@ void CompiledGrammar::build_contexts() {
   }
 }
 
-const PositionCache& CompiledGrammar::cache(uint32_t key) const {
+uint32_t CompiledGrammar::bucket(const Terminal& top, uint32_t B) const {
+  const Element& el = grammar_.elems[top.key >> 3];
+  const uint32_t need = top.count < el.min_count ? el.min_count - top.count : 0;
+  const uint32_t rem = el.max_count == kUnboundedCount ? B : el.max_count - top.count;
+  return std::min(need, B) * (B + 1) + std::min(rem, B);
+}
+
+Terminal CompiledGrammar::mask_key(const Terminal& top) const {
+  const uint32_t e = top.key >> 3;
+  if (!grammar_.elems[e].counted) return top;
+  if ((top.key & 7) != 0) return Terminal{top.key, top.parent, 0x80000000u | bucket(top, mid_char_clamp_)};
+  const CountedCaches* c = counted_[e].get();
+  // Tokens checked at mask time see the count itself.
+  if (c == nullptr || c->has_long_tokens) return top;
+  return Terminal{top.key, top.parent, 0x80000000u | bucket(top, c->B)};
+}
+
+const PositionCache& CompiledGrammar::cache(const Terminal& top) const {
+  static const PositionCache unreachable;  // a rule the root never reaches: nothing to match
+  const uint32_t key = top.key, e = key >> 3;
+  const bool counted = grammar_.elems[e].counted;
   if ((key & 7) == 0) {
-    static const PositionCache unreachable;  // a rule the root never reaches: nothing to match
-    const auto& c = at_start_[key >> 3];
-    return c ? *c : unreachable;
+    if (!counted) {
+      const auto& c = at_start_[e];
+      return c ? *c : unreachable;
+    }
+    const CountedCaches* cc = counted_[e].get();
+    if (cc == nullptr) return unreachable;
+    const auto& c = cc->by_bucket[bucket(top, cc->B)];
+    if (c) return *c;  // NOTE: compile_counted compiles every bucket a count reaches; else below
   }
   std::lock_guard<std::mutex> lock(lazy_mutex_);
-  auto& slot = mid_char_[key];
+  if (!counted) {
+    auto& slot = mid_char_[key];
+    if (!slot) {
+      std::vector<Frame> arena;
+      slot = compile_position(key, 0, arena);
+    }
+    return *slot;
+  }
+  auto& slot = counted_mid_char_[(uint64_t(key) << 32) | bucket(top, mid_char_clamp_)];
   if (!slot) {
+    // Any count in this bucket walks alike: the top's own.
     std::vector<Frame> arena;
-    slot = compile_position(key, arena);
+    slot = compile_position(key, top.count, arena);
   }
   return *slot;
 }
 
-const PositionCache* CompiledGrammar::cache_if_ready(uint32_t key) const {
-  if ((key & 7) == 0) return &cache(key);
+const PositionCache* CompiledGrammar::cache_if_ready(const Terminal& top) const {
+  if ((top.key & 7) == 0) return &cache(top);
   // NOTE: never waits: another thread may hold the lock for a whole position's compile (tens of
   // milliseconds), and this is asked on the JS thread. Busy counts as not ready.
   std::unique_lock<std::mutex> lock(lazy_mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return nullptr;
-  return mid_char_[key].get();
+  if (!grammar_.elems[top.key >> 3].counted) return mid_char_[top.key].get();
+  auto it = counted_mid_char_.find((uint64_t(top.key) << 32) | bucket(top, mid_char_clamp_));
+  return it == counted_mid_char_.end() ? nullptr : it->second.get();
 }
 
-std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, std::vector<Frame>& arena) const {
+/**
+ * What a walk over the vocabulary found from one top. Untagged: `accepted` tokens are accepted
+ * (inside = -1, tags = all), `uncertain` suffixes depend on the stack below. Tagged (a counted
+ * element's run, see CountedCaches): per token, `inside` = the characters it leaves the run with
+ * when it stays in it (-1: it cannot), `tags` = bit i when leaving the run after i characters takes
+ * it whole; an uncertain suffix's tags say after how many characters the run was left on its way.
+ */
+struct CompiledGrammar::Walk {
+  struct Accepted {
+    int32_t token;
+    int32_t inside;
+    uint64_t tags;
+    bool boundary = true;  // (inside >= 0) the token ends between characters, not inside one
+  };
+  struct Uncertain {
+    int32_t token;
+    uint32_t from;
+    uint64_t tags;
+  };
+  std::vector<Accepted> accepted;
+  std::vector<Uncertain> uncertain;
+  std::vector<int32_t> long_tokens;
+  uint32_t longest = 0;  // the most characters any tagged way through a token spent in the run
+};
+
+CompiledGrammar::Walk CompiledGrammar::walk(uint32_t key, uint32_t count, bool tagged, std::vector<Frame>& arena) const {
   const TokenVocabulary& v = *vocab_;
   const std::vector<int32_t>& sorted = v.sorted();
   const std::vector<uint32_t>& lcp = v.lcp();
   arena = context_frames_;
-  Stepper stepper(grammar_, arena);
+  Stepper stepper(grammar_, arena, tagged ? key >> 3 : kNoTagElem);
   // levels[d]: the stacks after the first d bytes of the current token; completed_upto[d]: whether
-  // the rule ended at any of levels 1..d (a token dying later may still be uncertain).
+  // the rule ended at any of levels 1..d (a token dying later may still be uncertain);
+  // overflow_upto[d]: whether the tagged run passed what tags tell apart on the way.
   std::vector<StackSet> levels(1);
   std::vector<size_t> marks(1, arena.size());
-  std::vector<bool> completed_upto(1, false);
-  levels[0].tops.push_back(Terminal{key, context_parent_[size_t(rule_of_[key >> 3])]});
-  std::vector<int32_t> accepted;
-  struct Entry {
-    int32_t token;
-    uint32_t from;
+  std::vector<bool> completed_upto(1, false), overflow_upto(1, false);
+  levels[0].tops.push_back(Terminal{key, context_parent_[size_t(rule_of_[key >> 3])], count});
+  if (tagged) levels[0].tags.push_back(1);
+  Walk out;
+  auto note = [&](uint64_t tags) {
+    if (tags > 1) out.longest = std::max<uint32_t>(out.longest, 63 - uint32_t(__builtin_clzll(tags)));
   };
-  std::vector<Entry> uncertain;
   // Bytes that may follow the end of the known context (see build_contexts).
   const int32_t top_rule = chain_top_[size_t(rule_of_[key >> 3])];
   const std::array<uint64_t, 4> none{};
@@ -361,20 +485,56 @@ std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, s
         levels.resize(d + 2);
         marks.resize(d + 2);
         completed_upto.resize(d + 2);
+        overflow_upto.resize(d + 2);
       }
       arena.resize(marks[d]);
       stepper.step(levels[d], uint8_t(t[d]), levels[d + 1]);
       marks[d + 1] = arena.size();
       completed_upto[d + 1] = completed_upto[d] || levels[d + 1].completed;
+      overflow_upto[d + 1] = overflow_upto[d] || levels[d + 1].overflow;
       d++;
     }
     valid = d;
-    if (d == t.size() && (!levels[d].tops.empty() || levels[d].completed || levels[d].accepting)) {
-      accepted.push_back(id);
+    if (overflow_upto[d]) {
+      out.long_tokens.push_back(id);  // checked at mask time
       i++;
       continue;
     }
+    bool accepted = false;
+    if (d == t.size()) {
+      const StackSet& end = levels[d];
+      if (!tagged) {
+        accepted = !end.tops.empty() || end.completed || end.accepting;
+        if (accepted) out.accepted.push_back(Walk::Accepted{id, -1, ~uint64_t(0)});
+      } else {
+        int32_t inside = -1;
+        bool boundary = true;
+        uint64_t tags = end.completed_tags | end.accepting_tags;
+        for (size_t j = 0; j < end.tops.size(); j++) {
+          if (end.tags[j] & 1) {
+            inside = int32_t(end.tops[j].count);
+            boundary = (end.tops[j].key & 7) == 0;
+          } else {
+            tags |= end.tags[j];
+          }
+        }
+        accepted = inside >= 0 || tags != 0;
+        if (accepted) {
+          out.accepted.push_back(Walk::Accepted{id, inside, tags, boundary});
+          if (inside >= 0) out.longest = std::max<uint32_t>(out.longest, uint32_t(inside));
+          note(tags);
+        }
+      }
+      if (accepted && !tagged) {
+        i++;
+        continue;
+      }
+    }
     if (!completed_upto[d]) {
+      if (accepted) {
+        i++;
+        continue;
+      }
       // Dead after d bytes with no end of the rule on the way: so is every token sharing them.
       if (d == 1) {
         i = v.first(uint8_t(t[0]) + 1);
@@ -386,37 +546,177 @@ std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, s
       continue;
     }
     for (size_t k = 1; k <= d && k < t.size(); k++) {
-      if (levels[k].completed && follows(uint8_t(t[k]))) uncertain.push_back(Entry{id, uint32_t(k)});
+      if (levels[k].completed && follows(uint8_t(t[k]))) {
+        uint64_t tags = tagged ? levels[k].completed_tags : ~uint64_t(0);
+        if (tagged) note(tags);
+        out.uncertain.push_back(Walk::Uncertain{id, uint32_t(k), tags});
+      }
     }
     i++;
   }
+  return out;
+}
 
-  auto cache = std::make_unique<PositionCache>();
-  if (accepted.size() >= v.words()) {
-    cache->accepted_bits.assign(v.words(), 0);
-    for (int32_t id : accepted) set_bit(cache->accepted_bits.data(), id);
-  } else {
-    cache->accepted_ids = std::move(accepted);
+namespace {
+
+/** The accepted tokens of a cache: `bits` itself, or its ids when there are fewer than its words. */
+void set_accepted(PositionCache& cache, std::vector<uint32_t> bits, size_t count) {
+  if (count >= bits.size()) {
+    cache.accepted_bits = std::move(bits);
+    return;
   }
-  auto suffix = [&](const Entry& e) {
-    const std::string& t = v.bytes(e.token);
-    return std::string_view(t).substr(e.from);
+  cache.accepted_ids.reserve(count);
+  for (size_t k = 0; k < bits.size(); k++) {
+    for (uint32_t word = bits[k]; word != 0; word &= word - 1) cache.accepted_ids.push_back(int32_t(k * 32 + uint32_t(__builtin_ctz(word))));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<PositionCache> CompiledGrammar::make_cache(const Walk& w, uint32_t cn, uint32_t cr, bool tagged,
+                                                         std::shared_ptr<const PositionCache> base,
+                                                         std::shared_ptr<const std::vector<int32_t>> exit_ids, uint32_t exit_begin,
+                                                         uint32_t exit_end) const {
+  const TokenVocabulary& v = *vocab_;
+  // The exits this bucket allows: after i characters, need <= i <= rem (i >= 1: leaving at once is
+  // the stack set's own business, expand put those tops there).
+  uint64_t exits = ~uint64_t(0);
+  if (tagged) {
+    exits = 0;
+    for (uint32_t k = std::max<uint32_t>(cn, 1); k <= cr && k < kTagBits; k++) exits |= uint64_t(1) << k;
+  }
+  auto cache = std::make_unique<PositionCache>();
+  std::vector<const Walk::Uncertain*> uncertain;
+  if (!tagged) {
+    if (w.accepted.size() >= v.words()) {
+      cache->accepted_bits.assign(v.words(), 0);
+      for (const Walk::Accepted& a : w.accepted) set_bit(cache->accepted_bits.data(), a.token);
+    } else {
+      cache->accepted_ids.reserve(w.accepted.size());
+      for (const Walk::Accepted& a : w.accepted) cache->accepted_ids.push_back(a.token);
+    }
+    for (const Walk::Uncertain& u : w.uncertain) uncertain.push_back(&u);
+  } else {
+    // Accepted: `base`, the tokens of the class alone that fit in rem characters (see
+    // compile_counted), and exit_ids[exit_begin, exit_end), those taken by leaving the run after
+    // need..rem characters. An uncertain suffix of a token accepted anyway is left out.
+    std::vector<uint32_t> taken(v.words(), 0);
+    if (!base->accepted_bits.empty()) {
+      taken = base->accepted_bits;
+    } else {
+      for (int32_t id : base->accepted_ids) set_bit(taken.data(), id);
+    }
+    for (uint32_t k = exit_begin; k < exit_end; k++) set_bit(taken.data(), (*exit_ids)[k]);
+    for (const Walk::Uncertain& u : w.uncertain) {
+      if ((u.tags & exits) && !((taken[uint32_t(u.token) >> 5] >> (uint32_t(u.token) & 31)) & 1)) uncertain.push_back(&u);
+    }
+    cache->shared = std::move(base);
+    cache->exit_ids = std::move(exit_ids);
+    cache->exit_begin = exit_begin;
+    cache->exit_end = exit_end;
+  }
+  auto suffix = [&](const Walk::Uncertain* e) {
+    const std::string& t = v.bytes(e->token);
+    return std::string_view(t).substr(e->from);
   };
-  std::sort(uncertain.begin(), uncertain.end(), [&](const Entry& a, const Entry& b) { return suffix(a) < suffix(b); });
+  std::sort(uncertain.begin(), uncertain.end(), [&](const Walk::Uncertain* a, const Walk::Uncertain* b) {
+    std::string_view x = suffix(a), y = suffix(b);
+    return x != y ? x < y : a->token < b->token;
+  });
   cache->uncertain_token.reserve(uncertain.size());
   for (size_t k = 0; k < uncertain.size(); k++) {
-    cache->uncertain_token.push_back(uncertain[k].token);
-    cache->uncertain_from.push_back(uncertain[k].from);
     uint32_t common = 0;
     if (k > 0) {
       std::string_view a = suffix(uncertain[k - 1]), b = suffix(uncertain[k]);
       while (common < a.size() && common < b.size() && a[common] == b[common]) common++;
     }
+    cache->uncertain_token.push_back(uncertain[k]->token);
+    cache->uncertain_from.push_back(uncertain[k]->from);
     cache->uncertain_lcp.push_back(common);
   }
+  cache->long_tokens = w.long_tokens;
   bytes_ += cache->bytes();
   compiled_++;
   return cache;
+}
+
+std::unique_ptr<PositionCache> CompiledGrammar::compile_position(uint32_t key, uint32_t count, std::vector<Frame>& arena) const {
+  Walk w = walk(key, count, false, arena);
+  return make_cache(w, 0, 0, false, nullptr, nullptr, 0, 0);
+}
+
+std::unique_ptr<CountedCaches> CompiledGrammar::compile_counted(uint32_t elem, std::vector<Frame>& arena) {
+  const Element& el = grammar_.elems[elem];
+  Walk w = walk(elem << 3, 0, true, arena);
+  auto out = std::make_unique<CountedCaches>();
+  out->B = w.longest + 1;
+  out->has_long_tokens = !w.long_tokens.empty();
+  const uint32_t B = out->B;
+  out->by_bucket.resize(size_t(B + 1) * (B + 1));
+  // The counts a top can hold: 0 .. max - 1 (0 .. min when unbounded: the count stops there).
+  // Buckets change only within B of 0, of min and of max, so those windows reach them all.
+  const uint64_t last = el.max_count == kUnboundedCount ? el.min_count : el.max_count - 1;
+  std::vector<uint32_t> buckets;
+  auto visit = [&](uint64_t from, uint64_t to) {
+    for (uint64_t k = from; k <= to && k <= last; k++) buckets.push_back(bucket(Terminal{elem << 3, 0, uint32_t(k)}, B));
+  };
+  auto before = [&](uint64_t x) { return x > B + 2 ? x - B - 2 : 0; };
+  visit(0, B + 2);
+  visit(before(el.min_count), el.min_count + 2);
+  visit(before(last), last);
+  std::sort(buckets.begin(), buckets.end());
+  buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+  // The tokens of this class alone, per rem (cr): the same for every element of the class, so
+  // built once. One of c characters is taken when c < rem (it stays in the run), and also when it
+  // ends between characters and c == rem (it may leave the run at its end, need <= c <= rem: what
+  // follows the run may always begin after it), so when w <= cr, w = c, or c + 1 if it ends
+  // inside a character. Its exit after c characters is then left out of exit_ids below.
+  std::string cls(2 + sizeof(el.set), '\0');
+  cls[0] = char(el.kind);
+  cls[1] = char(el.any_non_ascii);
+  std::memcpy(cls.data() + 2, el.set.data(), sizeof(el.set));
+  auto& staying = staying_[cls];
+  if (staying.size() < B + 1) {
+    std::vector<std::vector<int32_t>> by_count(B + 1);
+    for (const Walk::Accepted& a : w.accepted) {
+      if (a.inside >= 0) by_count[size_t(a.inside) + (a.boundary ? 0 : 1)].push_back(a.token);
+    }
+    std::vector<uint32_t> running(vocab_->words(), 0);
+    size_t count = 0;
+    staying.assign(B + 1, nullptr);
+    for (uint32_t cr = 0; cr <= B; cr++) {
+      // staying[cr]: the tokens with w <= cr.
+      for (int32_t id : by_count[cr]) set_bit(running.data(), id);
+      count += by_count[cr].size();
+      auto shared = std::make_shared<PositionCache>();
+      set_accepted(*shared, running, count);
+      bytes_ += shared->bytes();
+      staying[cr] = std::move(shared);
+    }
+  }
+  // The tokens taken whole by leaving the run, by the count they leave it at (once per count).
+  std::vector<std::pair<uint32_t, int32_t>> exiting;
+  for (const Walk::Accepted& a : w.accepted) {
+    uint64_t tags = a.tags & ~uint64_t(1);
+    if (a.inside >= 0 && a.boundary && uint32_t(a.inside) < kTagBits) tags &= ~(uint64_t(1) << a.inside);  // in staying
+    for (; tags != 0; tags &= tags - 1) exiting.emplace_back(uint32_t(__builtin_ctzll(tags)), a.token);
+  }
+  std::sort(exiting.begin(), exiting.end());
+  auto exit_ids = std::make_shared<std::vector<int32_t>>();
+  std::vector<uint32_t> first_exit(kTagBits + 1, 0);  // exit_ids[first_exit[i] ..]: leaving after i or more
+  for (uint32_t i = 0, k = 0; i <= kTagBits; i++) {
+    while (k < exiting.size() && exiting[k].first < i) k++;
+    first_exit[i] = k;
+  }
+  for (const auto& e : exiting) exit_ids->push_back(e.second);
+  bytes_ += exit_ids->size() * 4;
+  for (uint32_t b : buckets) {
+    const uint32_t cn = b / (B + 1), cr = b % (B + 1);
+    const uint32_t lo = std::max<uint32_t>(cn, 1), hi = std::min<uint32_t>(cr, kTagBits - 1);
+    const uint32_t begin = first_exit[lo], end = lo <= hi ? first_exit[hi + 1] : begin;
+    out->by_bucket[b] = make_cache(w, cn, cr, true, staying[cr], exit_ids, begin, std::max(begin, end));
+  }
+  return out;
 }
 
 // ---- matching -----------------------------------------------------------------------------
@@ -433,7 +733,10 @@ bool TokenMatcher::fill_mask_if_unchanged(uint32_t* out) {
     std::memset(out, 0, words * 4);
     return true;
   }
-  if (!last_valid_ || last_accepting_ != state_.accepting || last_tops_ != state_.tops) return false;
+  if (!last_valid_ || last_accepting_ != state_.accepting || last_tops_.size() != state_.tops.size()) return false;
+  for (size_t j = 0; j < state_.tops.size(); j++) {
+    if (!(last_tops_[j] == grammar_->mask_key(state_.tops[j]))) return false;
+  }
   std::memcpy(out, last_mask_.data(), words * 4);
   return true;
 }
@@ -442,9 +745,12 @@ int64_t TokenMatcher::fill_mask_within(uint32_t* out, size_t budget) {
   if (fill_mask_if_unchanged(out)) return 0;
   size_t work = 0;
   for (const Terminal& top : state_.tops) {
-    const PositionCache* c = grammar_->cache_if_ready(top.key);
+    const PositionCache* c = grammar_->cache_if_ready(top);
     if (c == nullptr) return -1;
     work += c->accepted_bits.empty() ? c->accepted_ids.size() / 16 : kMaskWordsCost;
+    if (c->shared) work += c->shared->accepted_bits.empty() ? c->shared->accepted_ids.size() / 16 : kMaskWordsCost;
+    work += (c->exit_end - c->exit_begin) / 16;
+    work += c->long_tokens.size() * 16;
     if (top.parent != kAcceptParent) work += c->uncertain_token.size();
     if (work > budget) return -1;
   }
@@ -464,12 +770,38 @@ void TokenMatcher::fill_mask(uint32_t* out) {
   Stepper stepper(g, arena_);
   const size_t base = arena_.size();
   for (const Terminal& top : state_.tops) {
-    const PositionCache& c = grammar_->cache(top.key);
+    const PositionCache& c = grammar_->cache(top);
+    if (c.shared) {
+      if (!c.shared->accepted_bits.empty()) {
+        const uint32_t* bits = c.shared->accepted_bits.data();
+        for (size_t w = 0; w < c.shared->accepted_bits.size(); w++) out[w] |= bits[w];
+      } else {
+        for (int32_t id : c.shared->accepted_ids) set_bit(out, id);
+      }
+    }
+    for (uint32_t k = c.exit_begin; k < c.exit_end; k++) set_bit(out, (*c.exit_ids)[k]);
     if (!c.accepted_bits.empty()) {
       const uint32_t* bits = c.accepted_bits.data();
       for (size_t w = 0; w < c.accepted_bits.size(); w++) out[w] |= bits[w];
     } else {
       for (int32_t id : c.accepted_ids) set_bit(out, id);
+    }
+    for (int32_t id : c.long_tokens) {
+      // A token with more characters of a counted run than its cache tells apart: byte by byte.
+      const std::string& t = v.bytes(id);
+      if (levels_.size() < 2) levels_.resize(2), marks_.resize(2);
+      StackSet& a = levels_[0];
+      StackSet& b = levels_[1];
+      a.clear();
+      a.tops.push_back(top);
+      bool ok = true;
+      for (size_t k = 0; k < t.size() && ok; k++) {
+        stepper.step(a, uint8_t(t[k]), b);
+        ok = !b.tops.empty() || (k + 1 == t.size() && b.accepting);
+        std::swap(a, b);
+      }
+      arena_.resize(base);
+      if (ok) set_bit(out, id);
     }
     if (c.uncertain_token.empty() || top.parent == kAcceptParent) continue;
     // The uncertain tokens: their suffixes against what follows this top's rule.
@@ -510,7 +842,8 @@ void TokenMatcher::fill_mask(uint32_t* out) {
     }
   }
   arena_.resize(base);
-  last_tops_ = state_.tops;
+  last_tops_.clear();
+  for (const Terminal& top : state_.tops) last_tops_.push_back(grammar_->mask_key(top));
   last_accepting_ = state_.accepting;
   last_mask_.assign(out, out + v.words());
   last_valid_ = true;

@@ -18,6 +18,14 @@
 // A step's mask is then the union, over the stacks' top positions, of the accepted set and the
 // uncertain tokens whose suffix the rest of that stack accepts; the suffixes are walked in sorted
 // order, so a shared prefix is checked once and a dead prefix skips every suffix under it.
+//
+// Counted elements (C{m,n}, grammar.h) keep their count in the stack's top. What a token does from
+// a count k depends only on need = max(0, m - k) and rem = n - k, each clamped to B, one more than
+// the most characters of the class a token can hold (about 34 at Qwen2.5's vocabulary): the
+// positions of a long run share one cache and only the last B or so differ. All of those caches come
+// from one walk over the vocabulary that tags each way through a token with the count it left the
+// element at (see CountedCaches); a token with 64 or more characters of the class is checked at
+// mask time instead (never in practice).
 #pragma once
 #include <array>
 #include <atomic>
@@ -25,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -70,31 +79,71 @@ struct Frame {
   int32_t parent;
 };
 
-/** A stack's top: key = element * 8 + UTF-8 state (bytes still owed by a multi-byte character). */
+/**
+ * A stack's top: key = element * 8 + UTF-8 state (bytes still owed by a multi-byte character);
+ * count: a counted element's characters matched so far (capped at min_count when it has no upper
+ * bound), else 0.
+ */
 struct Terminal {
   uint32_t key;
   int32_t parent;
-  bool operator==(const Terminal& o) const { return key == o.key && parent == o.parent; }
+  uint32_t count = 0;
+  bool operator==(const Terminal& o) const { return key == o.key && parent == o.parent && count == o.count; }
 };
 
 struct StackSet {
   std::vector<Terminal> tops;
   bool accepting = false;  // some stack has closed the root
   bool completed = false;  // (compiling) the rule compiled alone has ended
+  // Compiling a counted element (tagged walk, see CountedCaches): per top, bit 0 for the element's
+  // own run, bit i for the ways that left it after i characters; and the tags that accepted or
+  // completed. `overflow`: the run passed the most characters tags can tell apart.
+  std::vector<uint64_t> tags;
+  uint64_t accepting_tags = 0, completed_tags = 0;
+  bool overflow = false;
   void clear() {
     tops.clear();
-    accepting = completed = false;
+    tags.clear();
+    accepting = completed = overflow = false;
+    accepting_tags = completed_tags = 0;
   }
 };
 
 /** What compiling found for one position (see the file comment). */
 struct PositionCache {
+  /**
+   * (Counted elements) accepted tokens shared by every position of one class with the same
+   * remaining count: those that stay in the run (see CountedCaches). The rest are below.
+   */
+  std::shared_ptr<const PositionCache> shared;
+  /**
+   * (Counted elements) the tokens taken whole by leaving the run after need..rem characters:
+   * exit_ids[exit_begin, exit_end), a list shared by the element's buckets, sorted by that count.
+   */
+  std::shared_ptr<const std::vector<int32_t>> exit_ids;
+  uint32_t exit_begin = 0, exit_end = 0;
   std::vector<uint32_t> accepted_bits;  // a mask, when many tokens are accepted
   std::vector<int32_t> accepted_ids;    // else the ids
   std::vector<int32_t> uncertain_token;
   std::vector<uint32_t> uncertain_from;  // where in the token its suffix begins
   std::vector<uint32_t> uncertain_lcp;   // bytes this suffix shares with the one before
+  /** (Counted elements) tokens checked byte by byte from the top at mask time (see the file comment). */
+  std::vector<int32_t> long_tokens;
   size_t bytes() const;
+};
+
+/**
+ * The caches of a counted element's position at a character's start, one per bucket
+ * (min(need, B), min(rem, B)) that some count reaches (see the file comment). A bucket's accepted
+ * tokens are those that stay in the run with fewer than rem characters (which depends on the class
+ * alone: a mask shared by the grammar's counted elements of that class, one per rem) and those
+ * that leave it after need..rem characters and are taken whole by what follows (few: a range of
+ * one list per element).
+ */
+struct CountedCaches {
+  uint32_t B = 1;
+  std::vector<std::unique_ptr<PositionCache>> by_bucket;  // [cn * (B + 1) + cr]
+  bool has_long_tokens = false;
 };
 
 class CompiledGrammar {
@@ -107,19 +156,34 @@ class CompiledGrammar {
 
   const Grammar& grammar() const { return grammar_; }
   const TokenVocabulary& vocab() const { return *vocab_; }
-  /** The cache of a position; one in the middle of a multi-byte character is compiled on first use. */
-  const PositionCache& cache(uint32_t key) const;
+  /** The cache of a stack top; one in the middle of a multi-byte character is compiled on first use. */
+  const PositionCache& cache(const Terminal& top) const;
   /**
-   * The cache of a position if it is ready (one in the middle of a character may not be yet, or be
+   * The cache of a stack top if it is ready (one in the middle of a character may not be yet, or be
    * compiling on another thread), else null. Never blocks.
    */
-  const PositionCache* cache_if_ready(uint32_t key) const;
+  const PositionCache* cache_if_ready(const Terminal& top) const;
+  /**
+   * What decides a top's mask given its stack below: the top with a counted element's count
+   * replaced by its bucket (tops equal here have equal masks), for reusing the last mask.
+   */
+  Terminal mask_key(const Terminal& top) const;
   /** Memory held by the caches. */
   size_t bytes() const { return bytes_.load(); }
   size_t positions() const { return compiled_.load(); }
 
  private:
-  std::unique_ptr<PositionCache> compile_position(uint32_t key, std::vector<Frame>& arena) const;
+  struct Walk;
+  /** Walks the vocabulary from a top (count: its count; tagged: a counted element's tagged walk). */
+  Walk walk(uint32_t key, uint32_t count, bool tagged, std::vector<Frame>& arena) const;
+  /** A position's cache from a walk (tagged: for bucket (cn, cr), `base` the staying tokens, see compile_counted). */
+  std::unique_ptr<PositionCache> make_cache(const Walk& w, uint32_t cn, uint32_t cr, bool tagged,
+                                            std::shared_ptr<const PositionCache> base, std::shared_ptr<const std::vector<int32_t>> exit_ids,
+                                            uint32_t exit_begin, uint32_t exit_end) const;
+  std::unique_ptr<PositionCache> compile_position(uint32_t key, uint32_t count, std::vector<Frame>& arena) const;
+  std::unique_ptr<CountedCaches> compile_counted(uint32_t elem, std::vector<Frame>& arena);
+  /** A counted top's bucket with clamp B: cn * (B + 1) + cr. */
+  uint32_t bucket(const Terminal& top, uint32_t B) const;
   void build_contexts();
 
   Grammar grammar_;
@@ -141,8 +205,15 @@ class CompiledGrammar {
  private:
   std::shared_ptr<const TokenVocabulary> vocab_;
   std::vector<std::unique_ptr<PositionCache>> at_start_;  // by element: positions at a character's start
+  std::vector<std::unique_ptr<CountedCaches>> counted_;   // by element: counted ones at a character's start
+  /** By class (kind, any_non_ascii, set): per rem, the tokens that stay in a run of it (see CountedCaches). */
+  std::unordered_map<std::string, std::vector<std::shared_ptr<const PositionCache>>> staying_;
+  /** Clamp of the buckets of counted positions mid-character: the longest token's bytes, plus one. */
+  uint32_t mid_char_clamp_ = 1;
   mutable std::mutex lazy_mutex_;
   mutable std::vector<std::unique_ptr<PositionCache>> mid_char_;  // by key, compiled on first use
+  // Counted positions mid-character, by key << 32 | bucket (clamp mid_char_clamp_), compiled on first use.
+  mutable std::unordered_map<uint64_t, std::unique_ptr<PositionCache>> counted_mid_char_;
   mutable std::atomic<size_t> bytes_{0};
   mutable std::atomic<size_t> compiled_{0};
 };
@@ -195,7 +266,7 @@ class TokenMatcher {
   // changed until compact() renumbers the arena (accept and fill_mask only truncate what they
   // pushed themselves), so equal tops (keys and parent indices) mean equal stacks; compact()
   // forgets the mask.
-  std::vector<Terminal> last_tops_;
+  std::vector<Terminal> last_tops_;  // as mask_key gives them
   bool last_accepting_ = false;
   bool last_valid_ = false;
   std::vector<uint32_t> last_mask_;
