@@ -108,11 +108,20 @@ describe('JSON-safe patterns', () => {
   });
 
   it('counts the grammar positions a pattern unrolls to, weighting classes by what they cost to compile', () => {
-    expect(jsonPattern('^[a-z]{2,5}$').positions).toBe(5);
+    // A run of one class is counted by the native engine, not unrolled: at most 3 positions.
+    expect(jsonPattern('^[a-z]{2,5}$').positions).toBe(3);
+    expect(jsonPattern('^[a-z]{2}$').positions).toBe(2);
+    expect(jsonPattern('^[a-z]{0,1000}$').positions).toBe(3);
+    expect(jsonPattern('^[a-z]{0,1001}$').positions).toBe(1001);  // past maxLength's limit: as unrolled
+    expect(jsonPattern('^[a-z]{999,}$').positions).toBe(3);
+    expect(jsonPattern('^[a-z]{1000,}$').positions).toBe(1001);
     expect(jsonPattern('^(ab|c){3}$').positions).toBe(9);
+    expect(jsonPattern('^(ab|c){0,100}$').positions).toBe(300);
+    expect(jsonPattern('^[a"]{0,100}$').positions).toBe(100);  // a quote is an escape: no single class
     expect(jsonPattern('^a+$').positions).toBe(2);
-    expect(jsonPattern('^((a{1,1000}){1,1000}){1,1000}$').positions).toBe(1e9);
-    expect(jsonPattern('^.{0,100}$').cost).toBe(100);
-    expect(jsonPattern('^[0-9]{100}$').cost).toBe(25);
+    expect(jsonPattern('^((a{1,1000}){1,1000}){1,1000}$').positions).toBe(3e6);
+    expect(jsonPattern('^.{0,100}$').cost).toBe(3);
+    expect(jsonPattern('^[0-9]{100}$').cost).toBe(0.75);
+    expect(jsonPattern('^(ab|cd){0,100}$').cost).toBe(100);
   });
 });

@@ -209,7 +209,8 @@ describe('structured outputs', () => {
     // Matchers on the xgrammar workers (WebAssembly) are what a worker's death could take with it.
     const structured = new StructuredOutputs(tokenizer, vocabSize, { workers: 2, engine: 'xgrammar' });
     try {
-      const err = await impatient.constraint({ type: 'json_schema', schema: { type: 'string', maxLength: 32 }, param: 'text.format.schema' })
+      // Many unrolled positions (a length limit is one counted run now, compiled at once).
+      const err = await impatient.constraint({ type: 'json_schema', schema: { type: 'string', pattern: '^(ab|c.){0,60}$' }, param: 'text.format.schema' })
         .catch((e: unknown) => e);
       expect(err).toBeInstanceOf(SluiceError);
       expect((err as SluiceError).param).toBe('text.format.schema');
@@ -287,10 +288,11 @@ describe('structured outputs', () => {
     await refuse({ type: 'array', uniqueItems: true }, false, /'uniqueItems'.*\/uniqueItems/);
     await refuse({ type: 'object', minProperties: 1 }, false, /'minProperties'/);
     await refuse({ not: { type: 'string' } }, false, /'not'/);
-    await refuse({ type: 'array', items: { type: 'string', maxLength: 129 } }, false, /'maxLength'.*\[0, 128\].*\/items\/maxLength/);
+    await refuse({ type: 'array', items: { type: 'string', maxLength: 1001 } }, false, /'maxLength'.*\[0, 1000\].*\/items\/maxLength/);
     await refuse({ type: 'string', minLength: 5, maxLength: 4 }, false, /'minLength' exceeds 'maxLength'.*\/minLength/);
     await refuse({ type: 'string', pattern: '^a+$', maxLength: 4 }, false, /'maxLength' together with 'pattern'.*\/maxLength/);
-    await refuse({ type: 'object', properties: { a: { type: 'string', maxLength: 60 }, b: { type: 'string', minLength: 60 }, c: { type: 'string', maxLength: 10 } } },
+    // Length limits are counted runs (3 positions at most each); unrolled repetitions fill the budget.
+    await refuse({ type: 'object', properties: { a: { type: 'string', pattern: '^(ab|cd){0,100}$' }, b: { type: 'string', pattern: '^(ab|cd){0,26}$' }, c: { type: 'string', maxLength: 10 } } },
       false, /unroll to more than 128 grammar positions.*\/properties\/c\/maxLength/);
     await refuse({ type: 'string', format: 'hostname' }, false, /hostname.*\/format/);
     await refuse({ type: 'string', pattern: '(?=a)b' }, false, /lookaround/);

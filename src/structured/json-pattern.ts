@@ -294,10 +294,26 @@ function termPositions(t: Term, weight: SetWeight): number {
   switch (t.kind) {
     case 'set': return weight(t.ranges);
     case 'group': return t.alts.reduce((n, a) => n + seqPositions(a, weight), 0);
-    // An unbounded tail is a loop: one more copy.
-    case 'repeat': return termPositions(t.term, weight) * (t.max === Infinity ? Math.max(t.min, 1) + 1 : t.max);
+    // Copies unroll, and an unbounded tail is a loop: one more copy. A run of one class up to
+    // MAX_COUNTED_RUN characters costs at most 3 positions: the native grammar engine counts a run
+    // of 4 or more characters in the matcher's state (shorter ones stay unrolled).
+    case 'repeat': {
+      const copies = t.max === Infinity ? Math.max(t.min, 1) + 1 : t.max;
+      const counted = oneClass(t.term) && copies <= MAX_COUNTED_RUN;
+      return termPositions(t.term, weight) * (counted ? Math.min(copies, 3) : copies);
+    }
     default: return 0;
   }
+}
+
+/** The longest run of one class counted as one (as maxLength's limit); longer ones count as unrolled. */
+const MAX_COUNTED_RUN = 1000;
+
+/** A set the grammar compiler gets as one class or one character (not a group of escapes or characters). */
+function oneClass(t: Term): t is Extract<Term, { kind: 'set' }> {
+  if (t.kind !== 'set') return false;
+  const parts = setParts(t.ranges, t.wide);
+  return parts.length === 1 && !parts[0]!.startsWith('(');
 }
 
 const LOWER: Ranges = [[0x61, 0x7a]];

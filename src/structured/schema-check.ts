@@ -41,14 +41,15 @@ const FORMAT_PATTERNS: Record<string, string> = Object.fromEntries(Object.entrie
 
 /**
  * maxStringLength bounds minLength and maxLength; maxGrammarPositions the string positions a
- * schema unrolls to, summed over it: each length limit's characters and each pattern's weighted
- * positions (json-pattern.ts). The grammar counts characters with one position per character,
- * and compiling a position with a wide class costs a pass over the vocabulary: about 35 ms at
- * Qwen2.5's 152k vocabulary on a 2-core Zen 5 (maxLength 32: 0.7 s, 64: 1.9 s, 128 as a pattern:
- * 4.6 s). maxDepth and maxNodes hold inline and once '$ref's are followed (schema-refs.ts).
+ * schema unrolls to, summed over it: each length limit and each pattern's weighted positions
+ * (json-pattern.ts). Compiling a position with a wide class costs a pass over the vocabulary:
+ * about 35 ms at Qwen2.5's 152k vocabulary on a 2-core Zen 5. A run of one class (a length limit,
+ * `[a-z]{2,300}`) costs at most 3 positions: the native grammar engine counts its characters in
+ * the matcher's state (maxLength 1000 compiles in about 50 ms); other repetitions unroll, one
+ * position per copy. maxDepth and maxNodes hold inline and once '$ref's are followed (schema-refs.ts).
  */
 export const SCHEMA_LIMITS = { maxDepth: 32, maxNodes: 5000, maxEnum: 1000, maxPatternLength: 1000, maxCount: 100_000,
-  maxStringLength: 128, maxGrammarPositions: 128, maxPatternPositions: 4096 };
+  maxStringLength: 1000, maxGrammarPositions: 128, maxPatternPositions: 4096 };
 
 export interface CheckedSchema {
   /** The schema to compile (allOf merged, annotations kept). */
@@ -263,7 +264,8 @@ function stringLengths(s: Schema, pointer: string, param: string): { pattern: st
   for (const other of ['pattern', 'format', 'enum', 'const']) {
     if (s[other] !== undefined) fail(param, `${pointer}/${keyword}`, `'${keyword}' together with '${other}' is not supported by structured outputs`);
   }
-  return { pattern: `^${PLAIN_CHAR}{${min ?? 0},${max ?? ''}}$`, cost: Math.max(min ?? 0, max ?? 0), keyword };
+  // One class repeated: counted, not unrolled (see SCHEMA_LIMITS), at most 3 positions.
+  return { pattern: `^${PLAIN_CHAR}{${min ?? 0},${max ?? ''}}$`, cost: Math.min(3, Math.max(min ?? 0, max ?? 0, 1)), keyword };
 }
 
 /**
