@@ -72,10 +72,11 @@ export function serveCharts(r: Json, file: string): Chart[] {
     const rate = num(obj(o.settings, `mixed[${i}].settings`).rate, `mixed[${i}].settings.rate`);
     return windowRows(`mixed @ ${rate}/s`, o.windows, `mixed[${i}].windows`);
   });
-  // Tiers and tenants are optional scenarios (--scenarios); a phase each when present.
+  // Tiers, tenants and hostile are optional scenarios (--scenarios); a phase each when present.
   const phases: Array<[string, string, string]> = [
     ['tiers', 'idle', 'tiers: idle'], ['tiers', 'load', 'tiers: under flex backlog'],
     ['tenants', 'idle', 'tenants: A idle'], ['tenants', 'load', "tenants: A under B's flood"],
+    ['hostile', 'idle', 'hostile: A idle'], ['hostile', 'load', "hostile: A under B's schemas"],
   ];
   for (const [scenario, phase, label] of phases) {
     if (r[scenario] === undefined || r[scenario] === null) continue;

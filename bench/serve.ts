@@ -7,6 +7,7 @@
 //     tiers: [--tier-rate 2] [--tier-duration 20] [--tier-prompt-words 8-16] [--tier-output-tokens 16]
 //            [--backlog 400] [--backlog-prompt-words 128] [--backlog-output-tokens 256] [--settle auto|SECONDS] [--settle-max 60]
 //     tenants: [--flood 1000] [--flood-prompt-words 8-16] [--flood-output-tokens 256] (and the tier stream's settings)
+//     hostile: [--hostile-rate 10] (and the tier stream's settings; bench/serve-hostile.ts, issue 27)
 //     engine: [--backend cpu|cuda] [--threads N] [--max-num-seqs 64] [--max-batched-tokens 512] [--kv-cache-mib 256]
 //            (CUDA defaults: 256 sequences, 8192 tokens, the KV pool the engine sizes)
 //     [--poll-ms 40] [--drain-timeout 180] [--preset tiny] [--dtype bf16] [--model DIR] [--out bench/results/serve.json]
@@ -67,11 +68,13 @@ import { ensureBenchModel } from './bench-model.js';
 import { ServerChild } from './server-child.js';
 import { mulberry32 } from './sharegpt-workload.js';
 import { runTenantsScenario } from './serve-tenants.js';
+import { runHostileScenario } from './serve-hostile.js';
 
 const { values: args } = parseArgs({
   options: {
     scenarios: { type: 'string', default: 'mixed,tiers,tenants' },
     flood: { type: 'string', default: '1000' },
+    'hostile-rate': { type: 'string', default: '10' },
     'flood-prompt-words': { type: 'string', default: '8-16' },
     'flood-output-tokens': { type: 'string', default: '256' },
     seed: { type: 'string', default: '1' },
@@ -168,6 +171,8 @@ export interface PlannedRequest {
   maxOutputTokens: number;
   /** Sent with background=true (always for flex). */
   background?: boolean;
+  /** A Responses text format (`text.format`), e.g. a json_schema. */
+  format?: object;
 }
 
 /** A Poisson arrival schedule (exponential gaps) over `seconds`, or `count` requests at time 0 (a backlog). */
@@ -440,7 +445,19 @@ export class Client {
     return JSON.stringify({
       model: this.model, input: r.input, max_output_tokens: r.maxOutputTokens, temperature: 0,
       metadata: { completion_window: r.window }, ...((r.window === 'flex' || r.background) && { background: true }),
+      ...(r.format && { text: { format: r.format } }),
     });
+  }
+
+  /** One foreground POST /v1/responses of `fields` (model added); resolves to the HTTP status. */
+  async postRaw(fields: { input: string; max_output_tokens: number; format?: object }): Promise<number> {
+    const { format, ...rest } = fields;
+    const res = await fetch(`${this.base}/v1/responses`, {
+      method: 'POST', headers: this.headers,
+      body: JSON.stringify({ model: this.model, temperature: 0, ...rest, ...(format && { text: { format } }) }),
+    });
+    await res.arrayBuffer();
+    return res.status;
   }
 
   /** Background submission only: the in_progress object's id (throws on failure). */
@@ -635,7 +652,7 @@ async function main(): Promise<void> {
 
   const scenarios = new Set(args.scenarios!.split(',').map((s) => s.trim()).filter(Boolean));
   for (const s of scenarios) {
-    if (s !== 'mixed' && s !== 'tiers' && s !== 'tenants') throw new Error(`--scenarios: unknown scenario "${s}" (mixed, tiers, tenants)`);
+    if (s !== 'mixed' && s !== 'tiers' && s !== 'tenants' && s !== 'hostile') throw new Error(`--scenarios: unknown scenario "${s}" (mixed, tiers, tenants, hostile)`);
   }
   const num = (name: string, min: number) => {
     const v = Number((args as Record<string, unknown>)[name]);
@@ -870,6 +887,20 @@ async function main(): Promise<void> {
       tenants = t.result;
     }
 
+    // ---- hostile
+    let hostile: Record<string, unknown> | null = null;
+    if (scenarios.has('hostile')) {
+      const clientB = new Client(ready.address, { authorization: `Bearer ${ready.keyB}`, 'content-type': 'application/json' }, ready.model, pollMs);
+      const stream = planRequests({
+        seed: seed + 5, rate: tierRate, seconds: tierDuration, mix: { asap: 1, standard: 0, flex: 0 }, promptWords: tierPromptWords, outputTokens: tierOutputTokens,
+      });
+      const h = await runHostileScenario({ server, clientA: client, clientB, stream, rate: num('hostile-rate', Number.MIN_VALUE), drainTimeout, fmt });
+      addRows('hostile: A idle', h.idleStats);
+      addRows('hostile: A under B\'s schemas', h.loadStats);
+      notes.push(...h.notes);
+      hostile = h.result;
+    }
+
     const finalState = await server.engineState();
     server.send({ cmd: 'quit' });
     await server.exited.catch(() => {});
@@ -911,6 +942,7 @@ async function main(): Promise<void> {
       mixed: mixed.length ? mixed : null,
       tiers,
       tenants,
+      hostile,
       engineAtEnd: finalState,
       benchSeconds: (performance.now() - startedAt) / 1000,
     };
