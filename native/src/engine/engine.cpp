@@ -205,6 +205,10 @@ class EngineImpl final : public Engine {
   ForwardBatch forward_batch() const;
   // forward() + sample() of the rows in plan_rows_; a device fault breaks the engine.
   void run_backend(const StepPlan& plan, StepResult& result);
+  // The forward pass, the plan's token masks, then `sample` (the serial sample or the pipelined
+  // launch); a device fault (a real one, or the test hook's) breaks the engine, others fail the step.
+  template <typename Sample>
+  void forward_and_sample(const StepPlan& plan, const ForwardBatch& fb, Sample&& sample);
 
   // Pipelined steps (see begin_step). A step begun and not yet ended.
   struct InFlight {
@@ -516,6 +520,24 @@ int EngineImpl::collect_sampling_rows() {
   return top_n;
 }
 
+template <typename Sample>
+void EngineImpl::forward_and_sample(const StepPlan& plan, const ForwardBatch& fb, Sample&& sample) {
+  try {
+    if (device_fault_pending_) {
+      device_fault_pending_ = false;
+      throw Error(ErrorCode::kDeviceFault, "injected device fault");
+    }
+    backend_->forward(fb);
+    attach_token_masks(plan);
+    sample();
+  } catch (const Error& e) {
+    // NOTE: nothing of the step was applied to the sequences yet; only a device fault breaks
+    // the engine (its memory can no longer be trusted), other failures fail just this step.
+    if (e.code() == ErrorCode::kDeviceFault) broken_reason_ = e.what();
+    throw;
+  }
+}
+
 void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
   const ForwardBatch fb = forward_batch();
   const int top_n = collect_sampling_rows();
@@ -529,21 +551,10 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
   top_ids.assign(m * size_t(top_n), -1);
   top_lps.assign(m * size_t(top_n), -INFINITY);
   sample_errors_.clear();
-  try {
-    if (device_fault_pending_) {
-      device_fault_pending_ = false;
-      throw Error(ErrorCode::kDeviceFault, "injected device fault");
-    }
-    backend_->forward(fb);
-    attach_token_masks(plan);
+  forward_and_sample(plan, fb, [&] {
     SampleOutput out{tokens.data(), logprobs.data(), top_n, top_ids.data(), top_lps.data(), &sample_errors_};
     backend_->sample(sample_rows_.data(), int64_t(m), out);
-  } catch (const Error& e) {
-    // NOTE: nothing of the step was applied to the sequences yet; only a device fault breaks
-    // the engine (its memory can no longer be trusted), other failures fail just this step.
-    if (e.code() == ErrorCode::kDeviceFault) broken_reason_ = e.what();
-    throw;
-  }
+  });
 
   for (const PlanRow& row : plan_rows_) {
     Sequence& s = *row.seq;
@@ -644,18 +655,9 @@ void EngineImpl::launch_pipelined(const StepPlan& plan, InFlight& f) {
   const ForwardBatch fb = forward_batch();
   f.top_n = collect_sampling_rows();
   f.slot = next_slot_;
-  try {
-    if (device_fault_pending_) {
-      device_fault_pending_ = false;
-      throw Error(ErrorCode::kDeviceFault, "injected device fault");
-    }
-    backend_->forward(fb);
-    attach_token_masks(plan);
+  forward_and_sample(plan, fb, [&] {
     if (!sample_rows_.empty()) backend_->sample_launch(sample_rows_.data(), int64_t(sample_rows_.size()), f.top_n, f.slot);
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kDeviceFault) broken_reason_ = e.what();
-    throw;
-  }
+  });
   if (!sample_rows_.empty()) next_slot_ ^= 1;
   for (const PlanRow& row : plan_rows_) {
     Sequence& s = *row.seq;
