@@ -3,9 +3,11 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 namespace sluice::grammar {
@@ -353,6 +355,7 @@ class Lowering {
     auto root = ids_.find(root_rule);
     if (root == ids_.end()) throw GrammarError("grammar text: no rule named '" + root_rule + "'");
     g_.root = root->second;
+    for (size_t r = 0; r < bodies_.size(); r++) factor_prefixes(int(r));
     // Alternatives were built per rule; lay them out in `elems` now.
     g_.alts.assign(bodies_.size(), {});
     for (size_t r = 0; r < bodies_.size(); r++) {
@@ -489,7 +492,10 @@ class Lowering {
     return std::nullopt;
   }
 
-  /** `r ::= "" | C r` (as xgrammar prints `C*`): C repeated 0 or more times. */
+  /**
+   * `r ::= "" | C r` (as xgrammar prints `C*`): C repeated 0 or more times; `r ::= C r | C` (as it
+   * prints `C+`): 1 or more.
+   */
   std::optional<Run> star_rule(const std::string& name, const Expr& body) {
     const Expr* b = &body;
     while (b->kind == Expr::Kind::kSeq && b->kids.size() == 1) b = &b->kids[0];
@@ -498,33 +504,41 @@ class Lowering {
       while (x->kind == Expr::Kind::kSeq && x->kids.size() == 1) x = &x->kids[0];
       return x;
     };
-    for (int empty = 0; empty < 2; empty++) {
-      const Expr* nothing = unwrap(&b->kids[size_t(empty)]);
-      const Expr* loop = unwrap(&b->kids[size_t(1 - empty)]);
-      const bool is_empty = (nothing->kind == Expr::Kind::kLiteral && nothing->literal.empty()) ||
-                            (nothing->kind == Expr::Kind::kSeq && nothing->kids.empty());
-      if (!is_empty || loop->kind != Expr::Kind::kSeq || loop->kids.size() != 2) continue;
+    for (int end = 0; end < 2; end++) {
+      const Expr* stop = unwrap(&b->kids[size_t(end)]);
+      const Expr* loop = unwrap(&b->kids[size_t(1 - end)]);
+      const bool is_empty = (stop->kind == Expr::Kind::kLiteral && stop->literal.empty()) ||
+                            (stop->kind == Expr::Kind::kSeq && stop->kids.empty());
+      if (loop->kind != Expr::Kind::kSeq || loop->kids.size() != 2) continue;
       const Expr* self = unwrap(&loop->kids[1]);
       Run r;
       if (self->kind != Expr::Kind::kRef || self->name != name || !single(*unwrap(&loop->kids[0]), r.cls)) continue;
+      Element last;
+      if (!is_empty && !(single(*stop, last) && last.kind == r.cls.kind && last.set == r.cls.set && last.any_non_ascii == r.cls.any_non_ascii)) continue;
       r.empty = false;
-      r.lo = 0;
+      r.lo = is_empty ? 0 : 1;
       r.hi = kUnbounded;
       return r;
     }
     return std::nullopt;
   }
 
-  /** A run long enough to be one counted element (shorter ones are lowered as written). */
+  /**
+   * A run to write as elements of its own: long enough to be one counted element, or with no upper
+   * bound (then a few copies of the class and a starred one). Shorter ones are lowered as written.
+   * NOTE: `r ::= "" | C r` as written is a rule referenced from two places (its user and itself),
+   * so the matcher knows nothing of what follows it when compiling; `C*` in place does.
+   */
   static bool worth_counting(const Run& r) {
-    return !r.empty && (r.hi == kUnbounded ? r.lo >= kMinCounted : r.hi >= kMinCounted);
+    return !r.empty && (r.hi == kUnbounded || r.hi >= kMinCounted);
   }
 
-  /** Appends a run as one element: nothing, the class, the class starred, or counted. */
+  /** Appends a run: nothing, the class, the class starred (after lo copies when lo is small), or counted. */
   static void append_run(const Run& r, Alt& out) {
     if (r.empty || r.hi == 0) return;
     Element el = r.cls;
-    if (r.lo == 0 && r.hi == kUnbounded) {
+    if (r.hi == kUnbounded && r.lo < kMinCounted) {
+      for (int64_t k = 0; k < r.lo; k++) out.push_back(r.cls);
       el.star = true;
     } else if (!(r.lo == 1 && r.hi == 1)) {
       el.counted = true;
@@ -562,6 +576,68 @@ class Lowering {
       append(body, alts.back(), id);
     }
     bodies_[id] = std::move(alts);
+  }
+
+  static auto element_fields(const Element& e) {
+    return std::make_tuple(e.kind, e.star, e.any_non_ascii, e.counted, e.rule, e.min_count, e.max_count, e.set);
+  }
+  static bool same_element(const Element& a, const Element& b) { return element_fields(a) == element_fields(b); }
+
+  /**
+   * Alternatives of a rule that begin alike share that beginning once: `r ::= A B | A C` becomes
+   * `r ::= A r#k`, `r#k ::= B | C` (xgrammar prints `(X ".")+` as `r ::= X "." r | X "."`). Same
+   * language; but the matcher no longer carries one parse stack per alternative through A, and the
+   * rules inside A are referenced from one place, so their context is known when compiling (see
+   * token_matcher.h): masks there are cheaper, several times over for an e-mail's domain. Linear
+   * in the rule's elements (an enum of many values becomes a trie of rules).
+   */
+  void factor_prefixes(int id) {
+    std::vector<int> todo{id};
+    while (!todo.empty()) {
+      const int r = todo.back();
+      todo.pop_back();
+      std::vector<Alt> alts = std::move(bodies_[size_t(r)]);
+      // Group the alternatives by their first element.
+      std::vector<size_t> order;
+      for (size_t i = 0; i < alts.size(); i++) {
+        if (!alts[i].empty()) order.push_back(i);
+      }
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return element_fields(alts[a][0]) < element_fields(alts[b][0]); });
+      std::vector<size_t> group_of(alts.size(), SIZE_MAX);  // [i]: the first alternative of i's group
+      std::vector<std::vector<size_t>> members(alts.size());
+      for (size_t k = 0; k < order.size();) {
+        size_t end = k + 1;
+        while (end < order.size() && same_element(alts[order[k]][0], alts[order[end]][0])) end++;
+        if (end - k >= 2) {
+          for (size_t m = k; m < end; m++) group_of[order[m]] = order[k];  // stable: order[k] is the group's first
+          members[order[k]].assign(order.begin() + std::ptrdiff_t(k), order.begin() + std::ptrdiff_t(end));
+        }
+        k = end;
+      }
+      std::vector<Alt> out;
+      for (size_t i = 0; i < alts.size(); i++) {
+        if (group_of[i] == SIZE_MAX) {
+          out.push_back(std::move(alts[i]));
+          continue;
+        }
+        if (group_of[i] != i) continue;  // taken into its group's rule
+        size_t common = alts[i].size();
+        for (size_t j : members[i]) {
+          size_t k = 1;
+          while (k < common && k < alts[j].size() && same_element(alts[i][k], alts[j][k])) k++;
+          common = k;
+        }
+        std::vector<Alt> rests;
+        for (size_t j : members[i]) rests.emplace_back(alts[j].begin() + std::ptrdiff_t(common), alts[j].end());
+        Alt head(alts[i].begin(), alts[i].begin() + std::ptrdiff_t(common));
+        const int aux = aux_rule(g_.names[size_t(r)]);  // NOTE: grows bodies_
+        head.push_back(ref(aux));
+        out.push_back(std::move(head));
+        bodies_[size_t(aux)] = std::move(rests);
+        todo.push_back(aux);
+      }
+      bodies_[size_t(r)] = std::move(out);
+    }
   }
 
   static Element ref(int rule) {

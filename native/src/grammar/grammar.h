@@ -9,9 +9,10 @@
 // min_count to max_count characters, the count kept in the matcher's state, so a length of 1,000
 // costs what a length of 40 does). Runs of one class, however written (`C{m,n}`, `C C C`, a rule
 // that is one class repeated, xgrammar's chains `r1 ::= "" | C r2`, ..., alternatives of such runs
-// with adjoining ranges), are read as one counted element. Other groups, `?`, `+`, `{m,n}` and
-// repeated groups are lowered to auxiliary rules; lookahead assertions `(= ...)` are read and
-// dropped (they only restate what the grammar already implies).
+// with adjoining ranges, `r ::= C r | C`), are read as one counted or starred element. Other
+// groups, `?`, `+`, `{m,n}` and repeated groups are lowered to auxiliary rules; alternatives that
+// begin alike are factored (`A B | A C` -> `A (B | C)`); lookahead assertions `(= ...)` are read
+// and dropped (they only restate what the grammar already implies).
 #pragma once
 #include <array>
 #include <cstdint>

@@ -52,8 +52,13 @@ constexpr uint32_t kNoTagElem = UINT32_MAX;
  */
 class Stepper {
  public:
-  Stepper(const Grammar& g, std::vector<Frame>& arena, uint32_t tag_elem = kNoTagElem)
-      : g_(g), arena_(arena), tag_elem_(tag_elem), tagging_(tag_elem != kNoTagElem) {}
+  /**
+   * `frames`, when given, indexes the arena's frames by content: a frame pushed again (as each
+   * character of a run re-enters what follows it) is found instead, so equal stacks keep equal
+   * parent indices and a state that has not really changed still matches its last mask.
+   */
+  Stepper(const Grammar& g, std::vector<Frame>& arena, uint32_t tag_elem = kNoTagElem, FrameIndex* frames = nullptr)
+      : g_(g), arena_(arena), frames_(frames), tag_elem_(tag_elem), tagging_(tag_elem != kNoTagElem) {}
 
   /** Adds to `out` every top reachable from element e over a stack whose next frame is `parent`. */
   void expand(uint32_t e, int32_t parent, StackSet& out) {
@@ -147,8 +152,18 @@ class Stepper {
   }
 
   int32_t push(uint32_t elem, int32_t parent) {
+    const int32_t at = int32_t(arena_.size());
+    if (frames_ != nullptr) {
+      auto [it, fresh] = frames_->try_emplace((uint64_t(elem) << 32) | uint32_t(parent), at);
+      if (!fresh) {
+        // Entries outlive frames truncated away (a failed accept): check before reusing.
+        const int32_t had = it->second;
+        if (size_t(had) < arena_.size() && arena_[size_t(had)].elem == elem && arena_[size_t(had)].parent == parent) return had;
+        it->second = at;
+      }
+    }
     arena_.push_back(Frame{elem, parent});
-    return int32_t(arena_.size() - 1);
+    return at;
   }
 
   void add(StackSet& out, Terminal t) {
@@ -173,6 +188,7 @@ class Stepper {
 
   const Grammar& g_;
   std::vector<Frame>& arena_;
+  FrameIndex* const frames_;
   const uint32_t tag_elem_;
   const bool tagging_;
   uint64_t tag_ = 0;  // the tags of the top being stepped (tagging only)
@@ -274,15 +290,46 @@ void CompiledGrammar::build_contexts() {
       }
     }
   }
-  // Where each rule is referenced from: its one site, or -1 for none, -2 for several.
+  // Where each rule is referenced from: its one site, or -1 for none, -2 for several, -3 for the
+  // root's start alone (below which is the end). A reference last in its alternative (a tail
+  // reference) pushes no frame: what follows it is what follows the rule it is in, so it is no site
+  // of its own but brings that rule's sites. `r ::= X r | X` (xgrammar's `X+`) and the rules
+  // factored out of it (grammar.cpp) then keep the one context of r's one outside use.
   std::vector<int64_t> site(rules, -1);
-  site[size_t(g.root)] = -3;  // the root is also entered at the start, below which is the end
   std::vector<std::vector<uint32_t>> sites(rules);
+  std::vector<std::vector<int32_t>> tails_into(rules);  // [r]: the rules that end by referencing r
+  auto merge = [](int64_t a, int64_t b) { return a == -1 ? b : b == -1 || a == b ? a : -2; };
+  site[size_t(g.root)] = -3;
   for (uint32_t e = 0; e < g.elems.size(); e++) {
     if (g.elems[e].kind != ElemKind::kRef) continue;
-    int64_t& s = site[size_t(g.elems[e].rule)];
-    s = s == -1 ? int64_t(e) : -2;
-    sites[size_t(g.elems[e].rule)].push_back(e);
+    const size_t r = size_t(g.elems[e].rule);
+    sites[r].push_back(e);
+    if (g.elems[e + 1].kind == ElemKind::kEnd) {
+      tails_into[r].push_back(rule_of_[e]);
+    } else {
+      site[r] = merge(site[r], int64_t(e));
+    }
+  }
+  // Sites flow along tail references until nothing changes (each rule's value changes at most
+  // twice: none -> one -> several).
+  std::vector<std::vector<int32_t>> tails_from(rules);
+  for (size_t r = 0; r < rules; r++) {
+    for (int32_t q : tails_into[r]) tails_from[size_t(q)].push_back(int32_t(r));
+  }
+  std::vector<int32_t> work;
+  for (size_t r = 0; r < rules; r++) {
+    if (site[r] != -1) work.push_back(int32_t(r));
+  }
+  while (!work.empty()) {
+    const size_t q = size_t(work.back());
+    work.pop_back();
+    for (int32_t r : tails_from[q]) {
+      const int64_t merged = merge(site[size_t(r)], site[q]);
+      if (merged != site[size_t(r)]) {
+        site[size_t(r)] = merged;
+        work.push_back(r);
+      }
+    }
   }
   context_parent_.assign(rules, kOpenParent);
   chain_top_.assign(rules, -1);
@@ -722,7 +769,7 @@ std::unique_ptr<CountedCaches> CompiledGrammar::compile_counted(uint32_t elem, s
 // ---- matching -----------------------------------------------------------------------------
 
 TokenMatcher::TokenMatcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
-  Stepper stepper(grammar_->grammar(), arena_);
+  Stepper stepper(grammar_->grammar(), arena_, kNoTagElem, &frames_);
   const Grammar& g = grammar_->grammar();
   for (uint32_t start : g.alts[size_t(g.root)]) stepper.expand(start, kAcceptParent, state_);
 }
@@ -860,7 +907,7 @@ bool TokenMatcher::accept(int32_t token) {
   const std::string& t = v.bytes(token);
   if (t.empty()) return false;
   const size_t base = arena_.size();
-  Stepper stepper(grammar_->grammar(), arena_);
+  Stepper stepper(grammar_->grammar(), arena_, kNoTagElem, &frames_);
   StackSet cur = state_;
   for (size_t k = 0; k < t.size(); k++) {
     stepper.step(cur, uint8_t(t[k]), next_);
@@ -901,6 +948,8 @@ void TokenMatcher::compact() {
     if (t.parent >= 0) t.parent = remap[size_t(t.parent)];
   }
   arena_ = std::move(kept);
+  frames_.clear();
+  for (size_t k = 0; k < arena_.size(); k++) frames_.emplace((uint64_t(arena_[k].elem) << 32) | uint32_t(arena_[k].parent), int32_t(k));
   last_valid_ = false;  // the tops' parent indices now name other frames
 }
 

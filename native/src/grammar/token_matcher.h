@@ -10,7 +10,9 @@
 // of every rule. Below the position lies its rule's static context: while a rule is referenced
 // from one place only (as the many small rules of a JSON schema's grammar are), what follows it
 // is known, and the walk goes on into it; the first rule referenced from several places (or
-// recursively) is where knowledge ends. Each token is sorted into
+// recursively) is where knowledge ends. A reference last in its alternative (a tail reference)
+// is no place of its own: what follows it is what follows the rule holding it, so `r ::= X r | X`
+// used once keeps that one use's context. Each token is sorted into
 //   - accepted: its bytes fit inside that context (whatever follows it),
 //   - rejected: every path dies inside it,
 //   - uncertain: the context can end partway through the token, so the rest (its "suffix")
@@ -78,6 +80,9 @@ struct Frame {
   uint32_t elem;
   int32_t parent;
 };
+
+/** A matcher's frames by content (elem << 32 | parent) -> index in its arena. */
+using FrameIndex = std::unordered_map<uint64_t, int32_t>;
 
 /**
  * A stack's top: key = element * 8 + UTF-8 state (bytes still owed by a multi-byte character);
@@ -259,6 +264,7 @@ class TokenMatcher {
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::vector<Frame> arena_;
+  FrameIndex frames_;  // frames pushed by accept, by content (see Stepper)
   StackSet state_;
   bool ended_ = false;
   size_t compact_at_ = 65536;  // arena size that triggers dropping unreachable frames
