@@ -173,6 +173,9 @@ export interface PlannedRequest {
   background?: boolean;
   /** A Responses text format (`text.format`), e.g. a json_schema. */
   format?: object;
+  /** Function tools and `tool_choice` (e.g. 'required'). */
+  tools?: object[];
+  toolChoice?: unknown;
 }
 
 /** A Poisson arrival schedule (exponential gaps) over `seconds`, or `count` requests at time 0 (a backlog). */
@@ -446,11 +449,12 @@ export class Client {
       model: this.model, input: r.input, max_output_tokens: r.maxOutputTokens, temperature: 0,
       metadata: { completion_window: r.window }, ...((r.window === 'flex' || r.background) && { background: true }),
       ...(r.format && { text: { format: r.format } }),
+      ...(r.tools && { tools: r.tools, tool_choice: r.toolChoice ?? 'auto' }),
     });
   }
 
   /** One foreground POST /v1/responses of `fields` (model added); resolves to the HTTP status. */
-  async postRaw(fields: { input: string; max_output_tokens: number; format?: object }): Promise<number> {
+  async postRaw(fields: { input: string; max_output_tokens: number; format?: object; tools?: object[]; tool_choice?: unknown }): Promise<number> {
     const { format, ...rest } = fields;
     const res = await fetch(`${this.base}/v1/responses`, {
       method: 'POST', headers: this.headers,
@@ -894,7 +898,7 @@ async function main(): Promise<void> {
       const stream = planRequests({
         seed: seed + 5, rate: tierRate, seconds: tierDuration, mix: { asap: 1, standard: 0, flex: 0 }, promptWords: tierPromptWords, outputTokens: tierOutputTokens,
       });
-      const h = await runHostileScenario({ server, clientA: client, clientB, stream, rate: num('hostile-rate', Number.MIN_VALUE), drainTimeout, fmt });
+      const h = await runHostileScenario({ server, serverPid: server.proc.pid, clientA: client, clientB, stream, rate: num('hostile-rate', Number.MIN_VALUE), drainTimeout, fmt });
       addRows('hostile: A idle', h.idleStats);
       addRows('hostile: A under B\'s schemas', h.loadStats);
       notes.push(...h.notes);
