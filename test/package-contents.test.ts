@@ -12,6 +12,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
   dependencies: Record<string, string>; devDependencies: Record<string, string>; peerDependencies?: Record<string, string>;
+  peerDependenciesMeta?: Record<string, { optional?: boolean }>; optionalDependencies?: Record<string, string>;
+  allowScripts?: Record<string, boolean>;
   scripts: Record<string, string>; main: string; types: string; bin: Record<string, string>; exports: Record<string, string>;
 };
 let files: Set<string>;
@@ -61,7 +63,7 @@ describe('the packed package', () => {
     expect([...files].filter((f) => /^(test|bench|src|scripts\/chaos|native\/tests|native\/bench|dist\/(bench|scripts))\//.test(f))).toEqual([]);
   });
 
-  it('imports only packed files, dependencies, fastify (the peer) and Node built-ins at run time', () => {
+  it('imports only packed files, dependencies, the peers (fastify, onnxruntime-node) and Node built-ins at run time', () => {
     const runtime = new Set([...Object.keys(pkg.dependencies), ...Object.keys(pkg.peerDependencies ?? {})]);
     const builtins = new Set(builtinModules);
     const problems: string[] = [];
@@ -79,6 +81,24 @@ describe('the packed package', () => {
       }
     }
     expect(problems).toEqual([]);
+  });
+
+  it('takes onnxruntime-node as an optional peer, imported dynamically by one module only', () => {
+    // Not a dependency, not an optional dependency: npm installs either with the package and runs its
+    // install script, which downloads CUDA providers from NuGet (an offline install then fails).
+    expect(pkg.dependencies['onnxruntime-node']).toBeUndefined();
+    expect(pkg.optionalDependencies?.['onnxruntime-node']).toBeUndefined();
+    expect(pkg.peerDependencies?.['onnxruntime-node']).toBeDefined();
+    expect(pkg.peerDependenciesMeta?.['onnxruntime-node']?.optional).toBe(true);
+    // This repository's tests use it (npm ci installs devDependencies) with its install script denied.
+    expect(pkg.devDependencies['onnxruntime-node']).toBe(pkg.peerDependencies!['onnxruntime-node']);
+    expect(pkg.allowScripts?.['onnxruntime-node']).toBe(false);
+    const importers = [...files].filter((f) => f.endsWith('.js') && f.startsWith('dist/'))
+      .filter((f) => specifiers(readFileSync(join(root, f), 'utf8')).includes('onnxruntime-node'));
+    expect(importers).toEqual(['dist/src/engine/onnx/onnx-runtime.js']);
+    const code = readFileSync(join(root, importers[0]!), 'utf8');
+    expect(code).toMatch(/\bimport\(\s*['"]onnxruntime-node['"]\s*\)/);
+    expect(code).not.toMatch(/\bfrom\s*['"]onnxruntime-node['"]/);
   });
 
   it('takes fastify as a peer, installs without tsc and builds the addon with its own script', () => {

@@ -11,7 +11,7 @@ import { EngineObservers, type EngineObserver, type KvPoolCounts, type RequestRe
 import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
 import { Generation } from './generation.js';
-import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeAvailable } from './native.js';
+import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeUnavailableReason } from './native.js';
 import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from './native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
@@ -260,9 +260,8 @@ export class Engine {
       throw new SluiceError('invalid_argument',
         `quantization 'int8' is supported by the cpu backend only, not ${String(requested)}: drop quantization or use backend cpu`, { param: 'quantization' });
     }
-    if (requested !== 'onnx' && !nativeAvailable()) {
-      throw new SluiceError('native_unavailable', 'the native addon is not built: run `npm run build:native`');
-    }
+    const noNativeReason = requested === 'onnx' ? undefined : nativeUnavailableReason();
+    if (noNativeReason !== undefined) throw new SluiceError('native_unavailable', noNativeReason);
 
     if (opts.onLoadProgress && requested !== 'onnx') await readWeightsAhead(modelDir, opts.onLoadProgress, opts.readAheadMinBytes);
 

@@ -37,7 +37,11 @@ interface NativeAddon {
 
 let addon: NativeAddon | undefined;
 
-/** Finds the package root from this file (src/engine or dist/src/engine). */
+/**
+ * Finds the package root from this file (src/engine under vitest, dist/src/engine when built): in a
+ * checkout, the checkout; where sluice is installed, node_modules/sluice, whose install script built
+ * the addon under its own build/ (scripts/build-native.js). No environment variable is needed.
+ */
 function packageRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url));
   for (let i = 0; i < 5; i++) {
@@ -47,31 +51,46 @@ function packageRoot(): string {
   throw new Error('cannot locate the sluice package root');
 }
 
+/** Where the addon is looked for, first match wins: SLUICE_ADDON (a prebuilt addon), then the package's own build. */
+function addonCandidates(root: string): string[] {
+  return [process.env['SLUICE_ADDON'], join(root, 'build', 'Release', 'sluice.node'), join(root, 'build', 'Debug', 'sluice.node')]
+    .filter((p): p is string => !!p);
+}
+
+/**
+ * What to run when no addon is found. An installed package (under node_modules) has no build:native
+ * script a host could run, but npm rebuilds it with the same install script that built it.
+ */
+export function addonMissingMessage(root: string, candidates: readonly string[]): string {
+  const installed = root.split(/[\\/]/).includes('node_modules');
+  const howToBuild = installed
+    ? 'run `npm rebuild sluice` in your app (it builds the addon from the shipped sources: CMake and a C++17 compiler; SLUICE_CUDA=OFF skips the CUDA backend)'
+    : 'run `npm run build:native` in this checkout (or `npm ci`, which builds it)';
+  return `the native addon is not built (looked for ${candidates.join(', ')}): ${howToBuild}, or set SLUICE_ADDON to a prebuilt sluice.node`;
+}
+
 export function nativeAddon(): NativeAddon {
   if (addon) return addon;
   const root = packageRoot();
-  const candidates = [
-    process.env.SLUICE_ADDON,
-    join(root, 'build', 'Release', 'sluice.node'),
-    join(root, 'build', 'Debug', 'sluice.node'),
-  ].filter((p): p is string => !!p);
+  const candidates = addonCandidates(root);
   const path = candidates.find((p) => existsSync(p));
-  if (!path) {
-    throw Object.assign(new Error(`the native addon is not built (looked for ${candidates.join(', ')}); run \`npm run build:native\` in a clone of sluice, or \`npm rebuild sluice\` where it is installed as a package`), {
-      code: 'ADDON_MISSING',
-    });
-  }
+  if (!path) throw Object.assign(new Error(addonMissingMessage(root, candidates)), { code: 'ADDON_MISSING' });
   addon = createRequire(import.meta.url)(path) as NativeAddon;
   return addon;
 }
 
-export function nativeAvailable(): boolean {
+/** Undefined when the addon loads, else why not (with what to run). */
+export function nativeUnavailableReason(): string | undefined {
   try {
     nativeAddon();
-    return true;
-  } catch {
-    return false;
+    return undefined;
+  } catch (err) {
+    return (err as Error).message;
   }
+}
+
+export function nativeAvailable(): boolean {
+  return nativeUnavailableReason() === undefined;
 }
 
 export function loadNativeEngine(options: NativeLoadOptions): Promise<NativeEngineHandle> {

@@ -1,5 +1,6 @@
-// How the facade picks and loads the ONNX Runtime backend (onnx-handle.ts). onnxruntime-node is
-// imported only when this backend loads, so native-only deployments never pay for it.
+// How the facade picks and loads the ONNX Runtime backend (onnx-handle.ts). onnxruntime-node, an
+// optional peer dependency, is imported only when this backend loads (onnx-runtime.ts), so
+// native-only deployments neither install nor pay for it.
 
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -39,10 +40,8 @@ export async function loadOnnxHandle(opts: OnnxBackendOptions): Promise<NativeEn
       numThreads: opts.numThreads, maxDecodeBatch: opts.maxNumSeqs,
     });
   } catch (err) {
+    // A missing onnxruntime-node arrives as a SluiceError naming the command that adds it.
     if (err instanceof SluiceError) throw err;
-    const missing = (err as { code?: string }).code === 'ERR_MODULE_NOT_FOUND';
-    throw new SluiceError(missing ? 'backend_unavailable' : 'engine_error', missing
-      ? 'the onnx backend needs the onnxruntime-node package (npm install onnxruntime-node)'
-      : `cannot load ${modelPath} with onnxruntime: ${(err as Error).message}`, { cause: err });
+    throw new SluiceError('engine_error', `cannot load ${modelPath} with onnxruntime: ${(err as Error).message}`, { cause: err });
   }
 }

@@ -23,6 +23,7 @@ import {
 } from '../native-types.js';
 import { applyMask, sampleToken, streamSeed } from './sampler.js';
 import { decodeBatch, type PastKv } from './onnx-batch.js';
+import { importOnnxRuntime } from './onnx-runtime.js';
 
 export interface OnnxLoadOptions {
   /** The model directory (config.json, tokenizer files). */
@@ -66,7 +67,7 @@ export class OnnxEngineHandle implements NativeEngineHandle {
   ) {}
 
   static async load(opts: OnnxLoadOptions): Promise<OnnxEngineHandle> {
-    const ort = await import('onnxruntime-node');
+    const ort = await importOnnxRuntime();
     const config = JSON.parse(readFileSync(join(opts.modelDir, 'config.json'), 'utf8')) as Record<string, any>;
     const session = await ort.InferenceSession.create(opts.modelPath, {
       executionProviders: ['cpu'],
