@@ -1,14 +1,10 @@
-// Anthropic's conventions where the API speaks to Anthropic clients: the Messages routes answer
-// errors in Anthropic's envelope, and an `anthropic-version` header asks for Anthropic's model
-// objects. Every other route keeps the spec's envelope ({error: {message, type, param, code}}).
+// What the Messages surface keeps of Anthropic's conventions inside the spec's shapes. Its errors
+// are the spec's envelope like every other route's ({error: {message, type, param, code}} and no
+// other top-level field); only the inner `type` is the name Anthropic's API gives the status,
+// which Anthropic's clients read (error.type) to raise their typed errors. Models are listed in
+// the spec's shape for every client, whatever headers it sends.
 
 import type { ErrorEnvelope } from './errors.js';
-
-/** `{type: "error", error: {type, message}}`; `param` and `code` ride along when known, as extras. */
-export interface AnthropicErrorEnvelope {
-  type: 'error';
-  error: { type: string; message: string; param?: string; code?: string | number; [extra: string]: unknown };
-}
 
 /**
  * Anthropic's error type for an HTTP status: the names its API uses and its clients know
@@ -29,19 +25,12 @@ export function anthropicErrorType(status: number): string {
   }
 }
 
-/** The spec's envelope, as rendered for `status`, in Anthropic's shape (same message, param, code and extras). */
-export function toAnthropicEnvelope(status: number, body: ErrorEnvelope): AnthropicErrorEnvelope {
-  const { message, type: _specType, param, code, ...extras } = body.error;
-  return {
-    type: 'error',
-    error: {
-      type: anthropicErrorType(status),
-      message,
-      ...(param !== null && { param }),
-      ...(code !== null && { code }),
-      ...extras,
-    },
-  };
+/**
+ * The envelope a Messages route answers for `status`: the same object, same message, param, code
+ * and extras (retry_after), with Anthropic's `type` for the status. Still the spec's envelope.
+ */
+export function toMessagesEnvelope(status: number, body: ErrorEnvelope): ErrorEnvelope {
+  return { error: { ...body.error, type: anthropicErrorType(status) } };
 }
 
 /**
@@ -53,9 +42,4 @@ export function isMessagesPath(url: string, prefix: string): boolean {
   const path = url.split('?')[0]!;
   const base = `${prefix}/messages`;
   return path === base || path === `${base}/` || path.startsWith(`${base}/`);
-}
-
-/** Anthropic's clients send `anthropic-version` on every request; OpenAI's never do. */
-export function isAnthropicClient(headers: Record<string, string | string[] | undefined>): boolean {
-  return headers['anthropic-version'] !== undefined;
 }

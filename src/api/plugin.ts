@@ -18,7 +18,7 @@ import { makeAuthHook } from './auth.js';
 import { BackgroundResponses, DEFAULT_WINDOW_DEADLINES, type WindowDeadlines } from './background-responses.js';
 import type { ApiContext } from './context.js';
 import { ApiError, renderError } from './errors.js';
-import { isMessagesPath, toAnthropicEnvelope } from './anthropic.js';
+import { isMessagesPath, toMessagesEnvelope } from './anthropic.js';
 import { registerBatchRoutes } from './routes/batches.js';
 import { registerChatCompletionRoutes } from './routes/chat-completions.js';
 import { registerFileRoutes } from './routes/files.js';
@@ -131,13 +131,10 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
     if (rendered.internal) request.log.error({ err }, 'request failed');
     if (reply.raw.destroyed) return; // the client is gone (a cancelled request); nothing to send
     if (rendered.headers) reply.headers(rendered.headers);
-    // The Messages surface answers in Anthropic's envelope, whatever failed (auth, parsing, validation, the route),
-    // serialized as built (the envelope of a route's response schema must not reshape it).
-    if (isMessagesPath(request.url, app.prefix)) {
-      return reply.code(rendered.statusCode).type('application/json').serializer(JSON.stringify)
-        .send(toAnthropicEnvelope(rendered.statusCode, rendered.body));
-    }
-    return reply.code(rendered.statusCode).type('application/json').send(rendered.body);
+    // The spec's envelope on every surface. On Messages, whatever failed (auth, parsing, validation, the
+    // route), its inner type is Anthropic's name for the status, which Anthropic's clients read.
+    const body = isMessagesPath(request.url, app.prefix) ? toMessagesEnvelope(rendered.statusCode, rendered.body) : rendered.body;
+    return reply.code(rendered.statusCode).type('application/json').send(body);
   });
   app.setNotFoundHandler((request) => {
     throw new ApiError(404, 'invalid_request_error', `no route ${request.method} ${request.url.split('?')[0]}`, null, 'unknown_route');

@@ -13,7 +13,7 @@ import { newId, nowSeconds } from '../api/adapters/content.js';
 import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../api/adapters/messages.js';
 import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../api/adapters/responses.js';
 import { renderError } from '../api/errors.js';
-import { toAnthropicEnvelope } from '../api/anthropic.js';
+import { toMessagesEnvelope } from '../api/anthropic.js';
 import { checkJsonValue } from '../api/json-body.js';
 import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../api/schemas/chat-completions.js';
 import { CreateMessageSchema, type CreateMessageBody } from '../api/schemas/messages.js';
@@ -60,7 +60,10 @@ function compileBody(schema: unknown, url: string): Validate {
 
 /** The batch decides the window; background lets the flex window through prepare(). */
 function inBatch(request: GenerationRequest, window: CompletionWindow): GenerationRequest {
-  return { ...request, completionWindow: window, background: true };
+  // The batch's window replaces the line's own (its service_tier or metadata): a window the model
+  // does not offer is then the batch's doing, not a field of the line.
+  const { completionWindowParam: _lineParam, ...rest } = request;
+  return { ...rest, completionWindow: window, background: true };
 }
 
 const SURFACES: Record<string, Surface> = {
@@ -152,8 +155,8 @@ export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome
     }
     const rendered = renderError(err);
     const { code, message } = rendered.body.error;
-    // The body the endpoint itself would have answered: Messages errors in Anthropic's envelope.
-    const body = url === '/v1/messages' ? toAnthropicEnvelope(rendered.statusCode, rendered.body) : rendered.body;
+    // The body the endpoint itself would have answered: on Messages, Anthropic's type for the status.
+    const body = url === '/v1/messages' ? toMessagesEnvelope(rendered.statusCode, rendered.body) : rendered.body;
     return {
       kind: 'error',
       line: resultLine(customId,

@@ -1,24 +1,47 @@
 // Every 4xx and 5xx the server can produce is the error envelope {error: {message, type, param,
-// code}} (Anthropic's on the Messages routes, test/api/anthropic-surface.test.ts), including the replies fastify and Node write before any route runs: malformed HTTP,
+// code}} and nothing else at the top level, on every surface (Messages included, where the inner
+// type is Anthropic's name for the status), including the replies fastify and Node write before any route runs: malformed HTTP,
 // oversized headers, bad or over-long URLs, a missing Host, an unsupported Expect, JSON with
 // prototype keys or absurd nesting, and requests that arrive while the server shuts down.
 // Requests go over raw sockets, so that nothing is normalised on the way.
 
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { anthropicErrorType } from '../../src/api/anthropic.js';
+import { SluiceError } from '../../src/errors.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { httpRequest, rawExchange, type RawReply } from '../helpers/raw-http.js';
 
 let server: TestServer;
-beforeAll(async () => { server = await startTestServer(); });
+beforeAll(async () => {
+  server = await startTestServer({
+    // "thrifty" may spend one token a minute: its second generation is a 429.
+    catalog: (dir) => ({ models: [{ id: 'tiny', checkpoint: dir }], limits: { organizations: { thrifty: { tokens_per_minute: 1 } } } }),
+  });
+});
 afterAll(async () => { await server?.close(); });
+afterEach(() => { vi.restoreAllMocks(); });
+
+/**
+ * The spec's Error object exactly: `error` and no other top-level key; inside, message and type
+ * (strings), param (string or null) and code (string, integer or null), plus only the extras listed.
+ */
+function expectSpecEnvelope(body: unknown, extras: readonly string[] = []): Record<string, unknown> {
+  expect(Object.keys(body as object)).toEqual(['error']);
+  const error = (body as { error: Record<string, unknown> }).error;
+  expect(Object.keys(error).sort()).toEqual(['code', 'message', 'param', 'type', ...extras].sort());
+  expect(typeof error['message']).toBe('string');
+  expect(typeof error['type']).toBe('string');
+  expect(error['param'] === null || typeof error['param'] === 'string').toBe(true);
+  expect(error['code'] === null || typeof error['code'] === 'string' || Number.isInteger(error['code'])).toBe(true);
+  return error;
+}
 
 function expectEnvelope(reply: RawReply, status: number, code: string | null, param: string | null = null): Record<string, unknown> {
   expect(reply.status, reply.text.slice(0, 300)).toBe(status);
   expect(reply.headers['content-type']).toMatch(/^application\/json/);
-  const body = JSON.parse(reply.body) as { error: Record<string, unknown> };
-  expect(Object.keys(body)).toEqual(['error']);
-  expect(body.error).toMatchObject({ type: expect.any(String), message: expect.any(String), param, code });
-  return body.error;
+  const error = expectSpecEnvelope(JSON.parse(reply.body));
+  expect(error).toMatchObject({ param, code });
+  return error;
 }
 
 const json = (path: string, body: string, extra: Record<string, string> = {}) => httpRequest('POST', path, {
@@ -44,6 +67,10 @@ describe('replies written before routing', () => {
       Host: 'x', Authorization: `Bearer ${server.key}`, 'Content-Type': 'application/json', 'Content-Length': 40_000_000,
     }), 413, 'request_too_large'],
     ['HTTP/1.1 without Host', () => 'GET /health HTTP/1.1\r\nConnection: close\r\n\r\n', 400, 'missing_host_header'],
+    // Found by the malformed-input fuzz: the multipart parser threw a plain Error (a 500).
+    ['multipart/form-data without a boundary', () => httpRequest('POST', '/v1/files', {
+      Host: 'x', Authorization: `Bearer ${server.key}`, 'Content-Type': 'multipart/form-data', 'Content-Length': 2, Connection: 'close',
+    }, '--'), 400, 'invalid_multipart'],
     ['an Expect other than 100-continue', () => httpRequest('POST', '/v1/responses', { Host: 'x', Expect: 'teapot', 'Content-Length': 2, Connection: 'close' }, '{}'), 417, 'expectation_failed'],
   ];
 
@@ -75,11 +102,11 @@ describe('JSON bodies', () => {
     const deep = await rawExchange(server.origin,
       json('/v1/responses', '{"model": "tiny", "input": [{"role": "user", "content": "hi", "__proto__": {"admin": true}}]}'));
     expectEnvelope(deep, 400, 'forbidden_json_key', 'input[0].__proto__');
-    // Written with escapes, it is the same key (here on /v1/messages, in Anthropic's envelope).
+    // Written with escapes, it is the same key (here on /v1/messages: the same envelope).
     const escaped = await rawExchange(server.origin, json('/v1/messages', '{"\\u005f_proto__": {}, "model": "tiny"}'));
     expect(escaped.status).toBe(400);
-    expect(JSON.parse(escaped.body)).toMatchObject({
-      type: 'error', error: { type: 'invalid_request_error', code: 'forbidden_json_key', param: '__proto__' },
+    expect(JSON.parse(escaped.body)).toEqual({
+      error: { type: 'invalid_request_error', message: expect.any(String), code: 'forbidden_json_key', param: '__proto__' },
     });
   });
 
@@ -107,6 +134,103 @@ describe('routes and methods', () => {
     expectEnvelope(await rawExchange(server.origin, httpRequest('OPTIONS', '*', { Host: 'x', Connection: 'close' })), 404, 'unknown_route');
     expectEnvelope(await rawExchange(server.origin, httpRequest('PUT', '/health', { Host: 'x', Connection: 'close' })), 404, 'unknown_route');
     expectEnvelope(await rawExchange(server.origin, httpRequest('GET', '/v1/models', { Host: 'x', Connection: 'close' })), 401, 'missing_api_key');
+  });
+});
+
+describe('the three generation surfaces', () => {
+  // One valid body per surface; each row breaks one thing about the request.
+  const surfaces = {
+    responses: { path: '/v1/responses', body: { model: 'tiny', input: 'Hi', max_output_tokens: 2 } },
+    'chat completions': { path: '/v1/chat/completions', body: { model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_completion_tokens: 2 } },
+    messages: { path: '/v1/messages', body: { model: 'tiny', max_tokens: 2, messages: [{ role: 'user', content: 'Hi' }] } },
+  } as const;
+  type Surface = keyof typeof surfaces;
+  const names = Object.keys(surfaces) as Surface[];
+
+  interface Row {
+    what: string;
+    /** The request: method, extra/overriding headers (null removes one), raw body. */
+    make: (s: Surface) => { method?: string; headers?: Record<string, string | number | null>; body?: string };
+    status: number;
+    /** undefined: not checked. */
+    code?: string | null;
+    /** The inner type on Responses and Chat Completions; Messages has Anthropic's name for the status. */
+    type: string;
+  }
+  const valid = (s: Surface) => JSON.stringify(surfaces[s].body);
+  const rows: Row[] = [
+    { what: 'no key', make: () => ({ headers: { Authorization: null } }), status: 401, code: 'missing_api_key', type: 'authentication_error' },
+    { what: 'an unknown key', make: () => ({ headers: { Authorization: 'Bearer sk-sluice-nope' } }), status: 401, code: 'invalid_api_key', type: 'authentication_error' },
+    { what: 'malformed JSON', make: () => ({ body: '{"model": ' }), status: 400, code: 'invalid_json', type: 'invalid_request_error' },
+    { what: 'an empty JSON body', make: () => ({ body: '' }), status: 400, code: 'invalid_request', type: 'invalid_request_error' },
+    { what: 'JSON nested too deep', make: () => ({ body: `${'['.repeat(100)}${']'.repeat(100)}` }), status: 400, code: 'json_too_deep', type: 'invalid_request_error' },
+    { what: 'a prototype key', make: (s) => ({ body: `{"__proto__": {}, ${valid(s).slice(1)}` }), status: 400, code: 'forbidden_json_key', type: 'invalid_request_error' },
+    { what: 'a JSON array', make: () => ({ body: '[]' }), status: 400, code: 'invalid_request', type: 'invalid_request_error' },
+    { what: 'a text/plain body', make: (s) => ({ headers: { 'Content-Type': 'text/plain' }, body: valid(s) }), status: 415, code: 'unsupported_media_type', type: 'invalid_request_error' },
+    { what: 'a body without Content-Type', make: (s) => ({ headers: { 'Content-Type': null }, body: valid(s) }), status: 415, code: 'unsupported_media_type', type: 'invalid_request_error' },
+    { what: 'a declared body over 32 MiB', make: () => ({ headers: { 'Content-Length': 40_000_000 }, body: '' }), status: 413, code: 'request_too_large', type: 'request_too_large' },
+    { what: 'a field out of range', make: (s) => ({ body: JSON.stringify({ ...surfaces[s].body, temperature: 7 }) }), status: 400, code: 'invalid_request', type: 'invalid_request_error' },
+    // (Its code differs between surfaces; the envelope does not.)
+    { what: 'stream=true', make: (s) => ({ body: JSON.stringify({ ...surfaces[s].body, stream: true }) }), status: 400, type: 'invalid_request_error' },
+    { what: 'an unknown model', make: (s) => ({ body: JSON.stringify({ ...surfaces[s].body, model: 'nope' }) }), status: 404, code: 'model_not_found', type: 'not_found_error' },
+    { what: 'an unknown method', make: () => ({ method: 'PUT' }), status: 404, code: 'unknown_route', type: 'invalid_request_error' },
+    { what: 'a path below it', make: () => ({ method: 'GET' }), status: 404, code: 'unknown_route', type: 'invalid_request_error' },
+  ];
+
+  async function send(s: Surface, row: Row): Promise<RawReply> {
+    const req = row.make(s);
+    const body = req.body ?? valid(s);
+    const headers: Record<string, string | number | null> = {
+      Host: 'sluice.test', Authorization: `Bearer ${server.key}`, 'Content-Type': 'application/json',
+      'Content-Length': Buffer.byteLength(body), Connection: 'close', ...req.headers,
+    };
+    const path = row.what === 'a path below it' ? `${surfaces[s].path}/nothing/at/all` : surfaces[s].path;
+    const present = Object.fromEntries(Object.entries(headers).filter(([, v]) => v !== null)) as Record<string, string | number>;
+    return rawExchange(server.origin, httpRequest(req.method ?? 'POST', path, present, body));
+  }
+
+  const table = rows.flatMap((row) => names.map((s) => [s, row.what, row] as const));
+  it.each(table)('%s: %s', async (s, _what, row) => {
+    const reply = await send(s, row);
+    expect(reply.status, reply.text.slice(0, 300)).toBe(row.status);
+    expect(reply.headers['content-type']).toMatch(/^application\/json/);
+    const error = expectSpecEnvelope(JSON.parse(reply.body));
+    if (row.code !== undefined) expect(error['code']).toBe(row.code);
+    expect(error['type']).toBe(s === 'messages' ? anthropicErrorType(row.status) : row.type);
+    expect(String(error['message']).length).toBeGreaterThan(0);
+  });
+
+  const engine = () => server.service.registry.models[0]!.engine;
+  const post = (s: Surface, key = server.key) => rawExchange(server.origin, httpRequest('POST', surfaces[s].path, {
+    Host: 'x', Authorization: `Bearer ${key}`, 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(valid(s)), Connection: 'close',
+  }, valid(s)));
+
+  it.each(names)('%s: a rate-limited organization gets a 429 with retry_after as the one extra', async (s) => {
+    const thrifty = await server.keyFor('thrifty');
+    // The minute's one token goes to the first generation of whichever surface runs first.
+    let reply = await post(s, thrifty);
+    for (let i = 0; i < 3 && reply.status === 200; i++) reply = await post(s, thrifty);
+    expect(reply.status, reply.text.slice(0, 300)).toBe(429);
+    const error = expectSpecEnvelope(JSON.parse(reply.body), ['retry_after']);
+    expect(error).toMatchObject({ type: 'rate_limit_error', code: 'rate_limit_exceeded' });
+    expect(Number.isInteger(error['retry_after'])).toBe(true);
+    expect(reply.headers['retry-after']).toBe(String(error['retry_after']));
+  });
+
+  it.each(names)('%s: an engine shutting down is a 503, and an internal failure a 500 that hides it, both in the envelope', async (s) => {
+    vi.spyOn(engine(), 'generate').mockRejectedValueOnce(new SluiceError('engine_disposed', 'disposed at /secret/path'));
+    const unavailable = await post(s);
+    expect(unavailable.status, unavailable.text.slice(0, 300)).toBe(503);
+    const e503 = expectSpecEnvelope(JSON.parse(unavailable.body));
+    expect(e503).toMatchObject({ type: s === 'messages' ? 'overloaded_error' : 'server_error', code: 'engine_disposed' });
+    expect(unavailable.body).not.toContain('secret');
+
+    vi.spyOn(engine(), 'generate').mockRejectedValueOnce(new Error('SQLITE_CORRUPT at /secret/path'));
+    const broken = await post(s);
+    expect(broken.status, broken.text.slice(0, 300)).toBe(500);
+    const e500 = expectSpecEnvelope(JSON.parse(broken.body));
+    expect(e500).toMatchObject({ type: s === 'messages' ? 'api_error' : 'server_error', code: 'internal_error' });
+    expect(broken.body).not.toMatch(/secret|SQLITE/);
   });
 });
 

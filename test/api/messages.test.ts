@@ -1,18 +1,26 @@
 // POST /v1/messages, black-box over HTTP with Anthropic's official client (and raw fetch for the
 // rejection table and headers): the message object, stops and limits, the same engine path as
 // the other surfaces, every rejection rule, and idempotency keys.
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
+import { makeModel } from '../../models/make-model.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 
 let server: TestServer;
 let client: Anthropic;
+let toolsRoot: string;
 
 const ASAP_ONLY = [{ tier: 'asap' as const, input_per_1m_tokens: 1, cached_input_per_1m_tokens: 0, output_per_1m_tokens: 2 }];
 
 beforeAll(async () => {
-  // Every entry shares the tiny checkpoint (and so one engine).
+  // A Qwen3-shaped checkpoint whose template renders tools: a model with supports_tools true.
+  toolsRoot = mkdtempSync(join(os.tmpdir(), 'sluice-messages-tools-'));
+  await makeModel({ preset: 'tiny-qwen3', out: join(toolsRoot, 'tiny-qwen3'), seed: 4 });
+  // Every other entry shares the tiny checkpoint (and so one engine).
   server = await startTestServer({
     catalog: (dir) => ({
       models: [
@@ -20,13 +28,17 @@ beforeAll(async () => {
         { id: 'tiny-acme', checkpoint: dir, restricted: true, granted_organizations: ['acme'] },
         { id: 'tiny-asap', checkpoint: dir, pricing: ASAP_ONLY },
         { id: 'tiny-short', checkpoint: dir, context_length: 64 },
+        { id: 'tiny-tools', checkpoint: join(toolsRoot, 'tiny-qwen3') },
       ],
     }),
   });
   // The Anthropic client appends /v1/messages to the origin.
   client = new Anthropic({ baseURL: server.origin, apiKey: server.key, maxRetries: 0 });
 });
-afterAll(async () => { await server?.close(); });
+afterAll(async () => {
+  await server?.close();
+  if (toolsRoot) rmSync(toolsRoot, { recursive: true, force: true });
+});
 afterEach(() => { vi.restoreAllMocks(); });
 
 const engine = () => server.service.registry.models[0]!.engine;
@@ -185,9 +197,9 @@ describe('rejections', () => {
       const promptTokenIds = vi.spyOn(engine(), 'promptTokenIds');
       const res = await post(body);
       expect(res.status).toBe(status);
-      // Anthropic's envelope, the spec's param and code riding along in the inner object.
-      expect(Object.keys(res.json).sort()).toEqual(['error', 'type']);
-      expect(res.json.type).toBe('error');
+      // The spec's envelope, nothing else at the top; the inner type is Anthropic's name for the status.
+      expect(Object.keys(res.json)).toEqual(['error']);
+      expect(Object.keys(res.json.error).sort()).toEqual(['code', 'message', 'param', 'type']);
       expect(res.json.error).toMatchObject({ type: status === 404 ? 'not_found_error' : 'invalid_request_error', message: expect.any(String), param });
       if (code !== undefined) expect(res.json.error.code).toBe(code);
       expect(generate).not.toHaveBeenCalled();
@@ -202,6 +214,54 @@ describe('rejections', () => {
     await expect(client.messages.create({ ...ok, temperature: 1.5 })).rejects.toBeInstanceOf(Anthropic.BadRequestError);
     const bad = new Anthropic({ baseURL: server.origin, apiKey: 'sk-wrong', maxRetries: 0 });
     await expect(bad.messages.create(ok)).rejects.toBeInstanceOf(Anthropic.AuthenticationError);
+  });
+});
+
+describe('tool turns', () => {
+  const toolUse = { type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Oslo' } };
+  const toolResult = { type: 'tool_result', tool_use_id: 'toolu_1', content: 'sunny' };
+
+  it('refuses a tool turn in the history with what is true, also for a model that calls tools', async () => {
+    const model = await fetch(`${server.baseUrl}/models/tiny-tools`, { headers: { authorization: `Bearer ${server.key}` } });
+    expect((await model.json() as { supports_tools: boolean }).supports_tools).toBe(true);
+    const rows: Array<[string, unknown[], string]> = [
+      ['tool_use', [...user('Weather in Oslo?'), { role: 'assistant', content: [toolUse] }], 'messages[1].content[0].type'],
+      ['tool_result', [...user('Weather in Oslo?'), { role: 'assistant', content: [toolUse] }, { role: 'user', content: [toolResult] }],
+        'messages[1].content[0].type'],
+      ['tool_result alone', [{ role: 'user', content: [{ type: 'text', text: 'Here:' }, toolResult] }], 'messages[0].content[1].type'],
+    ];
+    for (const [what, messages, param] of rows) {
+      const res = await post({ model: 'tiny-tools', max_tokens: 4, messages });
+      expect(res.status, what).toBe(400);
+      expect(res.json, what).toEqual({ error: { type: 'invalid_request_error', message: expect.any(String), param, code: 'unsupported_input' } });
+      const message: string = res.json.error.message;
+      // Not "the models cannot call tools", which a supports_tools model contradicts: this surface carries no tool turns.
+      expect(message, what).not.toMatch(/cannot call tools/);
+      expect(message, what).toMatch(/does not carry tool turns/);
+      expect(message, what).toContain('/v1/responses');
+      expect(message, what).toContain('/v1/chat/completions');
+    }
+    // count_tokens says the same.
+    const counted = await fetch(`${server.baseUrl}/messages/count_tokens`, {
+      method: 'POST', headers: { 'x-api-key': server.key, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'tiny-tools', messages: rows[0]![1] }),
+    });
+    expect(counted.status).toBe(400);
+    expect((await counted.json() as { error: { message: string } }).error.message).toMatch(/does not carry tool turns/);
+  });
+
+  it('accepts and ignores tools for a tool model: the prompt is the one without them', async () => {
+    const base = { model: 'tiny-tools', max_tokens: 4, messages: user('Weather in Oslo?'), temperature: 0 };
+    const plain = await client.messages.create(base);
+    const withTools = await client.messages.create({
+      ...base, tools: [{ name: 'get_weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }],
+      tool_choice: { type: 'any' },
+    });
+    // input_tokens leaves out cache reads (the second call reads the first's prefix): the prompt is both together.
+    const promptOf = (m: Anthropic.Message) => m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0);
+    expect(promptOf(withTools)).toBe(promptOf(plain));
+    expect(withTools.content).toEqual(plain.content);
+    expect(withTools.stop_reason).not.toBe('tool_use');
   });
 });
 
@@ -247,7 +307,7 @@ describe('idempotency keys', () => {
     const first = await post(sampled, { 'Idempotency-Key': key });
     const reused = await post({ ...sampled, max_tokens: 25 }, { 'Idempotency-Key': key });
     expect(reused.status).toBe(422);
-    expect(reused.json).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'idempotency_key_reused', param: 'idempotency-key' } });
+    expect(reused.json).toEqual({ error: { type: 'invalid_request_error', message: expect.any(String), code: 'idempotency_key_reused', param: 'idempotency-key' } });
     // Key order in the body does not matter.
     const reordered = await post({ temperature: 1, messages: sampled.messages, max_tokens: 24, model: 'tiny' }, { 'Idempotency-Key': key });
     expect(reordered.json.id).toBe(first.json.id);
@@ -260,7 +320,7 @@ describe('idempotency keys', () => {
     await vi.waitFor(() => expect(generate).toHaveBeenCalledTimes(1));
     const busy = await post(long, { 'alt-idempotency-key': running });
     expect(busy.status).toBe(409);
-    expect(busy.json).toMatchObject({ type: 'error', error: { type: 'invalid_request_error', code: 'idempotency_key_in_use', param: 'alt-idempotency-key' } });
+    expect(busy.json).toEqual({ error: { type: 'invalid_request_error', message: expect.any(String), code: 'idempotency_key_in_use', param: 'alt-idempotency-key' } });
     const done = await pending;
     expect(done.status).toBe(200);
     expect((await post(long, { 'alt-idempotency-key': running })).json.id).toBe(done.json.id);

@@ -15,24 +15,39 @@ beforeAll(async () => {
 });
 afterAll(async () => { await server?.close(); });
 
-// The spec's fields, and OpenAI's created and owned_by.
-const MODEL_FIELDS = ['id', 'object', 'created', 'owned_by', 'name', 'context_length', 'supports_chat', 'supports_image_input', 'supports_tools', 'pricing'];
+// The spec's required fields of a Model object; restricted and long_context_pricing come only where they apply,
+// and no other field is present.
+const MODEL_FIELDS = ['id', 'object', 'name', 'context_length', 'supports_chat', 'supports_image_input', 'supports_tools', 'pricing'];
+const PRICE_FIELDS = ['cached_input_per_1m_tokens', 'input_per_1m_tokens', 'output_per_1m_tokens', 'tier'];
+const LONG_CONTEXT_FIELDS = ['above_input_tokens', 'effective_from', 'input_multiplier', 'output_multiplier'];
 
 function get(path: string, headers: Record<string, string> = {}) {
   return fetch(`${server.origin}${path}`, { headers });
 }
 
+/** The spec's Error object exactly: nothing beside `error` at the top, its four fields inside. */
 function expectEnvelope(body: unknown, type: string): void {
   expect(Object.keys(body as object)).toEqual(['error']);
   const error = (body as { error: Record<string, unknown> }).error;
+  expect(Object.keys(error).sort()).toEqual(['code', 'message', 'param', 'type']);
   expect(error).toMatchObject({ type });
   expect(typeof error['message']).toBe('string');
-  expect(error).toHaveProperty('param');
-  expect(error).toHaveProperty('code');
+  expect(error['param'] === null || typeof error['param'] === 'string').toBe(true);
+  expect(error['code'] === null || ['string', 'number'].includes(typeof error['code'])).toBe(true);
+}
+
+/** Every field of a model object is the spec's, nested price objects included. */
+function expectSpecModel(m: Record<string, unknown>): void {
+  const optional = ['restricted', 'long_context_pricing'].filter((k) => k in m);
+  expect(Object.keys(m).sort(), String(m['id'])).toEqual([...MODEL_FIELDS, ...optional].sort());
+  expect(m['object']).toBe('model');
+  if ('restricted' in m) expect(m['restricted']).toBe(true);
+  for (const p of m['pricing'] as Array<Record<string, unknown>>) expect(Object.keys(p).sort()).toEqual(PRICE_FIELDS);
+  if (m['long_context_pricing'] !== undefined) expect(Object.keys(m['long_context_pricing'] as object).sort()).toEqual(LONG_CONTEXT_FIELDS);
 }
 
 describe('GET /v1/models', () => {
-  it('lists exactly the spec fields (and created, owned_by), resolved for the default organization', async () => {
+  it('lists exactly the spec fields, resolved for the default organization', async () => {
     const client = new OpenAI({ baseURL: server.baseUrl, apiKey: server.key });
     const page = await client.models.list();
     const models = page.data as unknown as Array<Record<string, unknown>>;
@@ -40,7 +55,7 @@ describe('GET /v1/models', () => {
     const tiny = models[0]!;
     expect(Object.keys(tiny).sort()).toEqual([...MODEL_FIELDS, 'long_context_pricing'].sort());
     expect(tiny).toEqual({
-      id: 'tiny', object: 'model', created: expect.any(Number), owned_by: 'sluice', name: 'Tiny demo', context_length: 2048,
+      id: 'tiny', object: 'model', name: 'Tiny demo', context_length: 2048,
       supports_chat: true, supports_image_input: false, supports_tools: false,
       pricing: [
         { tier: 'asap', input_per_1m_tokens: 0.4, cached_input_per_1m_tokens: 0.1, output_per_1m_tokens: 1.2 },
@@ -53,6 +68,41 @@ describe('GET /v1/models', () => {
     expect(Object.keys(base).sort()).toEqual([...MODEL_FIELDS].sort());
     expect(base).toMatchObject({ id: 'tiny-base', name: 'tiny-base', pricing: [], context_length: 64, supports_chat: false });
     for (const m of models) expect(m).not.toHaveProperty('restricted');
+    for (const m of models) expectSpecModel(m);
+  });
+
+  it('answers the same spec list, field for field, to every client whatever its headers', async () => {
+    const bearer = { authorization: `Bearer ${acmeKey}` };
+    const plain = await (await get('/v1/models', bearer)).json() as { data: Array<Record<string, unknown>> };
+    const variants: Array<[string, Record<string, string>, string]> = [
+      ['anthropic-version (Anthropic\'s clients)', { 'x-api-key': acmeKey, 'anthropic-version': '2023-06-01' }, ''],
+      ['anthropic-version and a beta header', { ...bearer, 'anthropic-version': '2023-06-01', 'anthropic-beta': 'x' }, ''],
+      ['OpenAI-style headers', { ...bearer, 'openai-organization': 'org-x', 'openai-beta': 'assistants=v2' }, ''],
+      ['Anthropic paging parameters', { ...bearer, 'anthropic-version': '2023-06-01' }, '?limit=1&after_id=tiny'],
+    ];
+    expect(plain.data.map((m) => m.id)).toContain('tiny-restricted');
+    for (const m of plain.data) expectSpecModel(m);
+    for (const [what, headers, query] of variants) {
+      const res = await get(`/v1/models${query}`, headers);
+      expect(res.status, what).toBe(200);
+      expect(await res.json(), what).toEqual(plain);
+      for (const m of plain.data) {
+        const one = await get(`/v1/models/${String(m['id'])}`, headers);
+        expect(one.status, what).toBe(200);
+        expect(await one.json(), what).toEqual(m);
+      }
+    }
+  });
+
+  it('describes the model object in the OpenAPI document with the spec\'s fields only', async () => {
+    const doc = await (await get('/v1/openapi.json')).json() as { paths: Record<string, any> };
+    const list = doc.paths['/models']!['get'].responses['200'].content['application/json'].schema;
+    const model = list.properties.data.items;
+    expect(Object.keys(model.properties).sort()).toEqual([...MODEL_FIELDS, 'restricted', 'long_context_pricing'].sort());
+    expect([...model.required].sort()).toEqual([...MODEL_FIELDS].sort());
+    expect(model.additionalProperties).toBe(false);
+    // No Anthropic-shaped alternative is documented either.
+    expect(JSON.stringify(doc.paths['/models'])).not.toMatch(/display_name|anthropic-version|after_id/);
   });
 
   it('shows restricted models only to granted organizations, with restricted: true and negotiated rates', async () => {
@@ -100,6 +150,18 @@ describe('authentication', () => {
       const body = await res.json();
       expectEnvelope(body, 'authentication_error');
       expect((body as { error: { code: string } }).error.code).toBe(code);
+    }
+    // The three generation surfaces alike, Messages included (with or without anthropic-version).
+    for (const [path, extra] of [
+      ['/v1/responses', {}], ['/v1/chat/completions', {}], ['/v1/messages', {}], ['/v1/messages', { 'anthropic-version': '2023-06-01' }],
+    ] as const) {
+      const res = await fetch(`${server.origin}${path}`, {
+        method: 'POST', headers: { ...(headers as Record<string, string>), ...extra, 'content-type': 'application/json' }, body: '{}',
+      });
+      expect(res.status, path).toBe(401);
+      const body = await res.json();
+      expectEnvelope(body, 'authentication_error');
+      expect((body as { error: { code: string } }).error.code, path).toBe(code);
     }
   });
 

@@ -54,6 +54,9 @@ function checkPurpose(value: string): string {
   return value;
 }
 
+/** A Content-Type's non-empty `boundary` parameter, quoted or not. */
+const MULTIPART_BOUNDARY = /;\s*boundary\s*=\s*(?:"[^"]+"|[^;\s"]+)/i;
+
 const batchFileError = (problem: BatchFileProblem) => invalidRequest(`invalid batch file: ${problem.message}`, 'file', 'invalid_batch_file');
 
 const fileTooLarge = (maxBytes: number) =>
@@ -190,6 +193,11 @@ export async function registerFileRoutes(app: FastifyInstance, ctx: ApiContext):
     }, async (request) => {
       if (!request.isMultipart()) {
         throw new ApiError(415, 'invalid_request_error', 'POST /files takes multipart/form-data with file and purpose', null, 'unsupported_media_type');
+      }
+      // Without a boundary the form cannot be read (the multipart parser throws a plain Error, a 500).
+      if (!MULTIPART_BOUNDARY.test(request.headers['content-type'] ?? '')) {
+        throw invalidRequest('the Content-Type multipart/form-data needs a boundary parameter (multipart/form-data; boundary=...)',
+          null, 'invalid_multipart');
       }
       let upload: ReceivedUpload;
       try {

@@ -1,7 +1,8 @@
 // POST /v1/messages: Anthropic's Messages shape over the same GenerationService path as the other
 // surfaces. Foreground only (no streaming); a client disconnect cancels the generation. Errors
-// leave in Anthropic's envelope ({type: "error", error: {type, message}}: the plugin's error
-// handler, api/anthropic.ts), so its clients raise their typed errors with the message.
+// leave in the spec's envelope ({error: {message, type, param, code}}, nothing else at the top)
+// with Anthropic's name for the status as `type` (the plugin's error handler, api/anthropic.ts),
+// so its clients raise their typed errors with the message.
 //
 // POST /v1/messages/count_tokens: the prompt tokens of a Messages request, counted through the
 // model's chat template and tokenizer as POST /v1/messages bills them; nothing runs or is billed.
@@ -29,7 +30,7 @@ import { disconnectSignal } from '../disconnect.js';
 import { commitRequestEnd } from '../request-end.js';
 import { leaseTerm } from '../../store/leases.js';
 import { ApiError } from '../errors.js';
-import { AnthropicErrorEnvelopeSchema, anthropicErrorResponses } from '../schemas/common.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
 import {
   CountTokensSchema, CreateMessageSchema, MessageObjectSchema, TokenCountSchema,
   type CountTokensBody, type CreateMessageBody, type MessageObject,
@@ -78,8 +79,8 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
         },
       },
       response: {
-        200: MessageObjectSchema, ...anthropicErrorResponses,
-        403: AnthropicErrorEnvelopeSchema, 409: AnthropicErrorEnvelopeSchema, 422: AnthropicErrorEnvelopeSchema,
+        200: MessageObjectSchema, ...errorResponses,
+        403: ErrorEnvelopeSchema, 409: ErrorEnvelopeSchema, 422: ErrorEnvelopeSchema,
       },
     },
     preValidation: async (request) => refuseUnsupportedMessageInput(request.body),
@@ -117,7 +118,7 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
     schema: {
       summary: 'Count the prompt tokens of a message request',
       body: CountTokensSchema,
-      response: { 200: TokenCountSchema, ...anthropicErrorResponses },
+      response: { 200: TokenCountSchema, ...errorResponses },
     },
     preValidation: async (request) => refuseUnsupportedBlocks(request.body),
   }, async (request) => {

@@ -18,27 +18,6 @@ export const ErrorEnvelopeSchema = Type.Object({
   }, { additionalProperties: true }),
 }, { additionalProperties: false, $id: 'ErrorEnvelope' });
 
-/**
- * Anthropic's error envelope, which the Messages routes answer in (api/anthropic.ts): `param` and
- * `code` are sluice's extras, present when known, as are `retry_after` on a 429.
- */
-export const AnthropicErrorEnvelopeSchema = Type.Object({
-  type: Type.Literal('error'),
-  error: Type.Object({
-    type: Type.String(),
-    message: Type.String(),
-    param: Type.Optional(Type.String()),
-    code: Type.Optional(Type.Union([Type.String(), Type.Integer()])),
-  }, { additionalProperties: true }),
-}, { additionalProperties: false, $id: 'AnthropicErrorEnvelope' });
-
-/** The error responses of the Messages routes, for the OpenAPI document. */
-export const anthropicErrorResponses = {
-  400: AnthropicErrorEnvelopeSchema,
-  401: AnthropicErrorEnvelopeSchema,
-  404: AnthropicErrorEnvelopeSchema,
-} as const;
-
 /** Error responses every authenticated route may give, for the OpenAPI document. */
 export const errorResponses = {
   400: ErrorEnvelopeSchema,
@@ -66,12 +45,10 @@ export const ClientJsonSchema = Type.Record(Type.String(), Type.Unknown(), {
   description: `A JSON schema: at most ${JSON_SCHEMA_LIMITS.maxDepth} levels deep and ${JSON_SCHEMA_LIMITS.maxLength} characters as JSON.`,
 });
 
+/** The spec's Model object: these fields and no other (restricted, long_context_pricing only where they apply). */
 export const ModelSchema = Type.Object({
   id: Type.String(),
   object: Type.Literal('model'),
-  /** OpenAI's fields beside the spec's: Unix seconds, and who publishes the model. */
-  created: Type.Integer(),
-  owned_by: Type.String(),
   name: Type.String(),
   context_length: Type.Integer(),
   supports_chat: Type.Boolean(),
@@ -85,23 +62,6 @@ export const ModelSchema = Type.Object({
 export const ModelListSchema = Type.Object({
   object: Type.Literal('list'),
   data: Type.Array(ModelSchema),
-}, { additionalProperties: false });
-
-/** Anthropic's model object (GET /v1/models with an `anthropic-version` header). */
-export const AnthropicModelSchema = Type.Object({
-  type: Type.Literal('model'),
-  id: Type.String(),
-  display_name: Type.String(),
-  /** RFC 3339 date-time. */
-  created_at: Type.String({ format: 'date-time' }),
-}, { additionalProperties: false });
-
-/** Anthropic's page of models: ids of the page's first and last model, null when it is empty. */
-export const AnthropicModelListSchema = Type.Object({
-  data: Type.Array(AnthropicModelSchema),
-  has_more: Type.Boolean(),
-  first_id: Type.Union([Type.String(), Type.Null()]),
-  last_id: Type.Union([Type.String(), Type.Null()]),
 }, { additionalProperties: false });
 
 /**
