@@ -26,6 +26,7 @@ import { TenantLimiter, type OrgLimits } from './serving/tenant-limits.js';
 import { DEFAULT_TRANSPORT_LIMITS, type TransportLimits } from './api/transport.js';
 import { ServiceMetrics, type ServiceMetricsOptions } from './metrics/service-metrics.js';
 import { logServiceStart } from './metrics/startup-log.js';
+import type { HistoryOptions } from './dashboard/history.js';
 
 export const DEFAULT_ORGANIZATION = 'default';
 
@@ -64,6 +65,8 @@ export interface OpenServiceOptions {
   metrics?: ServiceMetricsOptions;
   /** Milliseconds between the engine lines logged while an engine is busy; 0: none. Default 10,000. */
   engineLogIntervalMs?: number;
+  /** The dashboard plots' history: sample interval and count (default one per 5 s, 180 kept: 15 minutes). */
+  dashboardHistory?: HistoryOptions;
   onProgress?: (message: string) => void;
   /** Seconds a background response may stay in_progress, per completion window. */
   deadlines?: Partial<WindowDeadlines>;
@@ -222,6 +225,7 @@ export async function openService(opts: OpenServiceOptions): Promise<Service> {
     app = await createServer({
       store, registry, dataDir, lease, ...(filesDir !== undefined && { filesDir }), logger: opts.logger, ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
       metrics, ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
+      ...(opts.dashboardHistory && { dashboardHistory: opts.dashboardHistory }),
       ...(opts.deadlines && { deadlines: opts.deadlines }),
       ...(opts.webhooks && { webhooks: opts.webhooks }), batches, ...(opts.transport && { transport: opts.transport }), limits,
       draining: () => draining,

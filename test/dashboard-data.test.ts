@@ -1,9 +1,12 @@
 // The dashboard's pure parts: rates between reads of counter totals (with a clock of our own), the
+// plots' history ring (samples of what fake engines report, on clocks of our own), the
 // recent-requests ring, the per-organization sums of a usage report (exact decimals), and the
 // reading of a real ServiceMetrics registry through prom-client's JSON.
 
 import { describe, expect, it } from 'vitest';
 import { RateMeter, readModels, readTotals, usageByOrganization } from '../src/dashboard/dashboard-data.js';
+import { DashboardHistory } from '../src/dashboard/history.js';
+import type { EngineObserver } from '../src/engine/engine-events.js';
 import { RecentRequests, type RecentRequest } from '../src/metrics/recent-requests.js';
 import { ServiceMetrics } from '../src/metrics/service-metrics.js';
 import type { UsageReport } from '../src/billing/usage-report.js';
@@ -107,5 +110,96 @@ describe('reading the registry', () => {
       kv_blocks: { used: 30, cached: 20, free: 50 },
       kv_usage_ratio: 0.3,
     }]);
+  });
+});
+
+/** An engine as the history sees it: observers it reports to, and queue counts we set. */
+function fakeEngine() {
+  const observers = new Set<EngineObserver>();
+  const engine = {
+    running: 0,
+    waiting: 0,
+    observe(o: EngineObserver) { observers.add(o); return () => { observers.delete(o); }; },
+    schedulerStats() { return { numRunning: engine.running, numWaiting: engine.waiting } as never; },
+    step(numSampledTokens: number) {
+      for (const o of observers) o.onStep?.({ durationMs: 1, numRows: numSampledTokens, numComputedTokens: numSampledTokens, numPrefillTokens: 0, numSampledTokens, preempted: [], ok: true });
+    },
+    end() { for (const o of observers) o.onRequestEnd?.({} as never); },
+    get numObservers() { return observers.size; },
+  };
+  return engine;
+}
+
+describe('DashboardHistory', () => {
+  it('samples what the engines sampled and ended per interval, and the queues at its end, summed over engines', () => {
+    let now = 1_000;
+    let wall = Date.UTC(2026, 0, 1, 12, 0, 0);
+    const history = new DashboardHistory({ intervalMs: 5_000, capacity: 10 }, () => now, () => wall);
+    const a = fakeEngine();
+    const b = fakeEngine();
+    // Two ids on one checkpoint share an engine: it is counted once.
+    history.watch({ models: [{ engine: a }, { engine: b }, { engine: a }] }, false);
+    expect(a.numObservers).toBe(1);
+    a.step(4); a.step(4); b.step(2); a.end(); b.end(); b.end();
+    a.running = 3; b.running = 1; b.waiting = 5;
+    now += 5_000; wall += 5_000;
+    history.tick();
+    a.running = 0; b.running = 0; b.waiting = 0;
+    now += 2_500; wall += 2_500;
+    history.tick();
+    expect(history.samples()).toEqual([
+      { time: '2026-01-01T12:00:05.000Z', seconds: 5, output_tokens: 10, output_tokens_per_s: 2, requests: 3, requests_per_s: 0.6, running: 4, waiting: 5 },
+      { time: '2026-01-01T12:00:07.500Z', seconds: 2.5, output_tokens: 0, output_tokens_per_s: 0, requests: 0, requests_per_s: 0, running: 0, waiting: 0 },
+    ]);
+  });
+
+  it('keeps only the newest `capacity` samples, oldest first, and hands out copies', () => {
+    let now = 0;
+    const history = new DashboardHistory({ intervalMs: 1_000, capacity: 3 }, () => now);
+    const engine = fakeEngine();
+    history.watch({ models: [{ engine }] }, false);
+    for (let i = 1; i <= 7; i++) {
+      engine.step(i);
+      now += 1_000;
+      history.tick();
+    }
+    const samples = history.samples();
+    expect(samples.map((s) => s.output_tokens)).toEqual([5, 6, 7]);
+    samples[0]!.output_tokens = 99;
+    expect(history.samples()[0]!.output_tokens).toBe(5);
+  });
+
+  it('stops counting when stopped (twice is fine); the samples stay', () => {
+    let now = 0;
+    const history = new DashboardHistory({}, () => now);
+    expect([history.intervalMs, history.capacity]).toEqual([5_000, 180]);
+    const engine = fakeEngine();
+    history.watch({ models: [{ engine }] }, false);
+    engine.step(3);
+    now = 5_000;
+    history.tick();
+    history.stop();
+    history.stop();
+    expect(engine.numObservers).toBe(0);
+    engine.step(100);
+    now = 10_000;
+    history.tick();
+    expect(history.samples().map((s) => s.output_tokens)).toEqual([3, 0]);
+  });
+
+  it('samples on its own timer once watching, and refuses intervals and capacities out of range', async () => {
+    const history = new DashboardHistory({ intervalMs: 10 });
+    const engine = fakeEngine();
+    history.watch({ models: [{ engine }] });
+    engine.step(1);
+    for (let i = 0; i < 200 && history.samples().length < 3; i++) await new Promise((r) => setTimeout(r, 10));
+    history.stop();
+    const samples = history.samples();
+    expect(samples.length).toBeGreaterThanOrEqual(3);
+    expect(samples.reduce((n, s) => n + s.output_tokens, 0)).toBe(1);
+    expect(samples.every((s) => s.seconds > 0)).toBe(true);
+    for (const bad of [{ intervalMs: 5 }, { intervalMs: 1.5e7 }, { intervalMs: 100.5 }, { capacity: 0 }, { capacity: 100_001 }]) {
+      expect(() => new DashboardHistory(bad)).toThrow(/must be an integer in/);
+    }
   });
 });

@@ -29,6 +29,7 @@ import { DEFAULT_ENGINE_LOG_INTERVAL_MS, EngineStatsLog } from '../metrics/engin
 import { registerMetricsRoute } from './metrics-route.js';
 import { recordRequests, requestIdFor } from './request-log.js';
 import { DASHBOARD_ROUTES, registerDashboardRoutes } from './dashboard-route.js';
+import type { HistoryOptions } from '../dashboard/history.js';
 import { RecentRequests } from '../metrics/recent-requests.js';
 
 export interface CreateServerOptions {
@@ -51,6 +52,8 @@ export interface CreateServerOptions {
    * 0: none. Default 10,000; 0 or 10..3,600,000.
    */
   engineLogIntervalMs?: number;
+  /** The dashboard plots' history: sample interval and count (default one per 5 s, 180 kept). */
+  dashboardHistory?: HistoryOptions;
   /** Seconds a background response may stay in_progress, per completion window. */
   deadlines?: Partial<WindowDeadlines>;
   /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
@@ -177,7 +180,9 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     return { status: 'ready' };
   });
   registerMetricsRoute(app, opts.store, metrics);
-  registerDashboardRoutes(app, { store: opts.store, metrics, recent });
+  registerDashboardRoutes(app, {
+    store: opts.store, metrics, recent, registry: opts.registry, ...(opts.dashboardHistory && { history: opts.dashboardHistory }),
+  });
 
   // Outside /v1 (unknown paths, errors of /health) the same envelope applies.
   app.setErrorHandler((err, request, reply) => {

@@ -1,5 +1,6 @@
 // The dashboard: a small page for operators that shows throughput, queues per window, KV use,
-// recent requests and per-organization usage and cost, refreshed every few seconds.
+// plots of the last minutes' throughput and queues, recent requests and per-organization usage
+// and cost, refreshed every few seconds.
 //
 //   GET /dashboard            the page (fixed HTML: no data, no secret; no key needed)
 //   GET /dashboard/app.js     its script (dashboard/client.ts)   } no key needed: the same bytes
@@ -18,9 +19,11 @@ import { dashboardClient } from '../dashboard/client.js';
 import {
   RateMeter, readModels, readTotals, throughputOf, usageByOrganization, type DashboardData, type DashboardTotals,
 } from '../dashboard/dashboard-data.js';
+import { DashboardHistory, type HistoryOptions } from '../dashboard/history.js';
 import { DASHBOARD_CSS, DASHBOARD_HTML } from '../dashboard/page.js';
 import type { RecentRequests } from '../metrics/recent-requests.js';
 import type { ServiceMetrics } from '../metrics/service-metrics.js';
+import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import { makeAdminHook } from './auth.js';
 
@@ -43,8 +46,22 @@ function secured(reply: FastifyReply, contentType: string): FastifyReply {
   });
 }
 
-export function registerDashboardRoutes(app: FastifyInstance, deps: { store: Store; metrics: ServiceMetrics; recent: RecentRequests }): void {
+export interface DashboardDeps {
+  store: Store;
+  metrics: ServiceMetrics;
+  recent: RecentRequests;
+  /** The models whose engines the history samples. */
+  registry: Pick<ModelRegistry, 'models'>;
+  /** Sample interval and count of the plots' history (default one per 5 s, 180 kept: 15 minutes). */
+  history?: HistoryOptions;
+}
+
+export function registerDashboardRoutes(app: FastifyInstance, deps: DashboardDeps): void {
   const { store, metrics, recent } = deps;
+  // This app's own history: sampled from now on, stopped when the app closes.
+  const history = new DashboardHistory(deps.history);
+  history.watch(deps.registry);
+  app.addHook('onClose', async () => history.stop());
   const [page, script, style, data] = DASHBOARD_ROUTES;
   app.get(page, { schema: { hide: true } }, async (_request, reply) => secured(reply, 'text/html; charset=utf-8').send(DASHBOARD_HTML));
   app.get(script, { schema: { hide: true } }, async (_request, reply) =>
@@ -65,6 +82,7 @@ export function registerDashboardRoutes(app: FastifyInstance, deps: { store: Sto
       totals,
       throughput: throughputOf(meter, totals),
       models: readModels(read),
+      history: { interval_seconds: history.intervalMs / 1000, capacity: history.capacity, samples: history.samples() },
       recent_requests: recent.list(),
       usage: usageByOrganization(await usageReport(store, {})),
     };

@@ -11,6 +11,11 @@
 //
 // Everything from the server reaches the page through textContent (or an SVG attribute holding
 // numbers), never as HTML.
+//
+// The plots of the last minutes are inline SVG drawn here from the server's history of samples
+// (data.history: one every few seconds, kept by the server, so a page opened now shows the last
+// 15 minutes at once): x is time, from the span's start to the data's `time`; y runs from 0 to a
+// round bound (1, 2 or 5 × a power of ten) at or above the highest value shown.
 
 import type { UsageTotals } from '../billing/usage-report.js';
 import type { DashboardData } from './dashboard-data.js';
@@ -18,8 +23,9 @@ import type { DashboardData } from './dashboard-data.js';
 export function dashboardClient(): void {
   const STORAGE_KEY = 'sluice.dashboard.key';
   const REFRESH_MS = 3000;
-  const HISTORY_POINTS = 60; // throughput points in the sparkline: 3 minutes at REFRESH_MS
-  const generationRates: number[] = []; // tokens/s, oldest first, for the sparkline
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  // A plot's viewBox, in its own units: the plotting area is [left, width - right] × [top, height - bottom].
+  const PLOT = { width: 400, height: 140, left: 40, right: 8, top: 10, bottom: 20 };
 
   const byId = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
   const form = byId<HTMLFormElement>('key-form');
@@ -49,12 +55,75 @@ export function dashboardClient(): void {
     keyInput.focus();
   }
 
-  function drawSparkline(): void {
-    const line = byId('spark-line') as unknown as SVGPolylineElement;
-    const max = Math.max(1, ...generationRates);
-    // viewBox 0 0 100 30: x spreads the points, y grows downwards.
-    const points = generationRates.map((v, i) => `${(i * 100) / (HISTORY_POINTS - 1)},${30 - (v / max) * 28}`);
-    line.setAttribute('points', points.join(' '));
+  const svgNode = (name: string, attrs: Record<string, string | number>, text?: string): SVGElement => {
+    const node = document.createElementNS(SVG_NS, name);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  /** The y axis' top: 1, 2 or 5 times a power of ten, at or above `max` (1 when nothing was above 0). */
+  const axisTop = (max: number) => {
+    if (!(max > 0)) return 1;
+    const power = 10 ** Math.floor(Math.log10(max));
+    return [1, 2, 5, 10].map((m) => m * power).find((v) => v >= max)!;
+  };
+  const ago = (seconds: number) => (seconds === 0 ? 'now'
+    : seconds >= 60 ? `-${Math.round(seconds / 6) / 10} min` : `-${Math.round(seconds)} s`);
+
+  type Sample = DashboardData['history']['samples'][number];
+  type Series = { key: 'output_tokens_per_s' | 'requests_per_s' | 'running' | 'waiting'; name: string };
+
+  /**
+   * Draws one plot into <svg id=`id`>: a polyline per series (id `${id}-${name}`, class
+   * `series-${name}`), grid lines at 0, half and the top with their values, time marks below.
+   * Returns the highest value shown.
+   */
+  function drawPlot(id: string, samples: Sample[], startMs: number, endMs: number, series: Series[]): number {
+    const svg = byId(id) as unknown as SVGSVGElement;
+    const { width, height, left, right, top, bottom } = PLOT;
+    const spanMs = Math.max(endMs - startMs, 1);
+    const shown = samples.filter((s) => Date.parse(s.time) >= startMs);
+    const peak = Math.max(0, ...shown.flatMap((s) => series.map((k) => s[k.key])));
+    const yTop = axisTop(peak);
+    const x = (ms: number) => left + ((ms - startMs) / spanMs) * (width - left - right);
+    const y = (v: number) => height - bottom - (v / yTop) * (height - bottom - top);
+    const round = (n: number) => Math.round(n * 10) / 10;
+    const nodes: SVGElement[] = [];
+    for (const v of [0, yTop / 2, yTop]) {
+      nodes.push(svgNode('line', { class: 'grid', x1: left, x2: width - right, y1: round(y(v)), y2: round(y(v)) }));
+      nodes.push(svgNode('text', { class: 'axis', x: left - 6, y: round(y(v)) + 4, 'text-anchor': 'end' },
+        v.toLocaleString('en-US', { notation: 'compact', maximumFractionDigits: 1 })));
+    }
+    for (let i = 0; i <= 3; i++) {
+      const ms = startMs + (spanMs * i) / 3;
+      nodes.push(svgNode('text', {
+        class: 'axis', x: round(x(ms)), y: height - 6, 'text-anchor': i === 0 ? 'start' : i === 3 ? 'end' : 'middle',
+      }, ago((endMs - ms) / 1000)));
+    }
+    for (const k of series) {
+      const points = shown.map((s) => `${round(x(Date.parse(s.time)))},${round(y(s[k.key]))}`).join(' ');
+      nodes.push(svgNode('polyline', { id: `${id}-${k.name}`, class: `series-${k.name}`, points }));
+    }
+    svg.replaceChildren(...nodes);
+    return peak;
+  }
+
+  function drawHistory(data: DashboardData): void {
+    const h = data.history;
+    const endMs = Date.parse(data.time);
+    const spanSeconds = h.interval_seconds * h.capacity;
+    const startMs = endMs - spanSeconds * 1000;
+    setText('history-title', spanSeconds >= 120 ? `Last ${Math.round(spanSeconds / 60)} minutes` : `Last ${Math.round(spanSeconds)} seconds`);
+    setText('history-note', `a sample every ${h.interval_seconds.toLocaleString('en-US', { maximumFractionDigits: 3 })} s, `
+      + `${integer(h.samples.length)} of ${integer(h.capacity)} kept`);
+    const last = h.samples[h.samples.length - 1];
+    const caption = (latest: string, peak: number) => `latest ${latest} · peak ${rate(peak)}`;
+    const outputPeak = drawPlot('plot-output', h.samples, startMs, endMs, [{ key: 'output_tokens_per_s', name: 'output' }]);
+    setText('plot-output-caption', caption(rate(last?.output_tokens_per_s), outputPeak));
+    const requestsPeak = drawPlot('plot-requests', h.samples, startMs, endMs, [{ key: 'requests_per_s', name: 'requests' }]);
+    setText('plot-requests-caption', caption(rate(last?.requests_per_s), requestsPeak));
+    const queuePeak = drawPlot('plot-queue', h.samples, startMs, endMs, [{ key: 'running', name: 'running' }, { key: 'waiting', name: 'waiting' }]);
+    setText('plot-queue-caption', caption(last ? `${integer(last.running)} running, ${integer(last.waiting)} waiting` : '–', queuePeak));
   }
 
   function render(data: DashboardData): void {
@@ -70,11 +139,7 @@ export function dashboardClient(): void {
     setText('total-prompt-tokens', integer(data.totals.prompt_tokens));
     setText('total-generation-tokens', integer(data.totals.generation_tokens));
     setText('total-http-requests', integer(data.totals.http_requests));
-    if (t) {
-      generationRates.push(t.generation_tokens_per_s);
-      if (generationRates.length > HISTORY_POINTS) generationRates.shift();
-      drawSparkline();
-    }
+    drawHistory(data);
 
     const models = byId('models');
     models.replaceChildren(...data.models.map((m) => {

@@ -4,6 +4,7 @@
 //     read through prom-client's getMetricsAsJSON (which runs the gauges' collect, as a scrape does);
 //   - throughput: differences of those counters between this read and an earlier one (RateMeter);
 //   - recent requests: the access log's ring (metrics/recent-requests.ts);
+//   - the last minutes' throughput and queues: the dashboard's own ring of samples (history.ts);
 //   - per-organization usage and cost: the usage ledger, as GET /v1/admin/usage reports it, summed
 //     per organization with exact decimals (billing/money.ts).
 // It names every organization, so only admin keys may read it.
@@ -12,6 +13,7 @@ import type { Registry } from 'prom-client';
 import type { UsageReport, UsageTotals } from '../billing/usage-report.js';
 import { add, formatDecimal, parseDecimal, toNumber, ZERO, type Decimal } from '../billing/money.js';
 import type { RecentRequest } from '../metrics/recent-requests.js';
+import type { HistorySample } from './history.js';
 
 /** Counter totals over every label: what the rates are computed from. */
 export interface DashboardTotals {
@@ -55,6 +57,11 @@ export interface DashboardData {
   /** null on the first read (nothing to compare with yet). */
   throughput: DashboardThroughput | null;
   models: DashboardModel[];
+  /**
+   * The last minutes, for the plots: a sample every `interval_seconds`, at most `capacity` of them
+   * (so the plots span interval_seconds × capacity), oldest first.
+   */
+  history: { interval_seconds: number; capacity: number; samples: HistorySample[] };
   /** Newest first. */
   recent_requests: RecentRequest[];
   /** The whole ledger, one row per organization (sorted by name), and the sum of all. */

@@ -30,7 +30,6 @@ export const DASHBOARD_HTML = `<!doctype html>
     <div class="card wide">
       <div class="label">Generated tokens/s</div>
       <div class="value" id="generation-rate">–</div>
-      <svg class="spark" viewBox="0 0 100 30" preserveAspectRatio="none" aria-hidden="true"><polyline id="spark-line" points=""/></svg>
       <div class="note" id="rate-interval"></div>
     </div>
     <div class="card"><div class="label">Prompt tokens/s</div><div class="value" id="prompt-rate">–</div></div>
@@ -39,6 +38,24 @@ export const DASHBOARD_HTML = `<!doctype html>
     <div class="card"><div class="label">Prompt tokens</div><div class="value" id="total-prompt-tokens">–</div></div>
     <div class="card"><div class="label">Generated tokens</div><div class="value" id="total-generation-tokens">–</div></div>
     <div class="card"><div class="label">HTTP requests</div><div class="value" id="total-http-requests">–</div></div>
+  </section>
+  <section>
+    <h2><span id="history-title">The last minutes</span> <span class="note" id="history-note"></span></h2>
+    <div class="plots">
+      <figure class="plot">
+        <figcaption>Output tokens/s <span class="note" id="plot-output-caption"></span></figcaption>
+        <svg id="plot-output" viewBox="0 0 400 140" role="img" aria-label="output tokens per second over the last minutes"></svg>
+      </figure>
+      <figure class="plot">
+        <figcaption>Requests/s <span class="note">(generations that ended)</span> <span class="note" id="plot-requests-caption"></span></figcaption>
+        <svg id="plot-requests" viewBox="0 0 400 140" role="img" aria-label="requests per second over the last minutes"></svg>
+      </figure>
+      <figure class="plot">
+        <figcaption>Queue <span class="key key-running">running</span> <span class="key key-waiting">waiting</span>
+          <span class="note" id="plot-queue-caption"></span></figcaption>
+        <svg id="plot-queue" viewBox="0 0 400 140" role="img" aria-label="sequences running and waiting over the last minutes"></svg>
+      </figure>
+    </div>
   </section>
   <section>
     <h2>Queues and KV cache</h2>
@@ -64,7 +81,7 @@ export const DASHBOARD_HTML = `<!doctype html>
 `;
 
 export const DASHBOARD_CSS = `
-:root { --ink: #1d2330; --muted: #667085; --line: #e4e7ec; --bg: #f6f7f9; --card: #fff; --accent: #2563eb; --cached: #93c5fd; }
+:root { --ink: #1d2330; --muted: #667085; --line: #e4e7ec; --bg: #f6f7f9; --card: #fff; --accent: #2563eb; --cached: #93c5fd; --ok: #16a34a; --warn: #d97706; }
 * { box-sizing: border-box; }
 body { margin: 0; font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: var(--ink); background: var(--bg); }
 header { display: flex; align-items: center; gap: 16px; padding: 12px 24px; background: var(--ink); color: #fff; }
@@ -83,8 +100,20 @@ h3 { font-size: 14px; margin: 0 0 8px; }
 .card.wide { grid-column: span 2; }
 .label, .note { color: var(--muted); font-size: 12px; }
 .value { font-size: 24px; font-weight: 600; font-variant-numeric: tabular-nums; }
-.spark { width: 100%; height: 36px; display: block; }
-.spark polyline { fill: none; stroke: var(--accent); stroke-width: 1.5; vector-effect: non-scaling-stroke; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
+.plot { margin: 0; background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px 6px; }
+.plot figcaption { font-weight: 500; margin-bottom: 4px; }
+.plot svg { display: block; width: 100%; height: auto; }
+.plot .grid { stroke: var(--line); stroke-width: 1; }
+.plot .axis { fill: var(--muted); font-size: 11px; font-variant-numeric: tabular-nums; }
+.plot polyline { fill: none; stroke-width: 2; stroke-linejoin: round; }
+.series-output, .series-running { stroke: var(--accent); }
+.series-requests { stroke: var(--ok); }
+.series-waiting { stroke: var(--warn); }
+.key::before { content: ""; display: inline-block; width: 10px; height: 3px; margin: 0 4px 3px 6px; vertical-align: middle; }
+.key-running::before { background: var(--accent); }
+.key-waiting::before { background: var(--warn); }
+h2 .note { font-weight: 400; }
 .models { display: grid; grid-template-columns: repeat(auto-fill, minmax(320px, 1fr)); gap: 12px; }
 .model { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px; }
 .kv-bar { display: flex; height: 14px; margin-top: 10px; border-radius: 4px; overflow: hidden; background: var(--line); }

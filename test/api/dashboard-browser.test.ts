@@ -4,6 +4,9 @@
 // row with its cost, the recent requests), with an organization's name that is HTML shown as text.
 // A screenshot (1280×900) is decoded and must be a picture: its size, many colours, the header
 // drawn in the style sheet's colour. It is kept at test-results/dashboard.png for people to look at.
+// The plots of the last minutes are inline SVG drawn from the server's history after a real
+// request: a line per series, inside the plot, peaking where the data peaks. The README's
+// screenshot command runs as the README writes it (as root here, and in CI).
 //
 // Without a Chromium binary the suite is skipped (developers' machines), except in CI (CI=true or
 // SLUICE_REQUIRE_CHROMIUM=1), where .ci/run installs the package and a missing browser fails.
@@ -48,7 +51,8 @@ describe.skipIf(!chromium)(`dashboard in headless Chromium${chromium ? ` (${chro
   const markupOrg = '<img src=x onerror="document.title=\'pwned\'">';
 
   beforeAll(async () => {
-    server = await startTestServer({ catalog: testCatalog });
+    // A sample every 50 ms, 3,600 kept: the plots span 3 minutes and see a short request run.
+    server = await startTestServer({ catalog: testCatalog, dashboardHistory: { intervalMs: 50, capacity: 3_600 } });
     adminKey = (await createApiKey(server.service.store, 'ops', { admin: true })).key;
     profile = mkdtempSync(join(os.tmpdir(), 'sluice-chromium-'));
     const client = async (org: string) => new OpenAI({ baseURL: server.baseUrl, apiKey: await server.keyFor(org), maxRetries: 0 });
@@ -134,6 +138,87 @@ describe.skipIf(!chromium)(`dashboard in headless Chromium${chromium ? ` (${chro
     expect(dom).toMatch(/<main id="board" hidden/);
     expect(text(dom, 'status')).toMatch(/^key refused \(403\): the dashboard needs an admin API key/);
     expect(dom).not.toContain('acme');
+  });
+
+  it('plots the last minutes from the server\'s history: output tokens/s, requests/s, running and waiting', async () => {
+    // A request of 8 choices that runs for many samples; then a sample after it ends.
+    await new OpenAI({ baseURL: server.baseUrl, apiKey: await server.keyFor('acme'), maxRetries: 0 }).chat.completions.create({
+      model: 'tiny', messages: [{ role: 'user', content: 'a long one' }], max_tokens: 400, n: 8, temperature: 1, seed: 3,
+    });
+    const ended = Date.now();
+    while (!(await idleData()).history.samples.some((s) => Date.parse(s.time) > ended + 60)) await new Promise((r) => setTimeout(r, 20));
+    const dom = await browse(`#key=${encodeURIComponent(adminKey)}`, ['--dump-dom']);
+    // Read after the page: the history only grew since (a few idle samples, well within its capacity).
+    const data = await idleData();
+    const samples = data.history.samples;
+    const peak = (key: 'output_tokens_per_s' | 'requests_per_s' | 'running' | 'waiting') => Math.max(...samples.map((s) => s[key]));
+    expect(peak('output_tokens_per_s')).toBeGreaterThan(0);
+    expect(peak('running')).toBeGreaterThan(0);
+
+    expect(text(dom, 'history-title')).toBe('Last 3 minutes');
+    // Captions: the latest sample (idle now) and the peak, shown to a tenth.
+    const caption = (id: string) => {
+      const m = /^latest (.+) · peak ([\d.]+)$/.exec(text(dom, id));
+      if (!m) throw new Error(`#${id} reads "${text(dom, id)}"`);
+      return { latest: m[1]!, peak: Number(m[2]) };
+    };
+    expect(caption('plot-output-caption')).toEqual({ latest: '0', peak: expect.closeTo(peak('output_tokens_per_s'), 0) });
+    expect(caption('plot-requests-caption')).toEqual({ latest: '0', peak: expect.closeTo(peak('requests_per_s'), 0) });
+    expect(caption('plot-queue-caption')).toEqual({ latest: '0 running 0 waiting', peak: Math.max(peak('running'), peak('waiting')) });
+
+    // viewBox 0 0 400 140; the plotting area is x 40..392, y 10..120 (client.ts, PLOT).
+    const points = (id: string) => {
+      const m = new RegExp(`<polyline id="${id}" class="[^"]*" points="([^"]*)"`).exec(dom);
+      if (!m) throw new Error(`no polyline #${id} in the dumped DOM`);
+      return m[1]!.split(' ').map((p) => p.split(',').map(Number) as [number, number]);
+    };
+    // The top of the y axis: 1, 2 or 5 times a power of ten, at or above the peak.
+    const axisTop = (max: number) => [1, 2, 5, 10].map((m) => m * 10 ** Math.floor(Math.log10(max))).find((v) => v >= max)!;
+    for (const [id, key] of [['plot-output-output', 'output_tokens_per_s'], ['plot-requests-requests', 'requests_per_s'],
+      ['plot-queue-running', 'running']] as const) {
+      const line = points(id);
+      expect(line.length, id).toBeGreaterThan(10);
+      for (const [x, y] of line) {
+        expect(x, id).toBeGreaterThanOrEqual(40);
+        expect(x, id).toBeLessThanOrEqual(392);
+        expect(y, id).toBeGreaterThanOrEqual(10);
+        expect(y, id).toBeLessThanOrEqual(120);
+      }
+      // Time runs left to right, and the highest point is the peak's height under the axis' top.
+      expect(line.map(([x]) => x)).toEqual(line.map(([x]) => x).sort((a, b) => a - b));
+      const top = Math.min(...line.map(([, y]) => y));
+      expect(top, id).toBeCloseTo(120 - (peak(key) / axisTop(peak(key))) * 110, 0);
+      // The newest point is at the right end (its sample is the page's latest) and idle.
+      expect(line.at(-1)![0], id).toBeGreaterThan(385);
+      expect(line.at(-1)![1], id).toBe(120);
+    }
+    expect(points('plot-queue-waiting').length).toBe(points('plot-queue-running').length);
+  });
+
+  it('runs the README\'s screenshot command as written', async () => {
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('\n## Dashboard\n'), readme.indexOf('\n## Logs\n'));
+    const command = /```sh\n([\s\S]*?)```/.exec(section)![1]!;
+    expect(command).toContain('chromium-headless-shell');
+    expect(command).toContain('http://127.0.0.1:8080/dashboard#key=$ADMIN_KEY');
+    // This machine's browser and this server in place of the README's; Debian's chromium needs --headless.
+    const binary = chromium!.endsWith('chromium-headless-shell') ? chromium! : `${chromium!} --headless`;
+    const script = command.replace('chromium-headless-shell', binary).replace('http://127.0.0.1:8080', server.origin);
+    const cwd = mkdtempSync(join(os.tmpdir(), 'sluice-readme-shot-'));
+    try {
+      // HOME in the temporary directory: the browser's profile goes there.
+      await run('bash', ['-c', script], { cwd, env: { ...process.env, HOME: cwd, ADMIN_KEY: adminKey }, timeout: 60_000 });
+      const png = PNG.sync.read(readFileSync(join(cwd, 'dashboard.png')));
+      expect([png.width, png.height]).toEqual([1280, 900]);
+      // The board with its data, not the key form: the plots' lines are drawn in the accent colour.
+      let accent = 0;
+      for (let i = 0; i < png.data.length; i += 4) {
+        if (Math.abs(png.data[i]! - 0x25) <= 8 && Math.abs(png.data[i + 1]! - 0x63) <= 8 && Math.abs(png.data[i + 2]! - 0xeb) <= 8) accent++;
+      }
+      expect(accent).toBeGreaterThan(100);
+    } finally {
+      rmSync(cwd, { recursive: true, force: true });
+    }
   });
 
   it('takes a screenshot that is a picture of the page', async () => {

@@ -3,7 +3,9 @@
 // endpoint takes an admin key like /metrics (401 / 403 / 200); and its numbers move by exactly
 // what real requests did: generations and tokens (from the responses' usage), the recent requests
 // (route, status, organization, tokens), each organization's usage and cost (computed here from
-// the catalog's rates, in integer picodollars), and a throughput over the time between reads.
+// the catalog's rates, in integer picodollars), and a throughput over the time between reads. The
+// plots' history holds, per interval, the tokens and generations of real requests and the queue
+// they made, and each service keeps its own.
 
 import vm from 'node:vm';
 import OpenAI from 'openai';
@@ -18,7 +20,8 @@ let adminKey: string;
 let acmeKey: string;
 
 beforeAll(async () => {
-  server = await startTestServer({ catalog: testCatalog });
+  // Samples every 50 ms (the service's default is 5 s), so that a request spans several.
+  server = await startTestServer({ catalog: testCatalog, dashboardHistory: { intervalMs: 50, capacity: 5_000 } });
   adminKey = (await createApiKey(server.service.store, 'ops', { admin: true })).key;
   acmeKey = await server.keyFor('acme');
 });
@@ -118,6 +121,70 @@ describe('GET /dashboard/data', () => {
     expect(tiny(idle).kv_blocks.cached).toBeGreaterThan(tiny(before).kv_blocks.cached);
     expect(tiny(idle).kv_usage_ratio).toBe(0);
     expect(tiny(idle).windows.every((w) => w.running === 0 && w.waiting === 0)).toBe(true);
+  });
+
+  it('keeps a history of output tokens, ended generations and the queue per interval, from real requests', async () => {
+    // Begin at a sample's end, so that the samples after it cover nothing from before this test.
+    const entered = Date.now();
+    let before = await data();
+    for (let i = 0; i < 200 && !before.history.samples.some((s) => Date.parse(s.time) > entered); i++) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      before = await data();
+    }
+    const startMs = Date.parse(before.history.samples.at(-1)!.time);
+    // 8 choices of up to 400 tokens: they run together for many steps, so samples see them running.
+    const r = await new OpenAI({ baseURL: server.baseUrl, apiKey: acmeKey, maxRetries: 0 }).chat.completions.create({
+      model: 'tiny', messages: [{ role: 'user', content: 'a long answer, eight times' }], max_tokens: 400, n: 8, temperature: 1, seed: 7,
+    });
+    const endMs = Date.now();
+    // Wait for a sample that ends after the reply (every step of the request is counted by then)
+    // and finds nothing running (the step after the last frees the finished sequences).
+    let after = await data();
+    const settled = (d: DashboardData) => d.history.samples.some((s) => Date.parse(s.time) > endMs + 60)
+      && d.history.samples.at(-1)!.running === 0;
+    for (let i = 0; i < 200 && !settled(after); i++) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      after = await data();
+    }
+    expect(after.history).toMatchObject({ interval_seconds: 0.05, capacity: 5_000 });
+    // Only this request ran since startMs (the tests of this file run one at a time).
+    const mine = after.history.samples.filter((s) => Date.parse(s.time) > startMs);
+    expect(mine.length).toBeGreaterThan(1);
+    const sum = (key: 'requests' | 'output_tokens') => mine.reduce((n, s) => n + s[key], 0);
+    expect(sum('requests')).toBe(8);
+    // Tokens as sampled, step by step: at least those the choices returned, and at most one more
+    // per choice (a step planned while the one that finished a choice was still running).
+    const completion = r.usage!.completion_tokens;
+    expect(sum('output_tokens')).toBeGreaterThanOrEqual(completion);
+    expect(sum('output_tokens')).toBeLessThanOrEqual(completion + 8);
+    expect(Math.max(...mine.map((s) => s.running))).toBeGreaterThan(0);
+    expect(Math.max(...mine.map((s) => s.running + s.waiting))).toBeLessThanOrEqual(8);
+    expect(mine.at(-1)).toMatchObject({ running: 0, waiting: 0 });
+    for (const s of mine) {
+      expect(s.seconds).toBeGreaterThan(0);
+      // Rates to the hundredth.
+      expect(Math.abs(s.output_tokens_per_s - s.output_tokens / s.seconds)).toBeLessThanOrEqual(0.005 + 1e-9);
+      expect(Math.abs(s.requests_per_s - s.requests / s.seconds)).toBeLessThanOrEqual(0.005 + 1e-9);
+    }
+    // Oldest first, one every interval or so.
+    const times = after.history.samples.map((s) => Date.parse(s.time));
+    expect(times).toEqual([...times].sort((a, b) => a - b));
+  });
+
+  it('keeps each service\'s history to itself', async () => {
+    const other = await startTestServer({ dashboardHistory: { intervalMs: 50 } });
+    try {
+      const ops = (await createApiKey(other.service.store, 'ops', { admin: true })).key;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      const res = await fetch(`${other.origin}/dashboard/data`, { headers: { authorization: `Bearer ${ops}` } });
+      const own = (await res.json()) as DashboardData;
+      expect(own.history.samples.length).toBeGreaterThan(0);
+      // The first server has run generations all along; none of them is in this one's history.
+      expect(own.history.samples.every((s) => s.requests === 0 && s.output_tokens === 0 && s.running === 0)).toBe(true);
+      expect((await data()).history.samples.some((s) => s.requests > 0)).toBe(true);
+    } finally {
+      await other.close();
+    }
   });
 
   it('needs an admin key: 401 without a key or with an unknown one, 403 with another key', async () => {

@@ -48,6 +48,8 @@ export interface TestServerOptions {
   loggerInstance?: FastifyBaseLogger;
   /** Milliseconds between engine lines while busy (default the service's). */
   engineLogIntervalMs?: number;
+  /** The dashboard plots' sample interval and count (default the service's: 5 s, 180). */
+  dashboardHistory?: { intervalMs?: number; capacity?: number };
 }
 
 export async function startTestServer(opts: TestServerOptions = {}): Promise<TestServer> {
@@ -67,6 +69,7 @@ export async function startTestServer(opts: TestServerOptions = {}): Promise<Tes
     ...(opts.metrics && { metrics: opts.metrics }),
     ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),
     ...(opts.engineLogIntervalMs !== undefined && { engineLogIntervalMs: opts.engineLogIntervalMs }),
+    ...(opts.dashboardHistory && { dashboardHistory: opts.dashboardHistory }),
   });
   const address = await service.app.listen({ host: '127.0.0.1', port: 0 });
   const key = service.firstKey?.key ?? (await createApiKey(service.store, 'default')).key;
