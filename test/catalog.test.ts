@@ -33,9 +33,21 @@ describe('parseCatalog', () => {
     ['grants without restricted', { models: [model({ granted_organizations: ['acme'] })] }, /not restricted/],
     ['image input claimed', { models: [model({ supports_image_input: true })] }, /no image encoder/],
     ['tools claimed', { models: [model({ supports_tools: true })] }, /follows the checkpoint's chat template/],
+    // Fields earlier catalogs had for the model object, which now carries only the spec's fields.
+    ['owned_by (removed)', { models: [model({ owned_by: 'qwen' })] }, /catalog\.json: models\.0\.owned_by: model objects no longer carry owned_by .*remove it/],
+    ['created (removed)', { models: [model({ created: 1726444800 })] }, /catalog\.json: models\.0\.created: model objects no longer carry created .*remove it/],
+    ['unknown default effort', { models: [model({ default_reasoning_effort: 'max' })] }, /models\.0\.default_reasoning_effort must be equal to one of/],
+    ['unknown matmul precision', { models: [model({ engine: { matmul_precision: 'f16' } })] }, /models\.0\.engine\.matmul_precision must be equal to one of/],
     ['bad effective_from', { models: [model({ long_context_pricing: { above_input_tokens: 10, input_multiplier: 2, output_multiplier: 2, effective_from: '2026-13-01' } })] }, /effective_from must match format "date"/],
   ])('refuses %s', (_name, value, message) => {
     expect(() => parseCatalog(value, 'catalog.json', '/')).toThrow(message);
+  });
+
+  it('accepts a default reasoning effort and a matmul precision (models/catalog.example.json has both)', async () => {
+    const catalog = await loadCatalog(join(import.meta.dirname, '..', 'models', 'catalog.example.json'));
+    const qwen3 = catalog.models.find((m) => m.id === 'qwen3-8b')!;
+    expect(qwen3.default_reasoning_effort).toBe('none');
+    expect(qwen3.engine?.matmul_precision).toBe('bf16');
   });
 
   it('reports unreadable and non-JSON files with their path', async () => {
@@ -66,6 +78,19 @@ describe('ModelRegistry', () => {
       expect(b!.windowsFor('someone')).toEqual(['asap', 'standard', 'flex']);
     } finally {
       await registry.dispose();
+    }
+    // matmul_precision reaches the engine: per model, over the catalog-wide setting and serve's default.
+    const other = join(root, 'tiny-2');
+    await makeModel({ preset: 'tiny', out: other, seed: 3 });
+    const precise = parseCatalog({
+      engine: { matmul_precision: 'bf16' },
+      models: [{ id: 'fast', checkpoint: dir }, { id: 'exact', checkpoint: other, engine: { matmul_precision: 'f32' } }],
+    }, 'c.json', root);
+    const loaded = await ModelRegistry.load(precise, { engineDefaults: { backend: 'cpu', kvCacheBytes: 16 << 20, matmulPrecision: 'f32' } });
+    try {
+      expect(loaded.models.map((m) => [m.id, m.engine.info.matmulPrecision])).toEqual([['fast', 'bf16'], ['exact', 'f32']]);
+    } finally {
+      await loaded.dispose();
     }
     const tooLong = parseCatalog({ models: [{ id: 'c', checkpoint: dir, context_length: 1_000_000 }] }, 'c.json', root);
     await expect(ModelRegistry.load(tooLong, { engineDefaults: { backend: 'cpu', kvCacheBytes: 16 << 20 } }))

@@ -140,6 +140,14 @@ describe('sluice keys and sluice usage on a data directory without a store', () 
   });
 });
 
+describe('sluice usage --since', () => {
+  it('names the flag when the date is malformed', async () => {
+    const out = await cli('usage', '--since', 'yesterday', '--data-dir', join(root, 'no-store'));
+    expect(out.code).toBe(1);
+    expect(out.stderr).toMatch(/^sluice: usage: --since must be a date \(YYYY-MM-DD, UTC\) or an ISO 8601 date-time with a zone \(got "yesterday"\)/);
+  });
+});
+
 describe('sluice make-model', () => {
   it('refuses to write over a non-empty directory or a file without --force', async () => {
     const out = join(root, 'made');
@@ -178,6 +186,22 @@ describe('sluice generate', () => {
     expect(topK.code).toBe(1);
     expect(topK.stderr).toMatch(/--top-k must be at most the vocabulary size/);
     expect(topK.stderr).not.toMatch(/topK/);
+  });
+
+  it('takes --quantization and --precision, and names each flag once in its errors', async () => {
+    const ran = await cli('generate', '--model', modelDir, '--prompt', 'Hi', '--max-tokens', '2', '--backend', 'cpu',
+      '--quantization', 'int8', '--precision', 'bf16', '--json');
+    expect(ran.code, ran.stderr).toBe(0);
+    expect(JSON.parse(ran.stdout).usage.completion_tokens).toBe(2);
+    const badQuant = await cli('generate', '--model', modelDir, '--prompt', 'Hi', '--quantization', 'int4');
+    expect(badQuant).toMatchObject({ code: 1, stderr: 'sluice: --quantization must be one of none, int8, got "int4"\n' });
+    const badPrecision = await cli('serve', '--precision', 'f16');
+    expect(badPrecision).toMatchObject({ code: 1, stderr: 'sluice: --precision must be one of f32, bf16, got "f16"\n' });
+    // A flag a command does not take: parseArgs' message, with the flag as given.
+    const unknown = await cli('make-model', '--preset', 'tiny', '--out', join(root, 'never'), '--quantization', 'int8');
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain("Unknown option '--quantization'");
+    expect(unknown.stderr).not.toContain('----');
   });
 
   it('says nothing about CUDA with --backend auto, and names the backend it ran on', async () => {

@@ -78,7 +78,9 @@ const FLAG_OF_OPTION: Record<string, string> = {
   flexDeferral: '--flex-deferral',
   tenantDeferral: '--tenant-deferral',
 };
-const OPTION_NAMES = new RegExp(`\\b(${Object.keys(FLAG_OF_OPTION).join('|')})\\b`, 'g');
+// A name already written as a flag (`--quantization`, `'--top-k'`) is left alone: where the
+// option and the flag share a name, a plain word boundary would make it `----quantization`.
+const OPTION_NAMES = new RegExp(`(?<![\\w-])(${Object.keys(FLAG_OF_OPTION).join('|')})\\b`, 'g');
 
 /** An expected error's message as the CLI prints it: library option names replaced by their flags. */
 export function cliMessage(err: Error): string {

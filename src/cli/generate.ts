@@ -30,30 +30,36 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --cuda-gemm G        auto (default: cuBLASLt where the host has it) | native | cublaslt: who runs CUDA GEMMs of over 8 tokens
   --threads N          compute threads (default: all CPUs)
   --precision P        f32 | bf16: activations against bf16 weights (default f32)
+  --quantization Q     none (default) | int8: quantize the matmul weights of a bf16/f16/f32
+                       checkpoint at load into 8-bit blocks (Q8_0); CPU backend only
 `;
 
 const DEFAULT_MAX_TOKENS = 256;
 
+/** The flags generate accepts (README's CLI synopsis and --help list each; test/readme.test.ts checks). */
+export const GENERATE_OPTIONS = {
+  model: { type: 'string' },
+  prompt: { type: 'string' },
+  chat: { type: 'boolean' },
+  'max-tokens': { type: 'string' },
+  temperature: { type: 'string' },
+  'top-p': { type: 'string' },
+  'top-k': { type: 'string' },
+  seed: { type: 'string' },
+  logprobs: { type: 'string' },
+  stop: { type: 'string', multiple: true },
+  json: { type: 'boolean' },
+  backend: { type: 'string' },
+  'gpu-memory-utilization': { type: 'string' },
+  'cuda-gemm': { type: 'string' },
+  threads: { type: 'string' },
+  precision: { type: 'string' },
+  quantization: { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
 export async function runGenerate(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, {
-    model: { type: 'string' },
-    prompt: { type: 'string' },
-    chat: { type: 'boolean' },
-    'max-tokens': { type: 'string' },
-    temperature: { type: 'string' },
-    'top-p': { type: 'string' },
-    'top-k': { type: 'string' },
-    seed: { type: 'string' },
-    logprobs: { type: 'string' },
-    stop: { type: 'string', multiple: true },
-    json: { type: 'boolean' },
-    backend: { type: 'string' },
-    'gpu-memory-utilization': { type: 'string' },
-    'cuda-gemm': { type: 'string' },
-    threads: { type: 'string' },
-    precision: { type: 'string' },
-    help: { type: 'boolean', short: 'h' },
-  }, 'generate');
+  const { values } = parseFlags(args, GENERATE_OPTIONS, 'generate');
   if (values.help) {
     process.stdout.write(GENERATE_HELP);
     return;
@@ -72,6 +78,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const backend = choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'onnx', 'auto'] as const);
   const threads = intFlag(values.threads, 'threads', 0);
   const matmulPrecision = choiceFlag(values.precision, 'precision', ['f32', 'bf16'] as const);
+  const quantization = choiceFlag(values.quantization, 'quantization', ['none', 'int8'] as const);
   const cudaGemm = choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const);
   const gpuMemoryUtilization = numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1);
   if (request.logprobs !== undefined && !values.json) {
@@ -81,7 +88,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const log = (message: string) => process.stderr.write(`${message}\n`);
   const model = values.model ?? await ensureDemoModel(log);
   const engine = await Engine.load({
-    model, backend, threads, matmulPrecision, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
+    model, backend, threads, matmulPrecision, quantization, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
     onLoadProgress: stderrProgress('reading weights'),
   });
 

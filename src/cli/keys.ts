@@ -26,6 +26,16 @@ export const KEYS_HELP = `usage: sluice keys <create|list|revoke|rotate-reasonin
 
 const LIST_HEADER = 'id\torganization\tadmin\tprefix\tcreated\trevoked';
 
+/** The flags keys accepts, whatever the action (README's CLI synopsis and --help list each; test/readme.test.ts checks). */
+export const KEYS_OPTIONS = {
+  org: { type: 'string' },
+  admin: { type: 'boolean' },
+  'data-dir': { type: 'string' },
+  'database-url': { type: 'string' },
+  json: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
 export async function runKeys(args: string[]): Promise<void> {
   const [action, ...rest] = args;
   if (action === undefined || action === '--help' || action === '-h') {
@@ -33,14 +43,7 @@ export async function runKeys(args: string[]): Promise<void> {
     return;
   }
   const positional = rest[0] !== undefined && !rest[0].startsWith('-') ? rest.shift() : undefined;
-  const { values } = parseFlags(rest, {
-    org: { type: 'string' },
-    admin: { type: 'boolean' },
-    'data-dir': { type: 'string' },
-    'database-url': { type: 'string' },
-    json: { type: 'boolean' },
-    help: { type: 'boolean', short: 'h' },
-  }, `keys ${action}`);
+  const { values } = parseFlags(rest, KEYS_OPTIONS, `keys ${action}`);
   if (values.help) {
     process.stdout.write(KEYS_HELP);
     return;

@@ -22,16 +22,19 @@ deterministic random weights in the shape of a preset.
   --force         write into --out even when it is not empty (its model files are replaced)
 `;
 
+/** The flags make-model accepts (README's CLI synopsis and --help list each; test/readme.test.ts checks). */
+export const MAKE_MODEL_OPTIONS = {
+  preset: { type: 'string' },
+  out: { type: 'string' },
+  dtype: { type: 'string' },
+  seed: { type: 'string' },
+  onnx: { type: 'string' },
+  force: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
 export async function runMakeModel(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, {
-    preset: { type: 'string' },
-    out: { type: 'string' },
-    dtype: { type: 'string' },
-    seed: { type: 'string' },
-    onnx: { type: 'string' },
-    force: { type: 'boolean' },
-    help: { type: 'boolean', short: 'h' },
-  }, 'make-model');
+  const { values } = parseFlags(args, MAKE_MODEL_OPTIONS, 'make-model');
   if (values.help) {
     process.stdout.write(MAKE_MODEL_HELP);
     return;

@@ -33,14 +33,17 @@ export interface ListedModel {
   granted_organizations?: string[];
 }
 
+/** The flags models accepts (README's CLI synopsis and --help list each; test/readme.test.ts checks). */
+export const MODELS_OPTIONS = {
+  model: { type: 'string' },
+  config: { type: 'string' },
+  org: { type: 'string' },
+  json: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
 export async function runModels(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, {
-    model: { type: 'string' },
-    config: { type: 'string' },
-    org: { type: 'string' },
-    json: { type: 'boolean' },
-    help: { type: 'boolean', short: 'h' },
-  }, 'models');
+  const { values } = parseFlags(args, MODELS_OPTIONS, 'models');
   if (values.help) {
     process.stdout.write(MODELS_HELP);
     return;

@@ -4,6 +4,7 @@
 import { parseSince, summarizeUsage, usageReport, type UsageReport, type UsageTotals } from '../billing/usage-report.js';
 import { databaseUrlFlag, openCliStore } from './database-flag.js';
 import { parseFlags } from './args.js';
+import { SluiceError } from '../errors.js';
 import { storeExists, warnNoStore } from './store-check.js';
 
 export const USAGE_HELP = `usage: sluice usage [options]
@@ -19,20 +20,36 @@ export const USAGE_HELP = `usage: sluice usage [options]
   --json            the report as JSON (costs as exact decimal strings)
 `;
 
+/**
+ * --since as Unix milliseconds. parseSince's message names the query parameter of GET
+ * /v1/admin/usage (`since`); on the command line it names the flag.
+ */
+function sinceFlag(raw: string): number {
+  try {
+    return parseSince(raw);
+  } catch (err) {
+    const why = (err as Error).message.replace(/^since /, '');
+    throw new SluiceError('invalid_argument', `usage: --since ${why} (see sluice usage --help)`, { param: 'since' });
+  }
+}
+
+/** The flags usage accepts (README's CLI synopsis and --help list each; test/readme.test.ts checks). */
+export const USAGE_OPTIONS = {
+  org: { type: 'string' },
+  since: { type: 'string' },
+  'data-dir': { type: 'string' },
+  'database-url': { type: 'string' },
+  json: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
 export async function runUsage(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, {
-    org: { type: 'string' },
-    since: { type: 'string' },
-    'data-dir': { type: 'string' },
-    'database-url': { type: 'string' },
-    json: { type: 'boolean' },
-    help: { type: 'boolean', short: 'h' },
-  }, 'usage');
+  const { values } = parseFlags(args, USAGE_OPTIONS, 'usage');
   if (values.help) {
     process.stdout.write(USAGE_HELP);
     return;
   }
-  const sinceMs = values.since === undefined ? undefined : parseSince(values.since);
+  const sinceMs = values.since === undefined ? undefined : sinceFlag(values.since);
   const dataDir = values['data-dir'] ?? 'data';
   const filter = { ...(values.org !== undefined && { orgName: values.org }), ...(sinceMs !== undefined && { sinceMs }) };
   const databaseUrl = databaseUrlFlag(values['database-url']);

@@ -14,6 +14,19 @@ const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv;
 export const COMPLETION_WINDOWS = ['asap', 'standard', 'flex'] as const;
 export type CompletionWindow = (typeof COMPLETION_WINDOWS)[number];
 
+/** The reasoning efforts a request may name (OpenAI's values). */
+export const REASONING_EFFORTS = ['none', 'minimal', 'low', 'medium', 'high', 'xhigh'] as const;
+
+/**
+ * Model fields of earlier catalogs that are refused now, with why. They described fields of the
+ * model object that the API contract does not have (a model object carries only the spec's fields):
+ * refused rather than ignored, so that an operator learns at start that they no longer show.
+ */
+const REMOVED_MODEL_FIELDS: Record<string, string> = {
+  owned_by: 'model objects no longer carry owned_by (the API contract lists every field a model object has); remove it',
+  created: 'model objects no longer carry created (the API contract lists every field a model object has); remove it',
+};
+
 const Price = Type.Number({ minimum: 0 });
 
 export const ModelPriceSchema = Type.Object({
@@ -38,6 +51,8 @@ const EngineSettingsSchema = Type.Object({
   gpu_memory_utilization: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1 })),
   threads: Type.Optional(Type.Integer({ minimum: 0 })),
   quantization: Type.Optional(Type.Enum(['none', 'int8'])),
+  /** How activations meet bf16 weights on the CPU: f32 (default) or bf16 (faster prefill; serve --precision). */
+  matmul_precision: Type.Optional(Type.Enum(['f32', 'bf16'])),
   max_num_seqs: Type.Optional(Type.Integer({ minimum: 1 })),
   max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
 }, { additionalProperties: false });
@@ -57,10 +72,12 @@ const CatalogModelSchema = Type.Object({
   supports_tools: Type.Optional(Type.Literal(false)),
   pricing: Type.Optional(Type.Array(ModelPriceSchema)),
   long_context_pricing: Type.Optional(LongContextPricingSchema),
-  /** `owned_by` of the OpenAI model object (default "sluice"). */
-  owned_by: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
-  /** `created` of the model object, Unix seconds (default: when the checkpoint's config.json was written). */
-  created: Type.Optional(Type.Integer({ minimum: 0, maximum: 253402300799 })),
+  /**
+   * The reasoning effort of a request that names none (reasoning.effort, reasoning_effort), on
+   * models that think (default medium, as OpenAI's). "none" turns thinking off unless a request
+   * asks for it; a request's own value always wins. Models that do not think ignore it.
+   */
+  default_reasoning_effort: Type.Optional(Type.Enum(REASONING_EFFORTS)),
   restricted: Type.Optional(Type.Boolean()),
   /** Organization names that may see and use a restricted model. */
   granted_organizations: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
@@ -106,8 +123,11 @@ export function parseCatalog(value: unknown, source: string, baseDir: string): C
   if (!validateCatalog(value)) {
     const e = validateCatalog.errors![0]!;
     const where = e.instancePath.replace(/^\//, '').replace(/\//g, '.') || '(top level)';
-    const detail = e.keyword === 'additionalProperties'
-      ? `has an unknown field "${(e.params as { additionalProperty: string }).additionalProperty}"`
+    const field = e.keyword === 'additionalProperties' ? (e.params as { additionalProperty: string }).additionalProperty : undefined;
+    if (field !== undefined && /^\/models\/\d+$/.test(e.instancePath) && Object.hasOwn(REMOVED_MODEL_FIELDS, field)) {
+      throw new SluiceError('invalid_argument', `${source}: ${where}.${field}: ${REMOVED_MODEL_FIELDS[field]}`);
+    }
+    const detail = field !== undefined ? `has an unknown field "${field}"`
       : e.keyword === 'const' && /supports_image_input$/.test(e.instancePath)
         ? 'must be false: sluice has no image encoder yet'
         : e.keyword === 'const' && /supports_tools$/.test(e.instancePath)

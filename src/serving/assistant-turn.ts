@@ -16,7 +16,8 @@ export type ReasoningEffort = 'none' | 'minimal' | 'low' | 'medium' | 'high' | '
 
 /**
  * Reasoning tokens allowed per effort (then the think block is closed and the answer follows).
- * none and minimal turn thinking off; no effort given means medium, as OpenAI's default.
+ * none and minimal turn thinking off. No effort given means the model's catalog
+ * default_reasoning_effort, else medium (OpenAI's default).
  */
 export const THINKING_BUDGETS = { low: 512, medium: 2048, high: 8192, xhigh: 32768 } as const;
 export const DEFAULT_EFFORT: ReasoningEffort = 'medium';
@@ -103,7 +104,8 @@ export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?
   const out: AssistantPlan = { toolNames: [] };
   const tags = req.chat ? modelThinks(model) : undefined;
   if (tags !== undefined) {
-    const effort = req.effort ?? DEFAULT_EFFORT;
+    // The request's effort, else the catalog's default for this model, else OpenAI's (medium).
+    const effort = req.effort ?? model.entry.default_reasoning_effort ?? DEFAULT_EFFORT;
     out.tags = tags;
     out.enableThinking = effort !== 'none' && effort !== 'minimal';
     out.thinking = out.enableThinking ? { budget: THINKING_BUDGETS[effort as keyof typeof THINKING_BUDGETS] } : false;

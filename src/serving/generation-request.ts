@@ -43,6 +43,8 @@ export interface GenerationRequest {
   maxOutputTokensParam: string;
   /** From metadata.completion_window; undefined = the model's default. */
   completionWindow?: string;
+  /** The request field that named completionWindow, for errors (default metadata.completion_window; service_tier). */
+  completionWindowParam?: string;
   background: boolean;
   outputFormat?: OutputFormat;
   metadata: Record<string, string>;
@@ -50,7 +52,10 @@ export interface GenerationRequest {
   user?: string;
   /** Function tools offered to the model, and how it may use them. */
   tools?: ToolsRequest;
-  /** Thinking effort for models that think (undefined: medium); ignored by models that do not. */
+  /**
+   * Thinking effort for models that think (undefined: the model's catalog default_reasoning_effort,
+   * else medium); ignored by models that do not.
+   */
   reasoningEffort?: ReasoningEffort;
 }
 

@@ -191,14 +191,17 @@ function resolveWindow(model: ServedModel, request: GenerationRequest): Completi
       `metadata.completion_window must be one of asap, standard, flex (got ${JSON.stringify(asked)})`,
       { param: 'metadata.completion_window' });
   }
+  const param = request.completionWindowParam ?? 'metadata.completion_window';
   if (!allowed.includes(asked)) {
     throw new SluiceError('unsupported_completion_window',
-      `the model "${model.id}" has no "${asked}" completion window; it offers ${allowed.join(', ')}`,
-      { param: 'metadata.completion_window' });
+      `the model "${model.id}" has no "${asked}" completion window; it offers ${allowed.join(', ')}` +
+      (param === 'metadata.completion_window' ? '' : ` (${param} asked for ${asked})`), { param });
   }
   if (asked === 'flex' && !request.background) {
-    throw new SluiceError('invalid_request', 'completion_window "flex" requires background=true',
-      { param: 'background' });
+    // Named after metadata's background rule, or after the field (service_tier) that asked for flex.
+    throw param === 'metadata.completion_window'
+      ? new SluiceError('invalid_request', 'completion_window "flex" requires background=true', { param: 'background' })
+      : new SluiceError('invalid_request', `${param} "flex" runs in the flex completion window, which requires background=true`, { param });
   }
   return asked;
 }

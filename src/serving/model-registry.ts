@@ -2,8 +2,6 @@
 // sees of it (visibility of restricted models, negotiated rates, the completion windows it may
 // use). Entries naming the same checkpoint share one engine.
 
-import { stat } from 'node:fs/promises';
-import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { percentSteps } from '../progress.js';
 import { Engine, type EngineLoadOptions } from '../engine/engine.js';
@@ -13,13 +11,10 @@ import {
   type LongContextPricing, type ModelPrice,
 } from '../config/catalog.js';
 
-/** The Model object of GET /v1/models: the spec's fields, and OpenAI's `created` and `owned_by`. */
+/** The Model object of GET /v1/models: the spec's fields and no other. */
 export interface ModelObject {
   id: string;
   object: 'model';
-  /** Unix seconds: the catalog's `created`, else when the checkpoint's config.json was written. */
-  created: number;
-  owned_by: string;
   name: string;
   context_length: number;
   supports_chat: boolean;
@@ -30,18 +25,11 @@ export interface ModelObject {
   long_context_pricing?: LongContextPricing;
 }
 
-/** `owned_by` of a model whose catalog entry names no owner. */
-export const DEFAULT_OWNED_BY = 'sluice';
-
 export class ServedModel {
   readonly contextLength: number;
   readonly supportsChat: boolean;
-  /** Unix seconds (the model object's `created`). */
-  readonly created: number;
 
-  /** `checkpointCreated`: when the checkpoint was written, Unix seconds (default: now). */
-  constructor(readonly entry: CatalogModel, readonly engine: Engine, checkpointCreated?: number) {
-    this.created = entry.created ?? checkpointCreated ?? Math.floor(Date.now() / 1000);
+  constructor(readonly entry: CatalogModel, readonly engine: Engine) {
     const native = engine.info.contextLength;
     if (entry.context_length !== undefined && entry.context_length > native) {
       throw new SluiceError('invalid_argument',
@@ -80,8 +68,6 @@ export class ServedModel {
     const obj: ModelObject = {
       id: this.entry.id,
       object: 'model',
-      created: this.created,
-      owned_by: this.entry.owned_by ?? DEFAULT_OWNED_BY,
       name: this.entry.name ?? this.entry.id,
       context_length: this.contextLength,
       supports_chat: this.supportsChat,
@@ -111,15 +97,10 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   if (settings.gpu_memory_utilization !== undefined) out.gpuMemoryUtilization = settings.gpu_memory_utilization;
   if (settings.threads !== undefined) out.threads = settings.threads;
   if (settings.quantization !== undefined) out.quantization = settings.quantization;
+  if (settings.matmul_precision !== undefined) out.matmulPrecision = settings.matmul_precision;
   if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
   if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;
   return out;
-}
-
-/** A file's modification time in Unix seconds; undefined when it cannot be read. */
-async function writtenAt(path: string): Promise<number | undefined> {
-  const st = await stat(path).catch(() => undefined);
-  return st === undefined ? undefined : Math.floor(st.mtimeMs / 1000);
 }
 
 export class ModelRegistry {
@@ -148,7 +129,7 @@ export class ModelRegistry {
           engine = await Engine.load(loadOptions);
           engines.set(entry.checkpoint, engine);
         }
-        models.push(new ServedModel(entry, engine, await writtenAt(join(entry.checkpoint, 'config.json'))));
+        models.push(new ServedModel(entry, engine));
       }
     } catch (err) {
       await Promise.all([...engines.values()].map((e) => e.dispose()));

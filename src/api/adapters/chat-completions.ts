@@ -5,7 +5,7 @@
 
 import { createHash } from 'node:crypto';
 import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
-import type { GenerateResult, TokenLogprob } from '../../engine/request.js';
+import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
 import type { ServedModel } from '../../serving/model-registry.js';
 import { invalidRequest } from '../errors.js';
@@ -13,7 +13,9 @@ import { checkResponseSchema } from '../../structured/schema-check.js';
 import {
   MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from '../schemas/chat-completions.js';
-import { checkImageUrl, completionWindowOf, newId, refuseListedTypes, refuseStreaming } from './content.js';
+import {
+  checkImageUrl, newId, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
+} from './content.js';
 import { argumentsObject, callId, chatTools } from './tools.js';
 import { split } from '../../serving/assistant-turn.js';
 
@@ -39,6 +41,26 @@ const REFUSED_FIELDS: Record<string, string> = {
 };
 
 const unsupported = (param: string, message: string) => invalidRequest(message, param, 'unsupported_parameter');
+
+/**
+ * OpenAI's service_tier -> the completion window it asks for (undefined: no preference, so
+ * metadata.completion_window or the model's default decides). priority is OpenAI's faster tier at
+ * a higher price: the spec's asap window. flex is refused rather than run: OpenAI's flex is a
+ * cheaper, slower tier that it serves synchronously on Chat Completions too, but the API contract
+ * lets the flex window run only background requests (background=true), and Chat Completions has
+ * no background mode. Running flex requests in the standard window instead would bill and
+ * schedule them as something they did not ask for. scale (Scale Tier units) does not exist here.
+ */
+function chatTierWindow(tier: CreateChatCompletionBody['service_tier']): 'asap' | undefined {
+  if (tier === 'priority') return 'asap';
+  if (tier === 'flex') {
+    throw unsupported('service_tier', 'service_tier "flex" is not available on Chat Completions: the flex completion window ' +
+      'runs only background requests (background=true), which this endpoint does not offer; use POST /v1/responses with ' +
+      'background=true and service_tier "flex", or send "auto", "default" or "priority" here');
+  }
+  if (tier === 'scale') throw unsupported('service_tier', 'service_tier "scale" (Scale Tier) is not offered: send "auto", "default" or "priority"');
+  return undefined;
+}
 
 /**
  * Runs on the raw body, before schema validation: gives stream=true and refused content parts
@@ -112,7 +134,14 @@ function refuseUnservable(body: CreateChatCompletionBody): void {
     throw unsupported('logit_bias', 'logit_bias is not supported: only an empty object (or null) is accepted');
   }
   if (body.stream_options != null) {
-    throw unsupported('stream_options', 'stream_options is only allowed with stream=true, and streaming is not available on this endpoint');
+    throw unsupported('stream_options', `stream_options is only meaningful with stream=true; ${STREAMING_UNAVAILABLE}`);
+  }
+  if (body.store === true) {
+    // OpenAI keeps stored chat completions for later retrieval, distillation and evals; nothing
+    // here stores them (the ledger keeps usage only), so accepting store=true would be a promise
+    // the service does not keep.
+    throw unsupported('store', 'store=true is not supported: chat completions are not stored for later retrieval here; ' +
+      'send store=false or leave it out (POST /v1/responses stores every response)');
   }
   if ((body.functions?.length ?? 0) > 0) throw unsupported('functions', 'functions is deprecated and not served: send tools instead');
   const call = body.function_call;
@@ -156,7 +185,7 @@ export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: 
     throw invalidRequest('top_logprobs requires logprobs=true', 'top_logprobs');
   }
   const metadata = body.metadata ?? {};
-  const window = completionWindowOf(metadata);
+  const { window, param: windowParam } = requestedWindow(metadata, body.service_tier, chatTierWindow(body.service_tier));
   if (window === 'flex') {
     // flex needs background=true, which this endpoint does not offer.
     throw invalidRequest('completion_window "flex" needs a background request, which Chat Completions does not offer: use POST /v1/responses with background=true',
@@ -185,6 +214,7 @@ export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: 
   };
   if (maxTokens.value !== undefined) request.maxOutputTokens = maxTokens.value;
   if (window !== undefined) request.completionWindow = window;
+  if (windowParam !== undefined) request.completionWindowParam = windowParam;
   if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
   const format = outputFormatOf(body);
   if (format) request.outputFormat = format;
@@ -216,19 +246,6 @@ export const completionId = (): string => newId('chatcmpl').replace('_', '-');
 
 export function systemFingerprint(model: ServedModel): string {
   return `fp_${createHash('sha256').update(`${model.id}\0${model.entry.checkpoint}`).digest('hex').slice(0, 12)}`;
-}
-
-/** OpenAI reports impossible tokens as -9999 rather than -Infinity (which JSON cannot carry). */
-const finiteLogprob = (logprob: number): number => (Number.isFinite(logprob) ? logprob : -9999);
-const utf8Bytes = (token: string): number[] => [...Buffer.from(token, 'utf8')];
-
-function logprobsContent(logprobs: TokenLogprob[]): NonNullable<ChatChoice['logprobs']>['content'] {
-  return logprobs.map((lp) => ({
-    token: lp.token,
-    logprob: finiteLogprob(lp.logprob),
-    bytes: utf8Bytes(lp.token),
-    top_logprobs: lp.top.map((t) => ({ token: t.token, logprob: finiteLogprob(t.logprob), bytes: utf8Bytes(t.token) })),
-  }));
 }
 
 export interface ChatCompletionParts {
@@ -267,7 +284,7 @@ export function chatCompletion(parts: ChatCompletionParts): ChatCompletion {
             tool_calls: calls.map((c) => ({ id: callId(), type: 'function' as const, function: { name: c.name, arguments: c.arguments } })),
           }),
         },
-        logprobs: r.logprobs === undefined ? null : { content: logprobsContent(r.logprobs), refusal: null },
+        logprobs: r.logprobs === undefined ? null : { content: openAiLogprobs(r.logprobs), refusal: null },
         finish_reason: calls.length > 0 && r.finishReason === 'stop' ? 'tool_calls' as const : r.finishReason,
       };
     }),

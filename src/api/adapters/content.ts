@@ -1,6 +1,7 @@
 // Helpers the surface adapters share: ids, image URL checks, metadata and sampling fields.
 
 import { randomBytes } from 'node:crypto';
+import type { TokenLogprob } from '../../engine/request.js';
 import { invalidRequest } from '../errors.js';
 
 /** `resp_` + 32 hex digits, etc. Random, so ids reveal nothing about volume or order. */
@@ -35,10 +36,54 @@ export function completionWindowOf(metadata: Record<string, string> | null | und
   return metadata?.['completion_window'];
 }
 
-/** stream=true on an endpoint without streaming: its own clear 400 rather than a schema mismatch. */
+/**
+ * The completion window of a request that can name it twice: the spec's metadata.completion_window
+ * and a surface's service_tier, which the surface has mapped to a window (`tierWindow`; undefined:
+ * the tier states no preference). Both given must agree (400 naming service_tier). `param` is the
+ * field that chose the window, for the errors prepare() raises about it.
+ */
+export function requestedWindow(metadata: Record<string, string> | null | undefined, tier: string | null | undefined,
+  tierWindow: string | undefined): { window?: string; param?: string } {
+  const fromMetadata = completionWindowOf(metadata);
+  if (tierWindow === undefined) return fromMetadata === undefined ? {} : { window: fromMetadata };
+  if (fromMetadata !== undefined && fromMetadata !== tierWindow) {
+    throw invalidRequest(`service_tier "${tier}" runs in the ${tierWindow} completion window, but metadata.completion_window is ` +
+      `"${fromMetadata}": send only one of them`, 'service_tier');
+  }
+  return fromMetadata === undefined ? { window: tierWindow, param: 'service_tier' } : { window: tierWindow };
+}
+
+/** One generated token's logprob as OpenAI's APIs render it (Chat Completions' logprobs.content, Responses' output_text.logprobs). */
+export interface OpenAiTokenLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[] | null;
+  top_logprobs: { token: string; logprob: number; bytes: number[] | null }[];
+}
+
+/** OpenAI reports impossible tokens as -9999 rather than -Infinity (which JSON cannot carry). */
+const finiteLogprob = (logprob: number): number => (Number.isFinite(logprob) ? logprob : -9999);
+const utf8Bytes = (token: string): number[] => [...Buffer.from(token, 'utf8')];
+
+export function openAiLogprobs(logprobs: readonly TokenLogprob[]): OpenAiTokenLogprob[] {
+  return logprobs.map((lp) => ({
+    token: lp.token,
+    logprob: finiteLogprob(lp.logprob),
+    bytes: utf8Bytes(lp.token),
+    top_logprobs: lp.top.map((t) => ({ token: t.token, logprob: finiteLogprob(t.logprob), bytes: utf8Bytes(t.token) })),
+  }));
+}
+
+/**
+ * Why stream=true is refused, in the same words on every surface (Responses, Chat Completions,
+ * Messages, and their batch lines).
+ */
+export const STREAMING_UNAVAILABLE = 'streaming is not available: every response is one complete JSON object; send stream=false or leave stream out';
+
+/** stream=true (no surface streams): its own clear 400 rather than a schema mismatch. Runs on the raw body. */
 export function refuseStreaming(body: unknown): void {
   if ((body as { stream?: unknown } | null)?.stream === true) {
-    throw invalidRequest('streaming is not available on this endpoint: send stream=false or leave it out', 'stream', 'unsupported_parameter');
+    throw invalidRequest(STREAMING_UNAVAILABLE, 'stream', 'unsupported_parameter');
   }
 }
 

@@ -3,10 +3,11 @@
 //
 // Content blocks: text is served; image is accepted as far as the spec's image rule goes (the
 // service refuses it with a 400 for models without image input, which is all of ours). Every
-// other block kind is refused with a 400 naming it: tool_use / tool_result can never be part of a
-// real conversation here (tools are never shown to the model, so it never calls one), and
-// documents, search results and thinking blocks have no meaning for these models. Rendering them
-// as text would silently change what the caller asked.
+// other block kind is refused with a 400 naming it: tool_use / tool_result are tool turns, which
+// this surface does not carry (the spec has Messages accept `tools` and never show them to the
+// model, so a Messages conversation has no tool call; a model with supports_tools calls tools on
+// Responses and Chat Completions), and documents, search results and thinking blocks have no
+// meaning for these models. Rendering them as text would silently change what the caller asked.
 //
 // A final assistant turn (Anthropic's "prefill") is rendered as a finished turn followed by a new
 // assistant turn: the chat template has no way to continue an open one.
@@ -17,11 +18,16 @@ import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
 import { invalidRequest } from '../errors.js';
 import type { CountTokensBody, CreateMessageBody, MessageObject, MessageParam } from '../schemas/messages.js';
-import { checkImageUrl, completionWindowOf, refuseListedTypes, refuseStreaming } from './content.js';
+import { checkResponseSchema } from '../../structured/schema-check.js';
+import type { OutputFormat } from '../../serving/generation-request.js';
+import { checkImageUrl, refuseListedTypes, refuseStreaming, requestedWindow } from './content.js';
+
+const NO_TOOL_TURNS = '/v1/messages does not carry tool turns (tools sent here are accepted and never shown to the model)';
+const TOOLS_ELSEWHERE = 'for tool calling use POST /v1/responses or POST /v1/chat/completions with a model whose supports_tools is true';
 
 const REFUSED_BLOCK_TYPES: Record<string, string> = {
-  tool_use: 'the models served here cannot call tools, so a conversation has no tool calls to replay',
-  tool_result: 'the models served here cannot call tools, so there is no tool call to answer',
+  tool_use: `${NO_TOOL_TURNS}, so a conversation here has no tool call to replay; ${TOOLS_ELSEWHERE}`,
+  tool_result: `${NO_TOOL_TURNS}, so a conversation here has no tool call to answer; ${TOOLS_ELSEWHERE}`,
   server_tool_use: 'server tools are not available',
   web_search_tool_result: 'server tools are not available',
   document: 'document input is not accepted',
@@ -87,12 +93,44 @@ function checkPromptFields(body: Pick<CreateMessageBody, 'model' | 'thinking'>, 
   }
 }
 
+/**
+ * output_config (the spec: accepted, shape not shown; Anthropic's is {format, effort}): `format`
+ * {type: "json_schema", schema} is served as a structured output (the text block holds JSON valid
+ * against the schema, enforced while decoding, as on the other surfaces). Every other key is
+ * accepted as the spec says; `effort` has nothing to act on, as the models do not think on Messages.
+ */
+function outputConfigFormat(config: CreateMessageBody['output_config']): OutputFormat | undefined {
+  const format = config?.['format'];
+  if (format == null) return undefined;
+  const f = format as { type?: unknown; schema?: unknown };
+  if (typeof format !== 'object' || Array.isArray(format) || f.type !== 'json_schema') {
+    throw invalidRequest('output_config.format must be {"type": "json_schema", "schema": {...}}', 'output_config.format.type');
+  }
+  if (typeof f.schema !== 'object' || f.schema === null || Array.isArray(f.schema)) {
+    throw invalidRequest('output_config.format.schema must be a JSON schema object', 'output_config.format.schema');
+  }
+  const schema = f.schema as Record<string, unknown>;
+  const schemaParam = 'output_config.format.schema';
+  // Refused now (400 naming the keyword), before the request is queued or anything billed.
+  checkResponseSchema(schema, { strict: false, param: schemaParam });
+  return { type: 'json_schema', name: 'output', schema, schemaParam };
+}
+
+/**
+ * Anthropic's service_tier -> the completion window it asks for: standard_only keeps the request
+ * out of the priority (asap) window, so it asks for standard; auto leaves the choice to metadata
+ * or the model's default.
+ */
+const messagesTierWindow = (tier: CreateMessageBody['service_tier']): 'standard' | undefined =>
+  (tier === 'standard_only' ? 'standard' : undefined);
+
 export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Caller, supportsChat: boolean): GenerationRequest {
   checkPromptFields(body, supportsChat);
   // Request metadata holds strings only; Anthropic's user_id may come as null (= not given).
   const metadata: Record<string, string> = {};
   for (const [key, value] of Object.entries(body.metadata ?? {})) if (typeof value === 'string') metadata[key] = value;
-  const window = completionWindowOf(metadata);
+  const { window, param: windowParam } = requestedWindow(metadata, body.service_tier, messagesTierWindow(body.service_tier));
+  const outputFormat = outputConfigFormat(body.output_config);
   if (window === 'flex') {
     throw invalidRequest('completion_window "flex" needs a background request, which Messages does not offer: use POST /v1/responses with background=true',
       'metadata.completion_window');
@@ -118,6 +156,8 @@ export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Cal
     reasoningEffort: 'none',
   };
   if (window !== undefined) request.completionWindow = window;
+  if (windowParam !== undefined) request.completionWindowParam = windowParam;
+  if (outputFormat !== undefined) request.outputFormat = outputFormat;
   if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
   if (metadata['user_id'] !== undefined) request.user = metadata['user_id'];
   return request;

@@ -11,9 +11,11 @@ import type { ResponseBody } from '../../store/store.js';
 import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
 import type { CreateResponseBody, InputItem, InputMessage } from '../schemas/responses.js';
-import { checkImageUrl, completionWindowOf, newId, nowSeconds, refuseListedTypes } from './content.js';
+import {
+  checkImageUrl, newId, nowSeconds, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
+} from './content.js';
 import { argumentsObject, callId, responsesTools } from './tools.js';
-import { split } from '../../serving/assistant-turn.js';
+import { split, type AssistantTurn } from '../../serving/assistant-turn.js';
 import type { ReasoningSeal } from '../../serving/reasoning-seal.js';
 
 /** Input item types served. */
@@ -28,10 +30,25 @@ const REFUSED_ITEM_TYPES: Record<string, string> = {
 };
 
 /**
- * Gives item references, audio and file inputs a clear 400 before schema validation would report
- * them as a mismatched field. Runs on the raw body.
+ * OpenAI request fields this surface knows and cannot serve, with why. Other unknown fields are
+ * accepted, as the spec says; these ask for something, so dropping them would mislead.
+ */
+const REFUSED_FIELDS: Record<string, string> = {
+  stream_options: `stream_options is only meaningful with stream=true; ${STREAMING_UNAVAILABLE}`,
+  conversation: 'conversation is not supported: conversations are not stored here; continue one with previous_response_id, or send its turns in input',
+  prompt: 'prompt (a reusable prompt stored with OpenAI) is not supported: send instructions and input instead',
+};
+
+/** include values served: token logprobs of the answer, and the sealed reasoning (store=false). */
+const LOGPROBS_INCLUDE = 'message.output_text.logprobs';
+const ENCRYPTED_REASONING_INCLUDE = 'reasoning.encrypted_content';
+
+/**
+ * Gives stream=true, item references, audio and file inputs a clear 400 before schema validation
+ * would report them as a mismatched field. Runs on the raw body.
  */
 export function refuseUnsupportedInput(body: unknown): void {
+  refuseStreaming(body);
   const input = (body as { input?: unknown } | null)?.input;
   if (Array.isArray(input)) {
     refuseListedTypes(input, 'input', REFUSED_ITEM_TYPES, true);
@@ -108,8 +125,63 @@ function toChatMessages(messages: InputMessage[], base: string, first = 0): { me
   return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
 }
 
+/**
+ * The OpenAI fields checked here: refused ones (400 naming them), include, top_logprobs and
+ * text.verbosity. Returns how many top alternatives per output token to return, undefined for no
+ * logprobs.
+ */
+function checkOpenAiFields(body: CreateResponseBody): number | undefined {
+  for (const [field, why] of Object.entries(REFUSED_FIELDS)) {
+    if ((body as Record<string, unknown>)[field] != null) throw invalidRequest(why, field, 'unsupported_parameter');
+  }
+  const verbosity = body.text?.verbosity;
+  if (verbosity != null && verbosity !== 'medium') {
+    throw invalidRequest(`text.verbosity "${verbosity}" is not supported: the models take no length hint; send "medium" or leave it out`,
+      'text.verbosity', 'unsupported_parameter');
+  }
+  let logprobs = false;
+  (body.include ?? []).forEach((value, i) => {
+    if (value === LOGPROBS_INCLUDE) logprobs = true;
+    else if (value === ENCRYPTED_REASONING_INCLUDE) {
+      // With store=false reasoning items carry encrypted_content anyway; with store=true the spec
+      // says reasoning does not carry over, so there is nothing to hand back.
+      if (body.store !== false) {
+        throw invalidRequest(`include[${i}] "${value}" needs store=false: with store=true reasoning does not carry over to a later request`,
+          `include[${i}]`, 'unsupported_parameter');
+      }
+    } else {
+      throw invalidRequest(`include[${i}] "${value}" is not available here: the values served are ${LOGPROBS_INCLUDE} and ` +
+        `${ENCRYPTED_REASONING_INCLUDE} (with store=false)`, `include[${i}]`, 'unsupported_parameter');
+    }
+  });
+  if (body.top_logprobs != null && !logprobs) {
+    throw invalidRequest(`top_logprobs needs include ["${LOGPROBS_INCLUDE}"]: without it no logprobs are returned`, 'top_logprobs');
+  }
+  return logprobs ? body.top_logprobs ?? 0 : undefined;
+}
+
+/**
+ * OpenAI's service_tier -> the completion window it asks for (undefined: no preference). priority
+ * is OpenAI's faster tier at a higher price: the spec's asap window; flex is the flex window, which
+ * runs background requests only (the spec: flex requires background=true). scale (Scale Tier
+ * units) does not exist here.
+ */
+function responsesTierWindow(body: CreateResponseBody): 'asap' | 'flex' | undefined {
+  const tier = body.service_tier;
+  if (tier === 'priority') return 'asap';
+  // Without background=true prepare() refuses it, naming service_tier (a batch line runs in the
+  // background whatever it says, so the check cannot be made here).
+  if (tier === 'flex') return 'flex';
+  if (tier === 'scale') {
+    throw invalidRequest('service_tier "scale" (Scale Tier) is not offered: send "auto", "default", "priority" or "flex"',
+      'service_tier', 'unsupported_parameter');
+  }
+  return undefined;
+}
+
 export function toGenerationRequest(body: CreateResponseBody, caller: Caller, supportsChat: boolean,
   seal?: ReasoningSeal): GenerationRequest {
+  const logprobs = checkOpenAiFields(body);
   const unseal = seal === undefined ? undefined : (blob: string, param: string) => seal.unseal(caller.orgId, blob, param);
   let input: GenerationRequest['input'];
   let imageParam: string | undefined;
@@ -137,14 +209,16 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
       ...(body.temperature != null && { temperature: body.temperature }),
       // top_p 0 means "only the most likely token": the engine's smallest nucleus.
       ...(body.top_p != null && { topP: Math.max(body.top_p, Number.MIN_VALUE) }),
+      ...(logprobs !== undefined && { logprobs }),
     },
     maxOutputTokensParam: 'max_output_tokens',
     background: body.background === true,
     metadata,
   };
   if (body.max_output_tokens != null) request.maxOutputTokens = body.max_output_tokens;
-  const window = completionWindowOf(metadata);
+  const { window, param: windowParam } = requestedWindow(metadata, body.service_tier, responsesTierWindow(body));
   if (window !== undefined) request.completionWindow = window;
+  if (windowParam !== undefined) request.completionWindowParam = windowParam;
   if (imageParam !== undefined) request.imageParam = imageParam;
   if (format?.type === 'json_schema') {
     const schemaParam = 'text.format.schema';
@@ -155,7 +229,8 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
     request.outputFormat = format as OutputFormat;
   }
   if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;
-  if (body.user !== undefined) request.user = body.user;
+  const user = body.user ?? body.safety_identifier;
+  if (user !== undefined) request.user = user;
   const tools = responsesTools(body.tools, body.tool_choice, body.parallel_tool_calls);
   if (tools !== undefined) request.tools = tools;
   if (body.reasoning?.effort != null) request.reasoningEffort = body.reasoning.effort;
@@ -189,7 +264,9 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
     parallel_tool_calls: body.parallel_tool_calls ?? true,
     previous_response_id: body.previous_response_id ?? null,
     prompt_cache_key: body.prompt_cache_key ?? null,
-    reasoning: { effort: body.reasoning?.effort ?? null, summary: null },
+    // summary: what the request asked for; finishedResponse reads it back (a background response
+    // is finished from the stored object).
+    reasoning: { effort: body.reasoning?.effort ?? null, summary: body.reasoning?.summary ?? body.reasoning?.generate_summary ?? null },
     store: body.store ?? true,
     temperature: body.temperature ?? 1,
     top_p: body.top_p ?? 1,
@@ -205,34 +282,53 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
 }
 
 /**
+ * Whether the token limit ended the output inside the think block: the model never began its
+ * answer (the close tag is not among the generated tokens).
+ */
+export function cutWhileThinking(prepared: PreparedGeneration, result: GenerateResult, turn: AssistantTurn): boolean {
+  const tags = prepared.assistant?.tags;
+  return result.finishReason === 'length' && turn.reasoning !== undefined && tags !== undefined && !result.tokenIds.includes(tags.closeId);
+}
+
+/**
  * The finished Response: a reasoning item when the model thought, an assistant message item (when
  * it wrote text, or called nothing), and a function_call item per tool call; `incomplete` when
- * the token limit cut it. `seal` makes a reasoning item's encrypted_content (store=false).
+ * the token limit cut it. Cut inside the think block, the output is the reasoning item alone, as
+ * OpenAI answers a reasoning model that ran out of tokens before its answer: no message item whose
+ * empty text a client could take for the answer (or try to parse). `seal` makes a reasoning item's
+ * encrypted_content (store=false).
  */
 export function finishedResponse(running: ResponseBody, result: GenerateResult, prepared: PreparedGeneration,
   seal?: ReasoningSeal): ResponseBody {
   const cut = result.finishReason === 'length';
   const status = cut ? 'incomplete' : 'completed';
   const turn = split(prepared.assistant, prepared.promptTokenIds, result);
+  const answered = !cutWhileThinking(prepared, result, turn);
   const output: Record<string, unknown>[] = [];
   if (turn.reasoning !== undefined) {
+    // A summary asked for (reasoning.summary / generate_summary, any level) is the reasoning itself:
+    // no summarizer model runs here, and the whole text is never less than a summary says.
+    const summaryAsked = (running['reasoning'] as { summary?: unknown } | null | undefined)?.summary != null;
     output.push({
       id: newId('rs'),
       type: 'reasoning',
-      summary: [],
+      summary: summaryAsked ? [{ type: 'summary_text', text: turn.reasoning }] : [],
       content: [{ type: 'reasoning_text', text: turn.reasoning }],
       // store=false: the reasoning comes back sealed, for the client to replay (spec: store).
       ...(seal !== undefined && running['store'] === false && { encrypted_content: seal.seal(prepared.request.caller.orgId, turn.reasoning) }),
       status,
     });
   }
-  if (turn.content !== '' || turn.toolCalls.length === 0) {
+  if (answered && (turn.content !== '' || turn.toolCalls.length === 0)) {
     output.push({
       id: newId('msg'),
       type: 'message',
       status,
       role: 'assistant',
-      content: [{ type: 'output_text', text: turn.content, annotations: [], logprobs: [] }],
+      // With include message.output_text.logprobs: the tokens after the reasoning (a tool call
+      // written after the text, if any, is among them).
+      content: [{ type: 'output_text', text: turn.content, annotations: [],
+        logprobs: result.logprobs === undefined ? [] : openAiLogprobs(result.logprobs.slice(turn.reasoningTokens)) }],
     });
   }
   for (const call of turn.toolCalls) {

@@ -4,11 +4,12 @@
 // Unknown-field policy: the top level is closed. A field the service does not know is a 400
 // naming it ("x is not a recognised field here") rather than being ignored, because a silently
 // ignored parameter (say, a penalty) changes results without telling the caller. Every OpenAI
-// field listed below is either honoured, accepted because it changes nothing here (store,
-// service_tier, modalities ["text"]), or checked by the adapter and refused with a 400 naming it
-// when it asks for something the service cannot do (stream, penalties, logit_bias, the deprecated
-// functions). OpenAI fields the service knows but cannot honour at
-// all (audio, prediction, web_search_options) get their own message from the adapter.
+// field listed below is either honoured (service_tier picks the completion window; modalities
+// ["text"] is what is served anyway), or checked by the adapter and refused with a 400 naming it
+// when it asks for something the service cannot do (stream, store=true, service_tier flex or
+// scale, penalties, logit_bias, the deprecated functions). OpenAI fields the service knows but
+// cannot honour at all (audio, prediction, web_search_options) get their own message from the
+// adapter.
 //
 // Messages and content parts are closed too (the spec: no extra fields in a message). Parts and
 // response_format are unions told apart by `type` (discriminatedUnion), so a mistake is reported
@@ -102,8 +103,9 @@ export const CreateChatCompletionSchema = Type.Object({
   /** The deprecated forms of tools: refused by the adapter with a pointer to tools. */
   functions: Type.Optional(Nullable(Type.Array(Free))),
   function_call: Type.Optional(Nullable(Type.Union([Type.String(), Free]))),
-  // Accepted; nothing to do with them here.
+  /** auto and default: the window metadata or the model's default picks; priority: asap; flex and scale: refused. */
   service_tier: Type.Optional(Nullable(Type.Enum(['auto', 'default', 'flex', 'scale', 'priority']))),
+  /** Only false (or null): chat completions are not stored for retrieval. */
   store: Type.Optional(Nullable(Type.Boolean())),
   reasoning_effort: Type.Optional(Nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high', 'xhigh']))),
   modalities: Type.Optional(Nullable(Type.Array(Type.Literal('text')))),

@@ -2,8 +2,10 @@
 // far as the spec and the served models go.
 //
 // Unknown-field policy: the top level, messages, content blocks and image sources are closed: an
-// unknown field is a 400 naming it. tools / tool_choice / output_config are accepted as free
-// objects and never reach the model (the spec: accepted and ignored). Block types other than
+// unknown field is a 400 naming it. tools / tool_choice are accepted as free objects and never
+// reach the model (the spec: accepted and ignored). output_config is accepted as a free object
+// (the spec); its format is served as a structured output and its effort checked by the adapter.
+// service_tier picks the completion window (standard_only: standard). Block types other than
 // text and image are refused before validation with their own message (adapters/messages.ts).
 // Blocks and image sources are unions told apart by `type` (discriminatedUnion), so a mistake is
 // reported against the type the client meant.
@@ -79,10 +81,12 @@ export const CreateMessageSchema = Type.Object({
     type: Type.Enum(['disabled', 'enabled', 'adaptive']),
     budget_tokens: Type.Optional(Type.Integer({ minimum: 0, maximum: INT32_MAX })),
   }, { additionalProperties: false })),
-  // Accepted and ignored (the spec): never shown to the model.
+  /** Accepted (the spec); format {type: json_schema, schema} constrains the answer (adapters/messages.ts). */
   output_config: Type.Optional(Free),
+  // Accepted and ignored (the spec): never shown to the model.
   tools: Type.Optional(Type.Array(Free)),
   tool_choice: Type.Optional(Free),
+  /** auto: metadata or the model's default picks the window; standard_only: the standard window. */
   service_tier: Type.Optional(Type.Enum(['auto', 'standard_only'])),
 }, { additionalProperties: false });
 export type CreateMessageBody = Static<typeof CreateMessageSchema>;

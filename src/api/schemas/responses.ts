@@ -1,6 +1,8 @@
 // Schemas of the Responses surface (POST /v1/responses, GET /v1/responses/{id}): the spec's
-// create-response request and response object. Unknown top-level request fields are accepted;
-// messages and content parts are closed.
+// create-response request and response object. Unknown top-level request fields are accepted (the
+// spec); messages and content parts are closed. OpenAI's own request fields are declared here and
+// either honoured or refused by the adapter with a 400 naming them (adapters/responses.ts), never
+// accepted and dropped.
 
 import Type, { type Static } from 'typebox';
 import { ClientJsonSchema, INT32_MAX, MetadataSchema, discriminatedUnion } from './common.js';
@@ -94,10 +96,16 @@ export const CreateResponseSchema = Type.Object({
   max_output_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1, maximum: INT32_MAX }))),
   temperature: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 2 }))),
   top_p: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 1 }))),
-  text: Type.Optional(Type.Object({ format: Type.Optional(TextFormatSchema) }, { additionalProperties: true })),
+  text: Type.Optional(Type.Object({
+    format: Type.Optional(TextFormatSchema),
+    /** Only medium (or null): the models take no length hint; the adapter refuses low and high. */
+    verbosity: Type.Optional(Nullable(Type.Enum(['low', 'medium', 'high']))),
+  }, { additionalProperties: true })),
   reasoning: Type.Optional(Nullable(Type.Object({
     effort: Type.Optional(Nullable(Type.Enum(['none', 'minimal', 'low', 'medium', 'high', 'xhigh']))),
+    /** generate_summary (the spec) and summary (its newer OpenAI name): see the adapter. */
     generate_summary: Type.Optional(Nullable(Type.Enum(['auto', 'concise', 'detailed']))),
+    summary: Type.Optional(Nullable(Type.Enum(['auto', 'concise', 'detailed']))),
   }, { additionalProperties: true }))),
   background: Type.Optional(Nullable(Type.Boolean())),
   prompt_cache_key: Type.Optional(Type.String()),
@@ -109,8 +117,17 @@ export const CreateResponseSchema = Type.Object({
   tool_choice: Type.Optional(Nullable(Type.Union([Type.Enum(['none', 'auto', 'required']), Free]))),
   parallel_tool_calls: Type.Optional(Nullable(Type.Boolean())),
   truncation: Type.Optional(Nullable(Type.Literal('disabled'))),
+  /** Only false (stream=true gets its own 400 before validation, worded as on every surface). */
   stream: Type.Optional(Nullable(Type.Literal(false))),
   user: Type.Optional(Type.String({ maxLength: 256 })),
+  /** OpenAI's successor of user: the same use here (user wins when both are given). */
+  safety_identifier: Type.Optional(Type.String({ maxLength: 256 })),
+  /** Extra output: message.output_text.logprobs, and reasoning.encrypted_content (with store=false); others refused by the adapter. */
+  include: Type.Optional(Nullable(Type.Array(Type.String(), { maxItems: 16 }))),
+  /** Alternatives per output token, with include message.output_text.logprobs. */
+  top_logprobs: Type.Optional(Nullable(Type.Integer({ minimum: 0, maximum: 20 }))),
+  /** auto and default: metadata or the model's default picks the window; priority: asap; flex: flex (background only); scale: refused. */
+  service_tier: Type.Optional(Nullable(Type.Enum(['auto', 'default', 'flex', 'scale', 'priority']))),
   metadata: Type.Optional(Nullable(MetadataSchema)),
 }, { additionalProperties: true });
 export type CreateResponseBody = Static<typeof CreateResponseSchema>;
