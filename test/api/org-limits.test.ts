@@ -40,16 +40,17 @@ afterAll(async () => {
   await receiver?.close();
 });
 
-/** Responses stored for an organization, read from the database file. */
-function storedResponses(orgName: string): number {
+/** Rows an organization has in a table with an org_id column, read from the database file. */
+function storedRows(table: 'responses' | 'response_inputs', orgName: string): number {
   const db = new Database(join(server.dataDir, 'sluice.db'), { readonly: true });
   try {
-    return (db.prepare('SELECT COUNT(*) AS n FROM responses r JOIN organizations o ON o.id = r.org_id WHERE o.name = ?')
+    return (db.prepare(`SELECT COUNT(*) AS n FROM ${table} r JOIN organizations o ON o.id = r.org_id WHERE o.name = ?`)
       .get(orgName) as { n: number }).n;
   } finally {
     db.close();
   }
 }
+const storedResponses = (orgName: string) => storedRows('responses', orgName);
 
 async function post(body: unknown, key: string, path = '/responses') {
   const res = await fetch(`${server.baseUrl}${path}`, {
@@ -84,8 +85,10 @@ describe('per-organization limits', () => {
       expect(r.body['error']).toMatchObject({ type: 'rate_limit_error', code: 'rate_limit_exceeded', retry_after: 1 });
     }
     expect(results.slice(3).map((r) => r.status)).toEqual([200, 200]);
-    // Only the admitted request was stored and called back; the refused ones left no trace.
+    // Only the admitted request was stored and called back; the refused ones left no trace, not
+    // even their input items.
     expect(storedResponses('one-at-a-time')).toBe(1);
+    expect(storedRows('response_inputs', 'one-at-a-time')).toBe(1);
     await hook.waitForCalls(3);  // the admitted one (of this org) and the two of the default organization
     await new Promise((r) => setTimeout(r, 300));
     expect(hook.calls).toHaveLength(3);
@@ -119,6 +122,7 @@ describe('per-organization limits', () => {
     const third = await post(body, key);
     expect(third.status).toBe(429);
     expect(third.body['error']).toMatchObject({ code: 'rate_limit_exceeded', param: 'background' });
+    expect(storedRows('response_inputs', 'small-queue')).toBe(2);  // the refused one stored no input
     // With max_inflight_requests 1 and two background responses in progress, a foreground
     // request of the same organization is still served.
     expect((await post({ model: 'tiny', input: 'now', max_output_tokens: 2 }, key)).status).toBe(200);
@@ -141,6 +145,7 @@ describe('per-organization limits', () => {
     expect(second.body['error'].retry_after).toBe(wait);
     // Background requests are refused at creation too while the budget is spent.
     expect((await post({ model: 'tiny', input: 'bg', max_output_tokens: 4, background: true }, key)).status).toBe(429);
+    expect([storedRows('responses', 'few-tokens'), storedRows('response_inputs', 'few-tokens')]).toEqual([1, 1]);
   });
 });
 

@@ -85,18 +85,21 @@ export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): v
       : body;
     const prepared = await ctx.service.prepare(toGenerationRequest(conversation, caller, model.supportsChat, ctx.service.reasoningSeal));
     const running = inProgressResponse(newId('resp'), body, prepared);
-    await ctx.store.putResponseInput(caller.orgId, running.id, items);
 
     if (prepared.request.background) {
-      // The organization's limits (src/serving/tenant-limits.ts): 429 before anything is stored.
+      // The organization's limits (src/serving/tenant-limits.ts): 429 before anything is stored,
+      // the input items included (stored before the response, so GET .../input_items of an
+      // in_progress response finds them).
       ctx.service.limits.checkTokens(caller);
       ctx.service.limits.checkQueuedBackground(caller, ctx.background.numInProgress(caller.orgId));
+      await ctx.store.putResponseInput(caller.orgId, running.id, items);
       await ctx.background.start(caller.orgId, running, prepared);
       return running;
     }
     // A foreground request over its organization's limits is a 429 before anything is stored.
     const admitted = ctx.service.admitForeground(caller);
     try {
+      await ctx.store.putResponseInput(caller.orgId, running.id, items);
       return await runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply), reply, admitted);
     } finally {
       admitted();
