@@ -139,6 +139,9 @@ describe.each(VARIANTS)('%s in %s, fp32 ONNX export', (preset, dtype) => {
     for (const sampling of [
       { temperature: 0.8, topP: 1, topK: 0, seed: 42n, logprobs: 2 },
       { temperature: 1.2, topP: 0.9, topK: 50, seed: 7n, logprobs: 0 },
+      // min_p: 1 at a high temperature is greedy only where minP is honoured; 0.05 cuts the tail.
+      { temperature: 2, topP: 1, topK: 0, minP: 1, seed: 5n, logprobs: 0 },
+      { temperature: 1.5, topP: 0.95, topK: 40, minP: 0.05, seed: 9n, logprobs: 0 },
     ]) {
       const got = await runNative(onnx, prompt, 16, { sampling });
       const want = await runNative(native, prompt, 16, { sampling });

@@ -275,6 +275,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     if (s.Get("temperature").IsNumber()) p.temperature = s.Get("temperature").As<Napi::Number>().FloatValue();
     if (s.Get("topP").IsNumber()) p.top_p = s.Get("topP").As<Napi::Number>().FloatValue();
     p.top_k = get_int32(env, s, "topK", 0, 0, INT32_MAX);
+    if (s.Get("minP").IsNumber()) p.min_p = s.Get("minP").As<Napi::Number>().FloatValue();
     p.logprobs = get_int32(env, s, "logprobs", 0, 0, 20);
     Napi::Value seed = s.Get("seed");
     if (seed.IsBigInt()) {

@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
       for (auto& v : h) v = nd(rng);
       SLUICE_CUDA_CHECK(cudaMemcpy(logits.get(), h.data(), h.size() * 4, cudaMemcpyHostToDevice));
       for (int greedy : {1, 0}) {
-        std::vector<cuda::SampleRowParams> p(size_t(R), {greedy ? 0.f : 1.f, greedy ? 1.f : 0.9f, greedy ? 0 : 50, 0, 0.37});
+        std::vector<cuda::SampleRowParams> p(size_t(R), {{greedy ? 0.f : 1.f, greedy ? 1.f : 0.9f, greedy ? 0 : 50, 0, 0}, 0.37});
         SLUICE_CUDA_CHECK(cudaMemcpy(params.get(), p.data(), p.size() * sizeof(p[0]), cudaMemcpyHostToDevice));
         cuda::SampleArgs a;
         a.logits = logits.get<float>(), a.R = R, a.V = s.V, a.params = params.get<cuda::SampleRowParams>();

@@ -171,6 +171,13 @@ TEST_CASE(seeded_sampling_repeats_and_differs_by_seed) {
   Generated greedy = generate(*e, prompt, 16, 0, 64, {0.f, 1.f, 0, 0, 0});
   Generated k1 = generate(*e, prompt, 16, 0, 64, {1.5f, 1.f, 1, 5, 0});
   CHECK(greedy.tokens == k1.tokens);
+  // So is min_p = 1 (only tokens as likely as the best are kept), and at this temperature
+  // without it the draws leave the greedy path.
+  Generated p1 = generate(*e, prompt, 16, 0, 64, {1.5f, 1.f, 0, 5, 0, 1.f});
+  CHECK(greedy.tokens == p1.tokens);
+  CHECK(greedy.tokens != generate(*e, prompt, 16, 0, 64, {1.5f, 1.f, 0, 5, 0, 0.f}).tokens);
+  for (float bad : {-0.01f, 1.01f, NAN})
+    CHECK_THROWS_CODE(e->add_sequence(50, prompt, {1.f, 1.f, 0, 0, 0, bad}), ErrorCode::kInvalidArgument);
 }
 
 TEST_CASE(logprobs_top_n_are_sorted_and_include_greedy_choice) {

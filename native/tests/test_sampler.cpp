@@ -1,5 +1,6 @@
-// Sampling: greedy, temperature, top-k and top-p draw from exactly the distribution they
+// Sampling: greedy, temperature, top-k, top-p and min-p draw from exactly the distribution they
 // define (checked by frequencies over many seeded draws), and logprobs are log-softmax values.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -96,6 +97,89 @@ TEST_CASE(top_p_over_a_flat_large_vocabulary_widens_past_the_first_candidates) {
     if (id % 150 != 0) max_id_unpreferred = std::max(max_id_unpreferred, id);
   CHECK(max_id_unpreferred < 76000);  // ties broken by id: the nucleus is a prefix of the id order
   CHECK(preferred > 0);
+}
+
+namespace {
+
+// The kept set by the definitions, straight from the probabilities: softmax(logits / T); min_p
+// drops p < min_p * max p; top-k keeps the k most likely; top-p the shortest most-likely head of
+// what is left (renormalised) holding top_p of it. Ties by id.
+std::vector<int32_t> reference_kept(const std::vector<float>& logits, float T, int top_k, float top_p, float min_p) {
+  std::vector<double> p(logits.size());
+  double z = 0, pmax = 0;
+  for (size_t i = 0; i < logits.size(); i++) z += p[i] = std::exp(double(logits[i]) / T);
+  for (double& x : p) pmax = std::max(pmax, x /= z);
+  std::vector<int32_t> kept;
+  for (size_t i = 0; i < p.size(); i++)
+    if (p[i] >= double(min_p) * pmax) kept.push_back(int32_t(i));
+  std::stable_sort(kept.begin(), kept.end(), [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+  if (top_k > 0 && size_t(top_k) < kept.size()) kept.resize(size_t(top_k));
+  double mass = 0, cum = 0;
+  for (int32_t id : kept) mass += p[size_t(id)];
+  for (size_t n = 0; n < kept.size(); n++)
+    if ((cum += p[size_t(kept[n])]) >= double(top_p) * mass) {
+      kept.resize(n + 1);
+      break;
+    }
+  return kept;
+}
+
+}  // namespace
+
+TEST_CASE(min_p_samples_what_it_keeps_in_proportion) {
+  // softmax(l / 1) / max: 1, 0.368, 0.223, 0.135, 0.050, 0.007; at T = 0.5: 1, 0.135, 0.050, ...
+  std::vector<float> logits{2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f};
+  const int n = 40000;
+  struct Case {
+    float T, top_p;
+    int top_k;
+    float min_p;
+    size_t num_kept;  // what the reference must find, so that each case tests the cut it names
+  };
+  const Case cases[] = {
+      {1.0f, 1.f, 0, 0.2f, 3},   // min_p alone
+      {1.0f, 1.f, 0, 0.1f, 4},
+      {0.5f, 1.f, 0, 0.1f, 2},   // after temperature: the same min_p keeps fewer
+      {2.0f, 1.f, 0, 0.1f, 5},   // ... or more
+      {1.0f, 1.f, 2, 0.1f, 2},   // top-k shorter than min_p's set
+      {1.0f, 1.f, 5, 0.2f, 3},   // min_p's set shorter than top-k
+      // top-p over the mass min_p left: {0..3} renormalised holds 0.579, 0.792 -> two tokens;
+      // over the whole distribution (0.561, 0.767) it would take three.
+      {1.0f, 0.78f, 0, 0.1f, 2},
+      {1.0f, 1.f, 0, 1.0f, 1},   // min_p 1: only the most likely token, whatever the temperature
+      {1.0f, 1.f, 0, 0.f, 6},    // 0: off
+  };
+  uint64_t seed = 31;
+  for (const Case& c : cases) {
+    const std::vector<int32_t> kept = reference_kept(logits, c.T, c.top_k, c.top_p, c.min_p);
+    CHECK(kept.size() == c.num_kept);
+    check_frequencies(draw(logits, {c.T, c.top_p, c.top_k, seed++, 0, c.min_p}, n), expected(logits, c.T, kept));
+  }
+}
+
+TEST_CASE(min_p_keeps_ties_and_never_masked_tokens) {
+  // min_p 1 keeps every token tied at the maximum (in proportion: equal), nothing else.
+  std::vector<float> tied{1.f, 3.f, 3.f, 0.f, 3.f};
+  check_frequencies(draw(tied, {1.5f, 1.f, 0, 41, 0, 1.f}, 20000), expected(tied, 1.5f, {1, 2, 4}));
+  // A tiny min_p over a wide vocabulary with masked (-inf) tokens: the cut lands past the first
+  // sorted candidates, and a masked token is never drawn.
+  std::vector<float> wide(9000, 0.f);
+  for (size_t i = 0; i < wide.size(); i += 3) wide[i] = -INFINITY;
+  for (size_t i = 1; i < wide.size(); i += 3) wide[i] = -2.f;  // ratio e^-2 = 0.135 to the best
+  const int n = 2000;
+  Draws keep_all = draw(wide, {1.f, 1.f, 0, 42, 0, 0.1f}, n);
+  Draws keep_top = draw(wide, {1.f, 1.f, 0, 43, 0, 0.2f}, n);
+  int low = 0;
+  for (auto& [id, c] : keep_all.counts) {
+    CHECK(id % 3 != 0);
+    low += id % 3 == 1 ? c : 0;
+  }
+  // 3000 tokens at -2 and 3000 at 0: the low ones get e^-2 / (1 + e^-2) = 0.1192 of the draws
+  // (sigma 0.0072 over 2000 draws: 5 sigma allowed).
+  CHECK(std::fabs(double(low) / n - 0.1192) < 0.036);
+  for (auto& [id, c] : keep_top.counts) CHECK(id % 3 == 2);
+  // 2000 draws over the 3000 kept tokens hit about 1460 distinct ones, not a short prefix.
+  CHECK(keep_top.counts.size() > 1200);
 }
 
 TEST_CASE(same_seed_same_draw) {

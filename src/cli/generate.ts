@@ -19,6 +19,7 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --temperature T      0..2 (default 0: greedy)
   --top-p P            (0, 1] (default 1: off)
   --top-k K            integer >= 0 (default 0: off)
+  --min-p P            [0, 1]: drop tokens less likely than P times the most likely (default 0: off)
   --seed S             sampling seed, 0..2^64-1 (default: random)
   --logprobs K         with --json: the top K (0..20) alternatives of every token
   --stop TEXT          stop before TEXT (repeatable)
@@ -45,6 +46,7 @@ export const GENERATE_OPTIONS = {
   temperature: { type: 'string' },
   'top-p': { type: 'string' },
   'top-k': { type: 'string' },
+  'min-p': { type: 'string' },
   seed: { type: 'string' },
   logprobs: { type: 'string' },
   stop: { type: 'string', multiple: true },
@@ -70,6 +72,7 @@ export async function runGenerate(args: string[]): Promise<void> {
     temperature: numberFlag(values.temperature, 'temperature', 0, 2) ?? 0,
     topP: numberFlag(values['top-p'], 'top-p', Number.MIN_VALUE, 1),
     topK: intFlag(values['top-k'], 'top-k', 0),
+    minP: numberFlag(values['min-p'], 'min-p', 0, 1),
     seed: u64Flag(values.seed, 'seed'),
     logprobs: intFlag(values.logprobs, 'logprobs', 0, 20),
     stop: values.stop,

@@ -78,6 +78,7 @@ export interface NativeSamplingParams {
   topK: number;                // 0 = off
   seed: bigint;                // per-sequence RNG seed
   logprobs: number;            // top-N logprobs to return per sampled token (0 = chosen token only)
+  minP?: number;               // vLLM's min_p in [0, 1]; 0 or absent = off (sluice::SamplingParams::min_p)
 }
 
 /** A sequence registered at the start of a step (StepPlan.adds). */

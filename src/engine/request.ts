@@ -24,6 +24,12 @@ export interface GenerateRequest {
   topP?: number;
   /** Integer >= 0; 0 = off (default). */
   topK?: number;
+  /**
+   * vLLM's min_p, [0, 1]; 0 = off (default). After temperature, tokens whose probability is below
+   * minP times the most likely token's are never drawn (before topK and topP). Library and CLI
+   * only: the HTTP surfaces' fields are fixed by the spec.
+   */
+  minP?: number;
   /** Sampling seed, 0..2^64-1. Default: random. */
   seed?: number | bigint;
   /** Return the top N (0..20) alternatives per generated token; undefined = no logprobs. */
@@ -177,6 +183,7 @@ export function validateOptions(req: GenerateRequest): ValidatedOptions {
   const temperature = checkNumber(req.temperature, 'temperature', (v) => v >= 0 && v <= 2, 'a number in [0, 2]') ?? 1;
   const topP = checkNumber(req.topP, 'topP', (v) => v > 0 && v <= 1, 'a number in (0, 1]') ?? 1;
   const topK = checkNumber(req.topK, 'topK', (v) => Number.isInteger(v) && v >= 0, 'an integer >= 0') ?? 0;
+  const minP = checkNumber(req.minP, 'minP', (v) => v >= 0 && v <= 1, 'a number in [0, 1]') ?? 0;
   const logprobs = checkNumber(req.logprobs, 'logprobs',
     (v) => Number.isInteger(v) && v >= 0 && v <= MAX_LOGPROBS, `an integer in [0, ${MAX_LOGPROBS}]`);
   const maxTokens = checkNumber(req.maxTokens, 'maxTokens', (v) => Number.isInteger(v) && v >= 1, 'an integer >= 1');
@@ -206,7 +213,7 @@ export function validateOptions(req: GenerateRequest): ValidatedOptions {
     throw invalid('promptCacheKey', `must be a string of 1 to ${MAX_PROMPT_CACHE_KEY_LENGTH} characters`);
   }
   return {
-    sampling: { temperature, topP, topK, seed, logprobs: logprobs ?? 0 },
+    sampling: { temperature, topP, topK, minP, seed, logprobs: logprobs ?? 0 },
     logprobs,
     maxTokens,
     stopStrings: [...stop],

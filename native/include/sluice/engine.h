@@ -76,6 +76,10 @@ struct SamplingParams {
   int top_k = 0;             // 0 = off
   uint64_t seed = 0;         // the draw for position p depends only on (seed, p): same seed, same tokens
   int logprobs = 0;          // top-N alternatives reported with each sampled token (0..20)
+  // vLLM's min_p, in [0, 1]; 0 = off. After temperature, a token whose probability is below
+  // min_p times the most likely token's is never drawn (applied before top-k and top-p).
+  // Last, so that positional initializers written before it stay valid.
+  float min_p = 0.0f;
 };
 
 // A sequence to register at the start of a step (see Engine::add_sequence for the fields).

@@ -761,9 +761,8 @@ void CudaBackend::sample_launch(const SampleRow* rows, int64_t R, int top_n, int
   slot.host.reserve(std::max(params_bytes, out_bytes));
   auto* p = slot.host.get<cuda::SampleRowParams>();
   for (int64_t r = 0; r < R; r++) {
-    const SamplingParams& sp = rows[r].params;
     Rng rng(rows[r].stream_seed);
-    p[r] = {sp.temperature, sp.top_p, sp.top_k, 0, rng.next_double()};
+    p[r] = {rows[r].params, rng.next_double()};
   }
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(sample_params_.get(), p, params_bytes, cudaMemcpyHostToDevice, stream_));
   int32_t* d_tokens = sample_out_.get<int32_t>();

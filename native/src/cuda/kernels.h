@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "sluice/dtype.h"
+#include "sluice/engine.h"
 
 namespace sluice::cuda {
 
@@ -117,15 +118,14 @@ struct AttentionArgs {
 };
 void paged_attention(const AttentionArgs& a, DType e, cudaStream_t stream);
 
-// Per logit row: sampling as the CPU sampler defines it (greedy; else top-k, then top-p over
-// softmax(logits / temperature), then an inverse-CDF draw in (logit desc, id asc) order), and
-// the log-softmax of the raw logits for the chosen token and the top_n best.
+// Per logit row: sampling as the CPU sampler defines it (greedy; else min-p and top-k, then
+// top-p over softmax(logits / temperature), then an inverse-CDF draw in (logit desc, id asc)
+// order), and the log-softmax of the raw logits for the chosen token and the top_n best.
+// The sequence's SamplingParams travel whole (seed and logprobs unused here): a new sampling
+// parameter reaches the kernel without a copy written here or in the backend.
 struct SampleRowParams {
-  float temperature;  // <= 0: greedy
-  float top_p;        // 1: off
-  int32_t top_k;      // 0: off
-  int32_t pad;
-  double uniform;     // the row's draw in [0, 1)
+  SamplingParams params;
+  double uniform;  // the row's draw in [0, 1), from the sequence's seeded stream
 };
 struct SampleArgs {
   const float* logits = nullptr;  // [R, V]

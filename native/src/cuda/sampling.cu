@@ -1,6 +1,6 @@
 // Sampling on the GPU, one block per logit row, with the CPU sampler's semantics: greedy picks
-// the argmax (lowest id on ties); otherwise top-k, then top-p over softmax(logits / T), then an
-// inverse-CDF draw, all in (logit desc, id asc) order. Logprobs are the raw log-softmax.
+// the argmax (lowest id on ties); otherwise min-p and top-k, then top-p over softmax(logits / T),
+// then an inverse-CDF draw, all in (logit desc, id asc) order. Logprobs are the raw log-softmax.
 //
 // Nothing is sorted. Every cut ("the first k", "the shortest head holding p of the mass", "the
 // token where the cumulative mass passes u") is the same question: which element ends the
@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   __shared__ Shared sh;
   const int row = blockIdx.x;
   const float* logits = a.logits + size_t(row) * a.V;
-  const SampleRowParams prm = a.params[row];
+  const SamplingParams prm = a.params[row].params;
+  const double uniform = a.params[row].uniform;
 
   // The row's max (lowest id on ties) and log-sum-exp, from the chunk partials of row_stats_kernel.
   float best = -INFINITY, se = 0.f;
@@ -335,6 +336,19 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     r.inv_temp = 1.f / prm.temperature;
     Limit lim = all;
     if (prm.top_k > 0 && prm.top_k < a.V) lim = select_prefix(r, lim, false, (unsigned long long)prm.top_k, sh);
+    if (prm.min_p > 0.f) {
+      // min_p keeps p >= min_p * p_max, i.e. (logit - max) / T >= log(min_p), evaluated in double
+      // as the CPU sampler does: a prefix of the sorted order (ties all in or all out), so its
+      // intersection with the kept elements is their first n, n >= 1 (the argmax always passes).
+      const double inv_t = 1.0 / double(prm.temperature), log_min_p = log(double(prm.min_p));
+      unsigned long long mine = 0;
+      for_each_logit(logits, a.V, [&](float l, int i) {
+        mine += lim.keeps(desc_key(l), i) && (double(l) - double(best)) * inv_t >= log_min_p;
+      });
+      unsigned long long n;
+      block_exclusive_scan(mine, sh, &n);
+      lim = select_prefix(r, lim, false, n, sh);
+    }
     if (prm.top_p < 1.f) {
       const unsigned long long total = kept_total(r, lim, true, sh);
       unsigned long long target = (unsigned long long)ceil(double(prm.top_p) * double(total));
@@ -342,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
       lim = select_prefix(r, lim, true, target, sh);
     }
     const unsigned long long total = kept_total(r, lim, true, sh);
-    unsigned long long u = (unsigned long long)(prm.uniform * double(total));
+    unsigned long long u = (unsigned long long)(uniform * double(total));
     if (u >= total) u = total - 1;
     token = select_prefix(r, lim, true, u + 1, sh).id;  // the first element whose cumulative mass exceeds u
   }

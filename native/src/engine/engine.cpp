@@ -126,10 +126,11 @@ class EngineImpl final : public Engine {
         throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(t) + " is outside the vocabulary (size " +
                                                      std::to_string(config_.vocab_size) + ")");
     if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature) || !(p.top_p > 0.f && p.top_p <= 1.f) ||
-        p.top_k < 0 || p.top_k > config_.vocab_size || p.logprobs < 0 || p.logprobs > 20)
+        p.top_k < 0 || p.top_k > config_.vocab_size || p.logprobs < 0 || p.logprobs > 20 ||
+        !(p.min_p >= 0.f && p.min_p <= 1.f))
       throw Error(ErrorCode::kInvalidArgument,
                   "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= top_k <= vocabulary size " +
-                      std::to_string(config_.vocab_size) + ", logprobs 0..20)");
+                      std::to_string(config_.vocab_size) + ", logprobs 0..20, 0 <= min_p <= 1)");
     Sequence s;
     s.tokens = prompt;
     s.params = p;

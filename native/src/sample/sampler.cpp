@@ -58,6 +58,15 @@ SampledToken sample_token(const float* logits, int64_t vocab, int32_t best, floa
       return logits[id] == -INFINITY ? 0.0 : std::exp((double(logits[id]) - double(max_logit)) * inv_t);
     };
     int64_t keep = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
+    if (params.min_p > 0.f) {
+      // min_p keeps p >= min_p * p_max, i.e. (logit - max) / T >= log(min_p): every token at or
+      // above one logit, a prefix of the sorted order with ties all in or all out. Intersected
+      // with top-k's prefix it is the shorter one; top-p then cuts the mass of what is left.
+      const double log_min_p = std::log(double(params.min_p));
+      int64_t above = 0;
+      for (int64_t i = 0; i < vocab; i++) above += (double(logits[i]) - double(max_logit)) * inv_t >= log_min_p;
+      keep = std::min(keep, above);
+    }
     const bool nucleus = params.top_p < 1.f;
     const bool sorted = keep < vocab || nucleus;
     double total = 0;  // softmax(logits / T) mass of the kept candidates, in double

@@ -1,4 +1,4 @@
-// Token sampling from one row of logits: greedy, temperature, top-k, top-p, seeded, with
+// Token sampling from one row of logits: greedy, temperature, min-p, top-k, top-p, seeded, with
 // logprobs of the chosen token and the top N. Pure functions of (logits, params, rng state).
 #pragma once
 #include <cstdint>

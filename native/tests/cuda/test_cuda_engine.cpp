@@ -128,6 +128,11 @@ TEST_CASE(seeded_sampling_repeats_on_the_gpu) {
   for (size_t i = 0; i < a.size(); i++) same += a[i].token == b[i].token;
   // Batched GPU kernels round differently, which can move a draw across a boundary: rare.
   CHECK(same >= 28);
+  // min_p = 1 keeps only the best token: the greedy continuation at any temperature.
+  const auto greedy = generate(*gpu, prompt, 16, 0, 64);
+  const auto p1 = generate(*gpu, prompt, 16, 0, 64, {1.5f, 1.f, 0, 5, 0, 1.f});
+  CHECK(p1.size() == greedy.size());
+  for (size_t i = 0; i < greedy.size() && i < p1.size(); i++) CHECK(p1[i].token == greedy[i].token);
   p.seed = 99;
   const auto c = generate(*gpu, prompt, 32, 0, 64, p);
   int diff = 0;

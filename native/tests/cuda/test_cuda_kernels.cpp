@@ -297,17 +297,22 @@ namespace {
 struct SampleCase {
   float temperature, top_p;
   int top_k;
+  float min_p = 0.f;
 };
 
 }  // namespace
 
 TEST_CASE(sampling_matches_the_cpu_sampler) {
   const int Vs[] = {1000, 151936};
-  const SampleCase cases[] = {{0.f, 1.f, 0},   {1.f, 1.f, 40},  {0.7f, 0.9f, 0}, {1.3f, 0.5f, 50},
-                              {1.f, 0.99f, 0}, {2.f, 1.f, 1},   {0.5f, 0.3f, 5}, {1.f, 0.95f, 100000}};
+  // The min_p cases cut at both widths (logits ~ N(0, 3): about max - 3 for 0.05 at T = 1), under
+  // top-k and over top-p too; min_p 1 sits on a row of exact ties (r % 8 == 3 hits cases 3, 7, 11).
+  const SampleCase cases[] = {{0.f, 1.f, 0},     {1.f, 1.f, 40},       {0.7f, 0.9f, 0},   {1.3f, 0.5f, 50},
+                              {1.f, 0.99f, 0},   {2.f, 1.f, 1},        {0.5f, 0.3f, 5},   {1.f, 0.95f, 100000},
+                              {1.f, 1.f, 0, .05f}, {0.7f, 0.9f, 0, .1f}, {1.f, 1.f, 100, .1f}, {1.f, 1.f, 0, 1.f}};
+  const int num_cases = int(sizeof(cases) / sizeof(cases[0]));
   std::mt19937 rng(7);
   for (int V : Vs) {
-    const int R = 64;
+    const int R = 96;
     std::vector<float> logits(static_cast<size_t>(R) * V);
     std::normal_distribution<float> nd(0.f, 3.f);
     for (int r = 0; r < R; r++)
@@ -319,10 +324,10 @@ TEST_CASE(sampling_matches_the_cpu_sampler) {
     std::vector<cuda::SampleRowParams> params(static_cast<size_t>(R));
     std::vector<SamplingParams> sp(static_cast<size_t>(R));
     for (int r = 0; r < R; r++) {
-      const SampleCase& c = cases[size_t(r) % 8];
-      sp[size_t(r)] = {c.temperature, c.top_p, c.top_k, uint64_t(r * 31 + V), 5};
+      const SampleCase& c = cases[r % num_cases];
+      sp[size_t(r)] = {c.temperature, c.top_p, c.top_k, uint64_t(r * 31 + V), 5, c.min_p};
       Rng draw(sp[size_t(r)].seed);
-      params[size_t(r)] = {c.temperature, c.top_p, c.top_k, 0, draw.next_double()};
+      params[size_t(r)] = {sp[size_t(r)], draw.next_double()};
     }
     Dev<float> dl(logits);
     Dev<cuda::SampleRowParams> dp(params);
@@ -356,13 +361,14 @@ TEST_CASE(sampling_matches_the_cpu_sampler) {
         CHECK(gti[size_t(r) * 5 + i] == cti[i]);
         CHECK(std::fabs(gtlp[size_t(r) * 5 + i] - ctlp[i]) <= 1e-4f * (1 + std::fabs(ctlp[i])));
       }
-      // The CPU draws in id order when neither top-k nor top-p filters, the GPU always in sorted
-      // order: the same distribution, different tokens for the same draw. Compare the rest exactly
-      // (a draw landing within float rounding of a boundary could differ: allow 1 in 64).
+      // The CPU draws in id order when neither top-k, top-p nor min-p filters, the GPU always in
+      // sorted order: the same distribution, different tokens for the same draw. Compare the rest
+      // exactly (a draw landing within float rounding of a boundary could differ: allow 1 in 96).
       const SamplingParams& p = sp[size_t(r)];
       const bool greedy = p.temperature <= 0.f || p.top_k == 1;
-      const bool sorted_cpu = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.f;
+      const bool sorted_cpu = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.f || p.min_p > 0.f;
       if (greedy) CHECK(gt[size_t(r)] == best);
+      if (p.min_p == 1.f) CHECK(row[gt[size_t(r)]] == row[best]);  // only ties of the best are kept
       else if (sorted_cpu && gt[size_t(r)] != ct.token) token_mismatch++;
       CHECK(gt[size_t(r)] >= 0 && gt[size_t(r)] < V);
       CHECK(std::fabs(glp[size_t(r)] - (row[gt[size_t(r)]] - lse)) <= 1e-4f * (1 + std::fabs(glp[size_t(r)])));
@@ -419,7 +425,7 @@ TEST_CASE(token_masks_match_reference_at_every_level) {
     CHECK(want_token[2] >= 0 && want_token[3] == V - 1 && want_token[4] == -1 && want_token[5] == -1);
     // Greedy with no alternatives (the kernel's early exit) and with two (the selection path).
     for (int top_n : {0, 2}) {
-      std::vector<cuda::SampleRowParams> params(static_cast<size_t>(R), cuda::SampleRowParams{0.f, 1.f, 0, 0, 0.5});
+      std::vector<cuda::SampleRowParams> params(static_cast<size_t>(R), cuda::SampleRowParams{{0.f, 1.f, 0, 0, 0}, 0.5});
       Dev<cuda::SampleRowParams> dp(params);
       Dev<int32_t> tok(static_cast<size_t>(R)), top_ids(size_t(R) * 2);
       Dev<float> lp(static_cast<size_t>(R)), top_lp(size_t(R) * 2), stats(size_t(R) * cuda::kSampleStatsFloatsPerRow);
@@ -457,7 +463,7 @@ TEST_CASE(sampling_frequencies_follow_the_distribution) {
   std::vector<cuda::SampleRowParams> params;
   for (int r = 0; r < R; r++) {
     logits.insert(logits.end(), row.begin(), row.end());
-    params.push_back({0.8f, 0.9f, 0, 0, (r + 0.5) / R});
+    params.push_back({{0.8f, 0.9f, 0, 0, 0}, (r + 0.5) / R});
   }
   Dev<float> dl(logits);
   Dev<cuda::SampleRowParams> dp(params);

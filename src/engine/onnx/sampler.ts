@@ -81,6 +81,14 @@ export function sampleToken(logits: Float32Array, params: NativeSamplingParams, 
     const invT = 1 / Math.fround(params.temperature);
     const weight = (id: number) => (logits[id] === -Infinity ? 0 : Math.exp((logits[id]! - max) * invT));
     let keep = params.topK > 0 && params.topK < vocab ? params.topK : vocab;
+    const minP = Math.fround(params.minP ?? 0);
+    if (minP > 0) {
+      // p >= minP * p_max, i.e. (logit - max) / T >= log(minP): a prefix of the sorted order.
+      const logMinP = Math.log(minP);
+      let above = 0;
+      for (let v = 0; v < vocab; v++) if ((logits[v]! - max) * invT >= logMinP) above++;
+      keep = Math.min(keep, above);
+    }
     const nucleus = Math.fround(params.topP) < 1;
     const sorted = keep < vocab || nucleus;
     let order: number[] = [];
