@@ -32,6 +32,17 @@ ws ::= [ \n\t]{0,3}
 
 std::string utf8(const char* s) { return std::string(s); }
 
+/** Appends `count` random strings of `lo`..`hi` characters drawn from `alphabet`. */
+void add_random_strings(std::vector<std::string>& v, std::mt19937& rng, const std::string& alphabet, int lo, int hi, int count) {
+  std::uniform_int_distribution<int> len(lo, hi);
+  std::uniform_int_distribution<int> pick(0, int(alphabet.size()) - 1);
+  for (int k = 0; k < count; k++) {
+    std::string s;
+    for (int n = len(rng); n > 0; n--) s += alphabet[pick(rng)];
+    v.push_back(s);
+  }
+}
+
 /** A vocabulary of single bytes, JSON fragments and UTF-8 pieces; the last id is the stop token. */
 std::vector<std::string> test_vocabulary(std::mt19937& rng) {
   std::vector<std::string> v;
@@ -46,13 +57,7 @@ std::vector<std::string> test_vocabulary(std::mt19937& rng) {
                         "\xbf", "\xc0\x80", "\xe9\"", "\xa9\":"}) {
     v.push_back(utf8(s));
   }
-  const char alphabet[] = "ab\"{}[],: 0123-.eE\\u\n";
-  std::uniform_int_distribution<int> len(2, 6), pick(0, int(sizeof(alphabet)) - 2);
-  for (int k = 0; k < 400; k++) {
-    std::string s;
-    for (int n = len(rng); n > 0; n--) s += alphabet[pick(rng)];
-    v.push_back(s);
-  }
+  add_random_strings(v, rng, "ab\"{}[],: 0123-.eE\\u\n", 2, 6, 400);
   v.push_back("");  // the stop token
   return v;
 }
@@ -381,13 +386,7 @@ std::vector<std::string> run_vocabulary(std::mt19937& rng) {
                         "x\"", "xx", "xxx", "a.", "b.", ".", "ab,", ",a", "[\"", "\"a"}) {
     v.push_back(s);
   }
-  const char alphabet[] = "abcx\",.[]";
-  std::uniform_int_distribution<int> len(2, 9), pick(0, int(sizeof(alphabet)) - 2);
-  for (int k = 0; k < 300; k++) {
-    std::string s;
-    for (int n = len(rng); n > 0; n--) s += alphabet[pick(rng)];
-    v.push_back(s);
-  }
+  add_random_strings(v, rng, "abcx\",.[]", 2, 9, 300);
   v.push_back("");  // the stop token
   return v;
 }
@@ -561,13 +560,7 @@ std::vector<std::string> email_vocabulary(std::mt19937& rng) {
                         "b.a\"", "ab.ab.", "@ab.c", "\"a", "[\"", "\"]", "a..b", "x\"", "ba@ab.a\""}) {
     v.push_back(s);
   }
-  const char alphabet[] = "ab.-@\",[]x";
-  std::uniform_int_distribution<int> len(2, 7), pick(0, int(sizeof(alphabet)) - 2);
-  for (int k = 0; k < 300; k++) {
-    std::string s;
-    for (int n = len(rng); n > 0; n--) s += alphabet[pick(rng)];
-    v.push_back(s);
-  }
+  add_random_strings(v, rng, "ab.-@\",[]x", 2, 7, 300);
   v.push_back("");  // the stop token
   return v;
 }

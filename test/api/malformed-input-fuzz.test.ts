@@ -12,22 +12,12 @@ import { closeNow } from '../helpers/batches.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { testCatalog } from '../helpers/api-catalog.js';
 import { rawExchange } from '../helpers/raw-http.js';
+import { mulberry32 } from '../../bench/sharegpt-workload.js';
 import { registeredRoutes, type RegisteredRoute } from '../helpers/route-table.js';
 
 const SEED = Number(process.env['SLUICE_FUZZ_SEED'] ?? 2026_08_14);
 const CASES = Number(process.env['SLUICE_FUZZ_CASES'] ?? 400);
 
-/** mulberry32: a small seeded generator, the same sequence for the same seed on every machine. */
-function generator(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 let server: TestServer;
 let routes: RegisteredRoute[];
@@ -63,7 +53,7 @@ interface Case {
 }
 
 function makeCases(seed: number, count: number): Case[] {
-  const rand = generator(seed);
+  const rand = mulberry32(seed);
   const chance = (p: number) => rand() < p;
   const int = (lo: number, hi: number) => lo + Math.floor(rand() * (hi - lo + 1));
   const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
