@@ -2,15 +2,17 @@
 // scheduler after the HTTP reply, and finished exactly once: completed / incomplete, failed (an
 // error, or `timeout` when the window's deadline passes), or cancelled (POST .../cancel).
 //
-// Leases (store/leases.ts): every job is leased to the replica running it. start() stores the job
-// leased to this process and runs it; a keeper renews this process's leases every ttl/3 (one UPDATE
-// per table, in-progress idempotency keys included) and stops, WITHOUT storing anything, a run
-// whose job it no longer holds (cancelled on another replica, or taken over after the lease ran
-// out while this process stalled). The same tick claims jobs whose lease is free or expired (a
-// dead replica's, or those handed back), asap before standard before flex, while this process
-// runs fewer than maxRuns; a draining process claims nothing new and finishes what it runs. Every
-// end is fenced: it is written only while this process still holds the job (RequestEndCommit
-// backgroundLeaseLost otherwise), so a job is finished in one place, once.
+// Leases (store/leases.ts), kept by the leased queue (jobs/leased-queue.ts): every job is leased
+// to the replica running it. start() stores the job leased to this process and runs it; every
+// ttl/3 the queue renews this process's leases (one UPDATE per table, in-progress idempotency keys
+// included) and stops, WITHOUT storing anything, a run whose job it no longer holds (cancelled on
+// another replica, or taken over after the lease ran out while this process stalled). After each
+// renewal it claims jobs whose lease is free or expired (a dead replica's, or those handed back),
+// asap before standard before flex, while this process runs fewer than maxRuns; a draining process
+// claims nothing new and finishes what it runs. Every end is fenced: it is written only while this
+// process still holds the job (RequestEndCommit backgroundLeaseLost otherwise), so a job is
+// finished in one place, once. This runner stays in api/: it renders the spec's Response objects
+// (adapters/) and writes ends through request-end.ts.
 //
 // Restarts lose nothing: the job row (the GenerationRequest) lives until the response is terminal.
 // On shutdown running work is aborted WITHOUT storing an outcome and its leases are handed back, so
@@ -23,10 +25,11 @@
 // A run's end is one write (request-end.ts): the terminal response, the deletion of its job, its
 // ledger row when it ended with a result, and its completion webhook delivery. A run whose end
 // cannot be written stays in_progress with its job (and unbilled); the next renewal hands its
-// lease back, and it runs again (here or on another replica). The job's stored request is the only place besides the pending delivery that holds
-// metadata.webhook_token; it goes with the job.
+// lease back, and it runs again (here or on another replica). The job's stored request is the only
+// place besides the pending delivery that holds metadata.webhook_token; it goes with the job.
 
-import { leaseConfig, leaseTerm, type LeaseConfig } from '../store/leases.js';
+import { leaseConfig, type LeaseConfig, type LeaseTerm } from '../store/leases.js';
+import { CLOSED, LEASE_LOST, LeasedQueue } from '../jobs/leased-queue.js';
 import type { FastifyBaseLogger } from 'fastify';
 import { isSluiceError, SluiceError } from '../errors.js';
 import type { CompletionWindow } from '../config/catalog.js';
@@ -45,20 +48,18 @@ export type WindowDeadlines = Record<CompletionWindow, number>;
 
 export const DEFAULT_WINDOW_DEADLINES: WindowDeadlines = { asap: 10 * 60, standard: 60 * 60, flex: 24 * 60 * 60 };
 
-/** Abort reasons: why a run stopped early decides what is stored. */
-const SHUTDOWN = Symbol('shutdown');
+/** Abort reasons besides the queue's (CLOSED, LEASE_LOST): why a run stopped early decides what is stored. */
 const TIMEOUT = Symbol('timeout');
 const CANCELLED = Symbol('cancelled');
-/** Its job is gone or leased to another replica: nothing is stored (the fence would refuse it anyway). */
-const LEASE_LOST = Symbol('lease lost');
 
-interface Running {
+/** A background response this process runs: its job, prepared. */
+interface BackgroundRun {
   orgId: string;
-  controller: AbortController;
-  timer: NodeJS.Timeout | undefined;
-  done: Promise<void>;
-  /** Until when (Unix ms) this process's last write of the job's lease holds it. */
-  leaseUntilMs: number;
+  /** The in_progress response as stored. */
+  running: ResponseBody;
+  prepared: PreparedGeneration;
+  /** Unix seconds. */
+  deadlineAt: number;
 }
 
 export interface BackgroundOptions {
@@ -91,19 +92,32 @@ export function maxRunsFor(registry: ModelRegistry): number {
 }
 
 export class BackgroundResponses {
-  private readonly running = new Map<string, Running>();
-  /** Jobs this process holds but does not run yet: being stored (start) or taken over (claim). */
-  private readonly pending = new Set<string>();
-  private closed = false;
+  /** The runs of this process, by response id, under their leases. */
+  private readonly queue: LeasedQueue<BackgroundRun>;
   private readonly lease: LeaseConfig;
-  private readonly maxRuns: number;
-  /** The keeper: renews leases and claims jobs every ttl/3 (started by recover()). */
-  private timer: NodeJS.Timeout | undefined;
-  private ticking: Promise<void> | undefined;
+  private closed = false;
 
   constructor(private readonly opts: BackgroundOptions) {
     this.lease = opts.lease ?? leaseConfig();
-    this.maxRuns = opts.maxRuns ?? maxRunsFor(opts.service.registry);
+    const { store } = opts;
+    this.queue = new LeasedQueue<BackgroundRun>({
+      name: 'background responses', lease: this.lease, shared: store.shared, log: opts.log, claimOnRenew: true,
+      maxJobs: opts.maxRuns ?? maxRunsFor(opts.service.registry),
+      ...(opts.draining && { draining: opts.draining }),
+      store: {
+        key: (run) => run.running.id,
+        claim: (term, room, closing) => this.claim(term, room, closing),
+        // One UPDATE per table: in-progress idempotency keys of this process are renewed with the jobs.
+        renew: (term) => store.renewLeases(term),
+        // A job whose end could not be stored (or whose takeover failed) runs again, here or elsewhere.
+        releaseUnrun: async (owner, ids) => {
+          for (const id of ids) await store.releaseBackgroundJob(id, owner);
+        },
+        handBack: (owner) => store.releaseLeases(owner),
+        releaseAll: () => store.releaseAllLeases(),
+      },
+      work: (run, lease) => this.execute(run, lease.signal),
+    });
   }
 
   /** Deadline (Unix seconds) of a response created now in this window. */
@@ -114,7 +128,7 @@ export class BackgroundResponses {
   /** Background responses of this organization in progress in this process (running or waiting their turn). */
   numInProgress(orgId: string): number {
     let n = 0;
-    for (const run of this.running.values()) if (run.orgId === orgId) n++;
+    for (const run of this.queue.jobs()) if (run.orgId === orgId) n++;
     return n;
   }
 
@@ -122,21 +136,14 @@ export class BackgroundResponses {
   async start(orgId: string, running: ResponseBody, prepared: PreparedGeneration): Promise<void> {
     const createdAt = running['created_at'] as number;
     const deadlineAt = this.deadlineFor(prepared.window, createdAt);
-    const term = leaseTerm(this.lease);
-    this.pending.add(running.id);
-    try {
-      await this.opts.store.insertBackgroundResponse(running, {
-        responseId: running.id,
-        orgId,
-        deadlineAt,
-        request: prepared.request as unknown as Record<string, unknown>,
-        createdAt,
-        window: prepared.window,
-      }, term);
-      this.launch(orgId, running, prepared, deadlineAt, term.untilMs);
-    } finally {
-      this.pending.delete(running.id);
-    }
+    await this.queue.add({ orgId, running, prepared, deadlineAt }, (term) => this.opts.store.insertBackgroundResponse(running, {
+      responseId: running.id,
+      orgId,
+      deadlineAt,
+      request: prepared.request as unknown as Record<string, unknown>,
+      createdAt,
+      window: prepared.window,
+    }, term));
   }
 
   /**
@@ -147,11 +154,7 @@ export class BackgroundResponses {
    * its next renewal without writing. A response that ended meanwhile is returned as it ended.
    */
   async cancel(orgId: string, id: string): Promise<ResponseBody | undefined> {
-    const run = this.running.get(id);
-    if (run?.orgId === orgId) {
-      run.controller.abort(CANCELLED);
-      await run.done;
-    }
+    if (this.queue.get(id)?.orgId === orgId) await this.queue.stop(id, CANCELLED);
     const stored = await this.opts.store.getResponse(orgId, id);
     if (stored?.status !== 'in_progress') return stored;
     // Not here, or this run's end was refused (it lost its lease meanwhile): cancel it in the store.
@@ -167,94 +170,39 @@ export class BackgroundResponses {
   /**
    * When the app is ready: with a store this process owns alone (SQLite), hands back the leases the
    * previous process left; then claims at once what is free (work left by a previous process or a
-   * dead replica), and starts the keeper that renews and claims every ttl/3.
+   * dead replica); from then on the queue renews and claims every ttl/3.
    */
   async recover(): Promise<void> {
-    if (this.closed) return;
-    if (!this.opts.store.shared) await this.opts.store.releaseAllLeases();
-    await this.tick();
-    if (this.closed) return;
-    this.timer = setInterval(() => void this.tick(), Math.max(1, Math.floor(this.lease.ttlMs / 3)));
-    this.timer.unref();
+    await this.queue.start();
+    await this.queue.poke();
   }
 
   /**
-   * Stops the keeper, then every run without storing an outcome, then hands this process's leases
-   * back so that another replica (or the next start) takes the work at once. Waits for the store
-   * at most a lease's length at each step: an unreachable database must not hold the shutdown, and
-   * the leases expire by then anyway.
+   * Stops renewing and claiming, then every run without storing an outcome, then hands this
+   * process's leases back (its in-progress idempotency keys with them) so that another replica (or
+   * the next start) takes the work at once.
    */
   async close(): Promise<void> {
     this.closed = true;
-    clearInterval(this.timer);
-    if (this.ticking) await settledWithin(this.ticking, this.lease.ttlMs);
-    const runs = [...this.running.values()];
-    for (const run of runs) run.controller.abort(SHUTDOWN);
-    await Promise.all(runs.map((r) => r.done));
-    const handedBack = this.opts.store.releaseLeases(this.lease.owner).catch((err: unknown) => {
-      this.opts.log.warn({ err }, 'background responses: could not hand back leases at close; they expire on their own');
-    });
-    await settledWithin(handedBack, this.lease.ttlMs);
+    await this.queue.close();
   }
 
-  /** One keeper tick: renew, then claim (never two at once). */
-  private tick(): Promise<void> {
-    if (this.closed) return this.ticking ?? Promise.resolve();
-    this.ticking ??= this.renewAndClaim()
-      .catch((err: unknown) => { if (!this.closed) this.opts.log.error({ err }, 'background responses: could not renew or claim leases; retrying'); })
-      .finally(() => { this.ticking = undefined; });
-    return this.ticking;
-  }
-
-  private async renewAndClaim(): Promise<void> {
-    await this.renew();
-    if (!this.closed && !this.opts.draining?.()) await this.claim();
-  }
-
-  /**
-   * Extends every lease of this process; stops the runs whose job it no longer holds. A run started
-   * after the renewal's UPDATE is not judged by it (the snapshot of ids is taken before). A job it
-   * holds without running it (its end could not be stored, or taking it over failed) is handed
-   * back, so that it runs again (here or elsewhere) instead of staying leased here for good.
-   */
-  private async renew(): Promise<void> {
-    const checked = [...this.running.entries()];
-    const term = leaseTerm(this.lease);
-    let held: Set<string>;
-    try {
-      held = new Set(await this.opts.store.renewLeases(term));
-    } catch (err) {
-      // The store is unreachable: a run whose lease has run out may be taken over; stop it.
-      for (const [, run] of checked) if (run.leaseUntilMs <= Date.now()) run.controller.abort(LEASE_LOST);
-      throw err;
-    }
-    for (const [id, run] of checked) {
-      if (held.has(id)) run.leaseUntilMs = term.untilMs;
-      else run.controller.abort(LEASE_LOST);
-    }
-    for (const id of held) {
-      if (!this.running.has(id) && !this.pending.has(id)) await this.opts.store.releaseBackgroundJob(id, this.lease.owner);
-    }
-  }
-
-  /** Claims free or expired jobs while this process has room, and runs (or ends) each. */
-  private async claim(): Promise<void> {
-    const room = this.maxRuns - this.running.size;
-    if (room <= 0) return;
-    const term = leaseTerm(this.lease);
+  /** Claims free or expired jobs (up to `room`), ends those past their deadline or no longer valid, and returns the rest to run. */
+  private async claim(term: LeaseTerm, room: number, closing: AbortSignal): Promise<BackgroundRun[]> {
     const jobs = await this.opts.store.claimBackgroundJobs(term, room);
-    if (jobs.length === 0) return;
+    if (jobs.length === 0) return [];
+    const runs: BackgroundRun[] = [];
     const counts = { resumed: 0, timed_out: 0, failed: 0 };
     for (const job of jobs) {
-      this.pending.add(job.responseId);
       try {
-        const outcome = await this.adopt(job, term.untilMs);
-        if (outcome) counts[outcome]++;
+        const outcome = await this.adopt(job, closing);
+        if (typeof outcome === 'object') {
+          runs.push(outcome);
+          counts.resumed++;
+        } else if (outcome) counts[outcome]++;
       } catch (err) {
-        // The next renewal hands it back, and it is claimed again (here or elsewhere).
+        // Held here without a run: the next renewal hands it back, and it is claimed again (here or elsewhere).
         this.opts.log.error({ err, response_id: job.responseId }, 'background responses: could not take over a job');
-      } finally {
-        this.pending.delete(job.responseId);
       }
     }
     if (counts.resumed + counts.timed_out + counts.failed > 0) {
@@ -262,10 +210,11 @@ export class BackgroundResponses {
       this.opts.log.info(counts, `background responses ${whose}: ${counts.resumed} resumed, `
         + `${counts.timed_out} past their deadline (failed: timeout), ${counts.failed} no longer valid (failed)`);
     }
+    return runs;
   }
 
-  /** Runs a claimed job, or ends it when it is past its deadline or no longer prepares. */
-  private async adopt(job: BackgroundJob, leaseUntilMs: number): Promise<'resumed' | 'timed_out' | 'failed' | undefined> {
+  /** A claimed job ready to run, or ended here when it is past its deadline or no longer prepares. */
+  private async adopt(job: BackgroundJob, closing: AbortSignal): Promise<BackgroundRun | 'timed_out' | 'failed' | undefined> {
     const stored = await this.opts.store.getResponse(job.orgId, job.responseId);
     if (!stored) {
       // A job without its response (removed behind the store's back): nothing to run. The fenced
@@ -280,7 +229,7 @@ export class BackgroundResponses {
       return undefined;
     }
     const metadata = (job.request as { metadata?: unknown }).metadata;
-    if (this.closed) return undefined; // close() hands the lease back
+    if (closing.aborted) return undefined; // the queue hands the lease back
     if (nowSeconds() >= job.deadlineAt) {
       return (await this.finish(job.orgId, metadata, failedResponse(stored, 'timeout', timeoutMessage(stored)))) ? 'timed_out' : undefined;
     }
@@ -292,25 +241,15 @@ export class BackgroundResponses {
       const failed = failedResponse(stored, code, `the request could not be resumed after a restart: ${(err as Error).message}`);
       return (await this.finish(job.orgId, metadata, failed)) ? 'failed' : undefined;
     }
-    if (this.closed) return undefined;
-    this.launch(job.orgId, stored, prepared, job.deadlineAt, leaseUntilMs);
-    return 'resumed';
+    if (closing.aborted) return undefined;
+    return { orgId: job.orgId, running: stored, prepared, deadlineAt: job.deadlineAt };
   }
 
-  private launch(orgId: string, running: ResponseBody, prepared: PreparedGeneration, deadlineAt: number, leaseUntilMs: number): void {
-    const controller = new AbortController();
-    const delayMs = Math.max(0, deadlineAt * 1000 - Date.now());
-    const timer = setTimeout(() => controller.abort(TIMEOUT), delayMs);
+  /** The queue's worker: runs one response to its end, stopped at its window's deadline (TIMEOUT) or by cancel(). */
+  private async execute(run: BackgroundRun, signal: AbortSignal): Promise<void> {
+    const { orgId, running, prepared } = run;
+    const timer = setTimeout(() => void this.queue.stop(running.id, TIMEOUT), Math.max(0, run.deadlineAt * 1000 - Date.now()));
     timer.unref();
-    const entry: Running = { orgId, controller, timer, done: Promise.resolve(), leaseUntilMs };
-    this.running.set(running.id, entry);
-    entry.done = this.execute(orgId, running, prepared, controller.signal).finally(() => {
-      clearTimeout(timer);
-      this.running.delete(running.id);
-    });
-  }
-
-  private async execute(orgId: string, running: ResponseBody, prepared: PreparedGeneration, signal: AbortSignal): Promise<void> {
     let final: ResponseBody;
     let usage: UsageRecord | undefined;
     try {
@@ -319,7 +258,7 @@ export class BackgroundResponses {
       usage = this.opts.billing?.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
     } catch (err) {
       const reason = signal.reason;
-      if (reason === SHUTDOWN || (this.closed && isSluiceError(err) && err.code === 'engine_disposed')) return;
+      if (reason === CLOSED || (this.closed && isSluiceError(err) && err.code === 'engine_disposed')) return;
       if (reason === LEASE_LOST) {
         this.opts.log.info({ response_id: running.id }, 'background response stopped: cancelled or taken over on another replica');
         return;
@@ -331,6 +270,8 @@ export class BackgroundResponses {
         this.opts.log.error({ err, response_id: running.id }, 'background response failed');
         final = failedResponse(running, 'server_error', 'the engine failed while generating this response');
       }
+    } finally {
+      clearTimeout(timer);
     }
     try {
       await this.finish(orgId, prepared.request.metadata, final, usage);
@@ -352,17 +293,6 @@ export class BackgroundResponses {
       return false;
     }
     return true;
-  }
-}
-
-/** Resolves once `work` settles or `ms` have passed, whichever comes first; never rejects. */
-async function settledWithin(work: Promise<unknown>, ms: number): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<void>((resolve) => { timer = setTimeout(resolve, ms); });
-  try {
-    await Promise.race([work.then(() => {}, () => {}), timeout]);
-  } finally {
-    clearTimeout(timer);
   }
 }
 

@@ -8,9 +8,10 @@
 //   replica that claimed the chunk's lease: asap before standard before flex, then the oldest batch,
 //   then file order.
 //
-// Every replica polls for claimable work every ttl/3 (one cheap query each for rows and chunks)
-// and right after a chunk, a job or a create ends; it renews what it holds every ttl/3 (one UPDATE
-// per table) and stops the runs whose lease it lost. Lines of all batches share one pool of slots
+// The leased queue (jobs/leased-queue.ts) keeps the leases of both, keyed by batch id and chunkKey:
+// every replica renews what it holds every ttl/3 (one UPDATE per table), stops the runs whose lease
+// it lost, then polls for claimable work (one cheap query each for rows and chunks); it polls
+// again right after a chunk, a job or a create ends. Lines of all batches share one pool of slots
 // (about the engine's max_num_seqs, per-organization fairness): a chunk's lines wait for slots,
 // and the next chunk is claimed as soon as the current one has handed out its last line, so the
 // engine's queue never empties between chunks. One chunk per batch feeds at a time, at most
@@ -24,13 +25,14 @@
 // so other replicas continue at once.
 
 import { randomBytes } from 'node:crypto';
-import { leaseConfig, leaseTerm, type LeaseConfig } from '../store/leases.js';
+import { leaseConfig, type LeaseConfig, type LeaseTerm } from '../store/leases.js';
+import { CLOSED, LeasedQueue, type JobLease, type WorkEnd } from '../jobs/leased-queue.js';
 import { FileStorage } from '../files/file-storage.js';
 import { ReasoningSeal } from '../serving/reasoning-seal.js';
 import { GenerationService } from '../serving/generation-service.js';
 import type { TenantLimiter } from '../serving/tenant-limits.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
-import { chunkKey, type BatchClaim, type BatchRecord, type ClaimedBatchChunk } from '../store/batch-records.js';
+import { chunkKey, type BatchRecord } from '../store/batch-records.js';
 import type { Store } from '../store/store.js';
 import { BatchJob, runWindow, type BatchLog } from './batch-job.js';
 import { ChunkRun } from './chunk-run.js';
@@ -101,12 +103,10 @@ export const MAX_FEEDING_BATCHES_PER_ORG = 2;
  */
 export const MAX_FEEDING_BATCHES = 64;
 
-interface Running<T> {
-  run: T;
-  done: Promise<void>;
-  /** The runner's event count when it was claimed: a renewal that began later must find it held. */
-  claimedAt: number;
-}
+/** Batch work held here: a row's own work or one chunk's lines, keyed by batch id or chunkKey. */
+type BatchWork = BatchJob | ChunkRun;
+
+const workKey = (work: BatchWork): string => (work instanceof BatchJob ? work.batchId : chunkKey(work.batch.id, work.claim.chunk.chunkNo));
 
 export class BatchRunner {
   readonly deadlines: BatchDeadlines;
@@ -116,21 +116,11 @@ export class BatchRunner {
   private readonly log: BatchLog;
   private readonly billing: Billing;
   private readonly chunkLines: number;
-  /** batch id -> the job doing its row's work here. */
-  private readonly jobs = new Map<string, Running<BatchJob>>();
-  /** chunkKey -> the run of a chunk claimed here. */
-  private readonly chunks = new Map<string, Running<ChunkRun>>();
-  /** Orders claims and renewals (see Running.claimedAt). */
-  private events = 0;
+  /** The rows' work and the chunks claimed here, under their leases. */
+  private readonly queue: LeasedQueue<BatchWork>;
   private paused = false;
   private draining = false;
-  private stopped = false;
   private storage: FileStorage | undefined;
-  private timer: NodeJS.Timeout | undefined;
-  /** The poll in progress, and whether another was asked for meanwhile. */
-  private polling: Promise<void> | undefined;
-  private pollAgain = false;
-  private renewing: Promise<void> | undefined;
 
   constructor(private readonly opts: BatchRunnerOptions) {
     this.deadlines = { ...DEFAULT_BATCH_DEADLINES, ...opts.deadlines };
@@ -141,6 +131,28 @@ export class BatchRunner {
     this.slots = new Slots(opts.maxLinesInFlight ?? 2 * Math.max(1, ...engineSeqs));
     this.log = opts.log ?? stderrLog;
     this.chunkLines = opts.chunkLines ?? BATCH_CHUNK_LINES;
+    const { store } = opts;
+    this.queue = new LeasedQueue<BatchWork>({
+      name: 'batches', lease: this.lease, shared: store.shared, log: this.log, claimOnRenew: true,
+      store: {
+        key: workKey,
+        claim: (term, _room, closing) => this.claim(term, closing),
+        renew: async (term) => {
+          const held = await store.renewBatchLeases(term);
+          return [...held.batchIds, ...held.chunkKeys];
+        },
+        releaseUnrun: async (owner, keys) => {
+          for (const key of keys) {
+            const colon = key.lastIndexOf(':');
+            if (colon === -1) await store.releaseBatchLease(key, owner);
+            else await store.releaseBatchLease(key.slice(0, colon), owner, Number(key.slice(colon + 1)));
+          }
+        },
+        handBack: async (owner) => { await store.releaseBatchLeases(owner); },
+        releaseAll: async () => { await store.releaseBatchLeases(); },
+      },
+      work: (work, lease) => this.work(work, lease),
+    });
   }
 
   /**
@@ -150,16 +162,13 @@ export class BatchRunner {
   async start(): Promise<void> {
     const { store } = this.opts;
     this.storage ??= await FileStorage.open(this.opts.dataDir, this.opts.filesDir !== undefined ? { filesDir: this.opts.filesDir } : {});
-    if (!store.shared) await store.releaseBatchLeases();
+    await this.queue.start();
     const unfinished = await store.listUnfinishedBatches();
     if (unfinished.length > 0) {
       const ids = { batches: unfinished.map((b) => b.id) };
       if (store.shared) this.log.info?.(ids, `unfinished batches in the shared database, run by whichever replicas claim them: ${unfinished.length}`);
       else this.log.info?.(ids, `batches left unfinished by the previous process resume: ${unfinished.length}`);
     }
-    const every = Math.max(1, Math.floor(this.lease.ttlMs / 3));
-    this.timer = setInterval(() => this.tick(), every);
-    this.timer.unref();
     this.kick();
   }
 
@@ -193,8 +202,7 @@ export class BatchRunner {
     if (moved) {
       // Lines running here stop now; other replicas' are refused by the fence and stop at their
       // next renewal. Whoever claims the row next ends it as cancelled.
-      this.jobs.get(id)?.run.stop();
-      for (const { run } of this.chunks.values()) if (run.batch.id === id) run.stop();
+      for (const work of this.queue.jobs()) if ((work instanceof BatchJob ? work.batchId : work.batch.id) === id) work.stop();
       this.kick();
       return { state: 'cancelling', batch: moved };
     }
@@ -216,6 +224,7 @@ export class BatchRunner {
   /** Claims nothing new from now on; what runs here goes on to its end (stop() follows). */
   drain(): void {
     this.draining = true;
+    this.queue.drain();
   }
 
   /**
@@ -223,129 +232,77 @@ export class BatchRunner {
    * them, and hands back every lease this replica holds: other replicas claim them at once.
    */
   async stop(): Promise<void> {
-    this.stopped = true;
-    clearInterval(this.timer);
-    await this.polling; // launches nothing once stopped
-    for (const { run } of this.jobs.values()) run.stop();
-    for (const { run } of this.chunks.values()) run.stop();
-    await Promise.all([this.renewing, ...[...this.jobs.values(), ...this.chunks.values()].map((r) => r.done)]);
-    if (this.storage) {
-      await this.opts.store.releaseBatchLeases(this.lease.owner)
-        .catch((err: unknown) => this.log.error({ err }, 'could not hand back the batch leases; they expire on their own'));
-    }
+    await this.queue.close();
   }
 
   /** Waits until nothing runs here (tests). */
   async idle(): Promise<void> {
-    while (this.jobs.size > 0 || this.chunks.size > 0 || this.polling) {
-      await Promise.all([this.polling, ...[...this.jobs.values(), ...this.chunks.values()].map((r) => r.done)]);
-    }
-  }
-
-  /** Every ttl/3: renew what is held, then look for work. */
-  private tick(): void {
-    if (this.stopped) return;
-    if (!this.renewing) {
-      this.renewing = this.renew()
-        .catch((err: unknown) => this.log.error({ err }, 'could not renew the batch leases'))
-        .finally(() => { this.renewing = undefined; });
-    }
-    this.kick();
-  }
-
-  /** Extends the leases held here; a run whose lease is no longer ours (or whose batch left in_progress) stops. */
-  private async renew(): Promise<void> {
-    const startedAt = ++this.events;
-    const held = await this.opts.store.renewBatchLeases(leaseTerm(this.lease));
-    const batchIds = new Set(held.batchIds);
-    const chunkKeys = new Set(held.chunkKeys);
-    for (const [id, job] of this.jobs) if (job.claimedAt < startedAt && !batchIds.has(id)) job.run.stop();
-    for (const [key, chunk] of this.chunks) if (chunk.claimedAt < startedAt && !chunkKeys.has(key)) chunk.run.stop();
+    await this.queue.idle();
   }
 
   /** Polls for work now (again right after, when a poll is running). */
   private kick(): void {
-    if (this.stopped || this.draining) return;
-    if (this.polling) {
-      this.pollAgain = true;
-      return;
-    }
-    this.polling = (async () => {
-      do {
-        this.pollAgain = false;
-        try {
-          await this.poll();
-        } catch (err) {
-          this.log.error({ err }, 'could not claim batch work; trying again at the next poll');
-        }
-      } while (this.pollAgain && !this.stopped && !this.draining);
-    })().finally(() => { this.polling = undefined; });
+    void this.queue.poke();
   }
 
-  private async poll(): Promise<void> {
+  /**
+   * One poll: the batch rows' own work, then chunks while the caps on feeding batches (per
+   * organization, in all) leave room. The queue runs what it returns.
+   */
+  private async claim(term: LeaseTerm, closing: AbortSignal): Promise<BatchWork[]> {
     const { store } = this.opts;
-    if (!this.storage) throw new Error('BatchRunner.start() was not called');
-    // The batch rows' own work.
-    for (const batch of await store.listBatchWork(this.lease.owner, Date.now())) {
-      if (this.stopped || this.draining) return;
-      if (this.jobs.has(batch.id) || (this.paused && batch.status === 'validating')) continue;
-      const claim = await store.claimBatch(batch.id, leaseTerm(this.lease));
-      if (claim) this.launchJob(claim);
+    const storage = this.storage;
+    if (!storage) throw new Error('BatchRunner.start() was not called');
+    const claimed: BatchWork[] = [];
+    const stopping = () => closing.aborted || this.draining;
+    for (const batch of await store.listBatchWork(this.lease.owner, term.nowMs)) {
+      if (stopping()) return claimed;
+      if (this.queue.holds(batch.id) || (this.paused && batch.status === 'validating')) continue;
+      const claim = await store.claimBatch(batch.id, term);
+      if (claim) claimed.push(new BatchJob({ store, storage, log: this.log, owner: this.lease.owner, chunkLines: this.chunkLines }, claim));
     }
-    // Chunks, while the caps on feeding batches (per organization, in all) leave room.
+    // The batches feeding the slots here: those of chunks running here whose lines are not all
+    // handed out, and of the chunks this poll claims.
+    const feeding = [...this.queue.jobs()].filter((w): w is ChunkRun => w instanceof ChunkRun && w.feeding).map((c) => c.batch);
     for (;;) {
-      if (this.stopped || this.draining) return;
-      const feeding = [...this.chunks.values()].filter((c) => c.run.feeding).map((c) => c.run.batch);
-      if (feeding.length >= MAX_FEEDING_BATCHES) return;
+      if (stopping() || feeding.length >= MAX_FEEDING_BATCHES) return claimed;
       const perOrg = new Map<string, number>();
       for (const b of feeding) perOrg.set(b.orgId, (perOrg.get(b.orgId) ?? 0) + 1);
       const fullOrgs = [...perOrg].filter(([, n]) => n >= MAX_FEEDING_BATCHES_PER_ORG).map(([org]) => org);
-      const [claimed] = await store.claimBatchChunks(leaseTerm(this.lease), 1, feeding.map((b) => b.id), fullOrgs);
-      if (!claimed) return;
-      this.launchChunk(claimed);
+      const [chunk] = await store.claimBatchChunks(term, 1, feeding.map((b) => b.id), fullOrgs);
+      if (!chunk) return claimed;
+      claimed.push(new ChunkRun({
+        store, storage, service: this.service, slots: this.slots, log: this.log, owner: this.lease.owner, billing: this.billing,
+        ...(this.opts.onLineDone && { onLineDone: this.opts.onLineDone }),
+      }, chunk, () => this.kick()));
+      feeding.push(chunk.batch);
     }
   }
 
-  private launchJob(claim: BatchClaim): void {
+  /**
+   * The queue's worker: runs a row's work or a chunk, stopped when its lease is lost or at close.
+   * Afterwards the lease goes back (a row's always: it may still be ours; a chunk's when it failed)
+   * unless closing (the queue then hands back everything at once). After a failure the next renewal
+   * polls again (no tight loop); otherwise the next poll comes at once.
+   */
+  private async work(work: BatchWork, lease: JobLease): Promise<WorkEnd> {
     const { store } = this.opts;
-    const id = claim.batch.id;
-    if (this.stopped) return; // its lease goes back with the others
-    const job = new BatchJob({ store, storage: this.storage!, log: this.log, owner: this.lease.owner, chunkLines: this.chunkLines }, claim);
+    if (lease.signal.aborted) work.stop();
+    else lease.signal.addEventListener('abort', () => work.stop(), { once: true });
+    const closing = () => lease.signal.reason === CLOSED;
     let ok = true;
-    const done = job.run()
-      // The row goes back (it may still be ours: a job that ended nothing, or stopped early).
-      .then(async (succeeded) => {
-        ok = succeeded;
-        if (!this.stopped) await store.releaseBatchLease(id, this.lease.owner);
-      })
-      .catch((err: unknown) => this.log.error({ err, batch_id: id }, 'could not hand back a batch lease; it expires on its own'))
-      .finally(() => {
-        this.jobs.delete(id);
-        if (ok) this.kick(); // after a failure, the next tick tries again (no tight loop)
-      });
-    this.jobs.set(id, { run: job, done, claimedAt: ++this.events });
-  }
-
-  private launchChunk(claimed: ClaimedBatchChunk): void {
-    const { store } = this.opts;
-    const { batch, chunk } = claimed;
-    const key = chunkKey(batch.id, chunk.chunkNo);
-    if (this.stopped) return; // its lease goes back with the others
-    const run = new ChunkRun({
-      store, storage: this.storage!, service: this.service, slots: this.slots, log: this.log, owner: this.lease.owner, billing: this.billing,
-      ...(this.opts.onLineDone && { onLineDone: this.opts.onLineDone }),
-    }, claimed, () => this.kick());
-    let ok = true;
-    const done = run.run()
-      .then(async (outcome) => {
-        ok = outcome !== 'failed';
-        if (!ok && !this.stopped) await store.releaseBatchLease(batch.id, this.lease.owner, chunk.chunkNo);
-      })
-      .catch((err: unknown) => this.log.error({ err, batch_id: batch.id }, 'could not hand back a chunk lease; it expires on its own'))
-      .finally(() => {
-        this.chunks.delete(key);
-        if (ok) this.kick(); // after a failure, the next tick tries again (no tight loop)
-      });
-    this.chunks.set(key, { run, done, claimedAt: ++this.events });
+    try {
+      if (work instanceof BatchJob) {
+        ok = await work.run();
+        if (!closing()) await store.releaseBatchLease(work.batchId, lease.owner);
+      } else {
+        ok = (await work.run()) !== 'failed';
+        if (!ok && !closing()) await store.releaseBatchLease(work.batch.id, lease.owner, work.claim.chunk.chunkNo);
+      }
+    } catch (err) {
+      const [id, what] = work instanceof BatchJob ? [work.batchId, 'a batch lease'] : [work.batch.id, 'a chunk lease'];
+      this.log.error({ err, batch_id: id }, `could not hand back ${what}; it expires on its own`);
+    }
+    return ok ? 'claim-next' : undefined;
   }
 }

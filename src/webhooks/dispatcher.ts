@@ -21,7 +21,8 @@
 // forgets it when the delivery ends (delivered or failed). Callback bodies never carry it.
 //
 // Leases: a claimed delivery is leased to this process (its replica id) for one lease length
-// (store/leases.ts, `--lease-seconds`), renewed every third of it while the attempt runs, so a
+// (store/leases.ts, `--lease-seconds`), renewed every third of it while the attempt runs (the
+// leased queue, jobs/leased-queue.ts, keeps the leases; this file claims, sends and records), so a
 // slow receiver (up to the attempt timeout) keeps its delivery here, while a process that dies
 // mid-attempt frees it within one lease length instead of a whole attempt timeout. An outcome is
 // written only while this process still holds the lease (a fence: a process that stalled past its
@@ -40,7 +41,8 @@
 
 import { randomUUID } from 'node:crypto';
 import type { LookupFunction } from 'node:net';
-import { leaseConfig, leaseTerm, type LeaseConfig } from '../store/leases.js';
+import { leaseConfig, type LeaseConfig } from '../store/leases.js';
+import { LEASE_LOST, LeasedQueue, type ClaimPass } from '../jobs/leased-queue.js';
 import type { Store, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from '../store/store.js';
 import { guardedLookup, postCallback, RefusedDestinationError, refusedLiteralHost, type ResolveAll } from './callback-sender.js';
 import { sendsCallback, webhookTargetOf, withoutWebhookToken } from './events.js';
@@ -95,20 +97,8 @@ export const DEFAULT_WEBHOOK_SETTINGS = {
 /** Longest timer: long backoffs are re-checked rather than trusted to one huge timeout. */
 const MAX_SLEEP_MS = 60_000;
 
-/** `refused`: the destination is not allowed, a permanent failure. */
+/** `refused`: the destination is not allowed. `shutdown` / `lease_lost`: stopped by the queue (CLOSED / LEASE_LOST). */
 type Outcome = { ok: true } | { ok: false; error: string; refused?: true } | 'shutdown' | 'lease_lost';
-
-/** Why an attempt in flight was aborted: the process closes, or another process took its delivery. */
-const SHUTDOWN = Symbol('shutdown');
-const LEASE_LOST = Symbol('lease lost');
-
-/** One attempt in flight: its controller aborts it (SHUTDOWN or LEASE_LOST). */
-interface InFlight {
-  controller: AbortController;
-  done: Promise<void>;
-  /** Until when (Unix ms) this process's last write of the delivery's lease holds it. */
-  leaseUntilMs: number;
-}
 
 /** The dispatcher's own options besides the operator's settings. */
 export interface WebhookDispatcherOptions extends WebhookSettings {
@@ -125,22 +115,16 @@ export class WebhookDispatcher {
   private readonly allowPrivateAddresses: boolean;
   private readonly lookup: LookupFunction;
   private readonly onAttempt: (outcome: WebhookAttemptOutcome) => void;
-  private readonly maxInFlight: number;
   private readonly caps: WebhookClaimCaps;
   /** The longest sleep: MAX_SLEEP_MS alone, or the poll interval when replicas share the store. */
   private readonly maxSleepMs: number;
   private readonly lease: LeaseConfig;
-  /** delivery id -> the attempt running now. */
-  private readonly inFlight = new Map<string, InFlight>();
+  /** The attempts in flight, by delivery id, under their leases. */
+  private readonly queue: LeasedQueue<WebhookDelivery>;
+  /** Wakes the queue when the next delivery is due. */
   private timer: NodeJS.Timeout | undefined;
-  /** Renews the leases of the attempts in flight every third of a lease (started by start()). */
-  private keeper: NodeJS.Timeout | undefined;
-  private renewing: Promise<void> | undefined;
   private started = false;
   private closed = false;
-  /** A pump is running; `pumpAgain` asks it to look once more before it sleeps. */
-  private pumping: Promise<void> | undefined;
-  private pumpAgain = false;
 
   constructor(private readonly store: Store, settings: WebhookDispatcherOptions) {
     this.log = settings.log;
@@ -151,12 +135,38 @@ export class WebhookDispatcher {
     this.allowPrivateAddresses = settings.allowPrivateAddresses ?? DEFAULT_WEBHOOK_SETTINGS.allowPrivateAddresses;
     this.lookup = guardedLookup(this.allowPrivateAddresses, settings.resolveAll);
     this.onAttempt = settings.onAttempt ?? (() => {});
-    this.maxInFlight = settings.maxInFlight ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlight;
     this.caps = {
       perOrg: settings.maxInFlightPerOrg ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerOrg,
       perHost: settings.maxInFlightPerHost ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlightPerHost,
     };
     this.maxSleepMs = store.shared ? Math.min(MAX_SLEEP_MS, settings.pollIntervalMs ?? DEFAULT_WEBHOOK_SETTINGS.pollIntervalMs) : MAX_SLEEP_MS;
+    this.queue = new LeasedQueue<WebhookDelivery>({
+      name: 'completion webhooks', lease: this.lease, shared: store.shared, log: this.log,
+      maxJobs: settings.maxInFlight ?? DEFAULT_WEBHOOK_SETTINGS.maxInFlight,
+      store: {
+        key: (d) => d.id,
+        claim: (term, room) => store.claimDueWebhookDeliveries(term, room, this.caps),
+        // Nothing in flight: nothing to renew, no query.
+        renew: async (term, held) => (held.size === 0 ? [] : store.renewWebhookLeases(term)),
+        // Shutdown is not the receiver's fault: an attempt stopped at close is due again at once, not counted.
+        handBack: async (_owner, deliveries) => {
+          await Promise.all(deliveries.map((d) => this.release(d)));
+        },
+        releaseAll: async () => {
+          try {
+            await store.releaseAllWebhookLeases(Date.now());
+          } catch (err) {
+            this.log.error({ err }, 'completion webhooks: could not hand back the leases of the process before; they expire on their own');
+          }
+        },
+      },
+      work: async (d, lease) => {
+        await this.attempt(d, lease.signal)
+          .catch((err: unknown) => this.log.error({ err, delivery_id: d.id }, 'completion webhook: could not record an attempt'));
+        return 'claim-next';
+      },
+      afterClaims: (pass) => this.sleepAfter(pass),
+    });
   }
 
   /**
@@ -167,16 +177,7 @@ export class WebhookDispatcher {
   async start(): Promise<void> {
     if (this.started || this.closed) return;
     this.started = true;
-    if (!this.store.shared) {
-      try {
-        await this.store.releaseAllWebhookLeases(Date.now());
-      } catch (err) {
-        this.log.error({ err }, 'completion webhooks: could not hand back the leases of the process before; they expire on their own');
-      }
-    }
-    if (this.closed) return;
-    this.keeper = setInterval(() => this.renewLeases(), Math.max(1, Math.floor(this.lease.ttlMs / 3)));
-    this.keeper.unref();
+    await this.queue.start();
     this.wake();
   }
 
@@ -230,15 +231,8 @@ export class WebhookDispatcher {
   /** Looks for due deliveries now: call after committing one. */
   wake(): void {
     if (!this.started || this.closed) return;
-    if (this.pumping) {
-      this.pumpAgain = true;
-      return;
-    }
-    this.pumping = this.pump().finally(() => {
-      this.pumping = undefined;
-      // A wake that came after the pump's last claim (an attempt ended meanwhile) is not lost.
-      if (this.pumpAgain) this.wake();
-    });
+    clearTimeout(this.timer);
+    void this.queue.poke();
   }
 
   /**
@@ -248,73 +242,33 @@ export class WebhookDispatcher {
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.timer);
-    clearInterval(this.keeper);
-    for (const run of this.inFlight.values()) run.controller.abort(SHUTDOWN);
-    await this.pumping;
-    await this.renewing;
-    await Promise.all([...this.inFlight.values()].map((run) => run.done));
+    await this.queue.close();
   }
 
   /**
-   * One keeper tick: extends the leases of the attempts in flight (nothing to do, no query, when
-   * there are none) and stops those whose delivery another process took over. When the store
-   * cannot be reached, attempts whose lease has run out are stopped (another process may take
-   * them over); the rest go on, and the next tick tries again.
+   * After each claim: sleeps until the next delivery is due. Due deliveries held back by a cap are
+   * looked at again when an attempt of this process ends (its worker asks for a claim) or when a
+   * lease ends (another process's attempt), whichever comes first; with every slot taken, the
+   * attempt that ends next asks. A failed claim is tried again a little later.
    */
-  private renewLeases(): void {
-    if (this.closed || this.renewing || this.inFlight.size === 0) return;
-    const checked = [...this.inFlight.entries()];
-    const term = leaseTerm(this.lease);
-    this.renewing = this.store.renewWebhookLeases(term).then((ids) => {
-      const held = new Set(ids);
-      for (const [id, run] of checked) {
-        if (held.has(id)) run.leaseUntilMs = term.untilMs;
-        else run.controller.abort(LEASE_LOST);
-      }
-    }, (err: unknown) => {
-      if (this.closed) return;
-      this.log.error({ err }, 'completion webhooks: could not renew delivery leases; retrying');
-      for (const [, run] of checked) if (run.leaseUntilMs <= Date.now()) run.controller.abort(LEASE_LOST);
-    }).finally(() => { this.renewing = undefined; });
-  }
-
-  /**
-   * Starts every due delivery the caps leave room for, then sleeps until the next one is due. Due
-   * deliveries held back by a cap are looked at again when an attempt of this process ends (it
-   * wakes the pump) or when a lease ends (another process's attempt), whichever comes first.
-   */
-  private async pump(): Promise<void> {
-    clearTimeout(this.timer);
+  private async sleepAfter(pass: ClaimPass): Promise<void> {
+    if (pass.full) return;
+    if (pass.error !== undefined) {
+      this.sleepUntil(Date.now() + Math.min(this.baseDelayMs * 4, MAX_SLEEP_MS));
+      return;
+    }
+    let next: number | undefined;
     try {
-      let now: number;
-      do {
-        this.pumpAgain = false;
-        now = Date.now();
-        const room = this.maxInFlight - this.inFlight.size;
-        if (room <= 0) return; // a finishing attempt wakes the pump again
-        // Leased for one lease length; the keeper renews it while the attempt runs.
-        const term = leaseTerm(this.lease, now);
-        const claimed = await this.store.claimDueWebhookDeliveries(term, room, this.caps);
-        for (const delivery of claimed) {
-          // close() came while claiming: hand the claim back rather than start an attempt.
-          const running = this.inFlight.get(delivery.id);
-          if (this.closed) await this.release(delivery);
-          // Its attempt here outlived a lease that lapsed (a stall kept the keeper from renewing
-          // it): the claim took it back for this process, so that attempt goes on, not a second one.
-          else if (running) running.leaseUntilMs = term.untilMs;
-          else this.launch(delivery, term.untilMs);
-        }
-      } while (this.pumpAgain && !this.closed);
-      if (this.closed) return;
-      const next = await this.store.nextWebhookAttemptMs(now);
-      // With a shared store, nothing pending here still gets a look later (another replica's leftovers).
-      if (next !== undefined) this.sleepUntil(next);
-      else if (this.store.shared) this.sleepUntil(now + this.maxSleepMs);
+      next = await this.store.nextWebhookAttemptMs(pass.atMs);
     } catch (err) {
       if (this.closed) return;
       this.log.error({ err }, 'completion webhooks: could not read pending deliveries; retrying');
       this.sleepUntil(Date.now() + Math.min(this.baseDelayMs * 4, MAX_SLEEP_MS));
+      return;
     }
+    // With a shared store, nothing pending here still gets a look later (another replica's leftovers).
+    if (next !== undefined) this.sleepUntil(next);
+    else if (this.store.shared) this.sleepUntil(pass.atMs + this.maxSleepMs);
   }
 
   private sleepUntil(atMs: number): void {
@@ -324,17 +278,6 @@ export class WebhookDispatcher {
     this.timer.unref(); // pending callbacks alone do not keep a process alive
   }
 
-  private launch(delivery: WebhookDelivery, leaseUntilMs: number): void {
-    const controller = new AbortController();
-    const done = this.attempt(delivery, controller.signal)
-      .catch((err: unknown) => this.log.error({ err, delivery_id: delivery.id }, 'completion webhook: could not record an attempt'))
-      .finally(() => {
-        this.inFlight.delete(delivery.id);
-        this.wake();
-      });
-    this.inFlight.set(delivery.id, { controller, done, leaseUntilMs });
-  }
-
   /** One attempt and its recorded outcome (written only while this process holds the delivery). */
   private async attempt(d: WebhookDelivery, stop: AbortSignal): Promise<void> {
     const outcome = await this.post(d, stop);
@@ -342,10 +285,7 @@ export class WebhookDispatcher {
       this.log.info?.({ delivery_id: d.id, object_id: d.objectId }, 'completion webhook attempt stopped: another process took the delivery over');
       return;
     }
-    if (outcome === 'shutdown') {
-      await this.release(d);
-      return;
-    }
+    if (outcome === 'shutdown') return; // the queue hands it back (release)
     const attempts = d.attempts + 1;
     if (outcome.ok) {
       if (await this.record(d, { state: 'delivered', attempts, nextAttemptAtMs: Date.now(), lastError: null })) this.onAttempt('delivered');
