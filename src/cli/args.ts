@@ -16,6 +16,19 @@ export function parseFlags<O extends Options>(args: string[], options: O, comman
   }
 }
 
+/**
+ * A command's flags, or undefined when --help was asked for (its help text then printed): the
+ * caller returns at once.
+ */
+export function commandFlags<O extends Options>(args: string[], options: O, command: string, help: string): Parsed<O>['values'] | undefined {
+  const { values } = parseFlags(args, options, command);
+  if ((values as { help?: unknown }).help) {
+    process.stdout.write(help);
+    return undefined;
+  }
+  return values;
+}
+
 function bad(flag: string, expected: string, raw: string): SluiceError {
   return new SluiceError('invalid_argument', `--${flag} must be ${expected}, got "${raw}"`, { param: flag });
 }

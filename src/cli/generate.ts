@@ -3,7 +3,7 @@
 import { SluiceError } from '../errors.js';
 import { Engine } from '../engine/engine.js';
 import type { GenerateRequest, GenerateResult, TokenLogprob } from '../engine/request.js';
-import { choiceFlag, intFlag, numberFlag, parseFlags, requiredFlag, u64Flag } from './args.js';
+import { choiceFlag, commandFlags, intFlag, numberFlag, requiredFlag, u64Flag } from './args.js';
 import { ensureDemoModel } from './demo-model.js';
 import { stderrProgress } from '../progress.js';
 
@@ -61,11 +61,8 @@ export const GENERATE_OPTIONS = {
 } as const;
 
 export async function runGenerate(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, GENERATE_OPTIONS, 'generate');
-  if (values.help) {
-    process.stdout.write(GENERATE_HELP);
-    return;
-  }
+  const values = commandFlags(args, GENERATE_OPTIONS, 'generate', GENERATE_HELP);
+  if (values === undefined) return;
   const prompt = requiredFlag(values.prompt, 'prompt', 'generate');
   const maxTokens = intFlag(values['max-tokens'], 'max-tokens', 1);
   const request: GenerateRequest = {

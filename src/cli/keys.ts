@@ -4,7 +4,7 @@ import { SluiceError } from '../errors.js';
 import { createApiKey, revokeApiKey } from '../store/api-keys.js';
 import { databaseUrlFlag, openCliStore } from './database-flag.js';
 import { noStoreMessage, storeExists, warnNoStore } from './store-check.js';
-import { parseFlags } from './args.js';
+import { commandFlags } from './args.js';
 import { ReasoningSeal } from '../serving/reasoning-seal.js';
 
 export const KEYS_HELP = `usage: sluice keys <create|list|revoke|rotate-reasoning-key|retire-reasoning-key> [options]
@@ -43,11 +43,8 @@ export async function runKeys(args: string[]): Promise<void> {
     return;
   }
   const positional = rest[0] !== undefined && !rest[0].startsWith('-') ? rest.shift() : undefined;
-  const { values } = parseFlags(rest, KEYS_OPTIONS, `keys ${action}`);
-  if (values.help) {
-    process.stdout.write(KEYS_HELP);
-    return;
-  }
+  const values = commandFlags(rest, KEYS_OPTIONS, `keys ${action}`, KEYS_HELP);
+  if (values === undefined) return;
   const dataDir = values['data-dir'] ?? 'data';
   if (action === 'rotate-reasoning-key') {
     process.stdout.write(`${ReasoningSeal.rotate(dataDir)}\n`);

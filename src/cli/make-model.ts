@@ -6,7 +6,7 @@ import { makeModel, PRESETS, weightBytes } from '../../models/make-model.js';
 import type { Dtype } from '../../models/make-model.js';
 import { exportOnnx, ONNX_QUANTIZATIONS, type OnnxQuantization } from '../../models/onnx-export.js';
 import { formatBytes, stderrProgress } from '../progress.js';
-import { choiceFlag, intFlag, parseFlags, requiredFlag } from './args.js';
+import { choiceFlag, commandFlags, intFlag, requiredFlag } from './args.js';
 
 export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--onnx fp32|int4] [--force]
 
@@ -34,11 +34,8 @@ export const MAKE_MODEL_OPTIONS = {
 } as const;
 
 export async function runMakeModel(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, MAKE_MODEL_OPTIONS, 'make-model');
-  if (values.help) {
-    process.stdout.write(MAKE_MODEL_HELP);
-    return;
-  }
+  const values = commandFlags(args, MAKE_MODEL_OPTIONS, 'make-model', MAKE_MODEL_HELP);
+  if (values === undefined) return;
   const preset = requiredFlag(values.preset, 'preset', 'make-model');
   if (!Object.hasOwn(PRESETS, preset)) {
     throw new SluiceError('invalid_argument',

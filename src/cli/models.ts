@@ -5,7 +5,7 @@
 import { SluiceError } from '../errors.js';
 import { pricingFor, visibleTo, type CatalogModel, type ModelPrice } from '../config/catalog.js';
 import { checkpointContextLength } from '../engine/checkpoint-config.js';
-import { parseFlags } from './args.js';
+import { commandFlags } from './args.js';
 import { servedCatalog } from './served-catalog.js';
 
 export const MODELS_HELP = `usage: sluice models [--model DIR | --config FILE] [--org NAME] [--json]
@@ -43,11 +43,8 @@ export const MODELS_OPTIONS = {
 } as const;
 
 export async function runModels(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, MODELS_OPTIONS, 'models');
-  if (values.help) {
-    process.stdout.write(MODELS_HELP);
-    return;
-  }
+  const values = commandFlags(args, MODELS_OPTIONS, 'models', MODELS_HELP);
+  if (values === undefined) return;
   const catalog = await servedCatalog(values, 'models', { makeDemo: false, log: () => {} });
   const org = values.org;
   const contextLengths = new Map<string, Promise<number>>();

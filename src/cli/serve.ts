@@ -7,7 +7,7 @@ import { SluiceError } from '../errors.js';
 import { DEFAULT_TRANSPORT_LIMITS } from '../api/transport.js';
 import { openService } from '../service.js';
 import { MAX_MAX_ORGANIZATIONS } from '../metrics/service-metrics.js';
-import { choiceFlag, intFlag, numberFlag, parseFlags } from './args.js';
+import { choiceFlag, commandFlags, intFlag, numberFlag } from './args.js';
 import { servedCatalog } from './served-catalog.js';
 import { DATABASE_URL_HELP, databaseUrlFlag } from './database-flag.js';
 import { redactDatabaseUrl } from '../store/database-url.js';
@@ -152,11 +152,8 @@ export const SERVE_OPTIONS = {
 } as const;
 
 export async function runServe(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, SERVE_OPTIONS, 'serve');
-  if (values.help) {
-    process.stdout.write(SERVE_HELP);
-    return;
-  }
+  const values = commandFlags(args, SERVE_OPTIONS, 'serve', SERVE_HELP);
+  if (values === undefined) return;
   if (values.model !== undefined && values.config !== undefined) {
     throw new SluiceError('invalid_argument', 'serve: give --model or --config, not both');
   }

@@ -3,7 +3,7 @@
 
 import { parseSince, summarizeUsage, usageReport, type UsageReport, type UsageTotals } from '../billing/usage-report.js';
 import { databaseUrlFlag, openCliStore } from './database-flag.js';
-import { parseFlags } from './args.js';
+import { commandFlags } from './args.js';
 import { SluiceError } from '../errors.js';
 import { storeExists, warnNoStore } from './store-check.js';
 
@@ -44,11 +44,8 @@ export const USAGE_OPTIONS = {
 } as const;
 
 export async function runUsage(args: string[]): Promise<void> {
-  const { values } = parseFlags(args, USAGE_OPTIONS, 'usage');
-  if (values.help) {
-    process.stdout.write(USAGE_HELP);
-    return;
-  }
+  const values = commandFlags(args, USAGE_OPTIONS, 'usage', USAGE_HELP);
+  if (values === undefined) return;
   const sinceMs = values.since === undefined ? undefined : sinceFlag(values.since);
   const dataDir = values['data-dir'] ?? 'data';
   const filter = { ...(values.org !== undefined && { orgName: values.org }), ...(sinceMs !== undefined && { sinceMs }) };
