@@ -1,6 +1,6 @@
 // What the engine benches (bench/engine.ts, engine-onnx.ts, engine-cuda.ts) share about driving a
 // handle's steps and summarizing rounds.
-import { ADD_ADMITTED, ROW_RAN, type NativeStepResult } from '../src/engine/native-types.js';
+import { ADD_ADMITTED, ROW_RAN, type NativeStepResult } from '../src/native/native-types.js';
 
 /**
  * Throws unless every row ran and every add was admitted: a bench's KV pool must hold all of its

@@ -17,8 +17,8 @@ import { parseArgs } from 'node:util';
 import { checkBenchStep, median } from './bench-step.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
-import { loadNativeEngine, measureDeviceBandwidth } from '../src/engine/native.js';
-import { type CudaGemm, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/engine/native-types.js';
+import { loadNativeEngine, measureDeviceBandwidth } from '../src/native/native.js';
+import { type CudaGemm, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/native/native-types.js';
 
 const { values: args } = parseArgs({
   options: {

@@ -20,7 +20,7 @@ import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { exportOnnx, type OnnxQuantization } from '../models/onnx-export.js';
 import { loadOnnxHandle } from '../src/engine/onnx/onnx-backend.js';
-import { type NativeStepResult } from '../src/engine/native-types.js';
+import { type NativeStepResult } from '../src/native/native-types.js';
 
 const { values: args } = parseArgs({
   options: {

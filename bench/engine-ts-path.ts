@@ -32,7 +32,7 @@ import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { machineInfo } from './machine.js';
 import { Engine, type SchedulerStats } from '../src/engine/engine.js';
-import type { MatmulPrecision } from '../src/engine/native-types.js';
+import type { MatmulPrecision } from '../src/native/native-types.js';
 
 const { values: args } = parseArgs({
   options: {

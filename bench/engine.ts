@@ -45,8 +45,8 @@ import type { OnnxWorkerResult } from './engine-onnx.js';
 import type { OnnxQuantization } from '../models/onnx-export.js';
 import { checkBenchStep, median } from './bench-step.js';
 import { PROBE_BYTES, decodeBytesPerToken, streamReadCheck, tiedEmbeddings, type DecodeShape, type StreamReadCheck } from './roofline.js';
-import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/engine/native.js';
-import { type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/engine/native-types.js';
+import { loadNativeEngine, measureMemoryBandwidth, nativeAddon } from '../src/native/native.js';
+import { type MatmulPrecision, type NativeSequenceAdd, type NativeStepResult, type Quantization } from '../src/native/native-types.js';
 
 /** The llama.cpp GGUF weights benched beside sluice's rows of a quantization. */
 const peerWeights = (quantization: Quantization): GgufWeightType => (quantization === 'int8' ? 'q8_0' : 'bf16');

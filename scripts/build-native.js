@@ -16,7 +16,7 @@
 // looks current.
 //
 // SLUICE_ADDON naming an existing file (a prebuilt addon, which the engine then loads;
-// src/engine/native.ts) skips the build unless --force is given.
+// src/native/native.ts) skips the build unless --force is given.
 
 import { createHash } from 'node:crypto';
 import { spawnSync } from 'node:child_process';

@@ -8,7 +8,7 @@ export type {
 } from './engine/request.js';
 export type { ChatMessage, ChatRole, ChatTextPart } from './engine/chat-template.js';
 export type { FinishReason } from './engine/stops.js';
-export type { BackendName } from './engine/native-types.js';
+export type { BackendName } from './native/native-types.js';
 export { SluiceTokenizer } from './engine/tokenizer.js';
 export { SluiceError, isSluiceError } from './errors.js';
 export type { SluiceErrorCode } from './errors.js';

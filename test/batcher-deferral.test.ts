@@ -5,7 +5,7 @@
 
 import { describe, expect, it } from 'vitest';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
-import type { NativeSamplingParams } from '../src/engine/native-types.js';
+import type { NativeSamplingParams } from '../src/native/native-types.js';
 import { WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../src/scheduler/window-policy.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';
 

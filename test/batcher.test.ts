@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import {
   Batcher, FcfsPolicy, type SequenceOutcome, type SequenceRequest, type SequenceView,
 } from '../src/scheduler/batcher.js';
-import type { NativeSamplingParams } from '../src/engine/native-types.js';
+import type { NativeSamplingParams } from '../src/native/native-types.js';
 import { SluiceError } from '../src/errors.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';
 

@@ -12,7 +12,7 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
 import { DEMO_PRICING } from '../src/cli/served-catalog.js';
-import { cudaUnavailableReason, nativeAddon } from '../src/engine/native.js';
+import { cudaUnavailableReason, nativeAddon } from '../src/native/native.js';
 
 const execFileP = promisify(execFile);
 const CLI = join(import.meta.dirname, '..', 'dist', 'src', 'cli.js');

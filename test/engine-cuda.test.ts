@@ -8,8 +8,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
-import { cudaUnavailableReason, loadNativeEngine, nativeAddon } from '../src/engine/native.js';
-import type { NativeEngineHandle } from '../src/engine/native-types.js';
+import { cudaUnavailableReason, loadNativeEngine, nativeAddon } from '../src/native/native.js';
+import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { runNative } from './helpers/native-run.js';
 import { compareWithReference, promptFor } from './helpers/reference-compare.js';
 

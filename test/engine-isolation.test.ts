@@ -10,8 +10,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import { Engine } from '../src/engine/engine.js';
-import { loadNativeEngine } from '../src/engine/native.js';
-import type { NativeEngineHandle, NativeFaultPoint, NativeSamplingParams } from '../src/engine/native-types.js';
+import { loadNativeEngine } from '../src/native/native.js';
+import type { NativeEngineHandle, NativeFaultPoint, NativeSamplingParams } from '../src/native/native-types.js';
 
 let root: string;
 let modelDir: string;

@@ -6,8 +6,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
-import { loadNativeEngine } from '../src/engine/native.js';
-import type { NativeEngineHandle } from '../src/engine/native-types.js';
+import { loadNativeEngine } from '../src/native/native.js';
+import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { runNative } from './helpers/native-run.js';
 import {
   GENERATE, LOGPROB_TOL, NEAR_TIE_GAP, REFERENCE_VARIANTS, compareWithReference, promptFor, teacherForcedAgreement,

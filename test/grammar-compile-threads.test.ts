@@ -10,7 +10,7 @@ const root = join(import.meta.dirname, '..');
 
 const CHILD = `
 import { pbkdf2 } from 'node:crypto';
-import { nativeAddon } from './dist/src/engine/native.js';
+import { nativeAddon } from './dist/src/native/native.js';
 const addon = nativeAddon();
 const bytes = Uint8Array.from({ length: 256 }, (_, i) => i);
 const offsets = Uint32Array.from({ length: 257 }, (_, i) => i);

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel, type MakeModelOptions } from '../models/make-model.js';
 import { checkpointContextLength } from '../src/engine/checkpoint-config.js';
 import { Engine } from '../src/engine/engine.js';
-import { cudaUnavailableReason, nativeAddon } from '../src/engine/native.js';
+import { cudaUnavailableReason, nativeAddon } from '../src/native/native.js';
 import { readWeightsAhead, weightFiles } from '../src/engine/weight-files.js';
 import { ModelRegistry } from '../src/serving/model-registry.js';
 

@@ -3,7 +3,7 @@
 // the least recently used; a refused grammar is remembered; a failed compile is not.
 import { describe, expect, it } from 'vitest';
 
-import { nativeAddon } from '../src/engine/native.js';
+import { nativeAddon } from '../src/native/native.js';
 import { NativeGrammars } from '../src/structured/native-grammar.js';
 
 const nativeAvailable = () => {

@@ -5,7 +5,7 @@
 // satisfies the bounds; xgrammar's EBNF reader (the fallback) takes the same text and agrees.
 import { describe, expect, it } from 'vitest';
 
-import { nativeAvailable } from '../src/engine/native.js';
+import { nativeAvailable } from '../src/native/native.js';
 import { NativeGrammars } from '../src/structured/native-grammar.js';
 import { exactStructuralTag, jsonSchemaGrammar, NumericGrammarError, numericPlan, numericRangeGrammar, type NumericRange, withNumericRules } from '../src/structured/numeric-grammar.js';
 import { checkResponseSchema } from '../src/structured/schema-check.js';

@@ -4,7 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { addonMissingMessage } from '../src/engine/native.js';
+import { addonMissingMessage } from '../src/native/native.js';
 import {
   importOnnxRuntime, isPackageMissing, ONNX_RUNTIME_INSTALL_COMMAND, ONNX_RUNTIME_PACKAGE, ONNX_RUNTIME_RANGE,
   onnxRuntimeMissingMessage,

@@ -9,8 +9,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
-import { cudaUnavailableReason, loadNativeEngine, nativeAddon } from '../src/engine/native.js';
-import type { NativeSamplingParams, NativeStepPlan, NativeStepResult } from '../src/engine/native-types.js';
+import { cudaUnavailableReason, loadNativeEngine, nativeAddon } from '../src/native/native.js';
+import type { NativeSamplingParams, NativeStepPlan, NativeStepResult } from '../src/native/native-types.js';
 
 const SEEDED: NativeSamplingParams = { temperature: 1, topP: 0.9, topK: 40, seed: 1234n, logprobs: 2 };
 const STEPS = 28;

@@ -9,7 +9,7 @@ import { toolGrammar } from '../src/structured/tool-grammar.js';
 import { xgrammar } from '../src/structured/xgrammar.js';
 import { NativeGrammars } from '../src/structured/native-grammar.js';
 import { jsonSchemaGrammar } from '../src/structured/numeric-grammar.js';
-import { nativeAvailable } from '../src/engine/native.js';
+import { nativeAvailable } from '../src/native/native.js';
 import { refChain, doubling, REFUSED } from './helpers/hostile-schemas.js';
 
 const refusal = (fn: () => unknown): SluiceError => {

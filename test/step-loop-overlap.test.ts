@@ -10,10 +10,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine, type GenerateRequest } from '../src/index.js';
-import { loadNativeEngine } from '../src/engine/native.js';
+import { loadNativeEngine } from '../src/native/native.js';
 import {
   ADD_ADMITTED, ADD_FAILED, ADD_NO_KV_BLOCKS, ROW_FAILED, ROW_NO_KV_BLOCKS, ROW_RAN, type NativeSamplingParams,
-} from '../src/engine/native-types.js';
+} from '../src/native/native-types.js';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import { WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../src/scheduler/window-policy.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';

@@ -7,7 +7,7 @@
 
 import { describe, expect, it } from 'vitest';
 import { Batcher, type SequenceOutcome, type SequenceRequest } from '../src/scheduler/batcher.js';
-import type { NativeSamplingParams } from '../src/engine/native-types.js';
+import type { NativeSamplingParams } from '../src/native/native-types.js';
 import { TenantShare } from '../src/scheduler/tenant-share.js';
 import { WindowPriorityPolicy } from '../src/scheduler/window-policy.js';
 import { FakeHandle } from './helpers/fake-native-handle.js';

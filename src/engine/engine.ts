@@ -11,8 +11,8 @@ import { EngineObservers, type EngineObserver, type KvPoolCounts, type RequestRe
 import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
 import { PromptPool, sharedPromptPool } from './prompt-pool.js';
 import { Generation } from './generation.js';
-import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeUnavailableReason } from './native.js';
-import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from './native-types.js';
+import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeUnavailableReason } from '../native/native.js';
+import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from '../native/native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
   type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,

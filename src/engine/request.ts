@@ -5,7 +5,7 @@
 import { getRandomValues } from 'node:crypto';
 import { SluiceError } from '../errors.js';
 import type { ChatMessage } from './chat-template.js';
-import type { NativeSamplingParams } from './native-types.js';
+import type { NativeSamplingParams } from '../native/native-types.js';
 import { SCHEDULING_WINDOWS, type SchedulingWindow } from '../scheduler/window-policy.js';
 import type { FinishReason } from './stops.js';
 import type { ResponseFormat } from '../structured/structured-outputs.js';

@@ -25,8 +25,8 @@
 // whole fails its sequences; a device fault breaks the engine for good: every sequence ends with
 // engine_broken and later submissions are refused.
 
-import type { NativeEngineHandle, NativeStepResult } from '../engine/native-types.js';
-import { ADD_ADMITTED, ADD_NO_KV_BLOCKS, ROW_FAILED, ROW_RAN } from '../engine/native-types.js';
+import type { NativeEngineHandle, NativeStepResult } from '../native/native-types.js';
+import { ADD_ADMITTED, ADD_NO_KV_BLOCKS, ROW_FAILED, ROW_RAN } from '../native/native-types.js';
 import { SluiceError } from '../errors.js';
 import { Planner, type DeferralGuard, type PlannedStep } from './planner.js';
 import { FcfsPolicy, type SchedulingPolicy } from './policy.js';

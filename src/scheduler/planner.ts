@@ -24,7 +24,7 @@
 // until the flood is over.
 
 import { SluiceError } from '../errors.js';
-import type { NativeStepPlan } from '../engine/native-types.js';
+import type { NativeStepPlan } from '../native/native-types.js';
 import type { Roster } from './roster.js';
 import type { Sequence } from './sequence.js';
 import { runningByTenant, TenantShare, tenantKey, WindowFloor, type TenantDeferral } from './tenant-share.js';

@@ -7,7 +7,7 @@
 // (reported*), never computed on this side; planning ahead of a result predicts from them
 // (predicted*) and the engine clamps whatever the prediction got wrong.
 
-import type { NativeSamplingParams } from '../engine/native-types.js';
+import type { NativeSamplingParams } from '../native/native-types.js';
 import type { TokenConstraint } from '../structured/structured-outputs.js';
 import type { SequenceView } from './policy.js';
 

@@ -6,7 +6,7 @@
 import { SluiceError } from '../errors.js';
 import {
   nativeAddon, type NativeCompiledGrammar, type NativeGrammarMatcher, type NativeGrammarVocabulary,
-} from '../engine/native.js';
+} from '../native/native.js';
 import { ByteLru } from './grammar-cache.js';
 import type { TokenConstraint } from './structured-outputs.js';
 

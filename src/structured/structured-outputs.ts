@@ -20,7 +20,7 @@ import os from 'node:os';
 
 import { SluiceError } from '../errors.js';
 import type { SluiceTokenizer } from '../engine/tokenizer.js';
-import { nativeAvailable } from '../engine/native.js';
+import { nativeAvailable } from '../native/native.js';
 import { CompileQueue, sharedCompileQueue } from './compile-queue.js';
 import { CompileFailed, CompileTimeout, CompileWorkers, type CompileWorkerInit } from './compile-workers.js';
 import { ByteLru } from './grammar-cache.js';

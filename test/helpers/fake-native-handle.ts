@@ -6,7 +6,7 @@
 
 import type {
   NativeEngineHandle, NativeModelInfo, NativeRowError, NativeStepPlan, NativeStepResult,
-} from '../../src/engine/native-types.js';
+} from '../../src/native/native-types.js';
 
 interface FakeSequence {
   tokens: number[];

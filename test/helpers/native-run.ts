@@ -1,6 +1,6 @@
 // Drives the native engine directly, step by step, for tests that need exact control over
 // batching and chunking (the facade's batcher is tested separately).
-import type { NativeEngineHandle, NativeSamplingParams, NativeStepPlan } from '../../src/engine/native-types.js';
+import type { NativeEngineHandle, NativeSamplingParams, NativeStepPlan } from '../../src/native/native-types.js';
 
 export const GREEDY: NativeSamplingParams = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 5 };
 

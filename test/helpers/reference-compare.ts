@@ -2,7 +2,7 @@
 // reference (test/reference), shared by the CPU and CUDA suites.
 import { expect } from 'vitest';
 
-import type { NativeEngineHandle } from '../../src/engine/native-types.js';
+import type { NativeEngineHandle } from '../../src/native/native-types.js';
 import { type ReferenceModel, loadReferenceModel, logSoftmax, referenceGreedyDetailed, referenceLogits } from '../reference/reference-model.js';
 import { runNative } from './native-run.js';
 

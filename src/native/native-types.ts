@@ -1,4 +1,4 @@
-// The typed boundary to the native addon (native/addon). Only src/engine/native.ts loads the
+// The typed boundary to the native addon (native/addon). Only src/native/native.ts loads the
 // .node file; everything else sees these types. Plans and results cross as typed arrays.
 
 /** 'onnx': an ONNX export run by onnxruntime-node's CPU execution provider (src/engine/onnx), not the native addon. */

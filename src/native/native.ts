@@ -38,7 +38,7 @@ interface NativeAddon {
 let addon: NativeAddon | undefined;
 
 /**
- * Finds the package root from this file (src/engine under vitest, dist/src/engine when built): in a
+ * Finds the package root from this file (src/native under vitest, dist/src/native when built): in a
  * checkout, the checkout; where sluice is installed, node_modules/sluice, whose install script built
  * the addon under its own build/ (scripts/build-native.js). No environment variable is needed.
  */
