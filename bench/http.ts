@@ -111,7 +111,7 @@ async function serveChild(): Promise<void> {
   const { singleModelCatalog } = await import('../src/config/catalog.js');
   const { createApiKey } = await import('../src/store/api-keys.js');
   const { GenerationService } = await import('../src/serving/generation-service.js');
-  const { toGenerationRequest } = await import('../src/api/adapters/responses.js');
+  const { toGenerationRequest } = await import('../src/surfaces/responses/adapter.js');
   type Body = Parameters<typeof toGenerationRequest>[0];
 
   const service = await openService({

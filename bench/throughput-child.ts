@@ -43,7 +43,7 @@ export async function childMain(args: Args): Promise<void> {
   const { singleModelCatalog } = await import('../src/config/catalog.js');
   const { createApiKey } = await import('../src/store/api-keys.js');
   const { GenerationService } = await import('../src/serving/generation-service.js');
-  const { toChatGenerationRequest } = await import('../src/api/adapters/chat-completions.js');
+  const { toChatGenerationRequest } = await import('../src/surfaces/chat/adapter.js');
   type Body = Parameters<typeof toChatGenerationRequest>[0];
   const num = (k: string) => (typeof args[k] === 'string' ? Number(args[k]) : undefined);
   const requests = num('requests') ?? 1000;

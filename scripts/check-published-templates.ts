@@ -20,7 +20,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { QWEN3_TEMPLATE } from '../models/chat-templates.js';
-import { argumentsObject } from '../src/api/adapters/tools.js';
+import { argumentsObject } from '../src/surfaces/tools.js';
 import { compileChatTemplate, type ChatMessage, type ChatTemplate, type RenderOptions } from '../src/engine/chat-template.js';
 import { parseToolCalls, toolCallFormat } from '../src/serving/tool-calls.js';
 import {

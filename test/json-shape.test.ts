@@ -3,7 +3,7 @@
 // file validator's refusal of lines nested past its parse cap.
 
 import { describe, expect, it } from 'vitest';
-import { checkJsonValue, parseJsonBody } from '../src/api/json-body.js';
+import { checkJsonValue, parseJsonBody } from '../src/surfaces/json-body.js';
 import { BatchFileValidator, MAX_BATCH_LINE_DEPTH } from '../src/files/batch-file.js';
 import { jsonTextDeeperThan, measureJson } from '../src/json-shape.js';
 

@@ -15,8 +15,8 @@ import Fastify, {
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { Store } from '../store/store.js';
 import type { WindowDeadlines } from './background-responses.js';
-import { ApiError, envelope, renderError } from './errors.js';
-import { jsonBodyParser } from './json-body.js';
+import { ApiError, envelope, renderError } from '../surfaces/errors.js';
+import { jsonBodyParser } from '../surfaces/json-body.js';
 import { sluiceApi } from './plugin.js';
 import {
   BodyGuard, ConnectionGate, DEFAULT_TRANSPORT_LIMITS, makeClientErrorHandler, PROBE_PATHS, SocketResponses, type TransportLimits,

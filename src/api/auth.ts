@@ -6,7 +6,7 @@ import type { FastifyRequest } from 'fastify';
 import { hashApiKey } from '../store/api-keys.js';
 import type { Store } from '../store/store.js';
 import type { Caller } from '../serving/generation-request.js';
-import { ApiError } from './errors.js';
+import { ApiError } from '../surfaces/errors.js';
 
 declare module 'fastify' {
   interface FastifyRequest {

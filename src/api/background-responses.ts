@@ -38,8 +38,8 @@ import type { GenerationService } from '../serving/generation-service.js';
 import type { BackgroundJob, ResponseBody, Store, UsageRecord } from '../store/store.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
-import { cancelledResponse, failedResponse, finishedResponse } from './adapters/responses.js';
-import { nowSeconds } from './adapters/content.js';
+import { cancelledResponse, failedResponse, finishedResponse } from '../surfaces/responses/adapter.js';
+import { nowSeconds } from '../surfaces/content.js';
 import { commitRequestEnd } from './request-end.js';
 import type { Billing } from '../billing/ledger.js';
 

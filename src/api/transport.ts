@@ -22,7 +22,7 @@
 import { randomUUID } from 'node:crypto';
 import { Socket } from 'node:net';
 import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
-import { envelope, typeForStatus, type ErrorEnvelope } from './errors.js';
+import { envelope, typeForStatus, type ErrorEnvelope } from '../surfaces/errors.js';
 
 export interface TransportLimits {
   /** Seconds a request body may take to arrive, counted from its headers; 0: no limit. */

@@ -8,17 +8,17 @@
 // or simply never counted.
 
 import type { FastifySchema } from 'fastify';
-import { chatCompletion, choicesOf, completionId, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest } from '../api/adapters/chat-completions.js';
-import { newId, nowSeconds } from '../api/adapters/content.js';
-import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../api/adapters/messages.js';
-import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../api/adapters/responses.js';
-import { renderError } from '../api/errors.js';
-import { toMessagesEnvelope } from '../api/anthropic.js';
-import { checkJsonValue } from '../api/json-body.js';
-import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../api/schemas/chat-completions.js';
-import { CreateMessageSchema, type CreateMessageBody } from '../api/schemas/messages.js';
-import { CreateResponseSchema, type CreateResponseBody } from '../api/schemas/responses.js';
-import { validatorCompiler } from '../api/validation.js';
+import { chatCompletion, choicesOf, completionId, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest } from '../surfaces/chat/adapter.js';
+import { newId, nowSeconds } from '../surfaces/content.js';
+import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../surfaces/messages/adapter.js';
+import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../surfaces/responses/adapter.js';
+import { renderError } from '../surfaces/errors.js';
+import { toMessagesEnvelope } from '../surfaces/messages/envelope.js';
+import { checkJsonValue } from '../surfaces/json-body.js';
+import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../surfaces/chat/schema.js';
+import { CreateMessageSchema, type CreateMessageBody } from '../surfaces/messages/schema.js';
+import { CreateResponseSchema, type CreateResponseBody } from '../surfaces/responses/schema.js';
+import { validatorCompiler } from '../surfaces/validation.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import { isSluiceError, SluiceError } from '../errors.js';
 import type { GenerateResult } from '../engine/request.js';

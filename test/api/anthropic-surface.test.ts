@@ -7,7 +7,7 @@
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { toMessagesEnvelope } from '../../src/api/anthropic.js';
+import { toMessagesEnvelope } from '../../src/surfaces/messages/envelope.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { createBatch, readResults, waitForBatch } from '../helpers/batches.js';
 

@@ -6,7 +6,7 @@
 // Requests go over raw sockets, so that nothing is normalised on the way.
 
 import { afterEach, afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { anthropicErrorType } from '../../src/api/anthropic.js';
+import { anthropicErrorType } from '../../src/surfaces/messages/envelope.js';
 import { SluiceError } from '../../src/errors.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { httpRequest, rawExchange, type RawReply } from '../helpers/raw-http.js';

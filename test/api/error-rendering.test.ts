@@ -1,7 +1,7 @@
 // renderError's mappings of SluiceError codes that other layers raise (rate limits, a broken
 // engine, over-long input): status, envelope type and code, and the Retry-After of a 429.
 import { describe, expect, it } from 'vitest';
-import { renderError } from '../../src/api/errors.js';
+import { renderError } from '../../src/surfaces/errors.js';
 import { SluiceError } from '../../src/errors.js';
 
 function rateLimited(message: string, retryAfterSeconds?: number): SluiceError {

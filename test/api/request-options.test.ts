@@ -9,7 +9,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
-import { STREAMING_UNAVAILABLE } from '../../src/api/adapters/content.js';
+import { STREAMING_UNAVAILABLE } from '../../src/surfaces/content.js';
 import { price } from '../helpers/api-catalog.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { closeNow } from '../helpers/batches.js';

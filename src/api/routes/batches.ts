@@ -10,12 +10,12 @@ import type { FastifyInstance } from 'fastify';
 import { FileStorage } from '../../files/file-storage.js';
 import type { BatchRecord } from '../../store/batch-records.js';
 import type { ApiContext } from '../context.js';
-import { ApiError, invalidRequest, notFound } from '../errors.js';
+import { ApiError, invalidRequest, notFound } from '../../surfaces/errors.js';
 import {
   BatchIdParamsSchema, BatchListSchema, BatchObjectSchema, CreateBatchSchema, DEFAULT_BATCH_LIST_LIMIT, ListBatchesQuerySchema,
   type BatchIdParams, type BatchObject, type CreateBatchBody, type ListBatchesQuery,
 } from '../schemas/batches.js';
-import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../../surfaces/common-schema.js';
 
 export function toBatchObject(b: BatchRecord): BatchObject {
   return {

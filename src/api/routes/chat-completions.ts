@@ -8,16 +8,16 @@ import type { FastifyInstance } from 'fastify';
 import type { GenerateResult } from '../../engine/request.js';
 import {
   chatCompletion, choicesOf, completionId, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest,
-} from '../adapters/chat-completions.js';
-import { nowSeconds } from '../adapters/content.js';
+} from '../../surfaces/chat/adapter.js';
+import { nowSeconds } from '../../surfaces/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import { serverTiming } from '../server-timing.js';
 import { commitRequestEnd } from '../request-end.js';
 import {
   ChatCompletionSchema, CreateChatCompletionSchema, type CreateChatCompletionBody,
-} from '../schemas/chat-completions.js';
-import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+} from '../../surfaces/chat/schema.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../../surfaces/common-schema.js';
 import { failedChatCompletion } from '../../webhooks/events.js';
 import { noteUsage } from '../request-log.js';
 

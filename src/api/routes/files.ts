@@ -14,8 +14,8 @@ import { BatchFileValidator, type BatchFileProblem } from '../../files/batch-fil
 import { FileStorage, type TempFile } from '../../files/file-storage.js';
 import type { FileRecord } from '../../store/store.js';
 import type { ApiContext } from '../context.js';
-import { ApiError, invalidRequest, notFound } from '../errors.js';
-import { errorResponses, ErrorEnvelopeSchema } from '../schemas/common.js';
+import { ApiError, invalidRequest, notFound } from '../../surfaces/errors.js';
+import { errorResponses, ErrorEnvelopeSchema } from '../../surfaces/common-schema.js';
 import {
   FILE_PURPOSES, FileContentSchema, FileDeletedSchema, FileIdParamsSchema, FileListSchema, FileObjectSchema,
   ListFilesQuerySchema, MAX_FILE_LIST_LIMIT, UploadFileFormSchema,

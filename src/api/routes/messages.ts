@@ -20,21 +20,21 @@
 
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { Caller } from '../../serving/generation-request.js';
-import { newId, nowSeconds } from '../adapters/content.js';
+import { newId, nowSeconds } from '../../surfaces/content.js';
 import {
   idempotencyKeyOf, messageObject, refuseUnsupportedBlocks, refuseUnsupportedMessageInput, requestHash, toMessagesCountRequest,
   toMessagesGenerationRequest,
-} from '../adapters/messages.js';
+} from '../../surfaces/messages/adapter.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import { commitRequestEnd } from '../request-end.js';
 import { leaseTerm } from '../../store/leases.js';
-import { ApiError } from '../errors.js';
-import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+import { ApiError } from '../../surfaces/errors.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../../surfaces/common-schema.js';
 import {
   CountTokensSchema, CreateMessageSchema, MessageObjectSchema, TokenCountSchema,
   type CountTokensBody, type CreateMessageBody, type MessageObject,
-} from '../schemas/messages.js';
+} from '../../surfaces/messages/schema.js';
 import { noteUsage } from '../request-log.js';
 
 /** The idempotency scope (store key space) of this endpoint. */

@@ -9,8 +9,8 @@
 import type { FastifyInstance } from 'fastify';
 import Type from 'typebox';
 import type { ApiContext } from '../context.js';
-import { notFound } from '../errors.js';
-import { errorResponses, ModelListSchema, ModelSchema } from '../schemas/common.js';
+import { notFound } from '../../surfaces/errors.js';
+import { errorResponses, ModelListSchema, ModelSchema } from '../../surfaces/common-schema.js';
 
 export function registerModelRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.get('/models', {

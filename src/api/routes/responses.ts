@@ -12,18 +12,18 @@ import type { Release } from '../../serving/tenant-limits.js';
 import type { ResponseBody, UsageRecord } from '../../store/store.js';
 import {
   cancelledResponse, failedResponse, finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest,
-} from '../adapters/responses.js';
-import { newId } from '../adapters/content.js';
+} from '../../surfaces/responses/adapter.js';
+import { newId } from '../../surfaces/content.js';
 import type { ApiContext } from '../context.js';
 import { disconnectSignal } from '../disconnect.js';
 import { serverTiming } from '../server-timing.js';
 import { commitRequestEnd } from '../request-end.js';
-import { ApiError, invalidRequest, notFound } from '../errors.js';
-import { ErrorEnvelopeSchema, errorResponses } from '../schemas/common.js';
+import { ApiError, invalidRequest, notFound } from '../../surfaces/errors.js';
+import { ErrorEnvelopeSchema, errorResponses } from '../../surfaces/common-schema.js';
 import {
   CreateResponseSchema, InputItemsQuerySchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody, type InputItem,
-} from '../schemas/responses.js';
-import { chainItems, inputItems } from '../adapters/response-items.js';
+} from '../../surfaces/responses/schema.js';
+import { chainItems, inputItems } from '../../surfaces/responses/input-items.js';
 import type { Static } from 'typebox';
 import { noteUsage } from '../request-log.js';
 

@@ -7,7 +7,7 @@ import type { FastifyInstance } from 'fastify';
 import Type from 'typebox';
 import { parseSince, usageReport } from '../../billing/usage-report.js';
 import type { ApiContext } from '../context.js';
-import { ApiError, invalidRequest } from '../errors.js';
+import { ApiError, invalidRequest } from '../../surfaces/errors.js';
 
 const UsageQuerySchema = Type.Object({
   org: Type.Optional(Type.String({ minLength: 1 })),

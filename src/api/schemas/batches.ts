@@ -3,7 +3,7 @@
 import Type, { type Static } from 'typebox';
 import { BATCH_URLS } from '../../files/batch-file.js';
 import { BATCH_STATUSES, type BatchStatus } from '../../store/batch-records.js';
-import { METADATA_LIMITS } from './common.js';
+import { METADATA_LIMITS } from '../../surfaces/common-schema.js';
 
 /** The windows a batch may ask for; OpenAI's "24h" runs as flex. */
 export const BATCH_COMPLETION_WINDOWS = ['asap', 'standard', 'flex', '24h'] as const;

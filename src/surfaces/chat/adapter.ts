@@ -12,11 +12,11 @@ import { invalidRequest } from '../errors.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';
 import {
   MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
-} from '../schemas/chat-completions.js';
+} from './schema.js';
 import {
   checkImageUrl, newId, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
-} from './content.js';
-import { argumentsObject, callId, chatTools } from './tools.js';
+} from '../content.js';
+import { argumentsObject, callId, chatTools } from '../tools.js';
 import { split } from '../../serving/assistant-turn.js';
 
 /** A chat message with the tool-call fields templates read. */

@@ -4,8 +4,8 @@
 
 import type { Store } from '../../store/store.js';
 import { invalidRequest, notFound } from '../errors.js';
-import type { CreateResponseBody, InputItem } from '../schemas/responses.js';
-import { newId } from './content.js';
+import type { CreateResponseBody, InputItem } from './schema.js';
+import { newId } from '../content.js';
 
 /** How far back a chain goes, and how many items it may bring. */
 export const CHAIN_LIMITS = { maxDepth: 100, maxItems: 10_000 };

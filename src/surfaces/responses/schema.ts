@@ -5,7 +5,7 @@
 // accepted and dropped.
 
 import Type, { type Static } from 'typebox';
-import { ClientJsonSchema, INT32_MAX, MetadataSchema, discriminatedUnion } from './common.js';
+import { ClientJsonSchema, INT32_MAX, MetadataSchema, discriminatedUnion } from '../common-schema.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);

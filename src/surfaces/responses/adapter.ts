@@ -10,11 +10,11 @@ import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { ResponseBody } from '../../store/store.js';
 import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
-import type { CreateResponseBody, InputItem, InputMessage } from '../schemas/responses.js';
+import type { CreateResponseBody, InputItem, InputMessage } from './schema.js';
 import {
   checkImageUrl, newId, nowSeconds, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
-} from './content.js';
-import { argumentsObject, callId, responsesTools } from './tools.js';
+} from '../content.js';
+import { argumentsObject, callId, responsesTools } from '../tools.js';
 import { split, type AssistantTurn } from '../../serving/assistant-turn.js';
 import type { ReasoningSeal } from '../../serving/reasoning-seal.js';
 

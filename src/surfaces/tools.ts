@@ -1,8 +1,8 @@
 // Function tools as the two OpenAI surfaces write them, read into the service's ToolsRequest, and
 // the tool-call pieces both surfaces share (call ids, arguments as the template wants them).
 
-import type { ToolChoice, ToolDef, ToolsRequest } from '../../serving/assistant-turn.js';
-import { invalidRequest } from '../errors.js';
+import type { ToolChoice, ToolDef, ToolsRequest } from '../serving/assistant-turn.js';
+import { invalidRequest } from './errors.js';
 import { newId } from './content.js';
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);

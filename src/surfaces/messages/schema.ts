@@ -11,7 +11,7 @@
 // reported against the type the client meant.
 
 import Type, { type Static } from 'typebox';
-import { INT32_MAX, METADATA_LIMITS, discriminatedUnion } from './common.js';
+import { INT32_MAX, METADATA_LIMITS, discriminatedUnion } from '../common-schema.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);

@@ -16,7 +16,7 @@
 // against the type the client meant.
 
 import Type, { type Static } from 'typebox';
-import { ClientJsonSchema, discriminatedUnion, INT32_MAX, MetadataSchema } from './common.js';
+import { ClientJsonSchema, discriminatedUnion, INT32_MAX, MetadataSchema } from '../common-schema.js';
 
 const Free = Type.Record(Type.String(), Type.Unknown());
 const Nullable = <T extends Type.TSchema>(schema: T) => Type.Union([schema, Type.Null()]);

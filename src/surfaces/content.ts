@@ -1,8 +1,8 @@
 // Helpers the surface adapters share: ids, image URL checks, metadata and sampling fields.
 
 import { randomBytes } from 'node:crypto';
-import type { TokenLogprob } from '../../engine/request.js';
-import { invalidRequest } from '../errors.js';
+import type { TokenLogprob } from '../engine/request.js';
+import { invalidRequest } from './errors.js';
 
 /** `resp_` + 32 hex digits, etc. Random, so ids reveal nothing about volume or order. */
 export function newId(prefix: string): string {

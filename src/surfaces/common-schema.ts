@@ -1,7 +1,7 @@
 // Schemas shared by several surfaces: the error envelope, request metadata, the model object.
 
 import Type, { type Static, type TSchema } from 'typebox';
-import { LongContextPricingSchema, ModelPriceSchema } from '../../config/catalog.js';
+import { LongContextPricingSchema, ModelPriceSchema } from '../config/catalog.js';
 
 /**
  * Token counts and top_k cross into the engine as 32-bit integers: a larger value is refused by

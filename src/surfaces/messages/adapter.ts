@@ -17,10 +17,10 @@ import type { ChatMessage } from '../../engine/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
 import { invalidRequest } from '../errors.js';
-import type { CountTokensBody, CreateMessageBody, MessageObject, MessageParam } from '../schemas/messages.js';
+import type { CountTokensBody, CreateMessageBody, MessageObject, MessageParam } from './schema.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { OutputFormat } from '../../serving/generation-request.js';
-import { checkImageUrl, refuseListedTypes, refuseStreaming, requestedWindow } from './content.js';
+import { checkImageUrl, refuseListedTypes, refuseStreaming, requestedWindow } from '../content.js';
 
 const NO_TOOL_TURNS = '/v1/messages does not carry tool turns (tools sent here are accepted and never shown to the model)';
 const TOOLS_ELSEWHERE = 'for tool calling use POST /v1/responses or POST /v1/chat/completions with a model whose supports_tools is true';

@@ -4,7 +4,7 @@
 // which Anthropic's clients read (error.type) to raise their typed errors. Models are listed in
 // the spec's shape for every client, whatever headers it sends.
 
-import type { ErrorEnvelope } from './errors.js';
+import type { ErrorEnvelope } from '../errors.js';
 
 /**
  * Anthropic's error type for an HTTP status: the names its API uses and its clients know
