@@ -3,9 +3,8 @@
 // start at the same moment, a schema from a newer sluice refused, and integers that come back
 // exactly or not at all. Each test works in a fresh schema of its own, dropped after it.
 import { afterEach, describe, expect, it } from 'vitest';
-import { parseBigint } from '../src/store/postgres-db.js';
-import { migratePostgres, POSTGRES_MIGRATIONS } from '../src/store/postgres-migrations.js';
-import { PostgresStore } from '../src/store/postgres-store.js';
+import { POSTGRES_MIGRATIONS } from '../src/store/migrations.js';
+import { migratePostgres, parseBigint, PostgresStore } from '../src/store/postgres-store.js';
 import { dropSchema, freshSchema, POSTGRES_URL, schemaClient } from './helpers/stores.js';
 
 const suite = POSTGRES_URL ? describe : describe.skip;

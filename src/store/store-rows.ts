@@ -4,10 +4,10 @@
 
 import type { BatchPatch, BatchRecord, BatchStatus } from './batch-records.js';
 import { WINDOW_OF_RANK } from './leases.js';
+import { flag, type Row } from './sql-driver.js';
 import type { ApiKeyInfo, BackgroundJob, FileRecord, UsageRecord, WebhookDelivery } from './store.js';
 
-/** A row as either driver returns it: column name -> value. */
-export type Row = Record<string, unknown>;
+export type { Row };
 
 export function keyInfo(row: Row): ApiKeyInfo {
   return {
@@ -50,7 +50,7 @@ export function usageRecord(row: Row): UsageRecord {
     cachedCost: row['cached_cost'] as string,
     outputCost: row['output_cost'] as string,
     cost: row['cost'] as string,
-    longContext: row['long_context'] === true || row['long_context'] === 1,  // BOOLEAN or SQLite's 0/1
+    longContext: flag(row['long_context']),
     completedAtMs: row['completed_at_ms'] as number,
   };
 }
