@@ -19,6 +19,8 @@ export type { MakeModelOptions } from '../models/make-model.js';
 // opens what the plugin needs and mounts it in a host app; sluiceApi is the bare plugin).
 export { openService, DEFAULT_ORGANIZATION } from './service.js';
 export type { OpenServiceOptions, Service } from './service.js';
+export { openRuntime, assembleRuntime, Runtime } from './runtime.js';
+export type { AssembleRuntimeOptions, OpenRuntimeOptions, RuntimeLog, RuntimeSettings } from './runtime.js';
 export { createSluice } from './embed.js';
 export type { CreateSluiceOptions, Sluice } from './embed.js';
 export { createServer } from './api/app.js';
@@ -27,7 +29,7 @@ export { ServiceMetrics } from './metrics/service-metrics.js';
 export type { ServiceMetricsOptions } from './metrics/service-metrics.js';
 export { sluiceApi, API_VERSION } from './api/plugin.js';
 export type { SluiceApiOptions } from './api/plugin.js';
-export type { WebhookLog, WebhookSettings } from './webhooks/dispatcher.js';
+export type { WebhookLog, WebhookSettings } from './jobs/webhook-deliveries.js';
 export { DEFAULT_TRANSPORT_LIMITS } from './api/transport.js';
 export type { TransportLimits } from './api/transport.js';
 export { TenantLimiter, DEFAULT_ORG_LIMITS } from './serving/tenant-limits.js';

@@ -9,7 +9,8 @@ import os from 'node:os';
 import { join } from 'node:path';
 import type { FastifyBaseLogger } from 'fastify';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { BackgroundResponses } from '../src/api/background-responses.js';
+import { BackgroundResponses } from '../src/jobs/background-responses.js';
+import { RequestLifecycle } from '../src/serving/lifecycle.js';
 import type { GenerationService } from '../src/serving/generation-service.js';
 import { leaseConfig, leaseTerm } from '../src/store/leases.js';
 import { SqliteStore } from '../src/store/sqlite-store.js';
@@ -17,12 +18,12 @@ import type { BackgroundJob } from '../src/store/store.js';
 
 const quiet = { info() {}, warn() {}, error() {}, debug() {} } as unknown as FastifyBaseLogger;
 
-/** prepare() echoes the request; run() lasts until its signal aborts (then rejects, as the engine does). */
+/** prepare() echoes the request; a run lasts until its signal aborts (then rejects, as the engine does). */
 function standInService(): GenerationService {
   return {
     registry: { models: [] },
     prepare: async (request: Record<string, unknown>) => ({ request, window: 'standard' }),
-    run: (_prepared: unknown, signal: AbortSignal) => new Promise((_resolve, reject) => {
+    runChoices: (_choices: unknown, signal: AbortSignal) => new Promise((_resolve, reject) => {
       signal.addEventListener('abort', () => reject(new Error('aborted')), { once: true });
     }),
   } as unknown as GenerationService;
@@ -35,7 +36,7 @@ describe('background responses under leases', () => {
   const open: BackgroundResponses[] = [];
   const background = (opts: { maxRuns?: number; draining?: () => boolean } = {}) => {
     const b = new BackgroundResponses({
-      store, service: standInService(), deadlines: { asap: 600, standard: 600, flex: 600 }, log: quiet,
+      store, lifecycle: new RequestLifecycle({ service: standInService(), store }), deadlines: { asap: 600, standard: 600, flex: 600 }, log: quiet,
       lease: leaseConfig(600), ...opts,
     });
     open.push(b);

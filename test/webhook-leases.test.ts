@@ -14,7 +14,7 @@
 import { afterEach, beforeEach, expect, it } from 'vitest';
 import { leaseConfig } from '../src/store/leases.js';
 import type { Store, WebhookDelivery } from '../src/store/store.js';
-import { WebhookDispatcher, type WebhookLog } from '../src/webhooks/dispatcher.js';
+import { WebhookDispatcher, type WebhookLog } from '../src/jobs/webhook-deliveries.js';
 import { deliveryRow, describeStores, type StoreUnderTest } from './helpers/stores.js';
 import { startWebhookReceiver, type Hook, type WebhookReceiver } from './helpers/webhook-receiver.js';
 

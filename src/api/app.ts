@@ -8,23 +8,16 @@
 // missing Host header, an unsupported Expect header, and bodies that arrive too slowly (408,
 // transport.ts).
 
-import type { LeaseConfig } from '../store/leases.js';
 import Fastify, {
   LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyServerOptions,
 } from 'fastify';
-import type { ModelRegistry } from '../serving/model-registry.js';
-import type { Store } from '../store/store.js';
-import type { WindowDeadlines } from './background-responses.js';
+import type { Runtime } from '../runtime.js';
 import { ApiError, envelope, renderError } from '../surfaces/errors.js';
 import { jsonBodyParser } from '../surfaces/json-body.js';
 import { sluiceApi } from './plugin.js';
 import {
   BodyGuard, ConnectionGate, DEFAULT_TRANSPORT_LIMITS, makeClientErrorHandler, PROBE_PATHS, SocketResponses, type TransportLimits,
 } from './transport.js';
-import type { WebhookSettings } from '../webhooks/dispatcher.js';
-import type { BatchRunner } from '../batches/runner.js';
-import type { TenantLimiter } from '../serving/tenant-limits.js';
-import { ServiceMetrics } from '../metrics/service-metrics.js';
 import { DEFAULT_ENGINE_LOG_INTERVAL_MS, EngineStatsLog } from '../metrics/engine-log.js';
 import { registerMetricsRoute } from './metrics-route.js';
 import { recordRequests, requestIdFor } from './request-log.js';
@@ -33,20 +26,16 @@ import type { HistoryOptions } from '../dashboard/history.js';
 import { RecentRequests } from '../metrics/recent-requests.js';
 
 export interface CreateServerOptions {
-  store: Store;
-  registry: ModelRegistry;
-  dataDir: string;
-  /** Where file bytes live when not `<dataDir>/files` (a volume replicas share). */
-  filesDir?: string;
+  /**
+   * The services the app serves (runtime.ts). The app owns its life: started when the app is
+   * ready (pending work resumes), closed when the app closes (work handed back, then what
+   * openRuntime opened).
+   */
+  runtime: Runtime;
   /** fastify's logger option (pino settings). Default: off. */
   logger?: FastifyServerOptions['logger'];
   /** A pino logger to write to instead (`sluice serve` passes its one JSON stream); wins over `logger`. */
   loggerInstance?: FastifyBaseLogger;
-  /**
-   * The Prometheus metrics GET /metrics serves (one registry per service). Default: a registry of
-   * this server's own, behind an admin key.
-   */
-  metrics?: ServiceMetrics;
   /**
    * Milliseconds between the engine lines logged while an engine is busy (metrics/engine-log.ts);
    * 0: none. Default 10,000; 0 or 10..3,600,000.
@@ -54,23 +43,8 @@ export interface CreateServerOptions {
   engineLogIntervalMs?: number;
   /** The dashboard plots' history: sample interval and count (default one per 5 s, 180 kept). */
   dashboardHistory?: HistoryOptions;
-  /** Seconds a background response may stay in_progress, per completion window. */
-  deadlines?: Partial<WindowDeadlines>;
-  /** Completion webhook retry settings; default the spec's (30 s per attempt, 3 retries). */
-  webhooks?: WebhookSettings;
-  /** The batch runner (its owner starts and stops it); default: the API plugin makes its own. */
-  batches?: BatchRunner;
-  /** This process's replica id and lease length (default: a new id, DEFAULT_LEASE_TTL_MS). */
-  lease?: LeaseConfig;
   /** Body timeout, minimum body rate, connection cap; defaults DEFAULT_TRANSPORT_LIMITS (transport.ts). */
   transport?: Partial<TransportLimits>;
-  /** Per-organization limits, shared with the batch runner; default DEFAULT_ORG_LIMITS. */
-  limits?: TenantLimiter;
-  /**
-   * True while the process drains before shutting down (`sluice serve --drain-seconds`): /ready
-   * answers 503 so that load balancers stop sending new work, while every route still serves.
-   */
-  draining?: () => boolean;
 }
 
 /** Largest JSON body: generous for base64 images, and the same order as a batch line (28 MiB). */
@@ -94,6 +68,7 @@ function replyFrameworkError(err: FastifyError, reply: FastifyReply): FastifyRep
 }
 
 export async function createServer(opts: CreateServerOptions): Promise<FastifyInstance> {
+  const { runtime } = opts;
   const limits: TransportLimits = { ...DEFAULT_TRANSPORT_LIMITS, ...opts.transport };
   const responses = new SocketResponses();
   const app = Fastify({
@@ -128,16 +103,21 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     res.end(body);
   });
   const bodyGuard = new BodyGuard(limits);
-  const metrics = opts.metrics ?? new ServiceMetrics();
+  const { metrics } = runtime;
+  // The runtime's work (background responses, batches, webhooks) logs with the app from now on.
+  runtime.useLog(app.log);
+  // First of the onClose hooks, which fastify runs last added first: the runtime's work stops, and
+  // the models and the store close, after everything added below has stopped using them.
+  app.addHook('onClose', async () => runtime.close());
   // The dashboard's recent requests: the API's, not probes, scrapes or the dashboard's own polling.
   const recent = new RecentRequests();
   const operatorRoutes = new Set<string>(['/health', '/ready', '/metrics', ...DASHBOARD_ROUTES]);
   // First of the root hooks: even a request refused by the next one gets its id back.
   recordRequests(app, metrics, { ring: recent, ignoredRoutes: operatorRoutes });
-  const stopWatching = metrics.watchModels(opts.registry);
+  const stopWatching = metrics.watchModels(runtime.registry);
   app.addHook('onClose', async () => stopWatching());
   const engineLog = new EngineStatsLog(app.log);
-  engineLog.start(opts.registry, opts.engineLogIntervalMs ?? DEFAULT_ENGINE_LOG_INTERVAL_MS);
+  engineLog.start(runtime.registry, opts.engineLogIntervalMs ?? DEFAULT_ENGINE_LOG_INTERVAL_MS);
   app.addHook('onClose', async () => engineLog.stop());
 
   let closing = false;
@@ -145,7 +125,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
   // keep-alive socket still busy when close began does not hold shutdown for keepAliveTimeout.
   app.addHook('preClose', async () => { closing = true; });
   app.addHook('onClose', async () => bodyGuard.close());
-  const draining = opts.draining ?? (() => false);
+  const draining = () => runtime.isDraining();
   app.addHook('onSend', async (_request, reply) => {
     // Draining too: a client on a keep-alive connection reconnects, through its load balancer, elsewhere.
     if (closing || draining() || connections.isReserved(reply.raw.socket)) reply.header('connection', 'close');
@@ -174,14 +154,14 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     if (draining()) {
       throw new ApiError(503, 'server_error', 'the server is draining before it shuts down; send new requests elsewhere', null, 'draining');
     }
-    if (opts.registry.models.some((m) => m.engine.brokenReason !== undefined)) {
+    if (runtime.registry.models.some((m) => m.engine.brokenReason !== undefined)) {
       throw new ApiError(503, 'server_error', 'a model engine is out of service after a fault; see the server log', null, 'engine_broken');
     }
     return { status: 'ready' };
   });
-  registerMetricsRoute(app, opts.store, metrics);
+  registerMetricsRoute(app, runtime.store, metrics);
   registerDashboardRoutes(app, {
-    store: opts.store, metrics, recent, registry: opts.registry, ...(opts.dashboardHistory && { history: opts.dashboardHistory }),
+    store: runtime.store, metrics, recent, registry: runtime.registry, ...(opts.dashboardHistory && { history: opts.dashboardHistory }),
   });
 
   // Outside /v1 (unknown paths, errors of /health) the same envelope applies.
@@ -196,14 +176,7 @@ export async function createServer(opts: CreateServerOptions): Promise<FastifyIn
     throw new ApiError(404, 'invalid_request_error', `no route ${request.method} ${request.url.split('?')[0]}`, null, 'unknown_route');
   });
 
-  await app.register(sluiceApi, {
-    prefix: '/v1', store: opts.store, registry: opts.registry, dataDir: opts.dataDir,
-    ...(opts.lease && { lease: opts.lease }), draining,
-    ...(opts.filesDir !== undefined && { filesDir: opts.filesDir }),
-    ...(opts.deadlines && { deadlines: opts.deadlines }),
-    webhooks: { ...opts.webhooks, onAttempt: (outcome) => metrics.webhookAttempt(outcome) },
-    ...(opts.batches ? { batches: opts.batches } : { onBatchLineDone: (outcome) => metrics.batchLineDone(outcome) }),
-    ...(opts.limits && { limits: opts.limits }),
-  });
+  await app.register(sluiceApi, { prefix: '/v1', runtime });
+  app.addHook('onReady', async () => runtime.start());
   return app;
 }

@@ -10,10 +10,9 @@
 
 import { setMaxListeners } from 'node:events';
 import type { FileStorage } from '../files/file-storage.js';
-import type { GenerationService } from '../serving/generation-service.js';
+import type { RequestLifecycle } from '../serving/lifecycle.js';
 import type { BatchRecord, ClaimedBatchChunk } from '../store/batch-records.js';
 import type { Store } from '../store/store.js';
-import type { Billing } from '../billing/ledger.js';
 import { inputMissingError, runWindow, type BatchLog } from './batch-job.js';
 import { jsonlLines, type JsonlLine } from './jsonl-lines.js';
 import { executeLine } from './line-executor.js';
@@ -22,13 +21,12 @@ import type { Slots } from './slots.js';
 export interface ChunkDeps {
   store: Store;
   storage: FileStorage;
-  service: GenerationService;
+  /** The request lifecycle: each line runs through it, and its end (fenced by the chunk's lease) is written by it. */
+  lifecycle: RequestLifecycle;
   slots: Slots;
   log: BatchLog;
   /** This replica's id: the chunk's lease owner. */
   owner: string;
-  /** The usage ledger: each line that ends with a result is billed once, with its result row. */
-  billing?: Billing;
   /** Told when a line's result row is stored (metrics). */
   onLineDone?: (outcome: 'completed' | 'failed') => void;
 }
@@ -96,7 +94,8 @@ export class ChunkRun {
   }
 
   private async runLines(): Promise<ChunkOutcome> {
-    const { store, storage, slots, service } = this.deps;
+    const { store, storage, slots, lifecycle } = this.deps;
+    const { service } = lifecycle;
     const { chunk, batch } = this.claim;
     const signal = this.controller.signal;
     const opened = await storage.openRead(batch.inputFileId, { start: chunk.startOffset });
@@ -112,16 +111,15 @@ export class ChunkRun {
     const window = runWindow(batch.completionWindow);
 
     const runOne = async (line: JsonlLine) => {
-      const outcome = await executeLine({ text: line.text, service: this.deps.service, caller, window, signal });
+      const outcome = await executeLine({ text: line.text, lifecycle, caller, window, signal, requestId: `${batch.id}:${line.lineNo}` });
       if (outcome.kind === 'aborted') return;
       if (outcome.kind === 'error' && outcome.internal !== undefined) {
         this.deps.log.error({ err: outcome.internal, batch_id: batch.id, line: line.lineNo }, 'batch line failed inside the service');
       }
       try {
-        const usage = outcome.kind === 'ok'
-          ? this.deps.billing?.usageRecord({ surface: 'batch', requestId: `${batch.id}:${line.lineNo}`, ...outcome.usage })
-          : undefined;
-        const commit = await store.commitRequestEnd({
+        // Each line that ends with a result is billed once, with its result row.
+        const usage = outcome.kind === 'ok' ? outcome.usage : undefined;
+        const commit = await lifecycle.end({
           batchResult: {
             batchId: batch.id,
             result: { lineNo: line.lineNo, ok: outcome.kind === 'ok', line: outcome.line },

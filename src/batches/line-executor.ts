@@ -1,62 +1,56 @@
-// Runs one batch request line the way its endpoint would run the same body: the same pre-schema
-// refusals, the same TypeBox schema compiled by the same validator compiler, the same surface
-// adapter and GenerationService, and the same response object. Only the completion window and
-// background come from the batch (so flex is allowed), and nothing is stored per line.
+// Runs one batch request line the way its endpoint would run the same body: the same Surface value
+// (surfaces/surfaces.ts: pre-schema refusals, schema, adapter, rendered object), its schema compiled
+// by the same validator compiler, and the same request lifecycle (serving/lifecycle.ts) up to the
+// end, which the chunk writes under its lease. Only the completion window and background come from
+// the batch (so flex is allowed).
 //
 // The outcome is a value: the result line for the output file, one for the error file, or
 // `aborted` (cancel, expiry, shutdown), which is not a result: the line is left for a later run
 // or simply never counted.
 
 import type { FastifySchema } from 'fastify';
-import { chatCompletion, choicesOf, completionId, refuseUnsupportedChatInput, systemFingerprint, toChatGenerationRequest } from '../surfaces/chat/adapter.js';
-import { newId, nowSeconds } from '../surfaces/content.js';
-import { messageObject, refuseUnsupportedMessageInput, toMessagesGenerationRequest } from '../surfaces/messages/adapter.js';
-import { finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest } from '../surfaces/responses/adapter.js';
+import { newId } from '../surfaces/content.js';
 import { renderError } from '../surfaces/errors.js';
-import { toMessagesEnvelope } from '../surfaces/messages/envelope.js';
 import { checkJsonValue } from '../surfaces/json-body.js';
-import { CreateChatCompletionSchema, type CreateChatCompletionBody } from '../surfaces/chat/schema.js';
-import { CreateMessageSchema, type CreateMessageBody } from '../surfaces/messages/schema.js';
-import { CreateResponseSchema, type CreateResponseBody } from '../surfaces/responses/schema.js';
+import type { Surface, SurfacePath } from '../surfaces/surface.js';
+import { SURFACES, surfaceFor } from '../surfaces/surfaces.js';
 import { validatorCompiler } from '../surfaces/validation.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import { isSluiceError, SluiceError } from '../errors.js';
-import type { GenerateResult } from '../engine/request.js';
-import type { Caller, GenerationRequest, PreparedGeneration } from '../serving/generation-request.js';
-import type { GenerationService } from '../serving/generation-service.js';
-
-/** What a line's generation used, for the usage ledger (billing/ledger.ts). */
-export interface LineUsage {
-  prepared: PreparedGeneration;
-  results: GenerateResult[];
-}
+import type { Caller, GenerationRequest } from '../serving/generation-request.js';
+import type { RequestLifecycle } from '../serving/lifecycle.js';
+import type { UsageRecord } from '../store/store.js';
 
 export type LineOutcome =
-  | { kind: 'ok'; line: string; usage: LineUsage }
+  /** `usage`: the line's ledger row (absent without a ledger), stored with its result row. */
+  | { kind: 'ok'; line: string; usage?: UsageRecord }
   /** `internal`: the failure was a bug or an engine fault (a 500), kept for the log. */
   | { kind: 'error'; line: string; internal?: unknown }
   | { kind: 'aborted' };
 
 type Validate = (body: unknown) => { error?: Error };
 
-interface Surface {
-  /** The route's preValidation: clear refusals before the schema would report a mismatch. */
-  refuse(body: unknown): void;
-  validate: Validate;
-  /** Adapts, prepares, runs; resolves with the endpoint's 200 body and what it used. */
-  run(body: unknown, line: LineContext): Promise<{ body: unknown; usage: LineUsage }>;
-}
-
 interface LineContext {
-  service: GenerationService;
+  lifecycle: RequestLifecycle;
   caller: Caller;
   window: CompletionWindow;
   signal: AbortSignal;
+  /** The ledger's id of this line (batch id and line number). */
+  requestId: string;
 }
 
-function compileBody(schema: unknown, url: string): Validate {
-  return validatorCompiler({ schema: schema as FastifySchema, httpPart: 'body', method: 'POST', url }) as Validate;
-}
+/** What a batch line refuses that its endpoint accepts. */
+const BATCH_REFUSALS: Partial<Record<SurfacePath, (body: Record<string, unknown>) => void>> = {
+  '/v1/responses': (body) => {
+    if (body['previous_response_id']) {
+      throw new SluiceError('invalid_request', 'previous_response_id is not accepted in batch lines: each line is its own conversation', { param: 'previous_response_id' });
+    }
+  },
+};
+
+/** Each surface's body validator, compiled once by the routes' validator compiler. */
+const VALIDATORS = new Map<Surface<any, any>, Validate>(Object.values(SURFACES).map((surface) => [surface,
+  validatorCompiler({ schema: surface.schema as FastifySchema, httpPart: 'body', method: 'POST', url: surface.path }) as Validate]));
 
 /** The batch decides the window; background lets the flex window through prepare(). */
 function inBatch(request: GenerationRequest, window: CompletionWindow): GenerationRequest {
@@ -66,55 +60,23 @@ function inBatch(request: GenerationRequest, window: CompletionWindow): Generati
   return { ...rest, completionWindow: window, background: true };
 }
 
-const SURFACES: Record<string, Surface> = {
-  '/v1/responses': {
-    refuse: refuseUnsupportedInput,
-    validate: compileBody(CreateResponseSchema, '/v1/responses'),
-    async run(raw, { service, caller, window, signal }) {
-      const body = raw as CreateResponseBody;
-      if (body.previous_response_id) {
-        throw new SluiceError('invalid_request', 'previous_response_id is not accepted in batch lines: each line is its own conversation', { param: 'previous_response_id' });
-      }
-      const model = service.registry.resolve(body.model, caller.orgName);
-      const prepared = await service.prepare(inBatch(toGenerationRequest(body, caller, model.supportsChat, service.reasoningSeal), window));
-      const running = inProgressResponse(newId('resp'), body, prepared);
-      // The object says what the line asked for; running in the batch's background is not its doing.
-      running['background'] = body.background === true;
-      const result = await service.run(prepared, signal, 'batch');
-      return { body: finishedResponse(running, result, prepared, service.reasoningSeal), usage: { prepared, results: [result] } };
-    },
-  },
-  '/v1/chat/completions': {
-    refuse: refuseUnsupportedChatInput,
-    validate: compileBody(CreateChatCompletionSchema, '/v1/chat/completions'),
-    async run(raw, { service, caller, window, signal }) {
-      const body = raw as CreateChatCompletionBody;
-      const model = service.registry.resolve(body.model, caller.orgName);
-      const { request, n } = toChatGenerationRequest(body, caller, model.supportsChat);
-      // As its endpoint: more choices than the organization's in-flight limit is a 400 naming n.
-      service.limits.checkChoices(caller, n);
-      const prepared = await service.prepare(inBatch(request, window));
-      const created = nowSeconds();
-      // One failure (or the line's abort) stops every choice and fails the line.
-      const results = await service.runChoices(choicesOf(prepared, n), signal, 'batch');
-      const completion = chatCompletion({
-        id: completionId(), created, fingerprint: systemFingerprint(service.modelOf(prepared)), prepared, results,
-      });
-      return { body: completion, usage: { prepared, results } };
-    },
-  },
-  '/v1/messages': {
-    refuse: refuseUnsupportedMessageInput,
-    validate: compileBody(CreateMessageSchema, '/v1/messages'),
-    async run(raw, { service, caller, window, signal }) {
-      const body = raw as CreateMessageBody;
-      const model = service.registry.resolve(body.model, caller.orgName);
-      const prepared = await service.prepare(inBatch(toMessagesGenerationRequest(body, caller, model.supportsChat), window));
-      const result = await service.run(prepared, signal, 'batch');
-      return { body: messageObject(newId('msg'), prepared, result), usage: { prepared, results: [result] } };
-    },
-  },
-};
+/** Adapts, prepares and runs a validated body as its endpoint would; resolves with the 200 body and its ledger row. */
+async function runLine(surface: Surface<any, any>, body: Record<string, unknown>, line: LineContext): Promise<{ body: unknown; usage?: UsageRecord }> {
+  const { lifecycle, caller } = line;
+  BATCH_REFUSALS[surface.path]?.(body);
+  const model = lifecycle.model(body['model'] as string, caller);
+  const seal = lifecycle.service.reasoningSeal;
+  const { request, n } = surface.adapt(body, caller, model, seal);
+  // As its endpoint: more choices than the organization's in-flight limit is a 400 naming n.
+  if (n > 1) lifecycle.service.limits.checkChoices(caller, n);
+  const prepared = await lifecycle.prepare(inBatch(request, line.window), model);
+  const rendering = surface.open(body, prepared, seal);
+  // One failure (or the line's abort) stops every choice and fails the line.
+  const { object, usage } = await lifecycle.generate({
+    prepared, n, mode: 'batch', signal: line.signal, billed: { surface: 'batch', requestId: line.requestId },
+  }, (results) => rendering.render(results));
+  return { body: object, ...(usage && { usage }) };
+}
 
 /** The runner's view of one input line (already parsed by validation, so it is an object). */
 export interface BatchLineRequest {
@@ -139,24 +101,25 @@ export async function executeLine(opts: ExecuteLineOptions): Promise<LineOutcome
     const request = JSON.parse(opts.text) as BatchLineRequest;
     customId = String(request.custom_id);
     url = request.url;
-    const surface = SURFACES[request.url];
+    const surface = surfaceFor(request.url);
     // Validation made every line's url the batch's endpoint; this guards a file changed under us.
     if (!surface) throw new Error(`no batch surface for ${request.url}`);
     // The body parser's limits (nesting depth, prototype keys), which a batch line skips: a 400 line.
     checkJsonValue(request.body);
     surface.refuse(request.body);
-    const checked = surface.validate(request.body);
+    const checked = VALIDATORS.get(surface)!(request.body);
     if (checked.error) throw checked.error;
-    const { body, usage } = await surface.run(request.body, opts);
-    return { kind: 'ok', line: resultLine(customId, { status_code: 200, request_id: newId('req'), body }, null), usage };
+    const { body, usage } = await runLine(surface, request.body as Record<string, unknown>, opts);
+    return { kind: 'ok', line: resultLine(customId, { status_code: 200, request_id: newId('req'), body }, null), ...(usage && { usage }) };
   } catch (err) {
     if (opts.signal.aborted || (isSluiceError(err) && (err.code === 'cancelled' || err.code === 'engine_disposed'))) {
       return { kind: 'aborted' };
     }
     const rendered = renderError(err);
     const { code, message } = rendered.body.error;
-    // The body the endpoint itself would have answered: on Messages, Anthropic's type for the status.
-    const body = url === '/v1/messages' ? toMessagesEnvelope(rendered.statusCode, rendered.body) : rendered.body;
+    // The body the endpoint itself would have answered (on Messages, Anthropic's type for the status).
+    const surface = surfaceFor(url);
+    const body = surface ? surface.envelope(rendered.statusCode, rendered.body) : rendered.body;
     return {
       kind: 'error',
       line: resultLine(customId,

@@ -28,17 +28,13 @@ import { randomBytes } from 'node:crypto';
 import { leaseConfig, type LeaseConfig, type LeaseTerm } from '../store/leases.js';
 import { CLOSED, LeasedQueue, type JobLease, type WorkEnd } from '../jobs/leased-queue.js';
 import { FileStorage } from '../files/file-storage.js';
-import { ReasoningSeal } from '../serving/reasoning-seal.js';
-import { GenerationService } from '../serving/generation-service.js';
-import type { TenantLimiter } from '../serving/tenant-limits.js';
-import type { ModelRegistry } from '../serving/model-registry.js';
+import type { RequestLifecycle } from '../serving/lifecycle.js';
 import { chunkKey, type BatchRecord } from '../store/batch-records.js';
 import type { Store } from '../store/store.js';
 import { BatchJob, runWindow, type BatchLog } from './batch-job.js';
 import { ChunkRun } from './chunk-run.js';
 import { BATCH_CHUNK_LINES } from './chunks.js';
 import { Slots } from './slots.js';
-import { Billing } from '../billing/ledger.js';
 
 /** Seconds from creation until a batch expires, per window it runs at. */
 export interface BatchDeadlines {
@@ -51,7 +47,8 @@ export const DEFAULT_BATCH_DEADLINES: BatchDeadlines = { asap: 3600, standard: 2
 
 export interface BatchRunnerOptions {
   store: Store;
-  registry: ModelRegistry;
+  /** The request lifecycle every line runs through (the runtime's: the same limits, ledger and models as the API's). */
+  lifecycle: RequestLifecycle;
   dataDir: string;
   /** Where file bytes live when not `<dataDir>/files` (a volume replicas share). */
   filesDir?: string;
@@ -67,8 +64,6 @@ export interface BatchRunnerOptions {
   lease?: LeaseConfig;
   /** Lines per chunk of a new batch (default BATCH_CHUNK_LINES). */
   chunkLines?: number;
-  /** Per-organization limits, shared with the API's requests (default: a limiter of its own). */
-  limits?: TenantLimiter;
   log?: BatchLog;
   /** Told when a line is done (its result row stored): the service's metrics. Must not throw. */
   onLineDone?: (outcome: 'completed' | 'failed') => void;
@@ -111,10 +106,8 @@ const workKey = (work: BatchWork): string => (work instanceof BatchJob ? work.ba
 export class BatchRunner {
   readonly deadlines: BatchDeadlines;
   readonly lease: LeaseConfig;
-  private readonly service: GenerationService;
   private readonly slots: Slots;
   private readonly log: BatchLog;
-  private readonly billing: Billing;
   private readonly chunkLines: number;
   /** The rows' work and the chunks claimed here, under their leases. */
   private readonly queue: LeasedQueue<BatchWork>;
@@ -125,9 +118,7 @@ export class BatchRunner {
   constructor(private readonly opts: BatchRunnerOptions) {
     this.deadlines = { ...DEFAULT_BATCH_DEADLINES, ...opts.deadlines };
     this.lease = opts.lease ?? leaseConfig();
-    this.service = new GenerationService(opts.registry, opts.limits, ReasoningSeal.open(opts.dataDir));
-    this.billing = new Billing(opts.registry);
-    const engineSeqs = opts.registry.models.map((m) => m.engine.info.maxNumSeqs);
+    const engineSeqs = opts.lifecycle.service.registry.models.map((m) => m.engine.info.maxNumSeqs);
     this.slots = new Slots(opts.maxLinesInFlight ?? 2 * Math.max(1, ...engineSeqs));
     this.log = opts.log ?? stderrLog;
     this.chunkLines = opts.chunkLines ?? BATCH_CHUNK_LINES;
@@ -272,7 +263,7 @@ export class BatchRunner {
       const [chunk] = await store.claimBatchChunks(term, 1, feeding.map((b) => b.id), fullOrgs);
       if (!chunk) return claimed;
       claimed.push(new ChunkRun({
-        store, storage, service: this.service, slots: this.slots, log: this.log, owner: this.lease.owner, billing: this.billing,
+        store, storage, lifecycle: this.opts.lifecycle, slots: this.slots, log: this.log, owner: this.lease.owner,
         ...(this.opts.onLineDone && { onLineDone: this.opts.onLineDone }),
       }, chunk, () => this.kick()));
       feeding.push(chunk.batch);

@@ -23,7 +23,9 @@ import type { UsageRecord } from '../store/store.js';
 import { formatDecimal } from './money.js';
 import { costOf } from './pricing.js';
 
-export type UsageSurface = 'responses' | 'chat.completions' | 'messages' | 'batch';
+import type { UsageSurface } from '../serving/lifecycle.js';
+
+export type { UsageSurface };
 
 export interface BillableRequest {
   surface: UsageSurface;

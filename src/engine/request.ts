@@ -145,6 +145,14 @@ export interface GenerateChunk {
   timings?: Timings;
 }
 
+/**
+ * The sampling fields of a request, defined once: the library's GenerateRequest holds them, the
+ * service's GenerationRequest carries them whole from the surface to the engine, validateOptions
+ * checks them, and the native SamplingParams (native-types.ts, mirrored by sluice::SamplingParams
+ * in C++) is what they become.
+ */
+export type SamplingFields = Pick<GenerateRequest, 'temperature' | 'topP' | 'topK' | 'minP' | 'seed' | 'stop' | 'logprobs'>;
+
 export const MAX_LOGPROBS = 20;
 export const MAX_PROMPT_CACHE_KEY_LENGTH = 256;
 
@@ -243,29 +251,42 @@ export function checkPromptTokenIds(ids: unknown, vocabSize: number): number[] {
   return [...(ids as number[])];
 }
 
+/** The request's names for the input and the output limit, in errors (the library's, or a surface's). */
+export interface TokenLimitNames {
+  input: string;
+  maxTokens: string;
+}
+
+const LIBRARY_NAMES: TokenLimitNames = { input: 'prompt', maxTokens: 'maxTokens' };
+
 /**
  * Resolves maxTokens against the context: prompt + maxTokens must be <= contextLength
  * (context_length_exceeded otherwise, stating both numbers). The default is what is left of the
- * context, capped by what one sequence can hold in the KV pool (`maxSequenceTokens`).
+ * context, capped by what one sequence can hold in the KV pool (`maxSequenceTokens`). The one
+ * resolution of an output limit: the engine's (library requests) and the service's (each surface's
+ * field names in `names`).
  */
 export function resolveMaxTokens(
   numPromptTokens: number, maxTokens: number | undefined, contextLength: number, maxSequenceTokens: number,
+  names: TokenLimitNames = LIBRARY_NAMES,
 ): number {
-  if (numPromptTokens === 0) throw new SluiceError('invalid_request', 'the prompt is empty (0 tokens)', { param: 'prompt' });
+  if (numPromptTokens === 0) {
+    throw new SluiceError('invalid_request', `the ${names.input} is empty (0 tokens after tokenization)`, { param: names.input });
+  }
   if (maxTokens === undefined) {
     if (numPromptTokens >= contextLength) {
       throw new SluiceError('context_length_exceeded',
-        `the prompt has ${numPromptTokens} tokens, which leaves no room to generate in the model's ` +
-        `context length of ${contextLength} tokens`);
+        `the ${names.input} has ${numPromptTokens} tokens, which leaves no room to generate in the model's ` +
+        `context length of ${contextLength} tokens`, { param: names.input });
     }
     // +1: the last generated token never needs KV.
     return Math.max(1, Math.min(contextLength - numPromptTokens, maxSequenceTokens - numPromptTokens + 1));
   }
   if (numPromptTokens + maxTokens > contextLength) {
     throw new SluiceError('context_length_exceeded',
-      `the prompt has ${numPromptTokens} tokens and maxTokens is ${maxTokens}: together ` +
+      `the ${names.input} has ${numPromptTokens} tokens and ${names.maxTokens} is ${maxTokens}: together ` +
       `${numPromptTokens + maxTokens} tokens, more than the model's context length of ${contextLength}`,
-      { param: 'maxTokens' });
+      { param: names.maxTokens });
   }
   return maxTokens;
 }

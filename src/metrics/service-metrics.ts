@@ -21,7 +21,7 @@ import type { RequestReport, StepReport } from '../engine/engine-events.js';
 import { SCHEDULING_WINDOWS } from '../scheduler/window-policy.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
 import { SluiceError } from '../errors.js';
-import type { WebhookAttemptOutcome } from '../webhooks/dispatcher.js';
+import type { WebhookAttemptOutcome } from '../jobs/webhook-deliveries.js';
 
 export interface ServiceMetricsOptions {
   /**

@@ -4,6 +4,8 @@
 import type { ChatMessage } from '../engine/chat-template.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { AssistantPlan, ReasoningEffort, ToolsRequest } from './assistant-turn.js';
+import type { ServedModel } from './model-registry.js';
+import type { SamplingFields } from '../engine/request.js';
 
 export interface OutputFormat {
   /** json_schema and json_object are enforced by constrained decoding (src/structured). */
@@ -29,15 +31,8 @@ export interface GenerationRequest {
   input: { kind: 'messages'; messages: ChatMessage[] } | { kind: 'prompt'; text: string };
   /** The request carried image parts; they are refused unless the model takes images. */
   imageParam?: string;
-  sampling: {
-    temperature?: number;
-    topP?: number;
-    topK?: number;
-    seed?: number | bigint;
-    stop?: string[];
-    /** Top alternatives per token; undefined = no logprobs. */
-    logprobs?: number;
-  };
+  /** The engine's sampling fields (engine/request.ts), as the surface set them: passed to the engine whole. */
+  sampling: SamplingFields;
   maxOutputTokens?: number;
   /** The surface's name for maxOutputTokens, for error messages (max_output_tokens, max_tokens, ...). */
   maxOutputTokensParam: string;
@@ -62,6 +57,8 @@ export interface GenerationRequest {
 /** What prepare() resolved: everything run() needs. */
 export interface PreparedGeneration {
   request: GenerationRequest;
+  /** The model request.model named, resolved once for this caller (prepare). */
+  model: ServedModel;
   window: CompletionWindow;
   promptTokenIds: number[];
   maxTokens: number;

@@ -3,7 +3,7 @@
 // tokenizes; run() generates. Failures are SluiceErrors with codes the API maps to statuses.
 
 import { SluiceError } from '../errors.js';
-import { MAX_PROMPT_CACHE_KEY_LENGTH, type GenerateResult } from '../engine/request.js';
+import { MAX_PROMPT_CACHE_KEY_LENGTH, resolveMaxTokens, type GenerateResult } from '../engine/request.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, OutputFormat, PreparedGeneration } from './generation-request.js';
 import type { ResponseFormat } from '../structured/structured-outputs.js';
@@ -26,8 +26,8 @@ export class GenerationService {
     /** Seals reasoning for store=false responses (encrypted_content) and opens replayed blobs. */
     readonly reasoningSeal?: ReasoningSeal) {}
 
-  async prepare(request: GenerationRequest): Promise<PreparedGeneration> {
-    const model = this.registry.resolve(request.model, request.caller.orgName);
+  /** `model`: request.model already resolved for its caller (the surface needed it to adapt the body). */
+  async prepare(request: GenerationRequest, model = this.registry.resolve(request.model, request.caller.orgName)): Promise<PreparedGeneration> {
     const window = resolveWindow(model, request);
     if (request.promptCacheKey !== undefined && request.promptCacheKey.length > MAX_PROMPT_CACHE_KEY_LENGTH) {
       throw new SluiceError('invalid_request',
@@ -39,8 +39,9 @@ export class GenerationService {
         `top_k must be at most the model's vocabulary size (${model.engine.info.vocabSize}), got ${topK}`, { param: 'top_k' });
     }
     const { assistant, promptTokenIds } = await this.renderPrompt(model, request);
-    const maxTokens = resolveMaxTokens(model, promptTokenIds.length, request);
-    return { request, window, promptTokenIds, maxTokens, assistant };
+    const maxTokens = resolveMaxTokens(promptTokenIds.length, request.maxOutputTokens, model.contextLength,
+      model.engine.info.maxSequenceTokens, { input: 'input', maxTokens: request.maxOutputTokensParam });
+    return { request, model, window, promptTokenIds, maxTokens, assistant };
   }
 
   /**
@@ -48,8 +49,7 @@ export class GenerationService {
    * checks, chat template and tokenizer as prepare(), without a window or an output limit to
    * resolve. Nothing is generated, counted against a limit or billed.
    */
-  async countPromptTokens(request: GenerationRequest): Promise<number> {
-    const model = this.registry.resolve(request.model, request.caller.orgName);
+  async countPromptTokens(request: GenerationRequest, model = this.registry.resolve(request.model, request.caller.orgName)): Promise<number> {
     return (await this.renderPrompt(model, request)).promptTokenIds.length;
   }
 
@@ -116,9 +116,7 @@ export class GenerationService {
   }
 
   private generate(prepared: PreparedGeneration, signal: AbortSignal | undefined): Promise<GenerateResult> {
-    const { request } = prepared;
-    const model = this.registry.resolve(request.model, request.caller.orgName);
-    const s = request.sampling;
+    const { request, model } = prepared;
     return model.engine.generate({
       promptTokenIds: prepared.promptTokenIds,
       maxTokens: prepared.maxTokens,
@@ -127,12 +125,8 @@ export class GenerationService {
       tenant: request.caller.orgId,
       // An empty key is no key.
       ...(request.promptCacheKey && { promptCacheKey: request.promptCacheKey }),
-      ...(s.temperature !== undefined && { temperature: s.temperature }),
-      ...(s.topP !== undefined && { topP: s.topP }),
-      ...(s.topK !== undefined && { topK: s.topK }),
-      ...(s.seed !== undefined && { seed: s.seed }),
-      ...(s.stop !== undefined && { stop: s.stop }),
-      ...(s.logprobs !== undefined && { logprobs: s.logprobs }),
+      // The sampling fields are the engine's own (SamplingFields), carried whole.
+      ...request.sampling,
       ...(prepared.assistant.responseFormat !== undefined ? { responseFormat: prepared.assistant.responseFormat }
         : responseFormatOf(request.outputFormat) ?? {}),
       ...(prepared.assistant.thinking && { thinking: prepared.assistant.thinking }),
@@ -160,10 +154,6 @@ export class GenerationService {
     }
   }
 
-  /** The model a prepared request runs on (its tokenizer decodes logprob tokens). */
-  modelOf(prepared: PreparedGeneration): ServedModel {
-    return this.registry.resolve(prepared.request.model, prepared.request.caller.orgName);
-  }
 }
 
 /** Sleeps while the organization's token budget is spent (accepted background work waits its turn). */
@@ -211,28 +201,6 @@ function failNoDefault(model: ServedModel, allowed: CompletionWindow[]): never {
   throw new SluiceError('invalid_request',
     `the model "${model.id}" offers only the ${allowed.join(', ')} window, which is never chosen by default: ` +
     'set metadata.completion_window (flex also needs background=true)', { param: 'metadata.completion_window' });
-}
-
-function resolveMaxTokens(model: ServedModel, numPromptTokens: number, request: GenerationRequest): number {
-  const contextLength = model.contextLength;
-  const param = request.maxOutputTokensParam;
-  if (numPromptTokens === 0) throw new SluiceError('invalid_request', 'the input is empty after tokenization', { param: 'input' });
-  const asked = request.maxOutputTokens;
-  if (asked === undefined) {
-    if (numPromptTokens >= contextLength) {
-      throw new SluiceError('context_length_exceeded',
-        `the input has ${numPromptTokens} tokens, which leaves no room for output in the model's context length of ${contextLength} tokens`,
-        { param: 'input' });
-    }
-    // +1: the last generated token never needs KV.
-    return Math.max(1, Math.min(contextLength - numPromptTokens, model.engine.info.maxSequenceTokens - numPromptTokens + 1));
-  }
-  if (numPromptTokens + asked > contextLength) {
-    throw new SluiceError('context_length_exceeded',
-      `the input has ${numPromptTokens} tokens and ${param} is ${asked}: together ${numPromptTokens + asked}, ` +
-      `more than the model's context length of ${contextLength} tokens`, { param });
-  }
-  return asked;
 }
 
 /** The engine's response format for a request's output format (text: none). */

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import Fastify from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
-import { createApiKey, ModelRegistry, SqliteStore, sluiceApi } from '../../src/index.js';
+import { assembleRuntime, createApiKey, ModelRegistry, SqliteStore, sluiceApi } from '../../src/index.js';
 
 let root: string;
 let registry: ModelRegistry;
@@ -30,7 +30,10 @@ describe('sluiceApi mounted in a host app', () => {
     const app = Fastify();
     app.post('/echo', async (request) => ({ got: request.body }));
     app.setErrorHandler((_err, _request, reply) => reply.code(418).send('host handler'));
-    await app.register(sluiceApi, { prefix: '/llm/v1', store, registry, dataDir: join(root, 'data') });
+    const runtime = assembleRuntime({ store, registry, dataDir: join(root, 'data') });
+    await app.register(sluiceApi, { prefix: '/llm/v1', runtime });
+    app.addHook('onReady', async () => runtime.start());
+    app.addHook('onClose', async () => runtime.close());
     const { key } = await createApiKey(store, 'host-org');
     const auth = { authorization: `Bearer ${key}` };
 

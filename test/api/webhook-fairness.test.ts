@@ -3,7 +3,7 @@
 // once; org B's callback must still go out at once, not after A's attempts time out. The check is
 // an ordering (B arrives before any A attempt has timed out), not a wall-clock number.
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { DEFAULT_WEBHOOK_SETTINGS, type WebhookLog } from '../../src/webhooks/dispatcher.js';
+import { DEFAULT_WEBHOOK_SETTINGS, type WebhookLog } from '../../src/jobs/webhook-deliveries.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 

@@ -8,7 +8,7 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { SluiceError } from '../../src/errors.js';
 import { storePath } from '../../src/service.js';
-import type { WebhookLog, WebhookSettings } from '../../src/webhooks/dispatcher.js';
+import type { WebhookLog, WebhookSettings } from '../../src/jobs/webhook-deliveries.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 

@@ -8,7 +8,7 @@ import { makeModel } from '../../models/make-model.js';
 import type { Catalog } from '../../src/config/catalog.js';
 import { openService, type Service } from '../../src/service.js';
 import { createApiKey } from '../../src/store/api-keys.js';
-import type { WebhookSettings } from '../../src/webhooks/dispatcher.js';
+import type { WebhookSettings } from '../../src/jobs/webhook-deliveries.js';
 import type { ServiceMetricsOptions } from '../../src/metrics/service-metrics.js';
 import type { FastifyBaseLogger } from 'fastify';
 

@@ -9,7 +9,7 @@
 import type { FastifyInstance } from 'fastify';
 import { FileStorage } from '../../files/file-storage.js';
 import type { BatchRecord } from '../../store/batch-records.js';
-import type { ApiContext } from '../context.js';
+import type { Runtime } from '../../runtime.js';
 import { ApiError, invalidRequest, notFound } from '../../surfaces/errors.js';
 import {
   BatchIdParamsSchema, BatchListSchema, BatchObjectSchema, CreateBatchSchema, DEFAULT_BATCH_LIST_LIMIT, ListBatchesQuerySchema,
@@ -44,7 +44,7 @@ export function toBatchObject(b: BatchRecord): BatchObject {
 
 const noSuchBatch = (id: string) => notFound(`no batch with id "${id}"`, 'batch_id');
 
-export async function registerBatchRoutes(app: FastifyInstance, ctx: ApiContext): Promise<void> {
+export async function registerBatchRoutes(app: FastifyInstance, ctx: Runtime): Promise<void> {
   const runner = ctx.batches;
 
   app.post<{ Body: CreateBatchBody }>('/batches', {

@@ -13,7 +13,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { BatchFileValidator, type BatchFileProblem } from '../../files/batch-file.js';
 import { FileStorage, type TempFile } from '../../files/file-storage.js';
 import type { FileRecord } from '../../store/store.js';
-import type { ApiContext } from '../context.js';
+import type { Runtime } from '../../runtime.js';
 import { ApiError, invalidRequest, notFound } from '../../surfaces/errors.js';
 import { errorResponses, ErrorEnvelopeSchema } from '../../surfaces/common-schema.js';
 import {
@@ -167,7 +167,7 @@ function drainRequest(request: FastifyRequest): void {
   raw.resume();
 }
 
-export async function registerFileRoutes(app: FastifyInstance, ctx: ApiContext): Promise<void> {
+export async function registerFileRoutes(app: FastifyInstance, ctx: Runtime): Promise<void> {
   const storage = await FileStorage.open(ctx.dataDir, ctx.filesDir !== undefined ? { filesDir: ctx.filesDir } : {});
 
   const getOwned = async (request: FastifyRequest<{ Params: FileIdParams }>): Promise<FileRecord> => {

@@ -15,46 +15,40 @@
 // key, so a retry runs afresh. A running key is leased to this replica (renewed while it runs);
 // when the replica dies, its key is taken over by the first repeat after the lease runs out.
 //
-// The end is one write: the ledger row together with the key's stored result (request-end.ts), so
+// The end is one write: the ledger row together with the key's stored result (the request
+// lifecycle's end, serving/lifecycle.ts), so
 // a message whose result cannot be stored is a 500, is not billed, and releases its key.
 
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Runtime } from '../../runtime.js';
 import type { Caller } from '../../serving/generation-request.js';
-import { newId, nowSeconds } from '../../surfaces/content.js';
-import {
-  idempotencyKeyOf, messageObject, refuseUnsupportedBlocks, refuseUnsupportedMessageInput, requestHash, toMessagesCountRequest,
-  toMessagesGenerationRequest,
-} from '../../surfaces/messages/adapter.js';
-import type { ApiContext } from '../context.js';
-import { disconnectSignal } from '../disconnect.js';
-import { commitRequestEnd } from '../request-end.js';
+import { nowSeconds } from '../../surfaces/content.js';
+import { idempotencyKeyOf, refuseUnsupportedBlocks, requestHash, toMessagesCountRequest } from '../../surfaces/messages/adapter.js';
+import { messagesSurface } from '../../surfaces/messages/surface.js';
 import { leaseTerm } from '../../store/leases.js';
 import { ApiError } from '../../surfaces/errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../../surfaces/common-schema.js';
 import {
-  CountTokensSchema, CreateMessageSchema, MessageObjectSchema, TokenCountSchema,
-  type CountTokensBody, type CreateMessageBody, type MessageObject,
+  CountTokensSchema, MessageObjectSchema, TokenCountSchema, type CountTokensBody, type CreateMessageBody, type MessageObject,
 } from '../../surfaces/messages/schema.js';
-import { noteUsage } from '../request-log.js';
+import { runInRoute } from '../run-in-route.js';
 
 /** The idempotency scope (store key space) of this endpoint. */
 const SCOPE = 'messages';
 
 /** Runs the request and writes its end: the ledger row, and the result of `idempotencyKey` if given. */
-async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: Caller, reply: FastifyReply,
+async function createMessage(ctx: Runtime, body: CreateMessageBody, caller: Caller, request: FastifyRequest, reply: FastifyReply,
   idempotencyKey?: string): Promise<MessageObject> {
-  const model = ctx.registry.resolve(body.model, caller.orgName);
+  const model = ctx.lifecycle.model(body.model, caller);
   // prepare() refuses images, unpriced windows and over-long requests before the engine runs.
-  const prepared = await ctx.service.prepare(toMessagesGenerationRequest(body, caller, model.supportsChat));
-  const result = await ctx.service.run(prepared, disconnectSignal(reply));
-  noteUsage(reply.request, [result]);
-  const id = newId('msg');
-  const message = messageObject(id, prepared, result);
-  const committed = await commitRequestEnd(ctx.store, ctx.webhooks, {
-    usage: ctx.billing.usageRecord({ surface: 'messages', requestId: id, prepared, results: [result] }),
-    ...(idempotencyKey !== undefined && {
+  const prepared = await ctx.lifecycle.prepare(messagesSurface.adapt(body, caller, model).request, model);
+  const rendering = messagesSurface.open(body, prepared);
+  // A foreground run without a slot admits itself: a 429 before anything is stored.
+  const { object, committed } = await runInRoute(ctx, request, reply, {
+    prepared, rendering, callback: false, billed: { surface: messagesSurface.usage, requestId: rendering.id },
+    end: (message) => idempotencyKey === undefined ? {} : {
       idempotency: { orgId: caller.orgId, scope: SCOPE, key: idempotencyKey, statusCode: 200, body: message, leaseOwner: ctx.lease.owner },
-    }),
+    },
   });
   if (committed.idempotencyLeaseLost) {
     // This replica stalled past the key's lease and another took the key over: its result (one
@@ -63,14 +57,15 @@ async function createMessage(ctx: ApiContext, body: CreateMessageBody, caller: C
       'this request\'s idempotency key was taken over by another server after this one stalled; retry with the same key to get its result',
       null, 'idempotency_key_in_use');
   }
-  return message;
+  return object;
 }
 
-export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): void {
-  app.post<{ Body: CreateMessageBody }>('/messages', {
+/** Registers POST / and POST /count_tokens: the plugin mounts them under /messages, in a scope of their own. */
+export function registerMessageRoutes(app: FastifyInstance, ctx: Runtime): void {
+  app.post<{ Body: CreateMessageBody }>('/', {
     schema: {
       summary: 'Create a message',
-      body: CreateMessageSchema,
+      body: messagesSurface.schema,
       headers: {
         type: 'object',
         properties: {
@@ -83,12 +78,12 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
         403: ErrorEnvelopeSchema, 409: ErrorEnvelopeSchema, 422: ErrorEnvelopeSchema,
       },
     },
-    preValidation: async (request) => refuseUnsupportedMessageInput(request.body),
+    preValidation: async (request) => messagesSurface.refuse(request.body),
   }, async (request, reply) => {
     const body = request.body;
     const caller = request.caller;
     const idem = idempotencyKeyOf(request.headers);
-    if (idem === undefined) return createMessage(ctx, body, caller, reply);
+    if (idem === undefined) return createMessage(ctx, body, caller, request, reply);
 
     const begun = await ctx.store.beginIdempotency(caller.orgId, SCOPE, idem.key, requestHash(body), nowSeconds(), leaseTerm(ctx.lease));
     switch (begun.state) {
@@ -107,14 +102,14 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
         break;
     }
     try {
-      return await createMessage(ctx, body, caller, reply, idem.key);
+      return await createMessage(ctx, body, caller, request, reply, idem.key);
     } catch (err) {
       await ctx.store.abandonIdempotency(caller.orgId, SCOPE, idem.key, ctx.lease.owner);
       throw err;
     }
   });
 
-  app.post<{ Body: CountTokensBody }>('/messages/count_tokens', {
+  app.post<{ Body: CountTokensBody }>('/count_tokens', {
     schema: {
       summary: 'Count the prompt tokens of a message request',
       body: CountTokensSchema,
@@ -122,8 +117,8 @@ export function registerMessageRoutes(app: FastifyInstance, ctx: ApiContext): vo
     },
     preValidation: async (request) => refuseUnsupportedBlocks(request.body),
   }, async (request) => {
-    const model = ctx.registry.resolve(request.body.model, request.caller.orgName);
-    const count = await ctx.service.countPromptTokens(toMessagesCountRequest(request.body, request.caller, model.supportsChat));
+    const model = ctx.lifecycle.model(request.body.model, request.caller);
+    const count = await ctx.service.countPromptTokens(toMessagesCountRequest(request.body, request.caller, model.supportsChat), model);
     return { input_tokens: count };
   });
 }

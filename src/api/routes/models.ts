@@ -8,11 +8,11 @@
 
 import type { FastifyInstance } from 'fastify';
 import Type from 'typebox';
-import type { ApiContext } from '../context.js';
+import type { Runtime } from '../../runtime.js';
 import { notFound } from '../../surfaces/errors.js';
 import { errorResponses, ModelListSchema, ModelSchema } from '../../surfaces/common-schema.js';
 
-export function registerModelRoutes(app: FastifyInstance, ctx: ApiContext): void {
+export function registerModelRoutes(app: FastifyInstance, ctx: Runtime): void {
   app.get('/models', {
     schema: {
       summary: 'List the models the caller may use',

@@ -1,106 +1,63 @@
 // POST /v1/responses and GET /v1/responses/{id}. Every response is stored (store=false too). A
 // foreground response is stored once, when it ends (completed, incomplete, failed, or cancelled
 // when its client disconnected), in one transaction with its ledger row (when it ended with a
-// result) and its completion webhook delivery (request-end.ts). background=true stores the
-// in_progress object, returns it at once, and updates it when the generation ends, so GET shows
-// progress (background-responses.ts). No object here carries metadata.webhook_token.
+// result), its input items and its completion webhook delivery (the request lifecycle's end,
+// serving/lifecycle.ts). background=true stores the in_progress object with its input items and
+// its job, returns it at once, and updates it when the generation ends, so GET shows progress
+// (jobs/background-responses.ts). No object here carries metadata.webhook_token.
+//
+// A finished response whose end cannot be stored is a 500, and is stored `failed` (unbilled) if the
+// store takes that, so that GET and the callback agree with what the client saw.
 
-import type { FastifyInstance, FastifyReply } from 'fastify';
-import { isSluiceError } from '../../errors.js';
-import type { PreparedGeneration } from '../../serving/generation-request.js';
-import type { Release } from '../../serving/tenant-limits.js';
-import type { ResponseBody, UsageRecord } from '../../store/store.js';
-import {
-  cancelledResponse, failedResponse, finishedResponse, inProgressResponse, refuseUnsupportedInput, toGenerationRequest,
-} from '../../surfaces/responses/adapter.js';
-import { newId } from '../../surfaces/content.js';
-import type { ApiContext } from '../context.js';
-import { disconnectSignal } from '../disconnect.js';
-import { serverTiming } from '../server-timing.js';
-import { commitRequestEnd } from '../request-end.js';
+import type { FastifyInstance } from 'fastify';
+import type { Runtime } from '../../runtime.js';
+import { responsesSurface } from '../../surfaces/responses/surface.js';
 import { ApiError, invalidRequest, notFound } from '../../surfaces/errors.js';
 import { ErrorEnvelopeSchema, errorResponses } from '../../surfaces/common-schema.js';
 import {
-  CreateResponseSchema, InputItemsQuerySchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody, type InputItem,
+  InputItemsQuerySchema, ResponseIdParamsSchema, ResponseObjectSchema, type CreateResponseBody, type InputItem,
 } from '../../surfaces/responses/schema.js';
 import { chainItems, inputItems } from '../../surfaces/responses/input-items.js';
 import type { Static } from 'typebox';
-import { noteUsage } from '../request-log.js';
+import { runInRoute } from '../run-in-route.js';
 
-
-/**
- * Runs a foreground generation and stores how it ended; resolves with the stored final object.
- * The end is one write: the response, its ledger row when it has a result, its webhook delivery.
- * If that write fails, the client gets a 500, and the response is stored `failed` (unbilled) if
- * the store takes that, so that GET and the callback agree with what the client saw.
- */
-async function runToStore(ctx: ApiContext, orgId: string, running: ResponseBody, prepared: PreparedGeneration,
-  signal: AbortSignal, reply: FastifyReply, admitted: Release): Promise<ResponseBody> {
-  const writeEnd = (body: ResponseBody, usage?: UsageRecord) => commitRequestEnd(ctx.store, ctx.webhooks,
-    { response: { orgId, body, kind: 'foreground' }, ...(usage && { usage }) },
-    // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
-    { orgId, metadata: prepared.request.metadata, body });
-  let final: ResponseBody;
-  let usage: UsageRecord;
-  try {
-    const result = await ctx.service.run(prepared, signal, 'foreground', admitted);
-    noteUsage(reply.request, [result]);
-    reply.header('server-timing', serverTiming([result.timings]));
-    final = finishedResponse(running, result, prepared, ctx.service.reasoningSeal);
-    usage = ctx.billing.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
-  } catch (err) {
-    if (isSluiceError(err) && err.code === 'cancelled') final = cancelledResponse(running);
-    else if (isSluiceError(err) && err.code !== 'engine_error') final = failedResponse(running, err.code, err.message);
-    else final = failedResponse(running, 'server_error', 'the engine failed while generating this response');
-    await writeEnd(final);
-    throw err;
-  }
-  try {
-    await writeEnd(final, usage);
-  } catch (err) {
-    reply.log.error({ err, response_id: running.id }, 'could not store a finished response; storing it as failed');
-    await writeEnd(failedResponse(running, 'server_error', 'the response could not be stored'))
-      .catch((again: unknown) => reply.log.error({ err: again, response_id: running.id }, 'could not store a failed response'));
-    throw err;
-  }
-  return final;
-}
-
-export function registerResponseRoutes(app: FastifyInstance, ctx: ApiContext): void {
+export function registerResponseRoutes(app: FastifyInstance, ctx: Runtime): void {
   app.post<{ Body: CreateResponseBody }>('/responses', {
     schema: {
       summary: 'Create a response',
-      body: CreateResponseSchema,
+      body: responsesSurface.schema,
       response: { 200: ResponseObjectSchema, ...errorResponses },
     },
-    preValidation: async (request) => refuseUnsupportedInput(request.body),
+    preValidation: async (request) => responsesSurface.refuse(request.body),
   }, async (request, reply) => {
     const body = request.body;
     const caller = request.caller;
-    const model = ctx.registry.resolve(body.model, caller.orgName);
+    const model = ctx.lifecycle.model(body.model, caller);
     const items = inputItems(body);
     // A continued conversation: the earlier responses' input and output come first.
     const conversation = body.previous_response_id
       ? { ...body, input: [...await chainItems(ctx.store, caller.orgId, body.previous_response_id), ...items] as InputItem[] }
       : body;
-    const prepared = await ctx.service.prepare(toGenerationRequest(conversation, caller, model.supportsChat, ctx.service.reasoningSeal));
-    const running = inProgressResponse(newId('resp'), body, prepared);
+    const seal = ctx.service.reasoningSeal;
+    const prepared = await ctx.lifecycle.prepare(responsesSurface.adapt(conversation, caller, model, seal).request, model);
 
     if (prepared.request.background) {
-      // The organization's limits (src/serving/tenant-limits.ts): 429 before anything is stored,
-      // the input items included (stored before the response, so GET .../input_items of an
-      // in_progress response finds them).
-      ctx.service.limits.checkTokens(caller);
-      ctx.service.limits.checkQueuedBackground(caller, ctx.background.numInProgress(caller.orgId));
-      await ctx.store.putResponseInput(caller.orgId, running.id, items);
-      await ctx.background.start(caller.orgId, running, prepared);
+      // The organization's limits (src/serving/tenant-limits.ts): 429 before anything is stored.
+      ctx.lifecycle.admit(caller, { mode: 'background', queuedBackground: ctx.background.numInProgress(caller.orgId) });
+      const { running } = responsesSurface.open(body, prepared, seal);
+      await ctx.background.start(caller.orgId, running, prepared, items);
       return running;
     }
     // A foreground request over its organization's limits is a 429 before anything is stored.
-    const admitted = ctx.service.admitForeground(caller);
+    const admitted = ctx.lifecycle.admit(caller, { mode: 'foreground' });
     try {
-      await ctx.store.putResponseInput(caller.orgId, running.id, items);
-      return await runToStore(ctx, caller.orgId, running, prepared, disconnectSignal(reply), reply, admitted);
+      const rendering = responsesSurface.open(body, prepared, seal);
+      // The stored final object is also the completion webhook's body (the webhooks skip cancelled).
+      const { object } = await runInRoute(ctx, request, reply, {
+        prepared, admitted, rendering, callback: true, billed: { surface: responsesSurface.usage, requestId: rendering.id },
+        end: (final) => ({ response: { orgId: caller.orgId, body: final, kind: 'foreground', inputItems: items } }),
+      });
+      return object;
     } finally {
       admitted();
     }

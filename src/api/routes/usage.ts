@@ -6,7 +6,7 @@
 import type { FastifyInstance } from 'fastify';
 import Type from 'typebox';
 import { parseSince, usageReport } from '../../billing/usage-report.js';
-import type { ApiContext } from '../context.js';
+import type { Runtime } from '../../runtime.js';
 import { ApiError, invalidRequest } from '../../surfaces/errors.js';
 
 const UsageQuerySchema = Type.Object({
@@ -14,7 +14,7 @@ const UsageQuerySchema = Type.Object({
   since: Type.Optional(Type.String({ minLength: 1 })),
 }, { additionalProperties: false });
 
-export function registerUsageRoutes(app: FastifyInstance, ctx: ApiContext): void {
+export function registerUsageRoutes(app: FastifyInstance, ctx: Runtime): void {
   app.get<{ Querystring: { org?: string; since?: string } }>('/admin/usage', {
     schema: { hide: true, querystring: UsageQuerySchema },
   }, async (request) => {

@@ -227,19 +227,6 @@ export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: 
   return { request, n: body.n ?? 1 };
 }
 
-/**
- * One prepared generation per choice. With a seed, choice i samples with seed + i (mod 2^64), so
- * the whole response repeats; without one, each choice draws its own random seed.
- */
-export function choicesOf(prepared: PreparedGeneration, n: number): PreparedGeneration[] {
-  const seed = prepared.request.sampling.seed;
-  if (n === 1 || seed === undefined) return Array.from({ length: n }, () => prepared);
-  return Array.from({ length: n }, (_, i) => ({
-    ...prepared,
-    request: { ...prepared.request, sampling: { ...prepared.request.sampling, seed: BigInt.asUintN(64, BigInt(seed) + BigInt(i)) } },
-  }));
-}
-
 /** Stable per model and checkpoint: tells a client when the weights behind an id changed. */
 /** `chatcmpl-` + 32 hex digits: OpenAI's ids of this object use a hyphen. */
 export const completionId = (): string => newId('chatcmpl').replace('_', '-');

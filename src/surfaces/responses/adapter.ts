@@ -253,7 +253,8 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
     object: 'response',
     created_at: nowSeconds(),
     status: 'in_progress',
-    background: req.background,
+    // What the request asked for: a batch line runs in the background whatever it says.
+    background: body.background === true,
     completed_at: null,
     error: null,
     incomplete_details: null,

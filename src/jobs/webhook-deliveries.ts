@@ -42,10 +42,10 @@
 import { randomUUID } from 'node:crypto';
 import type { LookupFunction } from 'node:net';
 import { leaseConfig, type LeaseConfig } from '../store/leases.js';
-import { LEASE_LOST, LeasedQueue, type ClaimPass } from '../jobs/leased-queue.js';
+import { LEASE_LOST, LeasedQueue, type ClaimPass } from './leased-queue.js';
 import type { Store, WebhookClaimCaps, WebhookDelivery, WebhookDeliveryUpdate } from '../store/store.js';
-import { guardedLookup, postCallback, RefusedDestinationError, refusedLiteralHost, type ResolveAll } from './callback-sender.js';
-import { sendsCallback, webhookTargetOf, withoutWebhookToken } from './events.js';
+import { guardedLookup, postCallback, RefusedDestinationError, refusedLiteralHost, type ResolveAll } from '../webhooks/callback-sender.js';
+import { sendsCallback, webhookTargetOf, withoutWebhookToken } from '../webhooks/events.js';
 
 /** The pino-compatible subset the dispatcher logs with (fastify's app.log fits). */
 export interface WebhookLog {

@@ -11,8 +11,8 @@
 // asap before standard before flex, while this process runs fewer than maxRuns; a draining process
 // claims nothing new and finishes what it runs. Every end is fenced: it is written only while this
 // process still holds the job (RequestEndCommit backgroundLeaseLost otherwise), so a job is
-// finished in one place, once. This runner stays in api/: it renders the spec's Response objects
-// (adapters/) and writes ends through request-end.ts.
+// finished in one place, once. Each run goes through the request lifecycle (serving/lifecycle.ts)
+// with the Responses surface's rendering (surfaces/responses/surface.ts).
 //
 // Restarts lose nothing: the job row (the GenerationRequest) lives until the response is terminal.
 // On shutdown running work is aborted WITHOUT storing an outcome and its leases are handed back, so
@@ -22,26 +22,23 @@
 // A claimed job past its deadline fails with `timeout`; one whose request no longer prepares (its
 // model left the catalog) fails with that error.
 //
-// A run's end is one write (request-end.ts): the terminal response, the deletion of its job, its
+// A run's end is one write (the lifecycle's end): the terminal response, the deletion of its job, its
 // ledger row when it ended with a result, and its completion webhook delivery. A run whose end
 // cannot be written stays in_progress with its job (and unbilled); the next renewal hands its
 // lease back, and it runs again (here or on another replica). The job's stored request is the only
 // place besides the pending delivery that holds metadata.webhook_token; it goes with the job.
 
 import { leaseConfig, type LeaseConfig, type LeaseTerm } from '../store/leases.js';
-import { CLOSED, LEASE_LOST, LeasedQueue } from '../jobs/leased-queue.js';
-import type { FastifyBaseLogger } from 'fastify';
-import { isSluiceError, SluiceError } from '../errors.js';
+import { CLOSED, LEASE_LOST, LeasedQueue, type QueueLog } from './leased-queue.js';
+import { isSluiceError } from '../errors.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, PreparedGeneration } from '../serving/generation-request.js';
-import type { GenerationService } from '../serving/generation-service.js';
-import type { BackgroundJob, ResponseBody, Store, UsageRecord } from '../store/store.js';
+import type { RequestLifecycle } from '../serving/lifecycle.js';
+import type { BackgroundJob, ResponseBody, Store } from '../store/store.js';
 import type { ModelRegistry } from '../serving/model-registry.js';
-import type { WebhookDispatcher } from '../webhooks/dispatcher.js';
-import { cancelledResponse, failedResponse, finishedResponse } from '../surfaces/responses/adapter.js';
+import { cancelledResponse, failedResponse } from '../surfaces/responses/adapter.js';
+import { responseRendering } from '../surfaces/responses/surface.js';
 import { nowSeconds } from '../surfaces/content.js';
-import { commitRequestEnd } from './request-end.js';
-import type { Billing } from '../billing/ledger.js';
 
 /** Seconds a background response may stay in_progress, per completion window. */
 export type WindowDeadlines = Record<CompletionWindow, number>;
@@ -64,15 +61,12 @@ interface BackgroundRun {
 
 export interface BackgroundOptions {
   store: Store;
-  service: GenerationService;
+  /** Each run goes through it: run, usage, the fenced end with its ledger row and webhook delivery. */
+  lifecycle: RequestLifecycle;
   deadlines: WindowDeadlines;
-  log: FastifyBaseLogger;
-  /** The usage ledger: a run that ends with a result is billed in the write that stores it. */
-  billing?: Billing;
+  log: QueueLog & { info(obj: object, msg: string): void };
   /** This process's replica id and lease length (default: a new id, DEFAULT_LEASE_TTL_MS). */
   lease?: LeaseConfig;
-  /** Completion webhooks: a terminal response's delivery is stored with it (absent: none are sent). */
-  webhooks?: WebhookDispatcher;
   /** True while the process drains before shutting down: no job is claimed, runs go on. */
   draining?: () => boolean;
   /**
@@ -102,7 +96,7 @@ export class BackgroundResponses {
     const { store } = opts;
     this.queue = new LeasedQueue<BackgroundRun>({
       name: 'background responses', lease: this.lease, shared: store.shared, log: opts.log, claimOnRenew: true,
-      maxJobs: opts.maxRuns ?? maxRunsFor(opts.service.registry),
+      maxJobs: opts.maxRuns ?? maxRunsFor(opts.lifecycle.service.registry),
       ...(opts.draining && { draining: opts.draining }),
       store: {
         key: (run) => run.running.id,
@@ -132,8 +126,8 @@ export class BackgroundResponses {
     return n;
   }
 
-  /** Stores the in_progress response with its job, leased to this process, and starts it. */
-  async start(orgId: string, running: ResponseBody, prepared: PreparedGeneration): Promise<void> {
+  /** Stores the in_progress response with its input items and its job, leased to this process, and starts it. */
+  async start(orgId: string, running: ResponseBody, prepared: PreparedGeneration, inputItems?: Record<string, unknown>[]): Promise<void> {
     const createdAt = running['created_at'] as number;
     const deadlineAt = this.deadlineFor(prepared.window, createdAt);
     await this.queue.add({ orgId, running, prepared, deadlineAt }, (term) => this.opts.store.insertBackgroundResponse(running, {
@@ -143,7 +137,7 @@ export class BackgroundResponses {
       request: prepared.request as unknown as Record<string, unknown>,
       createdAt,
       window: prepared.window,
-    }, term));
+    }, term, inputItems));
   }
 
   /**
@@ -161,9 +155,9 @@ export class BackgroundResponses {
     const job = await this.opts.store.getBackgroundJob(orgId, id);
     if (!job) return this.opts.store.getResponse(orgId, id);
     const cancelled = cancelledResponse(stored);
-    const delivery = this.opts.webhooks?.deliveryFor(orgId, (job.request as { metadata?: unknown }).metadata, cancelled);
-    if (!(await this.opts.store.cancelBackgroundResponse(orgId, cancelled, delivery))) return this.opts.store.getResponse(orgId, id);
-    if (delivery) this.opts.webhooks?.wake();
+    if (!(await this.opts.lifecycle.endCancelled(orgId, cancelled, (job.request as { metadata?: unknown }).metadata))) {
+      return this.opts.store.getResponse(orgId, id);
+    }
     return cancelled;
   }
 
@@ -219,7 +213,7 @@ export class BackgroundResponses {
     if (!stored) {
       // A job without its response (removed behind the store's back): nothing to run. The fenced
       // end drops the job; the response update it carries finds no row.
-      await this.opts.store.commitRequestEnd({
+      await this.opts.lifecycle.end({
         response: { orgId: job.orgId, body: { id: job.responseId, status: 'failed' }, kind: 'background', leaseOwner: this.lease.owner },
       });
       return undefined;
@@ -235,7 +229,7 @@ export class BackgroundResponses {
     }
     let prepared: PreparedGeneration;
     try {
-      prepared = await this.opts.service.prepare(job.request as unknown as GenerationRequest);
+      prepared = await this.opts.lifecycle.prepare(job.request as unknown as GenerationRequest);
     } catch (err) {
       const code = isSluiceError(err) ? err.code : 'server_error';
       const failed = failedResponse(stored, code, `the request could not be resumed after a restart: ${(err as Error).message}`);
@@ -250,46 +244,55 @@ export class BackgroundResponses {
     const { orgId, running, prepared } = run;
     const timer = setTimeout(() => void this.queue.stop(running.id, TIMEOUT), Math.max(0, run.deadlineAt * 1000 - Date.now()));
     timer.unref();
-    let final: ResponseBody;
-    let usage: UsageRecord | undefined;
+    const rendering = responseRendering(running, prepared, this.opts.lifecycle.service.reasoningSeal);
     try {
-      const result = await this.opts.service.run(prepared, signal, 'background');
-      final = finishedResponse(running, result, prepared, this.opts.service.reasoningSeal);
-      usage = this.opts.billing?.usageRecord({ surface: 'responses', requestId: running.id, prepared, results: [result] });
-    } catch (err) {
-      const reason = signal.reason;
-      if (reason === CLOSED || (this.closed && isSluiceError(err) && err.code === 'engine_disposed')) return;
-      if (reason === LEASE_LOST) {
+      const { committed } = await this.opts.lifecycle.run({
+        prepared, mode: 'background', signal, billed: { surface: 'responses', requestId: running.id }, callback: true,
+        rendering: {
+          render: rendering.render,
+          // Why the run stopped decides what is stored: nothing when this process closes or lost the
+          // job (it runs again elsewhere, or was cancelled there); timeout and cancel have their own objects.
+          failed: (err, stage) => {
+            if (stage === 'end') return undefined; // stays in_progress with its job: it runs again
+            const reason = signal.reason;
+            if (reason === CLOSED || reason === LEASE_LOST || (this.closed && isSluiceError(err) && err.code === 'engine_disposed')) return undefined;
+            if (reason === TIMEOUT) return failedResponse(running, 'timeout', timeoutMessage(running));
+            if (reason === CANCELLED) return cancelledResponse(running);
+            if (!isSluiceError(err) || err.code === 'engine_error') this.opts.log.error({ err, response_id: running.id }, 'background response failed');
+            return rendering.failed(err, stage);
+          },
+        },
+        end: (final) => ({ response: { orgId, body: final, kind: 'background', leaseOwner: this.lease.owner } }),
+        onEndFailed: (err) => {
+          if (!this.closed) this.opts.log.error({ err, response_id: running.id }, 'could not store a background response; it runs again once its lease is handed back');
+        },
+      });
+      if (committed.backgroundLeaseLost) this.leaseLost(running.id);
+    } catch {
+      // Told above (onEndFailed), or a stop that writes nothing here (see failed).
+      if (signal.reason === LEASE_LOST) {
         this.opts.log.info({ response_id: running.id }, 'background response stopped: cancelled or taken over on another replica');
-        return;
-      }
-      if (reason === TIMEOUT) final = failedResponse(running, 'timeout', timeoutMessage(running));
-      else if (reason === CANCELLED) final = cancelledResponse(running);
-      else if (isSluiceError(err) && err.code !== 'engine_error') final = failedResponse(running, err.code, err.message);
-      else {
-        this.opts.log.error({ err, response_id: running.id }, 'background response failed');
-        final = failedResponse(running, 'server_error', 'the engine failed while generating this response');
       }
     } finally {
       clearTimeout(timer);
     }
-    try {
-      await this.finish(orgId, prepared.request.metadata, final, usage);
-    } catch (err) {
-      if (!this.closed) this.opts.log.error({ err, response_id: running.id }, 'could not store a background response; it runs again once its lease is handed back');
-    }
+  }
+
+  private leaseLost(responseId: string): void {
+    this.opts.log.info({ response_id: responseId }, 'background response not stored: cancelled or taken over on another replica');
   }
 
   /**
-   * The fenced end: `metadata` is the request's, which names the webhook and holds its token.
-   * False when this process no longer holds the job (nothing was written).
+   * The fenced end of a response that does not run (past its deadline, no longer valid): `metadata`
+   * is the request's, which names the webhook and holds its token. False when this process no
+   * longer holds the job (nothing was written).
    */
-  private async finish(orgId: string, metadata: unknown, final: ResponseBody, usage?: UsageRecord): Promise<boolean> {
-    const committed = await commitRequestEnd(this.opts.store, this.opts.webhooks,
-      { response: { orgId, body: final, kind: 'background', leaseOwner: this.lease.owner }, ...(usage && { usage }) },
+  private async finish(orgId: string, metadata: unknown, final: ResponseBody): Promise<boolean> {
+    const committed = await this.opts.lifecycle.end(
+      { response: { orgId, body: final, kind: 'background', leaseOwner: this.lease.owner } },
       { orgId, metadata, body: final });
     if (committed.backgroundLeaseLost) {
-      this.opts.log.info({ response_id: final.id }, 'background response not stored: cancelled or taken over on another replica');
+      this.leaseLost(final.id);
       return false;
     }
     return true;
@@ -298,9 +301,4 @@ export class BackgroundResponses {
 
 function timeoutMessage(running: ResponseBody): string {
   return `the response did not finish within the deadline of its completion window (${String(running['completion_window'])})`;
-}
-
-/** Thrown for a cancel that cannot be done; the route renders it. */
-export function notCancellable(message: string): SluiceError {
-  return new SluiceError('invalid_request', message, { param: 'response_id' });
 }
