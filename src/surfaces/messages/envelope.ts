@@ -32,14 +32,3 @@ export function anthropicErrorType(status: number): string {
 export function toMessagesEnvelope(status: number, body: ErrorEnvelope): ErrorEnvelope {
   return { error: { ...body.error, type: anthropicErrorType(status) } };
 }
-
-/**
- * Whether a request is to the Messages surface: `${prefix}/messages` or a path below it
- * (count_tokens, an unknown sub-path), judged from the raw URL so that errors raised before any
- * route matched (auth, body parsing, validation, unknown method) are covered too.
- */
-export function isMessagesPath(url: string, prefix: string): boolean {
-  const path = url.split('?')[0]!;
-  const base = `${prefix}/messages`;
-  return path === base || path === `${base}/` || path.startsWith(`${base}/`);
-}
