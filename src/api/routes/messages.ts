@@ -63,6 +63,8 @@ async function createMessage(ctx: Runtime, body: CreateMessageBody, caller: Call
 /** Registers POST / and POST /count_tokens: the plugin mounts them under /messages, in a scope of their own. */
 export function registerMessageRoutes(app: FastifyInstance, ctx: Runtime): void {
   app.post<{ Body: CreateMessageBody }>('/', {
+    // POST /v1/messages only, as before the scope: not a second route at /v1/messages/.
+    prefixTrailingSlash: 'no-slash',
     schema: {
       summary: 'Create a message',
       body: messagesSurface.schema,
