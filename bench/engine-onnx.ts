@@ -1,5 +1,5 @@
 // bench:engine -- --backend onnx: the engine table (prefill, decode at batch 1/8/32) for the ONNX
-// Runtime backend, driving its handle (src/engine/onnx/onnx-handle.ts) with the same plans the
+// Runtime backend, driving its handle (src/native/onnx/onnx-handle.ts) with the same plans the
 // native bench sends. The export (fp32 and/or int4) is written once from the preset's bench
 // checkpoint into the model cache ($SLUICE_HOME/models/<preset>-<dtype>-onnx-<q>).
 //   npm run bench:engine -- --backend onnx [--preset qwen2.5-0.5b] [--onnx-quantization fp32,int4]
@@ -19,7 +19,7 @@ import { machineInfo } from './machine.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { exportOnnx, type OnnxQuantization } from '../models/onnx-export.js';
-import { loadOnnxHandle } from '../src/engine/onnx/onnx-backend.js';
+import { loadOnnxHandle } from '../src/native/onnx/onnx-backend.js';
 import { type NativeStepResult } from '../src/native/native-types.js';
 
 const { values: args } = parseArgs({

@@ -4,9 +4,10 @@
 // this thread (no worker, no messages) and the round trip of a worker that computes nothing.
 import { Worker } from 'node:worker_threads';
 
-import type { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import type { SluiceTokenizer } from '../src/text/tokenizer.js';
 import { checkResponseSchema } from '../src/structured/schema-check.js';
-import type { StructuredOutputs, TokenConstraint } from '../src/structured/structured-outputs.js';
+import type { StructuredOutputs } from '../src/structured/structured-outputs.js';
+import type { TokenConstraint } from '../src/structured/token-constraint.js';
 import { buildGrammarVocabulary } from '../src/structured/vocabulary.js';
 import { xgrammar } from '../src/structured/xgrammar.js';
 

@@ -32,7 +32,7 @@ import { parseArgs } from 'node:util';
 import { makeModel } from '../models/make-model.js';
 import { Engine } from '../src/engine/engine.js';
 import { modelCacheDir } from '../src/engine/paths.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
 import { StructuredOutputs, type ResponseFormat } from '../src/structured/structured-outputs.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';

@@ -21,8 +21,8 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { QWEN3_TEMPLATE } from '../models/chat-templates.js';
 import { argumentsObject } from '../src/surfaces/tools.js';
-import { compileChatTemplate, type ChatMessage, type ChatTemplate, type RenderOptions } from '../src/engine/chat-template.js';
-import { parseToolCalls, toolCallFormat } from '../src/serving/tool-calls.js';
+import { compileChatTemplate, type ChatMessage, type ChatTemplate, type RenderOptions } from '../src/text/chat-template.js';
+import { parseToolCalls, toolCallFormat } from '../src/text/tool-calls.js';
 import {
   callForm, CONVERSATIONS, FAMILIES, modelOutputs, TOOL_NAMES, TOOLS, type Conversation, type Family,
 } from './published-templates/cases.js';

@@ -6,10 +6,10 @@ export type { EngineObserver, KvPoolCounts, RequestReport, StepReport } from './
 export type {
   GenerateChunk, GenerateRequest, GenerateResult, TokenLogprob, TopLogprob, Timings, Usage,
 } from './engine/request.js';
-export type { ChatMessage, ChatRole, ChatTextPart } from './engine/chat-template.js';
-export type { FinishReason } from './engine/stops.js';
+export type { ChatMessage, ChatRole, ChatTextPart } from './text/chat-template.js';
+export type { FinishReason } from './text/stops.js';
 export type { BackendName } from './native/native-types.js';
-export { SluiceTokenizer } from './engine/tokenizer.js';
+export { SluiceTokenizer } from './text/tokenizer.js';
 export { SluiceError, isSluiceError } from './errors.js';
 export type { SluiceErrorCode } from './errors.js';
 export { makeModel } from '../models/make-model.js';

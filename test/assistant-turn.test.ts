@@ -10,10 +10,12 @@ import Ajv2020 from 'ajv/dist/2020.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
-import { split, type AssistantPlan } from '../src/serving/assistant-turn.js';
-import { parseToolCalls } from '../src/serving/tool-calls.js';
-import { StructuredOutputs, type TokenConstraint } from '../src/structured/structured-outputs.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
+import { split } from '../src/serving/assistant-turn.js';
+import type { AssistantPlan } from '../src/serving/generation-request.js';
+import { parseToolCalls } from '../src/text/tool-calls.js';
+import { StructuredOutputs } from '../src/structured/structured-outputs.js';
+import type { TokenConstraint } from '../src/structured/token-constraint.js';
 import { ThinkingConstraint } from '../src/structured/thinking.js';
 import { toolGrammar, type ToolMode } from '../src/structured/tool-grammar.js';
 

@@ -5,8 +5,8 @@
 import { describe, expect, it } from 'vitest';
 
 import { QWEN3_TEMPLATE } from '../models/chat-templates.js';
-import { ChatTemplate } from '../src/engine/chat-template.js';
-import { toolCallFormat } from '../src/serving/tool-calls.js';
+import { ChatTemplate } from '../src/text/chat-template.js';
+import { toolCallFormat } from '../src/text/tool-calls.js';
 
 const template = new ChatTemplate(QWEN3_TEMPLATE);
 const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];

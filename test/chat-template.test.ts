@@ -1,13 +1,13 @@
-// Tests of chat-template rendering (src/engine/chat-template.ts) and of the tokenizer loading
-// that supplies it (src/engine/tokenizer.ts): template source, bos/eos, eos ids, file errors.
+// Tests of chat-template rendering (src/text/chat-template.ts) and of the tokenizer loading
+// that supplies it (src/text/tokenizer.ts): template source, bos/eos, eos ids, file errors.
 
 import { mkdtemp, rm, writeFile, readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
-import { ChatTemplate, compileChatTemplate } from '../src/engine/chat-template.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { ChatTemplate, compileChatTemplate } from '../src/text/chat-template.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
 import { SluiceError } from '../src/errors.js';
 
 const CHATML =

@@ -283,8 +283,10 @@ describe.skipIf(SKIP !== undefined)(`three replicas on PostgreSQL behind HAProxy
     let batch: any;
     let responses = new Map<string, any>();
     for (;;) {
-      // A round with any answer other than 200 (HAProxy still noticing a replica is gone) is polled again.
-      const polled = await Promise.all([`/v1/batches/${batchId}`, ...background.map((id) => `/v1/responses/${id}`)].map((path) => api('GET', path)));
+      // A round with any answer other than 200 (HAProxy still noticing a replica is gone: an error
+      // status, or a connection it closes) is polled again.
+      const polled = await Promise.all([`/v1/batches/${batchId}`, ...background.map((id) => `/v1/responses/${id}`)]
+        .map((path) => api('GET', path).catch(() => ({ status: 0, json: undefined as any }))));
       if (polled.every((p) => p.status === 200)) {
         batch = polled[0]!.json;
         responses = new Map(polled.slice(1).map((p, i) => [background[i]!, p.json]));

@@ -1,4 +1,4 @@
-// Unit tests of incremental detokenization (src/engine/detokenizer.ts): text leaves only when
+// Unit tests of incremental detokenization (src/text/detokenizer.ts): text leaves only when
 // complete (no U+FFFD from a split UTF-8 sequence), special tokens are skipped, and the pieces
 // add up to the whole-text decode. First with a byte-per-token fake, then with the tiny demo
 // model's byte-level BPE tokenizer (tokenizer files only, made by models/make-model.ts).
@@ -8,8 +8,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
-import { IncrementalDetokenizer } from '../src/engine/detokenizer.js';
-import { SluiceTokenizer, type DecodeOptions, type TokenDecoder } from '../src/engine/tokenizer.js';
+import { IncrementalDetokenizer } from '../src/text/detokenizer.js';
+import { SluiceTokenizer, type DecodeOptions, type TokenDecoder } from '../src/text/tokenizer.js';
 
 /** Token id = one UTF-8 byte (0..255); id 256 is a special "<eos>" token. */
 class ByteTokenizer implements TokenDecoder {

@@ -12,12 +12,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine, SluiceError } from '../src/index.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
 import { CompileQueue, sharedCompileQueue } from '../src/structured/compile-queue.js';
 import { ByteLru } from '../src/structured/grammar-cache.js';
 import { publicCompileError } from '../src/structured/grammar-thread.js';
 import type { GrammarFault } from '../src/structured/grammar-worker.js';
-import { StructuredOutputs, type TokenConstraint } from '../src/structured/structured-outputs.js';
+import { StructuredOutputs } from '../src/structured/structured-outputs.js';
+import type { TokenConstraint } from '../src/structured/token-constraint.js';
 
 /** A job whose end the test decides. */
 function deferred(): { promise: Promise<void>; resolve(): void } {

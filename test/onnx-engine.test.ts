@@ -14,7 +14,7 @@ import { runMakeModel } from '../src/cli/make-model.js';
 import { Engine } from '../src/engine/engine.js';
 import { loadNativeEngine } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
-import { loadOnnxHandle } from '../src/engine/onnx/onnx-backend.js';
+import { loadOnnxHandle } from '../src/native/onnx/onnx-backend.js';
 import { runNative, type NativeRun } from './helpers/native-run.js';
 import { LOGPROB_TOL, NEAR_TIE_GAP, REFERENCE_VARIANTS, compareWithReference, promptFor } from './helpers/reference-compare.js';
 import {

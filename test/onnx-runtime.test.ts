@@ -8,7 +8,7 @@ import { addonMissingMessage } from '../src/native/native.js';
 import {
   importOnnxRuntime, isPackageMissing, ONNX_RUNTIME_INSTALL_COMMAND, ONNX_RUNTIME_PACKAGE, ONNX_RUNTIME_RANGE,
   onnxRuntimeMissingMessage,
-} from '../src/engine/onnx/onnx-runtime.js';
+} from '../src/native/onnx/onnx-runtime.js';
 
 const pkg = JSON.parse(readFileSync(join(import.meta.dirname, '..', 'package.json'), 'utf8')) as {
   peerDependencies: Record<string, string>;

@@ -46,7 +46,7 @@ describe('the packed package', () => {
   it('holds the entry points, their type declarations and what the native build needs', () => {
     for (const path of [
       'package.json', 'README.md', pkg.main, pkg.types, pkg.exports['.']!, pkg.bin['sluice']!,
-      'dist/src/engine/prompt-worker.js', 'dist/src/structured/grammar-worker.js', 'dist/models/make-model.js',
+      'dist/src/text/prompt-worker.js', 'dist/src/structured/grammar-worker.js', 'dist/models/make-model.js',
       'models/catalog.example.json', 'scripts/build-native.js', 'CMakeLists.txt', 'native/include/sluice/engine.h',
     ]) {
       expect(files, path).toContain(path.replace(/^\.\//, ''));
@@ -95,7 +95,7 @@ describe('the packed package', () => {
     expect(pkg.allowScripts?.['onnxruntime-node']).toBe(false);
     const importers = [...files].filter((f) => f.endsWith('.js') && f.startsWith('dist/'))
       .filter((f) => specifiers(readFileSync(join(root, f), 'utf8')).includes('onnxruntime-node'));
-    expect(importers).toEqual(['dist/src/engine/onnx/onnx-runtime.js']);
+    expect(importers).toEqual(['dist/src/native/onnx/onnx-runtime.js']);
     const code = readFileSync(join(root, importers[0]!), 'utf8');
     expect(code).toMatch(/\bimport\(\s*['"]onnxruntime-node['"]\s*\)/);
     expect(code).not.toMatch(/\bfrom\s*['"]onnxruntime-node['"]/);

@@ -1,4 +1,4 @@
-// Prompt workers (src/engine/prompt-pool.ts): long prompts are rendered and tokenized off the
+// Prompt workers (src/text/prompt-pool.ts): long prompts are rendered and tokenized off the
 // event loop with exactly the tokens the inline path makes; tenants take turns; a job that runs
 // too long or out of memory fails alone; idle workers stop (their memory goes back). Runs the
 // compiled worker (dist/): `npm run build:ts` first when running this file alone.
@@ -8,9 +8,9 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
-import { PromptEncoder } from '../src/engine/prompt-encoder.js';
-import { PromptPool } from '../src/engine/prompt-pool.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { PromptEncoder } from '../src/text/prompt-encoder.js';
+import { PromptPool } from '../src/text/prompt-pool.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
 
 let root: string;
 let modelDir: string;

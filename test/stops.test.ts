@@ -1,8 +1,8 @@
-// Unit tests of stop conditions (src/engine/stops.ts): eos ids, token limit, stop strings that
+// Unit tests of stop conditions (src/text/stops.ts): eos ids, token limit, stop strings that
 // span tokens, and the hold-back that keeps partial stop strings out of streamed text.
 
 import { describe, expect, it } from 'vitest';
-import { StopChecker, type StopUpdate } from '../src/engine/stops.js';
+import { StopChecker, type StopUpdate } from '../src/text/stops.js';
 
 const EOS = 99;
 

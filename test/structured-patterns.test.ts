@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
 import { Engine, SluiceError } from '../src/index.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
 import { StructuredOutputs } from '../src/structured/structured-outputs.js';
 import { REFUSED } from './helpers/hostile-schemas.js';
 import { checkOutputs } from './helpers/validate-outputs.js';

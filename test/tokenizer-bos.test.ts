@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel } from '../models/make-model.js';
-import { SluiceTokenizer } from '../src/engine/tokenizer.js';
+import { SluiceTokenizer } from '../src/text/tokenizer.js';
 
 let dir: string;
 beforeAll(async () => {

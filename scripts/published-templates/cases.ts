@@ -1,8 +1,8 @@
 // The fixed conversations and model outputs the published-template check runs (our own text),
 // and what each model family's template must show for them. See check-published-templates.ts.
 
-import type { ChatMessage, ChatToolCall } from '../../src/engine/chat-template.js';
-import type { ToolCallFormat } from '../../src/serving/tool-calls.js';
+import type { ChatMessage, ChatToolCall } from '../../src/text/chat-template.js';
+import type { ToolCallFormat } from '../../src/text/tool-calls.js';
 
 export interface Family {
   label: string;

@@ -9,7 +9,7 @@
 // bounded per organization like its foreground requests (separately from them: a batch never takes
 // the slots of the organization's own foreground requests).
 
-import { Turns } from '../scheduler/turns.js';
+import { Turns } from '../turns.js';
 
 interface OrgSlots {
   /** Slots it holds now. */

@@ -4,7 +4,7 @@
 
 import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
-import { readJsonFile } from './tokenizer.js';
+import { readJsonFile } from '../text/tokenizer.js';
 
 /** Supported architectures -> the model_type the native reader assumes when config.json has none. */
 const MODEL_TYPE_OF_ARCHITECTURE: Record<string, string> = {

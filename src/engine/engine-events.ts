@@ -5,7 +5,7 @@
 
 import type { StepReport } from '../scheduler/batcher.js';
 import type { SchedulingWindow } from '../scheduler/window-policy.js';
-import type { FinishReason } from './stops.js';
+import type { FinishReason } from '../text/stops.js';
 
 export type { KvPoolCounts, StepReport } from '../scheduler/batcher.js';
 

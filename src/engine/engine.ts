@@ -8,8 +8,8 @@ import { isSluiceError, SluiceError } from '../errors.js';
 import { Batcher } from '../scheduler/batcher.js';
 import { SCHEDULING_WINDOWS, WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../scheduler/window-policy.js';
 import { EngineObservers, type EngineObserver, type KvPoolCounts, type RequestReport } from './engine-events.js';
-import { PromptEncoder, promptTextLength, type PromptText } from './prompt-encoder.js';
-import { PromptPool, sharedPromptPool } from './prompt-pool.js';
+import { PromptEncoder, promptTextLength, type PromptText } from '../text/prompt-encoder.js';
+import { PromptPool, sharedPromptPool } from '../text/prompt-pool.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeUnavailableReason } from '../native/native.js';
 import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from '../native/native-types.js';
@@ -17,12 +17,13 @@ import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
   type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,
 } from './request.js';
-import type { FinishReason } from './stops.js';
-import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
-import { StructuredOutputs, type TokenConstraint } from '../structured/structured-outputs.js';
+import type { FinishReason } from '../text/stops.js';
+import { readJsonFile, SluiceTokenizer } from '../text/tokenizer.js';
+import { StructuredOutputs } from '../structured/structured-outputs.js';
+import type { TokenConstraint } from '../structured/token-constraint.js';
 import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../structured/thinking.js';
 import { readWeightsAhead } from './weight-files.js';
-import { loadOnnxHandle, servesOnnxByDefault } from './onnx/onnx-backend.js';
+import { loadOnnxHandle, servesOnnxByDefault } from '../native/onnx/onnx-backend.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -30,7 +31,7 @@ export interface EngineLoadOptions {
   /**
    * 'auto' (default): cuda when the addon has it and a device is usable, else cpu (info.cudaUnavailableReason
    * says why); onnx when the directory holds an ONNX export (onnx/model.onnx) and no safetensors.
-   * 'onnx': the ONNX export through onnxruntime-node's CPU execution provider (src/engine/onnx/onnx-handle.ts).
+   * 'onnx': the ONNX export through onnxruntime-node's CPU execution provider (src/native/onnx/onnx-handle.ts).
    */
   backend?: BackendName | 'auto';
   /** KV cache pool size. Default: CPU, see defaultKvCacheBytes; CUDA, what gpuMemoryUtilization leaves. */

@@ -4,10 +4,10 @@
 import { performance } from 'node:perf_hooks';
 import { SluiceError } from '../errors.js';
 import type { SampledToken, SequenceOutcome, SequenceSink } from '../scheduler/batcher.js';
-import { IncrementalDetokenizer } from './detokenizer.js';
+import { IncrementalDetokenizer } from '../text/detokenizer.js';
 import type { GenerateChunk, Timings, TokenLogprob } from './request.js';
-import { StopChecker } from './stops.js';
-import type { SluiceTokenizer } from './tokenizer.js';
+import { StopChecker } from '../text/stops.js';
+import type { SluiceTokenizer } from '../text/tokenizer.js';
 
 /** Unbounded single-consumer queue: push/close/fail from the producer, async iteration for the consumer. */
 export class AsyncQueue<T> implements AsyncIterable<T> {

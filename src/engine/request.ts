@@ -4,10 +4,10 @@
 
 import { getRandomValues } from 'node:crypto';
 import { SluiceError } from '../errors.js';
-import type { ChatMessage } from './chat-template.js';
+import type { ChatMessage, ChatTool } from '../text/chat-template.js';
 import type { NativeSamplingParams } from '../native/native-types.js';
 import { SCHEDULING_WINDOWS, type SchedulingWindow } from '../scheduler/window-policy.js';
-import type { FinishReason } from './stops.js';
+import type { FinishReason } from '../text/stops.js';
 import type { ResponseFormat } from '../structured/structured-outputs.js';
 
 export interface GenerateRequest {
@@ -64,7 +64,7 @@ export interface GenerateRequest {
   responseFormat?: ResponseFormat;
   /**
    * Function tools the chat template shows the model (messages only), in OpenAI's Chat
-   * Completions shape. How calls come back is the caller's to parse (see tool-calls.ts).
+   * Completions shape. How calls come back is the caller's to parse (see text/tool-calls.ts).
    */
   tools?: ChatTool[];
   /**
@@ -75,12 +75,6 @@ export interface GenerateRequest {
    */
   thinking?: false | { budget: number };
   signal?: AbortSignal;
-}
-
-/** A function tool as chat templates take it. */
-export interface ChatTool {
-  type: 'function';
-  function: { name: string; description?: string; parameters?: unknown };
 }
 
 /** The largest thinking budget (tokens). */

@@ -4,7 +4,6 @@
 
 import type { ModelRegistry } from '../serving/model-registry.js';
 import type { OrgLimits } from '../serving/tenant-limits.js';
-import type { TransportLimits } from '../api/transport.js';
 
 export interface StartupLogSink {
   info(obj: object, msg: string): void;
@@ -12,8 +11,18 @@ export interface StartupLogSink {
 
 const MiB = 1024 * 1024;
 
+/**
+ * The transport limits as this log reads them: api/transport.ts's TransportLimits fits, and is
+ * logged whole. Declared here so that metrics/ does not import api/, which imports metrics/.
+ */
+export interface TransportLimitsSummary {
+  bodyTimeoutSeconds: number;
+  minBodyBytesPerSecond: number;
+  maxConnections: number;
+}
+
 export function logServiceStart(log: StartupLogSink, registry: Pick<ModelRegistry, 'models'>,
-  limits: { org: OrgLimits; numOrgOverrides: number; transport: TransportLimits }): void {
+  limits: { org: OrgLimits; numOrgOverrides: number; transport: TransportLimitsSummary }): void {
   const engines = new Map<unknown, string[]>();
   for (const m of registry.models) engines.set(m.engine, [...(engines.get(m.engine) ?? []), m.id]);
   for (const served of registry.models) {

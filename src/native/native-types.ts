@@ -1,7 +1,7 @@
 // The typed boundary to the native addon (native/addon). Only src/native/native.ts loads the
 // .node file; everything else sees these types. Plans and results cross as typed arrays.
 
-/** 'onnx': an ONNX export run by onnxruntime-node's CPU execution provider (src/engine/onnx), not the native addon. */
+/** 'onnx': an ONNX export run by onnxruntime-node's CPU execution provider (src/native/onnx), not the native addon. */
 export type BackendName = 'cpu' | 'cuda' | 'onnx';
 export type MatmulPrecision = 'f32' | 'bf16';
 export type CudaGemm = 'native' | 'cublaslt' | 'auto';

@@ -8,7 +8,7 @@
 // (predicted*) and the engine clamps whatever the prediction got wrong.
 
 import type { NativeSamplingParams } from '../native/native-types.js';
-import type { TokenConstraint } from '../structured/structured-outputs.js';
+import type { TokenConstraint } from '../structured/token-constraint.js';
 import type { SequenceView } from './policy.js';
 
 /** One sampled token as routed to its sequence. */

@@ -6,7 +6,7 @@
 // README's "Scheduling" section for the whole picture.
 
 import type { SchedulingPolicy, SequenceView } from './policy.js';
-import { Turns } from './turns.js';
+import { Turns } from '../turns.js';
 
 /** Completion windows, most urgent first. Mirrors COMPLETION_WINDOWS of the catalog. */
 export const SCHEDULING_WINDOWS = ['asap', 'standard', 'flex'] as const;

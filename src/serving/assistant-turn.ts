@@ -4,15 +4,12 @@
 // request against its model before anything runs; split() reads a finished generation.
 
 import { SluiceError } from '../errors.js';
-import type { ChatTool, GenerateResult } from '../engine/request.js';
-import type { ResponseFormat } from '../structured/structured-outputs.js';
+import type { GenerateResult } from '../engine/request.js';
 import { promptOpensThinking, type ThinkingTags } from '../structured/thinking.js';
 import { toolGrammar } from '../structured/tool-grammar.js';
-import type { OutputFormat } from './generation-request.js';
+import type { AssistantPlan, OutputFormat, ReasoningEffort, ToolsRequest } from './generation-request.js';
 import type { ServedModel } from './model-registry.js';
-import { parseToolCalls, toolCallFormat, type ParsedToolCall, type ToolCallFormat } from './tool-calls.js';
-
-export type ReasoningEffort = 'none' | 'minimal' | 'low' | 'medium' | 'high' | 'xhigh';
+import { parseToolCalls, toolCallFormat, type ParsedToolCall, type ToolCallFormat } from '../text/tool-calls.js';
 
 /**
  * Reasoning tokens allowed per effort (then the think block is closed and the answer follows).
@@ -22,40 +19,8 @@ export type ReasoningEffort = 'none' | 'minimal' | 'low' | 'medium' | 'high' | '
 export const THINKING_BUDGETS = { low: 512, medium: 2048, high: 8192, xhigh: 32768 } as const;
 export const DEFAULT_EFFORT: ReasoningEffort = 'medium';
 
-export interface ToolDef {
-  name: string;
-  description?: string;
-  parameters?: Record<string, unknown>;
-  strict?: boolean;
-}
-
-export type ToolChoice = 'none' | 'auto' | 'required' | { name: string };
-
-export interface ToolsRequest {
-  defs: ToolDef[];
-  choice: ToolChoice;
-  parallel: boolean;
-  /** Request fields, for errors ('tools', 'tool_choice'). */
-  param: string;
-  choiceParam: string;
-}
-
 export const TOOL_LIMITS = { maxTools: 128, maxNameLength: 64, maxDescriptionLength: 8192 };
 const TOOL_NAME = /^[A-Za-z0-9_-]+$/;
-
-/** Resolved before the run: what the template gets, what constrains decoding, how to read the text. */
-export interface AssistantPlan {
-  /** For the chat template. */
-  tools?: ChatTool[];
-  enableThinking?: boolean;
-  /** For the engine: a budget when thinking is on. */
-  thinking?: false | { budget: number };
-  tags?: ThinkingTags;
-  /** Overrides the output format's (tool calls forced or validated). */
-  responseFormat?: ResponseFormat;
-  toolFormat?: ToolCallFormat;
-  toolNames: string[];
-}
 
 /** Checks a request's tools (names, limits, the named choice) and throws invalid_request naming the field. */
 export function checkTools(tools: ToolsRequest): void {

@@ -1,9 +1,11 @@
 // The one internal request every surface (Responses, Chat Completions, Messages, batch lines)
 // adapts into. The core below this line never knows which surface a request came from.
 
-import type { ChatMessage } from '../engine/chat-template.js';
+import type { ChatMessage, ChatTool } from '../text/chat-template.js';
+import type { ToolCallFormat } from '../text/tool-calls.js';
 import type { CompletionWindow } from '../config/catalog.js';
-import type { AssistantPlan, ReasoningEffort, ToolsRequest } from './assistant-turn.js';
+import type { ResponseFormat } from '../structured/structured-outputs.js';
+import type { ThinkingTags } from '../structured/thinking.js';
 import type { ServedModel } from './model-registry.js';
 import type { SamplingFields } from '../engine/request.js';
 
@@ -16,6 +18,26 @@ export interface OutputFormat {
   description?: string;
   schema?: Record<string, unknown>;
   strict?: boolean;
+}
+
+export type ReasoningEffort = 'none' | 'minimal' | 'low' | 'medium' | 'high' | 'xhigh';
+
+export interface ToolDef {
+  name: string;
+  description?: string;
+  parameters?: Record<string, unknown>;
+  strict?: boolean;
+}
+
+export type ToolChoice = 'none' | 'auto' | 'required' | { name: string };
+
+export interface ToolsRequest {
+  defs: ToolDef[];
+  choice: ToolChoice;
+  parallel: boolean;
+  /** Request fields, for errors ('tools', 'tool_choice'). */
+  param: string;
+  choiceParam: string;
 }
 
 export interface Caller {
@@ -52,6 +74,23 @@ export interface GenerationRequest {
    * else medium); ignored by models that do not.
    */
   reasoningEffort?: ReasoningEffort;
+}
+
+/**
+ * Resolved before the run (assistant-turn.ts plan()): what the template gets, what constrains
+ * decoding, how to read the text.
+ */
+export interface AssistantPlan {
+  /** For the chat template. */
+  tools?: ChatTool[];
+  enableThinking?: boolean;
+  /** For the engine: a budget when thinking is on. */
+  thinking?: false | { budget: number };
+  tags?: ThinkingTags;
+  /** Overrides the output format's (tool calls forced or validated). */
+  responseFormat?: ResponseFormat;
+  toolFormat?: ToolCallFormat;
+  toolNames: string[];
 }
 
 /** What prepare() resolved: everything run() needs. */

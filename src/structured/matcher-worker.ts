@@ -7,7 +7,7 @@
 import { SluiceError } from '../errors.js';
 import { GrammarThread } from './grammar-thread.js';
 import type { GrammarAnswer, GrammarKind } from './grammar-worker.js';
-import type { TokenConstraint } from './structured-outputs.js';
+import type { TokenConstraint } from './token-constraint.js';
 
 /** Times a sequence's matcher is rebuilt after its worker ends before the sequence fails. */
 const MAX_REBUILDS = 2;

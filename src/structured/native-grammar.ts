@@ -8,7 +8,7 @@ import {
   nativeAddon, type NativeCompiledGrammar, type NativeGrammarMatcher, type NativeGrammarVocabulary,
 } from '../native/native.js';
 import { ByteLru } from './grammar-cache.js';
-import type { TokenConstraint } from './structured-outputs.js';
+import type { TokenConstraint } from './token-constraint.js';
 
 /**
  * Compiled grammars kept: at most 64, and at most 512 MiB by their reported sizes (a grammar with

@@ -19,7 +19,7 @@ import { existsSync } from 'node:fs';
 import os from 'node:os';
 
 import { SluiceError } from '../errors.js';
-import type { SluiceTokenizer } from '../engine/tokenizer.js';
+import type { SluiceTokenizer } from '../text/tokenizer.js';
 import { nativeAvailable } from '../native/native.js';
 import { CompileQueue, sharedCompileQueue } from './compile-queue.js';
 import { CompileFailed, CompileTimeout, CompileWorkers, type CompileWorkerInit } from './compile-workers.js';
@@ -29,6 +29,7 @@ import type { GrammarFault, GrammarKind } from './grammar-worker.js';
 import { GrammarWorker, WorkerConstraint, type WorkerGrammar } from './matcher-worker.js';
 import { NativeGrammars } from './native-grammar.js';
 import { checkResponseSchema } from './schema-check.js';
+import type { TokenConstraint } from './token-constraint.js';
 import type { VocabType } from './vocabulary.js';
 
 /** A response format the engine enforces. */
@@ -37,17 +38,6 @@ export type ResponseFormat =
   | { type: 'json_object'; param?: string }
   /** xgrammar's structural tag (built by tool-grammar.ts for tool calls; its schemas already checked). */
   | { type: 'structural_tag'; tag: object; param?: string };
-
-/** What the scheduler needs of a constrained sequence (see Batcher). */
-export interface TokenConstraint {
-  /** Writes the allowed next tokens into out[offset, offset + words) (bit v = token v). */
-  fillMask(out: Uint32Array, offset: number): Promise<void>;
-  /** Advances with a sampled token; false if the grammar does not allow it (see `failure`). */
-  accept(tokenId: number): boolean;
-  /** Why the constraint can go no further (its grammar engine stopped), once it cannot. */
-  readonly failure?: Error | undefined;
-  dispose(): void;
-}
 
 export interface StructuredOutputsOptions {
   /**

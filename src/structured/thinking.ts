@@ -4,7 +4,7 @@
 // schema or tool-call grammar) applies to the answer alone.
 
 import { SluiceError } from '../errors.js';
-import type { TokenConstraint } from './structured-outputs.js';
+import type { TokenConstraint } from './token-constraint.js';
 
 /** A model's think tags and their token ids (each one token). */
 export interface ThinkingTags {

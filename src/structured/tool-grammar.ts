@@ -1,6 +1,6 @@
 // The grammar of a tool-calling answer, as an xgrammar structural tag: each offered function is a
 // tag whose fixed opening names it and whose content is its parameters' JSON schema, in the
-// model's own syntax (tool-calls.ts). Which tags and how:
+// model's own syntax (text/tool-calls.ts). Which tags and how:
 //   - tool_choice required / a named function: only calls (at least one; one when parallel calls
 //     are off), then the end of the output;
 //   - auto with a strict function: free text, but once the model opens a call it must be valid;
@@ -8,7 +8,7 @@
 // Auto with only non-strict functions and no schema needs no grammar (calls are parsed after).
 
 import { SluiceError } from '../errors.js';
-import type { ToolCallFormat } from '../serving/tool-calls.js';
+import type { ToolCallFormat } from '../text/tool-calls.js';
 import { checkResponseSchema } from './schema-check.js';
 import type { ResponseFormat } from './structured-outputs.js';
 

@@ -1,7 +1,7 @@
 // Function tools as the two OpenAI surfaces write them, read into the service's ToolsRequest, and
 // the tool-call pieces both surfaces share (call ids, arguments as the template wants them).
 
-import type { ToolChoice, ToolDef, ToolsRequest } from '../serving/assistant-turn.js';
+import type { ToolChoice, ToolDef, ToolsRequest } from '../serving/generation-request.js';
 import { invalidRequest } from './errors.js';
 import { newId } from './content.js';
 

@@ -4,7 +4,7 @@
 // naming it; nothing is dropped silently.
 
 import { createHash } from 'node:crypto';
-import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
+import type { ChatMessage, ChatRole } from '../../text/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
 import type { ServedModel } from '../../serving/model-registry.js';

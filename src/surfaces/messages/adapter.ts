@@ -13,7 +13,7 @@
 // assistant turn: the chat template has no way to continue an open one.
 
 import { createHash } from 'node:crypto';
-import type { ChatMessage } from '../../engine/chat-template.js';
+import type { ChatMessage } from '../../text/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
 import { invalidRequest } from '../errors.js';

@@ -3,7 +3,7 @@
 // metadata is the request's without webhook_token: the token is a credential, never echoed (the
 // GenerationRequest keeps it, for the completion webhook).
 
-import type { ChatMessage, ChatRole } from '../../engine/chat-template.js';
+import type { ChatMessage, ChatRole } from '../../text/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
 import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';

@@ -1,7 +1,7 @@
 // A prompt worker (worker_threads): renders and tokenizes long prompts off the event loop. It
 // loads a model's tokenizer on its first job for that model and keeps it. Jobs arrive as
 // {id, modelDir, text}; the answer is {id, tokenIds} (a transferred Int32Array) or {id, error}.
-// Started by PromptPool (prompt-pool.ts) from the compiled file dist/src/engine/prompt-worker.js.
+// Started by PromptPool (prompt-pool.ts) from the compiled file dist/src/text/prompt-worker.js.
 
 import { parentPort } from 'node:worker_threads';
 import { isSluiceError } from '../errors.js';

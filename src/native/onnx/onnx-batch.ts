@@ -3,7 +3,7 @@
 // position_ids each row's own), and each row's present is cut back out without the padding.
 
 import type * as Ort from 'onnxruntime-node';
-import type { NativeModelInfo } from '../../native/native-types.js';
+import type { NativeModelInfo } from '../native-types.js';
 
 /** Per layer l: [2l] key, [2l + 1] value, each [1, kvHeads, tokens, headDim] row-major. */
 export type PastKv = Float32Array[];

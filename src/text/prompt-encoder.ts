@@ -2,8 +2,7 @@
 // with the model's chat template first. The same code runs on the event loop for short inputs and
 // in the prompt workers (prompt-pool.ts) for long ones, so both give identical tokens.
 
-import { compileChatTemplate, type ChatMessage, type ChatTemplate } from './chat-template.js';
-import type { ChatTool } from './request.js';
+import { compileChatTemplate, type ChatMessage, type ChatTemplate, type ChatTool } from './chat-template.js';
 import type { SluiceTokenizer } from './tokenizer.js';
 
 /** The text a prompt is made of: exactly one of the two. */

@@ -31,6 +31,12 @@ export interface ChatMessage {
   reasoning_content?: string;
 }
 
+/** A function tool as chat templates take it. */
+export interface ChatTool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: unknown };
+}
+
 export interface RenderOptions {
   bosToken?: string | undefined;
   eosToken?: string | undefined;

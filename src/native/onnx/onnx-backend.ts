@@ -5,7 +5,7 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { SluiceError } from '../../errors.js';
-import type { NativeEngineHandle } from '../../native/native-types.js';
+import type { NativeEngineHandle } from '../native-types.js';
 import { OnnxEngineHandle } from './onnx-handle.js';
 
 /** Where an export's graph may live in a model directory: optimum's onnx/model.onnx, or model.onnx. */

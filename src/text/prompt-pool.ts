@@ -8,7 +8,7 @@
 // - Each worker's heap is capped (`maxHeapMb`); a job that runs out of it, or runs longer than
 //   `jobTimeoutMs`, fails alone (input_too_long) and its worker is replaced.
 //
-// The worker runs the compiled dist/src/engine/prompt-worker.js (Node cannot start a worker from
+// The worker runs the compiled dist/src/text/prompt-worker.js (Node cannot start a worker from
 // TypeScript source), so under the test runner the build must be current (npm run build:ts).
 
 import { existsSync } from 'node:fs';
@@ -16,7 +16,7 @@ import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { SluiceError } from '../errors.js';
-import { Turns } from '../scheduler/turns.js';
+import { Turns } from '../turns.js';
 import type { PromptText } from './prompt-encoder.js';
 import type { PromptAnswer, PromptJob } from './prompt-worker.js';
 
@@ -49,7 +49,7 @@ function workerPath(): string {
   const here = fileURLToPath(import.meta.url);
   if (here.endsWith('.js')) return here.replace(/prompt-pool\.js$/, 'prompt-worker.js');
   // Running from TypeScript sources (tests): use the compiled tree of this package.
-  return here.replace(/src[/\\]engine[/\\]prompt-pool\.ts$/, 'dist/src/engine/prompt-worker.js');
+  return here.replace(/src[/\\]text[/\\]prompt-pool\.ts$/, 'dist/src/text/prompt-worker.js');
 }
 
 let workerExists: boolean | undefined;

@@ -20,7 +20,7 @@ import {
   ADD_ADMITTED, ADD_FAILED, ADD_NO_KV_BLOCKS, ROW_FAILED, ROW_NO_KV_BLOCKS, ROW_RAN,
   type NativeEngineHandle, type NativeModelInfo, type NativeRowError, type NativeSamplingParams,
   type NativeStepPlan, type NativeStepResult,
-} from '../../native/native-types.js';
+} from '../native-types.js';
 import { applyMask, sampleToken, streamSeed } from './sampler.js';
 import { decodeBatch, type PastKv } from './onnx-batch.js';
 import { importOnnxRuntime } from './onnx-runtime.js';

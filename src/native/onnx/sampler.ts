@@ -3,7 +3,7 @@
 // seeded request draws the same tokens from the same logits. Greedy takes the lowest id on ties;
 // logprobs are log-softmax of the (masked) raw logits, temperature aside.
 
-import type { NativeSamplingParams } from '../../native/native-types.js';
+import type { NativeSamplingParams } from '../native-types.js';
 
 const MASK64 = (1n << 64n) - 1n;
 const GOLDEN = 0x9e3779b97f4a7c15n;
