@@ -133,7 +133,7 @@ export class Runtime {
       error: (obj, msg) => this.log.error(obj, msg),
     };
     this.service = new GenerationService(this.registry, this.limits, ReasoningSeal.open(this.dataDir));
-    this.billing = new Billing(this.registry);
+    this.billing = new Billing();
     this.webhooks = new WebhookDispatcher(this.store, {
       ...opts.webhooks, log: opts.webhooks?.log ?? log, lease: this.lease,
       onAttempt: (outcome) => {

@@ -168,7 +168,7 @@ describe('Billing: tiers and negotiated rates', () => {
   const free = served({ id: 'free' });
   const registry = registryOf([both, asapOnly, free]);
   const service = new GenerationService(registry);
-  const billing = new Billing(registry);
+  const billing = new Billing();
   const prepare = (model: string, orgName: string, completionWindow?: string) => service.prepare({
     caller: { orgId: `org_${orgName}`, orgName, keyId: 'key_1' }, model, input: { kind: 'prompt', text: 'hi' },
     sampling: {}, maxOutputTokensParam: 'max_output_tokens', background: false, metadata: {},

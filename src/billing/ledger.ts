@@ -18,7 +18,6 @@ import { randomBytes } from 'node:crypto';
 import type { ModelPrice } from '../config/catalog.js';
 import type { GenerateResult } from '../engine/request.js';
 import type { PreparedGeneration } from '../serving/generation-request.js';
-import type { ModelRegistry } from '../serving/model-registry.js';
 import type { UsageRecord } from '../store/store.js';
 import { formatDecimal } from './money.js';
 import { costOf } from './pricing.js';
@@ -49,22 +48,21 @@ function cachedTokensOf(result: GenerateResult): number {
   return typeof cached === 'number' ? cached : 0;
 }
 
+/** The usage ledger's rows: priced by the model the request was prepared for (its catalog entry's rates). */
 export class Billing {
-  constructor(private readonly registry: ModelRegistry) {}
-
   /** The ledger row of a finished request (pure apart from the id); store it with commitRequestEnd. */
   usageRecord(req: BillableRequest): UsageRecord {
     const { caller, model: modelId } = req.prepared.request;
+    const { model } = req.prepared;
     const tier = req.prepared.window;
     const first = req.results[0];
     if (!first) throw new Error('Billing.usageRecord needs at least one result');
-    const model = this.registry.models.find((m) => m.id === modelId);
-    const rates = model?.pricingFor(caller.orgName).find((p) => p.tier === tier) ?? FREE(tier);
+    const rates = model.pricingFor(caller.orgName).find((p) => p.tier === tier) ?? FREE(tier);
     const completedAt = req.completedAt ?? new Date();
     const inputTokens = first.usage.promptTokens;
     const cachedTokens = cachedTokensOf(first);
     const outputTokens = req.results.reduce((n, r) => n + r.usage.completionTokens, 0);
-    const cost = costOf({ rates, longContext: model?.entry.long_context_pricing, inputTokens, cachedTokens, outputTokens, completedAt });
+    const cost = costOf({ rates, longContext: model.entry.long_context_pricing, inputTokens, cachedTokens, outputTokens, completedAt });
     return {
       id: `usage_${randomBytes(12).toString('hex')}`,
       orgId: caller.orgId,
