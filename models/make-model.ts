@@ -22,6 +22,7 @@ import {
   writeRandomSafetensors,
 } from './safetensors-writer.js';
 import { createGenerator, defaultThreads } from './weight-pool.js';
+import { ARCHITECTURES } from '../src/engine/architectures.js';
 
 export { PRESETS, resolvePreset };
 export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily } from './presets.js';
@@ -76,6 +77,7 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
   const h = s.hiddenSize;
   const q = s.numHeads * s.headDim;
   const kv = s.numKvHeads * s.headDim;
+  const spec = ARCHITECTURES[s.architecture];
   const lin = (name: string, out: number, inp: number, gain = INIT.linearGain): TensorSpec => ({
     name,
     shape: [out, inp],
@@ -99,13 +101,13 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     const p = `model.layers.${i}`;
     out.push(norm(`${p}.input_layernorm.weight`, h));
     out.push(lin(`${p}.self_attn.q_proj.weight`, q, h, INIT.qkGain));
-    if (s.architecture === 'Qwen2ForCausalLM') out.push(bias(`${p}.self_attn.q_proj.bias`, q));
+    if (spec.qkvBias) out.push(bias(`${p}.self_attn.q_proj.bias`, q));
     out.push(lin(`${p}.self_attn.k_proj.weight`, kv, h, INIT.qkGain));
-    if (s.architecture === 'Qwen2ForCausalLM') out.push(bias(`${p}.self_attn.k_proj.bias`, kv));
+    if (spec.qkvBias) out.push(bias(`${p}.self_attn.k_proj.bias`, kv));
     out.push(lin(`${p}.self_attn.v_proj.weight`, kv, h));
-    if (s.architecture === 'Qwen2ForCausalLM') out.push(bias(`${p}.self_attn.v_proj.bias`, kv));
+    if (spec.qkvBias) out.push(bias(`${p}.self_attn.v_proj.bias`, kv));
     out.push(lin(`${p}.self_attn.o_proj.weight`, h, q, INIT.outGain));
-    if (s.architecture === 'Qwen3ForCausalLM') {
+    if (spec.qkNorm) {
       // q/k are RMS-normalised per head, so the q/k gain moves into these weights.
       const qk = { mean: INIT.qkGain, std: INIT.normStd * INIT.qkGain };
       out.push({ name: `${p}.self_attn.q_norm.weight`, shape: [s.headDim], init: qk });
@@ -128,12 +130,6 @@ export function paramCount(s: PresetShape): number {
   return tensorSpecs(s).reduce((a, t) => a + numel(t.shape), 0);
 }
 
-const MODEL_TYPE: Record<PresetShape['architecture'], string> = {
-  LlamaForCausalLM: 'llama',
-  MistralForCausalLM: 'mistral',
-  Qwen2ForCausalLM: 'qwen2',
-  Qwen3ForCausalLM: 'qwen3',
-};
 
 const sortKeys = (o: Record<string, unknown>) =>
   Object.fromEntries(Object.entries(o).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
@@ -142,7 +138,7 @@ const sortKeys = (o: Record<string, unknown>) =>
 export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[]): Record<string, unknown> {
   const c: Record<string, unknown> = {
     architectures: [s.architecture],
-    model_type: MODEL_TYPE[s.architecture],
+    model_type: ARCHITECTURES[s.architecture].modelType,
     attention_dropout: 0.0,
     bos_token_id: bos,
     eos_token_id: s.tokenizer === 'llama3' ? eos : eos[0],
@@ -164,29 +160,7 @@ export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: numb
     use_cache: true,
     vocab_size: s.vocabSize,
   };
-  switch (s.architecture) {
-    case 'LlamaForCausalLM':
-      Object.assign(c, { attention_bias: false, mlp_bias: false, pretraining_tp: 1 });
-      break;
-    case 'MistralForCausalLM':
-      Object.assign(c, { sliding_window: s.slidingWindow });
-      break;
-    case 'Qwen2ForCausalLM':
-      Object.assign(c, {
-        max_window_layers: s.numLayers,
-        sliding_window: s.maxPositionEmbeddings,
-        use_sliding_window: false,
-      });
-      break;
-    case 'Qwen3ForCausalLM':
-      Object.assign(c, {
-        attention_bias: false,
-        max_window_layers: s.numLayers,
-        sliding_window: null,
-        use_sliding_window: false,
-      });
-      break;
-  }
+  Object.assign(c, ARCHITECTURES[s.architecture].configFields(s));
   return sortKeys(c);
 }
 

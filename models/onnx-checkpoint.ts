@@ -4,8 +4,9 @@
 
 import { closeSync, existsSync, openSync, readdirSync, readFileSync, readSync } from 'node:fs';
 import { join } from 'node:path';
+import { architectureSpec, specOfModelType, SUPPORTED_ARCHITECTURES, usesSlidingWindow, type Architecture } from '../src/engine/architectures.js';
 
-export type OnnxArchitecture = 'LlamaForCausalLM' | 'MistralForCausalLM' | 'Qwen2ForCausalLM' | 'Qwen3ForCausalLM';
+export type OnnxArchitecture = Architecture;
 
 export interface DecoderShape {
   architecture: OnnxArchitecture;
@@ -28,18 +29,18 @@ export interface DecoderShape {
   invFreq: Float32Array;
 }
 
-const ARCHITECTURES: readonly OnnxArchitecture[] = ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'];
 
 /** The decoder shape of a config.json; throws on what the native engine would refuse too. */
 export function decoderShape(config: Record<string, any>): DecoderShape {
   const arch = config.architectures?.[0] as OnnxArchitecture;
-  if (!ARCHITECTURES.includes(arch)) throw new Error(`onnx export: unsupported architecture ${String(arch)} (supported: ${ARCHITECTURES.join(', ')})`);
+  const spec = architectureSpec(arch);
+  if (!spec) throw new Error(`onnx export: unsupported architecture ${String(arch)} (supported: ${SUPPORTED_ARCHITECTURES.join(', ')})`);
   if ((config.hidden_act ?? 'silu') !== 'silu') throw new Error(`onnx export: hidden_act ${config.hidden_act} is not supported (only silu)`);
   if ((config.partial_rotary_factor ?? 1) !== 1) throw new Error('onnx export: partial_rotary_factor is not supported');
   const numHeads = config.num_attention_heads as number;
   const headDim = (config.head_dim ?? config.hidden_size / numHeads) as number;
   let contextLength = (config.max_position_embeddings ?? 2048) as number;
-  const sliding = config.model_type === 'mistral' ? config.sliding_window != null : config.use_sliding_window === true;
+  const sliding = usesSlidingWindow(specOfModelType(config.model_type), config);
   // As the native engine: a sliding window limits the context instead of changing attention.
   if (sliding && config.sliding_window > 0 && config.sliding_window < contextLength) contextLength = config.sliding_window;
   const attentionBias = config.attention_bias === true;
@@ -55,10 +56,10 @@ export function decoderShape(config: Record<string, any>): DecoderShape {
     rmsNormEps: config.rms_norm_eps ?? 1e-6,
     contextLength,
     tieWordEmbeddings: config.tie_word_embeddings ?? false,
-    qkvBias: arch === 'Qwen2ForCausalLM' || attentionBias,
+    qkvBias: spec.qkvBias || attentionBias,
     oBias: attentionBias,
     mlpBias: config.mlp_bias === true,
-    qkNorm: arch === 'Qwen3ForCausalLM',
+    qkNorm: spec.qkNorm,
     invFreq: ropeInvFreq(headDim, config.rope_theta ?? 10000, config.rope_scaling ?? null),
   };
 }

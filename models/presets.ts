@@ -1,11 +1,9 @@
 // Model presets for the generator: the exact shapes of published checkpoints plus small
 // variants for correctness tests. Shapes only; weights are random (see make-model.ts).
 
-export type Architecture =
-  | 'LlamaForCausalLM'
-  | 'MistralForCausalLM'
-  | 'Qwen2ForCausalLM'
-  | 'Qwen3ForCausalLM';
+import type { Architecture } from '../src/engine/architectures.js';
+
+export type { Architecture };
 
 export type Dtype = 'f32' | 'f16' | 'bf16';
 

@@ -5,14 +5,7 @@
 import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { readJsonFile } from '../text/tokenizer.js';
-
-/** Supported architectures -> the model_type the native reader assumes when config.json has none. */
-const MODEL_TYPE_OF_ARCHITECTURE: Record<string, string> = {
-  LlamaForCausalLM: 'llama',
-  MistralForCausalLM: 'mistral',
-  Qwen2ForCausalLM: 'qwen2',
-  Qwen3ForCausalLM: 'qwen3',
-};
+import { architectureSpec, specOfModelType, usesSlidingWindow } from './architectures.js';
 
 /** Context length the native reader defaults to when config.json has no max_position_embeddings. */
 const DEFAULT_MAX_POSITION_EMBEDDINGS = 2048;
@@ -41,8 +34,8 @@ export async function checkpointContextLength(modelDir: string): Promise<number>
   const architectures = config['architectures'];
   const architecture = Array.isArray(architectures) && typeof architectures[0] === 'string' ? architectures[0] : undefined;
   const modelType = typeof config['model_type'] === 'string' && config['model_type'] !== ''
-    ? config['model_type'] : MODEL_TYPE_OF_ARCHITECTURE[architecture ?? ''];
-  const sliding = modelType === 'mistral' ? present(config['sliding_window']) : config['use_sliding_window'] === true;
+    ? config['model_type'] : architectureSpec(architecture)?.modelType;
+  const sliding = usesSlidingWindow(specOfModelType(modelType), config);
   if (sliding) {
     const window = nonNegativeInteger(config, 'sliding_window', 0, file);
     if (window > 0 && window < contextLength) contextLength = window;
