@@ -11,7 +11,7 @@ import type { ServedModel } from '../../serving/model-registry.js';
 import { invalidRequest } from '../errors.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';
 import {
-  MAX_STOP_STRINGS, type ChatChoice, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
+  MAX_STOP_STRINGS, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from './schema.js';
 import {
   checkImageUrl, newId, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
