@@ -84,4 +84,99 @@ TEST_CASE(bad_configs_are_refused_with_clear_codes) {
   CHECK_THROWS_CODE(parse_model_config("[1,2", "c"), ErrorCode::kModelFileInvalid);
 }
 
+TEST_CASE(qwen3_moe_reads_experts_and_which_layers_are_sparse) {
+  // Qwen/Qwen3-30B-A3B's config.json, as published (fields the reader does not use included).
+  ModelConfig c = parse_model_config(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+    "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})",
+                                     "qwen3-30b-a3b");
+  CHECK(c.num_experts == 128 && c.experts_per_token == 8 && c.moe_intermediate_size == 768 && c.norm_topk_prob);
+  CHECK(c.qk_norm && !c.qkv_bias && c.head_dim == 128 && c.layer_sparse.size() == 48);
+  for (int64_t l = 0; l < 48; l++) CHECK(c.is_sparse(l));
+  CHECK(!c.sandwich_norms && c.activation == Activation::Silu && !c.any_window());
+  // Every second layer sparse, and layer 1 forced dense.
+  ModelConfig mixed = parse_model_config(
+      R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,"intermediate_size":96,"num_hidden_layers":4,
+          "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"vocab_size":100,"num_experts":4,
+          "num_experts_per_tok":2,"moe_intermediate_size":32,"decoder_sparse_step":2,"mlp_only_layers":[3]})",
+      "mixed");
+  CHECK(!mixed.is_sparse(0) && mixed.is_sparse(1) && !mixed.is_sparse(2) && !mixed.is_sparse(3));
+  CHECK(!mixed.norm_topk_prob);  // Qwen3MoeConfig's default
+  CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,
+      "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":100,"num_experts":4,
+      "num_experts_per_tok":5})", "c"), ErrorCode::kModelFileInvalid);
+  CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,
+      "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":100,"mlp_only_layers":[2]})",
+                                       "c"),
+                    ErrorCode::kModelFileInvalid);
+}
+
+TEST_CASE(mixtral_routes_every_layer_top2_renormalised) {
+  ModelConfig c = parse_model_config(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "vocab_size": 32000})",
+                                     "mixtral-8x7b");
+  CHECK(c.num_experts == 8 && c.experts_per_token == 2 && c.moe_intermediate_size == 14336 && c.norm_topk_prob);
+  CHECK(c.is_sparse(0) && c.is_sparse(31) && !c.qk_norm && c.max_position_embeddings == 32768);
+}
+
+TEST_CASE(gemma3_multimodal_text_config_takes_the_config_class_defaults) {
+  // google/gemma-3-4b-it: the text model's fields nest under text_config, most left to defaults.
+  ModelConfig c = parse_model_config(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": false}})",
+                                     "gemma-3-4b-it");
+  CHECK(c.architecture == "Gemma3ForConditionalGeneration" && c.hidden_size == 2560 && c.num_layers == 34);
+  CHECK(c.num_heads == 8 && c.num_kv_heads == 4 && c.head_dim == 256 && c.vocab_size == 262208);
+  CHECK(c.max_position_embeddings == 131072 && c.tie_word_embeddings && c.qk_norm);
+  CHECK(c.norm_plus_one && c.sandwich_norms && c.activation == Activation::GeluTanh);
+  CHECK(std::fabs(c.embed_scale - std::sqrt(2560.0)) < 1e-9 && std::fabs(c.attention_scale - 1.0 / 16.0) < 1e-12);
+  // sliding_window_pattern 6: layers 5, 11, ... global with rope_theta and the linear scaling.
+  for (int64_t l = 0; l < 34; l++) {
+    const bool global = (l + 1) % 6 == 0;
+    CHECK(c.window(l) == (global ? 0 : 1024) && c.local_rope(l) == !global);
+  }
+  CHECK(c.rope_scaling == RopeScaling::Linear && std::fabs(c.rope_inv_freq()[0] - 0.125f) < 1e-7);
+  CHECK(std::fabs(c.rope_local_inv_freq()[1] - float(1.0 / std::pow(10000.0, 2.0 / 256.0))) < 1e-9);
+}
+
+TEST_CASE(gemma3_layer_types_and_refusals) {
+  ModelConfig c = parse_model_config(
+      R"({"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text","hidden_size":64,"intermediate_size":96,
+          "num_hidden_layers":3,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":32,"vocab_size":100,
+          "query_pre_attn_scalar":24,"sliding_window":8,"final_logit_softcapping":30.0,
+          "layer_types":["full_attention","sliding_attention","full_attention"]})",
+      "gemma3-1b-shape");
+  CHECK(c.window(0) == 0 && c.window(1) == 8 && c.window(2) == 0 && c.local_rope(1) && !c.local_rope(2));
+  CHECK(std::fabs(c.final_logit_softcap - 30.0) < 1e-12 && std::fabs(c.attention_scale - 1 / std::sqrt(24.0)) < 1e-12);
+  CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Gemma3ForCausalLM"],"hidden_size":64,
+      "num_hidden_layers":2,"layer_types":["full_attention"]})", "c"), ErrorCode::kModelFileInvalid);
+  CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Gemma3ForCausalLM"],"attn_logit_softcapping":50.0})", "c"),
+                    ErrorCode::kUnsupportedModel);
+  CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Gemma3ForConditionalGeneration"]})", "c"),
+                    ErrorCode::kModelFileInvalid);
+  CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Gemma3ForCausalLM"],"hidden_activation":"relu"})", "c"),
+                    ErrorCode::kUnsupportedModel);
+}
+
 int main() { return sluice_test::run_all("config"); }

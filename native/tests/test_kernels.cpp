@@ -447,19 +447,19 @@ namespace {
 // (k, v: [slots, n_kv, hd], already rounded when the cache is bf16).
 std::vector<double> attention_reference(const float* q_row, const std::vector<float>& k, const std::vector<float>& v,
                                         const int32_t* table, int64_t pos, int64_t bs, int64_t n_kv, int64_t kvh,
-                                        int64_t hd, double scale) {
+                                        int64_t hd, double scale, int64_t first = 0) {
   const int64_t P = pos + 1;
   std::vector<double> s(static_cast<size_t>(P)), out(static_cast<size_t>(hd), 0.0);
   double mx = -1e300, sum = 0;
-  for (int64_t p = 0; p < P; p++) {
+  for (int64_t p = first; p < P; p++) {
     const int64_t row = ((int64_t(table[p / bs]) * bs + p % bs) * n_kv + kvh) * hd;
     double d = 0;
     for (int64_t i = 0; i < hd; i++) d += double(q_row[i]) * k[size_t(row + i)];
     s[size_t(p)] = d * scale;
     mx = std::max(mx, s[size_t(p)]);
   }
-  for (auto& e : s) sum += (e = std::exp(e - mx));
-  for (int64_t p = 0; p < P; p++) {
+  for (int64_t p = first; p < P; p++) sum += (s[size_t(p)] = std::exp(s[size_t(p)] - mx));
+  for (int64_t p = first; p < P; p++) {
     const int64_t row = ((int64_t(table[p / bs]) * bs + p % bs) * n_kv + kvh) * hd;
     for (int64_t i = 0; i < hd; i++) out[size_t(i)] += s[size_t(p)] / sum * v[size_t(row + i)];
   }
@@ -516,6 +516,100 @@ TEST_CASE(paged_attention_long_contexts_odd_head_dims_and_wide_groups) {
     }
   }
   force_simd_level(nullptr);
+}
+
+TEST_CASE(sliding_window_attention_reads_only_the_window) {
+  // Windows that start mid-block, on a block boundary, and that cover the whole context; head
+  // dims of the grouped kernels, of the single-head path, and Gemma 3's 256.
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (DType kv_dtype : {DType::F32, DType::BF16})
+      for (int64_t hd : {20, 64, 256})
+        for (int64_t window : {1, 5, 16, 37, 500}) {
+          const int64_t group = 2, n_kv = 2, H = n_kv * group, bs = 16, num_blocks = 10;
+          RandomCache rc(kv_dtype, num_blocks * bs, bs, n_kv, hd);
+          std::vector<int32_t> table0{5, 0, 9, 2, 8, 7, 1}, table1{3, 6, 4};
+          const int32_t* tables[] = {table0.data(), table1.data()};
+          std::vector<int32_t> seq{0, 1, 0, 1}, pos{100, 40, 16, 0};
+          const int64_t T = int64_t(seq.size());
+          std::vector<float> q = randn(size_t(T * H * hd), 2.f), out(size_t(T * H * hd));
+          AttentionBatch b;
+          b.token_seq = seq.data();
+          b.token_pos = pos.data();
+          b.block_tables = tables;
+          b.n_heads = H;
+          b.scale = 0.2f;
+          b.window = window;
+          paged_attention(pool, q.data(), T, b, rc.cache, out.data());
+          double worst = 0;
+          for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+              const int64_t first = std::max<int64_t>(0, pos[size_t(t)] - window + 1);
+              const std::vector<double> want = attention_reference(q.data() + (t * H + h) * hd, rc.k, rc.v,
+                                                                   tables[seq[size_t(t)]], pos[size_t(t)], bs, n_kv,
+                                                                   h / group, hd, b.scale, first);
+              for (int64_t i = 0; i < hd; i++)
+                worst = std::max(worst, std::fabs(want[size_t(i)] - out[size_t((t * H + h) * hd + i)]));
+            }
+          CHECK(worst < 1e-4);
+        }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(matmul_groups_equal_each_groups_own_matmuls) {
+  // Experts of a mixture-of-experts layer: groups of different row counts (one empty), each with
+  // its own weights; every row as matmul() gives it alone, in one parallel region.
+  ThreadPool pool(2);
+  const int64_t K = 96, N = 40;
+  const int64_t rows[4] = {3, 0, 1, 7};
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (DType dt : {DType::F32, DType::BF16}) {
+      std::vector<std::vector<float>> xs, got, want;
+      std::vector<Weights> ws;
+      std::vector<LinearOut> outs;
+      std::vector<MatmulGroup> groups;
+      for (int g = 0; g < 4; g++) {
+        xs.push_back(randn(size_t(std::max<int64_t>(1, rows[g]) * K)));
+        ws.push_back(make_weights(size_t(2 * N * K), dt, 0.1f));
+        got.emplace_back(size_t(std::max<int64_t>(1, rows[g]) * 2 * N));
+        want.emplace_back(size_t(std::max<int64_t>(1, rows[g]) * 2 * N));
+      }
+      outs.reserve(8);
+      for (int g = 0; g < 4; g++) {
+        const size_t half = size_t(N * K) * dtype_size(dt);
+        outs.push_back({ws[size_t(g)].bytes.data(), dt, N, nullptr, DType::F32, got[size_t(g)].data()});
+        outs.push_back({ws[size_t(g)].bytes.data() + half, dt, N, nullptr, DType::F32, got[size_t(g)].data() + rows[g] * N});
+        groups.push_back({xs[size_t(g)].data(), rows[g], K, &outs[outs.size() - 2], 2});
+        for (int64_t t = 0; t < rows[g]; t++) {
+          matmul(pool, xs[size_t(g)].data() + t * K, 1, K, ws[size_t(g)].bytes.data(), dt, N, nullptr, DType::F32,
+                 want[size_t(g)].data() + t * N);
+          matmul(pool, xs[size_t(g)].data() + t * K, 1, K, ws[size_t(g)].bytes.data() + half, dt, N, nullptr, DType::F32,
+                 want[size_t(g)].data() + rows[g] * N + t * N);
+        }
+      }
+      matmul_groups(pool, groups.data(), 4);
+      for (int g = 0; g < 4; g++)
+        CHECK(bits_equal(got[size_t(g)].data(), want[size_t(g)].data(), size_t(rows[g] * 2 * N)));
+    }
+  }
+  force_simd_level(nullptr);
+}
+
+TEST_CASE(gelu_tanh_mul_matches_reference) {
+  ThreadPool pool(2);
+  const int64_t T = 3, D = 37;
+  std::vector<float> g = randn(size_t(T * D), 3.f), u = randn(size_t(T * D)), out(size_t(T * D));
+  gelu_tanh_mul_split(pool, g.data(), u.data(), T, D, out.data());
+  double worst = 0;
+  for (size_t i = 0; i < out.size(); i++) {
+    const double x = g[i];
+    const double want = 0.5 * x * (1 + std::tanh(std::sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))) * u[i];
+    worst = std::max(worst, std::fabs(want - out[i]) / std::max(1.0, std::fabs(want)));
+  }
+  CHECK(worst < 1e-5);
 }
 
 TEST_CASE(grouped_attention_equals_single_head_bit_for_bit_avx2_and_avx512) {

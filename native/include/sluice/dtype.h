@@ -7,16 +7,20 @@
 namespace sluice {
 
 // Q8_0: blocks of 32 int8 weights with one f16 scale each, made at load (cpu/gemm_q8.h has the
-// layout); only matmul weights on the CPU backend ever have it.
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3 };
+// layout); only matmul weights on the CPU backend ever have it. U8: raw bytes of packed formats
+// as checkpoints store them (gpt-oss's MXFP4 experts), which the binder unpacks at load; no
+// kernel reads it.
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, U8 = 4 };
 
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : t == DType::Q8_0 ? 1 : 2; }
+inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : t == DType::Q8_0 || t == DType::U8 ? 1 : 2; }
+inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32: return "f32";
     case DType::F16: return "f16";
     case DType::BF16: return "bf16";
     case DType::Q8_0: return "q8_0";
+    case DType::U8: return "u8";
   }
   return "?";
 }

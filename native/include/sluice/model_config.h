@@ -6,7 +6,13 @@
 
 namespace sluice {
 
-enum class RopeScaling { None, Linear, Llama3 };
+enum class RopeScaling { None, Linear, Llama3, Yarn };
+// The gated MLP's activation. SwigluClamped (gpt-oss): gate clamped to <= limit, up to
+// [-limit, limit], out = (up + 1) * gate * sigmoid(1.702 * gate).
+enum class Activation { Silu, GeluTanh, SwigluClamped };
+// How a mixture-of-experts router weighs a token's experts: softmax over all experts then the
+// top k (Qwen3-MoE, Mixtral), or the top k logits then a softmax over those (gpt-oss).
+enum class Routing { SoftmaxTopK, TopKSoftmax };
 
 struct ModelConfig {
   std::string architecture;  // config.json architectures[0], e.g. "Qwen2ForCausalLM"
@@ -27,15 +33,56 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position = 8192;
+  double rope_beta_fast = 32, rope_beta_slow = 1;  // YaRN's correction range (in rotations)
+  bool rope_truncate = true;                       // YaRN: correction range rounded outwards
+  double rope_attention_factor = 1.0;              // YaRN: cos/sin scaled by it (scores by its square)
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2 (and Llama/Mistral with attention_bias: true)
   bool o_bias = false;    // Llama/Mistral with attention_bias: true
   bool mlp_bias = false;
-  bool qk_norm = false;   // Qwen3: RMSNorm over each head of q and k before RoPE
+  bool qk_norm = false;   // Qwen3, Gemma 3: RMSNorm over each head of q and k before RoPE
+
+  // Pieces of the decoder layer some families turn on (model/architectures.h says which).
+  bool norm_plus_one = false;   // Gemma: RMSNorm scales by (1 + w) (folded into the weights at load)
+  bool sandwich_norms = false;  // Gemma: attention and MLP outputs normed before the residual add
+  double embed_scale = 1.0;     // Gemma: sqrt(hidden_size)
+  Activation activation = Activation::Silu;
+  double attention_scale = 0;       // softmax scale; 0: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar^-0.5)
+  double final_logit_softcap = 0;   // logits = cap * tanh(logits / cap) when > 0
+  // Per layer: the attention window (keys j with j > pos - window; 0 = full causal), and
+  // whether its rope uses rope_local_theta without scaling (Gemma 3's local layers).
+  std::vector<int64_t> layer_window;
+  std::vector<uint8_t> layer_local_rope;
+  double rope_local_theta = 10000.0;
+
+  // Mixture of experts (0 experts: every layer dense). A sparse layer routes each token to its
+  // experts_per_token best experts of num_experts, by softmax of the router's logits; the k
+  // weights are renormalised to sum 1 when norm_topk_prob.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  Routing routing = Routing::SoftmaxTopK;
+  bool router_bias = false;    // gpt-oss: the router has a bias
+  bool expert_bias = false;    // gpt-oss: the experts' projections have biases
+  double swiglu_limit = 7.0;   // Activation::SwigluClamped's limit
+  bool attention_sinks = false;  // gpt-oss: a learned logit per head joins every softmax (and takes its share)
+  std::vector<uint8_t> layer_sparse;  // [num_layers]
+
+  bool is_sparse(int64_t layer) const { return !layer_sparse.empty() && layer_sparse[size_t(layer)] != 0; }
+  int64_t window(int64_t layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
+  bool local_rope(int64_t layer) const { return !layer_local_rope.empty() && layer_local_rope[size_t(layer)] != 0; }
+  bool any_window() const;
+  // The softmax scale of attention scores: attention_scale (or 1/sqrt(head_dim)) times YaRN's
+  // attention factor squared (it scales both q and k).
+  double softmax_scale() const;
+  bool any_local_rope() const;
 
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor) & ~int64_t(1); }
   // Inverse frequencies for RoPE with the configured scaling applied: [rotary_dim/2].
   std::vector<float> rope_inv_freq() const;
+  // Gemma 3's local layers: rope_local_theta, no scaling.
+  std::vector<float> rope_local_inv_freq() const;
 };
 
 // Architectures the engine implements, for error messages.

@@ -99,23 +99,25 @@ inline int64_t kv_offset(const int32_t* table, int64_t p, const PagedKV& c, int6
 
 void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                     float* scores, float* out) {
-  const int64_t hd = c.head_dim, P = pos + 1;
+  const int64_t hd = c.head_dim, P = pos + 1 - c.first;
   float max_score = -INFINITY;
   for (int64_t p = 0; p < P; p++) {
-    const int64_t off = kv_offset(table, p, c, kv_head);
+    const int64_t off = kv_offset(table, c.first + p, c, kv_head);
     float s = 0.f;
     for (int64_t i = 0; i < hd; i++) s += q[i] * load_scalar(c.k, c.dtype, off + i);
     scores[p] = s * scale;
     max_score = std::max(max_score, scores[p]);
   }
-  float sum = 0.f;
+  // A sink (gpt-oss) joins the softmax's sum: it takes its share and adds nothing to the output.
+  if (c.has_sink) max_score = std::max(max_score, c.sink);
+  float sum = c.has_sink ? std::exp(c.sink - max_score) : 0.f;
   for (int64_t p = 0; p < P; p++) {
     scores[p] = std::exp(scores[p] - max_score);
     sum += scores[p];
   }
   for (int64_t i = 0; i < hd; i++) out[i] = 0.f;
   for (int64_t p = 0; p < P; p++) {
-    const int64_t off = kv_offset(table, p, c, kv_head);
+    const int64_t off = kv_offset(table, c.first + p, c, kv_head);
     for (int64_t i = 0; i < hd; i++) out[i] += scores[p] * load_scalar(c.v, c.dtype, off + i);
   }
   const float inv = 1.f / sum;
@@ -174,20 +176,25 @@ using namespace detail;
 // Zen 4, in bursts of high bandwidth: int8 42.8 -> 48.9 GB/s, bf16 46.5 -> 50.8 GB/s against
 // fixed chunks of N / (8 * threads) rows); small last chunks keep the wait at the end of the
 // region short, also when one thread is slowed by another process.
-void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, std::vector<MatmulChunk>& chunks) {
+namespace {
+
+int64_t weight_row_bytes(DType dtype, int64_t K) {
+  return dtype == DType::Q8_0 ? int64_t(q8_bytes(1, K)) : K * int64_t(dtype_size(dtype));
+}
+
+// Cuts outputs of N[i] rows of row_bytes[i] bytes into chunks of about an even share of the
+// remaining bytes per thread (at least 128 KiB, 24 rows, multiples of 12 rows).
+void chunk_rows(int num_outs, const int64_t* N, const int64_t* row_bytes, int threads, std::vector<MatmulChunk>& chunks) {
   constexpr int64_t kMinChunkBytes = 128 << 10;
   chunks.clear();
-  auto row_bytes = [&](int i) {
-    return outs[i].w_dtype == DType::Q8_0 ? int64_t(q8_bytes(1, K)) : K * int64_t(dtype_size(outs[i].w_dtype));
-  };
   int64_t remaining = 0;  // weight bytes not yet in a chunk
-  for (int i = 0; i < num_outs; i++) remaining += outs[i].N * row_bytes(i);
+  for (int i = 0; i < num_outs; i++) remaining += N[i] * row_bytes[i];
   for (int i = 0; i < num_outs; i++) {
-    const int64_t rb = row_bytes(i);
-    for (int64_t b = 0; b < outs[i].N;) {
+    const int64_t rb = row_bytes[i];
+    for (int64_t b = 0; b < N[i];) {
       const int64_t want = std::max(kMinChunkBytes, remaining / (2 * int64_t(threads)));
       const int64_t rows = std::max<int64_t>(24, (want / rb + 11) / 12 * 12);
-      const int64_t e = std::min(outs[i].N, b + rows);
+      const int64_t e = std::min(N[i], b + rows);
       chunks.push_back({i, b, e});
       remaining -= (e - b) * rb;
       b = e;
@@ -195,88 +202,148 @@ void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, 
   }
 }
 
-void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
-                  MatmulPrecision precision) {
-  if (T <= 0 || num_outs <= 0) return;
-  const SimdLevel level = simd_level();
-  bool any_bf16 = false;
-  for (int i = 0; i < num_outs; i++) any_bf16 |= outs[i].w_dtype == DType::BF16;
-  thread_local std::vector<uint16_t> xb;  // bf16 activations for vdpbf16ps
-  const bool split = precision == MatmulPrecision::F32;
-  uint16_t* xbp = nullptr;  // NOTE: the workers must see the caller's buffer, not their own thread_local
-  if (level == SimdLevel::Avx512Bf16 && any_bf16) {
-    const int64_t rows = split ? 2 : 1;
-    xb.resize(size_t(rows * T * K));
-    xbp = xb.data();
-    // A few rows convert faster on this thread than a parallel region costs to start.
-    if (T * K <= 16384) rows_to_bf16_avx512bf16(x, T, K, split, xbp);
-    else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + rows * b * K); });
-  }
-  bool any_q8 = false;
-  for (int i = 0; i < num_outs; i++) any_q8 |= outs[i].w_dtype == DType::Q8_0;
-  thread_local std::vector<int8_t> xq;  // Q8_0 activations [T, Kp] and scales [T, Kp / 32]
-  thread_local std::vector<float> xd;
-  if (any_q8) {
-    const int64_t Kp = q8_padded_k(K);
-    xq.resize(size_t(T * Kp));
-    xd.resize(size_t(T * (Kp / kQ8Block)));
-    int8_t* xqp = xq.data();
-    float* xdp = xd.data();
-    if (T * K <= 16384) quantize_activations_q8(x, T, K, xqp, xdp);
-    else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { quantize_activations_q8(x + b * K, e - b, K, xqp + b * Kp, xdp + b * (Kp / kQ8Block)); });
-  }
-  using Kernel = void (*)(const GemmArgs&, int64_t, int64_t);
-  GemmArgs args[8];
-  Kernel kernels[8];
-  if (num_outs > 8) throw std::invalid_argument("matmul_multi: at most 8 outputs");
-  // Work list: contiguous chunks of output features of every output (matmul_chunks). Threads take
-  // chunks from a shared counter, so a thread slowed by something else on the machine does not
-  // hold the others up, and one parallel region serves all outputs. Which thread computes an
-  // output never changes its value.
-  thread_local std::vector<MatmulChunk> chunks;
-  const int threads = pool.size();
+}  // namespace
+
+void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, std::vector<MatmulChunk>& chunks) {
+  std::vector<int64_t> N(static_cast<size_t>(num_outs)), rb(static_cast<size_t>(num_outs));
   for (int i = 0; i < num_outs; i++) {
-    const LinearOut& o = outs[i];
-    GemmArgs& a = args[i];
-    a = GemmArgs{};
-    a.x = x;
-    a.T = T;
-    a.K = K;
-    a.N = o.N;
-    a.w = o.w;
-    a.w_dtype = o.w_dtype;
-    a.bias = o.bias;
-    a.bias_dtype = o.bias_dtype;
-    a.y = o.y;
-    kernels[i] = gemm_generic;
-    if (o.w_dtype == DType::Q8_0) {
-      a.xq = xq.data();
-      a.xd = xd.data();
-      kernels[i] = level >= SimdLevel::Avx512 && cpu_has_avx512vnni() ? gemm_q8_avx512vnni
-                   : level >= SimdLevel::Avx2                         ? gemm_q8_avx2
-                                                                      : gemm_q8_generic;
-    } else if (level == SimdLevel::Avx512Bf16 && o.w_dtype == DType::BF16) {
-      a.xb = xbp;
-      a.xb_split = split;
-      kernels[i] = gemm_avx512bf16;
-    } else if (level >= SimdLevel::Avx512) {
-      kernels[i] = gemm_avx512;
-    } else if (level == SimdLevel::Avx2) {
-      kernels[i] = gemm_avx2;
+    N[size_t(i)] = outs[i].N;
+    rb[size_t(i)] = weight_row_bytes(outs[i].w_dtype, K);
+  }
+  chunk_rows(num_outs, N.data(), rb.data(), threads, chunks);
+}
+
+void matmul_groups(ThreadPool& pool, const MatmulGroup* groups, int num_groups, MatmulPrecision precision) {
+  const SimdLevel level = simd_level();
+  const bool split = precision == MatmulPrecision::F32;
+  const int64_t bf16_rows = split ? 2 : 1;
+  // Each group's activations converted once for its outputs: bf16 for vdpbf16ps, Q8_0 for int8
+  // weights. One buffer each, every group at its own offset. NOTE: the workers must see the
+  // caller's buffers, not their own thread_locals.
+  thread_local std::vector<uint16_t> xb;
+  thread_local std::vector<int8_t> xq;  // [T, Kp] per group
+  thread_local std::vector<float> xd;   // [T, Kp / 32] per group
+  thread_local std::vector<size_t> xb_off, xq_off, xd_off;
+  xb_off.assign(size_t(num_groups), SIZE_MAX);
+  xq_off.assign(size_t(num_groups), SIZE_MAX);
+  xd_off.assign(size_t(num_groups), 0);
+  size_t xb_total = 0, xq_total = 0, xd_total = 0;
+  int num_outs = 0;
+  for (int g = 0; g < num_groups; g++) {
+    const MatmulGroup& gr = groups[g];
+    if (gr.T <= 0) continue;
+    bool any_bf16 = false, any_q8 = false;
+    for (int i = 0; i < gr.num_outs; i++) {
+      any_bf16 |= gr.outs[i].w_dtype == DType::BF16;
+      any_q8 |= gr.outs[i].w_dtype == DType::Q8_0;
+    }
+    num_outs += gr.num_outs;
+    if (level == SimdLevel::Avx512Bf16 && any_bf16) {
+      xb_off[size_t(g)] = xb_total;
+      xb_total += size_t(bf16_rows * gr.T * gr.K);
+    }
+    if (any_q8) {
+      const int64_t Kp = q8_padded_k(gr.K);
+      xq_off[size_t(g)] = xq_total;
+      xd_off[size_t(g)] = xd_total;
+      xq_total += size_t(gr.T * Kp);
+      xd_total += size_t(gr.T * (Kp / kQ8Block));
     }
   }
-  matmul_chunks(outs, num_outs, K, threads, chunks);
+  if (num_outs == 0) return;
+  xb.resize(xb_total);
+  xq.resize(xq_total);
+  xd.resize(xd_total);
+  for (int g = 0; g < num_groups; g++) {
+    const MatmulGroup& gr = groups[g];
+    const int64_t T = gr.T, K = gr.K;
+    if (T <= 0) continue;
+    const float* x = gr.x;
+    if (xb_off[size_t(g)] != SIZE_MAX) {
+      uint16_t* xbp = xb.data() + xb_off[size_t(g)];
+      // A few rows convert faster on this thread than a parallel region costs to start.
+      if (T * K <= 16384) rows_to_bf16_avx512bf16(x, T, K, split, xbp);
+      else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { rows_to_bf16_avx512bf16(x + b * K, e - b, K, split, xbp + bf16_rows * b * K); });
+    }
+    if (xq_off[size_t(g)] != SIZE_MAX) {
+      const int64_t Kp = q8_padded_k(K);
+      int8_t* xqp = xq.data() + xq_off[size_t(g)];
+      float* xdp = xd.data() + xd_off[size_t(g)];
+      if (T * K <= 16384) quantize_activations_q8(x, T, K, xqp, xdp);
+      else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { quantize_activations_q8(x + b * K, e - b, K, xqp + b * Kp, xdp + b * (Kp / kQ8Block)); });
+    }
+  }
+  using Kernel = void (*)(const GemmArgs&, int64_t, int64_t);
+  thread_local std::vector<GemmArgs> args;
+  thread_local std::vector<Kernel> kernels;
+  thread_local std::vector<int64_t> rows, row_bytes;
+  args.assign(size_t(num_outs), GemmArgs{});
+  kernels.assign(size_t(num_outs), gemm_generic);
+  rows.resize(size_t(num_outs));
+  row_bytes.resize(size_t(num_outs));
+  int n = 0;
+  for (int g = 0; g < num_groups; g++) {
+    const MatmulGroup& gr = groups[g];
+    if (gr.T <= 0) continue;
+    for (int i = 0; i < gr.num_outs; i++, n++) {
+      const LinearOut& o = gr.outs[i];
+      GemmArgs& a = args[size_t(n)];
+      a.x = gr.x;
+      a.T = gr.T;
+      a.K = gr.K;
+      a.N = o.N;
+      a.w = o.w;
+      a.w_dtype = o.w_dtype;
+      a.bias = o.bias;
+      a.bias_dtype = o.bias_dtype;
+      a.y = o.y;
+      rows[size_t(n)] = o.N;
+      row_bytes[size_t(n)] = weight_row_bytes(o.w_dtype, gr.K);
+      Kernel& k = kernels[size_t(n)];
+      if (o.w_dtype == DType::Q8_0) {
+        a.xq = xq.data() + xq_off[size_t(g)];
+        a.xd = xd.data() + xd_off[size_t(g)];
+        k = level >= SimdLevel::Avx512 && cpu_has_avx512vnni() ? gemm_q8_avx512vnni
+            : level >= SimdLevel::Avx2                         ? gemm_q8_avx2
+                                                               : gemm_q8_generic;
+      } else if (level == SimdLevel::Avx512Bf16 && o.w_dtype == DType::BF16) {
+        a.xb = xb.data() + xb_off[size_t(g)];
+        a.xb_split = split;
+        k = gemm_avx512bf16;
+      } else if (level >= SimdLevel::Avx512) {
+        k = gemm_avx512;
+      } else if (level == SimdLevel::Avx2) {
+        k = gemm_avx2;
+      }
+    }
+  }
+  // Work list: contiguous chunks of output features of every output. Threads take chunks from a
+  // shared counter, so a thread slowed by something else on the machine does not hold the
+  // others up, and one parallel region serves all outputs. Which thread computes an output
+  // never changes its value.
+  thread_local std::vector<MatmulChunk> chunks;
+  const int threads = pool.size();
+  chunk_rows(num_outs, rows.data(), row_bytes.data(), threads, chunks);
   const MatmulChunk* list = chunks.data();
+  const GemmArgs* arg = args.data();
+  const Kernel* kernel = kernels.data();
   const int64_t num_chunks = int64_t(chunks.size());
   if (threads == 1 || num_chunks == 1) {
-    for (int64_t c = 0; c < num_chunks; c++) kernels[list[c].out](args[list[c].out], list[c].begin, list[c].end);
+    for (int64_t c = 0; c < num_chunks; c++) kernel[list[c].out](arg[list[c].out], list[c].begin, list[c].end);
     return;
   }
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
     for (int64_t c = next.fetch_add(1); c < num_chunks; c = next.fetch_add(1))
-      kernels[list[c].out](args[list[c].out], list[c].begin, list[c].end);
+      kernel[list[c].out](arg[list[c].out], list[c].begin, list[c].end);
   });
+}
+
+void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
+                  MatmulPrecision precision) {
+  if (T <= 0 || num_outs <= 0) return;
+  const MatmulGroup group{x, T, K, outs, num_outs};
+  matmul_groups(pool, &group, 1, precision);
 }
 
 void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType w_dtype, int64_t N,
@@ -311,6 +378,29 @@ void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_
   pool.parallel_for(units, 1024, [&](int64_t b, int64_t e) {
     const int64_t lo = b * 16, hi = std::min(n, e * 16);
     fn(gate + lo, up + lo, hi - lo, out + lo);
+  });
+}
+
+void gelu_tanh_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out) {
+  const int64_t n = T * D;
+  pool.parallel_for(n, 16384, [&](int64_t b, int64_t e) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int64_t i = b; i < e; i++) {
+      const float g = gate[i];
+      out[i] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  });
+}
+
+void swiglu_clamped_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float limit,
+                              float* out) {
+  const int64_t n = T * D;
+  pool.parallel_for(n, 16384, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) {
+      const float g = std::min(gate[i], limit);
+      const float u = std::min(std::max(up[i], -limit), limit);
+      out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-1.702f * g)));
+    }
   });
 }
 
@@ -387,13 +477,22 @@ void paged_attention(ThreadPool& pool, const float* q, int64_t T, const Attentio
     for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) {
       const int64_t t = item / n_kv, kvh = item % n_kv;
       const int64_t pos = b.token_pos[t];
+      // A sliding window reads positions first..pos only.
+      PagedKV span = cache;
+      span.first = b.window > 0 ? std::max<int64_t>(0, pos - b.window + 1) : 0;
       if (scores.size() < size_t(group * (pos + 16))) scores.resize(size_t(group * (pos + 16)));
       const float* q_group = q + (t * H + kvh * group) * hd;
       float* out_group = out + (t * H + kvh * group) * hd;
       const int32_t* table = b.block_tables[b.token_seq[t]];
-      if (group_fn && group_fn(q_group, group, table, pos, kvh, cache, b.scale, scores.data(), out_group)) continue;
-      for (int64_t g = 0; g < group; g++)
-        fn(q_group + g * hd, table, pos, kvh, cache, b.scale, scores.data(), out_group + g * hd);
+      if (!b.sinks && group_fn && group_fn(q_group, group, table, pos, kvh, span, b.scale, scores.data(), out_group))
+        continue;
+      for (int64_t g = 0; g < group; g++) {
+        if (b.sinks) {
+          span.has_sink = true;
+          span.sink = b.sinks[kvh * group + g];
+        }
+        fn(q_group + g * hd, table, pos, kvh, span, b.scale, scores.data(), out_group + g * hd);
+      }
     }
   });
 }

@@ -29,7 +29,7 @@ void matmul(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* 
             MatmulPrecision precision = MatmulPrecision::F32);
 
 // Several projections of the same activations in one parallel region (q/k/v, gate/up):
-// y_i[T, N_i] = x[T, K] · W_i[N_i, K]^T (+ bias_i). At most 8 outputs. Same results as matmul().
+// y_i[T, N_i] = x[T, K] · W_i[N_i, K]^T (+ bias_i). Same results as matmul().
 struct LinearOut {
   const void* w;
   DType w_dtype;
@@ -40,6 +40,19 @@ struct LinearOut {
 };
 void matmul_multi(ThreadPool& pool, const float* x, int64_t T, int64_t K, const LinearOut* outs, int num_outs,
                   MatmulPrecision precision = MatmulPrecision::F32);
+
+// Projections of several activation groups in one parallel region: each group's x[T, K] times
+// each of its outputs' weights (mixture-of-experts layers: one group per expert, holding the
+// rows routed to it). Every row's result is what matmul() gives it alone.
+struct MatmulGroup {
+  const float* x;
+  int64_t T;
+  int64_t K;
+  const LinearOut* outs;
+  int num_outs;
+};
+void matmul_groups(ThreadPool& pool, const MatmulGroup* groups, int num_groups,
+                   MatmulPrecision precision = MatmulPrecision::F32);
 
 // How matmul_multi cuts its outputs into the chunks the threads take in turn: rows [begin, end)
 // of output `out`; every row of every output in exactly one chunk, in order.
@@ -55,6 +68,15 @@ void rmsnorm(ThreadPool& pool, const float* x, int64_t T, int64_t D, const void*
 
 // out[T, D] = silu(gate_up[T, 0:D]) * gate_up[T, D:2D]   (gate_up is [T, 2D])
 void silu_mul(ThreadPool& pool, const float* gate_up, int64_t T, int64_t D, float* out);
+
+// out[T, D] = gelu_tanh(gate[T, D]) * up[T, D]; out may alias gate. gelu_tanh(x) =
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_tanh_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out);
+
+// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+// out = (u + 1) * g * sigmoid(1.702 g); out may alias gate.
+void swiglu_clamped_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float limit,
+                              float* out);
 
 // out[T, D] = silu(gate[T, D]) * up[T, D]; out may alias gate.
 void silu_mul_split(ThreadPool& pool, const float* gate, const float* up, int64_t T, int64_t D, float* out);
@@ -81,6 +103,12 @@ struct PagedKV {
   int64_t block_size = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  // The first position attention reads (a sliding window's start); paged_attention sets it per
+  // token, the cache itself always holds every position.
+  int64_t first = 0;
+  // An attention sink (gpt-oss): a logit that joins the softmax of the head being computed.
+  bool has_sink = false;
+  float sink = 0.f;
 };
 
 // Writes k[T, n_kv_heads, head_dim], v[...] into the cache at slots[t] = block * block_size + offset.
@@ -98,6 +126,8 @@ struct AttentionBatch {
   const int32_t* const* block_tables = nullptr;  // [num_seqs] -> [blocks of that sequence]
   int64_t n_heads = 0;
   float scale = 0.f;  // usually 1/sqrt(head_dim)
+  int64_t window = 0;  // > 0: token at pos attends to positions pos - window + 1 .. pos only
+  const float* sinks = nullptr;  // [n_heads] per-head sink logits (gpt-oss), or nullptr
 };
 void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& batch,
                      const PagedKV& cache, float* out);

@@ -17,12 +17,22 @@ namespace {
 // kernel's time at 4000 positions).
 class KvCursor {
  public:
+  // Starts at position c.first (0 unless a sliding window begins later).
   KvCursor(const int32_t* table, const PagedKV& c, int64_t kv_head)
-      : table_(table), block_size_(c.block_size), stride_(c.n_kv_heads * c.head_dim), head_(kv_head * c.head_dim) {}
+      : table_(table),
+        block_size_(c.block_size),
+        stride_(c.n_kv_heads * c.head_dim),
+        head_(kv_head * c.head_dim),
+        block_(c.first / c.block_size),
+        within_(c.first % c.block_size),
+        fresh_(within_ != 0) {}
   // The current position's offset; then next() moves to the following position.
   int64_t offset() {
     // A block's entry is read on its first position only (never one past the last).
-    if (within_ == 0) base_ = int64_t(table_[block_]) * block_size_ * stride_ + head_;
+    if (within_ == 0 || fresh_) {
+      base_ = int64_t(table_[block_]) * block_size_ * stride_ + head_;
+      fresh_ = false;
+    }
     return base_ + within_ * stride_;
   }
   void next() {
@@ -36,6 +46,7 @@ class KvCursor {
   const int32_t* table_;
   int64_t block_size_, stride_, head_;
   int64_t block_ = 0, within_ = 0, base_ = 0;
+  bool fresh_ = false;  // started inside a block: its entry is still to be read
 };
 
 }  // namespace

@@ -196,7 +196,7 @@ template <typename KV>
 void attend_heads(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c,
                   float scale, float* scores, float* out) {
   static const AttnTable<KV> tab;
-  const int64_t hd = c.head_dim, P = pos + 1, chunks = hd / 8;
+  const int64_t hd = c.head_dim, P = pos + 1 - c.first, chunks = hd / 8;
   for (int64_t g0 = 0; g0 < G; g0 += kMaxHeads) {
     const int hb = int(min64(kMaxHeads, G - g0));
     float* sc[kMaxHeads];
@@ -218,7 +218,7 @@ void attend_heads(const float* q, int64_t G, const int32_t* table, int64_t pos, 
 template <typename KV>
 void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                 float* scores, float* out) {
-  const int64_t hd = c.head_dim, P = pos + 1, hd8 = hd & ~int64_t(7);
+  const int64_t hd = c.head_dim, P = pos + 1 - c.first, hd8 = hd & ~int64_t(7);
   float mx = -INFINITY;
   KvCursor kc(table, c, kv_head);
   for (int64_t p = 0; p < P; p++, kc.next()) {
@@ -231,7 +231,13 @@ void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_he
     scores[p] = s;
     mx = s > mx ? s : mx;
   }
-  const float inv = softmax_weights(scores, P, mx);
+  float inv;
+  if (c.has_sink) {  // the head's sink joins the sum: it takes its share and adds nothing to the output
+    const float m = mx > c.sink ? mx : c.sink;
+    inv = 1.f / (1.f / softmax_weights(scores, P, m) + std::exp(c.sink - m));
+  } else {
+    inv = softmax_weights(scores, P, mx);
+  }
   for (int64_t d0 = 0; d0 < hd8; d0 += 8 * 4) {  // 4 chunks of outputs per pass over V
     const int64_t nc = min64(4, (hd8 - d0) / 8);
     __m256 o[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};

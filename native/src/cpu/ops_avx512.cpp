@@ -80,10 +80,19 @@ inline void store_scores(const __m512* acc, int n, __m512 scale, float* scores, 
 
 }  // namespace
 
+// softmax_weights, with the head's sink (PagedKV::has_sink) joining the sum: it takes its share
+// of the probability and adds nothing to the output.
+inline float sink_adjusted(float* scores, int64_t P, float max_score, const PagedKV& c) {
+  if (!c.has_sink) return softmax_weights(scores, P, max_score);
+  const float m = max_score > c.sink ? max_score : c.sink;
+  const float inv = softmax_weights(scores, P, m);
+  return 1.f / (1.f / inv + std::exp(c.sink - m));
+}
+
 template <typename KV>
 void attend_single(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                    float* scores, float* out) {
-  const int64_t hd = c.head_dim, P = pos + 1;
+  const int64_t hd = c.head_dim, P = pos + 1 - c.first;
   const int64_t chunks = (hd + 15) / 16;
   const __mmask16 tail = (hd % 16) ? __mmask16((1u << (hd % 16)) - 1) : __mmask16(0xffff);
   // q is held in registers (head_dim <= 256).
@@ -106,7 +115,7 @@ void attend_single(const float* q, const int32_t* table, int64_t pos, int64_t kv
     }
     store_scores(acc, n, sv, scores + p0, mxv);
   }
-  const float inv_sum = softmax_weights(scores, P, _mm512_reduce_max_ps(mxv));
+  const float inv_sum = sink_adjusted(scores, P, _mm512_reduce_max_ps(mxv), c);
   __m512 o[16];
   for (int64_t i = 0; i < chunks; i++) o[i] = _mm512_setzero_ps();
   KvCursor vc(table, c, kv_head);
@@ -209,7 +218,7 @@ void attend_group_impl(const float* q, int64_t G, const int32_t* table, int64_t 
                                 &attend_heads<KV, CH, (HB > 4 ? 6 : 1)>, &attend_heads<KV, CH, (HB > 4 ? 7 : 1)>,
                                 &attend_heads<KV, CH, (HB > 4 ? 8 : 1)>};
   static_assert(HB >= 1 && HB <= 8, "at most 8 heads per pass");
-  const int64_t P = pos + 1;
+  const int64_t P = pos + 1 - c.first;
   for (int64_t g0 = 0; g0 < G; g0 += HB) {
     const int hb = int(min64(HB, G - g0));
     fns[hb - 1](q + g0 * CH * 16, table, P, kv_head, c, scale, scores, out + g0 * CH * 16);

@@ -1,5 +1,6 @@
-// The CUDA backend: the same Llama-family forward pass as the CPU backend (flags select Qwen2
-// biases, Qwen3 q/k norms, rope scaling), over the kernels in kernels.h, with the paged KV cache
+// The CUDA backend: the decoder of engine/decoder.h (the one the CPU backend runs) over the
+// kernels in kernels.h, for the dense families (Qwen2 biases, Qwen3 q/k norms, rope scaling;
+// cuda_unsupported_pieces() names what it does not run yet), with the paged KV cache
 // in device memory and sampling on the GPU. Pure decode steps replay a CUDA graph captured per
 // padded batch size; other steps (prefill chunks, mixed batches) launch the kernels directly.
 // With cuda_device_tokens (pipelined steps) sampled tokens stay on the device for the next
@@ -22,6 +23,7 @@
 #include "cuda/device_weights.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
+#include "engine/decoder.h"
 #include "sample/sampler.h"
 
 namespace sluice {
@@ -109,7 +111,24 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-class CudaBackend final : public Backend {
+// The decoder pieces a config turns on that this backend has no kernels for yet; empty when it
+// runs the model.
+std::string cuda_unsupported_pieces(const ModelConfig& c) {
+  std::string out;
+  const auto add = [&](const char* what) { out += (out.empty() ? "" : ", ") + std::string(what); };
+  if (c.num_experts > 0) add("mixture-of-experts blocks");
+  if (c.sandwich_norms) add("sandwich norms");
+  if (c.activation != Activation::Silu) add("the GELU-tanh MLP");
+  if (c.any_window()) add("sliding-window attention");
+  if (c.any_local_rope()) add("per-layer rope bases");
+  if (c.embed_scale != 1.0) add("scaled embeddings");
+  if (c.attention_scale > 0) add("a custom attention scale");
+  if (c.attention_sinks) add("attention sinks");
+  if (c.final_logit_softcap > 0) add("logit soft-capping");
+  return out;
+}
+
+class CudaBackend final : public Backend, private DecoderOps {
  public:
   CudaBackend(const ModelConfig& c, const ModelWeights& w, const EngineOptions& opts);
   ~CudaBackend() override;
@@ -151,6 +170,22 @@ class CudaBackend final : public Backend {
   void allocate_step(const StepLayout& want);
   cudaGraphExec_t capture_decode_graph(int bucket, int splits);
   void run_layers(int64_t T, int64_t R, int attn_splits);
+  // DecoderOps for the step run_layers() set up (step_*).
+  void embed() override;
+  void norm(int64_t layer, LayerNorm which) override;
+  void qkv(int64_t layer) override;
+  void rope_kv_write(int64_t layer) override;
+  void attention(int64_t layer) override;
+  void attention_out(int64_t layer, BlockOut out) override;
+  void mlp(int64_t layer, BlockOut out) override;
+  void experts(int64_t layer, BlockOut out) override;
+  void add_normed(int64_t layer, LayerNorm which) override;
+  void logits() override;
+  uint8_t* k_cache(int64_t layer) const;
+  int step_T_ = 0;
+  int64_t step_R_ = 0;
+  int step_splits_ = 1;
+  cuda::GemmWorkspace step_ws_{};
   int choose_attn_splits(int64_t T, int64_t max_ctx) const;
   void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
   void capture_graphs_at_load();
@@ -228,6 +263,9 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     : c_(c), mem_util_(opts.gpu_memory_utilization) {
   if (!(mem_util_ > 0.0 && mem_util_ <= 1.0))
     throw Error(ErrorCode::kInvalidArgument, "gpu_memory_utilization must be in (0, 1]");
+  if (const std::string missing = cuda_unsupported_pieces(c); !missing.empty())
+    throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend does not run " + c.architecture + " yet (it lacks " +
+                                                  missing + "); the CPU backend does");
   if (c.head_dim % 8 != 0 || c.head_dim > 256)
     throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend needs head_dim a multiple of 8, at most 256 (got " +
                                                   std::to_string(c.head_dim) + ")");
@@ -525,10 +563,6 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
 }
 
 void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
-  const int64_t H = c_.hidden_size, hd = c_.head_dim, nq = c_.num_heads, nkv = c_.num_kv_heads;
-  const float eps = float(c_.rms_norm_eps);
-  const int32_t* ids = dev_i32(layout_.off_ids);
-  const int32_t* pos = dev_i32(layout_.off_pos);
   cuda::GemmWorkspace ws{gemm_partials_.get<float>(), gemm_partials_.bytes() / 4, gemm_tickets_.get<int>(),
                          int(gemm_tickets_.bytes() / 4), num_sms_};
   if (lt_) {
@@ -538,129 +572,176 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
     ws.lt_scratch = lt_scratch_.get<float>();
     ws.lt_scratch_floats = lt_scratch_.bytes() / 4;
   }
-  float* x = x_.get<float>();
-  const int ti = int(T);
+  step_ws_ = ws;
+  step_T_ = int(T);
+  step_R_ = R;
+  step_splits_ = splits;
+  run_decoder(c_, *this);
+}
 
+uint8_t* CudaBackend::k_cache(int64_t layer) const {
+  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  return kv_.get<uint8_t>() + size_t(2 * layer) * layer_kv;  // v follows at + layer_kv
+}
+
+void CudaBackend::embed() {
+  const int32_t* ids = dev_i32(layout_.off_ids);
   // Tokens the step before sampled and this one computes are still refs (< 0): read them here.
   if (device_tokens_)
-    cuda::resolve_device_tokens(reinterpret_cast<int32_t*>(step_dev_.get<uint8_t>() + layout_.off_ids), ti, device_token_buf_.get<int32_t>(), int(device_token_rows_),
-                                int(c_.vocab_size), stream_);
-  cuda::embedding(ids, ti, w_.embed.get(), int(w_.ld_h), e_, int(H), x, stream_);
-  cuda::rope_table(pos, ti, w_.inv_freq.get<float>(), int(c_.rotary_dim() / 2), cos_sin_.get<float>(), stream_);
+    cuda::resolve_device_tokens(reinterpret_cast<int32_t*>(step_dev_.get<uint8_t>() + layout_.off_ids), step_T_,
+                                device_token_buf_.get<int32_t>(), int(device_token_rows_), int(c_.vocab_size), stream_);
+  cuda::embedding(ids, step_T_, w_.embed.get(), int(w_.ld_h), e_, int(c_.hidden_size), x_.get<float>(), stream_);
+  cuda::rope_table(dev_i32(layout_.off_pos), step_T_, w_.inv_freq.get<float>(), int(c_.rotary_dim() / 2),
+                   cos_sin_.get<float>(), stream_);
+}
 
-  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(nkv * hd) * esz_;
-  for (int64_t l = 0; l < c_.num_layers; l++) {
-    const cuda::DeviceLayer& L = w_.layers[size_t(l)];
-    uint8_t* k_cache = kv_.get<uint8_t>() + size_t(2 * l) * layer_kv;
-    uint8_t* v_cache = k_cache + layer_kv;
+void CudaBackend::norm(int64_t layer, LayerNorm which) {
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  const DeviceBuffer& w = which == LayerNorm::kAttnIn ? L.input_norm : L.post_norm;
+  if (which != LayerNorm::kAttnIn && which != LayerNorm::kMlpIn)
+    throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
+  cuda::rmsnorm(x_.get<float>(), step_T_, int(c_.hidden_size), nullptr, w.get<float>(), float(c_.rms_norm_eps),
+                xn_.get(), int(w_.ld_h), e_, stream_);
+}
 
-    cuda::rmsnorm(x, ti, int(H), nullptr, L.input_norm.get<float>(), eps, xn_.get(), int(w_.ld_h), e_, stream_);
-    cuda::GemmArgs g;
-    g.x = xn_.get();
-    g.ld_x = int(w_.ld_h);
-    g.w = L.qkv_w.get();
-    g.ld_w = int(w_.ld_h);
-    g.bias = L.qkv_b.get<float>();
-    g.T = ti;
-    g.N = int(w_.qkv_rows);
-    g.K = int(H);
-    g.epilogue = cuda::Epilogue::kStore;
-    g.y = qkv_.get<float>();
-    g.ld_y = int(w_.qkv_rows);
-    cuda::gemm(g, e_, ws, stream_);
+void CudaBackend::qkv(int64_t layer) {
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  cuda::GemmArgs g;
+  g.x = xn_.get();
+  g.ld_x = int(w_.ld_h);
+  g.w = L.qkv_w.get();
+  g.ld_w = int(w_.ld_h);
+  g.bias = L.qkv_b.get<float>();
+  g.T = step_T_;
+  g.N = int(w_.qkv_rows);
+  g.K = int(c_.hidden_size);
+  g.epilogue = cuda::Epilogue::kStore;
+  g.y = qkv_.get<float>();
+  g.ld_y = int(w_.qkv_rows);
+  cuda::gemm(g, e_, step_ws_, stream_);
+}
 
-    cuda::QkvPostArgs qa;
-    qa.qkv = qkv_.get<float>();
-    qa.T = ti;
-    qa.nq = int(nq);
-    qa.nkv = int(nkv);
-    qa.hd = int(hd);
-    qa.rot_half = int(c_.rotary_dim() / 2);
-    qa.q_norm = L.q_norm.get<float>();
-    qa.k_norm = L.k_norm.get<float>();
-    qa.eps = eps;
-    qa.cos_sin = cos_sin_.get<float>();
-    qa.slots = dev_i32(layout_.off_slot);
-    qa.k_cache = k_cache;
-    qa.v_cache = v_cache;
-    qa.q_out = q_.get<float>();
-    cuda::qkv_post(qa, e_, stream_);
+// One kernel: q/k norms, rope from the step's cos/sin table, K/V into the cache.
+void CudaBackend::rope_kv_write(int64_t layer) {
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  cuda::QkvPostArgs qa;
+  qa.qkv = qkv_.get<float>();
+  qa.T = step_T_;
+  qa.nq = int(c_.num_heads);
+  qa.nkv = int(c_.num_kv_heads);
+  qa.hd = int(c_.head_dim);
+  qa.rot_half = int(c_.rotary_dim() / 2);
+  qa.q_norm = L.q_norm.get<float>();
+  qa.k_norm = L.k_norm.get<float>();
+  qa.eps = float(c_.rms_norm_eps);
+  qa.cos_sin = cos_sin_.get<float>();
+  qa.slots = dev_i32(layout_.off_slot);
+  qa.k_cache = k_cache(layer);
+  qa.v_cache = k_cache(layer) + layer_kv;
+  qa.q_out = q_.get<float>();
+  cuda::qkv_post(qa, e_, stream_);
+}
 
-    cuda::AttentionArgs aa;
-    aa.q = q_.get<float>();
-    aa.T = ti;
-    aa.nq = int(nq);
-    aa.nkv = int(nkv);
-    aa.hd = int(hd);
-    aa.token_seq = dev_i32(layout_.off_seq);
-    aa.positions = pos;
-    aa.block_tables = dev_i32(layout_.off_tables);
-    aa.table_stride = dev_i32(layout_.off_stride);
-    aa.block_size = int(block_size_);
-    aa.k_cache = k_cache;
-    aa.v_cache = v_cache;
-    aa.scale = float(1.0 / std::sqrt(double(hd)));
-    aa.num_splits = splits;
-    aa.partial_acc = attn_part_acc_.get<float>();
-    aa.partial_ml = attn_part_ml_.get<float>();
-    aa.out = attn_.get();
-    aa.ld_out = int(w_.ld_attn);
-    cuda::paged_attention(aa, e_, stream_);
+void CudaBackend::attention(int64_t layer) {
+  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  cuda::AttentionArgs aa;
+  aa.q = q_.get<float>();
+  aa.T = step_T_;
+  aa.nq = int(c_.num_heads);
+  aa.nkv = int(c_.num_kv_heads);
+  aa.hd = int(c_.head_dim);
+  aa.token_seq = dev_i32(layout_.off_seq);
+  aa.positions = dev_i32(layout_.off_pos);
+  aa.block_tables = dev_i32(layout_.off_tables);
+  aa.table_stride = dev_i32(layout_.off_stride);
+  aa.block_size = int(block_size_);
+  aa.k_cache = k_cache(layer);
+  aa.v_cache = k_cache(layer) + layer_kv;
+  aa.scale = float(c_.softmax_scale());  // YaRN's attention factor included
+  aa.num_splits = step_splits_;
+  aa.partial_acc = attn_part_acc_.get<float>();
+  aa.partial_ml = attn_part_ml_.get<float>();
+  aa.out = attn_.get();
+  aa.ld_out = int(w_.ld_attn);
+  cuda::paged_attention(aa, e_, stream_);
+}
 
-    g.x = attn_.get();
-    g.ld_x = int(w_.ld_attn);
-    g.w = L.o_w.get();
-    g.ld_w = int(w_.ld_attn);
-    g.bias = L.o_b.get<float>();
-    g.N = int(H);
-    g.K = int(nq * hd);
-    g.epilogue = cuda::Epilogue::kAddTo;
-    g.y = x;
-    g.ld_y = int(H);
-    cuda::gemm(g, e_, ws, stream_);
+// The o projection's GEMM adds into the residual stream in its epilogue.
+void CudaBackend::attention_out(int64_t layer, BlockOut out) {
+  if (out != BlockOut::kAddToResidual) throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  cuda::GemmArgs g;
+  g.x = attn_.get();
+  g.ld_x = int(w_.ld_attn);
+  g.w = L.o_w.get();
+  g.ld_w = int(w_.ld_attn);
+  g.bias = L.o_b.get<float>();
+  g.T = step_T_;
+  g.N = int(c_.hidden_size);
+  g.K = int(c_.num_heads * c_.head_dim);
+  g.epilogue = cuda::Epilogue::kAddTo;
+  g.y = x_.get<float>();
+  g.ld_y = int(c_.hidden_size);
+  cuda::gemm(g, e_, step_ws_, stream_);
+}
 
-    cuda::rmsnorm(x, ti, int(H), nullptr, L.post_norm.get<float>(), eps, xn_.get(), int(w_.ld_h), e_, stream_);
-    g.x = xn_.get();
-    g.ld_x = int(w_.ld_h);
-    g.w = L.gate_up_w.get();
-    g.ld_w = int(w_.ld_h);
-    g.bias = L.gate_up_b.get<float>();
-    g.N = int(2 * w_.inter_pad);
-    g.K = int(H);
-    g.epilogue = cuda::Epilogue::kSiluMul;
-    g.h = h_.get();
-    g.ld_h = int(w_.inter_pad);
-    cuda::gemm(g, e_, ws, stream_);
+// gate/up in one GEMM whose epilogue applies SiLU-and-mul; down adds into the residual stream.
+void CudaBackend::mlp(int64_t layer, BlockOut out) {
+  if (out != BlockOut::kAddToResidual) throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  cuda::GemmArgs g;
+  g.x = xn_.get();
+  g.ld_x = int(w_.ld_h);
+  g.w = L.gate_up_w.get();
+  g.ld_w = int(w_.ld_h);
+  g.bias = L.gate_up_b.get<float>();
+  g.T = step_T_;
+  g.N = int(2 * w_.inter_pad);
+  g.K = int(c_.hidden_size);
+  g.epilogue = cuda::Epilogue::kSiluMul;
+  g.h = h_.get();
+  g.ld_h = int(w_.inter_pad);
+  cuda::gemm(g, e_, step_ws_, stream_);
 
-    g.x = h_.get();
-    g.ld_x = int(w_.inter_pad);
-    g.w = L.down_w.get();
-    g.ld_w = int(w_.inter_pad);
-    g.bias = L.down_b.get<float>();
-    g.N = int(H);
-    g.K = int(w_.inter_pad);
-    g.epilogue = cuda::Epilogue::kAddTo;
-    g.y = x;
-    g.ld_y = int(H);
-    cuda::gemm(g, e_, ws, stream_);
-  }
+  g.x = h_.get();
+  g.ld_x = int(w_.inter_pad);
+  g.w = L.down_w.get();
+  g.ld_w = int(w_.inter_pad);
+  g.bias = L.down_b.get<float>();
+  g.N = int(c_.hidden_size);
+  g.K = int(w_.inter_pad);
+  g.epilogue = cuda::Epilogue::kAddTo;
+  g.y = x_.get<float>();
+  g.ld_y = int(c_.hidden_size);
+  cuda::gemm(g, e_, step_ws_, stream_);
+}
 
-  if (R == 0) return;
+// Refused at load (cuda_unsupported_pieces): never reached.
+void CudaBackend::experts(int64_t, BlockOut) {
+  throw Error(ErrorCode::kInternal, "the CUDA backend has no mixture-of-experts kernels");
+}
+void CudaBackend::add_normed(int64_t, LayerNorm) {
+  throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
+}
+
+void CudaBackend::logits() {
+  if (step_R_ == 0) return;
   // Only the rows that sample need the final norm and the vocabulary projection.
-  cuda::rmsnorm(x, int(R), int(H), dev_i32(layout_.off_rows), w_.final_norm.get<float>(), eps, last_.get(),
-                int(w_.ld_h), e_, stream_);
+  cuda::rmsnorm(x_.get<float>(), int(step_R_), int(c_.hidden_size), dev_i32(layout_.off_rows), w_.final_norm.get<float>(),
+                float(c_.rms_norm_eps), last_.get(), int(w_.ld_h), e_, stream_);
   cuda::GemmArgs g;
   g.x = last_.get();
   g.ld_x = int(w_.ld_h);
   g.w = w_.lm_head_ptr();
   g.ld_w = int(w_.ld_h);
-  g.T = int(R);
+  g.T = int(step_R_);
   g.N = int(c_.vocab_size);
-  g.K = int(H);
+  g.K = int(c_.hidden_size);
   g.epilogue = cuda::Epilogue::kStore;
   g.y = logits_.get<float>();
   g.ld_y = int(c_.vocab_size);
-  cuda::gemm(g, e_, ws, stream_);
+  cuda::gemm(g, e_, step_ws_, stream_);
 }
 
 // Captures the decode forward pass of `bucket` tokens into a graph. A capture that fails (an

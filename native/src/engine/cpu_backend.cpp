@@ -1,5 +1,6 @@
-// The CPU backend: the Llama-family forward pass (Llama, Mistral, Qwen2, Qwen3 differ only in
-// flags: q/k/v biases, q/k norms, rope scaling) over CPU kernels and a paged KV cache.
+// The CPU backend: the decoder (engine/decoder.h) over CPU kernels and a paged KV cache, for
+// every family of the architecture table: dense and mixture-of-experts MLPs, sandwich norms,
+// sliding windows and local rope bases are operations here, chosen by the config.
 #include <sys/mman.h>
 
 #include <atomic>
@@ -10,6 +11,7 @@
 
 #include "cpu/kernels.h"
 #include "engine/backend.h"
+#include "engine/decoder.h"
 #include "sample/sampler.h"
 #include "sluice/error.h"
 
@@ -17,13 +19,14 @@ namespace sluice {
 
 namespace {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, private DecoderOps {
  public:
   CpuBackend(const ModelConfig& c, const ModelWeights& w, int num_threads, bool bf16_activations)
       : c_(c),
         w_(w),
         pool_(num_threads),
         inv_freq_(c.rope_inv_freq()),
+        local_inv_freq_(c.rope_local_inv_freq()),
         precision_(bf16_activations ? cpu::MatmulPrecision::BF16 : cpu::MatmulPrecision::F32),
         // Precision bf16 also keeps K/V in bf16 (as vLLM does for bf16 models): half the bytes
         // that attention reads. Precision f32 keeps them in f32.
@@ -71,6 +74,26 @@ class CpuBackend final : public Backend {
 
  private:
   void ensure_scratch(int64_t T);
+
+  // DecoderOps over batch_ (engine/decoder.h).
+  void embed() override;
+  void norm(int64_t layer, LayerNorm which) override;
+  void qkv(int64_t layer) override;
+  void rope_kv_write(int64_t layer) override;
+  void attention(int64_t layer) override;
+  void attention_out(int64_t layer, BlockOut out) override;
+  void mlp(int64_t layer, BlockOut out) override;
+  void experts(int64_t layer, BlockOut out) override;
+  void add_normed(int64_t layer, LayerNorm which) override;
+  void logits() override;
+  const TensorView& norm_weight(int64_t layer, LayerNorm which) const;
+  // The block's [T, H] output: added into x, or kept in y for a sandwich norm.
+  void block_output(const float* v, BlockOut out);
+  // gate[rows, D] = act(gate) * up, the family's activation.
+  void gated_activation(float* gate, const float* up, int64_t rows, int64_t D);
+  // Routes each token to its experts: route_expert_/route_weight_ [T, k], best first.
+  void route(int64_t layer);
+  using LinearOut = cpu::LinearOut;
   static cpu::LinearOut out(const TensorView& w, const TensorView& bias, float* y) {
     return {w.data, w.dtype, w.shape[0], bias.data, bias.dtype, y};
   }
@@ -82,6 +105,7 @@ class CpuBackend final : public Backend {
   const ModelWeights& w_;
   cpu::ThreadPool pool_;
   std::vector<float> inv_freq_;
+  std::vector<float> local_inv_freq_;  // Gemma 3's local layers
   cpu::MatmulPrecision precision_;
   DType kv_dtype_;
   void* kv_mem_ = nullptr;
@@ -90,8 +114,20 @@ class CpuBackend final : public Backend {
 
   // Activations for up to scratch_tokens_ tokens.
   int64_t scratch_tokens_ = 0;
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;  // [T, hidden] / [T, heads*hd] / [T, inter]
+  std::vector<float> x_, xn_, y_, q_, k_, v_, attn_, gate_, up_;  // [T, hidden] / [T, heads*hd] / [T, inter]
   std::vector<float> last_;  // [R, hidden]
+  const ForwardBatch* batch_ = nullptr;  // the forward() in progress
+  int64_t T_ = 0;
+
+  // Mixture of experts, for up to scratch_tokens_ tokens x experts_per_token routes.
+  std::vector<float> router_logits_;          // [T, experts]
+  std::vector<int32_t> route_expert_;         // [T, k]
+  std::vector<float> route_weight_;           // [T, k]
+  std::vector<int32_t> route_row_;            // [T, k] the route's row in the expert-grouped buffers
+  std::vector<int64_t> expert_begin_;         // [experts + 1] first grouped row of each expert
+  std::vector<float> moe_x_, moe_gate_, moe_up_, moe_out_;  // grouped rows: [T*k, H] / [T*k, moe_inter] / [T*k, H]
+  std::vector<LinearOut> moe_outs_;
+  std::vector<cpu::MatmulGroup> moe_groups_;
 
   // Logits of the last forward() and sampling scratch.
   std::vector<float> logits_;        // [R, vocab]
@@ -124,67 +160,253 @@ void CpuBackend::ensure_scratch(int64_t T) {
   attn_.resize(t * size_t(c_.num_heads * c_.head_dim));
   gate_.resize(t * size_t(c_.intermediate_size));
   up_.resize(t * size_t(c_.intermediate_size));
+  if (c_.sandwich_norms) y_.resize(t * size_t(c_.hidden_size));
+  if (c_.num_experts > 0) {
+    const size_t routes = t * size_t(c_.experts_per_token);
+    router_logits_.resize(t * size_t(c_.num_experts));
+    route_expert_.resize(routes);
+    route_weight_.resize(routes);
+    route_row_.resize(routes);
+    moe_x_.resize(routes * size_t(c_.hidden_size));
+    moe_gate_.resize(routes * size_t(c_.moe_intermediate_size));
+    moe_up_.resize(routes * size_t(c_.moe_intermediate_size));
+    moe_out_.resize(routes * size_t(c_.hidden_size));
+  }
 }
 
 void CpuBackend::forward(const ForwardBatch& b) {
-  const int64_t T = b.num_tokens, H = c_.hidden_size, I = c_.intermediate_size, hd = c_.head_dim;
-  const int64_t nq = c_.num_heads, nkv = c_.num_kv_heads;
-  ensure_scratch(T);
-  float* x = x_.data();    // [T, H] residual stream
-  float* xn = xn_.data();  // [T, H] normed
-  const float eps = float(c_.rms_norm_eps);
+  ensure_scratch(b.num_tokens);
+  batch_ = &b;
+  T_ = b.num_tokens;
+  run_decoder(c_, *this);
+  batch_ = nullptr;
+}
 
-  cpu::embedding(pool_, b.token_ids, T, w_.embed.data, w_.embed.dtype, H, x);
-
-  cpu::AttentionBatch ab;
-  ab.token_seq = b.token_seq;
-  ab.token_pos = b.positions;
-  ab.block_tables = b.block_tables;
-  ab.n_heads = nq;
-  ab.scale = float(1.0 / std::sqrt(double(hd)));
-
-  for (int64_t l = 0; l < c_.num_layers; l++) {
-    const LayerWeights& lw = w_.layers[size_t(l)];
-    cpu::rmsnorm(pool_, x, T, H, lw.input_norm.data, lw.input_norm.dtype, eps, xn);
-    {
-      const cpu::LinearOut qkv[3] = {out(lw.q, lw.q_bias, q_.data()),   // [T, nq*hd]
-                                     out(lw.k, lw.k_bias, k_.data()),   // [T, nkv*hd]
-                                     out(lw.v, lw.v_bias, v_.data())};  // [T, nkv*hd]
-      cpu::matmul_multi(pool_, xn, T, H, qkv, 3, precision_);
-    }
-    if (c_.qk_norm) {  // per-head RMSNorm: view q as [T*nq, hd]
-      cpu::rmsnorm(pool_, q_.data(), T * nq, hd, lw.q_norm.data, lw.q_norm.dtype, eps, q_.data());
-      cpu::rmsnorm(pool_, k_.data(), T * nkv, hd, lw.k_norm.data, lw.k_norm.dtype, eps, k_.data());
-    }
-    cpu::rope(pool_, q_.data(), T, nq, hd, c_.rotary_dim(), inv_freq_.data(), b.positions);
-    cpu::rope(pool_, k_.data(), T, nkv, hd, c_.rotary_dim(), inv_freq_.data(), b.positions);
-    cpu::kv_write(pool_, layers_kv_[size_t(l)], k_.data(), v_.data(), b.slots, T);
-    cpu::paged_attention(pool_, q_.data(), T, ab, layers_kv_[size_t(l)], attn_.data());  // [T, nq*hd]
-    linear(attn_.data(), T, lw.o, lw.o_bias, xn);  // [T, H]
-    cpu::add_inplace(pool_, x, xn, T * H);
-
-    cpu::rmsnorm(pool_, x, T, H, lw.post_norm.data, lw.post_norm.dtype, eps, xn);
-    {
-      const cpu::LinearOut gate_up[2] = {out(lw.gate, lw.gate_bias, gate_.data()),  // [T, I]
-                                         out(lw.up, lw.up_bias, up_.data())};       // [T, I]
-      cpu::matmul_multi(pool_, xn, T, H, gate_up, 2, precision_);
-    }
-    cpu::silu_mul_split(pool_, gate_.data(), up_.data(), T, I, gate_.data());
-    linear(gate_.data(), T, lw.down, lw.down_bias, xn);  // [T, H]
-    cpu::add_inplace(pool_, x, xn, T * H);
+void CpuBackend::embed() {
+  const int64_t H = c_.hidden_size;
+  cpu::embedding(pool_, batch_->token_ids, T_, w_.embed.data, w_.embed.dtype, H, x_.data());
+  if (c_.embed_scale != 1.0) {
+    const float scale = float(c_.embed_scale);
+    float* x = x_.data();
+    pool_.parallel_for(T_ * H, 16384, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; i++) x[i] *= scale;
+    });
   }
+}
 
+const TensorView& CpuBackend::norm_weight(int64_t layer, LayerNorm which) const {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  switch (which) {
+    case LayerNorm::kAttnIn: return lw.input_norm;
+    case LayerNorm::kAttnOut: return lw.attn_out_norm;
+    case LayerNorm::kMlpIn: return lw.post_norm;
+    case LayerNorm::kMlpOut: return lw.mlp_out_norm;
+  }
+  return lw.input_norm;
+}
+
+void CpuBackend::norm(int64_t layer, LayerNorm which) {
+  const TensorView& w = norm_weight(layer, which);
+  cpu::rmsnorm(pool_, x_.data(), T_, c_.hidden_size, w.data, w.dtype, float(c_.rms_norm_eps), xn_.data());
+}
+
+void CpuBackend::add_normed(int64_t layer, LayerNorm which) {
+  const TensorView& w = norm_weight(layer, which);
+  cpu::rmsnorm(pool_, y_.data(), T_, c_.hidden_size, w.data, w.dtype, float(c_.rms_norm_eps), y_.data());
+  cpu::add_inplace(pool_, x_.data(), y_.data(), T_ * c_.hidden_size);
+}
+
+void CpuBackend::block_output(const float* v, BlockOut out) {
+  const int64_t n = T_ * c_.hidden_size;
+  if (out == BlockOut::kAddToResidual) cpu::add_inplace(pool_, x_.data(), v, n);
+  else if (v != y_.data()) std::memcpy(y_.data(), v, size_t(n) * sizeof(float));
+}
+
+void CpuBackend::qkv(int64_t layer) {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  const cpu::LinearOut qkv[3] = {out(lw.q, lw.q_bias, q_.data()),   // [T, nq*hd]
+                                 out(lw.k, lw.k_bias, k_.data()),   // [T, nkv*hd]
+                                 out(lw.v, lw.v_bias, v_.data())};  // [T, nkv*hd]
+  cpu::matmul_multi(pool_, xn_.data(), T_, c_.hidden_size, qkv, 3, precision_);
+}
+
+void CpuBackend::rope_kv_write(int64_t layer) {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  const int64_t hd = c_.head_dim, nq = c_.num_heads, nkv = c_.num_kv_heads;
+  const float eps = float(c_.rms_norm_eps);
+  if (c_.qk_norm) {  // per-head RMSNorm: view q as [T*nq, hd]
+    cpu::rmsnorm(pool_, q_.data(), T_ * nq, hd, lw.q_norm.data, lw.q_norm.dtype, eps, q_.data());
+    cpu::rmsnorm(pool_, k_.data(), T_ * nkv, hd, lw.k_norm.data, lw.k_norm.dtype, eps, k_.data());
+  }
+  const float* inv_freq = c_.local_rope(layer) ? local_inv_freq_.data() : inv_freq_.data();
+  cpu::rope(pool_, q_.data(), T_, nq, hd, c_.rotary_dim(), inv_freq, batch_->positions);
+  cpu::rope(pool_, k_.data(), T_, nkv, hd, c_.rotary_dim(), inv_freq, batch_->positions);
+  cpu::kv_write(pool_, layers_kv_[size_t(layer)], k_.data(), v_.data(), batch_->slots, T_);
+}
+
+void CpuBackend::attention(int64_t layer) {
+  cpu::AttentionBatch ab;
+  ab.token_seq = batch_->token_seq;
+  ab.token_pos = batch_->positions;
+  ab.block_tables = batch_->block_tables;
+  ab.n_heads = c_.num_heads;
+  ab.scale = float(c_.softmax_scale());
+  ab.window = c_.window(layer);
+  if (c_.attention_sinks) ab.sinks = static_cast<const float*>(w_.layers[size_t(layer)].sinks.data);
+  cpu::paged_attention(pool_, q_.data(), T_, ab, layers_kv_[size_t(layer)], attn_.data());  // [T, nq*hd]
+}
+
+void CpuBackend::attention_out(int64_t layer, BlockOut dest) {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  float* y = dest == BlockOut::kToY ? y_.data() : xn_.data();
+  linear(attn_.data(), T_, lw.o, lw.o_bias, y);  // [T, H]
+  block_output(y, dest);
+}
+
+void CpuBackend::mlp(int64_t layer, BlockOut dest) {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  const int64_t I = c_.intermediate_size;
+  const cpu::LinearOut gate_up[2] = {out(lw.gate, lw.gate_bias, gate_.data()),  // [T, I]
+                                     out(lw.up, lw.up_bias, up_.data())};       // [T, I]
+  cpu::matmul_multi(pool_, xn_.data(), T_, c_.hidden_size, gate_up, 2, precision_);
+  gated_activation(gate_.data(), up_.data(), T_, I);
+  float* y = dest == BlockOut::kToY ? y_.data() : xn_.data();
+  linear(gate_.data(), T_, lw.down, lw.down_bias, y);  // [T, H]
+  block_output(y, dest);
+}
+
+void CpuBackend::gated_activation(float* gate, const float* up, int64_t rows, int64_t D) {
+  switch (c_.activation) {
+    case Activation::Silu: cpu::silu_mul_split(pool_, gate, up, rows, D, gate); break;
+    case Activation::GeluTanh: cpu::gelu_tanh_mul_split(pool_, gate, up, rows, D, gate); break;
+    case Activation::SwigluClamped:
+      cpu::swiglu_clamped_mul_split(pool_, gate, up, rows, D, float(c_.swiglu_limit), gate);
+      break;
+  }
+}
+
+void CpuBackend::route(int64_t layer) {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  const int64_t E = c_.num_experts, K = c_.experts_per_token;
+  cpu::matmul(pool_, xn_.data(), T_, c_.hidden_size, lw.router.data, lw.router.dtype, E, lw.router_bias.data,
+              lw.router_bias.dtype, router_logits_.data(), precision_);
+  const bool softmax_first = c_.routing == Routing::SoftmaxTopK;
+  // Per token, in a fixed order: the k best experts (the lower index first on ties) by softmax
+  // over every expert (renormalised when the family says so), or by logit with a softmax over
+  // the k chosen (gpt-oss).
+  pool_.parallel_for(T_, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; t++) {
+      float* p = router_logits_.data() + t * E;
+      if (softmax_first) {
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < E; i++) mx = std::max(mx, p[i]);
+        double sum = 0;
+        for (int64_t i = 0; i < E; i++) sum += p[i] = std::exp(p[i] - mx);
+        for (int64_t i = 0; i < E; i++) p[i] = float(p[i] / sum);
+      }
+      int32_t* ex = route_expert_.data() + t * K;
+      float* wt = route_weight_.data() + t * K;
+      float chosen = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < E; i++) {
+          bool taken = false;
+          for (int64_t j = 0; j < k; j++) taken |= ex[j] == i;
+          if (!taken && (best < 0 || p[i] > p[best])) best = i;
+        }
+        ex[k] = int32_t(best);
+        wt[k] = p[best];
+        chosen += p[best];
+      }
+      if (!softmax_first) {  // wt holds the k logits, best first
+        double sum = 0;
+        for (int64_t k = 0; k < K; k++) sum += wt[k] = std::exp(wt[k] - wt[0]);
+        for (int64_t k = 0; k < K; k++) wt[k] = float(wt[k] / sum);
+      } else if (c_.norm_topk_prob) {
+        for (int64_t k = 0; k < K; k++) wt[k] /= chosen;
+      }
+    }
+  });
+}
+
+// Tokens grouped by expert: every expert the step's tokens chose runs once over the rows routed
+// to it, all experts' gate/up projections in one parallel region and their down projections in
+// another, so each expert's weights are read once per step. A token's result depends only on
+// its own rows (the kernels are batch invariant) and sums its experts in rank order.
+void CpuBackend::experts(int64_t layer, BlockOut dest) {
+  const LayerWeights& lw = w_.layers[size_t(layer)];
+  const int64_t E = c_.num_experts, K = c_.experts_per_token, H = c_.hidden_size, MI = c_.moe_intermediate_size;
+  const int64_t routes = T_ * K;
+  route(layer);
+  expert_begin_.assign(size_t(E + 1), 0);
+  for (int64_t r = 0; r < routes; r++) expert_begin_[size_t(route_expert_[size_t(r)]) + 1]++;
+  for (int64_t e = 0; e < E; e++) expert_begin_[size_t(e + 1)] += expert_begin_[size_t(e)];
+  {
+    std::vector<int64_t> fill(expert_begin_.begin(), expert_begin_.end() - 1);
+    for (int64_t r = 0; r < routes; r++) route_row_[size_t(r)] = int32_t(fill[size_t(route_expert_[size_t(r)])]++);
+  }
+  pool_.parallel_for(routes, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++)
+      std::memcpy(moe_x_.data() + int64_t(route_row_[size_t(r)]) * H, xn_.data() + (r / K) * H, size_t(H) * sizeof(float));
+  });
+
+  moe_outs_.clear();
+  moe_groups_.clear();
+  moe_outs_.reserve(size_t(2 * E));
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t begin = expert_begin_[size_t(e)], n = expert_begin_[size_t(e + 1)] - begin;
+    if (n == 0) continue;
+    const ExpertWeights& ew = lw.experts[size_t(e)];
+    moe_outs_.push_back(out(ew.gate, ew.gate_bias, moe_gate_.data() + begin * MI));
+    moe_outs_.push_back(out(ew.up, ew.up_bias, moe_up_.data() + begin * MI));
+    moe_groups_.push_back({moe_x_.data() + begin * H, n, H, &moe_outs_[moe_outs_.size() - 2], 2});
+  }
+  cpu::matmul_groups(pool_, moe_groups_.data(), int(moe_groups_.size()), precision_);
+  gated_activation(moe_gate_.data(), moe_up_.data(), routes, MI);
+
+  moe_outs_.clear();
+  moe_groups_.clear();
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t begin = expert_begin_[size_t(e)], n = expert_begin_[size_t(e + 1)] - begin;
+    if (n == 0) continue;
+    const ExpertWeights& ew = lw.experts[size_t(e)];
+    moe_outs_.push_back(out(ew.down, ew.down_bias, moe_out_.data() + begin * H));
+    moe_groups_.push_back({moe_gate_.data() + begin * MI, n, MI, &moe_outs_.back(), 1});
+  }
+  cpu::matmul_groups(pool_, moe_groups_.data(), int(moe_groups_.size()), precision_);
+
+  float* y = dest == BlockOut::kToY ? y_.data() : xn_.data();
+  pool_.parallel_for(T_, 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; t++) {
+      float* yt = y + t * H;
+      for (int64_t k = 0; k < K; k++) {
+        const float w = route_weight_[size_t(t * K + k)];
+        const float* o = moe_out_.data() + int64_t(route_row_[size_t(t * K + k)]) * H;
+        if (k == 0) for (int64_t i = 0; i < H; i++) yt[i] = w * o[i];
+        else for (int64_t i = 0; i < H; i++) yt[i] += w * o[i];
+      }
+    }
+  });
+  block_output(y, dest);
+}
+
+void CpuBackend::logits() {
   // Only the rows that sample need the final norm and the (large) vocabulary projection.
-  const int64_t R = b.num_logit_rows;
-  logits_.resize(size_t(R * c_.vocab_size));
+  const int64_t R = batch_->num_logit_rows, H = c_.hidden_size, V = c_.vocab_size;
+  logits_.resize(size_t(R * V));
   if (R == 0) return;
   float* logits = logits_.data();
   last_.resize(size_t(R * H));
   for (int64_t r = 0; r < R; r++)
-    std::memcpy(last_.data() + r * H, x + int64_t(b.logit_rows[r]) * H, size_t(H) * sizeof(float));
-  cpu::rmsnorm(pool_, last_.data(), R, H, w_.final_norm.data, w_.final_norm.dtype, eps, last_.data());
-  cpu::matmul(pool_, last_.data(), R, H, w_.lm_head.data, w_.lm_head.dtype, c_.vocab_size, nullptr, DType::F32,
-              logits, precision_);
+    std::memcpy(last_.data() + r * H, x_.data() + int64_t(batch_->logit_rows[r]) * H, size_t(H) * sizeof(float));
+  cpu::rmsnorm(pool_, last_.data(), R, H, w_.final_norm.data, w_.final_norm.dtype, float(c_.rms_norm_eps), last_.data());
+  cpu::matmul(pool_, last_.data(), R, H, w_.lm_head.data, w_.lm_head.dtype, V, nullptr, DType::F32, logits, precision_);
+  if (c_.final_logit_softcap > 0) {
+    const float cap = float(c_.final_logit_softcap);
+    pool_.parallel_for(R * V, 16384, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; i++) logits[i] = cap * std::tanh(logits[i] / cap);
+    });
+  }
 }
 
 void fail_row(const SampleOutput& out, int64_t r, ErrorCode code, const std::string& message) {

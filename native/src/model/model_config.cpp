@@ -2,26 +2,13 @@
 
 #include <cmath>
 
+#include "model/architectures.h"
 #include "sluice/error.h"
 #include "util/json.h"
 
 namespace sluice {
 
 namespace {
-
-struct ArchInfo {
-  const char* architecture;
-  const char* model_type;
-  bool qkv_bias;  // always-on q/k/v bias (Qwen2)
-  bool qk_norm;   // Qwen3
-};
-
-constexpr ArchInfo kArchitectures[] = {
-    {"LlamaForCausalLM", "llama", false, false},
-    {"MistralForCausalLM", "mistral", false, false},
-    {"Qwen2ForCausalLM", "qwen2", true, false},
-    {"Qwen3ForCausalLM", "qwen3", false, true},
-};
 
 class Fields {
  public:
@@ -69,8 +56,107 @@ class Fields {
 }  // namespace
 
 const char* supported_architectures() {
-  return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+  static const std::string list = [] {
+    std::string out;
+    for (int i = 0; i < kNumArchitectures; i++) out += (i ? ", " : "") + std::string(kArchitectures[i].architecture);
+    return out;
+  }();
+  return list.c_str();
 }
+
+namespace {
+
+// Fields transformers' Gemma3TextConfig fills in when config.json leaves them out: published
+// multimodal checkpoints (gemma-3-4b-it) give only a handful in text_config.
+struct GemmaDefaults {
+  const char* key;
+  double value;
+};
+constexpr GemmaDefaults kGemma3Defaults[] = {
+    {"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+    {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"head_dim", 256}, {"max_position_embeddings", 131072},
+    {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"query_pre_attn_scalar", 256}, {"sliding_window", 4096},
+    {"rope_local_base_freq", 10000.0}, {"sliding_window_pattern", 6},
+};
+
+void read_experts(const Fields& f, const ArchSpec& arch, ModelConfig& c) {
+  std::vector<uint8_t> sparse(size_t(c.num_layers), 1);
+  if (arch.mlp == MlpLayout::kMixtral) {
+    c.num_experts = f.integer_or("num_local_experts", 8);
+    c.experts_per_token = f.integer_or("num_experts_per_tok", 2);
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+  } else if (arch.mlp == MlpLayout::kGptOss) {
+    // Top-k logits (router bias added), softmax over those; experts with biases and the clamped SwiGLU.
+    c.num_experts = f.integer_or("num_local_experts", 32);
+    c.experts_per_token = f.integer_or("num_experts_per_tok", f.integer_or("experts_per_token", 4));
+    c.moe_intermediate_size = c.intermediate_size;
+    c.routing = Routing::TopKSoftmax;
+    c.norm_topk_prob = false;
+    c.router_bias = true;
+    c.expert_bias = true;
+    c.activation = Activation::SwigluClamped;
+    c.swiglu_limit = f.number_or("swiglu_limit", 7.0);
+    if (!(c.swiglu_limit > 0)) f.invalid("swiglu_limit must be > 0");
+    if (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0)
+      f.invalid("MXFP4 experts need hidden_size and intermediate_size multiples of 32");
+  } else {  // kQwen3Moe
+    c.num_experts = f.integer_or("num_experts", 128);
+    c.experts_per_token = f.integer_or("num_experts_per_tok", 8);
+    c.moe_intermediate_size = f.integer_or("moe_intermediate_size", 768);
+    c.norm_topk_prob = f.boolean_or("norm_topk_prob", false);
+    const int64_t step = f.integer_or("decoder_sparse_step", 1);
+    if (step < 1) f.invalid("decoder_sparse_step must be >= 1");
+    for (int64_t l = 0; l < c.num_layers; l++) sparse[size_t(l)] = c.num_experts > 0 && (l + 1) % step == 0;
+    if (const json::Value* only = f.get("mlp_only_layers")) {
+      if (!only->is_array()) f.invalid("mlp_only_layers must be an array of layer indices");
+      for (const json::Value& v : only->as_array()) {
+        if (!v.is_number() || v.as_number() != std::floor(v.as_number()) || v.as_number() < 0 ||
+            v.as_number() >= double(c.num_layers))
+          f.invalid("mlp_only_layers holds a layer index outside 0..num_hidden_layers-1");
+        sparse[size_t(v.as_number())] = 0;
+      }
+    }
+  }
+  if (c.num_experts < 1 || c.num_experts > 1024) f.invalid("the number of experts must be 1..1024");
+  if (c.experts_per_token < 1 || c.experts_per_token > c.num_experts)
+    f.invalid("num_experts_per_tok must be 1..the number of experts");
+  if (c.moe_intermediate_size < 1) f.invalid("the experts' intermediate size must be > 0");
+  c.layer_sparse = sparse;
+}
+
+// Sliding-window layers and full ones. Gemma 3: local layers with their own rope base, every
+// sliding_window_pattern-th layer global; gpt-oss: one rope, sliding and full layers alternate.
+void read_layer_types(const Fields& f, ModelConfig& c, bool gemma) {
+  const int64_t window = f.integer_or("sliding_window", gemma ? 4096 : 128);
+  if (window < 1) f.invalid("sliding_window must be >= 1");
+  c.layer_window.assign(size_t(c.num_layers), 0);
+  c.layer_local_rope.assign(size_t(c.num_layers), 0);
+  c.rope_local_theta = f.number_or("rope_local_base_freq", 10000.0);
+  const json::Value* types = f.get("layer_types");
+  if (types && (!types->is_array() || int64_t(types->as_array().size()) != c.num_layers))
+    f.invalid("layer_types must list one type per layer");
+  const int64_t pattern = gemma ? f.integer_or("sliding_window_pattern", 6) : 2;
+  if (!types && pattern < 1) f.invalid("sliding_window_pattern must be >= 1");
+  for (int64_t l = 0; l < c.num_layers; l++) {
+    bool local;
+    if (types) {
+      const json::Value& t = types->as_array()[size_t(l)];
+      const std::string name = t.is_string() ? t.as_string() : "";
+      if (name != "sliding_attention" && name != "full_attention")
+        f.invalid("layer_types entries must be \"sliding_attention\" or \"full_attention\"");
+      local = name == "sliding_attention";
+    } else {
+      local = (l + 1) % pattern != 0;
+    }
+    if (local) {
+      c.layer_window[size_t(l)] = window;
+      c.layer_local_rope[size_t(l)] = gemma;
+    }
+  }
+}
+
+}  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json::Value root;
@@ -80,18 +166,15 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     throw Error(ErrorCode::kModelFileInvalid, source + ": " + e.what());
   }
   if (!root.is_object()) throw Error(ErrorCode::kModelFileInvalid, source + ": expected a JSON object");
-  Fields f(root, source);
+  Fields top(root, source);
   ModelConfig c;
 
-  const json::Value* archs = f.get("architectures");
+  const json::Value* archs = top.get("architectures");
   if (archs && archs->is_array() && !archs->as_array().empty() && archs->as_array()[0].is_string())
     c.architecture = archs->as_array()[0].as_string();
-  if (const json::Value* mt = f.get("model_type"); mt && mt->is_string()) c.model_type = mt->as_string();
+  if (const json::Value* mt = top.get("model_type"); mt && mt->is_string()) c.model_type = mt->as_string();
 
-  const ArchInfo* arch = nullptr;
-  for (const ArchInfo& a : kArchitectures) {
-    if (!c.architecture.empty() ? c.architecture == a.architecture : c.model_type == a.model_type) arch = &a;
-  }
+  const ArchSpec* arch = find_architecture(c.architecture, c.model_type);
   if (!arch) {
     std::string got = !c.architecture.empty() ? c.architecture
                       : !c.model_type.empty() ? "model_type " + c.model_type
@@ -102,45 +185,97 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.architecture = arch->architecture;
   if (c.model_type.empty()) c.model_type = arch->model_type;
 
-  c.hidden_size = f.integer("hidden_size");
-  c.intermediate_size = f.integer("intermediate_size");
-  c.num_layers = f.integer("num_hidden_layers");
-  c.num_heads = f.integer("num_attention_heads");
-  c.num_kv_heads = f.integer_or("num_key_value_heads", c.num_heads);
-  c.vocab_size = f.integer("vocab_size");
+  // Multimodal checkpoints nest the text model's fields; their other parts are not read.
+  const json::Value* text = &root;
+  std::string text_source = source;
+  if (arch->text_config) {
+    text = top.get(arch->text_config);
+    if (!text || !text->is_object()) top.invalid(std::string("missing the \"") + arch->text_config + "\" object");
+    text_source = source + " " + arch->text_config;
+  }
+  Fields f(*text, text_source);
+  const bool gemma = arch->gemma_norms;
+  // A field the family may leave to its config class's default (Gemma 3), else required.
+  const auto gemma_default = [&](const char* key) -> const double* {
+    if (!gemma) return nullptr;
+    for (const GemmaDefaults& d : kGemma3Defaults)
+      if (std::string(d.key) == key) return &d.value;
+    return nullptr;
+  };
+  const auto integer = [&](const char* key) {
+    const double* d = gemma_default(key);
+    return d ? f.integer_or(key, int64_t(*d)) : f.integer(key);
+  };
+  const auto number_or = [&](const char* key, double fallback) {
+    const double* d = gemma_default(key);
+    return f.number_or(key, d ? *d : fallback);
+  };
+
+  c.hidden_size = integer("hidden_size");
+  c.intermediate_size = integer("intermediate_size");
+  c.num_layers = integer("num_hidden_layers");
+  c.num_heads = integer("num_attention_heads");
+  c.num_kv_heads = gemma ? integer("num_key_value_heads") : f.integer_or("num_key_value_heads", c.num_heads);
+  c.vocab_size = integer("vocab_size");
   if (c.num_heads <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 || c.vocab_size <= 0 || c.intermediate_size <= 0)
     f.invalid("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and vocab_size must be > 0");
-  c.head_dim = f.integer_or("head_dim", c.hidden_size / c.num_heads);
+  c.head_dim = gemma ? integer("head_dim") : f.integer_or("head_dim", c.hidden_size / c.num_heads);
   if (c.head_dim <= 0 || c.head_dim % 2 != 0) f.invalid("head_dim must be a positive even number");
-  if (!f.get("head_dim") && c.hidden_size % c.num_heads != 0)
+  if (!gemma && !f.get("head_dim") && c.hidden_size % c.num_heads != 0)
     f.invalid("hidden_size is not divisible by num_attention_heads and no head_dim is given");
   if (c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0)
     f.invalid("num_attention_heads must be a multiple of num_key_value_heads");
-  c.max_position_embeddings = f.integer_or("max_position_embeddings", 2048);
-  c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
-  c.rope_theta = f.number_or("rope_theta", 10000.0);
+  c.max_position_embeddings = gemma ? integer("max_position_embeddings") : f.integer_or("max_position_embeddings", 2048);
+  c.rms_norm_eps = number_or("rms_norm_eps", 1e-6);
+  c.rope_theta = number_or("rope_theta", 10000.0);
   c.partial_rotary_factor = f.number_or("partial_rotary_factor", 1.0);
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  // Gemma 3's text config ties by default; a multimodal checkpoint says so at its top level.
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", top.boolean_or("tie_word_embeddings", gemma));
   c.qk_norm = arch->qk_norm;
   c.qkv_bias = arch->qkv_bias;
   bool attention_bias = f.boolean_or("attention_bias", false);
-  if (attention_bias) {  // Llama/Mistral/Qwen3 option: bias on q, k, v and o
+  if (attention_bias) {  // Llama/Mistral/Qwen3/Gemma option: bias on q, k, v and o
     c.qkv_bias = true;
     c.o_bias = true;
   }
   c.mlp_bias = f.boolean_or("mlp_bias", false);
 
-  if (const json::Value* act = f.get("hidden_act"); act && act->is_string() && act->as_string() != "silu")
-    throw Error(ErrorCode::kUnsupportedModel, source + ": hidden_act \"" + act->as_string() +
-                                                  "\" is not supported (only silu)");
-  // Sliding-window attention changes results only past the window; refuse silently wrong output.
-  bool sliding = c.model_type == "mistral" ? (f.get("sliding_window") != nullptr)
-                                           : f.boolean_or("use_sliding_window", false);
-  if (sliding) {
-    int64_t window = f.integer_or("sliding_window", 0);
-    if (window > 0 && window < c.max_position_embeddings) {
-      // Serve within the window: beyond it full attention would differ from the model.
-      c.max_position_embeddings = window;
+  if (gemma) {
+    c.norm_plus_one = true;
+    c.sandwich_norms = arch->sandwich_norms;
+    c.embed_scale = std::sqrt(double(c.hidden_size));
+    const double scalar = number_or("query_pre_attn_scalar", 256);
+    if (!(scalar > 0)) f.invalid("query_pre_attn_scalar must be > 0");
+    c.attention_scale = 1.0 / std::sqrt(scalar);
+    c.final_logit_softcap = f.number_or("final_logit_softcapping", 0);
+    if (c.final_logit_softcap < 0) f.invalid("final_logit_softcapping must be >= 0");
+    if (f.get("attn_logit_softcapping"))
+      throw Error(ErrorCode::kUnsupportedModel, text_source + ": attn_logit_softcapping is not supported");
+  }
+  c.sandwich_norms = arch->sandwich_norms;
+
+  // The gated MLP's activation: silu, or GELU's tanh form (Gemma spells it hidden_activation).
+  const json::Value* act = f.get(gemma ? "hidden_activation" : "hidden_act");
+  const std::string act_name = act && act->is_string() ? act->as_string() : gemma ? "gelu_pytorch_tanh" : "silu";
+  if (act_name == "silu") c.activation = Activation::Silu;
+  else if (act_name == "gelu_pytorch_tanh" || act_name == "gelu_new") c.activation = Activation::GeluTanh;
+  else
+    throw Error(ErrorCode::kUnsupportedModel, text_source + ": activation \"" + act_name +
+                                                  "\" is not supported (silu, gelu_pytorch_tanh)");
+
+  if (arch->mlp != MlpLayout::kDense) read_experts(f, *arch, c);
+  if (arch->mlp == MlpLayout::kGptOss) c.attention_sinks = true;
+
+  if (arch->window == WindowRule::kLayerTypes) {
+    read_layer_types(f, c, gemma);
+  } else {
+    // Sliding-window attention changes results only past the window; these families are served
+    // within it rather than with silently wrong output beyond it.
+    bool sliding = arch->window == WindowRule::kSlidingWindowSet ? (f.get("sliding_window") != nullptr)
+                                                                 : f.boolean_or("use_sliding_window", false);
+    if (sliding) {
+      int64_t window = f.integer_or("sliding_window", 0);
+      if (window > 0 && window < c.max_position_embeddings) c.max_position_embeddings = window;
     }
   }
 
@@ -149,7 +284,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     const json::Value* type = rs->find("rope_type");
     if (!type || type->is_null()) type = rs->find("type");
     std::string t = type && type->is_string() ? type->as_string() : "";
-    Fields r(*rs, source + " rope_scaling");
+    Fields r(*rs, text_source + " rope_scaling");
     if (t == "default" || t.empty()) {
       c.rope_scaling = RopeScaling::None;
     } else if (t == "linear") {
@@ -163,9 +298,22 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       c.rope_original_max_position = r.integer_or("original_max_position_embeddings", 8192);
       if (c.rope_high_freq_factor <= c.rope_low_freq_factor)
         f.invalid("rope_scaling high_freq_factor must exceed low_freq_factor");
+    } else if (t == "yarn") {
+      c.rope_scaling = RopeScaling::Yarn;
+      c.rope_factor = r.number_or("factor", 1.0);
+      c.rope_beta_fast = r.number_or("beta_fast", 32.0);
+      c.rope_beta_slow = r.number_or("beta_slow", 1.0);
+      c.rope_truncate = r.boolean_or("truncate", true);
+      c.rope_original_max_position = r.integer_or("original_max_position_embeddings", c.max_position_embeddings);
+      if (c.rope_original_max_position <= 0) f.invalid("rope_scaling original_max_position_embeddings must be > 0");
+      if (r.get("mscale") || r.get("mscale_all_dim"))
+        throw Error(ErrorCode::kUnsupportedModel, text_source + ": yarn mscale / mscale_all_dim are not supported");
+      // transformers: attention_factor, else 0.1 ln(factor) + 1 (1 when factor <= 1).
+      c.rope_attention_factor = r.number_or("attention_factor", c.rope_factor > 1 ? 0.1 * std::log(c.rope_factor) + 1.0 : 1.0);
+      if (!(c.rope_attention_factor > 0)) f.invalid("rope_scaling attention_factor must be > 0");
     } else {
       throw Error(ErrorCode::kUnsupportedModel,
-                  source + ": rope_scaling type \"" + t + "\" is not supported (supported: linear, llama3)");
+                  text_source + ": rope_scaling type \"" + t + "\" is not supported (supported: linear, llama3, yarn)");
     }
     if (c.rope_factor <= 0) f.invalid("rope_scaling factor must be > 0");
   }
@@ -175,6 +323,31 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 std::vector<float> ModelConfig::rope_inv_freq() const {
   const int64_t half = rotary_dim() / 2;
   std::vector<float> out(static_cast<size_t>(half));
+  if (rope_scaling == RopeScaling::Yarn) {
+    // Dimensions that turn fewer than beta_slow times over the original context are
+    // interpolated (divided by factor), those that turn more than beta_fast times kept, with a
+    // linear ramp between (transformers' _compute_yarn_parameters).
+    const double pi = 3.14159265358979323846, dim = double(rotary_dim());
+    const auto correction_dim = [&](double rotations) {
+      return dim * std::log(double(rope_original_max_position) / (rotations * 2 * pi)) / (2 * std::log(rope_theta));
+    };
+    double low = correction_dim(rope_beta_fast), high = correction_dim(rope_beta_slow);
+    if (rope_truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; i++) {
+      const double extrapolation = 1.0 / std::pow(rope_theta, double(2 * i) / dim);
+      const double interpolation = extrapolation / rope_factor;
+      const double ramp = std::min(1.0, std::max(0.0, (double(i) - low) / (high - low)));
+      const double keep = 1.0 - ramp;  // share of the unscaled frequency
+      out[size_t(i)] = float(interpolation * (1 - keep) + extrapolation * keep);
+    }
+    return out;
+  }
   for (int64_t i = 0; i < half; i++) {
     double inv = 1.0 / std::pow(rope_theta, double(2 * i) / double(rotary_dim()));
     if (rope_scaling == RopeScaling::Linear) {
@@ -196,6 +369,31 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
     out[size_t(i)] = float(inv);
   }
   return out;
+}
+
+std::vector<float> ModelConfig::rope_local_inv_freq() const {
+  const int64_t half = rotary_dim() / 2;
+  std::vector<float> out(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; i++)
+    out[size_t(i)] = float(1.0 / std::pow(rope_local_theta, double(2 * i) / double(rotary_dim())));
+  return out;
+}
+
+double ModelConfig::softmax_scale() const {
+  const double base = attention_scale > 0 ? attention_scale : 1.0 / std::sqrt(double(head_dim));
+  return base * rope_attention_factor * rope_attention_factor;
+}
+
+bool ModelConfig::any_window() const {
+  for (int64_t w : layer_window)
+    if (w > 0) return true;
+  return false;
+}
+
+bool ModelConfig::any_local_rope() const {
+  for (uint8_t l : layer_local_rope)
+    if (l) return true;
+  return false;
 }
 
 }  // namespace sluice

@@ -1,7 +1,10 @@
 #include "model/model_weights.h"
 
+#include <cmath>
+#include <cstring>
 #include <set>
 
+#include "model/architectures.h"
 #include "sluice/error.h"
 
 namespace sluice {
@@ -12,7 +15,23 @@ class Binder {
  public:
   Binder(const SafetensorsModel& st, const std::string& dir) : st_(st), dir_(dir) {}
 
+  // A float tensor (f32, f16 or bf16) of exactly this shape.
   TensorView get(const std::string& name, std::vector<int64_t> shape) {
+    TensorView t = find(name, std::move(shape));
+    if (!is_float_dtype(t.dtype))
+      throw Error(ErrorCode::kModelFileInvalid, t.file + ": tensor \"" + name + "\" has dtype " + dtype_name(t.dtype) +
+                                                    ", expected f32, f16 or bf16");
+    return t;
+  }
+  // Packed bytes (U8) of exactly this shape.
+  TensorView get_packed(const std::string& name, std::vector<int64_t> shape) {
+    TensorView t = find(name, std::move(shape));
+    if (t.dtype != DType::U8)
+      throw Error(ErrorCode::kModelFileInvalid, t.file + ": tensor \"" + name + "\" has dtype " + dtype_name(t.dtype) +
+                                                    ", expected u8 (packed)");
+    return t;
+  }
+  TensorView find(const std::string& name, std::vector<int64_t> shape) {
     const TensorView* t = st_.find(name);
     if (!t)
       throw Error(ErrorCode::kModelFileInvalid,
@@ -37,24 +56,151 @@ class Binder {
   size_t bytes_ = 0;
 };
 
+float element(const TensorView& t, int64_t i) {
+  const uint8_t* p = static_cast<const uint8_t*>(t.data);
+  if (t.dtype == DType::F32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return t.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// A norm weight as Gemma uses it, (1 + w), made once at load as f32 (what transformers computes
+// in), so every backend's RMSNorm stays the plain x / rms(x) * w.
+TensorView plus_one(const TensorView& t, std::vector<std::shared_ptr<HostBuffer>>& owned) {
+  auto buf = std::make_shared<HostBuffer>(size_t(t.numel()) * sizeof(float), false);
+  float* out = reinterpret_cast<float*>(buf->data());
+  for (int64_t i = 0; i < t.numel(); i++) {
+    out[i] = 1.0f + element(t, i);
+  }
+  TensorView v = t;
+  v.dtype = DType::F32;
+  v.data = out;
+  v.nbytes = size_t(t.numel()) * sizeof(float);
+  owned.push_back(std::move(buf));
+  return v;
+}
+
+// `n` elements of t from `offset`, every `stride`-th, as an f32 tensor made at load.
+TensorView f32_copy(const TensorView& t, int64_t offset, int64_t n, int64_t stride,
+                    std::vector<std::shared_ptr<HostBuffer>>& owned) {
+  auto buf = std::make_shared<HostBuffer>(size_t(n) * sizeof(float), false);
+  float* out = reinterpret_cast<float*>(buf->data());
+  for (int64_t i = 0; i < n; i++) out[i] = element(t, offset + i * stride);
+  TensorView v;
+  v.name = t.name;
+  v.file = t.file;
+  v.dtype = DType::F32;
+  v.shape = {n};
+  v.data = out;
+  v.nbytes = size_t(n) * sizeof(float);
+  owned.push_back(std::move(buf));
+  return v;
+}
+
+// MXFP4 (OCP microscaling, as gpt-oss publishes its experts): blocks of 32 FP4 (e2m1) values,
+// two per byte (low nibble first), sharing one power-of-two scale byte (e8m0, bias 127).
+constexpr float kFp4Values[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// Row `row` of an MXFP4 matrix of `cols` columns into bf16 (exact: 2 significant bits times a
+// power of two, in bf16's exponent range except scales past it, which saturate as bf16 does).
+void unpack_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t row, int64_t cols, uint16_t* out) {
+  const int64_t nblocks = cols / 32;
+  for (int64_t b = 0; b < nblocks; b++) {
+    const float scale = std::ldexp(1.0f, int(scales[row * nblocks + b]) - 127);
+    const uint8_t* bytes = blocks + (row * nblocks + b) * 16;
+    for (int j = 0; j < 16; j++) {
+      out[b * 32 + 2 * j] = f32_to_bf16(kFp4Values[bytes[j] & 0xf] * scale);
+      out[b * 32 + 2 * j + 1] = f32_to_bf16(kFp4Values[bytes[j] >> 4] * scale);
+    }
+  }
+}
+
+// The experts of a gpt-oss layer: gate_up rows interleaved (gate 0, up 0, gate 1, ...) and down,
+// unpacked to bf16 matrices per expert at load; biases split the same way, in f32.
+// Returns the bytes the unpacked copies add beyond the packed tensors (what a step reads).
+size_t bind_gpt_oss_experts(Binder& b, const std::string& m, const ModelConfig& c, LayerWeights& l,
+                            std::vector<std::shared_ptr<HostBuffer>>& owned) {
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
+  const std::string x = m + "experts.";
+  const TensorView gu_blocks = b.get_packed(x + "gate_up_proj_blocks", {E, 2 * I, H / 32, 16});
+  const TensorView gu_scales = b.get_packed(x + "gate_up_proj_scales", {E, 2 * I, H / 32});
+  const TensorView gu_bias = b.get(x + "gate_up_proj_bias", {E, 2 * I});
+  const TensorView d_blocks = b.get_packed(x + "down_proj_blocks", {E, H, I / 32, 16});
+  const TensorView d_scales = b.get_packed(x + "down_proj_scales", {E, H, I / 32});
+  const TensorView d_bias = b.get(x + "down_proj_bias", {E, H});
+  const size_t per_expert = size_t(3 * I * H);
+  auto buf = std::make_shared<HostBuffer>(size_t(E) * per_expert * sizeof(uint16_t));
+  uint16_t* base = reinterpret_cast<uint16_t*>(buf->data());
+  const auto* gub = static_cast<const uint8_t*>(gu_blocks.data);
+  const auto* gus = static_cast<const uint8_t*>(gu_scales.data);
+  const auto* db = static_cast<const uint8_t*>(d_blocks.data);
+  const auto* ds = static_cast<const uint8_t*>(d_scales.data);
+  const auto view = [&](uint16_t* data, int64_t rows, int64_t cols, const std::string& name) {
+    TensorView v;
+    v.name = name;
+    v.file = gu_blocks.file;
+    v.dtype = DType::BF16;
+    v.shape = {rows, cols};
+    v.data = data;
+    v.nbytes = size_t(rows * cols) * sizeof(uint16_t);
+    return v;
+  };
+  l.experts.resize(size_t(E));
+  for (int64_t e = 0; e < E; e++) {
+    uint16_t* gate = base + size_t(e) * per_expert;
+    uint16_t* up = gate + I * H;
+    uint16_t* down = up + I * H;
+    for (int64_t r = 0; r < I; r++) {
+      unpack_mxfp4_row(gub, gus, e * 2 * I + 2 * r, H, gate + r * H);
+      unpack_mxfp4_row(gub, gus, e * 2 * I + 2 * r + 1, H, up + r * H);
+    }
+    for (int64_t r = 0; r < H; r++) unpack_mxfp4_row(db, ds, e * H + r, I, down + r * I);
+    ExpertWeights& ew = l.experts[size_t(e)];
+    const std::string n = x + std::to_string(e);
+    ew.gate = view(gate, I, H, n + ".gate");
+    ew.up = view(up, I, H, n + ".up");
+    ew.down = view(down, H, I, n + ".down");
+    ew.gate_bias = f32_copy(gu_bias, e * 2 * I, I, 2, owned);
+    ew.up_bias = f32_copy(gu_bias, e * 2 * I + 1, I, 2, owned);
+    ew.down_bias = f32_copy(d_bias, e * H, H, 1, owned);
+  }
+  owned.push_back(std::move(buf));
+  const size_t packed = gu_blocks.nbytes + gu_scales.nbytes + d_blocks.nbytes + d_scales.nbytes;
+  return size_t(E) * per_expert * sizeof(uint16_t) - packed;
+}
+
 }  // namespace
 
 ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, const std::string& dir) {
   Binder b(st, dir);
   ModelWeights w;
+  const ArchSpec* arch = find_architecture(c.architecture, c.model_type);
+  if (!arch) throw Error(ErrorCode::kUnsupportedModel, dir + ": unsupported architecture " + c.architecture);
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
   const int64_t q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
-  w.embed = b.get("model.embed_tokens.weight", {c.vocab_size, H});
-  w.final_norm = b.get("model.norm.weight", {H});
+  const std::string root = arch->prefix;  // "model." or "language_model.model."
+  // lm_head sits beside the decoder: "lm_head.weight", or "language_model.lm_head.weight".
+  const std::string head = root.substr(0, root.size() - std::string("model.").size()) + "lm_head.weight";
+  const auto norm = [&](const std::string& name, int64_t n) {
+    TensorView t = b.get(name, {n});
+    return c.norm_plus_one ? plus_one(t, w.owned) : t;
+  };
+  w.embed = b.get(root + "embed_tokens.weight", {c.vocab_size, H});
+  w.final_norm = norm(root + "norm.weight", H);
   // Tied checkpoints usually omit lm_head; when one ships it anyway, it is used as is.
-  if (b.has("lm_head.weight") || !c.tie_word_embeddings) w.lm_head = b.get("lm_head.weight", {c.vocab_size, H});
+  if (b.has(head) || !c.tie_word_embeddings) w.lm_head = b.get(head, {c.vocab_size, H});
   else w.lm_head = w.embed;
 
   w.layers.resize(size_t(c.num_layers));
+  size_t unpacked_extra = 0;
   for (int64_t i = 0; i < c.num_layers; i++) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = root + "layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[size_t(i)];
-    l.input_norm = b.get(p + "input_layernorm.weight", {H});
+    l.input_norm = norm(p + "input_layernorm.weight", H);
     l.q = b.get(p + "self_attn.q_proj.weight", {q_out, H});
     l.k = b.get(p + "self_attn.k_proj.weight", {kv_out, H});
     l.v = b.get(p + "self_attn.v_proj.weight", {kv_out, H});
@@ -65,11 +211,42 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
       l.v_bias = b.get(p + "self_attn.v_proj.bias", {kv_out});
     }
     if (c.o_bias) l.o_bias = b.get(p + "self_attn.o_proj.bias", {H});
-    if (c.qk_norm) {
-      l.q_norm = b.get(p + "self_attn.q_norm.weight", {hd});
-      l.k_norm = b.get(p + "self_attn.k_norm.weight", {hd});
+    if (c.attention_sinks) {
+      const TensorView sinks = b.get(p + "self_attn.sinks", {c.num_heads});
+      l.sinks = f32_copy(sinks, 0, c.num_heads, 1, w.owned);
     }
-    l.post_norm = b.get(p + "post_attention_layernorm.weight", {H});
+    if (c.qk_norm) {
+      l.q_norm = norm(p + "self_attn.q_norm.weight", hd);
+      l.k_norm = norm(p + "self_attn.k_norm.weight", hd);
+    }
+    if (c.sandwich_norms) {
+      l.attn_out_norm = norm(p + "post_attention_layernorm.weight", H);
+      l.post_norm = norm(p + "pre_feedforward_layernorm.weight", H);
+      l.mlp_out_norm = norm(p + "post_feedforward_layernorm.weight", H);
+    } else {
+      l.post_norm = norm(p + "post_attention_layernorm.weight", H);
+    }
+    if (c.is_sparse(i) && arch->mlp == MlpLayout::kGptOss) {
+      l.router = b.get(p + "mlp.router.weight", {c.num_experts, H});
+      l.router_bias = f32_copy(b.get(p + "mlp.router.bias", {c.num_experts}), 0, c.num_experts, 1, w.owned);
+      unpacked_extra += bind_gpt_oss_experts(b, p + "mlp.", c, l, w.owned);
+      continue;
+    }
+    if (c.is_sparse(i)) {
+      const int64_t E = c.num_experts, MI = c.moe_intermediate_size;
+      const bool mixtral = arch->mlp == MlpLayout::kMixtral;
+      const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      l.router = b.get(m + "gate.weight", {E, H});
+      l.experts.resize(size_t(E));
+      for (int64_t e = 0; e < E; e++) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        ExpertWeights& ew = l.experts[size_t(e)];
+        ew.gate = b.get(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {MI, H});
+        ew.up = b.get(x + (mixtral ? "w3.weight" : "up_proj.weight"), {MI, H});
+        ew.down = b.get(x + (mixtral ? "w2.weight" : "down_proj.weight"), {H, MI});
+      }
+      continue;
+    }
     l.gate = b.get(p + "mlp.gate_proj.weight", {I, H});
     l.up = b.get(p + "mlp.up_proj.weight", {I, H});
     l.down = b.get(p + "mlp.down_proj.weight", {H, I});
@@ -79,15 +256,23 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
       l.down_bias = b.get(p + "mlp.down_proj.bias", {H});
     }
   }
-  w.total_bytes = b.bytes();
+  w.total_bytes = b.bytes() + unpacked_extra;
   w.main_dtype = w.layers.empty() ? w.embed.dtype : w.layers[0].q.dtype;
   return w;
 }
 
 std::vector<TensorView*> streamed_matrices(ModelWeights& w) {
   std::vector<TensorView*> out;
-  for (LayerWeights& l : w.layers)
-    for (TensorView* t : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) out.push_back(t);
+  for (LayerWeights& l : w.layers) {
+    for (TensorView* t : {&l.q, &l.k, &l.v, &l.o}) out.push_back(t);
+    if (l.experts.empty()) {
+      for (TensorView* t : {&l.gate, &l.up, &l.down}) out.push_back(t);
+    } else {
+      out.push_back(&l.router);
+      for (ExpertWeights& e : l.experts)
+        for (TensorView* t : {&e.gate, &e.up, &e.down}) out.push_back(t);
+    }
+  }
   out.push_back(&w.lm_head);
   return out;
 }

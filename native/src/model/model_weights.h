@@ -1,5 +1,5 @@
-// Binds the tensors of a checkpoint to the Llama-family graph, checking every name and shape
-// against the config. The views point into the memory map; nothing is copied here (see
+// Binds the tensors of a checkpoint to the decoder graph, checking every name and shape against
+// the config; names and optional pieces come from the family's row in model/architectures.h. The views point into the memory map; nothing is copied here (see
 // resident_weights.h and quantize.h for the copies the CPU backend makes at load).
 #pragma once
 #include <memory>
@@ -12,16 +12,31 @@
 
 namespace sluice {
 
+// One expert of a mixture-of-experts layer: a gated MLP of moe_intermediate_size.
+struct ExpertWeights {
+  TensorView gate, up;  // [moe_inter, hidden]
+  TensorView down;      // [hidden, moe_inter]
+  TensorView gate_bias, up_bias, down_bias;  // f32, when config.expert_bias (gpt-oss)
+};
+
 struct LayerWeights {
-  TensorView input_norm;                // [hidden]
+  TensorView input_norm;                // [hidden] before attention
   TensorView q, k, v, o;                // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
   TensorView q_bias, k_bias, v_bias;    // present when config.qkv_bias
   TensorView o_bias;                    // present when config.o_bias
   TensorView q_norm, k_norm;            // [head_dim], present when config.qk_norm
-  TensorView post_norm;                 // [hidden]
+  TensorView attn_out_norm;             // [hidden] on the attention output, when config.sandwich_norms
+  TensorView post_norm;                 // [hidden] before the MLP (Gemma: pre_feedforward_layernorm)
+  TensorView mlp_out_norm;              // [hidden] on the MLP output, when config.sandwich_norms
+  // Dense layers:
   TensorView gate, up;                  // [inter, hidden]
   TensorView down;                      // [hidden, inter]
   TensorView gate_bias, up_bias, down_bias;  // present when config.mlp_bias
+  // Sparse layers (config.is_sparse):
+  TensorView router;                    // [experts, hidden]
+  TensorView router_bias;               // [experts] f32, when config.router_bias
+  TensorView sinks;                     // [heads] f32, when config.attention_sinks
+  std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {
@@ -36,8 +51,9 @@ struct ModelWeights {
   std::vector<std::shared_ptr<HostBuffer>> owned;
 };
 
-// The matrices a decode step streams whole: every layer's q, k, v, o, gate, up, down and the
-// lm_head (the embedding when tied), in that order. A tied lm_head is listed once, as lm_head.
+// The matrices a decode step may stream: every layer's q, k, v, o, then its gate, up, down (or
+// its router and each expert's gate, up, down), and the lm_head (the embedding when tied), in
+// that order. A tied lm_head is listed once, as lm_head.
 std::vector<TensorView*> streamed_matrices(ModelWeights& w);
 
 // Throws sluice::Error naming the tensor (and file) that is missing or has the wrong shape.

@@ -1,5 +1,6 @@
 #include "model/quantize.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -12,8 +13,12 @@ namespace sluice {
 
 void quantize_weights_q8(ModelWeights& w, int num_threads) {
   std::vector<TensorView*> targets;
+  std::vector<const TensorView*> routers;
+  for (const LayerWeights& l : w.layers)
+    if (!l.experts.empty()) routers.push_back(&l.router);
+  // Routers stay as stored: rounding their logits would change which experts a token picks.
   for (TensorView* t : streamed_matrices(w))
-    if (t->dtype != DType::Q8_0) targets.push_back(t);
+    if (t->dtype != DType::Q8_0 && std::find(routers.begin(), routers.end(), t) == routers.end()) targets.push_back(t);
   if (targets.empty()) return;
   const bool tied = w.lm_head.data == w.embed.data;
   // One huge-page arena for every Q8_0 copy (host_memory.h), each copy 64-byte aligned.
