@@ -27,7 +27,7 @@ async function main(argv: string[]): Promise<void> {
     const next = () => argv[++i] ?? usage();
     if (a === '--list') {
       for (const [name, s] of Object.entries(PRESETS)) {
-        console.log(`${name.padEnd(18)} ${s.architecture.padEnd(18)} ${(weightBytes(name) / 1e9).toFixed(3)} GB (${s.defaultDtype})`);
+        console.log(`${name.padEnd(18)} ${s.architecture.padEnd(30)} ${(weightBytes(name) / 1e9).toFixed(3)} GB (${s.defaultDtype})`);
       }
       return;
     } else if (a === '--preset') preset = next();

@@ -11,6 +11,7 @@ import {
   type PresetShape,
   PRESETS,
   dtypeBytes,
+  isSparseLayer,
   resolvePreset,
   torchDtype,
 } from './presets.js';
@@ -24,7 +25,7 @@ import {
 import { createGenerator, defaultThreads } from './weight-pool.js';
 import { ARCHITECTURES } from '../src/engine/architectures.js';
 
-export { PRESETS, resolvePreset };
+export { PRESETS, isSparseLayer, resolvePreset };
 export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily } from './presets.js';
 
 export const DEFAULT_SHARD_BYTES = 4 * 1024 ** 3;
@@ -70,6 +71,9 @@ export const INIT = {
   normMean: 1.0,
   normStd: 0.1,
   biasStd: 0.2,
+  /** Gain of the MoE routers: logits with std ~routerGain, so the top-k weights differ and the
+   * k-th and (k+1)-th experts are usually well apart (a near tie may route differently in bf16). */
+  routerGain: 2.0,
 };
 
 /** The tensors of a model, in checkpoint order, with the exact Hugging Face names and shapes. */
@@ -83,22 +87,26 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     shape: [out, inp],
     init: { mean: 0, std: gain / Math.sqrt(inp) },
   });
-  const norm = (name: string, n: number): TensorSpec => ({
+  // A norm that scales by ~`scale`: Gemma stores w and scales by (1 + w), so its weights sit near scale - 1.
+  const norm = (name: string, n: number, scale = INIT.normMean): TensorSpec => ({
     name,
     shape: [n],
-    init: { mean: INIT.normMean, std: INIT.normStd },
+    init: { mean: spec.gemmaNorms ? scale - 1 : scale, std: INIT.normStd * scale },
   });
   const bias = (name: string, n: number): TensorSpec => ({ name, shape: [n], init: { mean: 0, std: INIT.biasStd } });
+  const gatedMlp = (gate: string, up: string, down: string, inter: number): TensorSpec[] => [
+    lin(gate, inter, h), lin(up, inter, h), lin(down, h, inter, INIT.outGain),
+  ];
 
   const out: TensorSpec[] = [
     {
-      name: 'model.embed_tokens.weight',
+      name: `${spec.prefix}embed_tokens.weight`,
       shape: [s.vocabSize, h],
       init: { mean: 0, std: s.tieWordEmbeddings ? INIT.lmHeadGain / Math.sqrt(h) : INIT.embedStd },
     },
   ];
   for (let i = 0; i < s.numLayers; i++) {
-    const p = `model.layers.${i}`;
+    const p = `${spec.prefix}layers.${i}`;
     out.push(norm(`${p}.input_layernorm.weight`, h));
     out.push(lin(`${p}.self_attn.q_proj.weight`, q, h, INIT.qkGain));
     if (spec.qkvBias) out.push(bias(`${p}.self_attn.q_proj.bias`, q));
@@ -109,18 +117,43 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     out.push(lin(`${p}.self_attn.o_proj.weight`, h, q, INIT.outGain));
     if (spec.qkNorm) {
       // q/k are RMS-normalised per head, so the q/k gain moves into these weights.
-      const qk = { mean: INIT.qkGain, std: INIT.normStd * INIT.qkGain };
-      out.push({ name: `${p}.self_attn.q_norm.weight`, shape: [s.headDim], init: qk });
-      out.push({ name: `${p}.self_attn.k_norm.weight`, shape: [s.headDim], init: qk });
+      out.push(norm(`${p}.self_attn.q_norm.weight`, s.headDim, INIT.qkGain));
+      out.push(norm(`${p}.self_attn.k_norm.weight`, s.headDim, INIT.qkGain));
     }
-    out.push(norm(`${p}.post_attention_layernorm.weight`, h));
-    out.push(lin(`${p}.mlp.gate_proj.weight`, s.intermediateSize, h));
-    out.push(lin(`${p}.mlp.up_proj.weight`, s.intermediateSize, h));
-    out.push(lin(`${p}.mlp.down_proj.weight`, h, s.intermediateSize, INIT.outGain));
+    if (spec.sandwichNorms) {
+      // The attention and MLP outputs are RMS-normalised before the residual add, so the size of
+      // what a block writes moves into these weights: outGain, times sqrt(hidden) since Gemma
+      // scales the (tied) embedding by that much, so that the blocks' writes stand to the
+      // embedding as in the other families (a larger embedding share makes the model echo).
+      const post = INIT.outGain * Math.sqrt(h);
+      out.push(norm(`${p}.post_attention_layernorm.weight`, h, post));
+      out.push(norm(`${p}.pre_feedforward_layernorm.weight`, h));
+      out.push(norm(`${p}.post_feedforward_layernorm.weight`, h, post));
+    } else {
+      out.push(norm(`${p}.post_attention_layernorm.weight`, h));
+    }
+    if (!isSparseLayer(s, i)) {
+      out.push(...gatedMlp(`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`, `${p}.mlp.down_proj.weight`, s.intermediateSize));
+    } else if (spec.moeLayout === 'mixtral') {
+      const m = `${p}.block_sparse_moe`;
+      out.push(lin(`${m}.gate.weight`, s.numExperts!, h, INIT.routerGain));
+      for (let e = 0; e < s.numExperts!; e++) {
+        const x = `${m}.experts.${e}`;
+        out.push(...gatedMlp(`${x}.w1.weight`, `${x}.w3.weight`, `${x}.w2.weight`, s.intermediateSize));
+      }
+    } else {
+      out.push(lin(`${p}.mlp.gate.weight`, s.numExperts!, h, INIT.routerGain));
+      for (let e = 0; e < s.numExperts!; e++) {
+        const x = `${p}.mlp.experts.${e}`;
+        out.push(...gatedMlp(`${x}.gate_proj.weight`, `${x}.up_proj.weight`, `${x}.down_proj.weight`, s.moeIntermediateSize!));
+      }
+    }
   }
-  out.push(norm('model.norm.weight', h));
+  out.push(norm(`${spec.prefix}norm.weight`, h));
   if (!s.tieWordEmbeddings) {
-    out.push({ name: 'lm_head.weight', shape: [s.vocabSize, h], init: { mean: 0, std: INIT.lmHeadGain / Math.sqrt(h) } });
+    // Beside the decoder: "lm_head.weight", or "language_model.lm_head.weight" under language_model.model.
+    const lmHead = `${spec.prefix.replace(/model\.$/, '')}lm_head.weight`;
+    out.push({ name: lmHead, shape: [s.vocabSize, h], init: { mean: 0, std: INIT.lmHeadGain / Math.sqrt(h) } });
   }
   return out;
 }
@@ -130,20 +163,33 @@ export function paramCount(s: PresetShape): number {
   return tensorSpecs(s).reduce((a, t) => a + numel(t.shape), 0);
 }
 
+/** Parameters one token reads: all but the experts it is not routed to (paramCount for dense shapes). */
+export function activeParamCount(s: PresetShape): number {
+  const spec = ARCHITECTURES[s.architecture];
+  if (spec.mlp !== 'moe') return paramCount(s);
+  const perExpert = 3 * s.hiddenSize * (spec.moeLayout === 'mixtral' ? s.intermediateSize : s.moeIntermediateSize!);
+  let idle = 0;
+  for (let i = 0; i < s.numLayers; i++) if (isSparseLayer(s, i)) idle += (s.numExperts! - s.numExpertsPerTok!) * perExpert;
+  return paramCount(s) - idle;
+}
 
 const sortKeys = (o: Record<string, unknown>) =>
   Object.fromEntries(Object.entries(o).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
 
-/** config.json with transformers' field names for the architecture (keys sorted, as HF writes). */
+/**
+ * config.json with transformers' field names for the architecture (keys sorted, as HF writes).
+ * Multimodal families (Gemma3ForConditionalGeneration) nest the text model's fields under their
+ * textConfig key and keep architectures, model_type, the token ids and dtype at the top.
+ */
 export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[]): Record<string, unknown> {
-  const c: Record<string, unknown> = {
-    architectures: [s.architecture],
-    model_type: ARCHITECTURES[s.architecture].modelType,
+  const spec = ARCHITECTURES[s.architecture];
+  const eosField = s.tokenizer === 'llama3' ? eos : eos[0];
+  const text: Record<string, unknown> = {
     attention_dropout: 0.0,
     bos_token_id: bos,
-    eos_token_id: s.tokenizer === 'llama3' ? eos : eos[0],
+    eos_token_id: eosField,
     head_dim: s.headDim,
-    hidden_act: 'silu',
+    ...(spec.activation === 'silu' && { hidden_act: 'silu' }),
     hidden_size: s.hiddenSize,
     initializer_range: 0.02,
     intermediate_size: s.intermediateSize,
@@ -155,13 +201,26 @@ export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: numb
     rope_scaling: s.ropeScaling ? { ...s.ropeScaling } : null,
     rope_theta: s.ropeTheta,
     tie_word_embeddings: s.tieWordEmbeddings,
-    torch_dtype: torchDtype(dtype),
-    transformers_version: '4.51.0',
     use_cache: true,
     vocab_size: s.vocabSize,
   };
-  Object.assign(c, ARCHITECTURES[s.architecture].configFields(s));
-  return sortKeys(c);
+  const top = {
+    architectures: [s.architecture],
+    model_type: spec.modelType,
+    torch_dtype: torchDtype(dtype),
+    transformers_version: '4.51.0',
+  };
+  const family: Record<string, unknown> = spec.configFields(s);
+  if (!spec.textConfig) return sortKeys({ ...top, ...text, ...family });
+  const { [spec.textConfig]: nested, ...outer } = family;
+  return sortKeys({
+    ...top,
+    bos_token_id: bos,
+    eos_token_id: eosField,
+    initializer_range: 0.02,
+    ...outer,
+    [spec.textConfig]: sortKeys({ ...text, ...(nested as Record<string, unknown>) }),
+  });
 }
 
 async function writeJson(path: string, value: unknown): Promise<void> {

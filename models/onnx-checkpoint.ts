@@ -4,9 +4,16 @@
 
 import { closeSync, existsSync, openSync, readdirSync, readFileSync, readSync } from 'node:fs';
 import { join } from 'node:path';
-import { architectureSpec, specOfModelType, SUPPORTED_ARCHITECTURES, usesSlidingWindow, type Architecture } from '../src/engine/architectures.js';
+import { ARCHITECTURES, architectureSpec, specOfModelType, SUPPORTED_ARCHITECTURES, usesSlidingWindow, type Architecture, type ArchitectureSpec } from '../src/engine/architectures.js';
 
-export type OnnxArchitecture = Architecture;
+/** The families the export's graph (onnx-graph.ts) writes: dense MLPs, plain RMSNorm, no nested text config. */
+const exportable = (spec: ArchitectureSpec) => spec.mlp === 'dense' && !spec.gemmaNorms && !spec.sandwichNorms && spec.textConfig === null;
+
+export type OnnxArchitecture = {
+  [A in Architecture]: (typeof ARCHITECTURES)[A] extends { mlp: 'dense'; gemmaNorms: false } ? A : never;
+}[Architecture];
+
+export const ONNX_ARCHITECTURES = SUPPORTED_ARCHITECTURES.filter((a) => exportable(ARCHITECTURES[a])) as OnnxArchitecture[];
 
 export interface DecoderShape {
   architecture: OnnxArchitecture;
@@ -34,7 +41,10 @@ export interface DecoderShape {
 export function decoderShape(config: Record<string, any>): DecoderShape {
   const arch = config.architectures?.[0] as OnnxArchitecture;
   const spec = architectureSpec(arch);
-  if (!spec) throw new Error(`onnx export: unsupported architecture ${String(arch)} (supported: ${SUPPORTED_ARCHITECTURES.join(', ')})`);
+  if (!spec) throw new Error(`onnx export: unsupported architecture ${String(arch)} (supported: ${ONNX_ARCHITECTURES.join(', ')})`);
+  if (!exportable(spec)) {
+    throw new Error(`onnx export: ${arch} is served by the native engine only; the ONNX export covers the dense families (${ONNX_ARCHITECTURES.join(', ')})`);
+  }
   if ((config.hidden_act ?? 'silu') !== 'silu') throw new Error(`onnx export: hidden_act ${config.hidden_act} is not supported (only silu)`);
   if ((config.partial_rotary_factor ?? 1) !== 1) throw new Error('onnx export: partial_rotary_factor is not supported');
   const numHeads = config.num_attention_heads as number;

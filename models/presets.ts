@@ -1,7 +1,7 @@
 // Model presets for the generator: the exact shapes of published checkpoints plus small
 // variants for correctness tests. Shapes only; weights are random (see make-model.ts).
 
-import type { Architecture } from '../src/engine/architectures.js';
+import { ARCHITECTURES, architectureSpec, type Architecture } from '../src/engine/architectures.js';
 
 export type { Architecture };
 
@@ -42,10 +42,37 @@ export interface PresetShape {
   ropeTheta: number;
   ropeScaling: RopeScaling | null;
   tieWordEmbeddings: boolean;
-  /** Mistral only: sliding_window in config.json (null = full attention). */
+  /**
+   * sliding_window in config.json: Mistral and Mixtral (null = full attention), Gemma 3 (the
+   * window of its sliding layers; required). The other families ignore it.
+   */
   slidingWindow: number | null;
   tokenizer: TokenizerFamily;
   defaultDtype: Dtype;
+
+  // ---- Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM); absent elsewhere. ----
+  /** Experts of a sparse layer (num_experts / num_local_experts). */
+  numExperts?: number;
+  /** Experts each token is routed to (num_experts_per_tok). */
+  numExpertsPerTok?: number;
+  /** Qwen3-MoE: each expert's intermediate size (intermediateSize is the dense layers'). Mixtral's experts use intermediateSize. */
+  moeIntermediateSize?: number;
+  /** Qwen3-MoE: the top-k routing weights are renormalised to sum 1 (default true). */
+  normTopkProb?: boolean;
+  /** Qwen3-MoE: layer i is sparse iff (i + 1) % decoderSparseStep == 0 (default 1) and i is not in mlpOnlyLayers. */
+  decoderSparseStep?: number;
+  mlpOnlyLayers?: number[];
+
+  // ---- Gemma 3 (required there, absent elsewhere). ----
+  /** Attention scores are scaled by queryPreAttnScalar ** -0.5 (not head_dim's). */
+  queryPreAttnScalar?: number;
+  /** Layer i attends to everything iff (i + 1) % slidingWindowPattern == 0, else within slidingWindow. */
+  slidingWindowPattern?: number;
+  /** Rope base of the sliding layers (never scaled; ropeTheta and ropeScaling are the global layers'). */
+  ropeLocalBaseFreq?: number;
+  /** logits = tanh(logits / cap) * cap; null (Gemma 3's published configs) = none. */
+  finalLogitSoftcapping?: number | null;
+  attnLogitSoftcapping?: number | null;
 }
 
 /** Byte-level BPE entries of the small trained tokenizer (256 bytes + learned merges). */
@@ -54,6 +81,8 @@ export const SMALL_BPE_SIZE = 2048;
 export const CHATML_SPECIALS = 3;
 /** Vocabulary of the tiny/test presets: trained BPE + ChatML specials = 2051. */
 export const SMALL_VOCAB = SMALL_BPE_SIZE + CHATML_SPECIALS;
+/** The same with Qwen3's six text tokens (<think>, <tool_call>, ...): 2057. */
+const SMALL_QWEN3_VOCAB = SMALL_VOCAB + 6;
 
 const llama3Scaling = (factor: number, orig: number): RopeScaling => ({
   rope_type: 'llama3',
@@ -92,7 +121,7 @@ export const PRESETS: Record<string, PresetShape> = {
     numHeads: 4,
     numKvHeads: 2,
     headDim: 64,
-    vocabSize: SMALL_BPE_SIZE + CHATML_SPECIALS + 6,
+    vocabSize: SMALL_QWEN3_VOCAB,
     maxPositionEmbeddings: 4096,
     rmsNormEps: 1e-6,
     ropeTheta: 1000000,
@@ -193,6 +222,147 @@ export const PRESETS: Record<string, PresetShape> = {
     tokenizer: 'chatml',
     defaultDtype: 'bf16',
   },
+  // Qwen/Qwen3-30B-A3B: 128 experts, 8 per token; ~30.5B parameters, ~3.3B active.
+  'qwen3-30b-a3b': {
+    architecture: 'Qwen3MoeForCausalLM',
+    hiddenSize: 2048,
+    intermediateSize: 6144,
+    numLayers: 48,
+    numHeads: 32,
+    numKvHeads: 4,
+    headDim: 128,
+    vocabSize: 151936,
+    maxPositionEmbeddings: 40960,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: null,
+    tokenizer: 'qwen3',
+    defaultDtype: 'bf16',
+    numExperts: 128,
+    numExpertsPerTok: 8,
+    moeIntermediateSize: 768,
+    normTopkProb: true,
+    decoderSparseStep: 1,
+    mlpOnlyLayers: [],
+  },
+  // mistralai/Mixtral-8x7B-v0.1: 8 experts of intermediate 14336, 2 per token; ~46.7B parameters.
+  'mixtral-8x7b': {
+    architecture: 'MixtralForCausalLM',
+    hiddenSize: 4096,
+    intermediateSize: 14336,
+    numLayers: 32,
+    numHeads: 32,
+    numKvHeads: 8,
+    headDim: 128,
+    vocabSize: 32000,
+    maxPositionEmbeddings: 32768,
+    rmsNormEps: 1e-5,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: null,
+    tokenizer: 'chatml',
+    defaultDtype: 'bf16',
+    numExperts: 8,
+    numExpertsPerTok: 2,
+  },
+  // google/gemma-3-4b-it's text model, in its multimodal checkpoint's layout (text_config,
+  // language_model.model.*) without the vision tower; ~3.88B parameters.
+  'gemma-3-4b': {
+    architecture: 'Gemma3ForConditionalGeneration',
+    hiddenSize: 2560,
+    intermediateSize: 10240,
+    numLayers: 34,
+    numHeads: 8,
+    numKvHeads: 4,
+    headDim: 256,
+    vocabSize: 262208,
+    maxPositionEmbeddings: 131072,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: { rope_type: 'linear', factor: 8 },
+    tieWordEmbeddings: true,
+    slidingWindow: 1024,
+    tokenizer: 'chatml',
+    defaultDtype: 'bf16',
+    queryPreAttnScalar: 256,
+    slidingWindowPattern: 6,
+    ropeLocalBaseFreq: 10000,
+    finalLogitSoftcapping: null,
+    attnLogitSoftcapping: null,
+  },
+  // google/gemma-3-27b-it's text model, as gemma-3-4b; ~27.0B parameters.
+  'gemma-3-27b': {
+    architecture: 'Gemma3ForConditionalGeneration',
+    hiddenSize: 5376,
+    intermediateSize: 21504,
+    numLayers: 62,
+    numHeads: 32,
+    numKvHeads: 16,
+    headDim: 128,
+    vocabSize: 262208,
+    maxPositionEmbeddings: 131072,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: { rope_type: 'linear', factor: 8 },
+    tieWordEmbeddings: true,
+    slidingWindow: 1024,
+    tokenizer: 'chatml',
+    defaultDtype: 'bf16',
+    queryPreAttnScalar: 168,
+    slidingWindowPattern: 6,
+    ropeLocalBaseFreq: 10000,
+    finalLogitSoftcapping: null,
+    attnLogitSoftcapping: null,
+  },
+
+  // ---- A mixture of experts and a dense model reading the same weight bytes per token (benchmarks). ----
+  // 16 experts of 512, 2 per token: each token reads 2 * 3 * 1024 * 512 expert weights a layer,
+  // as bench-moe-dense's MLP of 1024 does; ~222M parameters in all against ~46M dense.
+  'bench-moe': {
+    architecture: 'Qwen3MoeForCausalLM',
+    hiddenSize: 1024,
+    intermediateSize: 1024,
+    numLayers: 8,
+    numHeads: 16,
+    numKvHeads: 8,
+    headDim: 64,
+    vocabSize: SMALL_QWEN3_VOCAB,
+    maxPositionEmbeddings: 4096,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: true,
+    slidingWindow: null,
+    tokenizer: 'qwen3',
+    defaultDtype: 'bf16',
+    numExperts: 16,
+    numExpertsPerTok: 2,
+    moeIntermediateSize: 512,
+    normTopkProb: true,
+    decoderSparseStep: 1,
+    mlpOnlyLayers: [],
+  },
+  'bench-moe-dense': {
+    architecture: 'Qwen3ForCausalLM',
+    hiddenSize: 1024,
+    intermediateSize: 1024,
+    numLayers: 8,
+    numHeads: 16,
+    numKvHeads: 8,
+    headDim: 64,
+    vocabSize: SMALL_QWEN3_VOCAB,
+    maxPositionEmbeddings: 4096,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: true,
+    slidingWindow: null,
+    tokenizer: 'qwen3',
+    defaultDtype: 'bf16',
+  },
 
   // ---- Small variants for the float64 correctness suite (2 layers, vocab = tiny tokenizer). ----
   // llama3 rope scaling with original_max_position_embeddings 64: with theta 1e4 and head_dim 32,
@@ -290,6 +460,79 @@ export const PRESETS: Record<string, PresetShape> = {
     tokenizer: 'chatml',
     defaultDtype: 'f32',
   },
+  // 8 experts, top-2 renormalised; layer 1 dense (mlp_only_layers) between two sparse ones;
+  // expert intermediate 48 != the dense 128; q/k norms with head_dim 16 != hidden/heads (8), GQA 4:1.
+  'test-qwen3-moe': {
+    architecture: 'Qwen3MoeForCausalLM',
+    hiddenSize: 64,
+    intermediateSize: 128,
+    numLayers: 3,
+    numHeads: 8,
+    numKvHeads: 2,
+    headDim: 16,
+    vocabSize: SMALL_QWEN3_VOCAB,
+    maxPositionEmbeddings: 2048,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: null,
+    tokenizer: 'qwen3',
+    defaultDtype: 'f32',
+    numExperts: 8,
+    numExpertsPerTok: 2,
+    moeIntermediateSize: 48,
+    normTopkProb: true,
+    decoderSparseStep: 1,
+    mlpOnlyLayers: [1],
+  },
+  // 4 experts of intermediate 96, top-2; every layer sparse.
+  'test-mixtral': {
+    architecture: 'MixtralForCausalLM',
+    hiddenSize: 64,
+    intermediateSize: 96,
+    numLayers: 2,
+    numHeads: 4,
+    numKvHeads: 2,
+    headDim: 16,
+    vocabSize: SMALL_VOCAB,
+    maxPositionEmbeddings: 2048,
+    rmsNormEps: 1e-5,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: null,
+    tokenizer: 'chatml',
+    defaultDtype: 'f32',
+    numExperts: 4,
+    numExpertsPerTok: 2,
+  },
+  // Pattern 2: layers 0 and 2 slide (window 8, local rope base 1e4), 1 and 3 are global (rope
+  // base 1e6 with linear scaling 4); query_pre_attn_scalar 24 != head_dim 32 != hidden/heads 16;
+  // tied. Override architecture to Gemma3ForConditionalGeneration for the multimodal layout.
+  'test-gemma3': {
+    architecture: 'Gemma3ForCausalLM',
+    hiddenSize: 64,
+    intermediateSize: 160,
+    numLayers: 4,
+    numHeads: 4,
+    numKvHeads: 2,
+    headDim: 32,
+    vocabSize: SMALL_VOCAB,
+    maxPositionEmbeddings: 2048,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: { rope_type: 'linear', factor: 4 },
+    tieWordEmbeddings: true,
+    slidingWindow: 8,
+    tokenizer: 'chatml',
+    defaultDtype: 'f32',
+    queryPreAttnScalar: 24,
+    slidingWindowPattern: 2,
+    ropeLocalBaseFreq: 10000,
+    finalLogitSoftcapping: null,
+    attnLogitSoftcapping: null,
+  },
 };
 
 /** Preset merged with overrides, validated. Throws on unknown presets or inconsistent shapes. */
@@ -313,7 +556,50 @@ export function resolvePreset(preset: string, overrides: Partial<PresetShape> = 
     throw new Error(`numHeads (${s.numHeads}) must be a multiple of numKvHeads (${s.numKvHeads})`);
   }
   if (s.headDim % 2 !== 0) throw new Error(`headDim must be even, got ${s.headDim}`);
+  const spec = architectureSpec(s.architecture);
+  if (!spec) throw new Error(`unknown architecture ${String(s.architecture)} (known: ${Object.keys(ARCHITECTURES).join(', ')})`);
+  if (spec.mlp === 'moe') checkExperts(s, spec.moeLayout === 'qwen3_moe');
+  if (spec.gemmaNorms) {
+    positiveInteger(s, 'slidingWindow');
+    positiveInteger(s, 'slidingWindowPattern');
+    for (const k of ['queryPreAttnScalar', 'ropeLocalBaseFreq'] as const) {
+      if (typeof s[k] !== 'number' || !(s[k] > 0)) throw new Error(`preset field ${k} must be a positive number, got ${String(s[k])}`);
+    }
+  }
   return s;
+}
+
+function positiveInteger(s: PresetShape, k: keyof PresetShape): void {
+  const v = s[k];
+  if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) {
+    throw new Error(`preset field ${k} must be a positive integer, got ${String(v)}`);
+  }
+}
+
+function checkExperts(s: PresetShape, qwen3Moe: boolean): void {
+  positiveInteger(s, 'numExperts');
+  positiveInteger(s, 'numExpertsPerTok');
+  if (s.numExpertsPerTok! > s.numExperts!) {
+    throw new Error(`numExpertsPerTok (${s.numExpertsPerTok}) must not exceed numExperts (${s.numExperts})`);
+  }
+  if (!qwen3Moe) return;
+  positiveInteger(s, 'moeIntermediateSize');
+  if (s.decoderSparseStep !== undefined) positiveInteger(s, 'decoderSparseStep');
+  for (const l of s.mlpOnlyLayers ?? []) {
+    if (!Number.isInteger(l) || l < 0 || l >= s.numLayers) throw new Error(`mlpOnlyLayers holds ${l}, not a layer index`);
+  }
+}
+
+/**
+ * Whether layer `i` of a shape routes its tokens to experts (else it has a dense MLP of
+ * intermediateSize): every layer of Mixtral; Qwen3-MoE's layers on the decoder_sparse_step
+ * outside mlp_only_layers.
+ */
+export function isSparseLayer(s: PresetShape, i: number): boolean {
+  const spec = ARCHITECTURES[s.architecture];
+  if (spec.mlp !== 'moe') return false;
+  if (spec.moeLayout === 'mixtral') return true;
+  return !(s.mlpOnlyLayers ?? []).includes(i) && (s.numExperts ?? 0) > 0 && (i + 1) % (s.decoderSparseStep ?? 1) === 0;
 }
 
 export function dtypeBytes(dtype: Dtype): number {

@@ -1,5 +1,5 @@
 // The one architecture table of the TypeScript side (src/engine/architectures.ts) against its C++
-// mirror (kArchitectures in native/src/model/model_config.cpp), and what the table drives: the
+// mirror (kArchitectures in native/src/model/architectures.cpp), and what the table drives: the
 // model maker's tensors and config.json, and the checkpoint reader's sliding-window rule.
 
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -12,13 +12,16 @@ import { checkpointContextLength } from '../src/engine/checkpoint-config.js';
 import { buildConfig, tensorSpecs } from '../models/make-model.js';
 import { PRESETS } from '../models/presets.js';
 
-/** The C++ table's rows: architecture, model_type, qkv_bias, qk_norm. */
-function nativeTable(): { architecture: string; modelType: string; qkvBias: boolean; qkNorm: boolean }[] {
-  const source = readFileSync(resolve(import.meta.dirname, '..', 'native', 'src', 'model', 'model_config.cpp'), 'utf8');
+/** The C++ table's rows (native/src/model/architectures.cpp). */
+function nativeTable(): { architecture: string; modelType: string; qkvBias: boolean; qkNorm: boolean; mlp: string; sandwichNorms: boolean }[] {
+  const source = readFileSync(resolve(import.meta.dirname, '..', 'native', 'src', 'model', 'architectures.cpp'), 'utf8');
   const table = /kArchitectures\[\]\s*=\s*\{([\s\S]*?)\n\};/.exec(source);
-  if (!table) throw new Error('kArchitectures not found in model_config.cpp');
-  return [...table[1]!.matchAll(/\{"(\w+)",\s*"(\w+)",\s*(true|false),\s*(true|false)\}/g)].map((m) => ({
+  if (!table) throw new Error('kArchitectures not found in architectures.cpp');
+  const bool = '(true|false)';
+  const row = new RegExp(`\\{"(\\w+)",\\s*"(\\w+)",\\s*${bool},\\s*${bool},\\s*MlpLayout::(\\w+),\\s*${bool},\\s*${bool},`, 'g');
+  return [...table[1]!.matchAll(row)].map((m) => ({
     architecture: m[1]!, modelType: m[2]!, qkvBias: m[3] === 'true', qkNorm: m[4] === 'true',
+    mlp: m[5] === 'kDense' ? 'dense' : 'moe', sandwichNorms: m[7] === 'true',
   }));
 }
 
@@ -29,8 +32,9 @@ describe('the architecture table', () => {
     expect(native.map((r) => r.architecture)).toEqual(SUPPORTED_ARCHITECTURES);
     for (const row of native) {
       const spec = ARCHITECTURES[row.architecture as keyof typeof ARCHITECTURES];
-      expect({ modelType: spec.modelType, qkvBias: spec.qkvBias, qkNorm: spec.qkNorm }, row.architecture)
-        .toEqual({ modelType: row.modelType, qkvBias: row.qkvBias, qkNorm: row.qkNorm });
+      expect({ modelType: spec.modelType, qkvBias: spec.qkvBias, qkNorm: spec.qkNorm, mlp: spec.mlp, sandwichNorms: spec.sandwichNorms },
+        row.architecture)
+        .toEqual({ modelType: row.modelType, qkvBias: row.qkvBias, qkNorm: row.qkNorm, mlp: row.mlp, sandwichNorms: row.sandwichNorms });
     }
   });
 
@@ -45,9 +49,12 @@ describe('the architecture table', () => {
     for (const preset of Object.values(PRESETS)) {
       const spec = ARCHITECTURES[preset.architecture];
       const names = tensorSpecs(preset).map((t) => t.name);
-      expect(names.includes('model.layers.0.self_attn.q_proj.bias'), preset.architecture).toBe(spec.qkvBias);
-      expect(names.includes('model.layers.0.self_attn.q_norm.weight'), preset.architecture).toBe(spec.qkNorm);
       const config = buildConfig(preset, 'bf16', 1, [2]);
+      const text = (spec.textConfig ? config[spec.textConfig] : config) as Record<string, unknown>;
+      // gpt-oss turns every attention bias on through attention_bias, as the dense families may.
+      expect(names.includes(`${spec.prefix}layers.0.self_attn.q_proj.bias`), preset.architecture)
+        .toBe(spec.qkvBias || text['attention_bias'] === true);
+      expect(names.includes(`${spec.prefix}layers.0.self_attn.q_norm.weight`), preset.architecture).toBe(spec.qkNorm);
       expect(config['model_type']).toBe(spec.modelType);
       expect(config).toMatchObject(spec.configFields(preset));
     }

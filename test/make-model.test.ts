@@ -5,7 +5,8 @@ import { join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { afterAll, describe, expect, it } from 'vitest';
-import { PRESETS, makeModel, paramCount, resolvePreset, weightBytes } from '../models/make-model.js';
+import { type Architecture, type PresetShape, PRESETS, activeParamCount, buildConfig, makeModel, paramCount, resolvePreset, weightBytes } from '../models/make-model.js';
+import { decoderShape } from '../models/onnx-checkpoint.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-make-model-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
@@ -37,18 +38,25 @@ function tensorBytes(dir: string, file: string, name: string): Buffer {
   return buf.subarray(8 + headerLen + e.data_offsets[0], 8 + headerLen + e.data_offsets[1]);
 }
 
-/** Expected HF tensor names and shapes of a preset, written out independently. */
-function expectedTensors(preset: string): Map<string, number[]> {
-  const s = resolvePreset(preset);
+/** Expected HF tensor names and shapes of a preset, written out independently (families.md of issue 31). */
+function expectedTensors(preset: string, overrides: Partial<PresetShape> = {}): Map<string, number[]> {
+  const s = resolvePreset(preset, overrides);
   const m = new Map<string, number[]>();
   const h = s.hiddenSize;
   const q = s.numHeads * s.headDim;
   const kv = s.numKvHeads * s.headDim;
-  m.set('model.embed_tokens.weight', [s.vocabSize, h]);
+  const multimodal = s.architecture === 'Gemma3ForConditionalGeneration';
+  const gemma = multimodal || s.architecture === 'Gemma3ForCausalLM';
+  const root = multimodal ? 'language_model.model.' : 'model.';
+  m.set(root + 'embed_tokens.weight', [s.vocabSize, h]);
   for (let i = 0; i < s.numLayers; i++) {
-    const p = `model.layers.${i}.`;
+    const p = `${root}layers.${i}.`;
     m.set(p + 'input_layernorm.weight', [h]);
     m.set(p + 'post_attention_layernorm.weight', [h]);
+    if (gemma) {
+      m.set(p + 'pre_feedforward_layernorm.weight', [h]);
+      m.set(p + 'post_feedforward_layernorm.weight', [h]);
+    }
     m.set(p + 'self_attn.q_proj.weight', [q, h]);
     m.set(p + 'self_attn.k_proj.weight', [kv, h]);
     m.set(p + 'self_attn.v_proj.weight', [kv, h]);
@@ -58,20 +66,45 @@ function expectedTensors(preset: string): Map<string, number[]> {
       m.set(p + 'self_attn.k_proj.bias', [kv]);
       m.set(p + 'self_attn.v_proj.bias', [kv]);
     }
-    if (s.architecture === 'Qwen3ForCausalLM') {
+    if (s.architecture === 'Qwen3ForCausalLM' || s.architecture === 'Qwen3MoeForCausalLM' || gemma) {
       m.set(p + 'self_attn.q_norm.weight', [s.headDim]);
       m.set(p + 'self_attn.k_norm.weight', [s.headDim]);
     }
-    m.set(p + 'mlp.gate_proj.weight', [s.intermediateSize, h]);
-    m.set(p + 'mlp.up_proj.weight', [s.intermediateSize, h]);
-    m.set(p + 'mlp.down_proj.weight', [h, s.intermediateSize]);
+    const qwen3Sparse = s.architecture === 'Qwen3MoeForCausalLM' && !(s.mlpOnlyLayers ?? []).includes(i) &&
+      (i + 1) % (s.decoderSparseStep ?? 1) === 0;
+    if (s.architecture === 'MixtralForCausalLM') {
+      m.set(p + 'block_sparse_moe.gate.weight', [s.numExperts!, h]);
+      for (let e = 0; e < s.numExperts!; e++) {
+        m.set(p + `block_sparse_moe.experts.${e}.w1.weight`, [s.intermediateSize, h]);
+        m.set(p + `block_sparse_moe.experts.${e}.w3.weight`, [s.intermediateSize, h]);
+        m.set(p + `block_sparse_moe.experts.${e}.w2.weight`, [h, s.intermediateSize]);
+      }
+    } else if (qwen3Sparse) {
+      const moeI = s.moeIntermediateSize!;
+      m.set(p + 'mlp.gate.weight', [s.numExperts!, h]);
+      for (let e = 0; e < s.numExperts!; e++) {
+        m.set(p + `mlp.experts.${e}.gate_proj.weight`, [moeI, h]);
+        m.set(p + `mlp.experts.${e}.up_proj.weight`, [moeI, h]);
+        m.set(p + `mlp.experts.${e}.down_proj.weight`, [h, moeI]);
+      }
+    } else {
+      m.set(p + 'mlp.gate_proj.weight', [s.intermediateSize, h]);
+      m.set(p + 'mlp.up_proj.weight', [s.intermediateSize, h]);
+      m.set(p + 'mlp.down_proj.weight', [h, s.intermediateSize]);
+    }
   }
-  m.set('model.norm.weight', [h]);
-  if (!s.tieWordEmbeddings) m.set('lm_head.weight', [s.vocabSize, h]);
+  m.set(root + 'norm.weight', [h]);
+  if (!s.tieWordEmbeddings) m.set(multimodal ? 'language_model.lm_head.weight' : 'lm_head.weight', [s.vocabSize, h]);
   return m;
 }
 
-const TEST_PRESETS = ['test-llama', 'test-llama-linear', 'test-qwen2', 'test-qwen3', 'test-mistral'];
+const TEST_PRESETS = ['test-llama', 'test-llama-linear', 'test-qwen2', 'test-qwen3', 'test-mistral', 'test-qwen3-moe', 'test-mixtral', 'test-gemma3'];
+
+const MODEL_TYPES: Record<Architecture, string> = {
+  LlamaForCausalLM: 'llama', MistralForCausalLM: 'mistral', Qwen2ForCausalLM: 'qwen2', Qwen3ForCausalLM: 'qwen3',
+  Qwen3MoeForCausalLM: 'qwen3_moe', MixtralForCausalLM: 'mixtral', Gemma3ForCausalLM: 'gemma3_text',
+  Gemma3ForConditionalGeneration: 'gemma3',
+};
 
 describe('makeModel: files and weights', () => {
   it('writes a complete tiny model directory with valid safetensors', async () => {
@@ -123,10 +156,10 @@ describe('makeModel: files and weights', () => {
     await makeModel({ preset, out: dir, dtype: 'f16' });
     const s = PRESETS[preset]!;
     const cfg = readJson(join(dir, 'config.json'));
-    const modelType = { LlamaForCausalLM: 'llama', MistralForCausalLM: 'mistral', Qwen2ForCausalLM: 'qwen2', Qwen3ForCausalLM: 'qwen3' }[s.architecture];
+    const gemma = s.architecture === 'Gemma3ForCausalLM';
     expect(cfg).toMatchObject({
       architectures: [s.architecture],
-      model_type: modelType,
+      model_type: MODEL_TYPES[s.architecture],
       hidden_size: s.hiddenSize,
       intermediate_size: s.intermediateSize,
       num_hidden_layers: s.numLayers,
@@ -140,10 +173,12 @@ describe('makeModel: files and weights', () => {
       rope_scaling: s.ropeScaling,
       tie_word_embeddings: s.tieWordEmbeddings,
       torch_dtype: 'float16',
-      hidden_act: 'silu',
     });
+    // Gemma spells its activation hidden_activation (and has no hidden_act).
+    expect(cfg.hidden_act).toBe(gemma ? undefined : 'silu');
+    expect(cfg.hidden_activation).toBe(gemma ? 'gelu_pytorch_tanh' : undefined);
     if (s.architecture === 'Qwen2ForCausalLM') expect(cfg.use_sliding_window).toBe(false);
-    if (s.architecture === 'Qwen3ForCausalLM') {
+    if (s.architecture === 'Qwen3ForCausalLM' || s.architecture === 'Qwen3MoeForCausalLM') {
       expect(cfg.attention_bias).toBe(false);
       expect(cfg.head_dim).not.toBe(cfg.hidden_size / cfg.num_attention_heads);
     }
@@ -280,6 +315,133 @@ describe('makeModel: files and weights', () => {
   });
 });
 
+describe('makeModel: the mixture-of-experts and Gemma 3 families', () => {
+  /** Mean and std of an f32 tensor of a model directory. */
+  const stats = (dir: string, name: string) => {
+    const b = tensorBytes(dir, 'model.safetensors', name);
+    const xs = Array.from({ length: b.length / 4 }, (_, i) => b.readFloatLE(i * 4));
+    const mean = xs.reduce((a, x) => a + x, 0) / xs.length;
+    return { mean, std: Math.sqrt(xs.reduce((a, x) => a + (x - mean) ** 2, 0) / xs.length) };
+  };
+
+  it('test-qwen3-moe: Qwen3-MoE config fields, a dense layer from mlp_only_layers, experts of moe_intermediate_size', async () => {
+    const dir = freshDir('qwen3-moe');
+    await makeModel({ preset: 'test-qwen3-moe', out: dir });
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg).toMatchObject({
+      architectures: ['Qwen3MoeForCausalLM'], model_type: 'qwen3_moe', num_experts: 8, num_experts_per_tok: 2,
+      moe_intermediate_size: 48, intermediate_size: 128, norm_topk_prob: true, decoder_sparse_step: 1, mlp_only_layers: [1],
+      attention_bias: false, use_sliding_window: false, sliding_window: null, max_window_layers: 3,
+      output_router_logits: false, router_aux_loss_coef: 0.001, head_dim: 16, hidden_act: 'silu',
+    });
+    const { header } = readHeader(join(dir, 'model.safetensors'));
+    expect(header['model.layers.0.mlp.gate.weight']!.shape).toEqual([8, 64]);
+    expect(header['model.layers.2.mlp.experts.7.down_proj.weight']!.shape).toEqual([64, 48]);
+    expect(header['model.layers.1.mlp.gate.weight']).toBeUndefined();
+    expect(header['model.layers.1.mlp.up_proj.weight']!.shape).toEqual([128, 64]);
+    // Routers: logits of std ~2 on RMS-normalised input.
+    const router = stats(dir, 'model.layers.0.mlp.gate.weight');
+    expect(router.std * Math.sqrt(64)).toBeGreaterThan(1.6);
+    expect(router.std * Math.sqrt(64)).toBeLessThan(2.4);
+  });
+
+  it('test-mixtral: Mixtral config fields and block_sparse_moe experts w1/w3/w2 on every layer', async () => {
+    const dir = freshDir('mixtral');
+    await makeModel({ preset: 'test-mixtral', out: dir });
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg).toMatchObject({
+      architectures: ['MixtralForCausalLM'], model_type: 'mixtral', num_local_experts: 4, num_experts_per_tok: 2,
+      intermediate_size: 96, sliding_window: null, output_router_logits: false, router_aux_loss_coef: 0.02, hidden_act: 'silu',
+    });
+    expect(cfg.num_experts).toBeUndefined();
+    const { header } = readHeader(join(dir, 'model.safetensors'));
+    for (const layer of [0, 1]) {
+      expect(header[`model.layers.${layer}.block_sparse_moe.gate.weight`]!.shape).toEqual([4, 64]);
+      expect(header[`model.layers.${layer}.block_sparse_moe.experts.3.w1.weight`]!.shape).toEqual([96, 64]);
+      expect(header[`model.layers.${layer}.block_sparse_moe.experts.3.w3.weight`]!.shape).toEqual([96, 64]);
+      expect(header[`model.layers.${layer}.block_sparse_moe.experts.3.w2.weight`]!.shape).toEqual([64, 96]);
+      expect(header[`model.layers.${layer}.mlp.gate_proj.weight`]).toBeUndefined();
+    }
+  });
+
+  it('test-gemma3: Gemma 3 text config fields, four norms a layer stored as w of (1 + w)', async () => {
+    const dir = freshDir('gemma3');
+    await makeModel({ preset: 'test-gemma3', out: dir });
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg).toMatchObject({
+      architectures: ['Gemma3ForCausalLM'], model_type: 'gemma3_text', hidden_activation: 'gelu_pytorch_tanh',
+      head_dim: 32, query_pre_attn_scalar: 24, sliding_window: 8, sliding_window_pattern: 2, rope_theta: 1000000,
+      rope_local_base_freq: 10000, rope_scaling: { rope_type: 'linear', factor: 4 }, tie_word_embeddings: true,
+      final_logit_softcapping: null, attn_logit_softcapping: null, attention_bias: false,
+    });
+    expect(cfg.query_pre_attn_scalar).not.toBe(cfg.head_dim);
+    expect(cfg.head_dim).not.toBe(cfg.hidden_size / cfg.num_attention_heads);
+    // (1 + w): input, pre-feedforward and final norms near 0 (scale ~1); q/k norms carry the q/k
+    // gain (scale ~2); the post norms the size of what a block writes (scale outGain * sqrt(hidden)).
+    for (const name of ['model.layers.0.input_layernorm.weight', 'model.layers.0.pre_feedforward_layernorm.weight', 'model.norm.weight']) {
+      expect(Math.abs(stats(dir, name).mean), name).toBeLessThan(0.05);
+      expect(stats(dir, name).std, name).toBeLessThan(0.2);
+    }
+    expect(stats(dir, 'model.layers.1.self_attn.q_norm.weight').mean).toBeCloseTo(1, 0);
+    expect(stats(dir, 'model.layers.1.post_attention_layernorm.weight').mean + 1).toBeCloseTo(8 * Math.sqrt(64), -1);
+    expect(stats(dir, 'model.layers.1.post_feedforward_layernorm.weight').mean + 1).toBeCloseTo(8 * Math.sqrt(64), -1);
+  });
+
+  it('Gemma3ForConditionalGeneration: text fields under text_config, tensors under language_model.model', async () => {
+    const dir = freshDir('gemma3-mm');
+    const overrides = { architecture: 'Gemma3ForConditionalGeneration' as const };
+    await makeModel({ preset: 'test-gemma3', out: dir, overrides });
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg).toMatchObject({ architectures: ['Gemma3ForConditionalGeneration'], model_type: 'gemma3', torch_dtype: 'float32' });
+    expect(cfg.bos_token_id).toBe(2048);
+    expect(cfg.eos_token_id).toBe(2050);
+    expect(cfg.text_config).toMatchObject({
+      model_type: 'gemma3_text', hidden_size: 64, num_hidden_layers: 4, head_dim: 32, query_pre_attn_scalar: 24,
+      sliding_window: 8, sliding_window_pattern: 2, vocab_size: 2051, hidden_activation: 'gelu_pytorch_tanh',
+      tie_word_embeddings: true,
+    });
+    expect(cfg.hidden_size).toBeUndefined();
+    expect(Object.keys(cfg.text_config)).toEqual(Object.keys(cfg.text_config).sort());
+    const { header } = readHeader(join(dir, 'model.safetensors'));
+    const exp = expectedTensors('test-gemma3', overrides);
+    expect(Object.keys(header).sort()).toEqual([...exp.keys()].sort());
+    expect([...exp.keys()].every((n) => n.startsWith('language_model.model.'))).toBe(true);
+    for (const [name, e] of Object.entries(header)) expect(e.shape, name).toEqual(exp.get(name));
+    // Untied: the lm_head sits beside the decoder.
+    const untied = expectedTensors('test-gemma3', { ...overrides, tieWordEmbeddings: false });
+    expect(untied.has('language_model.lm_head.weight')).toBe(true);
+  });
+
+  it('refuses shapes the families cannot have', () => {
+    expect(() => resolvePreset('test-qwen3-moe', { numExpertsPerTok: 9 })).toThrow(/numExpertsPerTok/);
+    expect(() => resolvePreset('test-qwen3-moe', { mlpOnlyLayers: [3] })).toThrow(/mlpOnlyLayers/);
+    expect(() => resolvePreset('test-qwen3-moe', { moeIntermediateSize: undefined })).toThrow(/moeIntermediateSize/);
+    expect(() => resolvePreset('test-mixtral', { numExperts: 0 })).toThrow(/numExperts/);
+    expect(() => resolvePreset('test-gemma3', { slidingWindow: null })).toThrow(/slidingWindow/);
+    expect(() => resolvePreset('test-gemma3', { queryPreAttnScalar: 0 })).toThrow(/queryPreAttnScalar/);
+    expect(() => resolvePreset('tiny', { architecture: 'GemmaForCausalLM' as Architecture })).toThrow(/unknown architecture/);
+  });
+
+  it('the ONNX export refuses them: it covers the dense families only', () => {
+    for (const preset of ['test-qwen3-moe', 'test-mixtral', 'test-gemma3']) {
+      const config = buildConfig(resolvePreset(preset), 'f32', 1, [2]);
+      expect(() => decoderShape(config), preset).toThrow(/served by the native engine only; the ONNX export covers the dense families \(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM\)/);
+    }
+    const mm = buildConfig(resolvePreset('test-gemma3', { architecture: 'Gemma3ForConditionalGeneration' }), 'f32', 1, [2]);
+    expect(() => decoderShape(mm)).toThrow(/Gemma3ForConditionalGeneration is served by the native engine only/);
+    expect(decoderShape(buildConfig(resolvePreset('test-qwen3'), 'f32', 1, [2])).architecture).toBe('Qwen3ForCausalLM');
+  });
+
+  it('bench-moe and bench-moe-dense read the same MLP weights per token', () => {
+    const moe = resolvePreset('bench-moe');
+    const dense = resolvePreset('bench-moe-dense');
+    expect(dense.intermediateSize).toBe(moe.numExpertsPerTok! * moe.moeIntermediateSize!);
+    // Active parameters differ only by the routers ([experts, hidden] a layer).
+    expect(activeParamCount(moe) - paramCount(dense)).toBe(moe.numLayers * moe.numExperts! * moe.hiddenSize);
+    expect(activeParamCount(dense)).toBe(paramCount(dense));
+  });
+});
+
 describe('real-model presets (config and tokenizer only)', () => {
   const real: Record<string, Record<string, unknown>> = {
     'qwen2.5-0.5b': {
@@ -312,6 +474,40 @@ describe('real-model presets (config and tokenizer only)', () => {
       max_position_embeddings: 32768, rope_theta: 1000000, rms_norm_eps: 1e-5, tie_word_embeddings: false,
       sliding_window: null,
     },
+    'qwen3-30b-a3b': {
+      architectures: ['Qwen3MoeForCausalLM'], model_type: 'qwen3_moe', hidden_size: 2048, intermediate_size: 6144,
+      moe_intermediate_size: 768, num_experts: 128, num_experts_per_tok: 8, norm_topk_prob: true, decoder_sparse_step: 1,
+      mlp_only_layers: [], num_hidden_layers: 48, num_attention_heads: 32, num_key_value_heads: 4, head_dim: 128,
+      rms_norm_eps: 1e-6, rope_theta: 1000000, max_position_embeddings: 40960, vocab_size: 151936,
+      tie_word_embeddings: false, attention_bias: false, use_sliding_window: false, sliding_window: null,
+      max_window_layers: 48, hidden_act: 'silu', output_router_logits: false, router_aux_loss_coef: 0.001,
+    },
+    'mixtral-8x7b': {
+      architectures: ['MixtralForCausalLM'], model_type: 'mixtral', hidden_size: 4096, intermediate_size: 14336,
+      num_local_experts: 8, num_experts_per_tok: 2, num_hidden_layers: 32, num_attention_heads: 32,
+      num_key_value_heads: 8, rms_norm_eps: 1e-5, rope_theta: 1000000, max_position_embeddings: 32768,
+      vocab_size: 32000, sliding_window: null, tie_word_embeddings: false, hidden_act: 'silu',
+      router_aux_loss_coef: 0.02, output_router_logits: false,
+    },
+    'gemma-3-4b': {
+      architectures: ['Gemma3ForConditionalGeneration'], model_type: 'gemma3',
+      text_config: {
+        model_type: 'gemma3_text', hidden_size: 2560, intermediate_size: 10240, num_hidden_layers: 34,
+        num_attention_heads: 8, num_key_value_heads: 4, head_dim: 256, query_pre_attn_scalar: 256, sliding_window: 1024,
+        sliding_window_pattern: 6, rope_theta: 1000000, rope_local_base_freq: 10000,
+        rope_scaling: { factor: 8, rope_type: 'linear' }, vocab_size: 262208, max_position_embeddings: 131072,
+        hidden_activation: 'gelu_pytorch_tanh', rms_norm_eps: 1e-6, tie_word_embeddings: true,
+      },
+    },
+    'gemma-3-27b': {
+      architectures: ['Gemma3ForConditionalGeneration'], model_type: 'gemma3',
+      text_config: {
+        model_type: 'gemma3_text', hidden_size: 5376, intermediate_size: 21504, num_hidden_layers: 62,
+        num_attention_heads: 32, num_key_value_heads: 16, head_dim: 128, query_pre_attn_scalar: 168, sliding_window: 1024,
+        sliding_window_pattern: 6, rope_scaling: { factor: 8, rope_type: 'linear' }, vocab_size: 262208,
+        max_position_embeddings: 131072, tie_word_embeddings: true,
+      },
+    },
   };
   // Published parameter counts of these checkpoints.
   const params: Record<string, number> = {
@@ -320,6 +516,18 @@ describe('real-model presets (config and tokenizer only)', () => {
     'llama-3.2-1b': 1_235_814_400,
     'llama-3.1-8b': 8_030_261_248,
     'mistral-7b': 7_248_023_552,
+    // 48 layers of (attention 18_878_720 + router 262_144 + 128 experts of 3 * 2048 * 768) + embed and lm_head.
+    'qwen3-30b-a3b': 30_532_122_624,
+    // 32 layers of (attention and norms 41_951_232 + router 32_768 + 8 experts of 3 * 4096 * 14336) + embed and lm_head.
+    'mixtral-8x7b': 46_702_792_704,
+    // The text models (the vision towers, ~0.42B, are not written); tied lm_head.
+    'gemma-3-4b': 3_880_263_168,
+    'gemma-3-27b': 27_009_346_304,
+  };
+  // Parameters a token reads (the experts it is routed to, all else): Qwen3-30B-A3B's "3.3B activated".
+  const active: Record<string, number> = {
+    'qwen3-30b-a3b': 3_353_032_704,
+    'mixtral-8x7b': 12_879_925_248,
   };
 
   it.each(Object.keys(real))('%s matches the published config and parameter count', async (preset) => {
@@ -330,10 +538,11 @@ describe('real-model presets (config and tokenizer only)', () => {
     expect(cfg).toMatchObject(real[preset]!);
     expect(cfg.torch_dtype).toBe('bfloat16');
     expect(paramCount(resolvePreset(preset))).toBe(params[preset]);
+    expect(activeParamCount(resolvePreset(preset))).toBe(active[preset] ?? params[preset]);
 
     const tj = readJson(join(dir, 'tokenizer.json'));
     const tc = readJson(join(dir, 'tokenizer_config.json'));
-    expect(Object.keys(tj.model.vocab).length + tj.added_tokens.length).toBe(cfg.vocab_size);
+    expect(Object.keys(tj.model.vocab).length + tj.added_tokens.length).toBe((cfg.text_config ?? cfg).vocab_size);
     const t0 = performance.now();
     const tok = new Tokenizer(tj, tc);
     expect(performance.now() - t0).toBeLessThan(1000);

@@ -5,9 +5,9 @@
 import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { readJsonFile } from '../text/tokenizer.js';
-import { architectureSpec, specOfModelType, usesSlidingWindow } from './architectures.js';
+import { specOfConfig, textConfigOf, windowCapsContext } from './architectures.js';
 
-/** Context length the native reader defaults to when config.json has no max_position_embeddings. */
+/** Context length the native reader defaults to when config.json has no max_position_embeddings (unknown families). */
 const DEFAULT_MAX_POSITION_EMBEDDINGS = 2048;
 
 const present = (v: unknown) => v !== undefined && v !== null;
@@ -23,21 +23,24 @@ function nonNegativeInteger(config: Record<string, unknown>, key: string, fallba
 
 /**
  * The context length Engine.load would report for `modelDir` (engine.info.contextLength):
- * max_position_embeddings (2048 when absent), capped at the sliding window where the model uses
- * one (Mistral when `sliding_window` is set; others when `use_sliding_window` is true), since
- * beyond the window full attention would compute something else than the model.
+ * max_position_embeddings (when absent, the family's default: 2048, Gemma 3's 131072), capped at
+ * the sliding window where the family serves one that way (Mistral and Mixtral when
+ * `sliding_window` is set; the Qwen families when `use_sliding_window` is true), since beyond the
+ * window full attention would compute something else than the model. Gemma 3's windowed layers
+ * are computed as such: its window never caps the context. Multimodal checkpoints
+ * (Gemma3ForConditionalGeneration) are read from their text_config.
  */
 export async function checkpointContextLength(modelDir: string): Promise<number> {
   const config = (await readJsonFile(modelDir, 'config.json', { required: true }))!;
   const file = join(modelDir, 'config.json');
-  let contextLength = nonNegativeInteger(config, 'max_position_embeddings', DEFAULT_MAX_POSITION_EMBEDDINGS, file);
-  const architectures = config['architectures'];
-  const architecture = Array.isArray(architectures) && typeof architectures[0] === 'string' ? architectures[0] : undefined;
-  const modelType = typeof config['model_type'] === 'string' && config['model_type'] !== ''
-    ? config['model_type'] : architectureSpec(architecture)?.modelType;
-  const sliding = usesSlidingWindow(specOfModelType(modelType), config);
-  if (sliding) {
-    const window = nonNegativeInteger(config, 'sliding_window', 0, file);
+  const spec = specOfConfig(config);
+  const text = textConfigOf(spec, config);
+  if (!text) throw new SluiceError('model_file_invalid', `${file}: field "${spec!.textConfig}" must be an object`);
+  const where = spec?.textConfig ? `${file} ${spec.textConfig}` : file;
+  const fallback = spec?.defaultContextLength ?? DEFAULT_MAX_POSITION_EMBEDDINGS;
+  let contextLength = nonNegativeInteger(text, 'max_position_embeddings', fallback, where);
+  if (windowCapsContext(spec, text)) {
+    const window = nonNegativeInteger(text, 'sliding_window', 0, where);
     if (window > 0 && window < contextLength) contextLength = window;
   }
   return contextLength;

@@ -23,6 +23,7 @@ import { StructuredOutputs } from '../structured/structured-outputs.js';
 import type { TokenConstraint } from '../structured/token-constraint.js';
 import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../structured/thinking.js';
 import { readWeightsAhead } from './weight-files.js';
+import { specOfConfig, textConfigOf } from './architectures.js';
 import { loadOnnxHandle, servesOnnxByDefault } from '../native/onnx/onnx-backend.js';
 
 export interface EngineLoadOptions {
@@ -553,8 +554,10 @@ export function batchLimits(backend: BackendName, opts: Pick<EngineLoadOptions, 
  * reserved, and on the CPU backend pages are committed only as they are used.
  */
 export function defaultKvCacheBytes(config: Record<string, unknown>, maxNumSeqs: number): number {
+  // Multimodal checkpoints (Gemma 3) keep the text model's fields under text_config.
+  const text = textConfigOf(specOfConfig(config), config) ?? {};
   const num = (key: string): number | undefined => {
-    const v = config[key];
+    const v = text[key];
     return typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : undefined;
   };
   const numLayers = num('num_hidden_layers');
