@@ -3,7 +3,7 @@
 // d = f16(max|w| / 127) and q = round_half_even(w / d) clamped to [-127, 127]; the weight the
 // quantized model computes with is q * d.
 
-import type { Linear, ReferenceModel } from './reference-model.js';
+import type { GatedMlp, Linear, ReferenceModel } from './reference-model.js';
 
 /** The nearest f16 value (ties to even), as a number; overflow saturates to the largest f16. */
 export function roundToF16(v: number): number {
@@ -41,14 +41,19 @@ export function q8RoundTrip(w: Float64Array, rows: number, cols: number): Float6
 }
 
 /**
- * The model with every projection and lm_head replaced by its Q8_0 round trip (what sluice's
- * --quantization int8 multiplies by); embeddings, norms and biases unchanged, activations float64.
+ * The model with every projection (experts' included) and lm_head replaced by its Q8_0 round trip
+ * (what sluice's --quantization int8 multiplies by); embeddings, norms, biases and MoE routers
+ * unchanged, activations float64.
  */
 export function quantizeReferenceQ8(model: ReferenceModel): ReferenceModel {
   const q = (l: Linear): Linear => ({ ...l, w: q8RoundTrip(l.w, l.out, l.in) });
+  const mlp = (m: GatedMlp): GatedMlp => ({ gate: q(m.gate), up: q(m.up), down: q(m.down) });
   return {
     ...model,
-    layers: model.layers.map((L) => ({ ...L, q: q(L.q), k: q(L.k), v: q(L.v), o: q(L.o), gate: q(L.gate), up: q(L.up), down: q(L.down) })),
+    layers: model.layers.map((L) => ({
+      ...L, q: q(L.q), k: q(L.k), v: q(L.v), o: q(L.o), ...mlp(L),
+      moe: L.moe && { router: L.moe.router, experts: L.moe.experts.map(mlp) },
+    })),
     lmHead: q(model.lmHead),
   };
 }

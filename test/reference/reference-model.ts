@@ -1,24 +1,38 @@
-// A plain, slow, float64 forward pass of Llama / Mistral / Qwen2 / Qwen3 decoder models,
-// following transformers' semantics. Independent of models/ and src/: it reads config.json and
-// the safetensors files itself. Meant for small test models (all weights live as Float64Array).
+// A plain, slow, float64 forward pass of Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral /
+// Gemma 3 decoder models, following transformers' semantics. Independent of models/ and src/: it
+// reads config.json and the safetensors files itself. Meant for small test models (all weights
+// live as Float64Array). The math is in math.ts, the mixture-of-experts MLP in moe.ts.
 
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import {
+  type Linear,
+  type RefActivation,
+  type RefRopeScaling,
+  applyRope,
+  argmax,
+  gatedMlp,
+  logSoftmax,
+  logitsTopGap,
+  matvec,
+  rmsNorm,
+  ropeInvFreq,
+  softcap,
+  softmax,
+} from './math.js';
+import { type MoeArchitecture, type RefMoeConfig, type ReferenceMoe, isMoeArchitecture, loadMoe, moeForward, parseMoeConfig } from './moe.js';
 import { type RefTensor, readSafetensorsDir } from './safetensors-reader.js';
 
-export interface RefRopeScaling {
-  rope_type?: string;
-  type?: string;
-  factor?: number;
-  low_freq_factor?: number;
-  high_freq_factor?: number;
-  original_max_position_embeddings?: number;
-}
+export type { GatedMlp, Linear, RefActivation, RefRopeScaling } from './math.js';
+export type { RefMoeConfig, ReferenceMoe } from './moe.js';
+export { applyRope, argmax, geluTanh, gatedMlp, logSoftmax, logitsTopGap, matvec, rmsNorm, ropeInvFreq, silu, softcap, softmax } from './math.js';
+export { routeTopK } from './moe.js';
 
 export interface ReferenceConfig {
   architecture: string;
   modelType: string;
   hiddenSize: number;
+  /** The dense MLP's intermediate size (Mixtral: each expert's). */
   intermediateSize: number;
   numLayers: number;
   numHeads: number;
@@ -26,20 +40,39 @@ export interface ReferenceConfig {
   headDim: number;
   vocabSize: number;
   rmsNormEps: number;
+  /** Rope base (Gemma: of the full-attention layers; rope_scaling applies there only). */
   ropeTheta: number;
   ropeScaling: RefRopeScaling | null;
+  /** Gemma: rope base of the sliding layers (rope_local_base_freq, never scaled); null elsewhere. */
+  ropeLocalTheta: number | null;
   tieWordEmbeddings: boolean;
   /** Per layer: attention window (keys j with j > i - window), or null for full causal. */
   slidingWindow: (number | null)[];
+  /** Attention scores are q.k * attnScale: 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar ** -0.5. */
+  attnScale: number;
+  /** Every RMSNorm multiplies by (normOffset + w): 0, or 1 for Gemma's (1 + w). */
+  normOffset: number;
+  /** The embedding row is multiplied by this: 1; Gemma: sqrt(hidden_size). */
+  embedScale: number;
+  hiddenAct: RefActivation;
+  /** Gemma: scores = tanh(scores / cap) * cap before the softmax; null = none. */
+  attnSoftcap: number | null;
+  /** Gemma: logits = tanh(logits / cap) * cap; null = none. */
+  finalSoftcap: number | null;
+  qkvBias: boolean;
+  oBias: boolean;
+  mlpBias: boolean;
+  /** q and k RMS-normalised per head before rope (Qwen3, Qwen3-MoE, Gemma 3). */
+  qkNorm: boolean;
+  /** Qwen3-MoE and Mixtral; null for dense families. */
+  moe: RefMoeConfig | null;
 }
 
-export interface Linear {
-  w: Float64Array; // [out, in] row-major
-  b: Float64Array | null;
-  out: number;
-  in: number;
-}
-
+/**
+ * One decoder layer. post_attention_layernorm (postNorm) has two roles: without sandwich norms it
+ * is the MLP's input norm; with them (Gemma: preFeedforwardNorm and postFeedforwardNorm set) it
+ * normalises the attention output before the residual add, and preFeedforwardNorm feeds the MLP.
+ */
 export interface ReferenceLayer {
   inputNorm: Float64Array;
   q: Linear;
@@ -49,9 +82,15 @@ export interface ReferenceLayer {
   qNorm: Float64Array | null;
   kNorm: Float64Array | null;
   postNorm: Float64Array;
+  preFeedforwardNorm: Float64Array | null;
+  postFeedforwardNorm: Float64Array | null;
+  /** The dense MLP; on a sparse layer (moe set) a zero-width one, unused. */
   gate: Linear;
   up: Linear;
   down: Linear;
+  moe: ReferenceMoe | null;
+  /** Rope inverse frequencies of this layer (Gemma: local on sliding layers, global on full ones). */
+  invFreq: Float64Array;
 }
 
 export interface ReferenceModel {
@@ -62,142 +101,44 @@ export interface ReferenceModel {
   layers: ReferenceLayer[];
   norm: Float64Array;
   lmHead: Linear;
+  /** The global rope frequencies (every layer's outside Gemma). */
   invFreq: Float64Array;
-}
-
-// ---------------------------------------------------------------- math helpers
-
-export function rmsNorm(x: Float64Array, w: Float64Array, eps: number): Float64Array {
-  let ss = 0;
-  for (let i = 0; i < x.length; i++) ss += x[i]! * x[i]!;
-  const r = 1 / Math.sqrt(ss / x.length + eps);
-  const out = new Float64Array(x.length);
-  for (let i = 0; i < x.length; i++) out[i] = x[i]! * r * w[i]!;
-  return out;
-}
-
-export function matvec(l: Linear, x: Float64Array): Float64Array {
-  if (x.length !== l.in) throw new Error(`matvec: input ${x.length} != ${l.in}`);
-  const y = new Float64Array(l.out);
-  for (let o = 0; o < l.out; o++) {
-    let acc = l.b ? l.b[o]! : 0;
-    const row = o * l.in;
-    for (let i = 0; i < l.in; i++) acc += l.w[row + i]! * x[i]!;
-    y[o] = acc;
-  }
-  return y;
-}
-
-export const silu = (x: number) => x / (1 + Math.exp(-x));
-
-export function softmax(xs: ArrayLike<number>): Float64Array {
-  let m = -Infinity;
-  for (let i = 0; i < xs.length; i++) m = Math.max(m, xs[i]!);
-  const out = new Float64Array(xs.length);
-  let s = 0;
-  for (let i = 0; i < xs.length; i++) s += out[i] = Math.exp(xs[i]! - m);
-  for (let i = 0; i < xs.length; i++) out[i]! /= s;
-  return out;
-}
-
-export function logSoftmax(xs: ArrayLike<number>): Float64Array {
-  let m = -Infinity;
-  for (let i = 0; i < xs.length; i++) m = Math.max(m, xs[i]!);
-  let s = 0;
-  for (let i = 0; i < xs.length; i++) s += Math.exp(xs[i]! - m);
-  const lse = m + Math.log(s);
-  const out = new Float64Array(xs.length);
-  for (let i = 0; i < xs.length; i++) out[i] = xs[i]! - lse;
-  return out;
-}
-
-/** Index of the largest value; ties go to the lowest index (like torch.argmax). */
-export function argmax(xs: ArrayLike<number>): number {
-  let best = 0;
-  for (let i = 1; i < xs.length; i++) if (xs[i]! > xs[best]!) best = i;
-  return best;
-}
-
-/** Largest minus second largest logit: small gaps mean a near tie, where greedy may differ. */
-export function logitsTopGap(xs: ArrayLike<number>): number {
-  let a = -Infinity;
-  let b = -Infinity;
-  for (let i = 0; i < xs.length; i++) {
-    const v = xs[i]!;
-    if (v > a) {
-      b = a;
-      a = v;
-    } else if (v > b) b = v;
-  }
-  return a - b;
-}
-
-/**
- * RoPE inverse frequencies: 1 / theta^(2i/d), then transformers' rope scaling:
- * linear divides every frequency by factor; llama3 keeps high frequencies (wavelen < orig /
- * high_freq_factor), divides low ones (wavelen > orig / low_freq_factor) by factor and
- * interpolates smoothly in between.
- */
-export function ropeInvFreq(headDim: number, theta: number, scaling: RefRopeScaling | null): Float64Array {
-  const half = headDim / 2;
-  const inv = new Float64Array(half);
-  for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(theta, (2 * i) / headDim);
-  const type = scaling ? scaling.rope_type ?? scaling.type ?? 'default' : 'default';
-  if (type === 'default') return inv;
-  const factor = scaling!.factor;
-  if (typeof factor !== 'number') throw new Error('rope_scaling.factor missing');
-  if (type === 'linear') return inv.map((f) => f / factor);
-  if (type === 'llama3') {
-    const low = scaling!.low_freq_factor!;
-    const high = scaling!.high_freq_factor!;
-    const orig = scaling!.original_max_position_embeddings!;
-    const lowWavelen = orig / low;
-    const highWavelen = orig / high;
-    return inv.map((f) => {
-      const wavelen = (2 * Math.PI) / f;
-      if (wavelen < highWavelen) return f;
-      if (wavelen > lowWavelen) return f / factor;
-      const smooth = (orig / wavelen - low) / (high - low);
-      return (1 - smooth) * (f / factor) + smooth * f;
-    });
-  }
-  throw new Error(`reference: unsupported rope_type ${type}`);
-}
-
-/** Rotate-half RoPE of one head vector (x[off .. off+d)) in place at position `pos`. */
-export function applyRope(x: Float64Array, off: number, d: number, pos: number, invFreq: Float64Array): void {
-  const half = d / 2;
-  for (let i = 0; i < half; i++) {
-    const a = pos * invFreq[i]!;
-    const c = Math.cos(a);
-    const s = Math.sin(a);
-    const x1 = x[off + i]!;
-    const x2 = x[off + half + i]!;
-    x[off + i] = x1 * c - x2 * s;
-    x[off + half + i] = x2 * c + x1 * s;
-  }
 }
 
 // ---------------------------------------------------------------- loading
 
+const DENSE = ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'];
+const GEMMA3 = ['Gemma3ForCausalLM', 'Gemma3ForConditionalGeneration'];
+
+/** Gemma3TextConfig's defaults: gemma-3-4b-it's text_config, for one, leaves most fields out. */
+const GEMMA3_TEXT_DEFAULTS = {
+  vocab_size: 262208, hidden_size: 2304, intermediate_size: 9216, num_hidden_layers: 26, num_attention_heads: 8,
+  num_key_value_heads: 4, head_dim: 256, hidden_activation: 'gelu_pytorch_tanh', rms_norm_eps: 1e-6,
+  tie_word_embeddings: true, rope_theta: 1_000_000, attention_bias: false, query_pre_attn_scalar: 256,
+  sliding_window: 4096, sliding_window_pattern: 6, layer_types: null, final_logit_softcapping: null,
+  attn_logit_softcapping: null, rope_scaling: null, rope_local_base_freq: 10_000,
+};
+
 function parseConfig(raw: Record<string, any>): ReferenceConfig {
   const arch = (raw.architectures?.[0] ?? '') as string;
-  const supported = ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'];
-  if (!supported.includes(arch)) throw new Error(`reference: unsupported architecture ${arch}`);
+  if (GEMMA3.includes(arch)) return parseGemma3(arch, raw);
+  if (!DENSE.includes(arch) && !isMoeArchitecture(arch)) throw new Error(`reference: unsupported architecture ${arch}`);
   if ((raw.hidden_act ?? 'silu') !== 'silu') throw new Error(`reference: hidden_act ${raw.hidden_act}`);
   const numHeads = raw.num_attention_heads as number;
   const numLayers = raw.num_hidden_layers as number;
   const window: (number | null)[] = [];
   for (let i = 0; i < numLayers; i++) {
     let w: number | null = null;
-    if (arch === 'MistralForCausalLM') w = raw.sliding_window ?? null;
-    else if (arch === 'Qwen2ForCausalLM' || arch === 'Qwen3ForCausalLM') {
+    if (arch === 'MistralForCausalLM' || arch === 'MixtralForCausalLM') w = raw.sliding_window ?? null;
+    else if (arch === 'Qwen2ForCausalLM' || arch === 'Qwen3ForCausalLM' || arch === 'Qwen3MoeForCausalLM') {
       if (raw.use_sliding_window && i >= (raw.max_window_layers ?? numLayers)) w = raw.sliding_window ?? null;
     } else if (raw.sliding_window != null) {
       throw new Error('reference: sliding_window not supported for llama');
     }
     window.push(w);
   }
+  const headDim = raw.head_dim ?? raw.hidden_size / numHeads;
+  const noBias = arch === 'MistralForCausalLM' || arch === 'MixtralForCausalLM';
   return {
     architecture: arch,
     modelType: raw.model_type,
@@ -206,13 +147,71 @@ function parseConfig(raw: Record<string, any>): ReferenceConfig {
     numLayers,
     numHeads,
     numKvHeads: raw.num_key_value_heads ?? numHeads,
-    headDim: raw.head_dim ?? raw.hidden_size / numHeads,
+    headDim,
     vocabSize: raw.vocab_size,
     rmsNormEps: raw.rms_norm_eps ?? 1e-6,
     ropeTheta: raw.rope_theta ?? 10000,
     ropeScaling: raw.rope_scaling ?? null,
+    ropeLocalTheta: null,
     tieWordEmbeddings: raw.tie_word_embeddings ?? false,
     slidingWindow: window,
+    attnScale: 1 / Math.sqrt(headDim),
+    normOffset: 0,
+    embedScale: 1,
+    hiddenAct: 'silu',
+    attnSoftcap: null,
+    finalSoftcap: null,
+    qkvBias: arch === 'Qwen2ForCausalLM' || (!noBias && raw.attention_bias === true),
+    oBias: arch !== 'Qwen2ForCausalLM' && !noBias && raw.attention_bias === true,
+    mlpBias: arch === 'LlamaForCausalLM' && raw.mlp_bias === true,
+    qkNorm: arch === 'Qwen3ForCausalLM' || arch === 'Qwen3MoeForCausalLM',
+    moe: isMoeArchitecture(arch) ? parseMoeConfig(arch, raw, numLayers) : null,
+  };
+}
+
+/** Gemma3ForCausalLM, or the text part of Gemma3ForConditionalGeneration (under text_config). */
+function parseGemma3(arch: string, raw: Record<string, any>): ReferenceConfig {
+  const given = arch === 'Gemma3ForConditionalGeneration' ? raw.text_config : raw;
+  if (!given || typeof given !== 'object') throw new Error('reference: Gemma3ForConditionalGeneration without text_config');
+  const t = { ...GEMMA3_TEXT_DEFAULTS, ...given } as Record<string, any>;
+  if (t.hidden_activation !== 'gelu_pytorch_tanh') throw new Error(`reference: hidden_activation ${t.hidden_activation}`);
+  const numLayers = t.num_hidden_layers as number;
+  // Without layer_types, every sliding_window_pattern-th layer is full attention.
+  const layerTypes: string[] = t.layer_types ??
+    Array.from({ length: numLayers }, (_, i) => ((i + 1) % t.sliding_window_pattern === 0 ? 'full_attention' : 'sliding_attention'));
+  if (layerTypes.length !== numLayers) throw new Error(`reference: ${layerTypes.length} layer_types for ${numLayers} layers`);
+  const window = layerTypes.map((type) => {
+    if (type === 'full_attention') return null;
+    if (type === 'sliding_attention') return t.sliding_window as number;
+    throw new Error(`reference: layer type ${type}`);
+  });
+  return {
+    architecture: arch,
+    modelType: raw.model_type,
+    hiddenSize: t.hidden_size,
+    intermediateSize: t.intermediate_size,
+    numLayers,
+    numHeads: t.num_attention_heads,
+    numKvHeads: t.num_key_value_heads,
+    headDim: t.head_dim,
+    vocabSize: t.vocab_size,
+    rmsNormEps: t.rms_norm_eps,
+    ropeTheta: t.rope_theta,
+    ropeScaling: t.rope_scaling,
+    ropeLocalTheta: t.rope_local_base_freq,
+    tieWordEmbeddings: t.tie_word_embeddings,
+    slidingWindow: window,
+    attnScale: 1 / Math.sqrt(t.query_pre_attn_scalar),
+    normOffset: 1,
+    embedScale: Math.sqrt(t.hidden_size),
+    hiddenAct: 'gelu_tanh',
+    attnSoftcap: t.attn_logit_softcapping,
+    finalSoftcap: t.final_logit_softcapping,
+    qkvBias: t.attention_bias === true,
+    oBias: t.attention_bias === true,
+    mlpBias: false,
+    qkNorm: true,
+    moe: null,
   };
 }
 
@@ -238,40 +237,49 @@ export function loadReferenceModel(dir: string): ReferenceModel {
   const h = cfg.hiddenSize;
   const qDim = cfg.numHeads * cfg.headDim;
   const kvDim = cfg.numKvHeads * cfg.headDim;
-  const arch = cfg.architecture;
-  const qkvBias = arch === 'Qwen2ForCausalLM' || (arch !== 'MistralForCausalLM' && raw.attention_bias === true);
-  const oBias = arch !== 'Qwen2ForCausalLM' && arch !== 'MistralForCausalLM' && raw.attention_bias === true;
-  const mlpBias = arch === 'LlamaForCausalLM' && raw.mlp_bias === true;
-  const qkNorm = arch === 'Qwen3ForCausalLM';
+  // Gemma3ForConditionalGeneration keeps the text model under language_model.*; the vision tower's
+  // tensors are never read.
+  const root = cfg.architecture === 'Gemma3ForConditionalGeneration' ? 'language_model.' : '';
+  const globalFreq = ropeInvFreq(cfg.headDim, cfg.ropeTheta, cfg.ropeScaling);
+  const localFreq = cfg.ropeLocalTheta === null ? globalFreq : ropeInvFreq(cfg.headDim, cfg.ropeLocalTheta, null);
+  const sandwich = GEMMA3.includes(cfg.architecture);
   const layers: ReferenceLayer[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
-    const p = `model.layers.${i}`;
+    const p = `${root}model.layers.${i}`;
+    const sparse = cfg.moe?.sparseLayers[i] ?? false;
+    const inter = sparse ? 0 : cfg.intermediateSize;
+    const mlp = (name: string, out: number, inp: number): Linear =>
+      sparse ? { w: new Float64Array(0), b: null, out, in: inp } : linear(`${p}.mlp.${name}`, out, inp, cfg.mlpBias);
     layers.push({
       inputNorm: get(`${p}.input_layernorm.weight`, [h]).data,
-      q: linear(`${p}.self_attn.q_proj`, qDim, h, qkvBias),
-      k: linear(`${p}.self_attn.k_proj`, kvDim, h, qkvBias),
-      v: linear(`${p}.self_attn.v_proj`, kvDim, h, qkvBias),
-      o: linear(`${p}.self_attn.o_proj`, h, qDim, oBias),
-      qNorm: qkNorm ? get(`${p}.self_attn.q_norm.weight`, [cfg.headDim]).data : null,
-      kNorm: qkNorm ? get(`${p}.self_attn.k_norm.weight`, [cfg.headDim]).data : null,
+      q: linear(`${p}.self_attn.q_proj`, qDim, h, cfg.qkvBias),
+      k: linear(`${p}.self_attn.k_proj`, kvDim, h, cfg.qkvBias),
+      v: linear(`${p}.self_attn.v_proj`, kvDim, h, cfg.qkvBias),
+      o: linear(`${p}.self_attn.o_proj`, h, qDim, cfg.oBias),
+      qNorm: cfg.qkNorm ? get(`${p}.self_attn.q_norm.weight`, [cfg.headDim]).data : null,
+      kNorm: cfg.qkNorm ? get(`${p}.self_attn.k_norm.weight`, [cfg.headDim]).data : null,
       postNorm: get(`${p}.post_attention_layernorm.weight`, [h]).data,
-      gate: linear(`${p}.mlp.gate_proj`, cfg.intermediateSize, h, mlpBias),
-      up: linear(`${p}.mlp.up_proj`, cfg.intermediateSize, h, mlpBias),
-      down: linear(`${p}.mlp.down_proj`, h, cfg.intermediateSize, mlpBias),
+      preFeedforwardNorm: sandwich ? get(`${p}.pre_feedforward_layernorm.weight`, [h]).data : null,
+      postFeedforwardNorm: sandwich ? get(`${p}.post_feedforward_layernorm.weight`, [h]).data : null,
+      gate: mlp('gate_proj', inter, h),
+      up: mlp('up_proj', inter, h),
+      down: mlp('down_proj', h, inter),
+      moe: sparse ? loadMoe(cfg.architecture as MoeArchitecture, p, cfg.moe!, h, (n, o, k) => linear(n, o, k, false)) : null,
+      invFreq: cfg.slidingWindow[i] !== null ? localFreq : globalFreq,
     });
   }
-  const embed = get('model.embed_tokens.weight', [cfg.vocabSize, h]).data;
+  const embed = get(`${root}model.embed_tokens.weight`, [cfg.vocabSize, h]).data;
   const lmHead: Linear = cfg.tieWordEmbeddings
     ? { w: embed, b: null, out: cfg.vocabSize, in: h }
-    : linear('lm_head', cfg.vocabSize, h, false);
+    : linear(`${root}lm_head`, cfg.vocabSize, h, false);
   return {
     config: cfg,
     raw,
     embed,
     layers,
-    norm: get('model.norm.weight', [h]).data,
+    norm: get(`${root}model.norm.weight`, [h]).data,
     lmHead,
-    invFreq: ropeInvFreq(cfg.headDim, cfg.ropeTheta, cfg.ropeScaling),
+    invFreq: globalFreq,
   };
 }
 
@@ -297,27 +305,28 @@ export class ReferenceSession {
     const pos = this.position++;
     const d = c.headDim;
     const group = c.numHeads / c.numKvHeads;
-    const x = this.model.embed.slice(token * c.hiddenSize, (token + 1) * c.hiddenSize);
+    const norm = (v: Float64Array, w: Float64Array) => rmsNorm(v, w, c.rmsNormEps, c.normOffset);
+    const x = this.model.embed.slice(token * c.hiddenSize, (token + 1) * c.hiddenSize); // [hidden]
+    for (let i = 0; i < x.length; i++) x[i]! *= c.embedScale;
     for (let l = 0; l < layers.length; l++) {
       const L = layers[l]!;
-      const hn = rmsNorm(x, L.inputNorm, c.rmsNormEps);
-      const q = matvec(L.q, hn);
-      const k = matvec(L.k, hn);
+      const hn = norm(x, L.inputNorm);
+      const q = matvec(L.q, hn); // [numHeads * headDim]
+      const k = matvec(L.k, hn); // [numKvHeads * headDim]
       const v = matvec(L.v, hn);
       for (let hd = 0; hd < c.numHeads; hd++) {
-        if (L.qNorm) q.set(rmsNorm(q.subarray(hd * d, (hd + 1) * d), L.qNorm, c.rmsNormEps), hd * d);
-        applyRope(q, hd * d, d, pos, this.model.invFreq);
+        if (L.qNorm) q.set(norm(q.subarray(hd * d, (hd + 1) * d), L.qNorm), hd * d);
+        applyRope(q, hd * d, d, pos, L.invFreq);
       }
       for (let hd = 0; hd < c.numKvHeads; hd++) {
-        if (L.kNorm) k.set(rmsNorm(k.subarray(hd * d, (hd + 1) * d), L.kNorm, c.rmsNormEps), hd * d);
-        applyRope(k, hd * d, d, pos, this.model.invFreq);
+        if (L.kNorm) k.set(norm(k.subarray(hd * d, (hd + 1) * d), L.kNorm), hd * d);
+        applyRope(k, hd * d, d, pos, L.invFreq);
       }
       this.keys[l]!.push(k);
       this.values[l]!.push(v);
       const window = c.slidingWindow[l] ?? null;
       const first = window === null ? 0 : Math.max(0, pos - window + 1);
       const attn = new Float64Array(c.numHeads * d);
-      const scale = 1 / Math.sqrt(d);
       for (let hd = 0; hd < c.numHeads; hd++) {
         const kvh = Math.floor(hd / group);
         const scores = new Float64Array(pos + 1 - first);
@@ -325,7 +334,8 @@ export class ReferenceSession {
           const kj = this.keys[l]![j]!;
           let s = 0;
           for (let i = 0; i < d; i++) s += q[hd * d + i]! * kj[kvh * d + i]!;
-          scores[j - first] = s * scale;
+          s *= c.attnScale;
+          scores[j - first] = c.attnSoftcap === null ? s : softcap(s, c.attnSoftcap);
         }
         const p = softmax(scores);
         for (let j = first; j <= pos; j++) {
@@ -335,15 +345,18 @@ export class ReferenceSession {
         }
       }
       const o = matvec(L.o, attn);
-      for (let i = 0; i < x.length; i++) x[i]! += o[i]!;
-      const hn2 = rmsNorm(x, L.postNorm, c.rmsNormEps);
-      const g = matvec(L.gate, hn2);
-      const u = matvec(L.up, hn2);
-      for (let i = 0; i < g.length; i++) g[i] = silu(g[i]!) * u[i]!;
-      const m = matvec(L.down, g);
-      for (let i = 0; i < x.length; i++) x[i]! += m[i]!;
+      // See ReferenceLayer for the two roles of post_attention_layernorm.
+      const sandwich = L.preFeedforwardNorm !== null;
+      const a = sandwich ? norm(o, L.postNorm) : o;
+      for (let i = 0; i < x.length; i++) x[i]! += a[i]!;
+      const hn2 = norm(x, sandwich ? L.preFeedforwardNorm! : L.postNorm);
+      const m = L.moe ? moeForward(L.moe, c.moe!, hn2, c.hiddenAct) : gatedMlp(L, hn2, c.hiddenAct);
+      const mo = L.postFeedforwardNorm ? norm(m, L.postFeedforwardNorm) : m;
+      for (let i = 0; i < x.length; i++) x[i]! += mo[i]!;
     }
-    return matvec(this.model.lmHead, rmsNorm(x, this.model.norm, c.rmsNormEps));
+    const logits = matvec(this.model.lmHead, norm(x, this.model.norm)); // [vocab]
+    const cap = c.finalSoftcap;
+    return cap === null ? logits : logits.map((z) => softcap(z, cap));
   }
 }
 
