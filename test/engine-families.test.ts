@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadNativeEngine } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { type PublishedFamily, writePublishedCheckpoint } from './helpers/published-checkpoints.js';
-import { runNative } from './helpers/native-run.js';
+import { GREEDY, runNative } from './helpers/native-run.js';
 import { LOGPROB_TOL, NEAR_TIE_GAP, compareWithReference, promptFor } from './helpers/reference-compare.js';
 
 let root: string;
@@ -57,6 +57,79 @@ describe.each(CASES)('%s in %s %j', (family, dtype, config) => {
     for (const other of [batched, chunked]) {
       expect(other.tokens).toEqual(alone.tokens);
       expect(other.logprobs).toEqual(alone.logprobs);
+    }
+  });
+});
+
+// Gemma 3's sliding-window layers keep their KV in blocks of their own: a sequence holds only the
+// blocks its window reads, the ones before it are released (cached when full, so a later prompt
+// with the same prefix can still hit them).
+describe('sliding-window KV blocks (gemma3, window 8, blocks of 4)', () => {
+  const WINDOW = 8, BLOCK = 4;
+  let dir: string;
+  const load = (prefixCaching: boolean) => loadNativeEngine({
+    modelDir: dir, backend: 'cpu', kvCacheBytes: 8 << 20, blockSize: BLOCK, numThreads: 2, prefixCaching, maxNumSeqs: 4, maxBatchedTokens: 64,
+  });
+  beforeAll(() => {
+    dir = join(root, 'gemma3-window-kv');
+    writePublishedCheckpoint(dir, 'gemma3', { dtype: 'f32', seed: 5 });
+  });
+
+  it('holds at most the window\'s blocks for the window layers at four times the window, and still matches the reference', async () => {
+    const engine = await load(false);
+    try {
+      const info = engine.info();
+      expect(info.window).toBe(WINDOW);
+      // Sized for 4 sequences' windows and a 64-token step, the rest of the budget to full blocks.
+      expect(info.numWindowBlocks).toBe(4 * (Math.ceil((WINDOW - 1) / BLOCK) + 2) + 64 / BLOCK);
+      expect(info.numBlocks).toBeGreaterThan(info.numWindowBlocks!);
+      const vocab = info.vocabSize;
+      const prompt = promptFor(vocab, 5, 4);
+      const seqIds = Uint32Array.of(7);
+      let adds: Parameters<NativeEngineHandle['step']>[0]['adds'] = [{ seqId: 7, promptTokens: Int32Array.from(prompt), sampling: GREEDY }];
+      let context = prompt.length;
+      const held: number[] = [];
+      let fullBlocks = 0;
+      while (context < 4 * WINDOW + 1) {
+        const res = await engine.step({ seqIds, numTokens: Uint32Array.of(3), adds });
+        adds = undefined;
+        expect(res.errors).toEqual([]);
+        if (res.seqIds.length > 0) context++;
+        held.push(engine.info().windowBlocksInUse!);
+        fullBlocks = res.rowBlocks[0]!;
+      }
+      expect(fullBlocks).toBeGreaterThanOrEqual(4 * WINDOW / BLOCK);
+      // The window layers hold what the next token reads (the window, block-aligned, plus the
+      // block it writes), never the context: at 4x the window the full layers hold 4x more.
+      const bound = Math.ceil(WINDOW / BLOCK) + 1;
+      expect(Math.max(...held)).toBeLessThanOrEqual(bound + 1);  // during a 3-token prefill chunk
+      expect(held.at(-1)).toBeLessThanOrEqual(bound);
+      await engine.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: seqIds });
+      expect(engine.info().windowBlocksInUse).toBe(0);
+      await compareWithReference(engine, dir, 'gemma3 window blocks', LOGPROB_TOL.f32, NEAR_TIE_GAP.f32);
+    } finally {
+      engine.dispose();
+    }
+  });
+
+  it('a prefix longer than the window hits the cache and continues as a cold run does', async () => {
+    const cached = await load(true);
+    const cold = await load(false);
+    try {
+      const vocab = cached.info().vocabSize;
+      const prefix = promptFor(vocab, 30, 6);
+      await runNative(cached, prefix, 4);  // computes the prefix; its full blocks stay cached
+      const prompt = [...prefix, 11, 12, 13];
+      const res = await cached.step({ seqIds: Uint32Array.of(50), numTokens: Uint32Array.of(1), adds: [{ seqId: 50, promptTokens: Int32Array.from(prompt), sampling: GREEDY }] });
+      expect(res.addCached[0]).toBeGreaterThanOrEqual(WINDOW);
+      await cached.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: Uint32Array.of(50) });
+      const hit = await runNative(cached, prompt, 16);
+      const fresh = await runNative(cold, prompt, 16);
+      expect(hit.tokens).toEqual(fresh.tokens);
+      expect(hit.logprobs).toEqual(fresh.logprobs);
+    } finally {
+      cached.dispose();
+      cold.dispose();
     }
   });
 });

@@ -98,6 +98,12 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("matmulPrecision", i.matmul_precision);
   o.Set("deviceBytes", double(i.device_bytes));
   o.Set("prefixCaching", i.prefix_caching);
+  if (i.window > 0) {
+    o.Set("window", double(i.window));
+    o.Set("numWindowBlocks", double(i.num_window_blocks));
+    o.Set("windowBlocksInUse", double(i.window_blocks_in_use));
+    o.Set("windowKvBytes", double(i.window_kv_bytes));
+  }
   if (!i.broken_reason.empty()) o.Set("brokenReason", i.broken_reason);
   return o;
 }

@@ -78,7 +78,7 @@ TEST_CASE(bad_configs_are_refused_with_clear_codes) {
                     ErrorCode::kModelFileInvalid);
   CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
       "intermediate_size":1,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":5,
-      "rope_scaling":{"rope_type":"yarn","factor":4}})",
+      "rope_scaling":{"rope_type":"longrope","factor":4}})",
                                        "c"),
                     ErrorCode::kUnsupportedModel);
   CHECK_THROWS_CODE(parse_model_config("[1,2", "c"), ErrorCode::kModelFileInvalid);
@@ -177,6 +177,47 @@ TEST_CASE(gemma3_layer_types_and_refusals) {
                     ErrorCode::kModelFileInvalid);
   CHECK_THROWS_CODE(parse_model_config(R"({"architectures":["Gemma3ForCausalLM"],"hidden_activation":"relu"})", "c"),
                     ErrorCode::kUnsupportedModel);
+}
+
+TEST_CASE(gpt_oss_config_as_published) {
+  std::string layer_types = "[";
+  for (int l = 0; l < 24; l++) layer_types += std::string(l ? "," : "") + (l % 2 ? "\"full_attention\"" : "\"sliding_attention\"");
+  layer_types += "]";
+  ModelConfig c = parse_model_config(R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true,
+    "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+    "layer_types": )" + layer_types + R"(, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+    "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+      "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+      "rope_type": "yarn", "truncate": false},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 201088})",
+                                     "gpt-oss-20b");
+  CHECK(c.num_experts == 32 && c.experts_per_token == 4 && c.moe_intermediate_size == 2880);
+  CHECK(c.routing == Routing::TopKSoftmax && c.router_bias && c.expert_bias && c.attention_sinks);
+  CHECK(c.activation == Activation::SwigluClamped && c.swiglu_limit == 7.0 && c.qkv_bias && c.o_bias);
+  for (int64_t l = 0; l < 24; l++) CHECK(c.window(l) == (l % 2 ? 0 : 128) && !c.local_rope(l) && c.is_sparse(l));
+  CHECK(c.rope_scaling == RopeScaling::Yarn && !c.rope_truncate && c.max_position_embeddings == 131072);
+  const double factor = 0.1 * std::log(32.0) + 1.0;
+  CHECK(std::fabs(c.rope_attention_factor - factor) < 1e-12);
+  CHECK(std::fabs(c.softmax_scale() - factor * factor / 8.0) < 1e-12);
+  // YaRN: dimensions past the fast boundary keep their frequency, those below the slow one are
+  // divided by the factor, a linear ramp between (hand-computed bounds for head_dim 64).
+  const double pi = 3.14159265358979323846;
+  const auto corr = [&](double r) { return 64.0 * std::log(4096.0 / (r * 2 * pi)) / (2 * std::log(150000.0)); };
+  const double low = corr(32.0), high = corr(1.0);
+  std::vector<float> f = c.rope_inv_freq();
+  CHECK(f.size() == 32);
+  for (int i = 0; i < 32; i++) {
+    const double base = 1.0 / std::pow(150000.0, 2.0 * i / 64.0);
+    const double ramp = std::min(1.0, std::max(0.0, (i - low) / (high - low)));
+    const double want = base / 32.0 * ramp + base * (1 - ramp);
+    CHECK(std::fabs(f[size_t(i)] - want) <= 1e-6 * want);
+  }
+  CHECK(std::fabs(f[0] - 1.0f) < 1e-7 && std::fabs(f[31] - float(1.0 / std::pow(150000.0, 62.0 / 64.0) / 32.0)) < 1e-9);
 }
 
 int main() { return sluice_test::run_all("config"); }

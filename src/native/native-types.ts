@@ -68,6 +68,15 @@ export interface NativeModelInfo {
   matmulPrecision: MatmulPrecision;
   deviceBytes: number;         // accelerator memory held (CUDA: weights + activations + KV), 0 on CPU
   prefixCaching?: boolean;     // whether the engine reuses cached prefix blocks
+  /**
+   * Models with sliding-window layers on the CPU: the widest window (tokens), and the blocks of
+   * those layers' KV, kept apart from numBlocks (the full-attention layers'): a sequence holds
+   * only the ones its window reads. kvCacheBytes counts both. Absent otherwise.
+   */
+  window?: number;
+  numWindowBlocks?: number;
+  windowBlocksInUse?: number;
+  windowKvBytes?: number;
   /** Set once a device fault put the engine out of service (every later step or add fails). */
   brokenReason?: string;
 }

@@ -194,6 +194,13 @@ struct EngineInfo {
   std::string matmul_precision;
   bool prefix_caching = false;
   int64_t num_cached_blocks = 0;  // blocks in the prefix cache now (in use or evictable)
+  // Models with sliding-window layers (CPU): their KV blocks, apart from the full-attention
+  // layers' (num_blocks); a sequence holds only the blocks its window reads. kv_cache_bytes
+  // counts both pools.
+  int64_t window = 0;                // the widest window (tokens); 0: no window pool
+  int64_t num_window_blocks = 0;
+  int64_t window_blocks_in_use = 0;  // held by sequences now (not free, not evictable)
+  size_t window_kv_bytes = 0;
   std::string broken_reason;      // non-empty once a device fault put the engine out of service
 };
 

@@ -148,7 +148,7 @@ class CudaBackend final : public Backend, private DecoderOps {
     return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * 2;
   }
   size_t kv_budget_bytes(size_t requested) const override;
-  void allocate_kv(int64_t num_blocks, int64_t block_size) override;
+  void allocate_kv(int64_t num_blocks, int64_t num_window_blocks, int64_t block_size) override;
   void forward(const ForwardBatch& b) override;
   void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) override;
   void read_logits(float* out) override;
@@ -378,7 +378,9 @@ size_t CudaBackend::kv_budget_bytes(size_t requested) const {
   return size_t(allowed);
 }
 
-void CudaBackend::allocate_kv(int64_t num_blocks, int64_t block_size) {
+void CudaBackend::allocate_kv(int64_t num_blocks, int64_t num_window_blocks, int64_t block_size) {
+  // Window layers are refused at load (cuda_unsupported_pieces): every layer is full attention.
+  if (num_window_blocks != 0) throw Error(ErrorCode::kInternal, "the CUDA backend keeps no window blocks");
   num_blocks_ = num_blocks;
   block_size_ = block_size;
   scratch_block_ = int32_t(num_blocks);

@@ -25,6 +25,11 @@ struct ForwardBatch {
   const int32_t* positions = nullptr;       // [T] absolute position in its sequence
   const int32_t* token_seq = nullptr;       // [T] index into block_tables
   const int32_t* slots = nullptr;           // [T] KV slot = block_id * block_size + offset
+  // Sliding-window layers (Backend::kv_bytes_per_window_block() > 0): their KV lives in blocks of
+  // their own, which the engine frees once they fall out of every window. Entries of a table
+  // before the window are -1 (never read). nullptr when the model has no such layers.
+  const int32_t* window_slots = nullptr;              // [T]
+  const int32_t* const* window_block_tables = nullptr;  // [S]
   int64_t num_seqs = 0;                     // S
   const int32_t* const* block_tables = nullptr;  // [S] -> block ids covering positions 0..max pos
   const int32_t* num_seq_blocks = nullptr;  // [S] length of each block table
@@ -67,12 +72,21 @@ class Backend {
   virtual std::string name() const = 0;         // "cpu" | "cuda"
   virtual std::string kernel_info() const = 0;  // e.g. SIMD level, device name
   virtual int num_threads() const = 0;
+  // KV bytes of one block of the full-attention layers (every layer when the backend keeps no
+  // window blocks).
   virtual size_t kv_bytes_per_block(int64_t block_size) const = 0;
+  // KV bytes of one block of the sliding-window layers when the backend keeps them apart (so the
+  // engine can free what falls out of the window), else 0.
+  virtual size_t kv_bytes_per_window_block(int64_t block_size) const {
+    (void)block_size;
+    return 0;
+  }
   // The KV pool size to allocate: `requested` bytes, or when it is 0 the backend's own default
   // (CUDA: what gpu_memory_utilization leaves after weights and activations).
   virtual size_t kv_budget_bytes(size_t requested) const = 0;
-  // Called once before the first forward().
-  virtual void allocate_kv(int64_t num_blocks, int64_t block_size) = 0;
+  // Called once before the first forward(); num_window_blocks is 0 unless
+  // kv_bytes_per_window_block() is.
+  virtual void allocate_kv(int64_t num_blocks, int64_t num_window_blocks, int64_t block_size) = 0;
   // Writes the batch's K/V into the cache and keeps the logits of the selected rows.
   virtual void forward(const ForwardBatch& batch) = 0;
   // Samples one token per logit row of the last forward(). A failure confined to one row (a bad

@@ -40,25 +40,43 @@ class CpuBackend final : public Backend, private DecoderOps {
   std::string kernel_info() const override { return cpu::simd_level_name(); }
   int num_threads() const override { return pool_.size(); }
 
+  // Sliding-window layers (Gemma 3, gpt-oss) keep their KV in window blocks of their own.
+  int64_t num_window_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < c_.num_layers; l++) n += c_.window(l) > 0;
+    return n;
+  }
+  size_t layer_block_bytes(int64_t block_size) const {
+    return 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * dtype_size(kv_dtype_);
+  }
   size_t kv_bytes_per_block(int64_t block_size) const override {
-    return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * dtype_size(kv_dtype_);
+    return size_t(c_.num_layers - num_window_layers()) * layer_block_bytes(block_size);
+  }
+  size_t kv_bytes_per_window_block(int64_t block_size) const override {
+    return size_t(num_window_layers()) * layer_block_bytes(block_size);
   }
 
-  void allocate_kv(int64_t num_blocks, int64_t block_size) override {
-    kv_bytes_ = kv_bytes_per_block(block_size) * size_t(num_blocks);
+  void allocate_kv(int64_t num_blocks, int64_t num_window_blocks, int64_t block_size) override {
+    const size_t full = kv_bytes_per_block(block_size) * size_t(num_blocks);
+    kv_bytes_ = full + kv_bytes_per_window_block(block_size) * size_t(num_window_blocks);
     // Anonymous mapping: pages are committed when first written, so RSS tracks KV actually used.
     void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw Error(ErrorCode::kOutOfMemory, "cannot reserve " + std::to_string(kv_bytes_) + " bytes for the KV cache");
     kv_mem_ = p;
-    // [num_blocks, block_size, n_kv_heads, head_dim] elements per layer, k then v.
-    const size_t per_layer = size_t(num_blocks) * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) *
-                             dtype_size(kv_dtype_);
-    uint8_t* base = static_cast<uint8_t*>(p);
+    // Per layer [blocks, block_size, n_kv_heads, head_dim] elements, k then v: the full-attention
+    // layers' in the first region, the window layers' (over the window blocks) after it.
+    const size_t row = size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * dtype_size(kv_dtype_);
+    uint8_t* full_base = static_cast<uint8_t*>(p);
+    uint8_t* window_base = full_base + full;
     layers_kv_.resize(size_t(c_.num_layers));
     for (int64_t l = 0; l < c_.num_layers; l++) {
+      const bool windowed = c_.window(l) > 0;
+      const size_t per_layer = row * size_t(windowed ? num_window_blocks : num_blocks);
+      uint8_t*& base = windowed ? window_base : full_base;
       cpu::PagedKV& kv = layers_kv_[size_t(l)];
-      kv.k = base + size_t(2 * l) * per_layer;
-      kv.v = base + size_t(2 * l + 1) * per_layer;
+      kv.k = base;
+      kv.v = base + per_layer;
+      base += 2 * per_layer;
       kv.dtype = kv_dtype_;
       kv.block_size = block_size;
       kv.n_kv_heads = c_.num_kv_heads;
@@ -241,14 +259,15 @@ void CpuBackend::rope_kv_write(int64_t layer) {
   const float* inv_freq = c_.local_rope(layer) ? local_inv_freq_.data() : inv_freq_.data();
   cpu::rope(pool_, q_.data(), T_, nq, hd, c_.rotary_dim(), inv_freq, batch_->positions);
   cpu::rope(pool_, k_.data(), T_, nkv, hd, c_.rotary_dim(), inv_freq, batch_->positions);
-  cpu::kv_write(pool_, layers_kv_[size_t(layer)], k_.data(), v_.data(), batch_->slots, T_);
+  const bool windowed = c_.window(layer) > 0;
+  cpu::kv_write(pool_, layers_kv_[size_t(layer)], k_.data(), v_.data(), windowed ? batch_->window_slots : batch_->slots, T_);
 }
 
 void CpuBackend::attention(int64_t layer) {
   cpu::AttentionBatch ab;
   ab.token_seq = batch_->token_seq;
   ab.token_pos = batch_->positions;
-  ab.block_tables = batch_->block_tables;
+  ab.block_tables = c_.window(layer) > 0 ? batch_->window_block_tables : batch_->block_tables;
   ab.n_heads = c_.num_heads;
   ab.scale = float(c_.softmax_scale());
   ab.window = c_.window(layer);

@@ -29,6 +29,9 @@ struct Sequence {
   // [num full computed blocks] chained hash of blocks[i]'s tokens. blocks[0..size) are full and
   // read-only from here on (offered to the prefix cache); K/V is written only past them.
   std::vector<BlockHash> block_hashes;
+  // Models with sliding-window layers: their own block table, blocks[i]'s positions too; entries
+  // that fell out of the window are -1 (released, cached when full).
+  std::vector<int32_t> window_blocks;
   SamplingParams params;
   bool keyed = false;            // added with a prompt_cache_key: its blocks are released as keyed
   BlockHash root;                // parent hash of blocks[0]: the model and the cache scope
@@ -82,15 +85,32 @@ class EngineImpl final : public Engine {
     } else {
       throw Error(ErrorCode::kInvalidArgument, "unknown backend \"" + opts.backend + "\" (expected cpu or cuda)");
     }
-    const size_t per_block = backend_->kv_bytes_per_block(opts.block_size);
+    const int64_t bs = opts.block_size;
+    const size_t per_block = backend_->kv_bytes_per_block(bs);
+    const size_t per_window_block = backend_->kv_bytes_per_window_block(bs);
     const size_t kv_bytes = backend_->kv_budget_bytes(opts.kv_cache_bytes);
-    const int64_t num_blocks = int64_t(kv_bytes / per_block);
-    if (num_blocks < 1)
+    int64_t num_blocks = int64_t(kv_bytes / (per_block + per_window_block));
+    int64_t num_window_blocks = 0;
+    if (per_window_block > 0) {
+      for (int64_t l = 0; l < config_.num_layers; l++) window_ = std::max(window_, config_.window(l));
+      // A sequence holds the window's blocks and the ones its step writes: with a known batch
+      // (max_num_seqs, max_batched_tokens) the window pool is sized for that and the rest of the
+      // budget goes to full-attention blocks; without one, both pools get the same count.
+      num_window_blocks = num_blocks;
+      if (opts.max_num_seqs > 0) {
+        const int64_t step_tokens = std::max<int64_t>(opts.max_batched_tokens, opts.max_num_seqs);
+        const int64_t held = int64_t(opts.max_num_seqs) * ((window_ - 1 + bs - 1) / bs + 2) + (step_tokens + bs - 1) / bs;
+        num_window_blocks = std::min(num_window_blocks, held);
+        num_blocks = int64_t((kv_bytes - size_t(num_window_blocks) * per_window_block) / per_block);
+      }
+    }
+    if (num_blocks < 1 || (per_window_block > 0 && num_window_blocks < 1))
       throw Error(ErrorCode::kInvalidArgument, "the KV cache budget of " + std::to_string(kv_bytes) +
-                                                   " bytes is smaller than one KV block (" + std::to_string(per_block) +
-                                                   " bytes)");
-    backend_->allocate_kv(num_blocks, opts.block_size);
+                                                   " bytes is smaller than one KV block (" +
+                                                   std::to_string(per_block + per_window_block) + " bytes)");
+    backend_->allocate_kv(num_blocks, num_window_blocks, bs);
     blocks_ = std::make_unique<BlockPool>(num_blocks);
+    if (num_window_blocks > 0) window_pool_ = std::make_unique<BlockPool>(num_window_blocks);
   }
 
   EngineInfo info() const override {
@@ -101,6 +121,13 @@ class EngineImpl final : public Engine {
     i.block_size = opts_.block_size;
     i.num_blocks = blocks_->num_blocks();
     i.kv_cache_bytes = backend_->kv_bytes_per_block(opts_.block_size) * size_t(i.num_blocks);
+    if (window_pool_) {
+      i.window = window_;
+      i.num_window_blocks = window_pool_->num_blocks();
+      i.window_blocks_in_use = window_pool_->num_blocks() - window_pool_->num_free();
+      i.window_kv_bytes = backend_->kv_bytes_per_window_block(opts_.block_size) * size_t(i.num_window_blocks);
+      i.kv_cache_bytes += i.window_kv_bytes;
+    }
     i.backend = backend_->name();
     i.simd = backend_->kernel_info();
     i.device_bytes = backend_->device_bytes();
@@ -150,6 +177,12 @@ class EngineImpl final : public Engine {
     // chain loses its leaves before its root (a child without its parent can never be hit).
     const std::vector<int32_t>& b = it->second.blocks;
     blocks_->release(std::vector<int32_t>(b.rbegin(), b.rend()), it->second.keyed);
+    if (window_pool_) {
+      std::vector<int32_t> held;
+      for (auto w = it->second.window_blocks.rbegin(); w != it->second.window_blocks.rend(); ++w)
+        if (*w >= 0) held.push_back(*w);
+      window_pool_->release(held, it->second.keyed);
+    }
     seqs_.erase(it);
   }
 
@@ -254,7 +287,50 @@ class EngineImpl final : public Engine {
       s.blocks.push_back(b);
       s.block_hashes.push_back(h);
     }
+    if (window_pool_) {
+      // The window layers need the window before the first token computed: the longest prefix
+      // whose last window's blocks are cached too (the blocks before it are never read).
+      while (!s.blocks.empty() && !window_cached(s, s.blocks.size())) {
+        blocks_->release({s.blocks.back()}, s.keyed);
+        s.blocks.pop_back();
+        s.block_hashes.pop_back();
+      }
+      const size_t n = s.blocks.size();
+      s.window_blocks.assign(n, -1);
+      for (size_t i = first_window_block(int64_t(n) * bs); i < n; i++) {
+        s.window_blocks[i] = window_pool_->lookup(s.block_hashes[i]);
+        window_pool_->acquire(s.window_blocks[i]);
+      }
+    }
     s.num_computed = int64_t(s.blocks.size()) * bs;
+  }
+
+  // The first block a token at position `pos` reads in the window layers.
+  size_t first_window_block(int64_t pos) const { return size_t(std::max<int64_t>(0, pos - window_ + 1) / opts_.block_size); }
+  // Whether the window pool caches every block the token after the first n blocks reads.
+  bool window_cached(const Sequence& s, size_t n) const {
+    for (size_t i = first_window_block(int64_t(n) * opts_.block_size); i < n; i++)
+      if (window_pool_->lookup(s.block_hashes[i]) < 0) return false;
+    return true;
+  }
+  // Releases s's window blocks that no later token reads (cached when full: a later prompt with
+  // this prefix may still hit them).
+  void drop_out_of_window(Sequence& s) {
+    if (!window_pool_) return;
+    // (one token of margin: a pipelined step whose sample failed takes its token back)
+    const size_t first = std::min(first_window_block(s.num_computed - 1), s.window_blocks.size());
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < first; i++) {
+      if (s.window_blocks[i] < 0) continue;
+      out.push_back(s.window_blocks[i]);
+      s.window_blocks[i] = -1;
+    }
+    if (!out.empty()) window_pool_->release(out, s.keyed);
+  }
+  // Window blocks a row computing up to position `end` (exclusive) allocates.
+  int64_t window_need(const Sequence& s, int64_t end) const {
+    if (!window_pool_) return 0;
+    return std::max<int64_t>(0, (end + opts_.block_size - 1) / opts_.block_size - int64_t(s.window_blocks.size()));
   }
 
   // Offers s's newly completed blocks to the prefix cache (a hash already cached keeps its
@@ -267,6 +343,7 @@ class EngineImpl final : public Engine {
       if (pipelined_ && holds_placeholder(s, i)) break;
       s.block_hashes.push_back(block_hash(s, i));
       blocks_->register_block(s.blocks[i], s.block_hashes[i]);
+      if (window_pool_ && s.window_blocks[i] >= 0) window_pool_->register_block(s.window_blocks[i], s.block_hashes[i]);
     }
   }
 
@@ -281,6 +358,10 @@ class EngineImpl final : public Engine {
   ModelWeights weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BlockPool> blocks_;
+  // Blocks of the sliding-window layers (their KV apart: Backend::kv_bytes_per_window_block), or
+  // null. window_: the widest window of those layers.
+  std::unique_ptr<BlockPool> window_pool_;
+  int64_t window_ = 0;
   std::unordered_map<uint32_t, Sequence> seqs_;
   uint64_t model_key_ = 0;  // extra key of every block hash (config.json + matmul precision)
   std::string broken_reason_;  // set by a device fault; the engine refuses work from then on
@@ -293,8 +374,8 @@ class EngineImpl final : public Engine {
   bool device_fault_pending_ = false;
 
   // Per-step scratch, reused to keep the decode loop free of allocations.
-  std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, logit_rows_;
-  std::vector<const int32_t*> tables_;
+  std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, window_slots_, logit_rows_;
+  std::vector<const int32_t*> tables_, window_tables_;
   std::vector<int32_t> table_lens_;
   struct PlanRow {
     Sequence* seq;
@@ -304,6 +385,7 @@ class EngineImpl final : public Engine {
   };
   std::vector<PlanRow> plan_rows_;          // the plan's valid rows, in plan order
   int64_t claimed_blocks_ = 0;              // blocks the step's rows will allocate (not yet taken)
+  int64_t claimed_window_blocks_ = 0;       // likewise, of the window pool
   std::vector<uint8_t> row_deferred_;       // [n] row of a sequence added by this step
   std::vector<SampleRow> sample_rows_;      // [m] one per sequence that samples this step
   std::vector<const PlanRow*> sampling_rows_;  // [m]
@@ -341,11 +423,14 @@ void EngineImpl::claim_row(const StepPlan& plan, size_t i, StepResult& result) {
     Sequence& s = seqs_.at(seq_id);
     const int64_t bs = opts_.block_size;
     const int64_t need = std::max<int64_t>(0, (s.num_computed + count + bs - 1) / bs - int64_t(s.blocks.size()));
-    if (need > blocks_->num_free() - claimed_blocks_) {
+    const int64_t window = window_need(s, s.num_computed + count);
+    if (need > blocks_->num_free() - claimed_blocks_ ||
+        (window_pool_ && window > window_pool_->num_free() - claimed_window_blocks_)) {
       result.row_status[i] = uint8_t(RowStatus::kNoKvBlocks);
       return;
     }
     claimed_blocks_ += need;
+    claimed_window_blocks_ += window;
     plan_rows_.push_back({&s, seq_id, count, i});
   } catch (const Error& e) {
     result.errors.push_back({seq_id, e.code(), e.what()});
@@ -362,7 +447,11 @@ AddStatus EngineImpl::admit(const SequenceAdd& add, StepResult& result, int32_t*
     // Admission wants the whole prompt's blocks (a running prefill then rarely needs more than it
     // can get); the prefix hit's blocks are in the table already.
     const int64_t need = (int64_t(s.tokens.size()) + bs - 1) / bs - int64_t(s.blocks.size());
-    if (need > blocks_->num_free() - claimed_blocks_) {
+    // The window layers: at least the window's blocks and one more (a long prompt prefills in
+    // chunks, each freeing what falls out of the window).
+    const int64_t window = std::min(window_need(s, int64_t(s.tokens.size())), (window_ - 1 + bs - 1) / bs + 2);
+    if (need > blocks_->num_free() - claimed_blocks_ ||
+        (window_pool_ && window > window_pool_->num_free() - claimed_window_blocks_)) {
       free_sequence(add.seq_id);
       return AddStatus::kNoKvBlocks;
     }
@@ -417,6 +506,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
   // sequences first, then each add with its rows.
   plan_rows_.clear();
   claimed_blocks_ = 0;
+  claimed_window_blocks_ = 0;
   std::vector<uint8_t>& deferred = row_deferred_;
   deferred.assign(n, 0);
   for (size_t i = 0; i < n; i++) {
@@ -446,8 +536,10 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
     positions_.clear();
     token_seq_.clear();
     slots_.clear();
+    window_slots_.clear();
     logit_rows_.clear();
     tables_.assign(plan_rows_.size(), nullptr);
+    window_tables_.assign(window_pool_ ? plan_rows_.size() : 0, nullptr);
     table_lens_.assign(plan_rows_.size(), 0);
     for (size_t i = 0; i < plan_rows_.size(); i++) {
       Sequence& s = *plan_rows_[i].seq;
@@ -455,11 +547,16 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
       blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
       tables_[i] = s.blocks.data();
       table_lens_[i] = int32_t(s.blocks.size());
+      if (window_pool_) {
+        window_pool_->allocate(window_need(s, end), &s.window_blocks);
+        window_tables_[i] = s.window_blocks.data();
+      }
       for (int64_t pos = s.num_computed; pos < end; pos++) {
         token_ids_.push_back(s.tokens[size_t(pos)]);
         positions_.push_back(int32_t(pos));
         token_seq_.push_back(int32_t(i));
         slots_.push_back(int32_t(int64_t(s.blocks[size_t(pos / bs)]) * bs + pos % bs));
+        if (window_pool_) window_slots_.push_back(int32_t(int64_t(s.window_blocks[size_t(pos / bs)]) * bs + pos % bs));
       }
       if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
     }
@@ -495,6 +592,10 @@ ForwardBatch EngineImpl::forward_batch() const {
   fb.positions = positions_.data();
   fb.token_seq = token_seq_.data();
   fb.slots = slots_.data();
+  if (window_pool_) {
+    fb.window_slots = window_slots_.data();
+    fb.window_block_tables = window_tables_.data();
+  }
   fb.num_seqs = int64_t(plan_rows_.size());
   fb.block_tables = tables_.data();
   fb.num_seq_blocks = table_lens_.data();
@@ -561,6 +662,7 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
     Sequence& s = *row.seq;
     s.num_computed += row.count;
     if (opts_.prefix_caching) cache_full_blocks(s);
+    drop_out_of_window(s);
   }
   std::vector<uint8_t>& failed = sample_failed_;
   failed.assign(m, 0);
@@ -664,6 +766,7 @@ void EngineImpl::launch_pipelined(const StepPlan& plan, InFlight& f) {
     Sequence& s = *row.seq;
     s.num_computed += row.count;
     if (opts_.prefix_caching) cache_full_blocks(s);
+    drop_out_of_window(s);
     f.ran.emplace_back(row.seq_id, s.uid);
   }
   for (size_t r = 0; r < sampling_rows_.size(); r++) {
