@@ -156,3 +156,19 @@ export function engineAbCharts(r: Json, file: string): Chart[] {
     barChart({ ...common, name: 'prefill', what: 'prefill tokens/s by batch and build', data: summary.map((x) => datum(x.batch, x.build, x.prefill)), valueTitle: 'prefill tokens/s (median)' }),
   ];
 }
+
+/** bench/moe.ts: MoE and dense-twin decode rates by batch. */
+export function moeCharts(r: Json, file: string): Chart[] {
+  const settings = obj(r.settings, 'settings');
+  const rows = arr(r.rows, 'rows').map((row, i) => {
+    const o = obj(row, `rows[${i}]`);
+    return { model: `${str(o.model, `rows[${i}].model`)} (${str(o.preset, `rows[${i}].preset`)})`, batch: num(o.batch, `rows[${i}].batch`),
+      decode: num(o.decodeMedian, `rows[${i}].decodeMedian`) };
+  });
+  const h = header('moe', r, file, `CPU, ${count(settings.threads, 'engine thread')}`, [
+    `${settings.dtype ?? '?'} · ${count(settings.pairs, 'alternating pair')} · ${settings.promptTokens ?? '?'}-token prompts, ${settings.decodeSteps ?? '?'} decode steps · medians`,
+  ]);
+  return [barChart({ header: h, name: 'decode', what: 'decode tokens/s: mixture of experts vs dense, same bytes per token',
+    categoryTitle: 'batch (sequences)', seriesTitle: 'model', valueTitle: 'decode tokens/s (median)',
+    data: rows.map((x) => datum(x.batch, x.model, x.decode)) })];
+}

@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 
 import type { TopLevelSpec } from 'vega-lite';
 
-import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineTsPathCharts } from './chart-families-engine.js';
+import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineTsPathCharts, moeCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import { deviceCheckCharts, gemmVsTorchCharts, torchMatmulCharts } from './chart-families-device.js';
 import type { Chart } from './chart-kit.js';
@@ -27,6 +27,7 @@ const FAMILIES: Record<string, Family> = {
   'engine-ab': engineAbCharts,
   'engine-cuda': engineCudaCharts,
   'engine-ts-path': engineTsPathCharts,
+  'moe': moeCharts,
   'torch-matmul': torchMatmulCharts,
   'gemm-vs-torch': gemmVsTorchCharts,
   'device-check': deviceCheckCharts,
