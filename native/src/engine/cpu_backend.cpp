@@ -338,8 +338,9 @@ void CpuBackend::route(int64_t layer) {
         chosen += p[best];
       }
       if (!softmax_first) {  // wt holds the k logits, best first
+        const float top = wt[0];
         double sum = 0;
-        for (int64_t k = 0; k < K; k++) sum += wt[k] = std::exp(wt[k] - wt[0]);
+        for (int64_t k = 0; k < K; k++) sum += wt[k] = std::exp(wt[k] - top);
         for (int64_t k = 0; k < K; k++) wt[k] = float(wt[k] / sum);
       } else if (c_.norm_topk_prob) {
         for (int64_t k = 0; k < K; k++) wt[k] /= chosen;

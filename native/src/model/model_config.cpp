@@ -233,7 +233,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", top.boolean_or("tie_word_embeddings", gemma));
   c.qk_norm = arch->qk_norm;
   c.qkv_bias = arch->qkv_bias;
-  bool attention_bias = f.boolean_or("attention_bias", false);
+  // GptOssConfig turns every attention bias on unless told otherwise.
+  bool attention_bias = f.boolean_or("attention_bias", arch->mlp == MlpLayout::kGptOss);
   if (attention_bias) {  // Llama/Mistral/Qwen3/Gemma option: bias on q, k, v and o
     c.qkv_bias = true;
     c.o_bias = true;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "cpu/thread_pool.h"
 #include "model/architectures.h"
 #include "sluice/error.h"
 
@@ -123,7 +124,7 @@ void unpack_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t row,
 // unpacked to bf16 matrices per expert at load; biases split the same way, in f32.
 // Returns the bytes the unpacked copies add beyond the packed tensors (what a step reads).
 size_t bind_gpt_oss_experts(Binder& b, const std::string& m, const ModelConfig& c, LayerWeights& l,
-                            std::vector<std::shared_ptr<HostBuffer>>& owned) {
+                            std::vector<std::shared_ptr<HostBuffer>>& owned, cpu::ThreadPool& pool) {
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   const std::string x = m + "experts.";
   const TensorView gu_blocks = b.get_packed(x + "gate_up_proj_blocks", {E, 2 * I, H / 32, 16});
@@ -150,15 +151,23 @@ size_t bind_gpt_oss_experts(Binder& b, const std::string& m, const ModelConfig& 
     return v;
   };
   l.experts.resize(size_t(E));
+  // Unpacking is the bulk of loading a gpt-oss checkpoint (20b: 19 billion values): every core.
+  pool.parallel_for(E, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; e++) {
+      uint16_t* gate = base + size_t(e) * per_expert;
+      uint16_t* up = gate + I * H;
+      uint16_t* down = up + I * H;
+      for (int64_t r = 0; r < I; r++) {
+        unpack_mxfp4_row(gub, gus, e * 2 * I + 2 * r, H, gate + r * H);
+        unpack_mxfp4_row(gub, gus, e * 2 * I + 2 * r + 1, H, up + r * H);
+      }
+      for (int64_t r = 0; r < H; r++) unpack_mxfp4_row(db, ds, e * H + r, I, down + r * I);
+    }
+  });
   for (int64_t e = 0; e < E; e++) {
     uint16_t* gate = base + size_t(e) * per_expert;
     uint16_t* up = gate + I * H;
     uint16_t* down = up + I * H;
-    for (int64_t r = 0; r < I; r++) {
-      unpack_mxfp4_row(gub, gus, e * 2 * I + 2 * r, H, gate + r * H);
-      unpack_mxfp4_row(gub, gus, e * 2 * I + 2 * r + 1, H, up + r * H);
-    }
-    for (int64_t r = 0; r < H; r++) unpack_mxfp4_row(db, ds, e * H + r, I, down + r * I);
     ExpertWeights& ew = l.experts[size_t(e)];
     const std::string n = x + std::to_string(e);
     ew.gate = view(gate, I, H, n + ".gate");
@@ -197,6 +206,7 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
 
   w.layers.resize(size_t(c.num_layers));
   size_t unpacked_extra = 0;
+  std::unique_ptr<cpu::ThreadPool> unpack_pool;  // gpt-oss's MXFP4 experts
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string p = root + "layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[size_t(i)];
@@ -229,7 +239,8 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
     if (c.is_sparse(i) && arch->mlp == MlpLayout::kGptOss) {
       l.router = b.get(p + "mlp.router.weight", {c.num_experts, H});
       l.router_bias = f32_copy(b.get(p + "mlp.router.bias", {c.num_experts}), 0, c.num_experts, 1, w.owned);
-      unpacked_extra += bind_gpt_oss_experts(b, p + "mlp.", c, l, w.owned);
+      if (!unpack_pool) unpack_pool = std::make_unique<cpu::ThreadPool>(0);
+      unpacked_extra += bind_gpt_oss_experts(b, p + "mlp.", c, l, w.owned, *unpack_pool);
       continue;
     }
     if (c.is_sparse(i)) {
