@@ -1,5 +1,6 @@
-// Random-weight checkpoints in the published layouts of Qwen3-MoE, Mixtral and Gemma 3: config.json
-// with the published field set (dimensions shrunk) and model.safetensors with seeded random weights.
+// Random-weight checkpoints in the published layouts of Qwen3-MoE, Mixtral, Gemma 3 and gpt-oss:
+// config.json with the published field set (dimensions shrunk) and model.safetensors with seeded
+// random weights (gpt-oss: its experts MXFP4-packed in U8 tensors, as published).
 // Written here from the published files' description, on purpose independent of the project's model
 // maker (models/) and of src/: a checkpoint that code did not write, for its readers and the float64
 // reference to meet. No tokenizer: tests feed token ids.
@@ -7,14 +8,17 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-export type PublishedFamily = 'qwen3-moe' | 'mixtral' | 'gemma3' | 'gemma3-multimodal';
+export type PublishedFamily = 'qwen3-moe' | 'mixtral' | 'gemma3' | 'gemma3-multimodal' | 'gpt-oss';
 
-export const PUBLISHED_FAMILIES: readonly PublishedFamily[] = ['qwen3-moe', 'mixtral', 'gemma3', 'gemma3-multimodal'];
+export const PUBLISHED_FAMILIES: readonly PublishedFamily[] = ['qwen3-moe', 'mixtral', 'gemma3', 'gemma3-multimodal', 'gpt-oss'];
 
 export interface PublishedCheckpointOptions {
   /** vocab_size (default 2051, the project's small tokenizer); bos/eos ids sit at its top. */
   vocabSize?: number;
-  /** Stored dtype (default 'bf16', as published; bf16 is f32 rounded to nearest even). */
+  /**
+   * Stored dtype of the float tensors (default 'bf16', as published; bf16 is f32 rounded to nearest
+   * even). gpt-oss's MXFP4 blocks and scales are U8 either way.
+   */
   dtype?: 'f32' | 'bf16';
   /** PRNG seed (default 1); each tensor's values depend only on the seed and its name. */
   seed?: number;
@@ -34,11 +38,15 @@ export interface PublishedCheckpoint {
   tensorNames: string[];
 }
 
-/** A tensor to write; data row-major, rounded to f32 first (then to bf16 when asked). */
+/**
+ * A tensor to write; data row-major, rounded to f32 first (then to bf16 when asked). dtype, when
+ * set, overrides the file's float dtype for this tensor; 'u8' stores bytes (integers 0..255).
+ */
 export interface WrittenTensor {
   name: string;
   shape: number[];
   data: ArrayLike<number>;
+  dtype?: 'f32' | 'bf16' | 'u8';
 }
 
 type Tensor = WrittenTensor;
@@ -68,6 +76,9 @@ export function writePublishedCheckpoint(dir: string, family: PublishedFamily, o
     config = gemma3MultimodalConfig(vocab, ids);
     config.text_config = withOverrides(config.text_config, opts.config);
     tensors = [...gemma3Tensors(config.text_config, 'language_model.model', draw), ...visionTensors(config.text_config.hidden_size, draw)];
+  } else if (family === 'gpt-oss') {
+    config = withOverrides(gptOssConfig(vocab, ids), opts.config);
+    tensors = gptOssTensors(config, draw);
   } else {
     throw new Error(`writePublishedCheckpoint: unknown family ${family as string}`);
   }
@@ -149,6 +160,34 @@ function gemma3MultimodalConfig(vocab: number, ids: { bos: number; eos: number }
       hidden_size: 8, image_size: 8, intermediate_size: 16, model_type: 'siglip_vision_model', num_attention_heads: 2,
       num_hidden_layers: 1, patch_size: 4, vision_use_head: false,
     },
+  };
+}
+
+/**
+ * openai/gpt-oss-20b's fields: 4 layers (layer_types alternating sliding / full, window 8), 4
+ * experts, top 2, 4 heads over 2 kv heads of 16. YaRN as published (factor 32, beta 32 / 1,
+ * truncate false) over original_max_position_embeddings 128: with head_dim 16 and base 150000 the
+ * ramp then runs over the first three frequency pairs (pair 1 about half interpolated);
+ * max_position_embeddings is factor * that, so the transformers versions that take the factor from
+ * their ratio agree.
+ */
+function gptOssConfig(vocab: number, ids: { bos: number; eos: number }): Record<string, any> {
+  const layers = 4;
+  return {
+    architectures: ['GptOssForCausalLM'], attention_bias: true, attention_dropout: 0.0, eos_token_id: ids.eos,
+    experts_per_token: 2, head_dim: 16, hidden_act: 'silu', hidden_size: 64, initial_context_length: 128,
+    initializer_range: 0.02, intermediate_size: 64,
+    layer_types: Array.from({ length: layers }, (_, i) => (i % 2 === 0 ? 'sliding_attention' : 'full_attention')),
+    max_position_embeddings: 4096, model_type: 'gpt_oss', num_attention_heads: 4, num_experts_per_tok: 2,
+    num_hidden_layers: layers, num_key_value_heads: 2, num_local_experts: 4, output_router_logits: false, pad_token_id: ids.eos - 1,
+    quantization_config: {
+      modules_to_not_convert: ['model.layers.*.self_attn', 'model.layers.*.mlp.router', 'model.embed_tokens', 'lm_head'],
+      quant_method: 'mxfp4',
+    },
+    rms_norm_eps: 1e-5,
+    rope_scaling: { beta_fast: 32.0, beta_slow: 1.0, factor: 32.0, original_max_position_embeddings: 128, rope_type: 'yarn', truncate: false },
+    rope_theta: 150000, router_aux_loss_coef: 0.9, sliding_window: 8, swiglu_limit: 7.0, tie_word_embeddings: false,
+    torch_dtype: 'bfloat16', transformers_version: '4.55.0.dev0', use_cache: true, vocab_size: vocab,
   };
 }
 
@@ -245,6 +284,57 @@ function gemma3Tensors(c: Record<string, any>, prefix: string, draw: Drawer): Te
   return out;
 }
 
+/**
+ * gpt-oss: attention with all four biases and per-head sinks, a biased router, and experts packed
+ * MXFP4 (gptOssExperts). Sinks N(0, 0.5): a share of each head's attention, not most of it.
+ */
+function gptOssTensors(c: Record<string, any>, draw: Drawer): Tensor[] {
+  const h = c.hidden_size as number;
+  const heads = c.num_attention_heads as number;
+  const out = outer(c, 'model', draw, 1, 1);
+  for (let i = 0; i < c.num_hidden_layers; i++) {
+    const p = `model.layers.${i}`;
+    out.push(draw.norm(`${p}.input_layernorm.weight`, h, 1), draw.norm(`${p}.post_attention_layernorm.weight`, h, 1));
+    out.push(...attention(c, p, draw, 'none'));
+    const kv = c.num_key_value_heads * c.head_dim;
+    out.push(
+      draw.normal(`${p}.self_attn.q_proj.bias`, [heads * c.head_dim], 0, 0.2),
+      draw.normal(`${p}.self_attn.k_proj.bias`, [kv], 0, 0.2),
+      draw.normal(`${p}.self_attn.v_proj.bias`, [kv], 0, 0.2),
+      draw.normal(`${p}.self_attn.o_proj.bias`, [h], 0, 0.2),
+      draw.normal(`${p}.self_attn.sinks`, [heads], 0, 0.5),
+      draw.matrix(`${p}.mlp.router.weight`, c.num_local_experts, h),
+      draw.normal(`${p}.mlp.router.bias`, [c.num_local_experts], 0, 0.5),
+    );
+    out.push(...gptOssExperts(c, `${p}.mlp.experts`, draw));
+  }
+  return out;
+}
+
+/**
+ * MXFP4 experts: for each of gate_up [E, 2I, H] and down [E, H, I] (as [out, in]), blocks
+ * [E, rows, cols / 32, 16] of uniformly random bytes (two FP4 e2m1 nibbles each, RMS about 2.9)
+ * and one scale byte per block, 2^(s - 127). gate_up's scales (123..125) put the gate's and up's
+ * spread near the clamp limit, so some values pass it; down's (119..121) keep its output near
+ * unit size. Biases N(0, 0.5).
+ */
+function gptOssExperts(c: Record<string, any>, p: string, draw: Drawer): Tensor[] {
+  const e = c.num_local_experts as number;
+  const h = c.hidden_size as number;
+  const inter = c.intermediate_size as number;
+  if (h % 32 !== 0 || inter % 32 !== 0) throw new Error('gpt-oss: hidden_size and intermediate_size must be multiples of 32 (MXFP4 blocks)');
+  const packed = (name: string, rows: number, cols: number, scaleLo: number, scaleHi: number): Tensor[] => [
+    draw.bytes(`${p}.${name}_blocks`, [e, rows, cols / 32, 16], 0, 255),
+    draw.bytes(`${p}.${name}_scales`, [e, rows, cols / 32], scaleLo, scaleHi),
+  ];
+  return [
+    ...packed('gate_up_proj', 2 * inter, h, 123, 125),
+    draw.normal(`${p}.gate_up_proj_bias`, [e, 2 * inter], 0, 0.5),
+    ...packed('down_proj', h, inter, 119, 121),
+    draw.normal(`${p}.down_proj_bias`, [e, h], 0, 0.5),
+  ];
+}
+
 /** A few small vision-side tensors of the multimodal layout, for readers to skip. */
 function visionTensors(textHidden: number, draw: Drawer): Tensor[] {
   return [
@@ -279,6 +369,15 @@ class Drawer {
   /** A [rows, cols] projection, N(0, 1 / sqrt(cols)). */
   matrix(name: string, rows: number, cols: number): Tensor {
     return this.normal(name, [rows, cols], 0, 1 / Math.sqrt(cols));
+  }
+
+  /** Uniform integers in [lo, hi], stored as U8. */
+  bytes(name: string, shape: number[], lo: number, hi: number): Tensor {
+    const n = shape.reduce((a, b) => a * b, 1);
+    const next = mulberry32(hashName(name, this.seed));
+    const data = new Uint8Array(n);
+    for (let i = 0; i < n; i++) data[i] = lo + Math.floor(next() * (hi - lo + 1));
+    return { name, shape, data, dtype: 'u8' };
   }
 
   /** A norm weight, N(mean, 0.1). */
@@ -318,7 +417,8 @@ function toBf16(v: Float32Array): Uint16Array {
 /**
  * Write one .safetensors file: an 8-byte little-endian header length, a JSON header (name -> dtype,
  * shape, [begin, end) byte offsets into the data; names sorted; padded with spaces to a multiple
- * of 8 bytes), then the little-endian data of each tensor in header order.
+ * of 8 bytes), then the little-endian data of each tensor in header order. Float tensors are
+ * stored as `dtype` unless they name their own; 'u8' tensors as U8 bytes.
  */
 export function writeSafetensorsFile(path: string, tensors: WrittenTensor[], dtype: 'f32' | 'bf16'): void {
   const sorted = [...tensors].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
@@ -329,11 +429,22 @@ export function writeSafetensorsFile(path: string, tensors: WrittenTensor[], dty
     if (Object.hasOwn(header, t.name)) throw new Error(`writeSafetensorsFile: duplicate tensor ${t.name}`);
     const numel = t.shape.reduce((a, b) => a * b, 1);
     if (t.data.length !== numel) throw new Error(`writeSafetensorsFile: ${t.name} has ${t.data.length} values for shape [${t.shape}]`);
-    const f32 = Float32Array.from(t.data);
-    const raw = dtype === 'bf16' ? toBf16(f32) : f32;
-    // Typed arrays are little-endian on every platform Node runs on.
-    const bytes = new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength);
-    header[t.name] = { dtype: dtype === 'bf16' ? 'BF16' : 'F32', shape: t.shape, data_offsets: [offset, offset + bytes.length] };
+    const stored = t.dtype ?? dtype;
+    let bytes: Uint8Array;
+    if (stored === 'u8') {
+      for (let i = 0; i < numel; i++) {
+        const v = t.data[i]!;
+        if (!Number.isInteger(v) || v < 0 || v > 255) throw new Error(`writeSafetensorsFile: ${t.name}[${i}] = ${v} is not a byte`);
+      }
+      bytes = Uint8Array.from(t.data);
+    } else {
+      const f32 = Float32Array.from(t.data);
+      const raw = stored === 'bf16' ? toBf16(f32) : f32;
+      // Typed arrays are little-endian on every platform Node runs on.
+      bytes = new Uint8Array(raw.buffer, raw.byteOffset, raw.byteLength);
+    }
+    const names = { u8: 'U8', bf16: 'BF16', f32: 'F32' } as const;
+    header[t.name] = { dtype: names[stored], shape: t.shape, data_offsets: [offset, offset + bytes.length] };
     chunks.push(bytes);
     offset += bytes.length;
   }

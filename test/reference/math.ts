@@ -7,6 +7,15 @@ export interface RefRopeScaling {
   low_freq_factor?: number;
   high_freq_factor?: number;
   original_max_position_embeddings?: number;
+  /** yarn: rotations per context that bound the ramp (defaults 32 and 1). */
+  beta_fast?: number;
+  beta_slow?: number;
+  /** yarn: round the ramp's ends outwards to whole dimensions (default true; gpt-oss: false). */
+  truncate?: boolean;
+  /** yarn: the cos/sin multiplier; default 0.1 ln(factor) + 1, or the mscale ratio when both are given. */
+  attention_factor?: number;
+  mscale?: number;
+  mscale_all_dim?: number;
 }
 
 export interface Linear {
@@ -65,6 +74,25 @@ export function gatedMlp(m: GatedMlp, x: Float64Array, act: RefActivation): Floa
   return matvec(m.down, g);
 }
 
+/** The alpha of gpt-oss's SwiGLU: glu = gate * sigmoid(1.702 * gate). */
+export const GPT_OSS_SWIGLU_ALPHA = 1.702;
+
+/**
+ * gpt-oss's expert MLP (transformers' GptOssExperts): gate and up with their biases, the gate
+ * clamped from above at `limit` and up to [-limit, limit], then down((up + 1) * gate *
+ * sigmoid(1.702 * gate)) plus down's bias.
+ */
+export function clampedSwigluMlp(m: GatedMlp, x: Float64Array, limit: number): Float64Array {
+  const g = matvec(m.gate, x);
+  const u = matvec(m.up, x);
+  for (let i = 0; i < g.length; i++) {
+    const gate = Math.min(g[i]!, limit);
+    const up = Math.min(Math.max(u[i]!, -limit), limit);
+    g[i] = (up + 1) * (gate / (1 + Math.exp(-GPT_OSS_SWIGLU_ALPHA * gate)));
+  }
+  return matvec(m.down, g);
+}
+
 export function softmax(xs: ArrayLike<number>): Float64Array {
   let m = -Infinity;
   for (let i = 0; i < xs.length; i++) m = Math.max(m, xs[i]!);
@@ -111,7 +139,7 @@ export function logitsTopGap(xs: ArrayLike<number>): number {
  * RoPE inverse frequencies: 1 / theta^(2i/d), then transformers' rope scaling:
  * linear divides every frequency by factor; llama3 keeps high frequencies (wavelen < orig /
  * high_freq_factor), divides low ones (wavelen > orig / low_freq_factor) by factor and
- * interpolates smoothly in between.
+ * interpolates smoothly in between; yarn, see yarnInvFreq (and ropeAttentionFactor).
  */
 export function ropeInvFreq(headDim: number, theta: number, scaling: RefRopeScaling | null): Float64Array {
   const half = headDim / 2;
@@ -136,16 +164,58 @@ export function ropeInvFreq(headDim: number, theta: number, scaling: RefRopeScal
       return (1 - smooth) * (f / factor) + smooth * f;
     });
   }
+  if (type === 'yarn') return yarnInvFreq(inv, headDim, theta, factor, scaling!);
   throw new Error(`reference: unsupported rope_type ${type}`);
 }
 
-/** Rotate-half RoPE of one head vector (x[off .. off+d)) in place at position `pos`. */
-export function applyRope(x: Float64Array, off: number, d: number, pos: number, invFreq: Float64Array): void {
+/**
+ * YaRN (transformers' _compute_yarn_parameters, taking rope_scaling.factor as given): dimension
+ * pairs i below `low` keep their frequency (extrapolation), those above `high` are divided by
+ * factor (interpolation), a linear ramp in i blends the two between; low and high are the pairs
+ * that turn beta_fast and beta_slow times over original_max_position_embeddings positions.
+ */
+function yarnInvFreq(inv: Float64Array, dim: number, theta: number, factor: number, s: RefRopeScaling): Float64Array {
+  const orig = s.original_max_position_embeddings;
+  if (typeof orig !== 'number') throw new Error('rope_scaling.original_max_position_embeddings missing (yarn)');
+  // transformers reads these with `or`: 0 falls back to the default too.
+  const betaFast = s.beta_fast || 32;
+  const betaSlow = s.beta_slow || 1;
+  const correctionDim = (rotations: number) => (dim * Math.log(orig / (rotations * 2 * Math.PI))) / (2 * Math.log(theta));
+  let low = correctionDim(betaFast);
+  let high = correctionDim(betaSlow);
+  if (s.truncate ?? true) {
+    low = Math.floor(low);
+    high = Math.ceil(high);
+  }
+  low = Math.max(low, 0);
+  high = Math.min(high, dim - 1);
+  if (low === high) high += 0.001;
+  return inv.map((extrapolated, i) => {
+    const ramp = Math.min(Math.max((i - low) / (high - low), 0), 1);
+    return (extrapolated / factor) * ramp + extrapolated * (1 - ramp);
+  });
+}
+
+/** The factor rope multiplies cos and sin by (so q.k by its square): 1 except under yarn. */
+export function ropeAttentionFactor(scaling: RefRopeScaling | null): number {
+  if (!scaling || (scaling.rope_type ?? scaling.type) !== 'yarn') return 1;
+  if (scaling.attention_factor != null) return scaling.attention_factor;
+  const factor = scaling.factor!;
+  const mscale = (scale: number, m = 1) => (scale <= 1 ? 1 : 0.1 * m * Math.log(scale) + 1);
+  if (scaling.mscale && scaling.mscale_all_dim) return mscale(factor, scaling.mscale) / mscale(factor, scaling.mscale_all_dim);
+  return mscale(factor);
+}
+
+/**
+ * Rotate-half RoPE of one head vector (x[off .. off+d)) in place at position `pos`, with cos and
+ * sin multiplied by `scale` (ropeAttentionFactor).
+ */
+export function applyRope(x: Float64Array, off: number, d: number, pos: number, invFreq: Float64Array, scale = 1): void {
   const half = d / 2;
   for (let i = 0; i < half; i++) {
     const a = pos * invFreq[i]!;
-    const c = Math.cos(a);
-    const s = Math.sin(a);
+    const c = Math.cos(a) * scale;
+    const s = Math.sin(a) * scale;
     const x1 = x[off + i]!;
     const x2 = x[off + half + i]!;
     x[off + i] = x1 * c - x2 * s;

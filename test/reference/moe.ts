@@ -1,9 +1,11 @@
-// Mixture-of-experts MLP of the float64 reference (Qwen3-MoE, Mixtral), following transformers'
-// Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock: a bias-free router scores every expert, the
-// softmax over all experts picks the top k, and the layer's output is the weighted sum of those
-// experts' gated MLPs.
+// Mixture-of-experts MLP of the float64 reference (Qwen3-MoE, Mixtral, gpt-oss), following
+// transformers' Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and GptOssMLP: a router scores every
+// expert, the top k are chosen, and the layer's output is the weighted sum of those experts' gated
+// MLPs. Qwen3-MoE and Mixtral: a bias-free router, softmax over all experts, then the top k.
+// gpt-oss: a router with a bias, the top k logits, then the softmax over those k, and experts with
+// biases and a clamped SwiGLU (its tensors and their MXFP4 packing are read in gpt-oss.ts).
 
-import { type GatedMlp, type Linear, type RefActivation, gatedMlp, matvec, softmax } from './math.js';
+import { type GatedMlp, type Linear, type RefActivation, clampedSwigluMlp, gatedMlp, matvec, softmax } from './math.js';
 
 export interface RefMoeConfig {
   numExperts: number;
@@ -15,10 +17,14 @@ export interface RefMoeConfig {
   expertIntermediateSize: number;
   /** Per layer: true when it routes through experts, false for a dense MLP of intermediate_size. */
   sparseLayers: boolean[];
+  /** softmax-topk: softmax over all experts, then the top k; topk-softmax: softmax over the top k logits. */
+  routing: 'softmax-topk' | 'topk-softmax';
+  /** gpt-oss: experts use clampedSwigluMlp with this limit; null: gatedMlp with the model's activation. */
+  swigluLimit: number | null;
 }
 
 export interface ReferenceMoe {
-  router: Linear; // [numExperts, hidden], no bias
+  router: Linear; // [numExperts, hidden]; a bias only for gpt-oss
   experts: GatedMlp[];
 }
 
@@ -41,6 +47,8 @@ export function parseMoeConfig(arch: MoeArchitecture, raw: Record<string, any>, 
       normTopK: true,
       expertIntermediateSize: raw.intermediate_size,
       sparseLayers: new Array<boolean>(numLayers).fill(true),
+      routing: 'softmax-topk',
+      swigluLimit: null,
     };
   }
   // Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
@@ -55,6 +63,8 @@ export function parseMoeConfig(arch: MoeArchitecture, raw: Record<string, any>, 
     normTopK: raw.norm_topk_prob ?? false,
     expertIntermediateSize: raw.moe_intermediate_size,
     sparseLayers,
+    routing: 'softmax-topk',
+    swigluLimit: null,
   };
 }
 
@@ -104,12 +114,31 @@ export function routeTopK(routerLogits: ArrayLike<number>, topK: number, normTop
   return { experts, weights };
 }
 
+/**
+ * gpt-oss: the top k logits (ties: the lower index first), weighted by the softmax over those k.
+ * NOTE: the same numbers as routeTopK(logits, k, true) up to rounding (softmax then renormalising
+ * over the chosen k), written out as transformers' GptOssTopKRouter does it.
+ */
+export function routeTopKThenSoftmax(routerLogits: ArrayLike<number>, topK: number): Routing {
+  const experts: number[] = [];
+  for (let k = 0; k < Math.min(topK, routerLogits.length); k++) {
+    let best = -1;
+    for (let e = 0; e < routerLogits.length; e++) {
+      if (!experts.includes(e) && (best < 0 || routerLogits[e]! > routerLogits[best]!)) best = e;
+    }
+    experts.push(best);
+  }
+  return { experts, weights: Array.from(softmax(experts.map((e) => routerLogits[e]!))) };
+}
+
 /** The sparse MLP of one token: sum over its top-k experts of weight * expert(x). */
 export function moeForward(moe: ReferenceMoe, cfg: RefMoeConfig, x: Float64Array, act: RefActivation): Float64Array {
-  const route = routeTopK(matvec(moe.router, x), cfg.topK, cfg.normTopK);
+  const logits = matvec(moe.router, x);
+  const route = cfg.routing === 'topk-softmax' ? routeTopKThenSoftmax(logits, cfg.topK) : routeTopK(logits, cfg.topK, cfg.normTopK);
   const out = new Float64Array(x.length);
   route.experts.forEach((e, k) => {
-    const y = gatedMlp(moe.experts[e]!, x, act);
+    const expert = moe.experts[e]!;
+    const y = cfg.swigluLimit === null ? gatedMlp(expert, x, act) : clampedSwigluMlp(expert, x, cfg.swigluLimit);
     for (let i = 0; i < out.length; i++) out[i]! += route.weights[k]! * y[i]!;
   });
   return out;

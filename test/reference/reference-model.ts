@@ -1,7 +1,8 @@
 // A plain, slow, float64 forward pass of Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Mixtral /
-// Gemma 3 decoder models, following transformers' semantics. Independent of models/ and src/: it
-// reads config.json and the safetensors files itself. Meant for small test models (all weights
-// live as Float64Array). The math is in math.ts, the mixture-of-experts MLP in moe.ts.
+// Gemma 3 / gpt-oss decoder models, following transformers' semantics. Independent of models/ and
+// src/: it reads config.json and the safetensors files itself. Meant for small test models (all
+// weights live as Float64Array). The math is in math.ts, the mixture-of-experts MLP in moe.ts,
+// gpt-oss's config and MXFP4 experts in gpt-oss.ts.
 
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -16,17 +17,23 @@ import {
   logitsTopGap,
   matvec,
   rmsNorm,
+  ropeAttentionFactor,
   ropeInvFreq,
   softcap,
   softmax,
 } from './math.js';
+import { GPT_OSS_ARCHITECTURE, loadGptOssMoe, parseGptOssConfig } from './gpt-oss.js';
 import { type MoeArchitecture, type RefMoeConfig, type ReferenceMoe, isMoeArchitecture, loadMoe, moeForward, parseMoeConfig } from './moe.js';
 import { type RefTensor, readSafetensorsDir } from './safetensors-reader.js';
 
 export type { GatedMlp, Linear, RefActivation, RefRopeScaling } from './math.js';
 export type { RefMoeConfig, ReferenceMoe } from './moe.js';
-export { applyRope, argmax, geluTanh, gatedMlp, logSoftmax, logitsTopGap, matvec, rmsNorm, ropeInvFreq, silu, softcap, softmax } from './math.js';
-export { routeTopK } from './moe.js';
+export {
+  applyRope, argmax, clampedSwigluMlp, geluTanh, gatedMlp, logSoftmax, logitsTopGap, matvec, rmsNorm, ropeAttentionFactor, ropeInvFreq,
+  silu, softcap, softmax,
+} from './math.js';
+export { routeTopK, routeTopKThenSoftmax } from './moe.js';
+export { FP4_E2M1_VALUES, unpackMxfp4 } from './gpt-oss.js';
 
 export interface ReferenceConfig {
   architecture: string;
@@ -64,7 +71,12 @@ export interface ReferenceConfig {
   mlpBias: boolean;
   /** q and k RMS-normalised per head before rope (Qwen3, Qwen3-MoE, Gemma 3). */
   qkNorm: boolean;
-  /** Qwen3-MoE and Mixtral; null for dense families. */
+  /**
+   * gpt-oss: each head has a learned sink logit (self_attn.sinks) that joins its softmax and whose
+   * probability is dropped, so the weights on the values sum to less than 1.
+   */
+  attnSinks: boolean;
+  /** Qwen3-MoE, Mixtral and gpt-oss; null for dense families. */
   moe: RefMoeConfig | null;
 }
 
@@ -91,6 +103,10 @@ export interface ReferenceLayer {
   moe: ReferenceMoe | null;
   /** Rope inverse frequencies of this layer (Gemma: local on sliding layers, global on full ones). */
   invFreq: Float64Array;
+  /** What rope multiplies cos and sin by on this layer: ropeAttentionFactor, 1 outside YaRN. */
+  ropeScale: number;
+  /** gpt-oss: the sink logit of each query head [numHeads]; null elsewhere. */
+  sinks: Float64Array | null;
 }
 
 export interface ReferenceModel {
@@ -122,6 +138,7 @@ const GEMMA3_TEXT_DEFAULTS = {
 function parseConfig(raw: Record<string, any>): ReferenceConfig {
   const arch = (raw.architectures?.[0] ?? '') as string;
   if (GEMMA3.includes(arch)) return parseGemma3(arch, raw);
+  if (arch === GPT_OSS_ARCHITECTURE) return parseGptOssConfig(raw);
   if (!DENSE.includes(arch) && !isMoeArchitecture(arch)) throw new Error(`reference: unsupported architecture ${arch}`);
   if ((raw.hidden_act ?? 'silu') !== 'silu') throw new Error(`reference: hidden_act ${raw.hidden_act}`);
   const numHeads = raw.num_attention_heads as number;
@@ -165,6 +182,7 @@ function parseConfig(raw: Record<string, any>): ReferenceConfig {
     oBias: arch !== 'Qwen2ForCausalLM' && !noBias && raw.attention_bias === true,
     mlpBias: arch === 'LlamaForCausalLM' && raw.mlp_bias === true,
     qkNorm: arch === 'Qwen3ForCausalLM' || arch === 'Qwen3MoeForCausalLM',
+    attnSinks: false,
     moe: isMoeArchitecture(arch) ? parseMoeConfig(arch, raw, numLayers) : null,
   };
 }
@@ -211,6 +229,7 @@ function parseGemma3(arch: string, raw: Record<string, any>): ReferenceConfig {
     oBias: t.attention_bias === true,
     mlpBias: false,
     qkNorm: true,
+    attnSinks: false,
     moe: null,
   };
 }
@@ -242,11 +261,14 @@ export function loadReferenceModel(dir: string): ReferenceModel {
   const root = cfg.architecture === 'Gemma3ForConditionalGeneration' ? 'language_model.' : '';
   const globalFreq = ropeInvFreq(cfg.headDim, cfg.ropeTheta, cfg.ropeScaling);
   const localFreq = cfg.ropeLocalTheta === null ? globalFreq : ropeInvFreq(cfg.headDim, cfg.ropeLocalTheta, null);
+  const globalScale = ropeAttentionFactor(cfg.ropeScaling);
   const sandwich = GEMMA3.includes(cfg.architecture);
   const layers: ReferenceLayer[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const p = `${root}model.layers.${i}`;
     const sparse = cfg.moe?.sparseLayers[i] ?? false;
+    // Gemma's sliding layers rope with their own, unscaled base; elsewhere localFreq is globalFreq.
+    const local = cfg.ropeLocalTheta !== null && cfg.slidingWindow[i] !== null;
     const inter = sparse ? 0 : cfg.intermediateSize;
     const mlp = (name: string, out: number, inp: number): Linear =>
       sparse ? { w: new Float64Array(0), b: null, out, in: inp } : linear(`${p}.mlp.${name}`, out, inp, cfg.mlpBias);
@@ -264,8 +286,14 @@ export function loadReferenceModel(dir: string): ReferenceModel {
       gate: mlp('gate_proj', inter, h),
       up: mlp('up_proj', inter, h),
       down: mlp('down_proj', h, inter),
-      moe: sparse ? loadMoe(cfg.architecture as MoeArchitecture, p, cfg.moe!, h, (n, o, k) => linear(n, o, k, false)) : null,
-      invFreq: cfg.slidingWindow[i] !== null ? localFreq : globalFreq,
+      moe: !sparse
+        ? null
+        : cfg.architecture === GPT_OSS_ARCHITECTURE
+          ? loadGptOssMoe(get, p, cfg.moe!, h)
+          : loadMoe(cfg.architecture as MoeArchitecture, p, cfg.moe!, h, (n, o, k) => linear(n, o, k, false)),
+      invFreq: local ? localFreq : globalFreq,
+      ropeScale: local ? 1 : globalScale,
+      sinks: cfg.attnSinks ? get(`${p}.self_attn.sinks`, [cfg.numHeads]).data : null,
     });
   }
   const embed = get(`${root}model.embed_tokens.weight`, [cfg.vocabSize, h]).data;
@@ -316,11 +344,11 @@ export class ReferenceSession {
       const v = matvec(L.v, hn);
       for (let hd = 0; hd < c.numHeads; hd++) {
         if (L.qNorm) q.set(norm(q.subarray(hd * d, (hd + 1) * d), L.qNorm), hd * d);
-        applyRope(q, hd * d, d, pos, L.invFreq);
+        applyRope(q, hd * d, d, pos, L.invFreq, L.ropeScale);
       }
       for (let hd = 0; hd < c.numKvHeads; hd++) {
         if (L.kNorm) k.set(norm(k.subarray(hd * d, (hd + 1) * d), L.kNorm), hd * d);
-        applyRope(k, hd * d, d, pos, L.invFreq);
+        applyRope(k, hd * d, d, pos, L.invFreq, L.ropeScale);
       }
       this.keys[l]!.push(k);
       this.values[l]!.push(v);
@@ -329,7 +357,9 @@ export class ReferenceSession {
       const attn = new Float64Array(c.numHeads * d);
       for (let hd = 0; hd < c.numHeads; hd++) {
         const kvh = Math.floor(hd / group);
-        const scores = new Float64Array(pos + 1 - first);
+        // With sinks, the head's sink logit is the last entry, in the softmax but never on a value.
+        const scores = new Float64Array(pos + 1 - first + (L.sinks ? 1 : 0));
+        if (L.sinks) scores[pos + 1 - first] = L.sinks[hd]!;
         for (let j = first; j <= pos; j++) {
           const kj = this.keys[l]![j]!;
           let s = 0;

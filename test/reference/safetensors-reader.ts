@@ -1,4 +1,5 @@
-// Minimal safetensors reader for the float64 reference: decodes F64/F32/F16/BF16 exactly to f64.
+// Minimal safetensors reader for the float64 reference: decodes F64/F32/F16/BF16 exactly to f64,
+// and U8 (gpt-oss's packed MXFP4 blocks and their scale bytes) to its integer values 0..255.
 // Independent of models/ and src/ on purpose.
 
 import { existsSync, readFileSync } from 'node:fs';
@@ -50,13 +51,16 @@ function decode(dtype: string, bytes: Buffer, n: number): Float64Array {
       for (let i = 0; i < n; i++) out[i] = table[dv.getUint16(i * 2, true)]!;
       break;
     }
+    case 'U8':
+      for (let i = 0; i < n; i++) out[i] = bytes[i]!;
+      break;
     default:
       throw new Error(`reference reader: unsupported dtype ${dtype}`);
   }
   return out;
 }
 
-const DTYPE_SIZE: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2 };
+const DTYPE_SIZE: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, U8: 1 };
 
 /** All tensors of one .safetensors file, decoded to f64. */
 export function readSafetensorsFile(path: string): Map<string, RefTensor> {
