@@ -34,6 +34,8 @@ const CASES: Array<[PublishedFamily, 'f32' | 'bf16', Record<string, unknown>?]> 
   ['gemma3-multimodal', 'f32'],
   // A final-logit soft cap and explicit layer_types.
   ['gemma3', 'f32', { final_logit_softcapping: 3, layer_types: ['full_attention', 'sliding_attention', 'sliding_attention', 'full_attention'] }],
+  // YaRN on a family that is not gpt-oss (Qwen's long-context setting, shrunk).
+  ['qwen3-moe', 'f32', { rope_scaling: { rope_type: 'yarn', factor: 4, original_max_position_embeddings: 32 } }],
   ['gpt-oss', 'f32'],
   ['gpt-oss', 'bf16'],
 ];
