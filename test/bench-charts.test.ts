@@ -103,7 +103,7 @@ describe('bench charts', () => {
       }
     }
     expect([...families].sort()).toEqual(['cuda-kernels', 'device-check', 'engine', 'engine-ab', 'engine-cuda', 'engine-ts-path',
-      'gemm-vs-torch', 'http', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput', 'torch-matmul']);
+      'gemm-vs-torch', 'http', 'moe', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput', 'torch-matmul']);
   });
 
   it('names the machine and device from the result', () => {
