@@ -2,7 +2,7 @@
 // project's model maker did not write (test/helpers/published-checkpoints.ts: published config
 // layouts, random weights), against the independent float64 reference, and the batch and chunk
 // invariance the dense families have.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,11 +10,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
 import { loadNativeEngine } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
-import { type PublishedFamily, writePublishedCheckpoint } from './helpers/published-checkpoints.js';
+import { type PublishedFamily, type WrittenTensor, writePublishedCheckpoint, writeSafetensorsFile } from './helpers/published-checkpoints.js';
 import { GREEDY, runNative } from './helpers/native-run.js';
 import { GENERATE, LOGPROB_TOL, NEAR_TIE_GAP, compareWithReference, promptFor, teacherForcedAgreement } from './helpers/reference-compare.js';
 import { quantizeReferenceQ8 } from './reference/q8.js';
+import { unpackMxfp4 } from './reference/gpt-oss.js';
 import { loadReferenceModel } from './reference/reference-model.js';
+import { readSafetensorsDir } from './reference/safetensors-reader.js';
 
 let root: string;
 beforeAll(() => {
@@ -189,6 +191,50 @@ describe('sliding-window KV blocks (gemma3, window 8, blocks of 4)', () => {
     } finally {
       cached.dispose();
       cold.dispose();
+    }
+  });
+});
+
+// gpt-oss re-saved unquantized (transformers' layout after dequantizing: gate_up_proj [E, H, 2I]
+// and down_proj [E, I, H], input-major, bf16): the same model as its MXFP4 original, so the engine
+// gives the same tokens and logprobs bit for bit.
+describe('gpt-oss unquantized experts', () => {
+  it('run as their MXFP4 original does', async () => {
+    const packed = join(root, 'gpt-oss-mxfp4');
+    const dense = join(root, 'gpt-oss-bf16-experts');
+    const written = writePublishedCheckpoint(packed, 'gpt-oss', { dtype: 'bf16', seed: 9 });
+    const tensors = readSafetensorsDir(packed);
+    const out: WrittenTensor[] = [];
+    for (const [name, t] of tensors) {
+      if (name.endsWith('_scales')) continue;
+      if (!name.endsWith('_blocks')) {
+        out.push({ name, shape: t.shape, data: t.data });
+        continue;
+      }
+      const [E, rows, groups] = t.shape as [number, number, number];
+      const cols = groups * 32;
+      const values = unpackMxfp4(t, tensors.get(name.replace('_blocks', '_scales'))!);  // [E, rows, cols]
+      const transposed = new Float64Array(values.length);  // [E, cols, rows]
+      for (let e = 0; e < E; e++)
+        for (let r = 0; r < rows; r++)
+          for (let c = 0; c < cols; c++) transposed[(e * cols + c) * rows + r] = values[(e * rows + r) * cols + c]!;
+      out.push({ name: name.replace('_blocks', ''), shape: [E, cols, rows], data: transposed });
+    }
+    mkdirSync(dense, { recursive: true });
+    const { quantization_config: _, ...config } = written.config;
+    writeFileSync(join(dense, 'config.json'), JSON.stringify(config));
+    writeSafetensorsFile(join(dense, 'model.safetensors'), out, 'bf16');
+    const a = await loadNativeEngine({ modelDir: packed, backend: 'cpu', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 2 });
+    const b = await loadNativeEngine({ modelDir: dense, backend: 'cpu', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 2 });
+    try {
+      const prompt = promptFor(a.info().vocabSize, 13, 3);
+      const x = await runNative(a, prompt, 24);
+      const y = await runNative(b, prompt, 24);
+      expect(y.tokens).toEqual(x.tokens);
+      expect(y.logprobs).toEqual(x.logprobs);
+    } finally {
+      a.dispose();
+      b.dispose();
     }
   });
 });

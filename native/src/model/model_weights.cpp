@@ -123,10 +123,69 @@ void unpack_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, int64_t row,
 // The experts of a gpt-oss layer: gate_up rows interleaved (gate 0, up 0, gate 1, ...) and down,
 // unpacked to bf16 matrices per expert at load; biases split the same way, in f32.
 // Returns the bytes the unpacked copies add beyond the packed tensors (what a step reads).
+// gpt-oss experts as transformers saves them unquantized (checkpoints re-saved in bf16):
+// gate_up_proj [E, H, 2I] and down_proj [E, I, H], input-major; transposed at load into the
+// [out, in] matrices the kernels read, in the stored dtype, gate and up de-interleaved.
+void bind_gpt_oss_dense_experts(Binder& b, const std::string& x, const ModelConfig& c, LayerWeights& l,
+                                std::vector<std::shared_ptr<HostBuffer>>& owned, cpu::ThreadPool& pool) {
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
+  const TensorView gu = b.get(x + "gate_up_proj", {E, H, 2 * I});
+  const TensorView gu_bias = b.get(x + "gate_up_proj_bias", {E, 2 * I});
+  const TensorView d = b.get(x + "down_proj", {E, I, H});
+  const TensorView d_bias = b.get(x + "down_proj_bias", {E, H});
+  const size_t gsz = dtype_size(gu.dtype), dsz = dtype_size(d.dtype);
+  auto gbuf = std::make_shared<HostBuffer>(size_t(E * 2 * I * H) * gsz);
+  auto dbuf = std::make_shared<HostBuffer>(size_t(E * H * I) * dsz);
+  const auto* gsrc = static_cast<const uint8_t*>(gu.data);
+  const auto* dsrc = static_cast<const uint8_t*>(d.data);
+  pool.parallel_for(E, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; e++) {
+      uint8_t* gate = gbuf->data() + size_t(e * 2 * I * H) * gsz;  // [I, H], then up [I, H]
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < 2 * I; j++) {
+          const int64_t row = (j % 2) * I + j / 2;  // gate rows first, then up
+          std::memcpy(gate + size_t(row * H + h) * gsz, gsrc + size_t((e * H + h) * 2 * I + j) * gsz, gsz);
+        }
+      uint8_t* down = dbuf->data() + size_t(e * H * I) * dsz;  // [H, I]
+      for (int64_t i = 0; i < I; i++)
+        for (int64_t h = 0; h < H; h++)
+          std::memcpy(down + size_t(h * I + i) * dsz, dsrc + size_t((e * I + i) * H + h) * dsz, dsz);
+    }
+  });
+  const auto view = [&](const TensorView& from, uint8_t* data, int64_t rows, int64_t cols, const std::string& name) {
+    TensorView v;
+    v.name = name;
+    v.file = from.file;
+    v.dtype = from.dtype;
+    v.shape = {rows, cols};
+    v.data = data;
+    v.nbytes = size_t(rows * cols) * dtype_size(from.dtype);
+    return v;
+  };
+  l.experts.resize(size_t(E));
+  for (int64_t e = 0; e < E; e++) {
+    ExpertWeights& ew = l.experts[size_t(e)];
+    const std::string n = x + std::to_string(e);
+    uint8_t* gate = gbuf->data() + size_t(e * 2 * I * H) * gsz;
+    ew.gate = view(gu, gate, I, H, n + ".gate");
+    ew.up = view(gu, gate + size_t(I * H) * gsz, I, H, n + ".up");
+    ew.down = view(d, dbuf->data() + size_t(e * H * I) * dsz, H, I, n + ".down");
+    ew.gate_bias = f32_copy(gu_bias, e * 2 * I, I, 2, owned);
+    ew.up_bias = f32_copy(gu_bias, e * 2 * I + 1, I, 2, owned);
+    ew.down_bias = f32_copy(d_bias, e * H, H, 1, owned);
+  }
+  owned.push_back(std::move(gbuf));
+  owned.push_back(std::move(dbuf));
+}
+
 size_t bind_gpt_oss_experts(Binder& b, const std::string& m, const ModelConfig& c, LayerWeights& l,
                             std::vector<std::shared_ptr<HostBuffer>>& owned, cpu::ThreadPool& pool) {
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   const std::string x = m + "experts.";
+  if (!b.has(x + "gate_up_proj_blocks") && b.has(x + "gate_up_proj")) {
+    bind_gpt_oss_dense_experts(b, x, c, l, owned, pool);
+    return 0;  // the copies replace the stored tensors byte for byte
+  }
   const TensorView gu_blocks = b.get_packed(x + "gate_up_proj_blocks", {E, 2 * I, H / 32, 16});
   const TensorView gu_scales = b.get_packed(x + "gate_up_proj_scales", {E, 2 * I, H / 32});
   const TensorView gu_bias = b.get(x + "gate_up_proj_bias", {E, 2 * I});
