@@ -94,6 +94,130 @@ export const QWEN3_TEMPLATE = `{%- set ns = namespace(last_query=-1) -%}
 {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
 {%- endif -%}`;
 
+/**
+ * Harmony (gpt-oss), rendering the structure of gpt-oss's published template:
+ * - a system message naming the model, knowledge cutoff, today's date (strftime_now), the
+ *   reasoning level (reasoning_effort, default medium) and the channels, plus where function
+ *   calls go when there are tools;
+ * - a developer message with the first system/developer message as "# Instructions" and the
+ *   tools as a TypeScript-like namespace `functions` (each parameter typed from its JSON schema,
+ *   with its description as a comment, `?` unless required, and its default);
+ * - user turns; assistant answers on the final channel (their reasoning dropped); an assistant
+ *   turn with tool calls as its first call `<|start|>assistant to=functions.{name}<|channel|>commentary
+ *   json<|message|>{arguments}<|call|>`, after its reasoning (or text) on the analysis channel unless
+ *   a later assistant turn answered; tool results from `functions.{name of the last call}` on the
+ *   commentary channel, their text as a JSON string; later system messages are not rendered;
+ * - the generation prompt `<|start|>assistant`; a last assistant turn without it (training)
+ *   keeps its reasoning and ends in <|return|>.
+ * Written for this project. Where it differs from the published one: nested object parameters are
+ * written `{\n` + `a: number, b?: string` + `}` and oneOf variants `string | number` (the published
+ * one leaves newlines and its own indentation between the parts, and adds the variants' comments),
+ * no builtin_tools (browser, python) and no content_type, and arguments given as text are written
+ * as they are (the published one writes them as a JSON string).
+ */
+export const HARMONY_TEMPLATE = `{%- macro ts_type(s) -%}
+{%- set t = s['type'] -%}
+{%- if t == 'array' -%}
+{#- s['items'] of a schema without items is the mapping's items() method: test for a mapping. -#}
+{%- set item = s['items'] if s['items'] is mapping else none -%}
+{%- if item is none -%}{{- 'any[]' -}}
+{%- elif item['type'] in ['string', 'number', 'boolean'] -%}{{- item['type'] + '[]' -}}
+{%- elif item['type'] == 'integer' -%}{{- 'number[]' -}}
+{%- else -%}{%- set inner = ts_type(item) -%}{{- ('any' if inner == 'object | object' or inner | length > 50 else inner) + '[]' -}}
+{%- endif -%}
+{%- if s['nullable'] -%}{{- ' | null' -}}{%- endif -%}
+{%- elif t is defined and t is not string and t is iterable and t is not mapping -%}{{- t | join(' | ') -}}
+{%- elif s['oneOf'] -%}
+{%- for v in s['oneOf'] -%}{{- (' | ' if not loop.first else '') + ts_type(v) -}}{%- endfor -%}
+{%- elif t == 'string' -%}
+{%- if s['enum'] -%}{{- '"' + s['enum'] | join('" | "') + '"' -}}
+{%- else -%}{{- 'string' + (' | null' if s['nullable'] else '') -}}
+{%- endif -%}
+{%- elif t == 'number' or t == 'integer' -%}{{- 'number' -}}
+{%- elif t == 'boolean' -%}{{- 'boolean' -}}
+{%- elif t == 'object' and s['properties'] -%}
+{{- '{\n' -}}
+{%- for name, p in s['properties'] | items -%}
+{{- (', ' if not loop.first else '') + name + ('' if name in (s['required'] or []) else '?') + ': ' + ts_type(p) -}}
+{%- endfor -%}
+{{- '}' -}}
+{%- elif t == 'object' -%}{{- 'object' -}}
+{%- else -%}{{- 'any' -}}
+{%- endif -%}
+{%- endmacro -%}
+{%- macro functions_namespace(tools) -%}
+{{- '## functions\n\nnamespace functions {\n\n' -}}
+{%- for tool in tools -%}
+{%- set f = tool['function'] if tool['function'] is defined else tool -%}
+{%- set params = f['parameters'] -%}
+{{- '// ' + f['description'] + '\ntype ' + f['name'] + ' = ' -}}
+{%- if params and params['properties'] -%}
+{{- '(_: {\n' -}}
+{%- for name, p in params['properties'] | items -%}
+{%- if p['description'] -%}{{- '// ' + p['description'] + '\n' -}}{%- endif -%}
+{{- name + ('' if name in (params['required'] or []) else '?') + ': ' + ts_type(p) -}}
+{%- if p['default'] is defined -%}
+{%- if p['enum'] -%}{{- ', // default: ' ~ p['default'] -}}
+{%- elif p['oneOf'] -%}{{- '// default: ' ~ p['default'] -}}
+{%- else -%}{{- ', // default: ' + (p['default'] | tojson) -}}
+{%- endif -%}
+{%- endif -%}
+{{- ',\n' -}}
+{%- endfor -%}
+{{- '}) => any;\n\n' -}}
+{%- else -%}{{- '() => any;\n\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{{- '} // namespace functions' -}}
+{%- endmacro -%}
+{{- '<|start|>system<|message|>' + (model_identity if model_identity is defined else 'You are ChatGPT, a large language model trained by OpenAI.') -}}
+{{- '\nKnowledge cutoff: 2024-06\nCurrent date: ' + strftime_now('%Y-%m-%d') -}}
+{{- '\n\nReasoning: ' + (reasoning_effort if reasoning_effort is defined else 'medium') -}}
+{{- '\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.' -}}
+{%- if tools -%}{{- "\nCalls to these tools must go to the commentary channel: 'functions'." -}}{%- endif -%}
+{{- '<|end|>' -}}
+{%- set first = messages[0] if messages else none -%}
+{%- set instructions = first['content'] if first and first['role'] in ['system', 'developer'] else '' -%}
+{%- set turns = messages[1:] if first and first['role'] in ['system', 'developer'] else messages -%}
+{%- if instructions or tools -%}
+{{- '<|start|>developer<|message|>' -}}
+{%- if instructions -%}{{- '# Instructions\n\n' + instructions + '\n\n' -}}{%- endif -%}
+{%- if tools -%}{{- '# Tools\n\n' + functions_namespace(tools) -}}{%- endif -%}
+{{- '<|end|>' -}}
+{%- endif -%}
+{%- set last = namespace(call=none) -%}
+{%- for m in turns -%}
+{%- set text = m['content'] if m['content'] is string else '' -%}
+{%- if m['role'] == 'user' -%}
+{{- '<|start|>user<|message|>' + text + '<|end|>' -}}
+{%- elif m['role'] == 'assistant' -%}
+{%- set thinking = m['thinking'] if m['thinking'] is string else '' -%}
+{%- if '<|channel|>analysis<|message|>' in text or '<|channel|>final<|message|>' in text or '<|channel|>analysis<|message|>' in thinking or '<|channel|>final<|message|>' in thinking -%}
+{{- raise_exception('an assistant turn holds <|channel|> tags: give its reasoning as thinking and its answer as content') -}}
+{%- endif -%}
+{%- if m['tool_calls'] -%}
+{%- if text and thinking -%}{{- raise_exception('an assistant turn with tool calls has both content and thinking: give its analysis in one of them') -}}{%- endif -%}
+{%- set later = namespace(answered=false) -%}
+{%- for n in turns[loop.index:] -%}{%- if n['role'] == 'assistant' and not n['tool_calls'] -%}{%- set later.answered = true -%}{%- endif -%}{%- endfor -%}
+{%- if (text or thinking) and not later.answered -%}{{- '<|start|>assistant<|channel|>analysis<|message|>' + (text or thinking) + '<|end|>' -}}{%- endif -%}
+{%- set call = m['tool_calls'][0]['function'] if m['tool_calls'][0]['function'] is defined else m['tool_calls'][0] -%}
+{{- '<|start|>assistant to=functions.' + call['name'] + '<|channel|>commentary json<|message|>' -}}
+{{- (call['arguments'] if call['arguments'] is string else call['arguments'] | tojson) + '<|call|>' -}}
+{%- set last.call = call['name'] -%}
+{%- elif loop.last and not add_generation_prompt -%}
+{%- if thinking -%}{{- '<|start|>assistant<|channel|>analysis<|message|>' + thinking + '<|end|>' -}}{%- endif -%}
+{{- '<|start|>assistant<|channel|>final<|message|>' + text + '<|return|>' -}}
+{%- else -%}
+{{- '<|start|>assistant<|channel|>final<|message|>' + text + '<|end|>' -}}
+{%- set last.call = none -%}
+{%- endif -%}
+{%- elif m['role'] == 'tool' -%}
+{%- if last.call is none -%}{{- raise_exception('a tool result follows no assistant tool call') -}}{%- endif -%}
+{{- '<|start|>functions.' + last.call + ' to=assistant<|channel|>commentary<|message|>' + (text | tojson) + '<|end|>' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}`;
+
 export interface SpecialIds {
   /** config.json bos_token_id. */
   bos: number;
@@ -102,13 +226,28 @@ export interface SpecialIds {
   pad: number;
 }
 
+/**
+ * gpt-oss's special tokens (o200k_harmony's named ones), in id order: a tokenizer family 'harmony'
+ * writes these, special, with HARMONY_TEMPLATE (specialIds and buildTokenizerConfig take it already).
+ */
+export const HARMONY_SPECIAL_TOKENS = [
+  '<|startoftext|>', '<|endoftext|>', '<|return|>', '<|constrain|>', '<|channel|>', '<|start|>', '<|end|>', '<|message|>', '<|call|>',
+] as const;
+
+/** The families chat templates are written for: the presets' and harmony (gpt-oss). */
+type TemplateFamily = TokenizerFamily | 'harmony';
+
 /** Which special ids play which role for a family. */
-export function specialIds(family: TokenizerFamily, specials: SpecialToken[]): SpecialIds {
+export function specialIds(family: TemplateFamily, specials: SpecialToken[]): SpecialIds {
   const id = (content: string) => {
     const t = specials.find((s) => s.content === content);
     if (!t) throw new Error(`missing special token ${content}`);
     return t.id;
   };
+  if (family === 'harmony') {
+    // gpt-oss's generation_config: <|return|> ends an answer, <|call|> a tool call.
+    return { bos: id('<|startoftext|>'), eos: [id('<|return|>'), id('<|endoftext|>'), id('<|call|>')], pad: id('<|endoftext|>') };
+  }
   if (family === 'chatml' || family === 'qwen3') {
     return { bos: id('<|endoftext|>'), eos: [id('<|im_end|>'), id('<|endoftext|>')], pad: id('<|endoftext|>') };
   }
@@ -121,7 +260,7 @@ export function specialIds(family: TokenizerFamily, specials: SpecialToken[]): S
 
 /** tokenizer_config.json as transformers writes it for a PreTrainedTokenizerFast. */
 export function buildTokenizerConfig(
-  family: TokenizerFamily,
+  family: TemplateFamily,
   specials: SpecialToken[],
   modelMaxLength: number,
 ): Record<string, unknown> {
@@ -137,6 +276,19 @@ export function buildTokenizerConfig(
     };
   }
   const chatml = family === 'chatml' || family === 'qwen3';
+  if (family === 'harmony') {
+    return {
+      added_tokens_decoder: added,
+      bos_token: '<|startoftext|>',
+      chat_template: HARMONY_TEMPLATE,
+      clean_up_tokenization_spaces: false,
+      eos_token: '<|return|>',
+      model_input_names: ['input_ids', 'attention_mask'],
+      model_max_length: modelMaxLength,
+      pad_token: '<|endoftext|>',
+      tokenizer_class: 'PreTrainedTokenizerFast',
+    };
+  }
   return {
     add_bos_token: false,
     add_eos_token: false,

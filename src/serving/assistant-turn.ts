@@ -1,7 +1,8 @@
 // What shapes an assistant turn beyond plain text, for every surface: reasoning (a think block
-// under a token budget chosen by effort) and tool calls (offered through the chat template, forced
-// or validated by the structured-output engine, parsed back out of the text). plan() resolves a
-// request against its model before anything runs; split() reads a finished generation.
+// under a token budget chosen by effort, or gpt-oss's analysis channel at the effort its system
+// message names) and tool calls (offered through the chat template, forced or validated by the
+// structured-output engine, parsed back out of the text). plan() resolves a request against its
+// model before anything runs; split() reads a finished generation.
 
 import { SluiceError } from '../errors.js';
 import type { GenerateResult } from '../engine/request.js';
@@ -10,6 +11,8 @@ import { toolGrammar } from '../structured/tool-grammar.js';
 import type { AssistantPlan, OutputFormat, ReasoningEffort, ToolsRequest } from './generation-request.js';
 import type { ServedModel } from './model-registry.js';
 import { parseToolCalls, toolCallFormat, type ParsedToolCall, type ToolCallFormat } from '../text/tool-calls.js';
+import { isHarmonyTemplate, type HarmonyEffort } from '../text/harmony.js';
+import { HARMONY, harmonyReasoningTokens, parseHarmony } from '../text/harmony-parser.js';
 
 /**
  * Reasoning tokens allowed per effort (then the think block is closed and the answer follows).
@@ -65,8 +68,18 @@ export function modelToolFormat(model: ServedModel): ToolCallFormat | undefined 
   return toolCallFormat(model.engine.tokenizer.chatTemplate);
 }
 
+/**
+ * A request's effort as the levels templates that read reasoning_effort know (gpt-oss): reasoning
+ * cannot be turned off there, so none and minimal are its lowest level; xhigh is its highest.
+ */
+export function templateEffort(effort: ReasoningEffort): HarmonyEffort {
+  if (effort === 'none' || effort === 'minimal' || effort === 'low') return 'low';
+  return effort === 'medium' ? 'medium' : 'high';
+}
+
 export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?: ToolsRequest; outputFormat?: OutputFormat; chat: boolean }): AssistantPlan {
   const out: AssistantPlan = { toolNames: [] };
+  const template = model.engine.tokenizer.chatTemplate;
   const tags = req.chat ? modelThinks(model) : undefined;
   if (tags !== undefined) {
     // The request's effort, else the catalog's default for this model, else OpenAI's (medium).
@@ -75,6 +88,12 @@ export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?
     out.enableThinking = effort !== 'none' && effort !== 'minimal';
     out.thinking = out.enableThinking ? { budget: THINKING_BUDGETS[effort as keyof typeof THINKING_BUDGETS] } : false;
   }
+  if (req.chat && template?.includes('reasoning_effort') === true) {
+    // Without one the template's own default applies (gpt-oss: medium).
+    const effort = req.effort ?? model.entry.default_reasoning_effort;
+    if (effort !== undefined) out.reasoningEffort = templateEffort(effort);
+  }
+  if (req.chat && isHarmonyTemplate(template)) out.harmony = { endId: model.engine.tokenizer.tokenId(HARMONY.end) };
   const tools = req.tools;
   if (tools === undefined || tools.choice === 'none') return out;
   checkTools(tools);
@@ -90,6 +109,10 @@ export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?
     function: { name: d.name, ...(d.description !== undefined && { description: d.description }), parameters: d.parameters ?? { type: 'object', properties: {} } },
   }));
   const json = req.outputFormat?.type === 'json_schema' ? req.outputFormat : undefined;
+  if (format === 'harmony') {
+    refuseHarmonyGrammar(model, tools, json);
+    return out;
+  }
   const grammar = toolGrammar({
     tools: tools.defs, mode: tools.choice, parallel: tools.parallel, format, param: tools.param,
     ...(json !== undefined && { answer: { schema: json.schema ?? {}, strict: json.strict === true, param: json.schemaParam ?? 'response_format' } }),
@@ -98,19 +121,48 @@ export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?
   return out;
 }
 
+/**
+ * Harmony tool calls are plain text to the structured-output engine (its grammars do not write
+ * harmony's special tokens yet): what would need a grammar is refused, naming the field.
+ */
+function refuseHarmonyGrammar(model: ServedModel, tools: ToolsRequest, json: OutputFormat | undefined): void {
+  const why = `the model "${model.id}" writes tool calls in the harmony format (gpt-oss), which constrained decoding does not cover yet`;
+  if (tools.choice !== 'auto') {
+    throw new SluiceError('tools_unsupported', `${why}, so a call cannot be forced: send ${tools.choiceParam} "auto"`, { param: tools.choiceParam });
+  }
+  const strict = tools.defs.findIndex((d) => d.strict === true);
+  if (strict >= 0) {
+    throw new SluiceError('tools_unsupported', `${why}, so strict arguments cannot be enforced: send strict false`, { param: `${tools.param}[${strict}].strict` });
+  }
+  if (json !== undefined) {
+    throw new SluiceError('tools_unsupported', `${why}, so tools cannot be offered beside a JSON schema answer: send one or the other`,
+      { param: json.schemaParam ?? 'response_format' });
+  }
+}
+
 export interface AssistantTurn {
-  /** The think block's text; undefined when the model did not think. */
+  /** The think block's (or analysis messages') text; undefined when the model did not think. */
   reasoning: string | undefined;
-  /** Generated tokens spent thinking (tags included). */
+  /** Generated tokens spent thinking (tags or message headers included). */
   reasoningTokens: number;
   content: string;
   toolCalls: ParsedToolCall[];
+  /** Set when the output ended inside its reasoning (the block or analysis message never closed). */
+  reasoningOpen?: true;
 }
 
 /** Reads a finished generation: reasoning, answer text, tool calls. */
 export function split(plan: AssistantPlan | undefined, promptTokenIds: readonly number[], result: Pick<GenerateResult, 'text' | 'tokenIds'>): AssistantTurn {
+  if (plan?.harmony !== undefined) {
+    const turn = parseHarmony(result.text, new Set(plan.toolFormat === 'harmony' ? plan.toolNames : []));
+    return {
+      reasoning: turn.reasoning, reasoningTokens: harmonyReasoningTokens(turn, result.tokenIds, plan.harmony.endId),
+      content: turn.content, toolCalls: turn.calls, ...(turn.reasoningOpen && { reasoningOpen: true as const }),
+    };
+  }
   let reasoning: string | undefined;
   let reasoningTokens = 0;
+  let open = false;
   let answer = result.text;
   const tags = plan?.tags;
   if (tags !== undefined && plan?.enableThinking !== false) {
@@ -118,15 +170,15 @@ export function split(plan: AssistantPlan | undefined, promptTokenIds: readonly 
     const start = opened ? 0 : startOfBlock(answer, tags.open);
     if (start !== undefined) {
       const close = answer.indexOf(tags.close, start);
+      open = close < 0;
       reasoning = (close < 0 ? answer.slice(start) : answer.slice(start, close)).replace(/^\n/, '').replace(/\n$/, '');
       answer = close < 0 ? '' : answer.slice(close + tags.close.length).replace(/^\n+/, '');
       const closeAt = result.tokenIds.indexOf(tags.closeId);
       reasoningTokens = closeAt < 0 ? result.tokenIds.length : closeAt + 1;
     }
   }
-  if (plan?.toolFormat === undefined) return { reasoning, reasoningTokens, content: answer, toolCalls: [] };
-  const { content, calls } = parseToolCalls(answer, plan.toolFormat, new Set(plan.toolNames));
-  return { reasoning, reasoningTokens, content, toolCalls: calls };
+  const parsed = plan?.toolFormat === undefined ? { content: answer, calls: [] } : parseToolCalls(answer, plan.toolFormat, new Set(plan.toolNames));
+  return { reasoning, reasoningTokens, content: parsed.content, toolCalls: parsed.calls, ...(open && { reasoningOpen: true as const }) };
 }
 
 /** Where the reasoning starts when the text opens with the open tag (after whitespace). */

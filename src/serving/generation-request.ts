@@ -3,6 +3,7 @@
 
 import type { ChatMessage, ChatTool } from '../text/chat-template.js';
 import type { ToolCallFormat } from '../text/tool-calls.js';
+import type { HarmonyEffort } from '../text/harmony.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { ResponseFormat } from '../structured/structured-outputs.js';
 import type { ThinkingTags } from '../structured/thinking.js';
@@ -84,6 +85,13 @@ export interface AssistantPlan {
   /** For the chat template. */
   tools?: ChatTool[];
   enableThinking?: boolean;
+  /** For templates that read reasoning_effort (gpt-oss's "Reasoning: low|medium|high"). */
+  reasoningEffort?: HarmonyEffort;
+  /**
+   * The output is harmony messages (gpt-oss): split() reads reasoning, text and calls from their
+   * channels. endId: <|end|>'s token id (reasoning tokens are counted per message).
+   */
+  harmony?: { endId: number | undefined };
   /** For the engine: a budget when thinking is on. */
   thinking?: false | { budget: number };
   tags?: ThinkingTags;

@@ -76,6 +76,7 @@ export class GenerationService {
         messages: request.input.messages,
         ...(assistant.tools !== undefined && { tools: assistant.tools }),
         ...(assistant.enableThinking !== undefined && { enableThinking: assistant.enableThinking }),
+        ...(assistant.reasoningEffort !== undefined && { reasoningEffort: assistant.reasoningEffort }),
       }
       : { prompt: request.input.text }, { contextLength: model.contextLength, tenant: request.caller.orgId });
     return { assistant, promptTokenIds };

@@ -3,6 +3,7 @@
 
 import { Template } from '@huggingface/jinja';
 import { SluiceError } from '../errors.js';
+import { harmonyTemplateInput, isHarmonyTemplate } from './harmony.js';
 
 export type ChatRole = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
@@ -27,7 +28,10 @@ export interface ChatMessage {
   /** A tool result's call id, and the function's name. */
   tool_call_id?: string;
   name?: string;
-  /** An assistant turn's reasoning (templates that render think blocks show it). */
+  /**
+   * An assistant turn's reasoning (templates that render think blocks show it). Templates get it
+   * as reasoning_content and as thinking (gpt-oss's name for it).
+   */
   reasoning_content?: string;
 }
 
@@ -46,6 +50,8 @@ export interface RenderOptions {
   tools?: readonly unknown[];
   /** The template's enable_thinking; undefined leaves it undefined (the template's default). */
   enableThinking?: boolean;
+  /** The template's reasoning_effort (gpt-oss: low, medium, high); undefined: the template's default. */
+  reasoningEffort?: string;
 }
 
 const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant', 'tool']);
@@ -53,17 +59,20 @@ const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 
 /** The variables a template is rendered with (apply_chat_template's, as transformers passes them). */
 export type TemplateContext = Record<string, unknown> & { messages: NormalizedMessage[] };
 
-export type NormalizedMessage = { role: string; content: string } & Partial<ChatMessage>;
+export type NormalizedMessage = { role: string; content: string; thinking?: string } & Partial<ChatMessage>;
 
 /** A compiled chat template. Compile once per model; render per request. */
 export class ChatTemplate {
   private readonly template: Template;
   /**
-   * Whether the template refuses an assistant turn with several tool calls (Llama 3.1-3.3 raise
-   * "only supports single tool-calls at once"); probed at the first such turn. Such turns are then
-   * rendered one call per turn, each followed by its result, as the model calls tools in sequence.
+   * Whether the template takes one tool call per assistant turn: it refuses several (Llama 3.1-3.3
+   * raise "only supports single tool-calls at once") or renders only the first (gpt-oss); probed
+   * at the first such turn. Such turns are then rendered one call per turn, each followed by its
+   * result, as the model calls tools in sequence.
    */
   private oneCallPerTurn: boolean | undefined;
+  /** The template writes harmony (gpt-oss), whose input needs harmonyTemplateInput(). */
+  private readonly harmony: boolean;
 
   /**
    * @param source Jinja source. A template that does not parse throws model_file_invalid
@@ -77,6 +86,7 @@ export class ChatTemplate {
       throw new SluiceError('model_file_invalid',
         `the chat template of ${modelName} does not parse: ${(err as Error).message}`, { cause: err });
     }
+    this.harmony = isHarmonyTemplate(source);
   }
 
   /**
@@ -99,41 +109,47 @@ export class ChatTemplate {
   context(messages: readonly ChatMessage[], options: RenderOptions = {}): TemplateContext {
     let normalized = normalizeMessages(messages);
     if (normalized.some((m) => (m.tool_calls?.length ?? 0) > 1)) {
-      this.oneCallPerTurn ??= this.refusesParallelCalls();
+      this.oneCallPerTurn ??= this.takesOneCallPerTurn();
       if (this.oneCallPerTurn) normalized = splitParallelCalls(normalized);
     }
+    let tools = options.tools !== undefined && options.tools.length > 0 ? options.tools : undefined;
+    if (this.harmony) ({ messages: normalized, tools } = harmonyTemplateInput(normalized, tools));
     return {
       messages: normalized,
       add_generation_prompt: options.addGenerationPrompt ?? true,
       bos_token: options.bosToken ?? '',
       eos_token: options.eosToken ?? '',
-      ...(options.tools !== undefined && options.tools.length > 0 && { tools: options.tools }),
+      ...(tools !== undefined && { tools }),
       ...(options.enableThinking !== undefined && { enable_thinking: options.enableThinking }),
+      ...(options.reasoningEffort !== undefined && { reasoning_effort: options.reasoningEffort }),
     };
   }
 
-  /** True when a turn with two calls throws and the same calls one per turn render. */
-  private refusesParallelCalls(): boolean {
-    const call = (id: string): ChatToolCall => ({ id, type: 'function', function: { name: 'probe', arguments: {} } });
-    const tools = [{ type: 'function', function: { name: 'probe', parameters: { type: 'object', properties: {} } } }];
-    const probe = (calls: ChatToolCall[]) => {
+  /**
+   * True when a turn with two calls throws, or renders without the second, while each call alone
+   * renders.
+   */
+  private takesOneCallPerTurn(): boolean {
+    // The calls differ in their arguments only: the tools' list names every function anyway.
+    const call = (n: string): ChatToolCall => ({ id: n, type: 'function', function: { name: 'probe', arguments: { n } } });
+    const tools = [{
+      type: 'function', function: { name: 'probe', description: 'probe', parameters: { type: 'object', properties: { n: { type: 'string' } } } },
+    }];
+    const render = (calls: ChatToolCall[]): string | undefined => {
       const results = calls.map((c) => ({ role: 'tool', content: 'ok', tool_call_id: c.id }));
-      this.template.render({
-        messages: [{ role: 'user', content: 'probe' }, { role: 'assistant', content: '', tool_calls: calls }, ...results],
-        tools, add_generation_prompt: true, bos_token: '', eos_token: '',
-      });
-    };
-    try {
-      probe([call('a'), call('b')]);
-      return false;
-    } catch {
       try {
-        probe([call('a')]);
-        return true;
+        return this.template.render({
+          messages: [{ role: 'user', content: 'probe' }, { role: 'assistant', content: '', tool_calls: calls }, ...results],
+          tools, add_generation_prompt: true, bos_token: '', eos_token: '',
+        });
       } catch {
-        return false;
+        return undefined;
       }
-    }
+    };
+    const both = render([call('probe_first'), call('probe_second')]);
+    if (both !== undefined && both.includes('probe_second')) return false;
+    const alone = render([call('probe_second')]);
+    return alone !== undefined && alone.includes('probe_second') && render([call('probe_first')]) !== undefined;
   }
 }
 
@@ -154,9 +170,10 @@ export function splitParallelCalls(messages: readonly NormalizedMessage[]): Norm
     const results: NormalizedMessage[] = [];
     while (messages[i + 1]?.role === 'tool') results.push(messages[++i]!);
     calls.forEach((call, k) => {
-      const { reasoning_content: reasoning, ...rest } = message;
+      const { reasoning_content: reasoning, thinking, ...rest } = message;
       out.push({ ...rest, content: k === 0 ? message.content : '', tool_calls: [call],
-        ...(k === 0 && reasoning !== undefined && { reasoning_content: reasoning }) });
+        ...(k === 0 && reasoning !== undefined && { reasoning_content: reasoning }),
+        ...(k === 0 && thinking !== undefined && { thinking }) });
       const byId = results.findIndex((r) => r.tool_call_id === call.id);
       const at = byId >= 0 ? byId : results.findIndex((r) => !calls.some((c) => c.id === r.tool_call_id));
       if (at >= 0) out.push(...results.splice(at, 1));
@@ -193,7 +210,7 @@ export function normalizeMessages(messages: readonly ChatMessage[]): NormalizedM
       ...(message.tool_calls !== undefined && message.tool_calls.length > 0 && { tool_calls: message.tool_calls }),
       ...(message.tool_call_id !== undefined && { tool_call_id: message.tool_call_id }),
       ...(message.name !== undefined && { name: message.name }),
-      ...(message.reasoning_content !== undefined && { reasoning_content: message.reasoning_content }),
+      ...(message.reasoning_content !== undefined && { reasoning_content: message.reasoning_content, thinking: message.reasoning_content }),
     };
   });
 }

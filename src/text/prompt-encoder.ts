@@ -9,9 +9,10 @@ import type { SluiceTokenizer } from './tokenizer.js';
 export interface PromptText {
   prompt?: string;
   messages?: readonly ChatMessage[];
-  /** With messages: tools for the template, and its enable_thinking (undefined: its default). */
+  /** With messages: tools for the template, its enable_thinking and reasoning_effort (undefined: its default). */
   tools?: readonly ChatTool[];
   enableThinking?: boolean;
+  reasoningEffort?: string;
 }
 
 export class PromptEncoder {
@@ -26,6 +27,7 @@ export class PromptEncoder {
         bosToken: this.tokenizer.bosToken, eosToken: this.tokenizer.eosToken, addGenerationPrompt: true,
         ...(req.tools !== undefined && req.tools.length > 0 && { tools: req.tools }),
         ...(req.enableThinking !== undefined && { enableThinking: req.enableThinking }),
+        ...(req.reasoningEffort !== undefined && { reasoningEffort: req.reasoningEffort }),
       });
       // The template writes bos itself when the model wants it.
       return this.tokenizer.encode(text, { addBos: false });

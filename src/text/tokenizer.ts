@@ -5,6 +5,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { SluiceError } from '../errors.js';
+import { HARMONY_STRUCTURE_TOKENS, isHarmonyTemplate } from './harmony.js';
 
 type JsonObject = Record<string, unknown>;
 
@@ -14,7 +15,10 @@ export interface EncodeOptions {
 }
 
 export interface DecodeOptions {
-  /** Leave special tokens (bos, eos, <|im_start|>...) out of the text. Default true. */
+  /**
+   * Leave special tokens (bos, eos, <|im_start|>...) out of the text, except the chat format's
+   * structural ones (structuralTokenIds). Default true.
+   */
   skipSpecialTokens?: boolean;
 }
 
@@ -28,6 +32,13 @@ export class SluiceTokenizer implements TokenDecoder {
   readonly eosTokenIds: ReadonlySet<number>;
   /** Ids of tokens marked special in tokenizer.json's added_tokens. */
   readonly specialTokenIds: ReadonlySet<number>;
+  /**
+   * Special tokens that carry the chat format's message structure, kept in decoded text even when
+   * special tokens are skipped, so the output can be read back into its messages: harmony's
+   * <|start|>, <|channel|>, <|message|>, <|end|>... for a gpt-oss template; none otherwise. Never an
+   * eos token (eos adds no text).
+   */
+  readonly structuralTokenIds: ReadonlySet<number>;
   readonly bosToken: string | undefined;
   readonly bosTokenId: number | undefined;
   readonly eosToken: string | undefined;
@@ -49,6 +60,9 @@ export class SluiceTokenizer implements TokenDecoder {
     const { inner, tokenizerConfig } = fields;
     this.inner = inner;
     this.specialTokenIds = fields.specialTokenIds;
+    const structure = isHarmonyTemplate(fields.chatTemplate) ? HARMONY_STRUCTURE_TOKENS : [];
+    this.structuralTokenIds = new Set(structure.map((t) => inner.token_to_id(t))
+      .filter((id): id is number => id !== undefined && !fields.eosTokenIds.has(id)));
     this.eosTokenIds = fields.eosTokenIds;
     this.chatTemplate = fields.chatTemplate;
     this.bosToken = specialTokenContent(tokenizerConfig['bos_token']);
@@ -125,10 +139,14 @@ export class SluiceTokenizer implements TokenDecoder {
   /** Token ids -> text. An incomplete UTF-8 sequence at the end decodes to U+FFFD. */
   decode(tokenIds: readonly number[], options: DecodeOptions = {}): string {
     if (tokenIds.length === 0) return '';
-    return this.inner.decode(tokenIds as number[], {
-      skip_special_tokens: options.skipSpecialTokens ?? true,
-      clean_up_tokenization_spaces: this.cleanUpTokenizationSpaces,
-    });
+    let ids = tokenIds as number[];
+    let skip = options.skipSpecialTokens ?? true;
+    if (skip && this.structuralTokenIds.size > 0 && ids.some((id) => this.structuralTokenIds.has(id))) {
+      // Skip the other special tokens here and decode the rest with specials shown.
+      ids = ids.filter((id) => this.structuralTokenIds.has(id) || !this.specialTokenIds.has(id));
+      skip = false;
+    }
+    return this.inner.decode(ids, { skip_special_tokens: skip, clean_up_tokenization_spaces: this.cleanUpTokenizationSpaces });
   }
 
   /** The text of one token on its own, special tokens included (for logprobs display). */

@@ -1,14 +1,20 @@
 // Tool calls in a model's own syntax: which syntax a chat template teaches, and parsing it out of
-// the generated text. Two syntaxes are recognised:
+// the generated text. Three syntaxes are recognised:
 //   - hermes (Qwen2.5, Qwen3 and other Hermes-style templates): one block per call,
 //       <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>
 //   - llama3_json (Llama 3.1 / 3.2 / 3.3): the whole answer is a JSON call (or several joined
 //     by ";"), {"name": "get_weather", "parameters": {"city": "Paris"}}, perhaps after <|python_tag|>.
+//   - harmony (gpt-oss): a commentary message to the function,
+//       <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}
+//     read with the rest of the output's messages (harmony-parser.ts; split() takes the reasoning too).
 // A block that does not parse, or names a function the request did not offer, stays text. A call's
 // JSON is read with a scanner that knows strings, so an argument holding "</tool_call>" or "; {"
 // stays inside the arguments.
 
-export type ToolCallFormat = 'hermes' | 'llama3_json';
+import { parseHarmony } from './harmony-parser.js';
+import { isHarmonyTemplate } from './harmony.js';
+
+export type ToolCallFormat = 'hermes' | 'llama3_json' | 'harmony';
 
 export interface ParsedToolCall {
   name: string;
@@ -19,6 +25,7 @@ export interface ParsedToolCall {
 /** The syntax a chat template teaches, or undefined when it does not render tools at all. */
 export function toolCallFormat(template: string | undefined): ToolCallFormat | undefined {
   if (template === undefined || !/\btools\b/.test(template)) return undefined;
+  if (isHarmonyTemplate(template)) return 'harmony';
   if (template.includes('<tool_call>')) return 'hermes';
   if (template.includes('<|python_tag|>') || template.includes('ipython')) return 'llama3_json';
   return undefined;
@@ -128,6 +135,10 @@ function jsonSequence(body: string): unknown[] | undefined {
  */
 export function parseToolCalls(text: string, format: ToolCallFormat, offered: ReadonlySet<string>): { content: string; calls: ParsedToolCall[] } {
   if (format === 'hermes') return hermesCalls(text, offered);
+  if (format === 'harmony') {
+    const turn = parseHarmony(text, offered);
+    return { content: turn.content, calls: turn.calls };
+  }
   const calls: ParsedToolCall[] = [];
   const body = text.trim().replace(/^<\|python_tag\|>/, '').trim();
   if (!body.startsWith('{')) return { content: text, calls };

@@ -21,6 +21,7 @@ import type { CountTokensBody, CreateMessageBody, MessageObject, MessageParam } 
 import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { OutputFormat } from '../../serving/generation-request.js';
 import { checkImageUrl, refuseListedTypes, refuseStreaming, requestedWindow } from '../content.js';
+import { split } from '../../serving/assistant-turn.js';
 
 const NO_TOOL_TURNS = '/v1/messages does not carry tool turns (tools sent here are accepted and never shown to the model)';
 const TOOLS_ELSEWHERE = 'for tool calling use POST /v1/responses or POST /v1/chat/completions with a model whose supports_tools is true';
@@ -185,7 +186,10 @@ export function toMessagesCountRequest(body: CountTokensBody, caller: Caller, su
   return request;
 }
 
-/** Anthropic's message object. content always holds one text block, empty text included. */
+/**
+ * Anthropic's message object. content always holds one text block, empty text included: the
+ * answer, without reasoning a model wrote anyway (gpt-oss always reasons; thinking is not served here).
+ */
 export function messageObject(id: string, prepared: PreparedGeneration, result: GenerateResult): MessageObject {
   const stopReason = result.finishReason === 'length' ? 'max_tokens'
     : result.stopSequence !== undefined ? 'stop_sequence' : 'end_turn';
@@ -193,7 +197,7 @@ export function messageObject(id: string, prepared: PreparedGeneration, result: 
     id,
     type: 'message',
     role: 'assistant',
-    content: [{ type: 'text', text: result.text, citations: null }],
+    content: [{ type: 'text', text: split(prepared.assistant, prepared.promptTokenIds, result).content, citations: null }],
     model: prepared.request.model,
     stop_reason: stopReason,
     stop_sequence: result.stopSequence ?? null,

@@ -283,12 +283,11 @@ export function inProgressResponse(id: string, body: CreateResponseBody, prepare
 }
 
 /**
- * Whether the token limit ended the output inside the think block: the model never began its
- * answer (the close tag is not among the generated tokens).
+ * Whether the token limit ended the output inside its reasoning: the model never began its answer
+ * (the think block, or gpt-oss's analysis message, never closed).
  */
-export function cutWhileThinking(prepared: PreparedGeneration, result: GenerateResult, turn: AssistantTurn): boolean {
-  const tags = prepared.assistant?.tags;
-  return result.finishReason === 'length' && turn.reasoning !== undefined && tags !== undefined && !result.tokenIds.includes(tags.closeId);
+export function cutWhileThinking(result: GenerateResult, turn: AssistantTurn): boolean {
+  return result.finishReason === 'length' && turn.reasoningOpen === true;
 }
 
 /**
@@ -304,7 +303,7 @@ export function finishedResponse(running: ResponseBody, result: GenerateResult, 
   const cut = result.finishReason === 'length';
   const status = cut ? 'incomplete' : 'completed';
   const turn = split(prepared.assistant, prepared.promptTokenIds, result);
-  const answered = !cutWhileThinking(prepared, result, turn);
+  const answered = !cutWhileThinking(result, turn);
   const output: Record<string, unknown>[] = [];
   if (turn.reasoning !== undefined) {
     // A summary asked for (reasoning.summary / generate_summary, any level) is the reasoning itself:
