@@ -10,7 +10,6 @@ import {
   type Dtype,
   type PresetShape,
   PRESETS,
-  dtypeBytes,
   isSparseLayer,
   resolvePreset,
   torchDtype,
@@ -20,6 +19,7 @@ import {
   numel,
   planShards,
   shardIndex,
+  storedBytes,
   writeRandomSafetensors,
 } from './safetensors-writer.js';
 import { createGenerator, defaultThreads } from './weight-pool.js';
@@ -74,6 +74,15 @@ export const INIT = {
   /** Gain of the MoE routers: logits with std ~routerGain, so the top-k weights differ and the
    * k-th and (k+1)-th experts are usually well apart (a near tie may route differently in bf16). */
   routerGain: 2.0,
+  /** gpt-oss's attention sinks: per-head logits beside the scores (std ~qkGain^2), so a sink takes
+   * a share of a head's attention where its scores are flat, little where one stands out. */
+  sinkStd: 1.0,
+};
+
+/** gpt-oss's quantization_config as published: the experts MXFP4, the listed modules not converted. */
+export const MXFP4_QUANTIZATION_CONFIG = {
+  modules_to_not_convert: ['model.layers.*.self_attn', 'model.layers.*.mlp.router', 'model.embed_tokens', 'lm_head'],
+  quant_method: 'mxfp4',
 };
 
 /** The tensors of a model, in checkpoint order, with the exact Hugging Face names and shapes. */
@@ -93,7 +102,19 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     shape: [n],
     init: { mean: spec.gemmaNorms ? scale - 1 : scale, std: INIT.normStd * scale },
   });
-  const bias = (name: string, n: number): TensorSpec => ({ name, shape: [n], init: { mean: 0, std: INIT.biasStd } });
+  const bias = (name: string, ...shape: number[]): TensorSpec => ({ name, shape, init: { mean: 0, std: INIT.biasStd } });
+  // An [experts, out, inp] matrix drawn as lin() draws each expert's, stored MXFP4 as gpt-oss publishes
+  // it: U8 blocks [experts, out, inp / 32, 16] and scales [experts, out, inp / 32].
+  const mxfp4 = (name: string, experts: number, outDim: number, inp: number, gain: number): TensorSpec[] => {
+    const init = { mean: 0, std: gain / Math.sqrt(inp) };
+    return [
+      { name: `${name}_blocks`, shape: [experts, outDim, inp / 32, 16], init, mxfp4: { of: name, part: 'blocks' } },
+      { name: `${name}_scales`, shape: [experts, outDim, inp / 32], init, mxfp4: { of: name, part: 'scales' } },
+    ];
+  };
+  // attention_bias (gpt-oss) puts a bias on all four projections; qkvBias (Qwen2) on q, k and v only.
+  const attentionBias = (spec.configFields(s) as Record<string, unknown>)['attention_bias'] === true;
+  const qkvBias = spec.qkvBias || attentionBias;
   const gatedMlp = (gate: string, up: string, down: string, inter: number): TensorSpec[] => [
     lin(gate, inter, h), lin(up, inter, h), lin(down, h, inter, INIT.outGain),
   ];
@@ -109,12 +130,14 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     const p = `${spec.prefix}layers.${i}`;
     out.push(norm(`${p}.input_layernorm.weight`, h));
     out.push(lin(`${p}.self_attn.q_proj.weight`, q, h, INIT.qkGain));
-    if (spec.qkvBias) out.push(bias(`${p}.self_attn.q_proj.bias`, q));
+    if (qkvBias) out.push(bias(`${p}.self_attn.q_proj.bias`, q));
     out.push(lin(`${p}.self_attn.k_proj.weight`, kv, h, INIT.qkGain));
-    if (spec.qkvBias) out.push(bias(`${p}.self_attn.k_proj.bias`, kv));
+    if (qkvBias) out.push(bias(`${p}.self_attn.k_proj.bias`, kv));
     out.push(lin(`${p}.self_attn.v_proj.weight`, kv, h));
-    if (spec.qkvBias) out.push(bias(`${p}.self_attn.v_proj.bias`, kv));
+    if (qkvBias) out.push(bias(`${p}.self_attn.v_proj.bias`, kv));
     out.push(lin(`${p}.self_attn.o_proj.weight`, h, q, INIT.outGain));
+    if (attentionBias) out.push(bias(`${p}.self_attn.o_proj.bias`, h));
+    if (spec.moeLayout === 'gpt_oss') out.push({ name: `${p}.self_attn.sinks`, shape: [s.numHeads], init: { mean: 0, std: INIT.sinkStd } });
     if (spec.qkNorm) {
       // q/k are RMS-normalised per head, so the q/k gain moves into these weights.
       out.push(norm(`${p}.self_attn.q_norm.weight`, s.headDim, INIT.qkGain));
@@ -134,6 +157,15 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     }
     if (!isSparseLayer(s, i)) {
       out.push(...gatedMlp(`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`, `${p}.mlp.down_proj.weight`, s.intermediateSize));
+    } else if (spec.moeLayout === 'gpt_oss') {
+      // All experts in one tensor each; gate_up's rows interleave gate (even) and up (odd).
+      const e = s.numExperts!;
+      const inter = s.intermediateSize;
+      out.push(lin(`${p}.mlp.router.weight`, e, h, INIT.routerGain), bias(`${p}.mlp.router.bias`, e));
+      out.push(...mxfp4(`${p}.mlp.experts.gate_up_proj`, e, 2 * inter, h, INIT.linearGain));
+      out.push(bias(`${p}.mlp.experts.gate_up_proj_bias`, e, 2 * inter));
+      out.push(...mxfp4(`${p}.mlp.experts.down_proj`, e, h, inter, INIT.outGain));
+      out.push(bias(`${p}.mlp.experts.down_proj_bias`, e, h));
     } else if (spec.moeLayout === 'mixtral') {
       const m = `${p}.block_sparse_moe`;
       out.push(lin(`${m}.gate.weight`, s.numExperts!, h, INIT.routerGain));
@@ -158,16 +190,25 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
   return out;
 }
 
-/** Parameter count of a shape. */
+/** Parameter count of a shape; an MXFP4 matrix counts its unpacked values (its scales are not parameters). */
 export function paramCount(s: PresetShape): number {
-  return tensorSpecs(s).reduce((a, t) => a + numel(t.shape), 0);
+  const params = (t: TensorSpec) => (t.mxfp4 === undefined ? numel(t.shape) : t.mxfp4.part === 'blocks' ? 2 * numel(t.shape) : 0);
+  return tensorSpecs(s).reduce((a, t) => a + params(t), 0);
 }
 
-/** Parameters one token reads: all but the experts it is not routed to (paramCount for dense shapes). */
+/**
+ * Parameters one token reads: all but the experts it is not routed to (paramCount for dense
+ * shapes). The whole embedding table counts, as Qwen and Mistral count; OpenAI's active counts for
+ * gpt-oss (3.6B, 5.1B) leave it out.
+ */
 export function activeParamCount(s: PresetShape): number {
   const spec = ARCHITECTURES[s.architecture];
   if (spec.mlp !== 'moe') return paramCount(s);
-  const perExpert = 3 * s.hiddenSize * (spec.moeLayout === 'mixtral' ? s.intermediateSize : s.moeIntermediateSize!);
+  const h = s.hiddenSize;
+  const perExpert =
+    spec.moeLayout === 'qwen3_moe' ? 3 * h * s.moeIntermediateSize!
+    : spec.moeLayout === 'gpt_oss' ? 3 * h * s.intermediateSize + 2 * s.intermediateSize + h // with gate_up's and down's biases
+    : 3 * h * s.intermediateSize;
   let idle = 0;
   for (let i = 0; i < s.numLayers; i++) if (isSparseLayer(s, i)) idle += (s.numExperts! - s.numExpertsPerTok!) * perExpert;
   return paramCount(s) - idle;
@@ -180,13 +221,16 @@ const sortKeys = (o: Record<string, unknown>) =>
  * config.json with transformers' field names for the architecture (keys sorted, as HF writes).
  * Multimodal families (Gemma3ForConditionalGeneration) nest the text model's fields under their
  * textConfig key and keep architectures, model_type, the token ids and dtype at the top.
+ * gpt-oss's has the published field set: no bos_token_id, a pad_token_id (`pad`), and the
+ * quantization_config of its MXFP4 experts.
  */
-export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[]): Record<string, unknown> {
+export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[], pad = bos): Record<string, unknown> {
   const spec = ARCHITECTURES[s.architecture];
   const eosField = s.tokenizer === 'llama3' ? eos : eos[0];
+  const gptOss = spec.moeLayout === 'gpt_oss';
   const text: Record<string, unknown> = {
     attention_dropout: 0.0,
-    bos_token_id: bos,
+    ...(!gptOss && { bos_token_id: bos }),
     eos_token_id: eosField,
     head_dim: s.headDim,
     ...(spec.activation === 'silu' && { hidden_act: 'silu' }),
@@ -197,6 +241,7 @@ export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: numb
     num_attention_heads: s.numHeads,
     num_hidden_layers: s.numLayers,
     num_key_value_heads: s.numKvHeads,
+    ...(gptOss && { pad_token_id: pad, quantization_config: structuredClone(MXFP4_QUANTIZATION_CONFIG) }),
     rms_norm_eps: s.rmsNormEps,
     rope_scaling: s.ropeScaling ? { ...s.ropeScaling } : null,
     rope_theta: s.ropeTheta,
@@ -208,7 +253,7 @@ export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: numb
     architectures: [s.architecture],
     model_type: spec.modelType,
     torch_dtype: torchDtype(dtype),
-    transformers_version: '4.51.0',
+    transformers_version: gptOss ? '4.55.0.dev0' : '4.51.0',
   };
   const family: Record<string, unknown> = spec.configFields(s);
   if (!spec.textConfig) return sortKeys({ ...top, ...text, ...family });
@@ -280,11 +325,11 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
     pad_token_id: ids.pad,
     transformers_version: '4.51.0',
   });
-  await writeJson(join(out, 'config.json'), buildConfig(shape, dtype, ids.bos, ids.eos));
+  await writeJson(join(out, 'config.json'), buildConfig(shape, dtype, ids.bos, ids.eos, ids.pad));
 }
 
-/** Bytes of weights a preset writes in a dtype. */
+/** Bytes of weights a preset writes with its float tensors in a dtype (MXFP4 blocks and scales are bytes). */
 export function weightBytes(preset: string, dtype?: Dtype, overrides?: Partial<PresetShape>): number {
   const s = resolvePreset(preset, overrides);
-  return paramCount(s) * dtypeBytes(dtype ?? s.defaultDtype);
+  return tensorSpecs(s).reduce((a, t) => a + storedBytes(t, dtype ?? s.defaultDtype), 0);
 }

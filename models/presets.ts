@@ -16,7 +16,19 @@ export type RopeScaling =
       high_freq_factor: number;
       original_max_position_embeddings: number;
     }
-  | { rope_type: 'linear'; factor: number };
+  | { rope_type: 'linear'; factor: number }
+  | {
+      // gpt-oss: YaRN over the first original_max_position_embeddings positions.
+      beta_fast: number;
+      beta_slow: number;
+      factor: number;
+      original_max_position_embeddings: number;
+      rope_type: 'yarn';
+      /** Round the ramp's ends to whole dimensions (transformers' default true; gpt-oss false). */
+      truncate?: boolean;
+      /** Scale of cos and sin; default 0.1 * ln(factor) + 1. */
+      attention_factor?: number;
+    };
 
 /**
  * Tokenizer family written next to the weights.
@@ -24,8 +36,10 @@ export type RopeScaling =
  * - 'qwen3': chatml plus Qwen3's text tokens <think> </think> <tool_call> </tool_call>
  *   <tool_response> </tool_response> (added, not special) and a template with thinking and tools.
  * - 'llama3': byte-level BPE + the 256 Llama 3 special tokens (<|begin_of_text|>, ... <|eot_id|>).
+ * - 'harmony': byte-level BPE + gpt-oss's nine named special tokens (<|startoftext|>, <|endoftext|>,
+ *   <|return|>, ... <|call|>; consecutive ids, not o200k_harmony's) and the harmony template.
  */
-export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3';
+export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3' | 'harmony';
 
 export interface PresetShape {
   architecture: Architecture;
@@ -55,7 +69,7 @@ export interface PresetShape {
   numExperts?: number;
   /** Experts each token is routed to (num_experts_per_tok). */
   numExpertsPerTok?: number;
-  /** Qwen3-MoE: each expert's intermediate size (intermediateSize is the dense layers'). Mixtral's experts use intermediateSize. */
+  /** Qwen3-MoE: each expert's intermediate size (intermediateSize is the dense layers'). Mixtral's and gpt-oss's experts use intermediateSize. */
   moeIntermediateSize?: number;
   /** Qwen3-MoE: the top-k routing weights are renormalised to sum 1 (default true). */
   normTopkProb?: boolean;
@@ -73,6 +87,13 @@ export interface PresetShape {
   /** logits = tanh(logits / cap) * cap; null (Gemma 3's published configs) = none. */
   finalLogitSoftcapping?: number | null;
   attnLogitSoftcapping?: number | null;
+
+  // ---- gpt-oss (GptOssForCausalLM; required there, absent elsewhere). Layers alternate
+  // sliding (even, within slidingWindow) and full (odd); ropeScaling is YaRN. ----
+  /** The clamped SwiGLU's limit (swiglu_limit). */
+  swigluLimit?: number;
+  /** initial_context_length: the context trained before YaRN (published: original_max_position_embeddings). */
+  initialContextLength?: number;
 }
 
 /** Byte-level BPE entries of the small trained tokenizer (256 bytes + learned merges). */
@@ -83,6 +104,8 @@ export const CHATML_SPECIALS = 3;
 export const SMALL_VOCAB = SMALL_BPE_SIZE + CHATML_SPECIALS;
 /** The same with Qwen3's six text tokens (<think>, <tool_call>, ...): 2057. */
 const SMALL_QWEN3_VOCAB = SMALL_VOCAB + 6;
+/** Trained BPE + gpt-oss's nine harmony specials: 2057. */
+const SMALL_HARMONY_VOCAB = SMALL_BPE_SIZE + 9;
 
 const llama3Scaling = (factor: number, orig: number): RopeScaling => ({
   rope_type: 'llama3',
@@ -90,6 +113,40 @@ const llama3Scaling = (factor: number, orig: number): RopeScaling => ({
   low_freq_factor: 1,
   high_freq_factor: 4,
   original_max_position_embeddings: orig,
+});
+
+/** rope_scaling as gpt-oss publishes it (keys in its order), over `orig` trained positions. */
+const gptOssYarn = (orig: number): RopeScaling => ({
+  beta_fast: 32,
+  beta_slow: 1,
+  factor: 32,
+  original_max_position_embeddings: orig,
+  rope_type: 'yarn',
+  truncate: false,
+});
+
+/** openai/gpt-oss-20b and -120b share all but their depth and expert count. */
+const gptOss = (numLayers: number, numExperts: number): PresetShape => ({
+  architecture: 'GptOssForCausalLM',
+  hiddenSize: 2880,
+  intermediateSize: 2880,
+  numLayers,
+  numHeads: 64,
+  numKvHeads: 8,
+  headDim: 64,
+  vocabSize: 201088,
+  maxPositionEmbeddings: 131072,
+  rmsNormEps: 1e-5,
+  ropeTheta: 150000,
+  ropeScaling: gptOssYarn(4096),
+  tieWordEmbeddings: false,
+  slidingWindow: 128,
+  tokenizer: 'harmony',
+  defaultDtype: 'bf16',
+  numExperts,
+  numExpertsPerTok: 4,
+  swigluLimit: 7,
+  initialContextLength: 4096,
 });
 
 export const PRESETS: Record<string, PresetShape> = {
@@ -317,6 +374,11 @@ export const PRESETS: Record<string, PresetShape> = {
     finalLogitSoftcapping: null,
     attnLogitSoftcapping: null,
   },
+  // openai/gpt-oss-20b: 32 experts (MXFP4-packed, as published), 4 per token; ~20.9B parameters,
+  // ~3.6B active besides the embedding table (OpenAI's count; activeParamCount adds the table's 0.58B).
+  'gpt-oss-20b': gptOss(24, 32),
+  // openai/gpt-oss-120b: 128 experts; ~116.8B parameters, ~5.1B active besides the embedding table.
+  'gpt-oss-120b': gptOss(36, 128),
 
   // ---- A mixture of experts and a dense model reading the same weight bytes per token (benchmarks). ----
   // 16 experts of 512, 2 per token: each token reads 2 * 3 * 1024 * 512 expert weights a layer,
@@ -533,6 +595,32 @@ export const PRESETS: Record<string, PresetShape> = {
     finalLogitSoftcapping: null,
     attnLogitSoftcapping: null,
   },
+  // gpt-oss shrunk: layers 0 and 2 slide (window 8), 1 and 3 are global; YaRN as published over
+  // 64 original positions (max_position_embeddings = factor * 64): with head_dim 16 and base 150000,
+  // frequency pair 0 stays, pair 1 is ~2/3 interpolated, pairs 2-7 are divided by the factor;
+  // 4 experts MXFP4-packed, top-2; attention biases and sinks; untied.
+  'test-gpt-oss': {
+    architecture: 'GptOssForCausalLM',
+    hiddenSize: 64,
+    intermediateSize: 64,
+    numLayers: 4,
+    numHeads: 4,
+    numKvHeads: 2,
+    headDim: 16,
+    vocabSize: SMALL_HARMONY_VOCAB,
+    maxPositionEmbeddings: 2048,
+    rmsNormEps: 1e-5,
+    ropeTheta: 150000,
+    ropeScaling: gptOssYarn(64),
+    tieWordEmbeddings: false,
+    slidingWindow: 8,
+    tokenizer: 'harmony',
+    defaultDtype: 'f32',
+    numExperts: 4,
+    numExpertsPerTok: 2,
+    swigluLimit: 7,
+    initialContextLength: 64,
+  },
 };
 
 /** Preset merged with overrides, validated. Throws on unknown presets or inconsistent shapes. */
@@ -559,6 +647,8 @@ export function resolvePreset(preset: string, overrides: Partial<PresetShape> = 
   const spec = architectureSpec(s.architecture);
   if (!spec) throw new Error(`unknown architecture ${String(s.architecture)} (known: ${Object.keys(ARCHITECTURES).join(', ')})`);
   if (spec.mlp === 'moe') checkExperts(s, spec.moeLayout === 'qwen3_moe');
+  if (spec.moeLayout === 'gpt_oss') checkGptOss(s);
+  if (s.ropeScaling?.rope_type === 'yarn') checkYarn(s.ropeScaling);
   if (spec.gemmaNorms) {
     positiveInteger(s, 'slidingWindow');
     positiveInteger(s, 'slidingWindowPattern');
@@ -590,15 +680,34 @@ function checkExperts(s: PresetShape, qwen3Moe: boolean): void {
   }
 }
 
+function checkGptOss(s: PresetShape): void {
+  // MXFP4 packs rows in blocks of 32: gate_up's rows are hidden_size long, down's intermediate_size.
+  for (const k of ['hiddenSize', 'intermediateSize'] as const) {
+    if (s[k] % 32 !== 0) throw new Error(`preset field ${k} must be a multiple of 32 (MXFP4 blocks), got ${s[k]}`);
+  }
+  positiveInteger(s, 'slidingWindow');
+  if (s.initialContextLength !== undefined) positiveInteger(s, 'initialContextLength');
+  if (typeof s.swigluLimit !== 'number' || !(s.swigluLimit > 0)) {
+    throw new Error(`preset field swigluLimit must be a positive number, got ${String(s.swigluLimit)}`);
+  }
+}
+
+function checkYarn(r: Extract<RopeScaling, { rope_type: 'yarn' }>): void {
+  const { factor, beta_fast: fast, beta_slow: slow, original_max_position_embeddings: orig } = r;
+  if (!(factor > 0) || !(fast > 0) || !(slow > 0) || !Number.isInteger(orig) || orig <= 0) {
+    throw new Error(`yarn rope_scaling needs a positive factor, beta_fast, beta_slow and original_max_position_embeddings, got ${JSON.stringify(r)}`);
+  }
+}
+
 /**
  * Whether layer `i` of a shape routes its tokens to experts (else it has a dense MLP of
- * intermediateSize): every layer of Mixtral; Qwen3-MoE's layers on the decoder_sparse_step
- * outside mlp_only_layers.
+ * intermediateSize): every layer of Mixtral and gpt-oss; Qwen3-MoE's layers on the
+ * decoder_sparse_step outside mlp_only_layers.
  */
 export function isSparseLayer(s: PresetShape, i: number): boolean {
   const spec = ARCHITECTURES[s.architecture];
   if (spec.mlp !== 'moe') return false;
-  if (spec.moeLayout === 'mixtral') return true;
+  if (spec.moeLayout !== 'qwen3_moe') return true;
   return !(s.mlpOnlyLayers ?? []).includes(i) && (s.numExperts ?? 0) > 0 && (i + 1) % (s.decoderSparseStep ?? 1) === 0;
 }
 

@@ -1,6 +1,8 @@
 // Streaming safetensors writer: header first, then tensor data generated chunk by chunk, so a
 // checkpoint of any size is written with a few MB of memory. Also plans shards the way
 // transformers names them (model-00001-of-0000N.safetensors + model.safetensors.index.json).
+// Float tensors are stored in the checkpoint's dtype; MXFP4 blocks and scales (gpt-oss's experts)
+// as U8 whatever that dtype is.
 
 import { open, rename, unlink } from 'node:fs/promises';
 import { endianness } from 'node:os';
@@ -9,10 +11,21 @@ import { type Dtype, dtypeBytes, safetensorsDtype } from './presets.js';
 import { type ChunkGenerator, type ChunkJob, inlineGenerator } from './weight-pool.js';
 import { CHUNK_ELEMS, type InitSpec, toStoredBytes } from './weights.js';
 
+/** One half of an MXFP4-packed matrix (values in blocks of 32 along its rows; see packMxfp4). */
+export interface Mxfp4Part {
+  /** Name of the unpacked matrix: its values are drawn under this name, so both halves agree. */
+  of: string;
+  /** blocks: [...rows, cols / 32, 16] bytes of two nibbles; scales: [...rows, cols / 32] exponent bytes. */
+  part: 'blocks' | 'scales';
+}
+
 export interface TensorSpec {
   name: string;
   shape: number[];
+  /** How the values are drawn (for an MXFP4 half: the unpacked matrix's values). */
   init: InitSpec;
+  /** Set: a U8 tensor holding this half of a matrix drawn with `init` and packed MXFP4. */
+  mxfp4?: Mxfp4Part;
 }
 
 /** A tensor with explicit values (used by tests to hand-build models). */
@@ -20,9 +33,27 @@ export interface TensorData {
   name: string;
   shape: number[];
   data: Float32Array | number[];
+  /** Store as U8 (data: integers 0..255) instead of the file's float dtype. */
+  u8?: boolean;
 }
 
+/** What the header needs of a tensor. U8: MXFP4 halves and TensorData marked u8. */
+type HeaderTensor = { name: string; shape: number[]; mxfp4?: Mxfp4Part; u8?: boolean };
+
 export const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
+
+const isU8 = (t: HeaderTensor) => t.mxfp4 !== undefined || t.u8 === true;
+
+/** Bytes a tensor takes in a file whose float tensors are `dtype`. */
+export function storedBytes(t: HeaderTensor, dtype: Dtype): number {
+  return numel(t.shape) * (isU8(t) ? 1 : dtypeBytes(dtype));
+}
+
+/** Values drawn for a tensor: its elements, or for an MXFP4 half the unpacked matrix's (2 a block byte, 32 a scale). */
+export function drawnValues(t: TensorSpec): number {
+  const n = numel(t.shape);
+  return t.mxfp4 === undefined ? n : t.mxfp4.part === 'blocks' ? 2 * n : 32 * n;
+}
 
 export interface ShardPlan {
   file: string;
@@ -35,11 +66,10 @@ export interface ShardPlan {
  * larger than the limit gets a shard of its own. One shard -> "model.safetensors".
  */
 export function planShards(tensors: TensorSpec[], dtype: Dtype, shardBytes: number): ShardPlan[] {
-  const size = dtypeBytes(dtype);
   const groups: { tensors: TensorSpec[]; bytes: number }[] = [];
   let cur: { tensors: TensorSpec[]; bytes: number } | undefined;
   for (const t of tensors) {
-    const b = numel(t.shape) * size;
+    const b = storedBytes(t, dtype);
     if (!cur || (cur.tensors.length > 0 && cur.bytes + b > shardBytes)) {
       cur = { tensors: [], bytes: 0 };
       groups.push(cur);
@@ -57,13 +87,12 @@ export function planShards(tensors: TensorSpec[], dtype: Dtype, shardBytes: numb
 }
 
 /** The safetensors header bytes (8-byte length + JSON padded with spaces to a multiple of 8). */
-export function safetensorsHeader(tensors: { name: string; shape: number[] }[], dtype: Dtype): Buffer {
-  const size = dtypeBytes(dtype);
+export function safetensorsHeader(tensors: HeaderTensor[], dtype: Dtype): Buffer {
   const header: Record<string, unknown> = { __metadata__: { format: 'pt' } };
   let offset = 0;
   for (const t of tensors) {
-    const bytes = numel(t.shape) * size;
-    header[t.name] = { dtype: safetensorsDtype(dtype), shape: t.shape, data_offsets: [offset, offset + bytes] };
+    const bytes = storedBytes(t, dtype);
+    header[t.name] = { dtype: isU8(t) ? 'U8' : safetensorsDtype(dtype), shape: t.shape, data_offsets: [offset, offset + bytes] };
     offset += bytes;
   }
   let json = JSON.stringify(header);
@@ -101,9 +130,13 @@ export async function writeRandomSafetensors(
     let pos = header.length;
     function* jobs(): Generator<ChunkJob> {
       for (const t of tensors) {
-        const total = numel(t.shape);
+        // NOTE: both halves of an MXFP4 matrix draw the same values, chunk for chunk: the same name
+        // and count, and chunks of CHUNK_ELEMS (a multiple of 32) never split a block.
+        const total = drawnValues(t);
+        const name = t.mxfp4?.of ?? t.name;
+        const pack = t.mxfp4?.part;
         for (let c = 0, done = 0; done < total; c++, done += CHUNK_ELEMS) {
-          yield { name: t.name, chunk: c, n: Math.min(CHUNK_ELEMS, total - done), init: t.init };
+          yield { name, chunk: c, n: Math.min(CHUNK_ELEMS, total - done), init: t.init, ...(pack && { pack }) };
         }
       }
     }
@@ -134,13 +167,16 @@ export async function writeRandomSafetensors(
   await rename(tmp, path);
 }
 
-/** Write explicit tensors (f32 values converted to `dtype`) into one safetensors file. */
+/** Write explicit tensors (f32 values converted to `dtype`, or bytes where u8) into one safetensors file. */
 export async function writeSafetensorsData(path: string, tensors: TensorData[], dtype: Dtype): Promise<void> {
   const parts: Uint8Array[] = [safetensorsHeader(tensors, dtype)];
   for (const t of tensors) {
     const n = numel(t.shape);
     if (t.data.length !== n) throw new Error(`${t.name}: ${t.data.length} values for shape [${t.shape}]`);
-    parts.push(toStoredBytes(Float32Array.from(t.data), n, dtype));
+    if (t.u8 && !Array.from(t.data).every((v) => Number.isInteger(v) && v >= 0 && v <= 255)) {
+      throw new Error(`${t.name}: U8 data must be integers 0..255`);
+    }
+    parts.push(t.u8 ? Uint8Array.from(t.data) : toStoredBytes(Float32Array.from(t.data), n, dtype));
   }
   const fh = await open(path, 'w');
   try {

@@ -6,24 +6,32 @@ import { Worker } from 'node:worker_threads';
 import type { Dtype } from './presets.js';
 import {
   type InitSpec,
+  chunkBytes,
   chunkSeed,
+  e2m1Code,
   f32BitsToF16,
   f32ToBf16,
   f32ToF16,
   fillChunk,
   fmix32,
   hashString,
+  mxfp4ScaleByte,
+  packMxfp4,
   toStoredBytes,
 } from './weights.js';
 
 export interface ChunkJob {
+  /** The tensor whose values are drawn (for MXFP4 halves: the matrix they pack). */
   name: string;
   chunk: number;
+  /** Values drawn (the stored bytes are fewer when packed). */
   n: number;
   init: InitSpec;
+  /** Store the chunk as this half of its MXFP4 packing instead of in the dtype. */
+  pack?: 'blocks' | 'scales';
 }
 
-/** Produces the stored bytes of one chunk (f32 / bf16 / f16 little-endian). */
+/** Produces the stored bytes of one chunk (f32 / bf16 / f16 little-endian, or MXFP4 bytes). */
 export interface ChunkGenerator {
   generate(job: ChunkJob): Promise<Uint8Array>;
   close(): Promise<void>;
@@ -33,7 +41,7 @@ export interface ChunkGenerator {
 function generateInline(job: ChunkJob, dtype: Dtype, seed: number): Uint8Array {
   const f = new Float32Array(job.n);
   fillChunk(f, job.n, chunkSeed(seed, job.name, job.chunk), job.init);
-  return toStoredBytes(f, job.n, dtype);
+  return chunkBytes(f, job.n, dtype, job.pack);
 }
 
 /** Same-thread generator. */
@@ -50,7 +58,10 @@ export function inlineGenerator(dtype: Dtype, seed: number): ChunkGenerator {
 // The worker body is assembled from the very functions of weights.ts
 // (Function.prototype.toString), so both paths run the same code.
 function workerSource(): string {
-  const fns = [fmix32, hashString, chunkSeed, fillChunk, f32ToBf16, f32BitsToF16, f32ToF16, toStoredBytes];
+  const fns = [
+    fmix32, hashString, chunkSeed, fillChunk, f32ToBf16, f32BitsToF16, f32ToF16, toStoredBytes, e2m1Code, mxfp4ScaleByte,
+    packMxfp4, chunkBytes,
+  ];
   return `
 const IH_SCALE = ${1 / (65536 * Math.sqrt(1 / 3))};
 const IH_CENTER = ${2 * 65535};
@@ -60,7 +71,7 @@ parentPort.on('message', (m) => {
   try {
     const f = new Float32Array(m.n);
     fillChunk(f, m.n, chunkSeed(m.seed, m.name, m.chunk), m.init);
-    const bytes = toStoredBytes(f, m.n, m.dtype);
+    const bytes = chunkBytes(f, m.n, m.dtype, m.pack);
     const copy = bytes.byteLength === bytes.buffer.byteLength ? bytes : bytes.slice();
     parentPort.postMessage({ id: m.id, buf: copy.buffer }, [copy.buffer]);
   } catch (e) {
@@ -105,10 +116,15 @@ export async function createGenerator(dtype: Dtype, seed: number, threads = defa
       });
       workers.push(w);
     }
-    const probe: ChunkJob = { name: '__probe__', chunk: 3, n: 64, init: { mean: 0.5, std: 2 } };
-    const want = generateInline(probe, dtype, seed);
-    const got = await Promise.all(workers.map((w) => run(w, probe)));
-    if (!got.every((g) => g.length === want.length && g.every((b, i) => b === want[i]))) throw new Error('mismatch');
+    const probes: ChunkJob[] = [
+      { name: '__probe__', chunk: 3, n: 64, init: { mean: 0.5, std: 2 } },
+      { name: '__probe__', chunk: 4, n: 64, init: { mean: 0, std: 0.1 }, pack: 'blocks' },
+    ];
+    for (const probe of probes) {
+      const want = generateInline(probe, dtype, seed);
+      const got = await Promise.all(workers.map((w) => run(w, probe)));
+      if (!got.every((g) => g.length === want.length && g.every((b, i) => b === want[i]))) throw new Error('mismatch');
+    }
   } catch {
     await close();
     return inlineGenerator(dtype, seed);

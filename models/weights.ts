@@ -1,4 +1,4 @@
-// Deterministic pseudo-random weights and float conversions (f32 -> bf16 / f16).
+// Deterministic pseudo-random weights, float conversions (f32 -> bf16 / f16) and MXFP4 packing.
 //
 // Every tensor is cut into chunks of CHUNK_ELEMS elements; each chunk has its own PRNG state
 // derived from (seed, tensor name, chunk index), so bytes never depend on how the work is split.
@@ -115,6 +115,66 @@ export function toStoredBytes(src: Float32Array, n: number, dtype: 'f32' | 'f16'
   if (dtype === 'bf16') f32ToBf16(src, out, n);
   else f32ToF16(src, out, n);
   return new Uint8Array(out.buffer);
+}
+
+/**
+ * Nibble of the FP4 e2m1 value nearest to x (|x| <= 6): bit 3 the sign, magnitude codes 0..7 for
+ * 0, 0.5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code (round to nearest even).
+ */
+export function e2m1Code(x: number): number {
+  const a = Math.abs(x);
+  let m: number;
+  if (a <= 0.25) m = 0;
+  else if (a < 0.75) m = 1;
+  else if (a <= 1.25) m = 2;
+  else if (a < 1.75) m = 3;
+  else if (a <= 2.5) m = 4;
+  else if (a < 3.5) m = 5;
+  else if (a <= 5) m = 6;
+  else m = 7;
+  return (x < 0 ? 8 : 0) | m;
+}
+
+/** MXFP4 scale byte (e8m0, 2^(s - 127)) of a block: the smallest s whose 6 * 2^(s - 127) holds maxAbs. */
+export function mxfp4ScaleByte(maxAbs: number): number {
+  if (!(maxAbs > 0)) return 0;
+  let s = 127 + Math.ceil(Math.log2(maxAbs / 6));
+  // log2 may land one off at powers of two: settle on the exact smallest.
+  while (s < 254 && 6 * Math.pow(2, s - 127) < maxAbs) s++;
+  while (s > 0 && 6 * Math.pow(2, s - 128) >= maxAbs) s--;
+  return Math.min(254, Math.max(0, s));
+}
+
+/**
+ * MXFP4 as gpt-oss stores its experts: src[0..n) (n a multiple of 32, rows a multiple of 32 long)
+ * in blocks of 32 values sharing a scale byte s; each value is the nibble of value / 2^(s - 127).
+ * 'blocks': 16 bytes a block, value 2j in byte j's low nibble, 2j + 1 in its high nibble;
+ * 'scales': one byte a block.
+ */
+export function packMxfp4(src: Float32Array, n: number, part: 'blocks' | 'scales'): Uint8Array {
+  if (n % 32 !== 0) throw new Error(`MXFP4 packs whole blocks of 32 values, got ${n}`);
+  const blocks = n / 32;
+  const out = new Uint8Array(part === 'blocks' ? n / 2 : blocks);
+  for (let b = 0; b < blocks; b++) {
+    const at = b * 32;
+    let max = 0;
+    for (let i = 0; i < 32; i++) max = Math.max(max, Math.abs(src[at + i]!));
+    const s = mxfp4ScaleByte(max);
+    if (part === 'scales') {
+      out[b] = s;
+      continue;
+    }
+    const inv = Math.pow(2, 127 - s);
+    for (let j = 0; j < 16; j++) {
+      out[b * 16 + j] = e2m1Code(src[at + 2 * j]! * inv) | (e2m1Code(src[at + 2 * j + 1]! * inv) << 4);
+    }
+  }
+  return out;
+}
+
+/** Stored bytes of a drawn chunk: in `dtype`, or one half of its MXFP4 packing. */
+export function chunkBytes(src: Float32Array, n: number, dtype: 'f32' | 'f16' | 'bf16', pack?: 'blocks' | 'scales'): Uint8Array {
+  return pack ? packMxfp4(src, n, pack) : toStoredBytes(src, n, dtype);
 }
 
 /** Seed of chunk `chunk` of tensor `name`. */

@@ -7,6 +7,7 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { afterAll, describe, expect, it } from 'vitest';
 import { type Architecture, type PresetShape, PRESETS, activeParamCount, buildConfig, makeModel, paramCount, resolvePreset, weightBytes } from '../models/make-model.js';
 import { decoderShape } from '../models/onnx-checkpoint.js';
+import { chunkSeed, fillChunk, packMxfp4 } from '../models/weights.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-make-model-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
@@ -61,6 +62,25 @@ function expectedTensors(preset: string, overrides: Partial<PresetShape> = {}): 
     m.set(p + 'self_attn.k_proj.weight', [kv, h]);
     m.set(p + 'self_attn.v_proj.weight', [kv, h]);
     m.set(p + 'self_attn.o_proj.weight', [h, q]);
+    if (s.architecture === 'GptOssForCausalLM') {
+      // Biases on all four projections, a sink per head, a biased router, experts MXFP4-packed.
+      const e = s.numExperts!;
+      const inter = s.intermediateSize;
+      m.set(p + 'self_attn.q_proj.bias', [q]);
+      m.set(p + 'self_attn.k_proj.bias', [kv]);
+      m.set(p + 'self_attn.v_proj.bias', [kv]);
+      m.set(p + 'self_attn.o_proj.bias', [h]);
+      m.set(p + 'self_attn.sinks', [s.numHeads]);
+      m.set(p + 'mlp.router.weight', [e, h]);
+      m.set(p + 'mlp.router.bias', [e]);
+      m.set(p + 'mlp.experts.gate_up_proj_blocks', [e, 2 * inter, h / 32, 16]);
+      m.set(p + 'mlp.experts.gate_up_proj_scales', [e, 2 * inter, h / 32]);
+      m.set(p + 'mlp.experts.gate_up_proj_bias', [e, 2 * inter]);
+      m.set(p + 'mlp.experts.down_proj_blocks', [e, h, inter / 32, 16]);
+      m.set(p + 'mlp.experts.down_proj_scales', [e, h, inter / 32]);
+      m.set(p + 'mlp.experts.down_proj_bias', [e, h]);
+      continue;
+    }
     if (s.architecture === 'Qwen2ForCausalLM') {
       m.set(p + 'self_attn.q_proj.bias', [q]);
       m.set(p + 'self_attn.k_proj.bias', [kv]);
@@ -98,13 +118,19 @@ function expectedTensors(preset: string, overrides: Partial<PresetShape> = {}): 
   return m;
 }
 
-const TEST_PRESETS = ['test-llama', 'test-llama-linear', 'test-qwen2', 'test-qwen3', 'test-mistral', 'test-qwen3-moe', 'test-mixtral', 'test-gemma3'];
+const TEST_PRESETS = [
+  'test-llama', 'test-llama-linear', 'test-qwen2', 'test-qwen3', 'test-mistral', 'test-qwen3-moe', 'test-mixtral', 'test-gemma3',
+  'test-gpt-oss',
+];
 
 const MODEL_TYPES: Record<Architecture, string> = {
   LlamaForCausalLM: 'llama', MistralForCausalLM: 'mistral', Qwen2ForCausalLM: 'qwen2', Qwen3ForCausalLM: 'qwen3',
   Qwen3MoeForCausalLM: 'qwen3_moe', MixtralForCausalLM: 'mixtral', Gemma3ForCausalLM: 'gemma3_text',
-  Gemma3ForConditionalGeneration: 'gemma3',
+  Gemma3ForConditionalGeneration: 'gemma3', GptOssForCausalLM: 'gpt_oss',
 };
+
+/** gpt-oss's MXFP4 halves are bytes whatever the float dtype. */
+const isPacked = (name: string) => /\.(gate_up|down)_proj_(blocks|scales)$/.test(name);
 
 describe('makeModel: files and weights', () => {
   it('writes a complete tiny model directory with valid safetensors', async () => {
@@ -188,7 +214,7 @@ describe('makeModel: files and weights', () => {
     expect(Object.keys(header).sort()).toEqual([...exp.keys()].sort());
     for (const [name, e] of Object.entries(header)) {
       expect(e.shape, name).toEqual(exp.get(name));
-      expect(e.dtype).toBe('F16');
+      expect(e.dtype, name).toBe(isPacked(name) ? 'U8' : 'F16');
     }
   });
 
@@ -420,10 +446,17 @@ describe('makeModel: the mixture-of-experts and Gemma 3 families', () => {
     expect(() => resolvePreset('test-gemma3', { slidingWindow: null })).toThrow(/slidingWindow/);
     expect(() => resolvePreset('test-gemma3', { queryPreAttnScalar: 0 })).toThrow(/queryPreAttnScalar/);
     expect(() => resolvePreset('tiny', { architecture: 'GemmaForCausalLM' as Architecture })).toThrow(/unknown architecture/);
+    expect(() => resolvePreset('test-gpt-oss', { hiddenSize: 80 })).toThrow(/hiddenSize must be a multiple of 32/);
+    expect(() => resolvePreset('test-gpt-oss', { intermediateSize: 48 })).toThrow(/intermediateSize must be a multiple of 32/);
+    expect(() => resolvePreset('test-gpt-oss', { swigluLimit: 0 })).toThrow(/swigluLimit/);
+    expect(() => resolvePreset('test-gpt-oss', { slidingWindow: null })).toThrow(/slidingWindow/);
+    expect(() => resolvePreset('test-gpt-oss', {
+      ropeScaling: { rope_type: 'yarn', factor: 32, beta_fast: 32, beta_slow: 1, original_max_position_embeddings: 0 },
+    })).toThrow(/yarn rope_scaling/);
   });
 
   it('the ONNX export refuses them: it covers the dense families only', () => {
-    for (const preset of ['test-qwen3-moe', 'test-mixtral', 'test-gemma3']) {
+    for (const preset of ['test-qwen3-moe', 'test-mixtral', 'test-gemma3', 'test-gpt-oss']) {
       const config = buildConfig(resolvePreset(preset), 'f32', 1, [2]);
       expect(() => decoderShape(config), preset).toThrow(/served by the native engine only; the ONNX export covers the dense families \(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM\)/);
     }
@@ -439,6 +472,204 @@ describe('makeModel: the mixture-of-experts and Gemma 3 families', () => {
     // Active parameters differ only by the routers ([experts, hidden] a layer).
     expect(activeParamCount(moe) - paramCount(dense)).toBe(moe.numLayers * moe.numExperts! * moe.hiddenSize);
     expect(activeParamCount(dense)).toBe(paramCount(dense));
+  });
+});
+
+describe('makeModel: gpt-oss', () => {
+  /** FP4 e2m1 value of each nibble (bit 3 the sign). */
+  const FP4 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2, -3, -4, -6];
+
+  /**
+   * An MXFP4 matrix's values, row-major [..., rows, cols], from its blocks [..., rows, cols / 32, 16]
+   * and scales [..., rows, cols / 32]: value 2j of a block is byte j's low nibble, 2j + 1 its high one.
+   */
+  const unpack = (blocks: Uint8Array, scales: Uint8Array): Float64Array => {
+    expect(blocks.length).toBe(16 * scales.length);
+    const out = new Float64Array(2 * blocks.length);
+    for (let b = 0; b < scales.length; b++) {
+      const unit = 2 ** (scales[b]! - 127);
+      for (let j = 0; j < 16; j++) {
+        const byte = blocks[16 * b + j]!;
+        out[32 * b + 2 * j] = FP4[byte & 15]! * unit;
+        out[32 * b + 2 * j + 1] = FP4[byte >> 4]! * unit;
+      }
+    }
+    return out;
+  };
+
+  /** Every value is a nearest FP4 value of the block's scale, and each block's scale the smallest that holds its largest. */
+  const expectPackedFrom = (drawn: Float32Array, blocks: Uint8Array, scales: Uint8Array) => {
+    const got = unpack(blocks, scales);
+    expect(got.length).toBe(drawn.length);
+    let worst = 0;
+    for (let b = 0; b < scales.length; b++) {
+      const unit = 2 ** (scales[b]! - 127);
+      let max = 0;
+      for (let i = 32 * b; i < 32 * b + 32; i++) {
+        const v = drawn[i]!;
+        max = Math.max(max, Math.abs(v));
+        const nearest = Math.min(...FP4.map((f) => Math.abs(f * unit - v)));
+        expect(Math.abs(got[i]! - v) - nearest, `value ${i}`).toBeLessThanOrEqual(1e-12 * unit);
+        if (v !== 0 && got[i] !== 0) expect(Math.sign(got[i]!), `value ${i}`).toBe(Math.sign(v));
+        worst = Math.max(worst, Math.abs(got[i]! - v) / unit);
+      }
+      expect(max, `block ${b}`).toBeLessThanOrEqual(6 * unit);
+      expect(max, `block ${b}`).toBeGreaterThan(3 * unit);
+    }
+    // The widest gap of e2m1 is between 4 and 6.
+    expect(worst).toBeLessThanOrEqual(1);
+    return got;
+  };
+
+  /** A tensor's bytes as U8 and as f32 values. */
+  const u8 = (dir: string, name: string) => new Uint8Array(tensorBytes(dir, 'model.safetensors', name));
+  const f32 = (dir: string, name: string) => {
+    const b = tensorBytes(dir, 'model.safetensors', name);
+    return Float32Array.from({ length: b.length / 4 }, (_, i) => b.readFloatLE(i * 4));
+  };
+  const std = (xs: ArrayLike<number>) => {
+    const a = Array.from(xs);
+    const mean = a.reduce((s, x) => s + x, 0) / a.length;
+    return Math.sqrt(a.reduce((s, x) => s + (x - mean) ** 2, 0) / a.length);
+  };
+
+  it('packMxfp4: scales, nearest nibbles (ties to even), low nibble first', () => {
+    const values = Float32Array.from({ length: 64 }, () => 0);
+    // Block 0: largest |value| 6 -> scale 2^0; block 1: largest 0.7 -> 6 * 2^-3 = 0.75 holds it.
+    values.set([6, -6, 0.5, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.3, 2.9, 1e-9, -4.2], 0);
+    values.set([0.7, -0.01, 0.0625 * 3, 0.0625 * 1.25], 32);
+    const blocks = packMxfp4(values, 64, 'blocks');
+    const scales = packMxfp4(values, 64, 'scales');
+    expect(Array.from(scales)).toEqual([127, 124]);
+    const got = Array.from(unpack(blocks, scales));
+    expect(got.slice(0, 14)).toEqual([6, -6, 0.5, 0, 1, 1, 2, 2, 4, 4, -0.5, 3, 0, -4]);
+    expect(got.slice(32, 36)).toEqual([0.75, -0, 0.1875, 0.0625]);
+    // 6 is nibble 7 (low), -6 nibble 15 (high): byte 0 is 0xf7.
+    expect(blocks[0]).toBe(0xf7);
+    expectPackedFrom(values, blocks, scales);
+  });
+
+  it('test-gpt-oss: the published config.json field set with its shapes', async () => {
+    const dir = freshDir('gpt-oss');
+    await makeModel({ preset: 'test-gpt-oss', out: dir });
+    const cfg = readJson(join(dir, 'config.json'));
+    const tc = readJson(join(dir, 'tokenizer_config.json'));
+    const id = (content: string) => Number(Object.entries(tc.added_tokens_decoder).find(([, t]) => (t as { content: string }).content === content)![0]);
+    expect(cfg).toEqual({
+      architectures: ['GptOssForCausalLM'], attention_bias: true, attention_dropout: 0, eos_token_id: id('<|return|>'),
+      experts_per_token: 2, head_dim: 16, hidden_act: 'silu', hidden_size: 64, initial_context_length: 64,
+      initializer_range: 0.02, intermediate_size: 64,
+      layer_types: ['sliding_attention', 'full_attention', 'sliding_attention', 'full_attention'],
+      max_position_embeddings: 2048, model_type: 'gpt_oss', num_attention_heads: 4, num_experts_per_tok: 2,
+      num_hidden_layers: 4, num_key_value_heads: 2, num_local_experts: 4, output_router_logits: false,
+      pad_token_id: id('<|endoftext|>'),
+      quantization_config: {
+        modules_to_not_convert: ['model.layers.*.self_attn', 'model.layers.*.mlp.router', 'model.embed_tokens', 'lm_head'],
+        quant_method: 'mxfp4',
+      },
+      rms_norm_eps: 1e-5,
+      rope_scaling: { beta_fast: 32, beta_slow: 1, factor: 32, original_max_position_embeddings: 64, rope_type: 'yarn', truncate: false },
+      rope_theta: 150000, router_aux_loss_coef: 0.9, sliding_window: 8, swiglu_limit: 7, tie_word_embeddings: false,
+      torch_dtype: 'float32', transformers_version: '4.55.0.dev0', use_cache: true, vocab_size: 2057,
+    });
+    expect(Object.keys(cfg)).toEqual(Object.keys(cfg).sort());
+    expect(Object.keys(cfg.rope_scaling)).toEqual(Object.keys(cfg.rope_scaling).sort());
+    // Harmony's specials after the trained BPE, in o200k_harmony's order, with its template.
+    expect(Object.values(tc.added_tokens_decoder).map((t) => (t as { content: string }).content)).toEqual([
+      '<|startoftext|>', '<|endoftext|>', '<|return|>', '<|constrain|>', '<|channel|>', '<|start|>', '<|end|>', '<|message|>', '<|call|>',
+    ]);
+    expect(id('<|startoftext|>')).toBe(2048);
+    expect(tc.chat_template).toContain('<|start|>assistant');
+    const gen = readJson(join(dir, 'generation_config.json'));
+    expect(gen).toMatchObject({ bos_token_id: 2048, eos_token_id: [2050, 2049, 2056], pad_token_id: 2049 });
+    // The family's other presets write none of these.
+    const mixtral = buildConfig(resolvePreset('test-mixtral'), 'f32', 1, [2]);
+    for (const k of ['quantization_config', 'pad_token_id', 'initial_context_length']) expect(mixtral[k], k).toBeUndefined();
+  });
+
+  it('gpt-oss-20b and -120b: exactly the published config.json (token ids aside)', async () => {
+    const published = (layers: number, experts: number) => ({
+      architectures: ['GptOssForCausalLM'], attention_bias: true, attention_dropout: 0.0, eos_token_id: 200002,
+      experts_per_token: 4, head_dim: 64, hidden_act: 'silu', hidden_size: 2880, initial_context_length: 4096,
+      initializer_range: 0.02, intermediate_size: 2880,
+      layer_types: Array.from({ length: layers }, (_, i) => (i % 2 === 0 ? 'sliding_attention' : 'full_attention')),
+      max_position_embeddings: 131072, model_type: 'gpt_oss', num_attention_heads: 64, num_experts_per_tok: 4,
+      num_hidden_layers: layers, num_key_value_heads: 8, num_local_experts: experts, output_router_logits: false,
+      pad_token_id: 199999,
+      quantization_config: {
+        modules_to_not_convert: ['model.layers.*.self_attn', 'model.layers.*.mlp.router', 'model.embed_tokens', 'lm_head'],
+        quant_method: 'mxfp4',
+      },
+      rms_norm_eps: 1e-5,
+      rope_scaling: { beta_fast: 32.0, beta_slow: 1.0, factor: 32.0, original_max_position_embeddings: 4096, rope_type: 'yarn', truncate: false },
+      rope_theta: 150000, router_aux_loss_coef: 0.9, sliding_window: 128, swiglu_limit: 7.0, tie_word_embeddings: false,
+      torch_dtype: 'bfloat16', transformers_version: '4.55.0.dev0', use_cache: true, vocab_size: 201088,
+    });
+    for (const [preset, layers, experts] of [['gpt-oss-20b', 24, 32], ['gpt-oss-120b', 36, 128]] as const) {
+      // <|return|> and <|endoftext|> sit on the maker's consecutive ids, not o200k_harmony's 200002 and 199999.
+      const cfg = buildConfig(resolvePreset(preset), 'bf16', 201079, [201081, 201080, 201087], 201080);
+      expect(cfg, preset).toEqual({ ...published(layers, experts), eos_token_id: 201081, pad_token_id: 201080 });
+    }
+  });
+
+  it('tensors: U8 blocks and scales beside float tensors of the chosen dtype; weightBytes is the file', async () => {
+    for (const dtype of ['f32', 'bf16'] as const) {
+      const dir = freshDir(`gpt-oss-${dtype}`);
+      await makeModel({ preset: 'test-gpt-oss', out: dir, dtype });
+      const { header, headerLen, size } = readHeader(join(dir, 'model.safetensors'));
+      const exp = expectedTensors('test-gpt-oss');
+      expect(Object.keys(header).sort()).toEqual([...exp.keys()].sort());
+      for (const [name, e] of Object.entries(header)) {
+        expect(e.shape, name).toEqual(exp.get(name));
+        const packed = isPacked(name);
+        expect(e.dtype, name).toBe(packed ? 'U8' : dtype === 'f32' ? 'F32' : 'BF16');
+        expect(e.data_offsets[1] - e.data_offsets[0], name).toBe(e.shape.reduce((a, b) => a * b, 1) * (packed ? 1 : dtype === 'f32' ? 4 : 2));
+      }
+      expect(size - 8 - headerLen).toBe(weightBytes('test-gpt-oss', dtype));
+    }
+    // bf16 tensors and U8 halves: the published gpt-oss-20b's total_size (model.safetensors.index.json).
+    expect(weightBytes('gpt-oss-20b')).toBe(13_761_264_768);
+  });
+
+  it('MXFP4 experts unpack to within e2m1 rounding of the values drawn, at the init scales of the other families', async () => {
+    const dir = freshDir('gpt-oss-mxfp4');
+    const seed = 5;
+    await makeModel({ preset: 'test-gpt-oss', out: dir, seed });
+    const s = resolvePreset('test-gpt-oss');
+    const [h, inter, e] = [s.hiddenSize, s.intermediateSize, s.numExperts!];
+    const drawn = (name: string, n: number, std: number) => {
+      const out = new Float32Array(n);
+      fillChunk(out, n, chunkSeed(seed, name, 0), { mean: 0, std });
+      return out;
+    };
+    const x = 'model.layers.1.mlp.experts';
+    // gate_up [E, 2I, H] drawn as a linear layer of gain 1, down [E, H, I] as one writing into the
+    // residual stream (gain 8), both over their fan-in.
+    const gateUp = expectPackedFrom(drawn(`${x}.gate_up_proj`, e * 2 * inter * h, 1 / Math.sqrt(h)), u8(dir, `${x}.gate_up_proj_blocks`), u8(dir, `${x}.gate_up_proj_scales`));
+    const down = expectPackedFrom(drawn(`${x}.down_proj`, e * h * inter, 8 / Math.sqrt(inter)), u8(dir, `${x}.down_proj_blocks`), u8(dir, `${x}.down_proj_scales`));
+    expect(std(gateUp) * Math.sqrt(h)).toBeGreaterThan(0.85);
+    expect(std(gateUp) * Math.sqrt(h)).toBeLessThan(1.15);
+    expect(std(down) * Math.sqrt(inter) / 8).toBeGreaterThan(0.85);
+    expect(std(down) * Math.sqrt(inter) / 8).toBeLessThan(1.15);
+    // Router logits of std ~2 on normalised input; biases and sinks small.
+    expect(std(f32(dir, 'model.layers.1.mlp.router.weight')) * Math.sqrt(h)).toBeGreaterThan(1.6);
+    expect(std(f32(dir, 'model.layers.1.mlp.router.weight')) * Math.sqrt(h)).toBeLessThan(2.4);
+    expect(std(f32(dir, `${x}.gate_up_proj_bias`))).toBeLessThan(0.3);
+    expect(std(f32(dir, 'model.layers.0.self_attn.o_proj.bias'))).toBeLessThan(0.3);
+    expect(f32(dir, 'model.layers.0.self_attn.sinks').every((v) => Math.abs(v) < 4)).toBe(true);
+  });
+
+  it('the packed bytes do not depend on the float dtype or on worker threads', async () => {
+    const a = freshDir('gpt-oss-threads');
+    const b = freshDir('gpt-oss-threads');
+    const c = freshDir('gpt-oss-threads');
+    await makeModel({ preset: 'test-gpt-oss', out: a, dtype: 'f16', threads: 2 });
+    await makeModel({ preset: 'test-gpt-oss', out: b, dtype: 'f16', threads: 0 });
+    await makeModel({ preset: 'test-gpt-oss', out: c, dtype: 'bf16', threads: 0 });
+    expect(readFileSync(join(a, 'model.safetensors')).equals(readFileSync(join(b, 'model.safetensors')))).toBe(true);
+    for (const name of ['model.layers.2.mlp.experts.gate_up_proj_blocks', 'model.layers.3.mlp.experts.down_proj_scales']) {
+      expect(tensorBytes(b, 'model.safetensors', name).equals(tensorBytes(c, 'model.safetensors', name)), name).toBe(true);
+    }
   });
 });
 
@@ -508,6 +739,17 @@ describe('real-model presets (config and tokenizer only)', () => {
         max_position_embeddings: 131072, tie_word_embeddings: true,
       },
     },
+    // The whole published config.json is checked in 'makeModel: gpt-oss'.
+    'gpt-oss-20b': {
+      architectures: ['GptOssForCausalLM'], model_type: 'gpt_oss', hidden_size: 2880, intermediate_size: 2880,
+      num_hidden_layers: 24, num_local_experts: 32, experts_per_token: 4, num_experts_per_tok: 4, vocab_size: 201088,
+      quantization_config: { quant_method: 'mxfp4' },
+    },
+    'gpt-oss-120b': {
+      architectures: ['GptOssForCausalLM'], model_type: 'gpt_oss', hidden_size: 2880, intermediate_size: 2880,
+      num_hidden_layers: 36, num_local_experts: 128, experts_per_token: 4, num_experts_per_tok: 4, vocab_size: 201088,
+      quantization_config: { quant_method: 'mxfp4' },
+    },
   };
   // Published parameter counts of these checkpoints.
   const params: Record<string, number> = {
@@ -523,11 +765,19 @@ describe('real-model presets (config and tokenizer only)', () => {
     // The text models (the vision towers, ~0.42B, are not written); tied lm_head.
     'gemma-3-4b': 3_880_263_168,
     'gemma-3-27b': 27_009_346_304,
+    // The experts' unpacked values: 24 layers of (attention with biases and sinks 26_550_144 + norms
+    // 5_760 + router 92_192 + 32 experts of 24_891_840, biases included) + embed and lm_head + norm.
+    'gpt-oss-20b': 20_914_757_184,
+    // 36 layers, 128 experts: OpenAI's 116.83B.
+    'gpt-oss-120b': 116_829_156_672,
   };
   // Parameters a token reads (the experts it is routed to, all else): Qwen3-30B-A3B's "3.3B activated".
   const active: Record<string, number> = {
     'qwen3-30b-a3b': 3_353_032_704,
     'mixtral-8x7b': 12_879_925_248,
+    // 4 experts a layer; with the embedding table (OpenAI's 3.61B and 5.13B leave its 0.58B out, see below).
+    'gpt-oss-20b': 4_187_440_704,
+    'gpt-oss-120b': 5_711_982_912,
   };
 
   it.each(Object.keys(real))('%s matches the published config and parameter count', async (preset) => {
@@ -551,7 +801,15 @@ describe('real-model presets (config and tokenizer only)', () => {
     const gen = readJson(join(dir, 'generation_config.json'));
     const eos = Array.isArray(cfg.eos_token_id) ? cfg.eos_token_id : [cfg.eos_token_id];
     for (const id of eos) expect(gen.eos_token_id).toContain(id);
-    expect(tok.id_to_token(gen.bos_token_id)).toBe(preset.startsWith('llama') ? '<|begin_of_text|>' : '<|endoftext|>');
+    const bos = preset.startsWith('llama') ? '<|begin_of_text|>' : preset.startsWith('gpt-oss') ? '<|startoftext|>' : '<|endoftext|>';
+    expect(tok.id_to_token(gen.bos_token_id)).toBe(bos);
+  });
+
+  it('gpt-oss: OpenAI\'s active parameter counts are these less the embedding table', () => {
+    for (const [preset, openai] of [['gpt-oss-20b', 3_608_307_264], ['gpt-oss-120b', 5_132_849_472]] as const) {
+      const s = resolvePreset(preset);
+      expect(activeParamCount(s) - s.vocabSize * s.hiddenSize, preset).toBe(openai);
+    }
   });
 });
 

@@ -22,6 +22,8 @@ export interface FamilyShape {
   queryPreAttnScalar?: number;
   /** gpt-oss: the clamped SwiGLU's limit. */
   swigluLimit?: number;
+  /** gpt-oss: initial_context_length, the context trained before YaRN. */
+  initialContextLength?: number;
   /** Gemma 3: layer i attends globally iff (i + 1) % slidingWindowPattern == 0. */
   slidingWindowPattern?: number;
   /** Gemma 3: rope base of the sliding layers (never scaled). */
@@ -148,7 +150,7 @@ export const ARCHITECTURES = {
     ...PLAIN, modelType: 'gpt_oss', qkvBias: false, qkNorm: false, slidingWindowBy: 'layer_types',
     defaultContextLength: 131072, mlp: 'moe', moeLayout: 'gpt_oss',
     configFields: (s) => ({
-      attention_bias: true, experts_per_token: s.numExpertsPerTok,
+      attention_bias: true, experts_per_token: s.numExpertsPerTok, initial_context_length: s.initialContextLength ?? 4096,
       layer_types: Array.from({ length: s.numLayers }, (_, i) => (i % 2 === 0 ? 'sliding_attention' : 'full_attention')),
       num_experts_per_tok: s.numExpertsPerTok, num_local_experts: s.numExperts, output_router_logits: false,
       router_aux_loss_coef: 0.9, sliding_window: s.slidingWindow ?? 128, swiglu_limit: s.swigluLimit ?? 7,
