@@ -79,7 +79,8 @@ export function templateEffort(effort: ReasoningEffort): HarmonyEffort {
 
 export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?: ToolsRequest; outputFormat?: OutputFormat; chat: boolean }): AssistantPlan {
   const out: AssistantPlan = { toolNames: [] };
-  const template = model.engine.tokenizer.chatTemplate;
+  // Only a chat request reads the template (a raw prompt has none applied).
+  const template = req.chat ? model.engine.tokenizer.chatTemplate : undefined;
   const tags = req.chat ? modelThinks(model) : undefined;
   if (tags !== undefined) {
     // The request's effort, else the catalog's default for this model, else OpenAI's (medium).
@@ -88,12 +89,12 @@ export function plan(model: ServedModel, req: { effort?: ReasoningEffort; tools?
     out.enableThinking = effort !== 'none' && effort !== 'minimal';
     out.thinking = out.enableThinking ? { budget: THINKING_BUDGETS[effort as keyof typeof THINKING_BUDGETS] } : false;
   }
-  if (req.chat && template?.includes('reasoning_effort') === true) {
+  if (template?.includes('reasoning_effort') === true) {
     // Without one the template's own default applies (gpt-oss: medium).
     const effort = req.effort ?? model.entry.default_reasoning_effort;
     if (effort !== undefined) out.reasoningEffort = templateEffort(effort);
   }
-  if (req.chat && isHarmonyTemplate(template)) out.harmony = { endId: model.engine.tokenizer.tokenId(HARMONY.end) };
+  if (isHarmonyTemplate(template)) out.harmony = { endId: model.engine.tokenizer.tokenId(HARMONY.end) };
   const tools = req.tools;
   if (tools === undefined || tools.choice === 'none') return out;
   checkTools(tools);
