@@ -74,7 +74,7 @@ describe.each(CASES)('%s in %s %j', (family, dtype, config) => {
 // families' are checked in engine-reference.test.ts, and in int8 within that file's bounds.
 describe.each([
   ['test-qwen3-moe', 'f32'], ['test-qwen3-moe', 'bf16'], ['test-mixtral', 'f32'], ['test-mixtral', 'bf16'],
-  ['test-gemma3', 'f32'], ['test-gemma3', 'bf16'],
+  ['test-gemma3', 'f32'], ['test-gemma3', 'bf16'], ['test-gpt-oss', 'f32'], ['test-gpt-oss', 'bf16'],
 ] as const)('preset %s in %s', (preset, dtype) => {
   let dir: string;
   let engine: NativeEngineHandle;
