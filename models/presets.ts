@@ -1,7 +1,7 @@
 // Model presets for the generator: the exact shapes of published checkpoints plus small
 // variants for correctness tests. Shapes only; weights are random (see make-model.ts).
 
-import { ARCHITECTURES, architectureSpec, type Architecture } from '../src/engine/architectures.js';
+import { ARCHITECTURES, architectureSpec, type Architecture, type FamilyShape } from '../src/engine/architectures.js';
 
 export type { Architecture };
 
@@ -41,7 +41,7 @@ export type RopeScaling =
  */
 export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3' | 'harmony';
 
-export interface PresetShape {
+export interface PresetShape extends FamilyShape {
   architecture: Architecture;
   hiddenSize: number;
   intermediateSize: number;
@@ -63,37 +63,7 @@ export interface PresetShape {
   slidingWindow: number | null;
   tokenizer: TokenizerFamily;
   defaultDtype: Dtype;
-
-  // ---- Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM); absent elsewhere. ----
-  /** Experts of a sparse layer (num_experts / num_local_experts). */
-  numExperts?: number;
-  /** Experts each token is routed to (num_experts_per_tok). */
-  numExpertsPerTok?: number;
-  /** Qwen3-MoE: each expert's intermediate size (intermediateSize is the dense layers'). Mixtral's and gpt-oss's experts use intermediateSize. */
-  moeIntermediateSize?: number;
-  /** Qwen3-MoE: the top-k routing weights are renormalised to sum 1 (default true). */
-  normTopkProb?: boolean;
-  /** Qwen3-MoE: layer i is sparse iff (i + 1) % decoderSparseStep == 0 (default 1) and i is not in mlpOnlyLayers. */
-  decoderSparseStep?: number;
-  mlpOnlyLayers?: number[];
-
-  // ---- Gemma 3 (required there, absent elsewhere). ----
-  /** Attention scores are scaled by queryPreAttnScalar ** -0.5 (not head_dim's). */
-  queryPreAttnScalar?: number;
-  /** Layer i attends to everything iff (i + 1) % slidingWindowPattern == 0, else within slidingWindow. */
-  slidingWindowPattern?: number;
-  /** Rope base of the sliding layers (never scaled; ropeTheta and ropeScaling are the global layers'). */
-  ropeLocalBaseFreq?: number;
-  /** logits = tanh(logits / cap) * cap; null (Gemma 3's published configs) = none. */
-  finalLogitSoftcapping?: number | null;
-  attnLogitSoftcapping?: number | null;
-
-  // ---- gpt-oss (GptOssForCausalLM; required there, absent elsewhere). Layers alternate
-  // sliding (even, within slidingWindow) and full (odd); ropeScaling is YaRN. ----
-  /** The clamped SwiGLU's limit (swiglu_limit). */
-  swigluLimit?: number;
-  /** initial_context_length: the context trained before YaRN (published: original_max_position_embeddings). */
-  initialContextLength?: number;
+  // Mixture-of-experts, Gemma 3 and gpt-oss fields: FamilyShape (src/engine/architectures.ts).
 }
 
 /** Byte-level BPE entries of the small trained tokenizer (256 bytes + learned merges). */

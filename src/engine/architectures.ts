@@ -5,31 +5,42 @@
 //
 // Adding a family: an entry here (and in the C++ table), then what its forward pass needs.
 
-/** What a family's configFields reads of a shape (models/presets.ts's PresetShape is one). */
+/**
+ * What a family's configFields reads of a shape; models/presets.ts's PresetShape extends it. The
+ * optional fields belong to the families named, and are absent elsewhere.
+ */
 export interface FamilyShape {
   numLayers: number;
   maxPositionEmbeddings: number;
+  /** sliding_window: Mistral and Mixtral (null = full attention), Gemma 3 and gpt-oss (the window of their sliding layers). */
   slidingWindow?: number | null;
-  /** Mixture of experts: experts per sparse layer, and how many each token is routed to. */
+  // ---- Mixture of experts (Qwen3-MoE, Mixtral, gpt-oss). ----
+  /** Experts of a sparse layer (num_experts / num_local_experts). */
   numExperts?: number;
+  /** Experts each token is routed to (num_experts_per_tok). */
   numExpertsPerTok?: number;
-  /** Qwen3-MoE: each expert's intermediate size (Mixtral's experts use intermediate_size). */
+  /** Qwen3-MoE: each expert's intermediate size (intermediateSize is the dense layers'); Mixtral's and gpt-oss's experts use intermediateSize. */
   moeIntermediateSize?: number;
+  /** Qwen3-MoE: the top-k routing weights are renormalised to sum 1 (default true). */
   normTopkProb?: boolean;
+  /** Qwen3-MoE: layer i is sparse iff (i + 1) % decoderSparseStep == 0 (default 1) and i is not in mlpOnlyLayers. */
   decoderSparseStep?: number;
   mlpOnlyLayers?: number[];
-  /** Gemma 3: attention scale is queryPreAttnScalar ** -0.5. */
+  // ---- Gemma 3 (required there). ----
+  /** Attention scores are scaled by queryPreAttnScalar ** -0.5 (not head_dim's). */
   queryPreAttnScalar?: number;
-  /** gpt-oss: the clamped SwiGLU's limit. */
-  swigluLimit?: number;
-  /** gpt-oss: initial_context_length, the context trained before YaRN. */
-  initialContextLength?: number;
-  /** Gemma 3: layer i attends globally iff (i + 1) % slidingWindowPattern == 0. */
+  /** Layer i attends to everything iff (i + 1) % slidingWindowPattern == 0, else within slidingWindow. */
   slidingWindowPattern?: number;
-  /** Gemma 3: rope base of the sliding layers (never scaled). */
+  /** Rope base of the sliding layers (never scaled; ropeTheta and ropeScaling are the global layers'). */
   ropeLocalBaseFreq?: number;
+  /** logits = tanh(logits / cap) * cap; null (Gemma 3's published configs) = none. */
   finalLogitSoftcapping?: number | null;
   attnLogitSoftcapping?: number | null;
+  // ---- gpt-oss (required there): layers alternate sliding (even) and full (odd); rope is YaRN. ----
+  /** The clamped SwiGLU's limit (swiglu_limit). */
+  swigluLimit?: number;
+  /** initial_context_length: the context trained before YaRN. */
+  initialContextLength?: number;
 }
 
 export interface ArchitectureSpec {
