@@ -181,7 +181,9 @@ class CudaBackend final : public Backend, private DecoderOps {
   void experts(int64_t layer, BlockOut out) override;
   void add_normed(int64_t layer, LayerNorm which) override;
   void logits() override;
+  size_t layer_kv_bytes() const;
   uint8_t* k_cache(int64_t layer) const;
+  uint8_t* v_cache(int64_t layer) const;
   int step_T_ = 0;
   int64_t step_R_ = 0;
   int step_splits_ = 1;
@@ -581,10 +583,12 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
   run_decoder(c_, *this);
 }
 
-uint8_t* CudaBackend::k_cache(int64_t layer) const {
-  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
-  return kv_.get<uint8_t>() + size_t(2 * layer) * layer_kv;  // v follows at + layer_kv
+// A layer's K cache, then its V cache: each [num_blocks + 1, block_size, nkv, hd] E.
+size_t CudaBackend::layer_kv_bytes() const {
+  return size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
 }
+uint8_t* CudaBackend::k_cache(int64_t layer) const { return kv_.get<uint8_t>() + size_t(2 * layer) * layer_kv_bytes(); }
+uint8_t* CudaBackend::v_cache(int64_t layer) const { return k_cache(layer) + layer_kv_bytes(); }
 
 void CudaBackend::embed() {
   const int32_t* ids = dev_i32(layout_.off_ids);
@@ -626,7 +630,6 @@ void CudaBackend::qkv(int64_t layer) {
 // One kernel: q/k norms, rope from the step's cos/sin table, K/V into the cache.
 void CudaBackend::rope_kv_write(int64_t layer) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
   cuda::QkvPostArgs qa;
   qa.qkv = qkv_.get<float>();
   qa.T = step_T_;
@@ -640,13 +643,12 @@ void CudaBackend::rope_kv_write(int64_t layer) {
   qa.cos_sin = cos_sin_.get<float>();
   qa.slots = dev_i32(layout_.off_slot);
   qa.k_cache = k_cache(layer);
-  qa.v_cache = k_cache(layer) + layer_kv;
+  qa.v_cache = v_cache(layer);
   qa.q_out = q_.get<float>();
   cuda::qkv_post(qa, e_, stream_);
 }
 
 void CudaBackend::attention(int64_t layer) {
-  const size_t layer_kv = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
   cuda::AttentionArgs aa;
   aa.q = q_.get<float>();
   aa.T = step_T_;
@@ -659,7 +661,7 @@ void CudaBackend::attention(int64_t layer) {
   aa.table_stride = dev_i32(layout_.off_stride);
   aa.block_size = int(block_size_);
   aa.k_cache = k_cache(layer);
-  aa.v_cache = k_cache(layer) + layer_kv;
+  aa.v_cache = v_cache(layer);
   aa.scale = float(c_.softmax_scale());  // YaRN's attention factor included
   aa.num_splits = step_splits_;
   aa.partial_acc = attn_part_acc_.get<float>();

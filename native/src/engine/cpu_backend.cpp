@@ -143,6 +143,7 @@ class CpuBackend final : public Backend, private DecoderOps {
   std::vector<float> route_weight_;           // [T, k]
   std::vector<int32_t> route_row_;            // [T, k] the route's row in the expert-grouped buffers
   std::vector<int64_t> expert_begin_;         // [experts + 1] first grouped row of each expert
+  std::vector<int64_t> expert_fill_;          // [experts] scratch of the grouping
   std::vector<float> moe_x_, moe_gate_, moe_up_, moe_out_;  // grouped rows: [T*k, H] / [T*k, moe_inter] / [T*k, H]
   std::vector<LinearOut> moe_outs_;
   std::vector<cpu::MatmulGroup> moe_groups_;
@@ -361,10 +362,8 @@ void CpuBackend::experts(int64_t layer, BlockOut dest) {
   expert_begin_.assign(size_t(E + 1), 0);
   for (int64_t r = 0; r < routes; r++) expert_begin_[size_t(route_expert_[size_t(r)]) + 1]++;
   for (int64_t e = 0; e < E; e++) expert_begin_[size_t(e + 1)] += expert_begin_[size_t(e)];
-  {
-    std::vector<int64_t> fill(expert_begin_.begin(), expert_begin_.end() - 1);
-    for (int64_t r = 0; r < routes; r++) route_row_[size_t(r)] = int32_t(fill[size_t(route_expert_[size_t(r)])]++);
-  }
+  expert_fill_.assign(expert_begin_.begin(), expert_begin_.end() - 1);  // the next free row of each expert
+  for (int64_t r = 0; r < routes; r++) route_row_[size_t(r)] = int32_t(expert_fill_[size_t(route_expert_[size_t(r)])]++);
   pool_.parallel_for(routes, 64, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++)
       std::memcpy(moe_x_.data() + int64_t(route_row_[size_t(r)]) * H, xn_.data() + (r / K) * H, size_t(H) * sizeof(float));

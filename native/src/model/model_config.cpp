@@ -243,7 +243,6 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
   if (gemma) {
     c.norm_plus_one = true;
-    c.sandwich_norms = arch->sandwich_norms;
     c.embed_scale = std::sqrt(double(c.hidden_size));
     const double scalar = number_or("query_pre_attn_scalar", 256);
     if (!(scalar > 0)) f.invalid("query_pre_attn_scalar must be > 0");
