@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     const int qkv = (s.nq + 2 * s.nkv) * s.hd;
     const Proj projs[] = {{"gemm qkv", qkv, s.H, cuda::Epilogue::kStore},
                           {"gemm o (+residual)", s.H, s.nq * s.hd, cuda::Epilogue::kAddTo},
-                          {"gemm gate_up (+silu)", 2 * s.I, s.H, cuda::Epilogue::kSiluMul},
+                          {"gemm gate_up (+silu)", 2 * s.I, s.H, cuda::Epilogue::kGatedMul},
                           {"gemm down (+residual)", s.H, s.I, cuda::Epilogue::kAddTo},
                           {"gemm lm_head", s.V, s.H, cuda::Epilogue::kStore}};
     for (const Proj& p : projs) {
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
       for (const auto& v : variants) {
         cuda::GemmArgs g;
         g.x = x.get(), g.ld_x = p.K, g.T = 1, g.N = p.N, g.K = p.K, g.ld_w = p.K, g.y = out.get<float>(), g.ld_y = p.N;
-        g.epilogue = p.ep == cuda::Epilogue::kSiluMul ? cuda::Epilogue::kStore : p.ep;
+        g.epilogue = p.ep == cuda::Epilogue::kGatedMul ? cuda::Epilogue::kStore : p.ep;
         const double us = time_us([&](int i) {
           g.w = w[size_t(i % copies)].get();
           cuda::gemv_variant(g, v[0], v[1], nullptr);

@@ -4,6 +4,8 @@
 // 32 KV positions in turn: lane j scores position j against every q head (online softmax per
 // warp), then the warp accumulates P·V with lane-strided head dims. Warps merge in shared
 // memory; KV splits (flash-decoding, for long contexts and small batches) merge in a second kernel.
+// A sliding window (Gemma 3, gpt-oss) narrows the positions a token reads; an attention sink
+// (gpt-oss) joins the softmax's sum when the parts are merged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -40,6 +42,16 @@ __host__ __device__ constexpr size_t attn_smem_floats(int hd, int maxg) {
   return attn_tile_floats(hd, maxg) + size_t(maxg) * hd + kAttnWarps * maxg * 32 + kAttnWarps * maxg * 2;
 }
 
+// The head's output element from its merged state (acc, sum, max): acc / sum, or with a sink
+// logit (sinks[h]) acc / (sum + exp(sink - max)), both scaled to the larger of max and sink.
+__device__ __forceinline__ float finish_head(float acc, float sum, float mx, const float* sinks, int h) {
+  if (!sinks) return acc / sum;
+  const float s = sinks[h];
+  const float m = fmaxf(mx, s);
+  const float f = __expf(mx - m);
+  return acc * f / (sum * f + __expf(s - m));
+}
+
 // DPL: head dims per lane (ceil(hd / 32)); MAXG: most q heads per block. The q heads of one kv
 // head (nq / nkv of them) are split into blocks of up to MAXG; G is this block's count.
 template <typename E, int DPL, int MAXG>
@@ -60,8 +72,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
   const int ctx = a.positions[t] + 1;
-  const int per_split = ((ctx + a.num_splits - 1) / a.num_splits + 31) / 32 * 32;
-  const int begin = split * per_split, end = min(ctx, begin + per_split);
+  const int first = a.window > 0 ? max(0, ctx - a.window) : 0;  // the window's first position
+  const int per_split = ((ctx - first + a.num_splits - 1) / a.num_splits + 31) / 32 * 32;
+  const int begin = first + split * per_split, end = min(ctx, begin + per_split);
   const int32_t* table = a.block_tables + size_t(a.token_seq[t]) * (*a.table_stride);
 
   for (int i = threadIdx.x; i < G * hd; i += blockDim.x)
@@ -168,7 +181,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
     }
     const int h = h0 + g;
     if (a.num_splits == 1) {
-      static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * hd + d] = from_float<E>(out / sum);
+      static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * hd + d] = from_float<E>(finish_head(out, sum, mx, a.sinks, h));
     } else {
       const size_t part = (size_t(t) * a.nq + h) * a.num_splits + split;
       a.partial_acc[part * hd + d] = out;
@@ -196,7 +209,7 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
       sum += a.partial_ml[(base + s) * 2 + 1] * f;
       out += a.partial_acc[(base + s) * a.hd + d] * f;
     }
-    static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * a.hd + d] = from_float<E>(out / sum);
+    static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * a.hd + d] = from_float<E>(finish_head(out, sum, mx, a.sinks, h));
   }
 }
 

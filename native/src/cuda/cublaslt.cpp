@@ -216,7 +216,7 @@ bool CublasLt::gemm(const GemmArgs& a, DType e, void* workspace, size_t workspac
                               &p->algo, workspace, workspace_bytes, stream),
                  stream);
   };
-  if (a.epilogue != Epilogue::kSiluMul) {
+  if (a.epilogue != Epilogue::kGatedMul) {
     const bool add = a.epilogue == Epilogue::kAddTo;
     const Plan* p = plan_for(e, a.N, a.T, k, a.ld_w, a.ld_x, a.ld_y, add, a.bias != nullptr, workspace_bytes);
     if (!p->ok) return false;
@@ -224,7 +224,7 @@ bool CublasLt::gemm(const GemmArgs& a, DType e, void* workspace, size_t workspac
     if (a.bias && !p->bias_fused) add_bias_rows(a.y, a.T, a.N, a.ld_y, a.bias, stream);
     return true;
   }
-  // SiLU-and-mul: chunks of up to `rows` tokens through the scratch, multiples of 64 so that
+  // Gated activation: chunks of up to `rows` tokens through the scratch, multiples of 64 so that
   // every chunk but the last keeps full tiles.
   int rows = int(std::min<size_t>(size_t(a.T), scratch_floats / size_t(a.N)));
   if (rows < a.T) rows = rows / 64 * 64;
@@ -234,12 +234,12 @@ bool CublasLt::gemm(const GemmArgs& a, DType e, void* workspace, size_t workspac
     const Plan* p = plan_for(e, a.N, tc, k, a.ld_w, a.ld_x, a.N, false, a.bias != nullptr, workspace_bytes);
     if (!p->ok) {
       if (t0 == 0) return false;
-      throw Error(ErrorCode::kInternal, "cuBLASLt: no algorithm for the last SiLU-and-mul chunk");
+      throw Error(ErrorCode::kInternal, "cuBLASLt: no algorithm for the last gated-activation chunk");
     }
     const void* x = static_cast<const uint16_t*>(a.x) + size_t(t0) * a.ld_x;
     run(p, x, scratch, false, a.bias);
-    silu_mul_interleaved(scratch, tc, a.N, p->bias_fused ? nullptr : a.bias,
-                         static_cast<uint16_t*>(a.h) + size_t(t0) * a.ld_h, a.ld_h, e, stream);
+    gated_mul_interleaved(scratch, tc, a.N, p->bias_fused ? nullptr : a.bias, a.act, a.act_limit,
+                          static_cast<uint16_t*>(a.h) + size_t(t0) * a.ld_h, a.ld_h, e, stream);
   }
   return true;
 }

@@ -4,7 +4,7 @@
 // What it computes is exactly cuda::gemm's contract (y = x · W^T + bias, then the epilogue):
 //   kStore / kAddTo: one cublasLtMatmul with f32 C/D (beta 1 adds the residual in place) and the
 //     bias fused as cuBLASLt's BIAS epilogue where the library offers one, else a bias kernel;
-//   kSiluMul: the matmul into f32 scratch (T cut into chunks that fit it), then our SiLU-and-mul
+//   kGatedMul: the matmul into f32 scratch (T cut into chunks that fit it), then our gated activation
 //     kernel reads the interleaved [gate 8 | up 8] rows and writes h.
 // One algorithm is chosen per problem (heuristic, cached), so a shape always runs the same
 // kernel with the same fixed-order reduction: results are deterministic run to run.
@@ -34,7 +34,7 @@ class CublasLt {
   const std::string& describe() const { return describe_; }
 
   // Runs `a` (T > 0, any epilogue). `workspace` is cuBLASLt's (32 MiB is what Hopper kernels
-  // want); `scratch` holds the f32 pre-activation of SiLU-and-mul chunks. Returns false, having
+  // want); `scratch` holds the f32 pre-activation of gated-activation chunks. Returns false, having
   // launched nothing, when cuBLASLt has no algorithm for the problem (the caller runs its own).
   bool gemm(const GemmArgs& a, DType e, void* workspace, size_t workspace_bytes, float* scratch,
             size_t scratch_floats, cudaStream_t stream);

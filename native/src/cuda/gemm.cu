@@ -6,6 +6,9 @@
 // and both operands are read K-contiguous exactly as stored. Grids too small to fill the GPU
 // split K; each block writes its partial tile, and the last block to finish a tile (ticket
 // counter) sums the partials in split order and runs the epilogue: deterministic, one launch.
+//
+// The grouped variant (mixture of experts, kernels.h GroupedRows) is the same kernel with each
+// grid row tile mapped to one expert's rows: its weights, its bias, and token rows gathered.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,6 +16,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/gated_act.cuh"
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 
@@ -35,6 +39,9 @@ struct GemmParams {
   int ld_y;
   uint16_t* h;
   int ld_h;
+  GateAct act;
+  float act_limit;
+  GroupedRows grouped;  // the grouped kernel's (GROUPED = true)
   int splits;         // gridDim.z
   int k_per_split;    // multiple of BK
   float* partials;    // [splits, T, N]
@@ -84,23 +91,23 @@ __device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One output element after all K: bias, then the epilogue. For kSiluMul the caller passes the
+// One output element after all K: bias, then the epilogue. For kGatedMul the caller passes the
 // gate value (row g of a 16-row group) and `up` (row g + 8); `i` is the intermediate feature.
-__device__ __forceinline__ void store_out(const GemmParams& p, int t, int n, float v) {
-  if (p.bias) v += p.bias[n];
+__device__ __forceinline__ void store_out(const GemmParams& p, const float* bias, int t, int n, float v) {
+  if (bias) v += bias[n];
   if (p.epilogue == Epilogue::kStore) p.y[size_t(t) * p.ld_y + n] = v;
   else p.y[size_t(t) * p.ld_y + n] += v;
 }
 
 template <typename E>
-__device__ __forceinline__ void store_silu(const GemmParams& p, int t, int n_gate, float gate, float up) {
-  if (p.bias) {
-    gate += p.bias[n_gate];
-    up += p.bias[n_gate + 8];
+__device__ __forceinline__ void store_gated(const GemmParams& p, const float* bias, int t, int n_gate, float gate,
+                                            float up) {
+  if (bias) {
+    gate += bias[n_gate];
+    up += bias[n_gate + 8];
   }
   const int i = (n_gate >> 4) * 8 + (n_gate & 7);
-  const float v = gate / (1.f + __expf(-gate)) * up;
-  reinterpret_cast<E*>(p.h)[size_t(t) * p.ld_h + i] = from_float<E>(v);
+  reinterpret_cast<E*>(p.h)[size_t(t) * p.ld_h + i] = from_float<E>(gated_value(gate, up, p.act, p.act_limit));
 }
 
 // Block tile: BM features x BN tokens x BK, warps WM x WN each, STAGES-deep cp.async pipeline.
@@ -115,14 +122,27 @@ struct GemmConfig {
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 8 == 0 && BK % 16 == 0, "tile shape");
 };
 
-template <typename E, int BM, int BN, int BK, int WM, int WN, int STAGES>
+template <typename E, int BM, int BN, int BK, int WM, int WN, int STAGES, bool GROUPED>
 __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kThreads)
     gemm_kernel(GemmParams p) {
   using C = GemmConfig<E, BM, BN, BK, WM, WN, STAGES>;
   extern __shared__ __align__(16) uint16_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp % C::kWarpsM, warp_n = warp / C::kWarpsM;
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int m0 = blockIdx.x * BM;
+  // Token rows n0 .. row_end - 1 of this tile, the weights and bias they multiply.
+  int n0 = blockIdx.y * BN, row_end = p.T;
+  const uint16_t* wmat = p.w;
+  const float* bias = p.bias;
+  if constexpr (GROUPED) {
+    // Every split of a tile past the step's tiles leaves here, before any barrier or ticket.
+    if (int(blockIdx.y) >= *p.grouped.num_tiles) return;
+    const int e = p.grouped.tile_expert[blockIdx.y];
+    n0 = p.grouped.tile_row0[blockIdx.y];
+    row_end = min(p.grouped.expert_offsets[e + 1], n0 + BN);
+    wmat += size_t(e) * p.grouped.w_stride;
+    if (bias) bias += size_t(e) * p.grouped.bias_stride;
+  }
   const int k_begin = blockIdx.z * p.k_per_split;
   const int k_end = min(p.K, k_begin + p.k_per_split);
   const int num_k_tiles = (k_end - k_begin + BK - 1) / BK;
@@ -138,14 +158,18 @@ __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kTh
       const int row = c / kChunksPerRow, k = k0 + (c % kChunksPerRow) * 8;
       const int n = m0 + row;
       const bool ok = n < p.N && k < k_end;
-      const uint16_t* src = ok ? p.w + size_t(n) * p.ld_w + k : p.w;
+      const uint16_t* src = ok ? wmat + size_t(n) * p.ld_w + k : wmat;
       cp_async16(smem_u32(stage_a(s) + row * C::kLd + (c % kChunksPerRow) * 8), src, ok);
     }
     for (int c = tid; c < BN * kChunksPerRow; c += C::kThreads) {
       const int row = c / kChunksPerRow, k = k0 + (c % kChunksPerRow) * 8;
       const int t = n0 + row;
-      const bool ok = t < p.T && k < k_end;
-      const uint16_t* src = ok ? p.x + size_t(t) * p.ld_x + k : p.x;
+      const bool ok = t < row_end && k < k_end;
+      int x_row = t;
+      if constexpr (GROUPED) {
+        if (ok && p.grouped.gather) x_row = p.grouped.gather[t];
+      }
+      const uint16_t* src = ok ? p.x + size_t(x_row) * p.ld_x + k : p.x;
       cp_async16(smem_u32(stage_b(s) + row * C::kLd + (c % kChunksPerRow) * 8), src, ok);
     }
   };
@@ -227,7 +251,7 @@ __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kTh
     // Publish this split's partial tile, then let the last block of the tile finish it.
     float* part = p.partials + size_t(blockIdx.z) * p.T * p.N;
     for_each_acc([&](int i, int j, int r, int n, int t) {
-      if (n < p.N && t < p.T) part[size_t(t) * p.N + n] = acc[i][j][r];
+      if (n < p.N && t < row_end) part[size_t(t) * p.N + n] = acc[i][j][r];
     });
     __threadfence();
     __syncthreads();
@@ -249,7 +273,7 @@ __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kTh
       const float* src = p.partials + size_t(s) * p.T * p.N;
       const bool mine = s == int(blockIdx.z);
       for_each_acc([&](int i, int j, int r, int n, int t) {
-        acc[i][j][r] += mine ? own[i][j][r] : n < p.N && t < p.T ? __ldcg(src + size_t(t) * p.N + n) : 0.f;
+        acc[i][j][r] += mine ? own[i][j][r] : n < p.N && t < row_end ? __ldcg(src + size_t(t) * p.N + n) : 0.f;
       });
     }
     if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch (and graph replay)
@@ -262,20 +286,20 @@ __global__ void __launch_bounds__(GemmConfig<E, BM, BN, BK, WM, WN, STAGES>::kTh
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         const int n = fm + i * 16, t = tn + j * 8 + r;
-        if (t >= p.T) continue;
-        if (p.epilogue == Epilogue::kSiluMul) {
-          if (n < p.N) store_silu<E>(p, t, n, acc[i][j][r], acc[i][j][r + 2]);
+        if (t >= row_end) continue;
+        if (p.epilogue == Epilogue::kGatedMul) {
+          if (n < p.N) store_gated<E>(p, bias, t, n, acc[i][j][r], acc[i][j][r + 2]);
         } else {
-          if (n < p.N) store_out(p, t, n, acc[i][j][r]);
-          if (n + 8 < p.N) store_out(p, t, n + 8, acc[i][j][r + 2]);
+          if (n < p.N) store_out(p, bias, t, n, acc[i][j][r]);
+          if (n + 8 < p.N) store_out(p, bias, t, n + 8, acc[i][j][r + 2]);
         }
       }
 }
 
-template <typename E, int BM, int BN, int BK, int WM, int WN, int STAGES>
+template <typename E, int BM, int BN, int BK, int WM, int WN, int STAGES, bool GROUPED = false>
 void launch(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream) {
   using C = GemmConfig<E, BM, BN, BK, WM, WN, STAGES>;
-  auto kernel = gemm_kernel<E, BM, BN, BK, WM, WN, STAGES>;
+  auto kernel = gemm_kernel<E, BM, BN, BK, WM, WN, STAGES, GROUPED>;
   static bool attr_set = false;  // NOTE: set once per instantiation (per process, device 0)
   if (!attr_set) {
     SLUICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
@@ -295,7 +319,20 @@ void launch(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream) {
   p.ld_y = a.ld_y;
   p.h = static_cast<uint16_t*>(a.h);
   p.ld_h = a.ld_h;
-  const int tiles_m = (a.N + BM - 1) / BM, tiles_n = (a.T + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  p.act = a.act;
+  p.act_limit = a.act_limit;
+  if constexpr (GROUPED) p.grouped = *a.grouped;
+  // Grouped: one grid row per possible tile of the step (those past *num_tiles exit at once).
+  const int tiles_m = (a.N + BM - 1) / BM, tiles_n = GROUPED ? a.grouped->max_tiles : (a.T + BN - 1) / BN;
+  const int tiles = tiles_m * tiles_n;
+  // The split decision counts the tiles that can have rows: a grouped step of R routes fills at
+  // most ceil(R / BN) full tiles plus one partial tile per expert it reaches (at most R of them).
+  int busy_n = tiles_n;
+  if constexpr (GROUPED) {
+    const int full = (a.T + BN - 1) / BN;
+    busy_n = std::min(tiles_n, full + std::min(a.T, tiles_n - full));
+  }
+  const int busy = tiles_m * busy_n;
   const int k_tiles = (p.K + BK - 1) / BK;
   // Split K while the grid is under one wave, keeping >= 4 k-tiles per split and the partials
   // within the workspace.
@@ -303,8 +340,8 @@ void launch(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream) {
   if (a.splits > 0) {
     splits = std::min(a.splits, k_tiles);
     while (splits > 1 && size_t(splits) * a.T * a.N > ws.partial_floats) splits--;
-  } else if (tiles < ws.num_sms && tiles <= ws.num_tickets) {
-    splits = std::min({(ws.num_sms + tiles - 1) / tiles, k_tiles / 4, 16});
+  } else if (busy < ws.num_sms && tiles <= ws.num_tickets) {
+    splits = std::min({(ws.num_sms + busy - 1) / busy, k_tiles / 4, 16});
     const size_t per_split = size_t(a.T) * a.N;
     while (splits > 1 && size_t(splits) * per_split > ws.partial_floats) splits--;
     splits = std::max(splits, 1);
@@ -321,6 +358,17 @@ void launch(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream) {
   SLUICE_CUDA_LAUNCH_CHECK("gemm_kernel");
 }
 
+// The grouped GEMM's tile shapes follow the rows per tile that moe_plan laid out.
+template <typename E>
+void grouped_typed(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream) {
+  switch (a.grouped->tile_rows) {
+    case 8: return launch<E, 128, 8, 64, 32, 8, 4, true>(a, ws, stream);
+    case 32: return launch<E, 128, 32, 64, 64, 16, 4, true>(a, ws, stream);
+    case 128: return launch<E, 128, 128, 32, 64, 32, 4, true>(a, ws, stream);
+    default: throw Error(ErrorCode::kInternal, "grouped gemm: tile_rows must be 8, 32 or 128");
+  }
+}
+
 template <typename E>
 void gemm_typed(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream) {
   if (a.T <= 8) launch<E, 128, 8, 64, 32, 8, 4>(a, ws, stream);          // decode: 4 warps of 32 features
@@ -330,12 +378,23 @@ void gemm_typed(const GemmArgs& a, const GemmWorkspace& ws, cudaStream_t stream)
 
 }  // namespace
 
+int grouped_tile_rows(int routes, int experts) {
+  const int per_expert = (routes + experts - 1) / std::max(experts, 1);
+  return per_expert <= 8 ? 8 : per_expert <= 32 ? 32 : 128;
+}
+
 void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stream) {
   if (a.T <= 0 || a.N <= 0) return;
   if (a.ld_x % 8 || a.ld_w % 8 || a.ld_x < a.K || a.ld_w < a.K)
     throw Error(ErrorCode::kInternal, "gemm: operand strides must be multiples of 8 covering K");
-  if (a.epilogue == Epilogue::kSiluMul && a.N % 16)
-    throw Error(ErrorCode::kInternal, "gemm: the SiLU-and-mul epilogue needs N % 16 == 0");
+  if (a.epilogue == Epilogue::kGatedMul && a.N % 16)
+    throw Error(ErrorCode::kInternal, "gemm: the gated epilogue needs N % 16 == 0");
+  if (a.grouped) {
+    if (a.grouped->max_tiles <= 0) return;
+    if (e == DType::BF16) return grouped_typed<__nv_bfloat16>(a, ws, stream);
+    if (e == DType::F16) return grouped_typed<__half>(a, ws, stream);
+    throw Error(ErrorCode::kInternal, "gemm: element type must be bf16 or f16");
+  }
   if (a.T <= 8 && a.splits == 0) return gemv(a, e, ws.num_sms, stream);
   if (ws.lt && a.splits == 0 &&
       ws.lt->gemm(a, e, ws.lt_workspace, ws.lt_workspace_bytes, ws.lt_scratch, ws.lt_scratch_floats, stream))

@@ -1,11 +1,12 @@
 // The epilogues of the cuBLASLt GEMM path that cuBLASLt cannot fuse: a bias row added to f32
 // outputs, and SiLU-and-mul over the interleaved gate/up rows (the same arithmetic as the fused
-// epilogue of our GEMM kernel, so both paths round alike).
+// epilogue of our GEMM kernel, so both paths round alike), and the gated activations of gated_act.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/gated_act.cuh"
 #include "cuda/kernels.h"
 
 namespace sluice::cuda {
@@ -18,7 +19,8 @@ __global__ void add_bias_rows_kernel(float* y, int N, int ld_y, const float* bia
 }
 
 template <typename E>
-__global__ void silu_mul_interleaved_kernel(const float* g, int N, const float* bias, E* h, int ld_h) {
+__global__ void gated_mul_interleaved_kernel(const float* g, int N, const float* bias, GateAct act, float limit, E* h,
+                                             int ld_h) {
   const float* row = g + size_t(blockIdx.x) * N;
   E* out = h + size_t(blockIdx.x) * ld_h;
   for (int i = threadIdx.x; i < N / 2; i += blockDim.x) {
@@ -28,7 +30,7 @@ __global__ void silu_mul_interleaved_kernel(const float* g, int N, const float* 
       gate += bias[n_gate];
       up += bias[n_gate + 8];
     }
-    out[i] = from_float<E>(gate / (1.f + __expf(-gate)) * up);
+    out[i] = from_float<E>(gated_value(gate, up, act, limit));
   }
 }
 
@@ -40,14 +42,15 @@ void add_bias_rows(float* y, int T, int N, int ld_y, const float* bias, cudaStre
   SLUICE_CUDA_LAUNCH_CHECK("add_bias_rows_kernel");
 }
 
-void silu_mul_interleaved(const float* g, int T, int N, const float* bias, void* h, int ld_h, DType e,
-                          cudaStream_t stream) {
+void gated_mul_interleaved(const float* g, int T, int N, const float* bias, GateAct act, float act_limit, void* h,
+                           int ld_h, DType e, cudaStream_t stream) {
   if (T <= 0) return;
   if (e == DType::BF16)
-    silu_mul_interleaved_kernel<<<T, 256, 0, stream>>>(g, N, bias, static_cast<__nv_bfloat16*>(h), ld_h);
+    gated_mul_interleaved_kernel<<<T, 256, 0, stream>>>(g, N, bias, act, act_limit, static_cast<__nv_bfloat16*>(h),
+                                                        ld_h);
   else
-    silu_mul_interleaved_kernel<<<T, 256, 0, stream>>>(g, N, bias, static_cast<__half*>(h), ld_h);
-  SLUICE_CUDA_LAUNCH_CHECK("silu_mul_interleaved_kernel");
+    gated_mul_interleaved_kernel<<<T, 256, 0, stream>>>(g, N, bias, act, act_limit, static_cast<__half*>(h), ld_h);
+  SLUICE_CUDA_LAUNCH_CHECK("gated_mul_interleaved_kernel");
 }
 
 }  // namespace sluice::cuda

@@ -8,6 +8,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/gated_act.cuh"
 #include "cuda/kernels.h"
 
 namespace sluice::cuda {
@@ -35,11 +36,11 @@ __device__ __forceinline__ void widen8(const uint4& v, float (&out)[8], __half) 
   }
 }
 
-// Weight row r of warp `wg`. For the SiLU-and-mul epilogue a warp takes ROWS / 2 intermediate
+// Weight row r of warp `wg`. For the gated epilogue a warp takes ROWS / 2 intermediate
 // features and reads each one's gate row and up row (16-row groups [gate 8 | up 8]).
 template <int ROWS>
-__device__ __forceinline__ int weight_row(int wg, int r, bool silu) {
-  if (!silu) return wg * ROWS + r;
+__device__ __forceinline__ int weight_row(int wg, int r, bool gated) {
+  if (!gated) return wg * ROWS + r;
   const int f = wg * (ROWS / 2) + r / 2;
   return (f / 8) * 16 + f % 8 + (r % 2) * 8;
 }
@@ -49,7 +50,7 @@ template <typename E, int TMAX, int ROWS, int U>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
   const int lane = threadIdx.x & 31;
   const int wg = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  const bool silu = a.epilogue == Epilogue::kSiluMul;
+  const bool gated = a.epilogue == Epilogue::kGatedMul;
   const int chunks = (a.K + 7) / 8;  // operands are zero padded to 8-element rows
   const uint4* w = static_cast<const uint4*>(a.w);
   const uint4* x = static_cast<const uint4*>(a.x);
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
   bool row_ok[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; r++) {
-    rows[r] = weight_row<ROWS>(wg, r, silu);
+    rows[r] = weight_row<ROWS>(wg, r, gated);
     row_ok[r] = rows[r] < a.N;
   }
   float acc[ROWS][TMAX];
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
 #pragma unroll
   for (int t = 0; t < TMAX; t++) {
     if (t >= a.T) break;
-    if (silu) {
+    if (gated) {
 #pragma unroll
       for (int r = 0; r < ROWS; r += 2) {
         if (!row_ok[r]) continue;
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemmArgs a) {
           u += a.bias[rows[r + 1]];
         }
         const int f = wg * (ROWS / 2) + r / 2;
-        static_cast<E*>(a.h)[size_t(t) * a.ld_h + f] = from_float<E>(g / (1.f + __expf(-g)) * u);
+        static_cast<E*>(a.h)[size_t(t) * a.ld_h + f] = from_float<E>(gated_value(g, u, a.act, a.act_limit));
       }
     } else {
 #pragma unroll

@@ -16,8 +16,8 @@ namespace sluice::cuda {
 
 class CublasLt;
 
-// x[T, H] f32 = table[ids[t], 0:H] (E, rows of ld_table elements).
-void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float* x,
+// x[T, H] f32 = table[ids[t], 0:H] * scale (E, rows of ld_table elements; Gemma scales by sqrt(H)).
+void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float scale, float* x,
                cudaStream_t stream);
 
 // out[r, 0:D] (E) = x[src, 0:D] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r.
@@ -27,6 +27,12 @@ void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType
 void resolve_device_tokens(int32_t* ids, int T, const int32_t* sampled, int num_sampled, int V, cudaStream_t stream);
 void rmsnorm(const float* x, int R, int D, const int32_t* rows, const float* w, float eps, void* out, int ld_out,
              DType e, cudaStream_t stream);
+
+// Sandwich norms (Gemma): x[t] += rmsnorm(y[t]) * w, both [T, D] f32.
+void add_rmsnorm(float* x, const float* y, int T, int D, const float* w, float eps, cudaStream_t stream);
+
+// Logit soft-capping (Gemma): v = cap * tanh(v / cap) over n floats.
+void soft_cap(float* v, size_t n, float cap, cudaStream_t stream);
 
 // cos_sin[T, 2 * half]: cos then sin of positions[t] * inv_freq[i], angles in double (as the CPU).
 void rope_table(const int32_t* positions, int T, const float* inv_freq, int half, float* cos_sin,
@@ -53,10 +59,40 @@ void qkv_post(const QkvPostArgs& a, DType e, cudaStream_t stream);
 // Face Linear layout). Tensor cores (mma.sync m16n8k16, f32 accumulate). Small grids split K;
 // the last block of a tile adds the partial sums in split order, so results are deterministic.
 enum class Epilogue {
-  kStore,    // y[t, n] = acc + bias[n]                       (f32, ld_y)
-  kAddTo,    // y[t, n] += acc + bias[n]  (residual add)       (f32, ld_y)
-  kSiluMul,  // W rows interleaved in 16-row groups [gate 8 | up 8]: h[t, i] = silu(gate_i) * up_i (E, ld_h)
+  kStore,     // y[t, n] = acc + bias[n]                       (f32, ld_y)
+  kAddTo,     // y[t, n] += acc + bias[n]  (residual add)       (f32, ld_y)
+  kGatedMul,  // W rows interleaved in 16-row groups [gate 8 | up 8]: h[t, i] = act(gate_i, up_i) (E, ld_h)
 };
+// The gated activation of kGatedMul, as the CPU kernels define them (cpu/kernels.cpp):
+enum class GateAct : uint8_t {
+  kSilu,           // silu(gate) * up
+  kGeluTanh,       // gelu_tanh(gate) * up (Gemma)
+  kSwigluClamped,  // gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(1.702 g)
+};
+// Mixture of experts: the GEMM over the step's routes grouped by expert (moe_plan's layout). Grid
+// row tile i covers grouped rows tile_row0[i].. of expert tile_expert[i], up to that expert's end
+// (expert_offsets[e + 1]); W and bias are the expert's (w + e * w_stride, bias + e * bias_stride).
+// The grid is sized for the most tiles a step of T routes can have (grouped_max_tiles) and tiles
+// past *num_tiles exit, so a captured graph replays whatever the routing: the row counts live on
+// the device. Rows index x through gather (x row gather[g]) or directly (x in grouped order);
+// outputs go to row g. A row's result depends only on its own inputs, not on where it lands.
+struct GroupedRows {
+  const int32_t* gather = nullptr;          // [rows] or nullptr
+  const int32_t* expert_offsets = nullptr;  // [experts + 1]
+  const int32_t* tile_expert = nullptr;     // [max_tiles]
+  const int32_t* tile_row0 = nullptr;       // [max_tiles]
+  const int32_t* num_tiles = nullptr;       // device scalar
+  int max_tiles = 0;
+  int tile_rows = 0;     // rows per tile: grouped_tile_rows()
+  size_t w_stride = 0;   // elements between experts' weight matrices
+  int bias_stride = 0;   // floats between experts' biases
+};
+// Rows per tile of a grouped GEMM over `routes` rows of `experts` experts (8, 32 or 128: about
+// the rows an expert gets on average), and the most tiles such a step can have.
+int grouped_tile_rows(int routes, int experts);
+inline int grouped_max_tiles(int routes, int experts, int tile_rows) {
+  return (routes + tile_rows - 1) / tile_rows + experts;
+}
 struct GemmArgs {
   const void* x = nullptr;
   int ld_x = 0;
@@ -69,7 +105,12 @@ struct GemmArgs {
   int ld_y = 0;
   void* h = nullptr;
   int ld_h = 0;
+  GateAct act = GateAct::kSilu;  // kGatedMul's activation
+  float act_limit = 0.f;         // kSwigluClamped's limit
   int splits = 0;  // tensor-core path with this many K splits; 0 chooses (T <= 8 runs a GEMV kernel)
+  // Set: the grouped (mixture-of-experts) GEMM; T is then the routes' row capacity. Always our
+  // tensor-core kernel (no GEMV, no cuBLASLt).
+  const GroupedRows* grouped = nullptr;
 };
 struct GemmWorkspace {
   float* partials = nullptr;  // split-K partial sums
@@ -88,10 +129,10 @@ struct GemmWorkspace {
 void gemm(const GemmArgs& a, DType e, const GemmWorkspace& ws, cudaStream_t stream);
 // Helpers of the cuBLASLt path. y[t, 0:N] += bias (f32, ld_y).
 void add_bias_rows(float* y, int T, int N, int ld_y, const float* bias, cudaStream_t stream);
-// g: [T, N] f32 with rows interleaved in 16-row groups [gate 8 | up 8] (as kSiluMul's W), plus
-// bias[N] when given; h[t, i] (E, ld_h) = silu(gate_i) * up_i, as the fused epilogue computes it.
-void silu_mul_interleaved(const float* g, int T, int N, const float* bias, void* h, int ld_h, DType e,
-                          cudaStream_t stream);
+// g: [T, N] f32 with rows interleaved in 16-row groups [gate 8 | up 8] (as kGatedMul's W), plus
+// bias[N] when given; h[t, i] (E, ld_h) = act(gate_i, up_i), as the fused epilogue computes it.
+void gated_mul_interleaved(const float* g, int T, int N, const float* bias, GateAct act, float act_limit, void* h,
+                           int ld_h, DType e, cudaStream_t stream);
 // Benchmarks only: the decode GEMV (T = 1, bf16) with `rows` weight rows per warp (2, 4, 8) and
 // `unroll` 16-byte chunks per row in flight (2, 4, 8; not 8 with 8 rows).
 void gemv_variant(const GemmArgs& a, int rows, int unroll, cudaStream_t stream);
@@ -115,8 +156,34 @@ struct AttentionArgs {
   float* partial_ml = nullptr;   // [T, nq, num_splits, 2]
   void* out = nullptr;           // [T, nq * hd] E (ld_out)
   int ld_out = 0;
+  int window = 0;                // > 0: token at pos attends to positions pos - window + 1 .. pos only
+  const float* sinks = nullptr;  // [nq] per-head sink logits (gpt-oss): join the softmax's sum, add nothing
 };
 void paged_attention(const AttentionArgs& a, DType e, cudaStream_t stream);
+
+// Mixture-of-experts routing, one warp per token: the k best experts of logits[t] ([T, E] f32, the
+// router's output, its bias included) with the lower index first on ties. softmax_first: weights
+// are the softmax over every expert, renormalised over the k when renormalize (Qwen3-MoE, Mixtral);
+// else the softmax over the k chosen logits (gpt-oss). ids/weights: [T, k], best first. E <= 1024,
+// k <= 32.
+void moe_route(const float* logits, int T, int E, int k, bool softmax_first, bool renormalize, int32_t* ids,
+               float* weights, cudaStream_t stream);
+// Groups the T*k routes by expert for the grouped GEMMs (one block): expert_offsets[E + 1],
+// route_row[r] (route r's grouped row), row_token[g] (the token of grouped row g: r / k), and the
+// row tiles of tile_rows rows (tile_expert, tile_row0, *num_tiles <= grouped_max_tiles).
+struct MoePlan {
+  int32_t* expert_offsets = nullptr;
+  int32_t* route_row = nullptr;
+  int32_t* row_token = nullptr;
+  int32_t* tile_expert = nullptr;
+  int32_t* tile_row0 = nullptr;
+  int32_t* num_tiles = nullptr;
+};
+void moe_plan(const int32_t* ids, int T, int k, int E, int tile_rows, const MoePlan& plan, cudaStream_t stream);
+// out[t] (+)= sum over ranks j of weights[t, j] * y[route_row[t * k + j]], in rank order (so a
+// token's sum does not depend on the batch); y: [T * k, H] f32, out: [T, H] f32.
+void moe_combine(const float* y, const int32_t* route_row, const float* weights, int T, int k, int H, float* out,
+                 bool add, cudaStream_t stream);
 
 // Per logit row: sampling as the CPU sampler defines it (greedy; else min-p and top-k, then
 // top-p over softmax(logits / temperature), then an inverse-CDF draw in (logit desc, id asc)

@@ -1,5 +1,6 @@
-// Per-token kernels of the forward pass: embedding gather, RMSNorm, the RoPE cos/sin table, and
-// the step after the q/k/v projection (q/k norm, rotary embedding, KV-cache write).
+// Per-token kernels of the forward pass: embedding gather, RMSNorm (and the sandwich norm's
+// normed add), the RoPE cos/sin table, the step after the q/k/v projection (q/k norm, rotary
+// embedding, KV-cache write), and the logits' soft cap.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -12,10 +13,10 @@ namespace sluice::cuda {
 namespace {
 
 template <typename E>
-__global__ void embedding_kernel(const int32_t* ids, const E* table, int ld_table, int H, float* x) {
+__global__ void embedding_kernel(const int32_t* ids, const E* table, int ld_table, int H, float scale, float* x) {
   const int t = blockIdx.x;
   const E* row = table + size_t(ids[t]) * ld_table;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(t) * H + i] = to_float(row[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(t) * H + i] = to_float(row[i]) * scale;
 }
 
 __global__ void resolve_device_tokens_kernel(int32_t* ids, int T, const int32_t* sampled, int num_sampled, int V) {
@@ -39,6 +40,22 @@ __global__ void rmsnorm_kernel(const float* x, int D, const int32_t* rows, const
   for (int i = threadIdx.x; i < D; i += blockDim.x) ss += src[i] * src[i];
   const float inv = rsqrtf(block_sum(ss, scratch) / float(D) + eps);
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[size_t(r) * ld_out + i] = from_float<E>(src[i] * inv * w[i]);
+}
+
+// One block per row: x[r] += y[r] * rsqrt(mean(y[r]^2) + eps) * w.
+__global__ void add_rmsnorm_kernel(float* x, const float* y, int D, const float* w, float eps) {
+  __shared__ float scratch[32];
+  const float* src = y + size_t(blockIdx.x) * D;
+  float* dst = x + size_t(blockIdx.x) * D;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += src[i] * src[i];
+  const float inv = rsqrtf(block_sum(ss, scratch) / float(D) + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] += src[i] * inv * w[i];
+}
+
+__global__ void soft_cap_kernel(float* v, size_t n, float cap) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) v[i] = cap * tanhf(v[i] / cap);
 }
 
 __global__ void rope_table_kernel(const int32_t* positions, int T, const float* inv_freq, int half, float* cos_sin) {
@@ -113,13 +130,13 @@ void resolve_device_tokens(int32_t* ids, int T, const int32_t* sampled, int num_
   SLUICE_CUDA_LAUNCH_CHECK("resolve_device_tokens_kernel");
 }
 
-void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float* x,
+void embedding(const int32_t* ids, int T, const void* table, int ld_table, DType e, int H, float scale, float* x,
                cudaStream_t stream) {
   if (T <= 0) return;
   if (e == DType::BF16)
-    embedding_kernel<<<T, 256, 0, stream>>>(ids, static_cast<const __nv_bfloat16*>(table), ld_table, H, x);
+    embedding_kernel<<<T, 256, 0, stream>>>(ids, static_cast<const __nv_bfloat16*>(table), ld_table, H, scale, x);
   else
-    embedding_kernel<<<T, 256, 0, stream>>>(ids, static_cast<const __half*>(table), ld_table, H, x);
+    embedding_kernel<<<T, 256, 0, stream>>>(ids, static_cast<const __half*>(table), ld_table, H, scale, x);
   SLUICE_CUDA_LAUNCH_CHECK("embedding_kernel");
 }
 
@@ -132,6 +149,18 @@ void rmsnorm(const float* x, int R, int D, const int32_t* rows, const float* w, 
   else
     rmsnorm_kernel<<<R, threads, 0, stream>>>(x, D, rows, w, eps, static_cast<__half*>(out), ld_out);
   SLUICE_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+}
+
+void add_rmsnorm(float* x, const float* y, int T, int D, const float* w, float eps, cudaStream_t stream) {
+  if (T <= 0) return;
+  add_rmsnorm_kernel<<<T, D >= 1024 ? 512 : 256, 0, stream>>>(x, y, D, w, eps);
+  SLUICE_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+}
+
+void soft_cap(float* v, size_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  soft_cap_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(v, n, cap);
+  SLUICE_CUDA_LAUNCH_CHECK("soft_cap_kernel");
 }
 
 void rope_table(const int32_t* positions, int T, const float* inv_freq, int half, float* cos_sin,

@@ -116,7 +116,7 @@ void check_gemm(int T, int N, int K, cuda::Epilogue ep, bool bias, DType e, uint
       ref[size_t(n)] = s;
       mag[size_t(n)] = m;
     }
-    if (ep == cuda::Epilogue::kSiluMul) {
+    if (ep == cuda::Epilogue::kGatedMul) {
       for (int i = 0; i < N / 2; i++) {
         const int gr = (i / 8) * 16 + i % 8, ur = gr + 8;
         const double g = ref[size_t(gr)], u = ref[size_t(ur)];
@@ -166,12 +166,12 @@ TEST_CASE(gemm_matches_double_reference) {
   for (const Shape& s : shapes) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kAddTo, true, DType::BF16, seed++);
   const Shape silu[] = {{1, 512, 64}, {6, 1024, 256}, {20, 4096, 512}, {100, 768, 136}};
   for (DType e : types)
-    for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kSiluMul, seed % 2 == 1, e, seed++);
+    for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kGatedMul, seed % 2 == 1, e, seed++);
   // Decode sizes take a GEMV kernel by default; the tensor-core path with forced K splits too.
   for (int splits : {1, 3, 7}) {
     check_gemm(5, 600, 1024, cuda::Epilogue::kStore, true, DType::BF16, seed++, splits);
     check_gemm(40, 300, 520, cuda::Epilogue::kAddTo, false, DType::BF16, seed++, splits);
-    check_gemm(3, 1024, 512, cuda::Epilogue::kSiluMul, true, DType::F16, seed++, splits);
+    check_gemm(3, 1024, 512, cuda::Epilogue::kGatedMul, true, DType::F16, seed++, splits);
   }
 }
 
@@ -197,7 +197,7 @@ TEST_CASE(gemm_cublaslt_matches_double_reference) {
     }
   const Shape silu[] = {{20, 4096, 512}, {100, 768, 136}, {200, 1024, 256}};
   for (DType e : {DType::BF16, DType::F16})
-    for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kSiluMul, seed % 2 == 1, e, seed++, 0, lt.get());
+    for (const Shape& s : silu) check_gemm(s.T, s.N, s.K, cuda::Epilogue::kGatedMul, seed % 2 == 1, e, seed++, 0, lt.get());
   CHECK(lt->num_plans() > 0);
 }
 
