@@ -1,7 +1,8 @@
 // The CUDA backend: the decoder of engine/decoder.h (the one the CPU backend runs) over the
-// kernels in kernels.h, for the dense families (Qwen2 biases, Qwen3 q/k norms, rope scaling;
-// cuda_unsupported_pieces() names what it does not run yet), with the paged KV cache
-// in device memory and sampling on the GPU. Pure decode steps replay a CUDA graph captured per
+// kernels in kernels.h, for every family of the architecture table: dense and mixture-of-experts
+// MLPs (a grouped GEMM over the experts, row counts on the device), sandwich norms, sliding-window
+// layers with KV blocks of their own, per-layer rope bases, attention sinks and logit soft caps;
+// the paged KV cache in device memory and sampling on the GPU. Pure decode steps replay a CUDA graph captured per
 // padded batch size; other steps (prefill chunks, mixed batches) launch the kernels directly.
 // With cuda_device_tokens (pipelined steps) sampled tokens stay on the device for the next
 // step's embedding gather, sampling returns before its tokens reach the host (two output slots),
@@ -111,21 +112,22 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-// The decoder pieces a config turns on that this backend has no kernels for yet; empty when it
-// runs the model.
+// What a config asks beyond this backend's kernels' limits; empty when it runs the model.
 std::string cuda_unsupported_pieces(const ModelConfig& c) {
   std::string out;
-  const auto add = [&](const char* what) { out += (out.empty() ? "" : ", ") + std::string(what); };
-  if (c.num_experts > 0) add("mixture-of-experts blocks");
-  if (c.sandwich_norms) add("sandwich norms");
-  if (c.activation != Activation::Silu) add("the GELU-tanh MLP");
-  if (c.any_window()) add("sliding-window attention");
-  if (c.any_local_rope()) add("per-layer rope bases");
-  if (c.embed_scale != 1.0) add("scaled embeddings");
-  if (c.attention_scale > 0) add("a custom attention scale");
-  if (c.attention_sinks) add("attention sinks");
-  if (c.final_logit_softcap > 0) add("logit soft-capping");
+  const auto add = [&](const std::string& what) { out += (out.empty() ? "" : ", ") + what; };
+  if (c.num_experts > 1024) add("more than 1024 experts (" + std::to_string(c.num_experts) + ")");
+  if (c.num_experts > 0 && c.experts_per_token > 32)
+    add("more than 32 experts per token (" + std::to_string(c.experts_per_token) + ")");
   return out;
+}
+
+cuda::GateAct gate_act(Activation a) {
+  switch (a) {
+    case Activation::GeluTanh: return cuda::GateAct::kGeluTanh;
+    case Activation::SwigluClamped: return cuda::GateAct::kSwigluClamped;
+    default: return cuda::GateAct::kSilu;
+  }
 }
 
 class CudaBackend final : public Backend, private DecoderOps {
@@ -144,8 +146,13 @@ class CudaBackend final : public Backend, private DecoderOps {
     return device_desc_ + notes;
   }
   int num_threads() const override { return num_sms_; }
+  // Sliding-window layers keep their KV in window blocks of their own (freed as they leave every
+  // window); the full-attention layers in the ordinary blocks.
   size_t kv_bytes_per_block(int64_t block_size) const override {
-    return size_t(c_.num_layers) * 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * 2;
+    return size_t(c_.num_layers - num_window_layers_) * layer_block_bytes(block_size);
+  }
+  size_t kv_bytes_per_window_block(int64_t block_size) const override {
+    return size_t(num_window_layers_) * layer_block_bytes(block_size);
   }
   size_t kv_budget_bytes(size_t requested) const override;
   void allocate_kv(int64_t num_blocks, int64_t num_window_blocks, int64_t block_size) override;
@@ -160,9 +167,11 @@ class CudaBackend final : public Backend, private DecoderOps {
 
  private:
   // Step inputs live at fixed device offsets so that captured graphs can replay them.
+  // With window layers, their slots and block tables follow (off_wslot, off_wtables).
   struct StepLayout {
     int64_t tokens = 0, rows = 0, seqs = 0, table = 0;  // capacities
     size_t off_ids = 0, off_pos = 0, off_seq = 0, off_slot = 0, off_rows = 0, off_stride = 0, off_tables = 0;
+    size_t off_wslot = 0, off_wtables = 0;
     size_t bytes = 0;
   };
   void ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table_width);
@@ -181,7 +190,11 @@ class CudaBackend final : public Backend, private DecoderOps {
   void experts(int64_t layer, BlockOut out) override;
   void add_normed(int64_t layer, LayerNorm which) override;
   void logits() override;
-  size_t layer_kv_bytes() const;
+  size_t layer_block_bytes(int64_t block_size) const {
+    return 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  }
+  bool windowed(int64_t layer) const { return c_.window(layer) > 0; }
+  size_t layer_kv_bytes(int64_t layer) const;
   uint8_t* k_cache(int64_t layer) const;
   uint8_t* v_cache(int64_t layer) const;
   int step_T_ = 0;
@@ -206,15 +219,25 @@ class CudaBackend final : public Backend, private DecoderOps {
   DType e_;
   size_t esz_ = 2;
 
-  // KV: per layer k then v, each [num_blocks + 1, block_size, nkv, hd] E; the extra block is
-  // scratch for the padding tokens of graph batches.
+  // KV: per full-attention layer k then v, each [num_blocks + 1, block_size, nkv, hd] E, then per
+  // window layer k then v, each [num_window_blocks + 1, ...]; the extra block of each is scratch
+  // for the padding tokens of graph batches.
   DeviceBuffer kv_;
-  int64_t num_blocks_ = 0, block_size_ = 0;
-  int32_t scratch_block_ = 0;
+  int64_t num_blocks_ = 0, num_window_blocks_ = 0, block_size_ = 0;
+  int32_t scratch_block_ = 0, scratch_window_block_ = 0;
+  int64_t num_window_layers_ = 0;
+  std::vector<int64_t> kv_index_;  // [layers] the layer's place among the full (or the window) layers
 
   // Activations, sized for cap_tokens_ tokens and cap_rows_ logit rows.
   int64_t cap_tokens_ = 0, cap_rows_ = 0;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, h_, cos_sin_, last_, logits_, attn_part_acc_, attn_part_ml_;
+  DeviceBuffer y_;               // [T, H] f32, a block's output before its sandwich norm
+  DeviceBuffer cos_sin_local_;   // [T, rotary_dim] f32, the local layers' rope table
+  // Mixture of experts, for T tokens x k routes: router logits [T, E], the routes [T, k] (experts,
+  // weights, grouped rows), the plan (cuda::MoePlan), grouped activations [T*k, moe_inter_pad] E
+  // and outputs [T*k, H] f32.
+  DeviceBuffer router_logits_, route_ids_, route_w_, route_row_, row_token_, expert_offsets_, tile_expert_,
+      tile_row0_, num_tiles_, moe_h_, moe_y_;
   DeviceBuffer gemm_partials_, gemm_tickets_;
   std::unique_ptr<cuda::CublasLt> lt_;  // when options.cuda_gemm picked cuBLASLt
   DeviceBuffer lt_workspace_, lt_scratch_;
@@ -266,8 +289,11 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   if (!(mem_util_ > 0.0 && mem_util_ <= 1.0))
     throw Error(ErrorCode::kInvalidArgument, "gpu_memory_utilization must be in (0, 1]");
   if (const std::string missing = cuda_unsupported_pieces(c); !missing.empty())
-    throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend does not run " + c.architecture + " yet (it lacks " +
-                                                  missing + "); the CPU backend does");
+    throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend does not run this " + c.architecture + " (" + missing +
+                                                  "); the CPU backend does");
+  kv_index_.resize(size_t(c.num_layers));
+  for (int64_t l = 0, full = 0; l < c.num_layers; l++)
+    kv_index_[size_t(l)] = windowed(l) ? num_window_layers_++ : full++;
   if (c.head_dim % 8 != 0 || c.head_dim > 256)
     throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend needs head_dim a multiple of 8, at most 256 (got " +
                                                   std::to_string(c.head_dim) + ")");
@@ -352,8 +378,10 @@ void CudaBackend::drop_graphs() {
 size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
              lt_workspace_.bytes() + lt_scratch_.bytes() + device_token_buf_.bytes();
-  for (const DeviceBuffer* b : {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_,
-                                &attn_part_ml_, &sample_params_, &sample_out_, &sample_stats_, &token_masks_})
+  for (const DeviceBuffer* b :
+       {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_, &attn_part_ml_, &sample_params_,
+        &sample_out_, &sample_stats_, &token_masks_, &y_, &cos_sin_local_, &router_logits_, &route_ids_, &route_w_,
+        &route_row_, &row_token_, &expert_offsets_, &tile_expert_, &tile_row0_, &num_tiles_, &moe_h_, &moe_y_})
     n += b->bytes();
   return n;
 }
@@ -381,12 +409,16 @@ size_t CudaBackend::kv_budget_bytes(size_t requested) const {
 }
 
 void CudaBackend::allocate_kv(int64_t num_blocks, int64_t num_window_blocks, int64_t block_size) {
-  // Window layers are refused at load (cuda_unsupported_pieces): every layer is full attention.
-  if (num_window_blocks != 0) throw Error(ErrorCode::kInternal, "the CUDA backend keeps no window blocks");
+  if ((num_window_blocks > 0) != (num_window_layers_ > 0))
+    throw Error(ErrorCode::kInternal, "window blocks are for the sliding-window layers alone");
   num_blocks_ = num_blocks;
+  num_window_blocks_ = num_window_blocks;
   block_size_ = block_size;
   scratch_block_ = int32_t(num_blocks);
-  kv_.allocate(kv_bytes_per_block(block_size) * size_t(num_blocks + 1), stream_);
+  scratch_window_block_ = int32_t(num_window_blocks);
+  kv_.allocate(kv_bytes_per_block(block_size) * size_t(num_blocks + 1) +
+                   (num_window_layers_ ? kv_bytes_per_window_block(block_size) * size_t(num_window_blocks + 1) : 0),
+               stream_);
   // Block tables get a fixed stride capacity (the longest context) so growing sequences never
   // move the step buffers, which would invalidate the captured graphs.
   const int64_t max_blocks = (c_.max_position_embeddings + block_size - 1) / block_size;
@@ -472,6 +504,24 @@ void CudaBackend::ensure_capacity(int64_t T, int64_t R, int64_t S, int64_t table
 void CudaBackend::allocate_activations(int64_t tokens, int64_t rows) {
   const size_t H = size_t(c_.hidden_size), nq = size_t(c_.num_heads), hd = size_t(c_.head_dim);
   const size_t t = size_t(tokens), r = size_t(rows);
+  if (c_.sandwich_norms) y_.allocate(t * H * 4, stream_);
+  if (c_.any_local_rope()) cos_sin_local_.allocate(t * size_t(c_.rotary_dim()) * 4 + 4, stream_);
+  if (c_.num_experts > 0) {
+    const int E = int(c_.num_experts);
+    const size_t routes = t * size_t(c_.experts_per_token);
+    const size_t tiles = size_t(cuda::grouped_max_tiles(int(routes), E, 8));  // 8-row tiles: the most tiles
+    router_logits_.allocate(t * size_t(E) * 4, stream_);
+    route_ids_.allocate(routes * 4, stream_);
+    route_w_.allocate(routes * 4, stream_);
+    route_row_.allocate(routes * 4, stream_);
+    row_token_.allocate(routes * 4, stream_);
+    expert_offsets_.allocate(size_t(E + 1) * 4, stream_);
+    tile_expert_.allocate(tiles * 4, stream_);
+    tile_row0_.allocate(tiles * 4, stream_);
+    num_tiles_.allocate(4, stream_);
+    moe_h_.allocate(routes * size_t(w_.moe_inter_pad) * esz_, stream_);
+    moe_y_.allocate(routes * H * 4, stream_);
+  }
   // The old buffers are freed first (DeviceBuffer::allocate) so that growth never needs the old
   // and the new size at once.
   x_.allocate(t * H * 4, stream_);
@@ -513,6 +563,10 @@ void CudaBackend::allocate_step(const StepLayout& want) {
   L.off_rows = take(L.rows);
   L.off_stride = take(1);
   L.off_tables = take(L.seqs * L.table);
+  if (num_window_layers_) {
+    L.off_wslot = take(L.tokens);
+    L.off_wtables = take(L.seqs * L.table);
+  }
   L.bytes = off;
   // The last uploads may still be reading the pinned buffers that reserve() is about to free.
   const int slots = device_tokens_ ? 2 : 1;
@@ -561,7 +615,19 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
   if (T_pad > T) std::fill(tables + S * width, tables + (S + 1) * width, scratch_block_);
   const int64_t table_rows = S + (T_pad > T ? 1 : 0);
   // Everything up to the end of the used table rows, in one copy.
-  const size_t bytes = L.off_tables + size_t(table_rows * width) * 4;
+  size_t bytes = L.off_tables + size_t(table_rows * width) * 4;
+  if (num_window_layers_) {
+    // The window layers' slots and tables (entries before a window are -1: never read).
+    if (T > 0) std::memcpy(i32(L.off_wslot), b.window_slots, size_t(T) * 4);
+    for (int64_t t = T; t < T_pad; t++) i32(L.off_wslot)[t] = int32_t(scratch_window_block_ * block_size_);
+    int32_t* wtables = i32(L.off_wtables);
+    for (int64_t s = 0; s < S; s++) {
+      std::memcpy(wtables + s * width, b.window_block_tables[s], size_t(b.num_seq_blocks[s]) * 4);
+      std::fill(wtables + s * width + b.num_seq_blocks[s], wtables + (s + 1) * width, scratch_window_block_);
+    }
+    if (T_pad > T) std::fill(wtables + S * width, wtables + (S + 1) * width, scratch_window_block_);
+    bytes = L.off_wtables + size_t(table_rows * width) * 4;
+  }
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(step_dev_.get(), h, bytes, cudaMemcpyHostToDevice, stream_));
   SLUICE_CUDA_CHECK(cudaEventRecord(step_copied_[slot], stream_));
 }
@@ -583,12 +649,18 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
   run_decoder(c_, *this);
 }
 
-// A layer's K cache, then its V cache: each [num_blocks + 1, block_size, nkv, hd] E.
-size_t CudaBackend::layer_kv_bytes() const {
-  return size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+// A layer's K cache, then its V cache: each [blocks + 1, block_size, nkv, hd] E, over the full
+// blocks, or for a window layer the window blocks (after every full layer's).
+size_t CudaBackend::layer_kv_bytes(int64_t layer) const {
+  const int64_t blocks = windowed(layer) ? num_window_blocks_ : num_blocks_;
+  return size_t(blocks + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
 }
-uint8_t* CudaBackend::k_cache(int64_t layer) const { return kv_.get<uint8_t>() + size_t(2 * layer) * layer_kv_bytes(); }
-uint8_t* CudaBackend::v_cache(int64_t layer) const { return k_cache(layer) + layer_kv_bytes(); }
+uint8_t* CudaBackend::k_cache(int64_t layer) const {
+  const size_t full_layer = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  const size_t region = windowed(layer) ? size_t(c_.num_layers - num_window_layers_) * 2 * full_layer : 0;
+  return kv_.get<uint8_t>() + region + size_t(2 * kv_index_[size_t(layer)]) * layer_kv_bytes(layer);
+}
+uint8_t* CudaBackend::v_cache(int64_t layer) const { return k_cache(layer) + layer_kv_bytes(layer); }
 
 void CudaBackend::embed() {
   const int32_t* ids = dev_i32(layout_.off_ids);
@@ -596,16 +668,20 @@ void CudaBackend::embed() {
   if (device_tokens_)
     cuda::resolve_device_tokens(reinterpret_cast<int32_t*>(step_dev_.get<uint8_t>() + layout_.off_ids), step_T_,
                                 device_token_buf_.get<int32_t>(), int(device_token_rows_), int(c_.vocab_size), stream_);
-  cuda::embedding(ids, step_T_, w_.embed.get(), int(w_.ld_h), e_, int(c_.hidden_size), x_.get<float>(), stream_);
+  cuda::embedding(ids, step_T_, w_.embed.get(), int(w_.ld_h), e_, int(c_.hidden_size), float(c_.embed_scale),
+                  x_.get<float>(), stream_);
   cuda::rope_table(dev_i32(layout_.off_pos), step_T_, w_.inv_freq.get<float>(), int(c_.rotary_dim() / 2),
                    cos_sin_.get<float>(), stream_);
+  if (c_.any_local_rope())
+    cuda::rope_table(dev_i32(layout_.off_pos), step_T_, w_.local_inv_freq.get<float>(), int(c_.rotary_dim() / 2),
+                     cos_sin_local_.get<float>(), stream_);
 }
 
 void CudaBackend::norm(int64_t layer, LayerNorm which) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  const DeviceBuffer& w = which == LayerNorm::kAttnIn ? L.input_norm : L.post_norm;
   if (which != LayerNorm::kAttnIn && which != LayerNorm::kMlpIn)
-    throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
+    throw Error(ErrorCode::kInternal, "norm() takes a block's input norm (add_normed() its output's)");
+  const DeviceBuffer& w = which == LayerNorm::kAttnIn ? L.input_norm : L.post_norm;
   cuda::rmsnorm(x_.get<float>(), step_T_, int(c_.hidden_size), nullptr, w.get<float>(), float(c_.rms_norm_eps),
                 xn_.get(), int(w_.ld_h), e_, stream_);
 }
@@ -640,8 +716,8 @@ void CudaBackend::rope_kv_write(int64_t layer) {
   qa.q_norm = L.q_norm.get<float>();
   qa.k_norm = L.k_norm.get<float>();
   qa.eps = float(c_.rms_norm_eps);
-  qa.cos_sin = cos_sin_.get<float>();
-  qa.slots = dev_i32(layout_.off_slot);
+  qa.cos_sin = c_.local_rope(layer) ? cos_sin_local_.get<float>() : cos_sin_.get<float>();
+  qa.slots = dev_i32(windowed(layer) ? layout_.off_wslot : layout_.off_slot);
   qa.k_cache = k_cache(layer);
   qa.v_cache = v_cache(layer);
   qa.q_out = q_.get<float>();
@@ -657,7 +733,7 @@ void CudaBackend::attention(int64_t layer) {
   aa.hd = int(c_.head_dim);
   aa.token_seq = dev_i32(layout_.off_seq);
   aa.positions = dev_i32(layout_.off_pos);
-  aa.block_tables = dev_i32(layout_.off_tables);
+  aa.block_tables = dev_i32(windowed(layer) ? layout_.off_wtables : layout_.off_tables);
   aa.table_stride = dev_i32(layout_.off_stride);
   aa.block_size = int(block_size_);
   aa.k_cache = k_cache(layer);
@@ -668,12 +744,14 @@ void CudaBackend::attention(int64_t layer) {
   aa.partial_ml = attn_part_ml_.get<float>();
   aa.out = attn_.get();
   aa.ld_out = int(w_.ld_attn);
+  aa.window = int(c_.window(layer));
+  aa.sinks = w_.layers[size_t(layer)].sinks.get<float>();
   cuda::paged_attention(aa, e_, stream_);
 }
 
-// The o projection's GEMM adds into the residual stream in its epilogue.
+// The o projection's GEMM adds into the residual stream in its epilogue (or stores into y for a
+// sandwich norm).
 void CudaBackend::attention_out(int64_t layer, BlockOut out) {
-  if (out != BlockOut::kAddToResidual) throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
   cuda::GemmArgs g;
   g.x = attn_.get();
@@ -684,15 +762,15 @@ void CudaBackend::attention_out(int64_t layer, BlockOut out) {
   g.T = step_T_;
   g.N = int(c_.hidden_size);
   g.K = int(c_.num_heads * c_.head_dim);
-  g.epilogue = cuda::Epilogue::kAddTo;
-  g.y = x_.get<float>();
+  g.epilogue = out == BlockOut::kToY ? cuda::Epilogue::kStore : cuda::Epilogue::kAddTo;
+  g.y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
   g.ld_y = int(c_.hidden_size);
   cuda::gemm(g, e_, step_ws_, stream_);
 }
 
-// gate/up in one GEMM whose epilogue applies SiLU-and-mul; down adds into the residual stream.
+// gate/up in one GEMM whose epilogue applies the family's gated activation; down adds into the
+// residual stream (or stores into y).
 void CudaBackend::mlp(int64_t layer, BlockOut out) {
-  if (out != BlockOut::kAddToResidual) throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
   cuda::GemmArgs g;
   g.x = xn_.get();
@@ -703,7 +781,9 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
   g.T = step_T_;
   g.N = int(2 * w_.inter_pad);
   g.K = int(c_.hidden_size);
-  g.epilogue = cuda::Epilogue::kSiluMul;
+  g.epilogue = cuda::Epilogue::kGatedMul;
+  g.act = gate_act(c_.activation);
+  g.act_limit = float(c_.swiglu_limit);
   g.h = h_.get();
   g.ld_h = int(w_.inter_pad);
   cuda::gemm(g, e_, step_ws_, stream_);
@@ -715,18 +795,105 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
   g.bias = L.down_b.get<float>();
   g.N = int(c_.hidden_size);
   g.K = int(w_.inter_pad);
-  g.epilogue = cuda::Epilogue::kAddTo;
-  g.y = x_.get<float>();
+  g.epilogue = out == BlockOut::kToY ? cuda::Epilogue::kStore : cuda::Epilogue::kAddTo;
+  g.y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
   g.ld_y = int(c_.hidden_size);
   cuda::gemm(g, e_, step_ws_, stream_);
 }
 
-// Refused at load (cuda_unsupported_pieces): never reached.
-void CudaBackend::experts(int64_t, BlockOut) {
-  throw Error(ErrorCode::kInternal, "the CUDA backend has no mixture-of-experts kernels");
+// Router GEMM, top-k routing, the routes grouped by expert on the device (moe_plan), the grouped
+// gate/up GEMM (gathering each route's token row, the gated activation in its epilogue), the
+// grouped down GEMM, and the combine of each token's experts in rank order. No host sync: the
+// row counts stay on the device, so decode steps replay as graphs whatever the routing.
+void CudaBackend::experts(int64_t layer, BlockOut out) {
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  const int T = step_T_, E = int(c_.num_experts), K = int(c_.experts_per_token), H = int(c_.hidden_size);
+  const int mip = int(w_.moe_inter_pad), routes = T * K;
+  cuda::GemmArgs g;
+  g.x = xn_.get();
+  g.ld_x = int(w_.ld_h);
+  g.w = L.router_w.get();
+  g.ld_w = int(w_.ld_h);
+  g.bias = L.router_b.get<float>();
+  g.T = T;
+  g.N = E;
+  g.K = H;
+  g.epilogue = cuda::Epilogue::kStore;
+  g.y = router_logits_.get<float>();
+  g.ld_y = E;
+  cuda::gemm(g, e_, step_ws_, stream_);
+  cuda::moe_route(router_logits_.get<float>(), T, E, K, c_.routing == Routing::SoftmaxTopK, c_.norm_topk_prob,
+                  route_ids_.get<int32_t>(), route_w_.get<float>(), stream_);
+
+  const int tile_rows = cuda::grouped_tile_rows(routes, E);
+  cuda::MoePlan plan;
+  plan.expert_offsets = expert_offsets_.get<int32_t>();
+  plan.route_row = route_row_.get<int32_t>();
+  plan.row_token = row_token_.get<int32_t>();
+  plan.tile_expert = tile_expert_.get<int32_t>();
+  plan.tile_row0 = tile_row0_.get<int32_t>();
+  plan.num_tiles = num_tiles_.get<int32_t>();
+  cuda::moe_plan(route_ids_.get<int32_t>(), T, K, E, tile_rows, plan, stream_);
+
+  cuda::GroupedRows rows;
+  rows.gather = plan.row_token;
+  rows.expert_offsets = plan.expert_offsets;
+  rows.tile_expert = plan.tile_expert;
+  rows.tile_row0 = plan.tile_row0;
+  rows.num_tiles = plan.num_tiles;
+  rows.tile_rows = tile_rows;
+  rows.max_tiles = cuda::grouped_max_tiles(routes, E, tile_rows);
+  rows.w_stride = size_t(2 * mip) * size_t(w_.ld_h);
+  rows.bias_stride = 2 * mip;
+  cuda::GemmArgs gu;
+  gu.x = xn_.get();
+  gu.ld_x = int(w_.ld_h);
+  gu.w = L.experts_gate_up_w.get();
+  gu.ld_w = int(w_.ld_h);
+  gu.bias = L.experts_gate_up_b.get<float>();
+  gu.T = routes;
+  gu.N = 2 * mip;
+  gu.K = H;
+  gu.epilogue = cuda::Epilogue::kGatedMul;
+  gu.act = gate_act(c_.activation);
+  gu.act_limit = float(c_.swiglu_limit);
+  gu.h = moe_h_.get();
+  gu.ld_h = mip;
+  gu.grouped = &rows;
+  cuda::gemm(gu, e_, step_ws_, stream_);
+
+  cuda::GroupedRows down_rows = rows;
+  down_rows.gather = nullptr;  // h is in grouped order already
+  down_rows.w_stride = size_t(H) * size_t(mip);
+  down_rows.bias_stride = H;
+  cuda::GemmArgs dn;
+  dn.x = moe_h_.get();
+  dn.ld_x = mip;
+  dn.w = L.experts_down_w.get();
+  dn.ld_w = mip;
+  dn.bias = L.experts_down_b.get<float>();
+  dn.T = routes;
+  dn.N = H;
+  dn.K = mip;
+  dn.epilogue = cuda::Epilogue::kStore;
+  dn.y = moe_y_.get<float>();
+  dn.ld_y = H;
+  dn.grouped = &down_rows;
+  cuda::gemm(dn, e_, step_ws_, stream_);
+
+  const bool to_y = out == BlockOut::kToY;
+  cuda::moe_combine(moe_y_.get<float>(), plan.route_row, route_w_.get<float>(), T, K, H,
+                    to_y ? y_.get<float>() : x_.get<float>(), !to_y, stream_);
 }
-void CudaBackend::add_normed(int64_t, LayerNorm) {
-  throw Error(ErrorCode::kInternal, "the CUDA backend has no sandwich norms");
+
+// x += rmsnorm(y) * w: the block output's sandwich norm.
+void CudaBackend::add_normed(int64_t layer, LayerNorm which) {
+  const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  if (which != LayerNorm::kAttnOut && which != LayerNorm::kMlpOut)
+    throw Error(ErrorCode::kInternal, "add_normed() takes a block's output norm");
+  const DeviceBuffer& w = which == LayerNorm::kAttnOut ? L.attn_out_norm : L.mlp_out_norm;
+  cuda::add_rmsnorm(x_.get<float>(), y_.get<float>(), step_T_, int(c_.hidden_size), w.get<float>(),
+                    float(c_.rms_norm_eps), stream_);
 }
 
 void CudaBackend::logits() {
@@ -746,6 +913,8 @@ void CudaBackend::logits() {
   g.y = logits_.get<float>();
   g.ld_y = int(c_.vocab_size);
   cuda::gemm(g, e_, step_ws_, stream_);
+  if (c_.final_logit_softcap > 0)
+    cuda::soft_cap(logits_.get<float>(), size_t(step_R_) * size_t(c_.vocab_size), float(c_.final_logit_softcap), stream_);
 }
 
 // Captures the decode forward pass of `bucket` tokens into a graph. A capture that fails (an

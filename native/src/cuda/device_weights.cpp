@@ -80,6 +80,14 @@ class Packer {
   void rows(const TensorView& t, int64_t dst_row0) {
     for (int64_t r = 0; r < t.shape[0]; r++) row(t, r, dst_row0 + r);
   }
+  // gate and up ([I, cols] each) as the gated epilogue reads them, from destination row dst_row0:
+  // fused row r of group j = r / 16 is gate row 8j + r % 16 for r % 16 < 8, else up row 8j + r % 16 - 8.
+  void gate_up_rows(const TensorView& gate, const TensorView& up, int64_t dst_row0) {
+    for (int64_t i = 0; i < gate.shape[0]; i++) {
+      row(gate, i, dst_row0 + (i / 8) * 16 + i % 8);
+      row(up, i, dst_row0 + (i / 8) * 16 + 8 + i % 8);
+    }
+  }
   DeviceBuffer finish() {
     DeviceBuffer b(host_.size() * 2);
     SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), host_.data(), host_.size() * 2, cudaMemcpyHostToDevice));
@@ -108,6 +116,44 @@ std::vector<float> to_f32(const TensorView& t) {
   return out;
 }
 
+// Gate and up biases ([I] each) in the gated epilogue's interleaved order, into out[at ..].
+void interleave_gate_up_bias(const TensorView& gate_b, const TensorView& up_b, int64_t I, std::vector<float>& out,
+                             size_t at) {
+  const std::vector<float> gb = to_f32(gate_b), ub = to_f32(up_b);
+  for (int64_t i = 0; i < I; i++) {
+    out[at + size_t((i / 8) * 16 + i % 8)] = gb[size_t(i)];
+    out[at + size_t((i / 8) * 16 + 8 + i % 8)] = ub[size_t(i)];
+  }
+}
+
+// A sparse layer's router and experts, every expert at the same stride.
+void upload_experts(const ModelConfig& c, const LayerWeights& lw, const DeviceWeights& d, Packer& pk, DeviceLayer& dl,
+                    size_t* total) {
+  const int64_t E = c.num_experts, H = c.hidden_size, MI = c.moe_intermediate_size, mip = d.moe_inter_pad;
+  pk.begin(E, d.ld_h);
+  pk.rows(lw.router, 0);
+  dl.router_w = pk.finish();
+  if (c.router_bias) dl.router_b = upload_f32(to_f32(lw.router_bias), total);
+  pk.begin(E * 2 * mip, d.ld_h);
+  for (int64_t e = 0; e < E; e++) pk.gate_up_rows(lw.experts[size_t(e)].gate, lw.experts[size_t(e)].up, e * 2 * mip);
+  dl.experts_gate_up_w = pk.finish();
+  pk.begin(E * H, mip);
+  for (int64_t e = 0; e < E; e++) pk.rows(lw.experts[size_t(e)].down, e * H);
+  dl.experts_down_w = pk.finish();
+  if (c.expert_bias) {
+    std::vector<float> gu(size_t(E * 2 * mip), 0.f), down;
+    down.reserve(size_t(E * H));
+    for (int64_t e = 0; e < E; e++) {
+      const ExpertWeights& ew = lw.experts[size_t(e)];
+      interleave_gate_up_bias(ew.gate_bias, ew.up_bias, MI, gu, size_t(e * 2 * mip));
+      const std::vector<float> db = to_f32(ew.down_bias);
+      down.insert(down.end(), db.begin(), db.end());
+    }
+    dl.experts_gate_up_b = upload_f32(gu, total);
+    dl.experts_down_b = upload_f32(down, total);
+  }
+}
+
 }  // namespace
 
 DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
@@ -119,6 +165,7 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
   d.ld_attn = round_up8(q_rows);
   d.inter_pad = round_up8(I);
   d.qkv_rows = q_rows + 2 * kv_rows;
+  d.moe_inter_pad = c.num_experts > 0 ? round_up8(c.moe_intermediate_size) : 0;
   Packer pk(d.dtype, &d.bytes);
 
   pk.begin(c.vocab_size, d.ld_h);
@@ -131,6 +178,7 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
   }
   d.final_norm = upload_f32(to_f32(w.final_norm), &d.bytes);
   d.inv_freq = upload_f32(c.rope_inv_freq(), &d.bytes);
+  if (c.any_local_rope()) d.local_inv_freq = upload_f32(c.rope_local_inv_freq(), &d.bytes);
 
   d.layers.resize(size_t(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; l++) {
@@ -152,29 +200,30 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
     dl.o_w = pk.finish();
     if (c.o_bias) dl.o_b = upload_f32(to_f32(lw.o_bias), &d.bytes);
 
-    // Fused row r of group j = r / 16: gate row 8j + r % 16 for r % 16 < 8, else up row 8j + r % 16 - 8.
-    pk.begin(2 * d.inter_pad, d.ld_h);
-    for (int64_t i = 0; i < I; i++) {
-      pk.row(lw.gate, i, (i / 8) * 16 + i % 8);
-      pk.row(lw.up, i, (i / 8) * 16 + 8 + i % 8);
-    }
-    dl.gate_up_w = pk.finish();
-    if (c.mlp_bias) {
-      const std::vector<float> gb = to_f32(lw.gate_bias), ub = to_f32(lw.up_bias);
-      std::vector<float> b(size_t(2 * d.inter_pad), 0.f);
-      for (int64_t i = 0; i < I; i++) {
-        b[size_t((i / 8) * 16 + i % 8)] = gb[size_t(i)];
-        b[size_t((i / 8) * 16 + 8 + i % 8)] = ub[size_t(i)];
+    if (c.is_sparse(l)) {
+      upload_experts(c, lw, d, pk, dl, &d.bytes);
+    } else {
+      pk.begin(2 * d.inter_pad, d.ld_h);
+      pk.gate_up_rows(lw.gate, lw.up, 0);
+      dl.gate_up_w = pk.finish();
+      if (c.mlp_bias) {
+        std::vector<float> b(size_t(2 * d.inter_pad), 0.f);
+        interleave_gate_up_bias(lw.gate_bias, lw.up_bias, I, b, 0);
+        dl.gate_up_b = upload_f32(b, &d.bytes);
+        dl.down_b = upload_f32(to_f32(lw.down_bias), &d.bytes);
       }
-      dl.gate_up_b = upload_f32(b, &d.bytes);
-      dl.down_b = upload_f32(to_f32(lw.down_bias), &d.bytes);
+      pk.begin(H, d.inter_pad);
+      pk.rows(lw.down, 0);
+      dl.down_w = pk.finish();
     }
-    pk.begin(H, d.inter_pad);
-    pk.rows(lw.down, 0);
-    dl.down_w = pk.finish();
 
     dl.input_norm = upload_f32(to_f32(lw.input_norm), &d.bytes);
     dl.post_norm = upload_f32(to_f32(lw.post_norm), &d.bytes);
+    if (c.sandwich_norms) {
+      dl.attn_out_norm = upload_f32(to_f32(lw.attn_out_norm), &d.bytes);
+      dl.mlp_out_norm = upload_f32(to_f32(lw.mlp_out_norm), &d.bytes);
+    }
+    if (c.attention_sinks) dl.sinks = upload_f32(to_f32(lw.sinks), &d.bytes);
     if (c.qk_norm) {
       dl.q_norm = upload_f32(to_f32(lw.q_norm), &d.bytes);
       dl.k_norm = upload_f32(to_f32(lw.k_norm), &d.bytes);

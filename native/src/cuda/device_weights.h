@@ -2,7 +2,9 @@
 // kernels: q/k/v fused into one matrix, gate/up fused and interleaved in 16-row groups (for the
 // GEMM's SiLU-and-mul epilogue), rows padded to multiples of 8 elements (16-byte loads), biases
 // and norm weights in f32. Matrices keep the checkpoint's dtype (bf16 or f16); f32 checkpoints
-// are rounded to bf16 (round to nearest even).
+// are rounded to bf16 (round to nearest even). Mixture-of-experts layers keep every expert's
+// matrices in one allocation (expert e at e * stride), laid out as the dense ones; gpt-oss's
+// MXFP4 experts arrive here already unpacked to bf16 by the weight binder.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -54,7 +56,16 @@ struct DeviceLayer {
   DeviceBuffer down_w;     // [H, inter_pad] E (inter_pad = ld of the SiLU output)
   DeviceBuffer down_b;     // [H] f32, optional
   DeviceBuffer input_norm, post_norm;  // [H] f32
+  DeviceBuffer attn_out_norm, mlp_out_norm;  // [H] f32, sandwich norms (Gemma)
   DeviceBuffer q_norm, k_norm;         // [hd] f32, Qwen3
+  DeviceBuffer sinks;                  // [nq] f32, attention sinks (gpt-oss)
+  // Mixture of experts (sparse layers): the router and every expert's MLP.
+  DeviceBuffer router_w;               // [experts, ld_h] E
+  DeviceBuffer router_b;               // [experts] f32, optional
+  DeviceBuffer experts_gate_up_w;      // [experts * 2 * moe_inter_pad, ld_h] E, each as gate_up_w
+  DeviceBuffer experts_gate_up_b;      // [experts * 2 * moe_inter_pad] f32, optional
+  DeviceBuffer experts_down_w;         // [experts * H, moe_inter_pad] E
+  DeviceBuffer experts_down_b;         // [experts * H] f32, optional
 };
 
 struct DeviceWeights {
@@ -63,10 +74,12 @@ struct DeviceWeights {
   int64_t ld_attn = 0;        // round_up8(nq * hd)
   int64_t inter_pad = 0;      // round_up8(intermediate)
   int64_t qkv_rows = 0;       // nq*hd + 2*nkv*hd
+  int64_t moe_inter_pad = 0;  // round_up8(moe_intermediate_size), 0 without experts
   DeviceBuffer embed;         // [vocab, ld_h] E
   DeviceBuffer lm_head;       // [vocab, ld_h] E; empty when tied (use embed)
   DeviceBuffer final_norm;    // [H] f32
   DeviceBuffer inv_freq;      // [rotary_dim / 2] f32
+  DeviceBuffer local_inv_freq;  // [rotary_dim / 2] f32, the local layers' rope (Gemma 3), optional
   std::vector<DeviceLayer> layers;
   size_t bytes = 0;           // device bytes held
 
