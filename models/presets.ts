@@ -274,6 +274,32 @@ export const PRESETS: Record<string, PresetShape> = {
     decoderSparseStep: 1,
     mlpOnlyLayers: [],
   },
+  // Qwen3-30B-A3B's layers, 8 of its 48 (~5.6B parameters, 0.9B active): its decode per layer
+  // on a GPU beside transformers (bench:engine in the device check) without writing 61 GB.
+  'qwen3-30b-a3b-8l': {
+    architecture: 'Qwen3MoeForCausalLM',
+    hiddenSize: 2048,
+    intermediateSize: 6144,
+    numLayers: 8,
+    numHeads: 32,
+    numKvHeads: 4,
+    headDim: 128,
+    vocabSize: 151936,
+    maxPositionEmbeddings: 40960,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: null,
+    tokenizer: 'qwen3',
+    defaultDtype: 'bf16',
+    numExperts: 128,
+    numExpertsPerTok: 8,
+    moeIntermediateSize: 768,
+    normTopkProb: true,
+    decoderSparseStep: 1,
+    mlpOnlyLayers: [],
+  },
   // mistralai/Mixtral-8x7B-v0.1: 8 experts of intermediate 14336, 2 per token; ~46.7B parameters.
   'mixtral-8x7b': {
     architecture: 'MixtralForCausalLM',

@@ -23,6 +23,8 @@
 #               f32 reference: 32 GB of f32 weights on the host cost a minute, and the 0.5b has one)
 #   engine-8b-lt  the same with --cuda-gemm cublaslt (the default, auto, takes cuBLASLt where it loads;
 #               engine-8b pins --cuda-gemm native so the two paths stand side by side)
+#   engine-moe  bench:engine on qwen3-30b-a3b-8l (Qwen3-30B-A3B's layers, 8 of 48) beside transformers:
+#               mixture-of-experts decode through the grouped GEMM
 #   ts-path     the TypeScript path (Engine) beside sluice_bench at batch 1 and 256, 0.5b and 8B
 #   throughput  bench:throughput on the 8B (ShareGPT-like: engine, chat, batch)
 #   poisson     bench:throughput's Poisson arrivals on the 8B at fixed rates
@@ -276,6 +278,12 @@ phase_engine_8b_lt() {
     --preset llama-3.1-8b --cuda-gemm cublaslt --cpu-reference=false --out "$out_dir/engine-cuda-llama-3.1-8b-cublaslt.json"
 }
 
+phase_engine_moe() {
+  ((dry)) && { skip_step 'bench:engine qwen3-30b-a3b-8l' 'a dry run benches the tiny model once (engine-small)'; return; }
+  step 'bench:engine qwen3-30b-a3b-8l + transformers' "$(left_in_phase)" node dist/bench/engine.js --backend cuda \
+    --preset qwen3-30b-a3b-8l --peer transformers --cpu-reference=false --out "$out_dir/engine-cuda-qwen3-30b-a3b-8l.json"
+}
+
 phase_ts_path() {
   local preset
   if ((dry)); then
@@ -350,6 +358,7 @@ run_phase kernels        60  240  phase_kernels
 run_phase engine-small   60  240  phase_engine_small
 run_phase engine-8b     200  420  phase_engine_8b
 run_phase engine-8b-lt  100  240  phase_engine_8b_lt
+run_phase engine-moe    150  300  phase_engine_moe
 run_phase ts-path       100  240  phase_ts_path
 run_phase throughput    200  420  phase_throughput
 run_phase poisson       120  300  phase_poisson
@@ -359,7 +368,7 @@ run_phase prefix        100  240  phase_prefix
 echo
 echo "device-check summary ($device, $(elapsed)s):"
 bad=0
-for p in env build tests kernels engine-small engine-8b engine-8b-lt ts-path throughput poisson serve prefix; do
+for p in env build tests kernels engine-small engine-8b engine-8b-lt engine-moe ts-path throughput poisson serve prefix; do
   [[ -n ${phase_status[$p]:-} ]] || continue
   printf '  %-14s %s\n' "$p" "${phase_status[$p]}"
   [[ ${phase_status[$p]} == failed* || ${phase_status[$p]} == timeout* ]] && bad=1

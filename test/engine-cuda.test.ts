@@ -10,12 +10,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../models/make-model.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
-import { runNative } from './helpers/native-run.js';
+import { GREEDY, runNative } from './helpers/native-run.js';
+import { type PublishedFamily, writePublishedCheckpoint } from './helpers/published-checkpoints.js';
 import { compareWithReference, promptFor } from './helpers/reference-compare.js';
 
 const cudaReady = nativeAddon().cudaCompiled && cudaUnavailableReason() === undefined;
 
-// Tolerances: the CUDA backend rounds activations to bf16 before every product (f16 for f16
+// Tolerances (the same for every family): the CUDA backend rounds activations to bf16 before every product (f16 for f16
 // models), as vLLM does, and keeps K/V in bf16. On these deliberately sharp random models that
 // moves logprobs as the CPU's matmul precision 'bf16' does (up to ~0.35): logprobs within 0.6 of
 // the reference, and continuations equal until the first reference top-2 gap under 1.0. f32
@@ -30,6 +31,13 @@ const VARIANTS: Array<[string, 'f32' | 'f16' | 'bf16']> = [
   ['test-qwen2', 'bf16'],
   ['test-qwen3', 'bf16'],
   ['test-mistral', 'f16'],
+  // The families of the architecture table beyond the dense ones: mixture of experts (grouped
+  // GEMM), Gemma 3 (sandwich norms, GELU-tanh, windows, local rope, soft cap), gpt-oss (MXFP4
+  // experts unpacked at load, sinks, clamped SwiGLU, YaRN).
+  ['test-qwen3-moe', 'bf16'],
+  ['test-mixtral', 'bf16'],
+  ['test-gemma3', 'bf16'],
+  ['test-gpt-oss', 'bf16'],
 ];
 
 let root: string;
@@ -98,18 +106,68 @@ describe.runIf(process.env.SLUICE_REQUIRE_CUDA === '1')('CUDA required', () => {
   });
 });
 
-// The families whose decoder needs operations the CUDA backend has no kernels for yet (issue 31:
-// mixture-of-experts blocks, Gemma's sandwich norms and windows, gpt-oss's sinks) are refused at
-// load, naming what is missing, rather than run wrongly; the CPU backend runs them.
-describe.skipIf(!cudaReady).each([
-  ['test-qwen3-moe', /mixture-of-experts blocks/],
-  ['test-mixtral', /mixture-of-experts blocks/],
-  ['test-gemma3', /sandwich norms.*sliding-window attention/],
-] as const)('CUDA: %s', (preset, missing) => {
-  it('is refused at load with the operations it lacks', async () => {
-    const dir = join(root, `${preset}-refused`);
-    await makeModel({ preset, out: dir, dtype: 'bf16', seed: 7 });
-    await expect(loadNativeEngine({ modelDir: dir, backend: 'cuda', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 0 }))
-      .rejects.toThrow(missing);
+// Checkpoints in the published layouts that the model maker did not write (random weights), one
+// per family and the variants the CPU's engine-families test runs, on the GPU.
+const PUBLISHED: Array<[PublishedFamily, Record<string, unknown>?]> = [
+  ['qwen3-moe'],
+  ['qwen3-moe', { mlp_only_layers: [], decoder_sparse_step: 2, norm_topk_prob: false }],
+  ['mixtral'],
+  ['gemma3'],
+  ['gemma3-multimodal'],
+  ['gemma3', { final_logit_softcapping: 3, layer_types: ['full_attention', 'sliding_attention', 'sliding_attention', 'full_attention'] }],
+  ['gpt-oss'],
+];
+
+describe.skipIf(!cudaReady).each(PUBLISHED)('CUDA: published %s %j', (family, config) => {
+  it('greedy continuation and logprobs track the float64 reference', async () => {
+    const dir = join(root, `published-${family}-${config ? 'variant' : 'plain'}`);
+    writePublishedCheckpoint(dir, family, { dtype: 'bf16', seed: 3, ...(config ? { config } : {}) });
+    const gpu = await loadNativeEngine({ modelDir: dir, backend: 'cuda', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 0 });
+    try {
+      await compareWithReference(gpu, dir, `cuda published ${family}`, LOGPROB_TOL.bf16, NEAR_TIE_GAP);
+    } finally {
+      gpu.dispose();
+    }
+  });
+});
+
+// Gemma 3's window layers keep their KV in window blocks on the GPU too: at four times the window
+// a sequence holds the window's blocks (plus the one it writes), and the continuation is the CPU's.
+describe.skipIf(!cudaReady)('CUDA: sliding-window KV blocks (gemma3, window 8, blocks of 4)', () => {
+  it('holds at most the window\'s blocks at four times the window, and agrees with the CPU backend', async () => {
+    const WINDOW = 8, BLOCK = 4;
+    const dir = join(root, 'gemma3-window-kv');
+    writePublishedCheckpoint(dir, 'gemma3', { dtype: 'bf16', seed: 5 });
+    const opts = { modelDir: dir, kvCacheBytes: 8 << 20, blockSize: BLOCK, maxNumSeqs: 4, maxBatchedTokens: 64 };
+    const gpu = await loadNativeEngine({ ...opts, backend: 'cuda', numThreads: 0 });
+    const cpu = await loadNativeEngine({ ...opts, backend: 'cpu', numThreads: 2 });
+    try {
+      expect(gpu.info().window).toBe(WINDOW);
+      const prompt = promptFor(gpu.info().vocabSize, 5, 4);
+      const held: number[] = [];
+      let adds: Parameters<NativeEngineHandle['step']>[0]['adds'] = [{ seqId: 7, promptTokens: Int32Array.from(prompt), sampling: GREEDY }];
+      const tokens: number[] = [];
+      while (prompt.length + tokens.length < 4 * WINDOW + 1) {
+        const res = await gpu.step({ seqIds: Uint32Array.of(7), numTokens: Uint32Array.of(3), adds });
+        adds = undefined;
+        expect(res.errors).toEqual([]);
+        tokens.push(...res.tokens);
+        held.push(gpu.info().windowBlocksInUse!);
+      }
+      const bound = Math.ceil(WINDOW / BLOCK) + 1;
+      expect(Math.max(...held)).toBeLessThanOrEqual(bound + 1);  // during a 3-token prefill chunk
+      expect(held.at(-1)).toBeLessThanOrEqual(bound);
+      await gpu.step({ seqIds: new Uint32Array(0), numTokens: new Uint32Array(0), frees: Uint32Array.of(7) });
+      expect(gpu.info().windowBlocksInUse).toBe(0);
+      const want = await runNative(cpu, prompt, tokens.length);
+      const diverged = tokens.findIndex((t, i) => t !== want.tokens[i]);
+      if (diverged >= 0) {
+        const gap = want.topLogprobs[diverged]![0]! - want.topLogprobs[diverged]![1]!;
+        expect(gap, `diverged from the CPU backend at step ${diverged}`).toBeLessThan(NEAR_TIE_GAP);
+      }
+    } finally {
+      gpu.dispose();
+      cpu.dispose();
+    }
   });
 });
