@@ -1,6 +1,7 @@
 // Engine throughput on a CUDA GPU: npm run bench:engine -- --backend cuda
 //   [--preset qwen2.5-0.5b,llama-3.1-8b] [--batch 1,8,64,256] [--prompt 512] [--decode 32]
-//   [--gpu-memory-utilization 0.9] [--cuda-gemm auto|native|cublaslt] [--peer transformers]
+//   [--gpu-memory-utilization 0.9] [--cuda-gemm auto|native|cublaslt] [--cuda-attention paged|flash]
+//   [--cuda-sampler block|wide] [--peer transformers]
 //   [--out bench/results/engine-cuda.json]
 // Each preset runs in its own process (bf16 weights, made on first use): device-to-device copy
 // bandwidth and the batch-1 decode roofline (weight bytes / bandwidth), then per batch size the
@@ -18,7 +19,7 @@ import { checkBenchStep, median } from './bench-step.js';
 import { chartsBesideResult } from './charts.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine, measureDeviceBandwidth } from '../src/native/native.js';
-import { type CudaGemm, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/native/native-types.js';
+import { type CudaAttention, type CudaGemm, type CudaSampler, type NativeEngineHandle, type NativeSequenceAdd, type NativeStepResult } from '../src/native/native-types.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -30,6 +31,8 @@ const { values: args } = parseArgs({
     decode: { type: 'string', default: '32' },
     'gpu-memory-utilization': { type: 'string', default: '0.9' },
     'cuda-gemm': { type: 'string', default: 'auto' },
+    'cuda-attention': { type: 'string', default: 'paged' },
+    'cuda-sampler': { type: 'string', default: 'block' },
     peer: { type: 'string' },
     'cpu-reference': { type: 'boolean', default: true },
     out: { type: 'string', default: 'bench/results/engine-cuda.json' },
@@ -61,6 +64,14 @@ interface WorkerResult {
   cpuReference?: RefStep[];
 }
 
+// Issue 32's kernels behind their flags (EngineOptions::cuda_attention / cuda_sampler).
+function cudaKernelOptions(): { cudaAttention: CudaAttention; cudaSampler: CudaSampler } {
+  const cudaAttention = String(args['cuda-attention']), cudaSampler = String(args['cuda-sampler']);
+  if (cudaAttention !== 'paged' && cudaAttention !== 'flash') throw new Error(`--cuda-attention must be paged or flash, got ${cudaAttention}`);
+  if (cudaSampler !== 'block' && cudaSampler !== 'wide') throw new Error(`--cuda-sampler must be block or wide, got ${cudaSampler}`);
+  return { cudaAttention, cudaSampler };
+}
+
 function cudaGemmOption(): CudaGemm {
   const value = String(args['cuda-gemm']);
   if (value !== 'native' && value !== 'cublaslt' && value !== 'auto') throw new Error(`--cuda-gemm must be native, cublaslt or auto, got ${value}`);
@@ -74,7 +85,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   const engine = await loadNativeEngine({
     modelDir, backend: 'cuda', kvCacheBytes: 0, blockSize: 16, numThreads: 0,
     gpuMemoryUtilization: Number(args['gpu-memory-utilization']), prefixCaching: false,
-    cudaGemm: cudaGemmOption(),
+    cudaGemm: cudaGemmOption(), ...cudaKernelOptions(),
   });
   const info = engine.info();
   const greedy = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
@@ -256,7 +267,8 @@ export async function main(): Promise<void> {
     date: new Date().toISOString(),
     machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, platform: `${os.platform()} ${os.release()}`, node: process.version },
     settings: { promptTokens: promptLen, decodeSteps, decodeRounds: DECODE_ROUNDS, prefillChunkTokens: PREFILL_CHUNK,
-      gpuMemoryUtilization: Number(args['gpu-memory-utilization']), cudaGemm: cudaGemmOption() },
+      gpuMemoryUtilization: Number(args['gpu-memory-utilization']), cudaGemm: cudaGemmOption(),
+      ...cudaKernelOptions() },
     models,
   };
   mkdirSync(dirname(resolve(String(args.out))), { recursive: true });

@@ -58,6 +58,8 @@ const { values: args } = parseArgs({
     'gpu-memory-utilization': { type: 'string' },
     // --backend cuda (engine-cuda.ts): who runs GEMMs of over 8 tokens, and the CPU f32 reference run.
     'cuda-gemm': { type: 'string' },
+    'cuda-attention': { type: 'string' },
+    'cuda-sampler': { type: 'string' },
     'cpu-reference': { type: 'string' },
     preset: { type: 'string', default: 'qwen2.5-0.5b' },
     model: { type: 'string' },

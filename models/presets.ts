@@ -119,6 +119,32 @@ const gptOss = (numLayers: number, numExperts: number): PresetShape => ({
   initialContextLength: 4096,
 });
 
+// Qwen/Qwen3-30B-A3B's shape (and its 8-layer cut).
+const QWEN3_30B_A3B: PresetShape = {
+  architecture: 'Qwen3MoeForCausalLM',
+  hiddenSize: 2048,
+  intermediateSize: 6144,
+  numLayers: 48,
+  numHeads: 32,
+  numKvHeads: 4,
+  headDim: 128,
+  vocabSize: 151936,
+  maxPositionEmbeddings: 40960,
+  rmsNormEps: 1e-6,
+  ropeTheta: 1000000,
+  ropeScaling: null,
+  tieWordEmbeddings: false,
+  slidingWindow: null,
+  tokenizer: 'qwen3',
+  defaultDtype: 'bf16',
+  numExperts: 128,
+  numExpertsPerTok: 8,
+  moeIntermediateSize: 768,
+  normTopkProb: true,
+  decoderSparseStep: 1,
+  mlpOnlyLayers: [],
+};
+
 export const PRESETS: Record<string, PresetShape> = {
   // ~3.4M params demo model.
   tiny: {
@@ -250,56 +276,10 @@ export const PRESETS: Record<string, PresetShape> = {
     defaultDtype: 'bf16',
   },
   // Qwen/Qwen3-30B-A3B: 128 experts, 8 per token; ~30.5B parameters, ~3.3B active.
-  'qwen3-30b-a3b': {
-    architecture: 'Qwen3MoeForCausalLM',
-    hiddenSize: 2048,
-    intermediateSize: 6144,
-    numLayers: 48,
-    numHeads: 32,
-    numKvHeads: 4,
-    headDim: 128,
-    vocabSize: 151936,
-    maxPositionEmbeddings: 40960,
-    rmsNormEps: 1e-6,
-    ropeTheta: 1000000,
-    ropeScaling: null,
-    tieWordEmbeddings: false,
-    slidingWindow: null,
-    tokenizer: 'qwen3',
-    defaultDtype: 'bf16',
-    numExperts: 128,
-    numExpertsPerTok: 8,
-    moeIntermediateSize: 768,
-    normTopkProb: true,
-    decoderSparseStep: 1,
-    mlpOnlyLayers: [],
-  },
+  'qwen3-30b-a3b': QWEN3_30B_A3B,
   // Qwen3-30B-A3B's layers, 8 of its 48 (~5.6B parameters, 0.9B active): its decode per layer
   // on a GPU beside transformers (bench:engine in the device check) without writing 61 GB.
-  'qwen3-30b-a3b-8l': {
-    architecture: 'Qwen3MoeForCausalLM',
-    hiddenSize: 2048,
-    intermediateSize: 6144,
-    numLayers: 8,
-    numHeads: 32,
-    numKvHeads: 4,
-    headDim: 128,
-    vocabSize: 151936,
-    maxPositionEmbeddings: 40960,
-    rmsNormEps: 1e-6,
-    ropeTheta: 1000000,
-    ropeScaling: null,
-    tieWordEmbeddings: false,
-    slidingWindow: null,
-    tokenizer: 'qwen3',
-    defaultDtype: 'bf16',
-    numExperts: 128,
-    numExpertsPerTok: 8,
-    moeIntermediateSize: 768,
-    normTopkProb: true,
-    decoderSparseStep: 1,
-    mlpOnlyLayers: [],
-  },
+  'qwen3-30b-a3b-8l': { ...QWEN3_30B_A3B, numLayers: 8 },
   // mistralai/Mixtral-8x7B-v0.1: 8 experts of intermediate 14336, 2 per token; ~46.7B parameters.
   'mixtral-8x7b': {
     architecture: 'MixtralForCausalLM',

@@ -14,10 +14,12 @@
 # passed or failed (a second call finishes what the first did not; --redo runs named phases again):
 #   env         the GPU, driver, nvcc, cmake, torch, and where libcublasLt lives (LD_LIBRARY_PATH)
 #   build       the native addon, tests and benches for sm_90 only (SLUICE_CUDA_ARCHITECTURES=90-real)
-#   tests       ctest's CUDA tests with our GEMM and with cuBLASLt, test/engine-cuda.test.ts and
+#   tests       ctest's CUDA tests with our GEMM, with cuBLASLt and with issue 32's kernels (flash
+#               prefill attention, wide sampler), test/engine-cuda.test.ts and
 #               test/pipelined-steps.test.ts,
 #               compute-sanitizer memcheck on test_cuda_engine
-#   kernels     sluice_cuda_kernel_bench and torch.matmul on the 8B projection shapes, side by side
+#   kernels     sluice_cuda_kernel_bench (GEMMs, decode and prefill attention, sampling) beside torch.matmul
+#               and torch SDPA (flash) on the 8B shapes
 #   engine-small  bench:engine on qwen2.5-0.5b beside transformers
 #   engine-8b   bench:engine on llama-3.1-8b beside transformers (makes the 16 GB model once; no CPU
 #               f32 reference: 32 GB of f32 weights on the host cost a minute, and the 0.5b has one)
@@ -229,6 +231,10 @@ phase_tests() {
   else
     skip_step 'ctest CUDA engine (cuBLASLt)' 'no libcublasLt on this host'
   fi
+  # Issue 32's kernels (flash prefill attention, the wide sampler) behind their flags: the engine
+  # tests again with both on (their kernel tests ran above, in test_cuda).
+  strict_step 'ctest CUDA engine (flash attention, wide sampler)' 120 env SLUICE_TEST_CUDA_ATTENTION=flash \
+    SLUICE_TEST_CUDA_SAMPLER=wide ctest --test-dir build -R '^test_cuda_(engine|prefix)' --output-on-failure
   # vitest's own entry: the device's Node runtime has no npx beside it.
   # (Its 'CUDA unavailable' case is skipped where CUDA works; SLUICE_REQUIRE_CUDA fails a CUDA-less run.)
   step 'vitest engine-cuda' 150 env SLUICE_REQUIRE_CUDA=$((dry ? 0 : 1)) node node_modules/vitest/vitest.mjs run test/engine-cuda.test.ts \
@@ -250,6 +256,8 @@ phase_kernels() {
     --json "$out_dir/cuda-kernels-llama-3.1-8b.json"
   step 'torch.matmul llama-3.1-8b' 120 python3 bench/peer_torch_matmul.py --shape llama-3.1-8b \
     --json "$out_dir/torch-matmul-llama-3.1-8b.json"
+  step 'torch SDPA prefill llama-3.1-8b' 60 python3 bench/peer_torch_sdpa.py --shape llama-3.1-8b \
+    --json "$out_dir/torch-sdpa-llama-3.1-8b.json"
   step 'ours and cuBLASLt against torch' 20 node dist/bench/gemm-vs-torch.js \
     --sluice "$out_dir/cuda-kernels-llama-3.1-8b.json" --torch "$out_dir/torch-matmul-llama-3.1-8b.json" \
     --out "$out_dir/gemm-vs-torch-llama-3.1-8b.json"

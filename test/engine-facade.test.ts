@@ -117,6 +117,17 @@ describe('loading errors', () => {
     await cpu.dispose();
   });
 
+  it('refuses unknown choices of the flagged CUDA kernels (attention, sampler), naming the field', async () => {
+    const attn = await Engine.load({ model: tinyDir, backend: 'cpu', cudaAttention: 'fa3' as never }).catch((e: unknown) => e);
+    expect((attn as SluiceError).code).toBe('invalid_argument');
+    expect((attn as SluiceError).param).toBe('cudaAttention');
+    expect((attn as SluiceError).message).toMatch(/cudaAttention must be 'paged' or 'flash', got fa3/);
+    const sampler = await Engine.load({ model: tinyDir, backend: 'cpu', cudaSampler: 'fast' as never }).catch((e: unknown) => e);
+    expect((sampler as SluiceError).param).toBe('cudaSampler');
+    const cpu = await Engine.load({ model: tinyDir, backend: 'cpu', cudaAttention: 'flash', cudaSampler: 'wide', kvCacheBytes: 8 << 20 });
+    await cpu.dispose();
+  });
+
   it('refuses int8 quantization on CUDA (CPU only), and a CPU engine serves it with q8_0 weights', async () => {
     for (const backend of ['cuda', 'onnx'] as const) {
       const err = await Engine.load({ model: tinyDir, backend, quantization: 'int8' }).catch((e: unknown) => e);

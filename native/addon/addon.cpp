@@ -495,6 +495,8 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
   if (o.Get("quantization").IsString()) opts.quantization = o.Get("quantization").As<Napi::String>().Utf8Value();
   if (o.Get("cudaGemm").IsString()) opts.cuda_gemm = o.Get("cudaGemm").As<Napi::String>().Utf8Value();
+  if (o.Get("cudaAttention").IsString()) opts.cuda_attention = o.Get("cudaAttention").As<Napi::String>().Utf8Value();
+  if (o.Get("cudaSampler").IsString()) opts.cuda_sampler = o.Get("cudaSampler").As<Napi::String>().Utf8Value();
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("cudaDeviceTokens").IsBoolean()) opts.cuda_device_tokens = o.Get("cudaDeviceTokens").As<Napi::Boolean>().Value();
   if (o.Get("cudaGraphsAtLoad").IsBoolean()) opts.cuda_graphs_at_load = o.Get("cudaGraphsAtLoad").As<Napi::Boolean>().Value();

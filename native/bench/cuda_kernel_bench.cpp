@@ -18,7 +18,9 @@
 #include "cuda/check.h"
 #include "cuda/cublaslt.h"
 #include "cuda/device_weights.h"
+#include "cuda/flash_attention.h"
 #include "cuda/kernels.h"
+#include "cuda/sampling_wide.h"
 
 using namespace sluice;
 using cuda::DeviceBuffer;
@@ -199,11 +201,13 @@ int main(int argc, char** argv) {
       }
     }
 
-    // Decode attention: T sequences of 544 positions each (a 512-token prompt and 32 outputs).
-    {
-      const int ctx = 544, bs = 16, blocks_per_seq = (ctx + bs - 1) / bs;
+    // Decode attention: T sequences of ctx positions each (544: a 512-token prompt and 32
+    // outputs; 1k-32k for issue 32's bandwidth target), K/V up to 8 GB.
+    for (const int ctx : {544, 1024, 4096, 32768}) {
+      const int bs = 16, blocks_per_seq = (ctx + bs - 1) / bs;
       for (int T : {1, 8, 64, 256}) {
         const size_t slots = size_t(T) * blocks_per_seq * bs;
+        if (slots * s.nkv * s.hd * 2 * 2 > (size_t(8) << 30)) continue;
         DeviceBuffer kc(slots * s.nkv * s.hd * 2), vc(slots * s.nkv * s.hd * 2), q(size_t(T) * s.nq * s.hd * 4);
         fill_random(kc, 3);
         fill_random(vc, 4);
@@ -223,9 +227,44 @@ int main(int argc, char** argv) {
           a.block_size = bs, a.k_cache = kc.get(), a.v_cache = vc.get(), a.scale = 0.1f, a.num_splits = splits;
           a.partial_acc = pacc.get<float>(), a.partial_ml = pml.get<float>(), a.out = out.get(), a.ld_out = s.nq * s.hd;
           const double us = time_us([&](int) { cuda::paged_attention(a, e, nullptr); });
-          rows.push_back({"attention ctx 544, splits " + std::to_string(splits), T, us,
+          rows.push_back({"attention ctx " + std::to_string(ctx) + ", splits " + std::to_string(splits), T, us,
                           double(T) * ctx * s.nkv * s.hd * 2 * 2, 4.0 * T * ctx * s.nq * s.hd});
         }
+      }
+    }
+
+    // Prefill attention (issue 32): one sequence of T tokens attending causally to itself over the
+    // paged cache, as one prefill chunk; FLOPs are the causal half of 4 T^2 nq hd. The peer is
+    // bench/peer_torch_sdpa.py (torch's flash backend) on the same shapes. The paged kernel
+    // re-reads K/V per query token: it is timed up to 8k tokens only.
+    for (int T : {2048, 8192, 32768}) {
+      const int bs = 16, blocks = (T + bs - 1) / bs;
+      const size_t slots = size_t(blocks) * bs;
+      DeviceBuffer kc(slots * s.nkv * s.hd * 2), vc(slots * s.nkv * s.hd * 2), q(size_t(T) * s.nq * s.hd * 4);
+      fill_random(kc, 6);
+      fill_random(vc, 7);
+      std::vector<int32_t> table(static_cast<size_t>(blocks)), seq(size_t(T), 0), pos(static_cast<size_t>(T));
+      for (int i = 0; i < blocks; i++) table[size_t(i)] = i;
+      for (int t = 0; t < T; t++) pos[size_t(t)] = t;
+      DeviceBuffer dt(table.size() * 4), dseq(size_t(T) * 4), dpos(size_t(T) * 4), dstride(4), out(size_t(T) * s.nq * s.hd * 2);
+      SLUICE_CUDA_CHECK(cudaMemcpy(dt.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+      SLUICE_CUDA_CHECK(cudaMemcpy(dseq.get(), seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
+      SLUICE_CUDA_CHECK(cudaMemcpy(dpos.get(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+      SLUICE_CUDA_CHECK(cudaMemcpy(dstride.get(), &blocks, 4, cudaMemcpyHostToDevice));
+      cuda::AttentionArgs a;
+      a.q = q.get<float>(), a.T = T, a.nq = s.nq, a.nkv = s.nkv, a.hd = s.hd, a.token_seq = dseq.get<int32_t>();
+      a.positions = dpos.get<int32_t>(), a.block_tables = dt.get<int32_t>(), a.table_stride = dstride.get<int32_t>();
+      a.block_size = bs, a.k_cache = kc.get(), a.v_cache = vc.get(), a.scale = 0.1f, a.num_splits = 1;
+      a.out = out.get(), a.ld_out = s.nq * s.hd;
+      const double flops = 2.0 * double(T) * T * s.nq * s.hd, bytes = double(T) * s.nkv * s.hd * 2 * 2;
+      const int reps = T >= 8192 ? 2 : 10;
+      if (T <= 8192) {
+        const double us = time_us([&](int) { cuda::paged_attention(a, e, nullptr); }, reps);
+        rows.push_back({"prefill attention (paged)", T, us, bytes, flops});
+      }
+      if (cuda::flash_prefill_supported(s.hd, s.nq, s.nkv)) {
+        const double us = time_us([&](int) { cuda::flash_prefill_attention(a, e, nullptr); }, reps);
+        rows.push_back({"prefill attention (flash)", T, us, bytes, flops});
       }
     }
 
@@ -246,6 +285,15 @@ int main(int argc, char** argv) {
         a.tokens = outb.get<int32_t>(), a.logprobs = outb.get<float>() + R, a.row_stats = stats.get<float>();
         const double us = time_us([&](int) { cuda::sample(a, nullptr); });
         rows.push_back({greedy ? "sample greedy" : "sample top-k 50, top-p 0.9", R, us, double(R) * s.V * 4, 0});
+        // Issue 32's sampler, many blocks per row (cuda_sampler "wide"), on its own zeroed workspace.
+        DeviceBuffer wide_ws(cuda::sample_wide_workspace_bytes(R, s.V));
+        cuda::SampleArgs w = a;
+        w.row_stats = wide_ws.get<float>();
+        const double wide_us = time_us([&](int) { cuda::sample_wide(w, nullptr, nullptr); });
+        const cuda::SampleWidePlan plan = cuda::sample_wide_plan(R, s.V);
+        rows.push_back({std::string(greedy ? "sample greedy" : "sample top-k 50, top-p 0.9") + " [wide, " +
+                            std::to_string(plan.blocks_per_row) + " blocks/row]",
+                        R, wide_us, double(R) * s.V * 4, 0});
       }
     }
 

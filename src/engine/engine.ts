@@ -12,7 +12,7 @@ import { PromptEncoder, promptTextLength, type PromptText } from '../text/prompt
 import { PromptPool, sharedPromptPool } from '../text/prompt-pool.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeUnavailableReason } from '../native/native.js';
-import type { BackendName, CudaGemm, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from '../native/native-types.js';
+import type { BackendName, CudaAttention, CudaGemm, CudaSampler, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from '../native/native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
   type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,
@@ -45,6 +45,12 @@ export interface EngineLoadOptions {
    * (cuBLASLt where present). Decode GEMVs (8 tokens or fewer) are ours either way.
    */
   cudaGemm?: CudaGemm;
+  /**
+   * CUDA kernels of issue 32, off until they pass on a GPU: cudaAttention 'flash' (tensor-core
+   * prefill attention; default 'paged') and cudaSampler 'wide' (many blocks per row; default 'block').
+   */
+  cudaAttention?: CudaAttention;
+  cudaSampler?: CudaSampler;
   /**
    * CUDA, off until measured on a GPU (README, "The step loop"): cudaDeviceTokens keeps sampled
    * tokens on the device and begins step N+1 before N's tokens reach the host; cudaGraphsAtLoad
@@ -235,7 +241,14 @@ export class Engine {
     const cudaBase = {
       ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0, ...limitsFor('cuda'),
       cudaDeviceTokens: opts.cudaDeviceTokens ?? false, cudaGraphsAtLoad: opts.cudaGraphsAtLoad ?? false,
+      cudaAttention: opts.cudaAttention ?? 'paged', cudaSampler: opts.cudaSampler ?? 'block',
     };
+    if (!['paged', 'flash'].includes(cudaBase.cudaAttention)) {
+      throw new SluiceError('invalid_argument', `cudaAttention must be 'paged' or 'flash', got ${String(cudaBase.cudaAttention)}`, { param: 'cudaAttention' });
+    }
+    if (!['block', 'wide'].includes(cudaBase.cudaSampler)) {
+      throw new SluiceError('invalid_argument', `cudaSampler must be 'block' or 'wide', got ${String(cudaBase.cudaSampler)}`, { param: 'cudaSampler' });
+    }
     const cpuBase = { ...base, backend: 'cpu' as const, ...limitsFor('cpu') };
     const g = base.gpuMemoryUtilization;
     if (typeof g !== 'number' || !(g > 0 && g <= 1)) {

@@ -5,6 +5,9 @@
 export type BackendName = 'cpu' | 'cuda' | 'onnx';
 export type MatmulPrecision = 'f32' | 'bf16';
 export type CudaGemm = 'native' | 'cublaslt' | 'auto';
+/** CUDA kernels of issue 32 behind flags (EngineOptions::cuda_attention / cuda_sampler). */
+export type CudaAttention = 'paged' | 'flash';
+export type CudaSampler = 'block' | 'wide';
 /** Weights as stored ('none') or quantized at load to Q8_0 blocks ('int8', CPU only). */
 export type Quantization = 'none' | 'int8';
 
@@ -29,6 +32,10 @@ export interface NativeLoadOptions {
   gpuMemoryUtilization?: number;
   /** CUDA GEMMs of more than 8 tokens: our kernels, cuBLASLt loaded at run time, or cuBLASLt where present. */
   cudaGemm?: CudaGemm;
+  /** CUDA prefill attention: 'paged' (default) or the tensor-core 'flash' kernel (awaiting its first device run). */
+  cudaAttention?: CudaAttention;
+  /** CUDA sampling: 'block' (default, one block per row) or 'wide' (many blocks per row; awaiting its first device run). */
+  cudaSampler?: CudaSampler;
   /** The scheduler's limits; CUDA sizes its activations for them at load (0: the backend's default). */
   maxNumSeqs?: number;
   maxBatchedTokens?: number;

@@ -42,6 +42,12 @@ struct EngineOptions {
   // loaded at run time; kBackendUnavailable when the host has none) or "auto" (cuBLASLt where
   // the host has it, else native).
   std::string cuda_gemm = "auto";
+  // CUDA kernels of issue 32, off until they pass on a GPU: cuda_attention "flash" runs prefill
+  // chunks through the tensor-core flash kernel (decode steps keep the paged kernel), "paged"
+  // (default) today's kernel for every step; cuda_sampler "wide" samples with many blocks per
+  // row, "block" (default) one block per row. Same results either way (the tests check it).
+  std::string cuda_attention = "paged";
+  std::string cuda_sampler = "block";
   // Pipelined steps (the CUDA half of the step loop; off until measured on a GPU): a step's
   // sampled tokens stay on the device and the next step, begun before this one's tokens reach
   // the host (begin_step / end_step), reads them there. Environment: SLUICE_CUDA_DEVICE_TOKENS=1

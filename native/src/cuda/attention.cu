@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
     }
     const int h = h0 + g;
     if (a.num_splits == 1) {
-      static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * hd + d] = from_float<E>(finish_head(out, sum, mx, a.sinks, h));
+      const float o = finish_head(out, sum, mx, a.sinks, h);
+      static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * hd + d] = from_float<E>(o);
     } else {
       const size_t part = (size_t(t) * a.nq + h) * a.num_splits + split;
       a.partial_acc[part * hd + d] = out;
@@ -209,7 +210,8 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
       sum += a.partial_ml[(base + s) * 2 + 1] * f;
       out += a.partial_acc[(base + s) * a.hd + d] * f;
     }
-    static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * a.hd + d] = from_float<E>(finish_head(out, sum, mx, a.sinks, h));
+    const float o = finish_head(out, sum, mx, a.sinks, h);
+    static_cast<E*>(a.out)[size_t(t) * a.ld_out + size_t(h) * a.hd + d] = from_float<E>(o);
   }
 }
 

@@ -22,6 +22,8 @@
 #include "cuda/check.h"
 #include "cuda/cublaslt.h"
 #include "cuda/device_weights.h"
+#include "cuda/flash_attention.h"
+#include "cuda/sampling_wide.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
 #include "engine/decoder.h"
@@ -122,6 +124,21 @@ std::string cuda_unsupported_pieces(const ModelConfig& c) {
   return out;
 }
 
+// The GEMM of a projection y = x · W^T (+ bias) of T rows; the caller sets the epilogue and output.
+cuda::GemmArgs projection(const void* x, int64_t ld_x, const void* w, int64_t ld_w, const float* bias, int64_t T,
+                          int64_t N, int64_t K) {
+  cuda::GemmArgs g;
+  g.x = x;
+  g.ld_x = int(ld_x);
+  g.w = w;
+  g.ld_w = int(ld_w);
+  g.bias = bias;
+  g.T = int(T);
+  g.N = int(N);
+  g.K = int(K);
+  return g;
+}
+
 cuda::GateAct gate_act(Activation a) {
   switch (a) {
     case Activation::GeluTanh: return cuda::GateAct::kGeluTanh;
@@ -200,6 +217,7 @@ class CudaBackend final : public Backend, private DecoderOps {
   int step_T_ = 0;
   int64_t step_R_ = 0;
   int step_splits_ = 1;
+  bool step_prefill_ = false;  // the step holds a prefill chunk (some sequence computes > 1 token)
   cuda::GemmWorkspace step_ws_{};
   int choose_attn_splits(int64_t T, int64_t max_ctx) const;
   void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
@@ -273,6 +291,8 @@ class CudaBackend final : public Backend, private DecoderOps {
   // Decode batch bucket -> graph; nullptr marks a bucket whose capture failed, which then runs
   // eagerly (a capture that fails once fails again: retrying it every step would fail them all).
   std::map<int, cudaGraphExec_t> graphs_;
+  bool flash_prefill_ = false;  // cuda_attention "flash": steps with prefill chunks use the flash kernel
+  bool wide_sampler_ = false;   // cuda_sampler "wide": many blocks per sampled row
   bool graphs_enabled_ = true;  // SLUICE_CUDA_GRAPHS=0 turns decode graphs off (to bisect a graph problem)
   bool graphs_at_load_ = false;     // cuda_graphs_at_load
   int graph_limit_ = kMaxGraphBatch;  // decode batches captured at load: up to max_num_seqs' bucket
@@ -288,6 +308,12 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     : c_(c), mem_util_(opts.gpu_memory_utilization) {
   if (!(mem_util_ > 0.0 && mem_util_ <= 1.0))
     throw Error(ErrorCode::kInvalidArgument, "gpu_memory_utilization must be in (0, 1]");
+  if (opts.cuda_attention != "paged" && opts.cuda_attention != "flash")
+    throw Error(ErrorCode::kInvalidArgument, "cuda_attention must be paged or flash (got '" + opts.cuda_attention + "')");
+  if (opts.cuda_sampler != "block" && opts.cuda_sampler != "wide")
+    throw Error(ErrorCode::kInvalidArgument, "cuda_sampler must be block or wide (got '" + opts.cuda_sampler + "')");
+  flash_prefill_ = opts.cuda_attention == "flash";
+  wide_sampler_ = opts.cuda_sampler == "wide";
   if (const std::string missing = cuda_unsupported_pieces(c); !missing.empty())
     throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend does not run this " + c.architecture + " (" + missing +
                                                   "); the CPU backend does");
@@ -540,7 +566,11 @@ void CudaBackend::allocate_activations(int64_t tokens, int64_t rows) {
   attn_part_ml_.allocate(split_tokens * nq * kMaxAttnSplits * 2 * 4, stream_);
   sample_params_.allocate(r * sizeof(cuda::SampleRowParams), stream_);
   sample_out_.allocate(r * (2 + 2 * kMaxTopN) * 4, stream_);
-  sample_stats_.allocate(r * cuda::kSampleStatsFloatsPerRow * 4, stream_);
+  // The wide sampler's workspace takes the row statistics' place (zeroed here, left zeroed by it).
+  const size_t stats_bytes = r * cuda::kSampleStatsFloatsPerRow * 4;
+  sample_stats_.allocate(
+      wide_sampler_ ? std::max(stats_bytes, cuda::sample_wide_workspace_bytes(int(r), int(c_.vocab_size))) : stats_bytes,
+      stream_);
   attn_part_capacity_ = split_tokens * nq * kMaxAttnSplits * hd;
   cap_tokens_ = tokens;
   cap_rows_ = rows;
@@ -688,15 +718,8 @@ void CudaBackend::norm(int64_t layer, LayerNorm which) {
 
 void CudaBackend::qkv(int64_t layer) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  cuda::GemmArgs g;
-  g.x = xn_.get();
-  g.ld_x = int(w_.ld_h);
-  g.w = L.qkv_w.get();
-  g.ld_w = int(w_.ld_h);
-  g.bias = L.qkv_b.get<float>();
-  g.T = step_T_;
-  g.N = int(w_.qkv_rows);
-  g.K = int(c_.hidden_size);
+  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, L.qkv_w.get(), w_.ld_h, L.qkv_b.get<float>(),
+                                step_T_, w_.qkv_rows, c_.hidden_size);
   g.epilogue = cuda::Epilogue::kStore;
   g.y = qkv_.get<float>();
   g.ld_y = int(w_.qkv_rows);
@@ -746,22 +769,18 @@ void CudaBackend::attention(int64_t layer) {
   aa.ld_out = int(w_.ld_attn);
   aa.window = int(c_.window(layer));
   aa.sinks = w_.layers[size_t(layer)].sinks.get<float>();
-  cuda::paged_attention(aa, e_, stream_);
+  // cuda_attention "flash": a step with prefill chunks (more tokens than sequences) runs the
+  // tensor-core kernel; decode steps (and their graphs) keep the split paged kernel.
+  if (flash_prefill_ && step_prefill_) cuda::flash_prefill_attention(aa, e_, stream_);
+  else cuda::paged_attention(aa, e_, stream_);
 }
 
 // The o projection's GEMM adds into the residual stream in its epilogue (or stores into y for a
 // sandwich norm).
 void CudaBackend::attention_out(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  cuda::GemmArgs g;
-  g.x = attn_.get();
-  g.ld_x = int(w_.ld_attn);
-  g.w = L.o_w.get();
-  g.ld_w = int(w_.ld_attn);
-  g.bias = L.o_b.get<float>();
-  g.T = step_T_;
-  g.N = int(c_.hidden_size);
-  g.K = int(c_.num_heads * c_.head_dim);
+  cuda::GemmArgs g = projection(attn_.get(), w_.ld_attn, L.o_w.get(), w_.ld_attn, L.o_b.get<float>(),
+                                step_T_, c_.hidden_size, c_.num_heads * c_.head_dim);
   g.epilogue = out == BlockOut::kToY ? cuda::Epilogue::kStore : cuda::Epilogue::kAddTo;
   g.y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
   g.ld_y = int(c_.hidden_size);
@@ -772,15 +791,8 @@ void CudaBackend::attention_out(int64_t layer, BlockOut out) {
 // residual stream (or stores into y).
 void CudaBackend::mlp(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  cuda::GemmArgs g;
-  g.x = xn_.get();
-  g.ld_x = int(w_.ld_h);
-  g.w = L.gate_up_w.get();
-  g.ld_w = int(w_.ld_h);
-  g.bias = L.gate_up_b.get<float>();
-  g.T = step_T_;
-  g.N = int(2 * w_.inter_pad);
-  g.K = int(c_.hidden_size);
+  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, L.gate_up_w.get(), w_.ld_h, L.gate_up_b.get<float>(),
+                                step_T_, 2 * w_.inter_pad, c_.hidden_size);
   g.epilogue = cuda::Epilogue::kGatedMul;
   g.act = gate_act(c_.activation);
   g.act_limit = float(c_.swiglu_limit);
@@ -809,15 +821,7 @@ void CudaBackend::experts(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
   const int T = step_T_, E = int(c_.num_experts), K = int(c_.experts_per_token), H = int(c_.hidden_size);
   const int mip = int(w_.moe_inter_pad), routes = T * K;
-  cuda::GemmArgs g;
-  g.x = xn_.get();
-  g.ld_x = int(w_.ld_h);
-  g.w = L.router_w.get();
-  g.ld_w = int(w_.ld_h);
-  g.bias = L.router_b.get<float>();
-  g.T = T;
-  g.N = E;
-  g.K = H;
+  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, L.router_w.get(), w_.ld_h, L.router_b.get<float>(), T, E, H);
   g.epilogue = cuda::Epilogue::kStore;
   g.y = router_logits_.get<float>();
   g.ld_y = E;
@@ -845,15 +849,8 @@ void CudaBackend::experts(int64_t layer, BlockOut out) {
   rows.max_tiles = cuda::grouped_max_tiles(routes, E, tile_rows);
   rows.w_stride = size_t(2 * mip) * size_t(w_.ld_h);
   rows.bias_stride = 2 * mip;
-  cuda::GemmArgs gu;
-  gu.x = xn_.get();
-  gu.ld_x = int(w_.ld_h);
-  gu.w = L.experts_gate_up_w.get();
-  gu.ld_w = int(w_.ld_h);
-  gu.bias = L.experts_gate_up_b.get<float>();
-  gu.T = routes;
-  gu.N = 2 * mip;
-  gu.K = H;
+  cuda::GemmArgs gu = projection(xn_.get(), w_.ld_h, L.experts_gate_up_w.get(), w_.ld_h,
+                                 L.experts_gate_up_b.get<float>(), routes, 2 * mip, H);
   gu.epilogue = cuda::Epilogue::kGatedMul;
   gu.act = gate_act(c_.activation);
   gu.act_limit = float(c_.swiglu_limit);
@@ -866,15 +863,8 @@ void CudaBackend::experts(int64_t layer, BlockOut out) {
   down_rows.gather = nullptr;  // h is in grouped order already
   down_rows.w_stride = size_t(H) * size_t(mip);
   down_rows.bias_stride = H;
-  cuda::GemmArgs dn;
-  dn.x = moe_h_.get();
-  dn.ld_x = mip;
-  dn.w = L.experts_down_w.get();
-  dn.ld_w = mip;
-  dn.bias = L.experts_down_b.get<float>();
-  dn.T = routes;
-  dn.N = H;
-  dn.K = mip;
+  cuda::GemmArgs dn = projection(moe_h_.get(), mip, L.experts_down_w.get(), mip, L.experts_down_b.get<float>(),
+                                 routes, H, mip);
   dn.epilogue = cuda::Epilogue::kStore;
   dn.y = moe_y_.get<float>();
   dn.ld_y = H;
@@ -901,14 +891,8 @@ void CudaBackend::logits() {
   // Only the rows that sample need the final norm and the vocabulary projection.
   cuda::rmsnorm(x_.get<float>(), int(step_R_), int(c_.hidden_size), dev_i32(layout_.off_rows), w_.final_norm.get<float>(),
                 float(c_.rms_norm_eps), last_.get(), int(w_.ld_h), e_, stream_);
-  cuda::GemmArgs g;
-  g.x = last_.get();
-  g.ld_x = int(w_.ld_h);
-  g.w = w_.lm_head_ptr();
-  g.ld_w = int(w_.ld_h);
-  g.T = int(step_R_);
-  g.N = int(c_.vocab_size);
-  g.K = int(c_.hidden_size);
+  cuda::GemmArgs g = projection(last_.get(), w_.ld_h, w_.lm_head_ptr(), w_.ld_h, nullptr,
+                                step_R_, c_.vocab_size, c_.hidden_size);
   g.epilogue = cuda::Epilogue::kStore;
   g.y = logits_.get<float>();
   g.ld_y = int(c_.vocab_size);
@@ -962,6 +946,7 @@ void CudaBackend::forward(const ForwardBatch& b) {
   for (int64_t s = 0; s < S; s++) width = std::max<int64_t>(width, b.num_seq_blocks[s]);
   for (int64_t t = 0; t < T; t++) max_ctx = std::max<int64_t>(max_ctx, int64_t(b.positions[t]) + 1);
   last_rows_ = R;
+  step_prefill_ = T > S;  // (capture_graphs_at_load leaves it false: its steps are decodes)
 
   // A pure decode step (one token per sequence, every one sampling) replays a graph.
   const int bucket = graphs_enabled_ && T == S && R == T ? graph_bucket(T) : 0;
@@ -1070,9 +1055,12 @@ void CudaBackend::sample_launch(const SampleRow* rows, int64_t R, int top_n, int
       }
     }
     SLUICE_CUDA_CHECK(cudaMemcpyAsync(token_masks_.get(), hm, bytes, cudaMemcpyHostToDevice, stream_));
-    cuda::apply_token_masks(logits_.get<float>(), int(R), int(c_.vocab_size), token_masks_.get<uint32_t>(), stream_);
+    // (The wide sampler applies the masks as it reads the logits, leaving them unmasked.)
+    if (!wide_sampler_)
+      cuda::apply_token_masks(logits_.get<float>(), int(R), int(c_.vocab_size), token_masks_.get<uint32_t>(), stream_);
   }
-  cuda::sample(a, stream_);
+  if (wide_sampler_) cuda::sample_wide(a, any_mask ? token_masks_.get<uint32_t>() : nullptr, stream_);
+  else cuda::sample(a, stream_);
   // The next forward() reads these tokens on the device (resolve_device_tokens).
   if (device_tokens_)
     SLUICE_CUDA_CHECK(cudaMemcpyAsync(device_token_buf_.get(), d_tokens, size_t(R) * 4, cudaMemcpyDeviceToDevice, stream_));

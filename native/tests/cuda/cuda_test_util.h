@@ -57,6 +57,9 @@ inline int cuda_device_check(const char* suite) {
 inline void apply_test_env(sluice::EngineOptions& o) {
   if (o.backend != "cuda") return;
   if (const char* gemm = std::getenv("SLUICE_TEST_CUDA_GEMM"); gemm && *gemm) o.cuda_gemm = gemm;
+  // SLUICE_TEST_CUDA_ATTENTION=flash / SLUICE_TEST_CUDA_SAMPLER=wide: the same tests on issue 32's kernels.
+  if (const char* attn = std::getenv("SLUICE_TEST_CUDA_ATTENTION"); attn && *attn) o.cuda_attention = attn;
+  if (const char* sampler = std::getenv("SLUICE_TEST_CUDA_SAMPLER"); sampler && *sampler) o.cuda_sampler = sampler;
 }
 
 inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::string& backend, bool prefix_caching = true,
