@@ -233,8 +233,9 @@ phase_tests() {
   fi
   # Issue 32's kernels (flash prefill attention, the wide sampler) behind their flags: the engine
   # tests again with both on (their kernel tests ran above, in test_cuda).
-  strict_step 'ctest CUDA engine (flash attention, wide sampler)' 120 env SLUICE_TEST_CUDA_ATTENTION=flash \
-    SLUICE_TEST_CUDA_SAMPLER=wide ctest --test-dir build -R '^test_cuda_(engine|prefix)' --output-on-failure
+  strict_step 'ctest CUDA engine (flash attention, wide sampler, mixed-step graphs)' 150 env \
+    SLUICE_TEST_CUDA_ATTENTION=flash SLUICE_TEST_CUDA_SAMPLER=wide SLUICE_TEST_CUDA_MIXED_GRAPHS=1 \
+    ctest --test-dir build -R '^test_cuda_(engine|prefix)' --output-on-failure
   # vitest's own entry: the device's Node runtime has no npx beside it.
   # (Its 'CUDA unavailable' case is skipped where CUDA works; SLUICE_REQUIRE_CUDA fails a CUDA-less run.)
   step 'vitest engine-cuda' 150 env SLUICE_REQUIRE_CUDA=$((dry ? 0 : 1)) node node_modules/vitest/vitest.mjs run test/engine-cuda.test.ts \

@@ -500,6 +500,7 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("cudaDeviceTokens").IsBoolean()) opts.cuda_device_tokens = o.Get("cudaDeviceTokens").As<Napi::Boolean>().Value();
   if (o.Get("cudaGraphsAtLoad").IsBoolean()) opts.cuda_graphs_at_load = o.Get("cudaGraphsAtLoad").As<Napi::Boolean>().Value();
+  if (o.Get("cudaMixedGraphs").IsBoolean()) opts.cuda_mixed_graphs = o.Get("cudaMixedGraphs").As<Napi::Boolean>().Value();
   opts.max_num_seqs = get_int32(env, o, "maxNumSeqs", 0, 0, 1 << 20);
   opts.max_batched_tokens = get_int32(env, o, "maxBatchedTokens", 0, 0, 1 << 24);
   if (o.Get("gpuMemoryUtilization").IsNumber())

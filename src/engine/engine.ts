@@ -54,10 +54,12 @@ export interface EngineLoadOptions {
   /**
    * CUDA, off until measured on a GPU (README, "The step loop"): cudaDeviceTokens keeps sampled
    * tokens on the device and begins step N+1 before N's tokens reach the host; cudaGraphsAtLoad
-   * captures every decode graph bucket up to maxNumSeqs at load.
+   * captures every decode graph bucket up to maxNumSeqs at load; cudaMixedGraphs runs steps with
+   * prefill chunks under graphs too (token buckets, pieces captured around the attention calls).
    */
   cudaDeviceTokens?: boolean;
   cudaGraphsAtLoad?: boolean;
+  cudaMixedGraphs?: boolean;
   /** Tokens per KV block (default 16). */
   blockSize?: number;
   /** Compute threads (default 0 = all online CPUs). */
@@ -241,6 +243,7 @@ export class Engine {
     const cudaBase = {
       ...base, backend: 'cuda' as const, kvCacheBytes: opts.kvCacheBytes ?? 0, ...limitsFor('cuda'),
       cudaDeviceTokens: opts.cudaDeviceTokens ?? false, cudaGraphsAtLoad: opts.cudaGraphsAtLoad ?? false,
+      cudaMixedGraphs: opts.cudaMixedGraphs ?? false,
       cudaAttention: opts.cudaAttention ?? 'paged', cudaSampler: opts.cudaSampler ?? 'block',
     };
     if (!['paged', 'flash'].includes(cudaBase.cudaAttention)) {

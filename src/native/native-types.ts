@@ -51,6 +51,8 @@ export interface NativeLoadOptions {
   cudaDeviceTokens?: boolean;
   /** CUDA: capture the decode graph of every batch bucket up to maxNumSeqs at load (default false). */
   cudaGraphsAtLoad?: boolean;
+  /** CUDA: steps with prefill chunks under graphs too, captured in pieces around attention (default false). */
+  cudaMixedGraphs?: boolean;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */

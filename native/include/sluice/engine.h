@@ -48,6 +48,10 @@ struct EngineOptions {
   // row, "block" (default) one block per row. Same results either way (the tests check it).
   std::string cuda_attention = "paged";
   std::string cuda_sampler = "block";
+  // CUDA, off until measured on a GPU: steps with prefill chunks run under CUDA graphs too, their
+  // token count padded to a bucket (16 .. 8192) and the decoder captured in pieces around the
+  // attention calls (captured at load with cuda_graphs_at_load). SLUICE_CUDA_MIXED_GRAPHS=1.
+  bool cuda_mixed_graphs = false;
   // Pipelined steps (the CUDA half of the step loop; off until measured on a GPU): a step's
   // sampled tokens stay on the device and the next step, begun before this one's tokens reach
   // the host (begin_step / end_step), reads them there. Environment: SLUICE_CUDA_DEVICE_TOKENS=1

@@ -39,6 +39,9 @@ constexpr int kMaxTopN = 32;
 // Decode batch sizes with a captured graph; a batch runs the smallest bucket that holds it.
 constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
 constexpr int kMaxGraphBatch = 256;
+// Steps with prefill chunks (cuda_mixed_graphs): token counts padded up to one of these, each
+// with its decoder captured in pieces between the attention calls.
+constexpr int kMixedBuckets[] = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 constexpr int kMaxAttnSplits = 16;
 
 // Engines of this process per device and the fraction of its memory each was given
@@ -86,6 +89,12 @@ class DeviceShareLease {
 
 int graph_bucket(int64_t n) {
   for (int b : kGraphBuckets)
+    if (n <= b) return b;
+  return 0;
+}
+
+int mixed_bucket(int64_t n) {
+  for (int b : kMixedBuckets)
     if (n <= b) return b;
   return 0;
 }
@@ -195,7 +204,21 @@ class CudaBackend final : public Backend, private DecoderOps {
   void allocate_activations(int64_t tokens, int64_t rows);
   void allocate_step(const StepLayout& want);
   cudaGraphExec_t capture_decode_graph(int bucket, int splits);
+  void set_step(int64_t T, int64_t R, int attn_splits);
   void run_layers(int64_t T, int64_t R, int attn_splits);
+  // Mixed-step graphs (cuda_mixed_graphs): the decoder of a padded token bucket captured in
+  // pieces, piece l ending where layer l's attention begins and the last one before the logits;
+  // attention (whose launch shape follows the contexts) and the logits (the sampled rows) run
+  // eagerly between them. No pieces: the bucket's capture failed and it runs eagerly.
+  struct PiecewiseGraph {
+    std::vector<cudaGraphExec_t> pieces;  // num_layers + 1
+  };
+  PiecewiseGraph capture_mixed(int bucket, int64_t R, int splits);
+  void replay_mixed(const PiecewiseGraph& g, int bucket, int64_t R, int splits);
+  void begin_piece();
+  void end_piece();
+  void attention_now(int64_t layer);
+  void logits_now();
   // DecoderOps for the step run_layers() set up (step_*).
   void embed() override;
   void norm(int64_t layer, LayerNorm which) override;
@@ -291,6 +314,10 @@ class CudaBackend final : public Backend, private DecoderOps {
   // Decode batch bucket -> graph; nullptr marks a bucket whose capture failed, which then runs
   // eagerly (a capture that fails once fails again: retrying it every step would fail them all).
   std::map<int, cudaGraphExec_t> graphs_;
+  std::map<int, PiecewiseGraph> mixed_graphs_;
+  bool mixed_graphs_enabled_ = false;  // cuda_mixed_graphs
+  bool capturing_pieces_ = false;      // capture_mixed() is running: attention/logits end a piece
+  std::vector<cudaGraphExec_t> pieces_;  // the pieces capture_mixed() has captured so far
   bool flash_prefill_ = false;  // cuda_attention "flash": steps with prefill chunks use the flash kernel
   bool wide_sampler_ = false;   // cuda_sampler "wide": many blocks per sampled row
   bool graphs_enabled_ = true;  // SLUICE_CUDA_GRAPHS=0 turns decode graphs off (to bisect a graph problem)
@@ -341,6 +368,10 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   if (const char* g = std::getenv("SLUICE_CUDA_GRAPHS"); g && std::string(g) == "0") {
     graphs_enabled_ = false;
     graph_notes_ = ", decode graphs: off (SLUICE_CUDA_GRAPHS=0)";
+  }
+  {
+    const char* mixed = std::getenv("SLUICE_CUDA_MIXED_GRAPHS");
+    mixed_graphs_enabled_ = graphs_enabled_ && (opts.cuda_mixed_graphs || (mixed && std::string(mixed) == "1"));
   }
   for (cudaEvent_t* ev : {&step_copied_[0], &step_copied_[1], &sample_slots_[0].done, &sample_slots_[1].done})
     SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
@@ -398,6 +429,9 @@ void CudaBackend::drop_graphs() {
   for (auto& [bucket, exec] : graphs_)
     if (exec) cudaGraphExecDestroy(exec);
   graphs_.clear();
+  for (auto& [bucket, g] : mixed_graphs_)
+    for (cudaGraphExec_t piece : g.pieces) cudaGraphExecDestroy(piece);
+  mixed_graphs_.clear();
   graphs_live_ = 0;
 }
 
@@ -473,6 +507,16 @@ void CudaBackend::capture_graphs_at_load() {
     const cudaGraphExec_t exec = capture_decode_graph(bucket, choose_attn_splits(bucket, c_.max_position_embeddings));
     graphs_.emplace(bucket, exec);
     captured += exec != nullptr;
+  }
+  // Mixed-step buckets up to the tokens a step may hold (the activations' capacity).
+  for (int bucket : kMixedBuckets) {
+    if (!mixed_graphs_enabled_ || bucket > cap_tokens_) break;
+    wanted++;
+    ensure_capacity(bucket, 1, 2, 1);
+    upload_step(padding, bucket, 1, 1);
+    PiecewiseGraph g = capture_mixed(bucket, 1, 1);
+    captured += !g.pieces.empty();
+    mixed_graphs_.emplace(bucket, std::move(g));
   }
   SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::lock_guard<std::mutex> lock(info_mu_);
@@ -662,7 +706,7 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
   SLUICE_CUDA_CHECK(cudaEventRecord(step_copied_[slot], stream_));
 }
 
-void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
+void CudaBackend::set_step(int64_t T, int64_t R, int splits) {
   cuda::GemmWorkspace ws{gemm_partials_.get<float>(), gemm_partials_.bytes() / 4, gemm_tickets_.get<int>(),
                          int(gemm_tickets_.bytes() / 4), num_sms_};
   if (lt_) {
@@ -676,6 +720,10 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
   step_T_ = int(T);
   step_R_ = R;
   step_splits_ = splits;
+}
+
+void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
+  set_step(T, R, splits);
   run_decoder(c_, *this);
 }
 
@@ -748,6 +796,12 @@ void CudaBackend::rope_kv_write(int64_t layer) {
 }
 
 void CudaBackend::attention(int64_t layer) {
+  if (capturing_pieces_) end_piece();
+  attention_now(layer);
+  if (capturing_pieces_) begin_piece();
+}
+
+void CudaBackend::attention_now(int64_t layer) {
   cuda::AttentionArgs aa;
   aa.q = q_.get<float>();
   aa.T = step_T_;
@@ -887,6 +941,11 @@ void CudaBackend::add_normed(int64_t layer, LayerNorm which) {
 }
 
 void CudaBackend::logits() {
+  if (capturing_pieces_) end_piece();
+  logits_now();
+}
+
+void CudaBackend::logits_now() {
   if (step_R_ == 0) return;
   // Only the rows that sample need the final norm and the vocabulary projection.
   cuda::rmsnorm(x_.get<float>(), int(step_R_), int(c_.hidden_size), dev_i32(layout_.off_rows), w_.final_norm.get<float>(),
@@ -939,6 +998,70 @@ cudaGraphExec_t CudaBackend::capture_decode_graph(int bucket, int splits) {
   return nullptr;
 }
 
+void CudaBackend::begin_piece() {
+  SLUICE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+// Ends the piece being captured, keeps its instantiation and launches it (the capture run
+// computes its step: attention runs eagerly between the pieces, on their results).
+void CudaBackend::end_piece() {
+  cudaGraph_t graph = nullptr;
+  SLUICE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  SLUICE_CUDA_CHECK(err);
+  pieces_.push_back(exec);
+  SLUICE_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
+// Captures the pieces of a mixed step of `bucket` (padded) tokens while computing it, after an
+// eager warm-up (first launches set kernel attributes and fill plan caches). A failed capture
+// leaves the stream out of capture mode and returns no pieces (the bucket then runs eagerly,
+// noted in kernel_info()); a sticky device error throws.
+CudaBackend::PiecewiseGraph CudaBackend::capture_mixed(int bucket, int64_t R, int splits) {
+  run_layers(bucket, R, splits);
+  pieces_.clear();
+  std::string why;
+  try {
+    capturing_pieces_ = true;
+    begin_piece();
+    run_layers(bucket, R, splits);
+    capturing_pieces_ = false;
+    PiecewiseGraph g{std::move(pieces_)};
+    pieces_.clear();
+    return g;
+  } catch (const Error& e) {
+    capturing_pieces_ = false;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+    }
+    for (cudaGraphExec_t piece : pieces_) cudaGraphExecDestroy(piece);
+    pieces_.clear();
+    if (e.code() == ErrorCode::kDeviceFault) throw;
+    why = e.what();
+  }
+  const cudaError_t last = cudaGetLastError();
+  if (cuda::is_sticky_cuda_error(last)) cuda::throw_cuda_error(last, "mixed-step graph capture", __FILE__, __LINE__);
+  const std::string note = ", mixed-step graphs for " + std::to_string(bucket) + " tokens failed, run eagerly";
+  std::lock_guard<std::mutex> lock(info_mu_);
+  if (graph_notes_.find(note) == std::string::npos) graph_notes_ += note + " (" + why + ")";
+  return {};
+}
+
+void CudaBackend::replay_mixed(const PiecewiseGraph& g, int bucket, int64_t R, int splits) {
+  set_step(bucket, R, splits);
+  for (int64_t l = 0; l < c_.num_layers; l++) {
+    SLUICE_CUDA_CHECK(cudaGraphLaunch(g.pieces[size_t(l)], stream_));
+    attention_now(l);
+  }
+  SLUICE_CUDA_CHECK(cudaGraphLaunch(g.pieces.back(), stream_));
+  logits_now();
+}
+
 void CudaBackend::forward(const ForwardBatch& b) {
   SLUICE_CUDA_CHECK(cudaSetDevice(device_));
   const int64_t T = b.num_tokens, R = b.num_logit_rows, S = b.num_seqs;
@@ -965,6 +1088,27 @@ void CudaBackend::forward(const ForwardBatch& b) {
       SLUICE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     } else {
       run_layers(bucket, bucket, splits);  // this bucket's capture failed: eager, on the padded inputs
+    }
+    return;
+  }
+  // A step with prefill chunks, with cuda_mixed_graphs: padded to its token bucket (within the
+  // activations sized at load, so that no step reallocates and drops the graphs), its pieces
+  // replayed around eager attention; the first step of a bucket captures them as it computes.
+  if (const int mixed = mixed_graphs_enabled_ && T > S ? mixed_bucket(T) : 0; mixed && mixed <= cap_tokens_) {
+    ensure_capacity(mixed, R, S + 1, width);
+    upload_step(b, mixed, R, width);
+    const int splits = choose_attn_splits(mixed, max_ctx);
+    auto it = mixed_graphs_.find(mixed);
+    if (it == mixed_graphs_.end()) {
+      PiecewiseGraph g = capture_mixed(mixed, R, splits);
+      const bool captured = !g.pieces.empty();
+      mixed_graphs_.emplace(mixed, std::move(g));
+      if (captured) return;  // the capture run computed the step
+      run_layers(mixed, R, splits);
+    } else if (it->second.pieces.empty()) {
+      run_layers(mixed, R, splits);  // this bucket's capture failed: eager, on the padded inputs
+    } else {
+      replay_mixed(it->second, mixed, R, splits);
     }
     return;
   }

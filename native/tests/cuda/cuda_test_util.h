@@ -60,6 +60,7 @@ inline void apply_test_env(sluice::EngineOptions& o) {
   // SLUICE_TEST_CUDA_ATTENTION=flash / SLUICE_TEST_CUDA_SAMPLER=wide: the same tests on issue 32's kernels.
   if (const char* attn = std::getenv("SLUICE_TEST_CUDA_ATTENTION"); attn && *attn) o.cuda_attention = attn;
   if (const char* sampler = std::getenv("SLUICE_TEST_CUDA_SAMPLER"); sampler && *sampler) o.cuda_sampler = sampler;
+  if (const char* mixed = std::getenv("SLUICE_TEST_CUDA_MIXED_GRAPHS"); mixed && *mixed == '1') o.cuda_mixed_graphs = true;
 }
 
 inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::string& backend, bool prefix_caching = true,
