@@ -793,9 +793,7 @@ describe('real-model presets (config and tokenizer only)', () => {
     const tj = readJson(join(dir, 'tokenizer.json'));
     const tc = readJson(join(dir, 'tokenizer_config.json'));
     expect(Object.keys(tj.model.vocab).length + tj.added_tokens.length).toBe((cfg.text_config ?? cfg).vocab_size);
-    const t0 = performance.now();
     const tok = new Tokenizer(tj, tc);
-    expect(performance.now() - t0).toBeLessThan(1000);
     const text = 'Random weights, real shapes: 0.5B params → ünïcödé 🚀';
     expect(tok.decode(tok.encode(text).ids)).toBe(text);
     const gen = readJson(join(dir, 'generation_config.json'));

@@ -280,9 +280,7 @@ describe('reference on generated test models', () => {
     const tok = new Tokenizer(JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')), JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8')));
     const m = loadReferenceModel(dir);
     const ids = tok.encode(prompt).ids;
-    const t0 = performance.now();
     const g = referenceGreedyDetailed(m, ids, 64);
-    expect(performance.now() - t0).toBeLessThan(5000);
     expect(g.tokens.length).toBe(64);
     expect(new Set(g.tokens).size).toBeGreaterThanOrEqual(24);
     let run = 1, longest = 1;
