@@ -19,6 +19,7 @@
 #include "cuda/cublaslt.h"
 #include "cuda/device_weights.h"
 #include "cuda/flash_attention.h"
+#include "cuda/flash_decode.h"
 #include "cuda/kernels.h"
 #include "cuda/sampling_wide.h"
 
@@ -228,6 +229,19 @@ int main(int argc, char** argv) {
           a.partial_acc = pacc.get<float>(), a.partial_ml = pml.get<float>(), a.out = out.get(), a.ld_out = s.nq * s.hd;
           const double us = time_us([&](int) { cuda::paged_attention(a, e, nullptr); });
           rows.push_back({"attention ctx " + std::to_string(ctx) + ", splits " + std::to_string(splits), T, us,
+                          double(T) * ctx * s.nkv * s.hd * 2 * 2, 4.0 * T * ctx * s.nq * s.hd});
+        }
+        // Issue 32's tensor-core decode kernel at the split count it suggests (cuda_attention "flash").
+        if (cuda::flash_decode_supported(s.hd, s.nq, s.nkv)) {
+          const int splits = cuda::flash_decode_splits(T, s.nq, s.nkv, s.hd, ctx, sms, 16);
+          DeviceBuffer pacc(size_t(T) * s.nq * splits * s.hd * 4), pml(size_t(T) * s.nq * splits * 8);
+          cuda::AttentionArgs a;
+          a.q = q.get<float>(), a.T = T, a.nq = s.nq, a.nkv = s.nkv, a.hd = s.hd, a.token_seq = dseq.get<int32_t>();
+          a.positions = dpos.get<int32_t>(), a.block_tables = dt.get<int32_t>(), a.table_stride = dstride.get<int32_t>();
+          a.block_size = bs, a.k_cache = kc.get(), a.v_cache = vc.get(), a.scale = 0.1f, a.num_splits = splits;
+          a.partial_acc = pacc.get<float>(), a.partial_ml = pml.get<float>(), a.out = out.get(), a.ld_out = s.nq * s.hd;
+          const double us = time_us([&](int) { cuda::flash_decode_attention(a, e, tickets.get<int>(), nullptr); });
+          rows.push_back({"attention ctx " + std::to_string(ctx) + " (flash), splits " + std::to_string(splits), T, us,
                           double(T) * ctx * s.nkv * s.hd * 2 * 2, 4.0 * T * ctx * s.nq * s.hd});
         }
       }

@@ -47,7 +47,7 @@ export interface EngineLoadOptions {
   cudaGemm?: CudaGemm;
   /**
    * CUDA kernels of issue 32, off until they pass on a GPU: cudaAttention 'flash' (tensor-core
-   * prefill attention; default 'paged') and cudaSampler 'wide' (many blocks per row; default 'block').
+   * prefill and decode attention; default 'paged') and cudaSampler 'wide' (many blocks per row; default 'block').
    */
   cudaAttention?: CudaAttention;
   cudaSampler?: CudaSampler;

@@ -32,7 +32,7 @@ export interface NativeLoadOptions {
   gpuMemoryUtilization?: number;
   /** CUDA GEMMs of more than 8 tokens: our kernels, cuBLASLt loaded at run time, or cuBLASLt where present. */
   cudaGemm?: CudaGemm;
-  /** CUDA prefill attention: 'paged' (default) or the tensor-core 'flash' kernel (awaiting its first device run). */
+  /** CUDA attention: 'paged' (default) or the tensor-core 'flash' kernels, prefill and decode (awaiting their first device run). */
   cudaAttention?: CudaAttention;
   /** CUDA sampling: 'block' (default, one block per row) or 'wide' (many blocks per row; awaiting its first device run). */
   cudaSampler?: CudaSampler;

@@ -43,8 +43,8 @@ struct EngineOptions {
   // the host has it, else native).
   std::string cuda_gemm = "auto";
   // CUDA kernels of issue 32, off until they pass on a GPU: cuda_attention "flash" runs prefill
-  // chunks through the tensor-core flash kernel (decode steps keep the paged kernel), "paged"
-  // (default) today's kernel for every step; cuda_sampler "wide" samples with many blocks per
+  // chunks through the tensor-core flash kernel and decode steps through the tensor-core split-KV
+  // decode kernel, "paged" (default) today's kernel for every step; cuda_sampler "wide" samples with many blocks per
   // row, "block" (default) one block per row. Same results either way (the tests check it).
   std::string cuda_attention = "paged";
   std::string cuda_sampler = "block";

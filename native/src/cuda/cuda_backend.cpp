@@ -23,6 +23,7 @@
 #include "cuda/cublaslt.h"
 #include "cuda/device_weights.h"
 #include "cuda/flash_attention.h"
+#include "cuda/flash_decode.h"
 #include "cuda/sampling_wide.h"
 #include "cuda/kernels.h"
 #include "engine/backend.h"
@@ -652,6 +653,9 @@ void CudaBackend::allocate_step(const StepLayout& want) {
 
 int CudaBackend::choose_attn_splits(int64_t T, int64_t max_ctx) const {
   if (T > kMaxGraphBatch) return 1;
+  if (flash_prefill_)  // the flash decode kernel's blocks (a GQA group per block) fill the device differently
+    return cuda::flash_decode_splits(int(T), int(c_.num_heads), int(c_.num_kv_heads), int(c_.head_dim), max_ctx, num_sms_,
+                                     kMaxAttnSplits);
   const int64_t heads_blocks = T * c_.num_kv_heads * std::max<int64_t>(1, (c_.num_heads / c_.num_kv_heads + 7) / 8);
   int64_t splits = (2 * num_sms_ + heads_blocks - 1) / heads_blocks;
   splits = std::min<int64_t>({splits, kMaxAttnSplits, std::max<int64_t>(1, max_ctx / 64)});
@@ -824,8 +828,11 @@ void CudaBackend::attention_now(int64_t layer) {
   aa.window = int(c_.window(layer));
   aa.sinks = w_.layers[size_t(layer)].sinks.get<float>();
   // cuda_attention "flash": a step with prefill chunks (more tokens than sequences) runs the
-  // tensor-core kernel; decode steps (and their graphs) keep the split paged kernel.
+  // tensor-core prefill kernel, a decode step (and its graph) the tensor-core split-KV decode
+  // kernel, whose splits merge in the same launch through the GEMM's tickets (never in use
+  // between the two kernels on this stream).
   if (flash_prefill_ && step_prefill_) cuda::flash_prefill_attention(aa, e_, stream_);
+  else if (flash_prefill_) cuda::flash_decode_attention(aa, e_, gemm_tickets_.get<int>(), stream_);
   else cuda::paged_attention(aa, e_, stream_);
 }
 
