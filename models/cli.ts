@@ -4,11 +4,12 @@
 //        [--shard-bytes N] [--no-weights] [--set numLayers=2 --set vocabSize=4096]
 //   node dist/models/cli.js --list
 
-import { PRESETS, type PresetShape, makeModel, weightBytes } from './make-model.js';
+import { FP8_LAYOUTS, type Fp8Layout, PRESETS, type PresetShape, makeModel, weightBytes } from './make-model.js';
 
 function usage(): never {
   console.error(
     'usage: cli --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--shard-bytes N] [--no-weights] [--set field=value]...\n' +
+      '           [--quantize ' + FP8_LAYOUTS.join('|') + ']\n' +
       '       cli --list',
   );
   process.exit(2);
@@ -21,6 +22,7 @@ async function main(argv: string[]): Promise<void> {
   let seed: number | undefined;
   let shardBytes: number | undefined;
   let weights = true;
+  let quantize: Fp8Layout | undefined;
   const overrides: Record<string, unknown> = {};
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
@@ -39,6 +41,11 @@ async function main(argv: string[]): Promise<void> {
     } else if (a === '--seed') seed = Number(next());
     else if (a === '--shard-bytes') shardBytes = Number(next());
     else if (a === '--no-weights') weights = false;
+    else if (a === '--quantize') {
+      const q = next();
+      if (!(FP8_LAYOUTS as readonly string[]).includes(q)) usage();
+      quantize = q as Fp8Layout;
+    }
     else if (a === '--set') {
       const [k, v] = next().split('=', 2) as [string, string | undefined];
       if (v === undefined) usage();
@@ -55,6 +62,7 @@ async function main(argv: string[]): Promise<void> {
     seed,
     shardBytes,
     weights,
+    ...(quantize && { quantize: { layout: quantize } }),
     overrides: overrides as Partial<PresetShape>,
     onProgress: (done, total) => {
       const pct = total ? Math.floor((done / total) * 100) : 100;

@@ -23,10 +23,12 @@ import {
   writeRandomSafetensors,
 } from './safetensors-writer.js';
 import { createGenerator, defaultThreads } from './weight-pool.js';
+import { type Fp8Options, quantizeFp8Checkpoint } from './fp8-checkpoint.js';
 import { ARCHITECTURES } from '../src/engine/architectures.js';
 
 export { PRESETS, isSparseLayer, resolvePreset };
 export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily } from './presets.js';
+export { FP8_LAYOUTS, type Fp8Layout, type Fp8Options } from './fp8-checkpoint.js';
 
 export const DEFAULT_SHARD_BYTES = 4 * 1024 ** 3;
 
@@ -47,6 +49,9 @@ export interface MakeModelOptions {
   threads?: number;
   /** Called with (bytes of weights written, total bytes of weights). */
   onProgress?: (done: number, total: number) => void;
+  /** Write an FP8 checkpoint in this published layout (models/fp8-checkpoint.ts): the linear
+   * projections F8_E4M3 with their scales, the other tensors in `dtype`. */
+  quantize?: Fp8Options;
 }
 
 /**
@@ -295,17 +300,23 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
     }
   }
 
+  if (opts.quantize && ARCHITECTURES[shape.architecture].moeLayout === 'gpt_oss') {
+    throw new Error(`${opts.preset}: gpt-oss is published with MXFP4 experts; FP8 layouts are written for the other families`);
+  }
+  // An FP8 checkpoint is quantized from the f32 values the generator draws.
+  const drawn: Dtype = opts.quantize ? 'f32' : dtype;
+  let quantizationConfig: Record<string, unknown> | undefined;
   if (opts.weights !== false) {
-    const shards = planShards(tensorSpecs(shape), dtype, opts.shardBytes ?? DEFAULT_SHARD_BYTES);
+    const shards = planShards(tensorSpecs(shape), drawn, opts.shardBytes ?? DEFAULT_SHARD_BYTES);
     const total = shards.reduce((a, s) => a + s.bytes, 0);
     let done = 0;
     opts.onProgress?.(0, total);
     // Worker threads only pay off beyond a few tens of MB.
     const threads = opts.threads ?? (total >= 64 * 1024 * 1024 ? defaultThreads() : 0);
-    const gen = await createGenerator(dtype, seed, threads);
+    const gen = await createGenerator(drawn, seed, threads);
     try {
       for (const shard of shards) {
-        await writeRandomSafetensors(join(out, shard.file), shard.tensors, dtype, seed, (b) => {
+        await writeRandomSafetensors(join(out, shard.file), shard.tensors, drawn, seed, (b) => {
           done += b;
           opts.onProgress?.(done, total);
         }, gen);
@@ -314,6 +325,7 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
       await gen.close();
     }
     if (shards.length > 1) await writeJson(join(out, 'model.safetensors.index.json'), shardIndex(shards));
+    if (opts.quantize) quantizationConfig = quantizeFp8Checkpoint(out, dtype, opts.quantize);
   }
 
   await writeJson(join(out, 'tokenizer.json'), tok.json);
@@ -325,7 +337,10 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
     pad_token_id: ids.pad,
     transformers_version: '4.51.0',
   });
-  await writeJson(join(out, 'config.json'), buildConfig(shape, dtype, ids.bos, ids.eos, ids.pad));
+  const config = buildConfig(shape, dtype, ids.bos, ids.eos, ids.pad);
+  // At the top level, where multimodal families put it too.
+  if (quantizationConfig) config['quantization_config'] = quantizationConfig;
+  await writeJson(join(out, 'config.json'), sortKeys(config));
 }
 
 /** Bytes of weights a preset writes with its float tensors in a dtype (MXFP4 blocks and scales are bytes). */

@@ -174,6 +174,15 @@ describe('sluice make-model', () => {
     mkdirSync(empty);
     expect((await cli('make-model', '--preset', 'test-llama', '--out', empty)).code).toBe(0);
   });
+
+  it('writes an FP8 checkpoint with --quantize and names the flag for an unknown layout', async () => {
+    const out = join(root, 'made-fp8');
+    expect((await cli('make-model', '--preset', 'test-llama', '--out', out, '--quantize', 'fp8-modelopt')).code).toBe(0);
+    expect(JSON.parse(readFileSync(join(out, 'config.json'), 'utf8')).quantization_config).toMatchObject({ quant_method: 'modelopt', quant_algo: 'FP8' });
+    const bad = await cli('make-model', '--preset', 'test-llama', '--out', join(root, 'made-awq'), '--quantize', 'awq');
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toMatch(/--quantize must be one of fp8-block, fp8-compressed-tensors, fp8-modelopt/);
+  });
 });
 
 describe('sluice generate', () => {

@@ -2,13 +2,14 @@
 
 import { readdirSync, statSync } from 'node:fs';
 import { SluiceError } from '../errors.js';
-import { makeModel, PRESETS, weightBytes } from '../../models/make-model.js';
-import type { Dtype } from '../../models/make-model.js';
+import { FP8_LAYOUTS, makeModel, PRESETS, weightBytes } from '../../models/make-model.js';
+import type { Dtype, Fp8Layout } from '../../models/make-model.js';
 import { exportOnnx, ONNX_QUANTIZATIONS, type OnnxQuantization } from '../../models/onnx-export.js';
 import { formatBytes, stderrProgress } from '../progress.js';
 import { choiceFlag, commandFlags, intFlag, requiredFlag } from './args.js';
 
-export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--onnx fp32|int4] [--force]
+export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--quantize fp8-block|fp8-compressed-tensors|fp8-modelopt]
+                          [--onnx fp32|int4] [--force]
 
 Writes a Hugging Face model directory (config, tokenizer, chat template, safetensors) with
 deterministic random weights in the shape of a preset.
@@ -17,6 +18,9 @@ deterministic random weights in the shape of a preset.
   --out DIR       output directory (created if missing)
   --dtype D       weight dtype (default: the preset's)
   --seed N        weight seed, 0..2^32-1 (default 0)
+  --quantize L    write an FP8 checkpoint as published (linear projections F8_E4M3 with scales,
+                  other tensors in --dtype): fp8-block (Qwen3/DeepSeek FP8, 128x128 blocks),
+                  fp8-compressed-tensors (llm-compressor FP8_DYNAMIC), fp8-modelopt (NVIDIA ModelOpt)
   --onnx Q        also write an ONNX export of the same weights (onnx/model.onnx with past/present
                   KV tensors, as optimum lays it out): fp32, or int4 (MatMulNBits, 32 per scale)
   --force         write into --out even when it is not empty (its model files are replaced)
@@ -28,6 +32,7 @@ export const MAKE_MODEL_OPTIONS = {
   out: { type: 'string' },
   dtype: { type: 'string' },
   seed: { type: 'string' },
+  quantize: { type: 'string' },
   onnx: { type: 'string' },
   force: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
@@ -44,12 +49,19 @@ export async function runMakeModel(args: string[]): Promise<void> {
   const out = requiredFlag(values.out, 'out', 'make-model');
   const dtype = choiceFlag<Dtype>(values.dtype, 'dtype', ['f32', 'f16', 'bf16']);
   const seed = intFlag(values.seed, 'seed', 0, 2 ** 32 - 1);
+  const quantize = choiceFlag<Fp8Layout>(values.quantize, 'quantize', FP8_LAYOUTS);
   const onnx = choiceFlag<OnnxQuantization>(values.onnx, 'onnx', ONNX_QUANTIZATIONS);
+  if (quantize !== undefined && onnx !== undefined) {
+    throw new SluiceError('invalid_argument', '--onnx exports bf16/f32 checkpoints; it cannot be combined with --quantize', { param: 'onnx' });
+  }
   checkOut(out, values.force === true);
 
   const totalBytes = weightBytes(preset, dtype);
   process.stderr.write(`making ${preset} (${formatBytes(totalBytes)} of weights) in ${out}\n`);
-  await makeModel({ preset, out, dtype, seed, onProgress: stderrProgress('writing weights') });
+  await makeModel({
+    preset, out, dtype, seed, ...(quantize !== undefined && { quantize: { layout: quantize } }),
+    onProgress: stderrProgress('writing weights'),
+  });
   if (onnx !== undefined) {
     const written = await exportOnnx({
       modelDir: out, quantization: onnx,

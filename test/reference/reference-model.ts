@@ -24,6 +24,7 @@ import {
 } from './math.js';
 import { GPT_OSS_ARCHITECTURE, loadGptOssMoe, parseGptOssConfig } from './gpt-oss.js';
 import { type MoeArchitecture, type RefMoeConfig, type ReferenceMoe, isMoeArchitecture, loadMoe, moeForward, parseMoeConfig } from './moe.js';
+import { dequantizeFp8 } from './fp8.js';
 import { type RefTensor, readSafetensorsDir } from './safetensors-reader.js';
 
 export type { GatedMlp, Linear, RefActivation, RefRopeScaling } from './math.js';
@@ -239,6 +240,7 @@ export function loadReferenceModel(dir: string): ReferenceModel {
   const raw = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, any>;
   const cfg = parseConfig(raw);
   const tensors = readSafetensorsDir(dir);
+  dequantizeFp8(tensors, raw);
   const get = (name: string, shape: number[]): RefTensor => {
     const t = tensors.get(name);
     if (!t) throw new Error(`reference: missing tensor ${name}`);

@@ -1,5 +1,7 @@
 // Minimal safetensors reader for the float64 reference: decodes F64/F32/F16/BF16 exactly to f64,
-// and U8 (gpt-oss's packed MXFP4 blocks and their scale bytes) to its integer values 0..255.
+// U8 (gpt-oss's packed MXFP4 blocks and their scale bytes) to its integer values 0..255, and
+// F8_E4M3 (FP8 checkpoints' weights, scaled by reference/fp8.ts) to each code's exact value (NaN
+// codes to NaN).
 // Independent of models/ and src/ on purpose.
 
 import { existsSync, readFileSync } from 'node:fs';
@@ -28,6 +30,19 @@ export function bf16ToNumber(h: number): number {
   return buf.getFloat32(0);
 }
 
+/**
+ * Exact value of an e4m3 ("e4m3fn") code: 1 sign, 4 exponent (bias 7), 3 mantissa bits; exponent
+ * field 0 is subnormal, no infinities, and S.1111.111 is NaN.
+ */
+export function e4m3ToNumber(code: number): number {
+  const sign = code & 0x80 ? -1 : 1;
+  const exp = (code >>> 3) & 0xf;
+  const frac = code & 0x7;
+  if (exp === 0xf && frac === 0x7) return NaN;
+  if (exp === 0) return sign * (frac / 8) * 2 ** -6;
+  return sign * (1 + frac / 8) * 2 ** (exp - 7);
+}
+
 let f16Table: Float64Array | undefined;
 let bf16Table: Float64Array | undefined;
 
@@ -54,13 +69,16 @@ function decode(dtype: string, bytes: Buffer, n: number): Float64Array {
     case 'U8':
       for (let i = 0; i < n; i++) out[i] = bytes[i]!;
       break;
+    case 'F8_E4M3':
+      for (let i = 0; i < n; i++) out[i] = e4m3ToNumber(bytes[i]!);
+      break;
     default:
       throw new Error(`reference reader: unsupported dtype ${dtype}`);
   }
   return out;
 }
 
-const DTYPE_SIZE: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, U8: 1 };
+const DTYPE_SIZE: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, U8: 1, F8_E4M3: 1 };
 
 /** All tensors of one .safetensors file, decoded to f64. */
 export function readSafetensorsFile(path: string): Map<string, RefTensor> {

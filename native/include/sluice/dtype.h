@@ -9,10 +9,13 @@ namespace sluice {
 // Q8_0: blocks of 32 int8 weights with one f16 scale each, made at load (cpu/gemm_q8.h has the
 // layout); only matmul weights on the CPU backend ever have it. U8: raw bytes of packed formats
 // as checkpoints store them (gpt-oss's MXFP4 experts), which the binder unpacks at load; no
-// kernel reads it.
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, U8 = 4 };
+// kernel reads it. F8E4M3: FP8 checkpoints' weights as stored (safetensors F8_E4M3), which the
+// binder dequantizes to bf16 at load (model/fp8.h); no backend ever sees it.
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, U8 = 4, F8E4M3 = 5 };
 
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : t == DType::Q8_0 || t == DType::U8 ? 1 : 2; }
+inline size_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : t == DType::Q8_0 || t == DType::U8 || t == DType::F8E4M3 ? 1 : 2;
+}
 inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -21,6 +24,7 @@ inline const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::Q8_0: return "q8_0";
     case DType::U8: return "u8";
+    case DType::F8E4M3: return "f8_e4m3";
   }
   return "?";
 }

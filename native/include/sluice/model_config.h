@@ -14,6 +14,20 @@ enum class Activation { Silu, GeluTanh, SwigluClamped };
 // top k (Qwen3-MoE, Mixtral), or the top k logits then a softmax over those (gpt-oss).
 enum class Routing { SoftmaxTopK, TopKSoftmax };
 
+// How an FP8 checkpoint scales its F8_E4M3 linear weights (weight = e4m3 value * scale):
+// Block: "<name>_scale_inv" [ceil(rows / block_rows), ceil(cols / block_cols)] (quant_method fp8);
+// Tensor: "<name>_scale" [] or [1] (compressed-tensors strategy tensor, ModelOpt FP8);
+// Channel: "<name>_scale" [rows, 1] (compressed-tensors strategy channel).
+enum class Fp8Scales { None, Block, Tensor, Channel };
+
+// config.json's quantization_config, as far as loading needs it. Activation scales (input_scale)
+// are not read: the CPU dequantizes FP8 weights to bf16 at load and computes as for bf16.
+struct QuantizationConfig {
+  std::string method;  // quant_method: "" (none), "mxfp4", "fp8", "compressed-tensors", "modelopt"
+  Fp8Scales fp8 = Fp8Scales::None;
+  int64_t block_rows = 0, block_cols = 0;  // Fp8Scales::Block: weight_block_size
+};
+
 struct ModelConfig {
   std::string architecture;  // config.json architectures[0], e.g. "Qwen2ForCausalLM"
   std::string model_type;    // "llama" | "mistral" | "qwen2" | "qwen3"
@@ -68,6 +82,8 @@ struct ModelConfig {
   double swiglu_limit = 7.0;   // Activation::SwigluClamped's limit
   bool attention_sinks = false;  // gpt-oss: a learned logit per head joins every softmax (and takes its share)
   std::vector<uint8_t> layer_sparse;  // [num_layers]
+
+  QuantizationConfig quantization;
 
   bool is_sparse(int64_t layer) const { return !layer_sparse.empty() && layer_sparse[size_t(layer)] != 0; }
   int64_t window(int64_t layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }

@@ -78,6 +78,8 @@ float load_scalar(const void* p, DType t, int64_t i) {
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::Q8_0: break;  // blocks, not elements: only the Q8_0 kernels read them
+    case DType::U8:
+    case DType::F8E4M3: break;  // dequantized at load (model_weights.cpp): never reach a kernel
   }
   return 0.f;
 }

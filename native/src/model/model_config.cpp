@@ -156,6 +156,116 @@ void read_layer_types(const Fields& f, ModelConfig& c, bool gemma) {
   }
 }
 
+constexpr const char* kSupportedQuantizations =
+    "supported: fp8 (e4m3, weight_block_size), compressed-tensors float-quantized FP8 (strategy tensor or "
+    "channel), modelopt FP8, and gpt-oss's mxfp4";
+
+[[noreturn]] void unsupported_quantization(const std::string& source, const std::string& what) {
+  throw Error(ErrorCode::kUnsupportedModel, source + ": " + what + " is not supported (" + kSupportedQuantizations + ")");
+}
+
+std::string string_or(const json::Value* v, const std::string& fallback) {
+  return v && v->is_string() ? v->as_string() : fallback;
+}
+
+void check_module_list(const Fields& q, const char* key) {
+  const json::Value* list = q.get(key);
+  if (!list) return;
+  if (!list->is_array()) q.invalid(std::string("field \"") + key + "\" must be an array of module names");
+  for (const json::Value& m : list->as_array())
+    if (!m.is_string()) q.invalid(std::string("field \"") + key + "\" must be an array of module names");
+}
+
+// compressed-tensors (llm-compressor): every config group's weights must be 8-bit floats with a
+// per-tensor or per-channel scale (one strategy for the whole checkpoint), symmetric and static.
+Fp8Scales read_compressed_tensors(const Fields& q, const std::string& source) {
+  const std::string format = string_or(q.get("format"), "");
+  if (format != "float-quantized")
+    unsupported_quantization(source, "compressed-tensors format \"" + format + "\"");
+  const json::Value* groups = q.get("config_groups");
+  if (!groups || !groups->is_object() || groups->as_object().empty())
+    q.invalid("compressed-tensors needs a non-empty \"config_groups\" object");
+  Fp8Scales scales = Fp8Scales::None;
+  for (const auto& [name, group] : groups->as_object()) {
+    const std::string where = "compressed-tensors config_groups." + name;
+    if (!group.is_object()) q.invalid(where + " must be an object");
+    const json::Value* weights = group.find("weights");
+    if (!weights || !weights->is_object()) q.invalid(where + " has no \"weights\" object");
+    Fields w(*weights, source + " " + where + ".weights");
+    const std::string type = string_or(w.get("type"), "");
+    const int64_t bits = w.integer_or("num_bits", 0);
+    if (type != "float" || bits != 8)
+      unsupported_quantization(source, where + " weights of type \"" + type + "\" with " + std::to_string(bits) + " bits");
+    if (!w.boolean_or("symmetric", true)) unsupported_quantization(source, where + " asymmetric weights");
+    if (w.boolean_or("dynamic", false)) unsupported_quantization(source, where + " dynamic weight scales");
+    const std::string strategy = string_or(w.get("strategy"), "");
+    const Fp8Scales s = strategy == "tensor" ? Fp8Scales::Tensor : strategy == "channel" ? Fp8Scales::Channel : Fp8Scales::None;
+    if (s == Fp8Scales::None) unsupported_quantization(source, where + " weight strategy \"" + strategy + "\"");
+    if (scales != Fp8Scales::None && scales != s)
+      unsupported_quantization(source, "compressed-tensors config groups with different weight strategies");
+    scales = s;
+    // Static or dynamic activation scales: ignored on the CPU (weights are dequantized), but an
+    // activation format other than 8-bit float means a scheme this loader does not know.
+    if (const json::Value* act = group.find("input_activations"); act && !act->is_null()) {
+      if (!act->is_object()) q.invalid(where + " input_activations must be an object or null");
+      Fields a(*act, source + " " + where + ".input_activations");
+      const std::string atype = string_or(a.get("type"), "");
+      if (atype != "float" || a.integer_or("num_bits", 0) != 8)
+        unsupported_quantization(source, where + " input activations of type \"" + atype + "\"");
+    }
+  }
+  check_module_list(q, "ignore");
+  return scales;
+}
+
+// quantization_config (from the top level, else the nested text config). Malformed fields are
+// kModelFileInvalid; methods, formats and options the loader does not implement kUnsupportedModel.
+QuantizationConfig read_quantization(const json::Value& qv, const std::string& source, const ArchSpec& arch) {
+  if (!qv.is_object()) throw Error(ErrorCode::kModelFileInvalid, source + ": must be an object");
+  Fields q(qv, source);
+  QuantizationConfig out;
+  const json::Value* method = q.get("quant_method");
+  if (!method || !method->is_string()) q.invalid("missing the \"quant_method\" string");
+  out.method = method->as_string();
+  if (out.method == "mxfp4") {
+    // gpt-oss's experts; the binder reads their blocks and scales (bind_gpt_oss_experts).
+    if (arch.mlp != MlpLayout::kGptOss) unsupported_quantization(source, "quant_method \"mxfp4\" outside gpt-oss");
+  } else if (out.method == "fp8") {
+    // The block-wise format of the Qwen3 and DeepSeek FP8 releases.
+    const std::string fmt = string_or(q.get("fmt"), "e4m3");
+    if (fmt != "e4m3") unsupported_quantization(source, "fp8 fmt \"" + fmt + "\" (only e4m3)");
+    const std::string scheme = string_or(q.get("activation_scheme"), "dynamic");
+    if (scheme != "dynamic") unsupported_quantization(source, "fp8 activation_scheme \"" + scheme + "\" (only dynamic)");
+    const json::Value* block = q.get("weight_block_size");
+    if (!block) unsupported_quantization(source, "fp8 without weight_block_size (per-tensor fp8)");
+    if (!block->is_array() || block->as_array().size() != 2)
+      q.invalid("weight_block_size must be [rows, cols]");
+    for (const json::Value& d : block->as_array())
+      if (!d.is_number() || d.as_number() != std::floor(d.as_number()) || d.as_number() < 1 || d.as_number() > 65536)
+        q.invalid("weight_block_size must be two integers in 1..65536");
+    out.fp8 = Fp8Scales::Block;
+    out.block_rows = int64_t(block->as_array()[0].as_number());
+    out.block_cols = int64_t(block->as_array()[1].as_number());
+    check_module_list(q, "modules_to_not_convert");
+  } else if (out.method == "compressed-tensors") {
+    out.fp8 = read_compressed_tensors(q, source);
+  } else if (out.method == "modelopt") {
+    // NVIDIA ModelOpt: quant_algo at the top, or under "quantization" in newer exports.
+    const json::Value* nested = q.get("quantization");
+    const json::Value* algo = q.get("quant_algo");
+    if (!algo && nested && nested->is_object()) algo = nested->find("quant_algo");
+    const std::string name = string_or(algo, "");
+    if (name != "FP8") unsupported_quantization(source, "modelopt quant_algo \"" + name + "\" (only FP8)");
+    // kv_cache_quant_algo (k_scale / v_scale tensors) is not read: the KV cache keeps the
+    // engine's own dtype.
+    check_module_list(q, "exclude_modules");
+    out.fp8 = Fp8Scales::Tensor;
+  } else {
+    unsupported_quantization(source, "quant_method \"" + out.method + "\"");
+  }
+  return out;
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
@@ -262,6 +372,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   else
     throw Error(ErrorCode::kUnsupportedModel, text_source + ": activation \"" + act_name +
                                                   "\" is not supported (silu, gelu_pytorch_tanh)");
+
+  // Multimodal checkpoints put quantization_config at the top level; some text configs carry it.
+  if (const json::Value* qc = top.get("quantization_config"))
+    c.quantization = read_quantization(*qc, source + " quantization_config", *arch);
+  else if (const json::Value* tq = text != &root ? f.get("quantization_config") : nullptr)
+    c.quantization = read_quantization(*tq, text_source + " quantization_config", *arch);
 
   if (arch->mlp != MlpLayout::kDense) read_experts(f, *arch, c);
   if (arch->mlp == MlpLayout::kGptOss) c.attention_sinks = true;

@@ -6,6 +6,7 @@
 
 #include "cpu/thread_pool.h"
 #include "model/architectures.h"
+#include "model/fp8.h"
 #include "sluice/error.h"
 
 namespace sluice {
@@ -14,11 +15,15 @@ namespace {
 
 class Binder {
  public:
-  Binder(const SafetensorsModel& st, const std::string& dir) : st_(st), dir_(dir) {}
+  Binder(const SafetensorsModel& st, const ModelConfig& c, const std::string& dir,
+         std::vector<std::shared_ptr<HostBuffer>>& owned)
+      : st_(st), quant_(c.quantization), dir_(dir), owned_(owned) {}
 
-  // A float tensor (f32, f16 or bf16) of exactly this shape.
+  // A float tensor (f32, f16 or bf16) of exactly this shape. An FP8 checkpoint's F8E4M3 weight
+  // comes back dequantized to bf16 (model/fp8.h), in memory `owned` keeps.
   TensorView get(const std::string& name, std::vector<int64_t> shape) {
     TensorView t = find(name, std::move(shape));
+    if (t.dtype == DType::F8E4M3) return dequantized(t);
     if (!is_float_dtype(t.dtype))
       throw Error(ErrorCode::kModelFileInvalid, t.file + ": tensor \"" + name + "\" has dtype " + dtype_name(t.dtype) +
                                                     ", expected f32, f16 or bf16");
@@ -48,13 +53,68 @@ class Binder {
     return *t;
   }
   bool has(const std::string& name) const { return st_.find(name) != nullptr; }
-  size_t bytes() const { return bytes_; }
+  // Bytes of the bound tensors as stored, plus what the FP8 dequantized copies add.
+  size_t bytes() const { return bytes_ + dequantized_extra_; }
+  cpu::ThreadPool& pool() {
+    if (!pool_) pool_ = std::make_unique<cpu::ThreadPool>(0);
+    return *pool_;
+  }
 
  private:
+  // A linear weight stored F8_E4M3 with its scale tensor beside it ("<name>_scale_inv" for the
+  // block-wise fp8 format, "<name>_scale" otherwise), times that scale, as bf16.
+  TensorView dequantized(const TensorView& t) {
+    const std::string& name = t.name;
+    if (quant_.fp8 == Fp8Scales::None)
+      throw Error(ErrorCode::kModelFileInvalid,
+                  t.file + ": tensor \"" + name + "\" is F8_E4M3 but config.json has no FP8 quantization_config" +
+                      (quant_.method.empty() ? "" : " (quant_method \"" + quant_.method + "\")"));
+    if (t.shape.size() != 2)
+      throw Error(ErrorCode::kModelFileInvalid, t.file + ": F8_E4M3 tensor \"" + name + "\" has shape " +
+                                                    t.shape_string() + "; only linear weights [rows, cols] can be FP8");
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    const bool block = quant_.fp8 == Fp8Scales::Block;
+    const std::string scale_name = name + (block ? "_scale_inv" : "_scale");
+    const TensorView* scale = st_.find(scale_name);
+    if (!scale)
+      throw Error(ErrorCode::kModelFileInvalid, t.file + ": F8_E4M3 tensor \"" + name + "\" has no scale tensor \"" +
+                                                    scale_name + "\" (quant_method \"" + quant_.method + "\")");
+    std::vector<std::vector<int64_t>> allowed;
+    if (block)
+      allowed = {{(rows + quant_.block_rows - 1) / quant_.block_rows, (cols + quant_.block_cols - 1) / quant_.block_cols}};
+    else if (quant_.fp8 == Fp8Scales::Channel)
+      allowed = {{rows, 1}};
+    else
+      allowed = {{}, {1}};
+    bool fits = false;
+    for (const auto& shape : allowed) fits |= scale->shape == shape;
+    if (!fits) {
+      TensorView want;
+      want.shape = allowed.back();
+      throw Error(ErrorCode::kModelFileInvalid,
+                  scale->file + ": scale tensor \"" + scale_name + "\" has shape " + scale->shape_string() +
+                      ", expected " + want.shape_string() + " for " + name + " " + t.shape_string() +
+                      (block ? " with weight_block_size [" + std::to_string(quant_.block_rows) + ", " +
+                                   std::to_string(quant_.block_cols) + "]"
+                             : std::string()));
+    }
+    if (!is_float_dtype(scale->dtype))
+      throw Error(ErrorCode::kModelFileInvalid, scale->file + ": scale tensor \"" + scale_name + "\" has dtype " +
+                                                    dtype_name(scale->dtype) + ", expected f32, f16 or bf16");
+    if (seen_.insert(scale_name).second) bytes_ += scale->nbytes;
+    TensorView out = dequantize_fp8(t, *scale, quant_, owned_, pool());
+    dequantized_extra_ += out.nbytes - t.nbytes - scale->nbytes;
+    return out;
+  }
+
   const SafetensorsModel& st_;
+  const QuantizationConfig& quant_;
   std::string dir_;
+  std::vector<std::shared_ptr<HostBuffer>>& owned_;
+  std::unique_ptr<cpu::ThreadPool> pool_;  // made on first use (FP8 weights, gpt-oss's MXFP4 experts)
   std::set<std::string> seen_;
   size_t bytes_ = 0;
+  size_t dequantized_extra_ = 0;
 };
 
 float element(const TensorView& t, int64_t i) {
@@ -244,8 +304,8 @@ size_t bind_gpt_oss_experts(Binder& b, const std::string& m, const ModelConfig& 
 }  // namespace
 
 ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, const std::string& dir) {
-  Binder b(st, dir);
   ModelWeights w;
+  Binder b(st, c, dir, w.owned);
   const ArchSpec* arch = find_architecture(c.architecture, c.model_type);
   if (!arch) throw Error(ErrorCode::kUnsupportedModel, dir + ": unsupported architecture " + c.architecture);
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
@@ -265,7 +325,6 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
 
   w.layers.resize(size_t(c.num_layers));
   size_t unpacked_extra = 0;
-  std::unique_ptr<cpu::ThreadPool> unpack_pool;  // gpt-oss's MXFP4 experts
   for (int64_t i = 0; i < c.num_layers; i++) {
     const std::string p = root + "layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[size_t(i)];
@@ -298,8 +357,7 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
     if (c.is_sparse(i) && arch->mlp == MlpLayout::kGptOss) {
       l.router = b.get(p + "mlp.router.weight", {c.num_experts, H});
       l.router_bias = f32_copy(b.get(p + "mlp.router.bias", {c.num_experts}), 0, c.num_experts, 1, w.owned);
-      if (!unpack_pool) unpack_pool = std::make_unique<cpu::ThreadPool>(0);
-      unpacked_extra += bind_gpt_oss_experts(b, p + "mlp.", c, l, w.owned, *unpack_pool);
+      unpacked_extra += bind_gpt_oss_experts(b, p + "mlp.", c, l, w.owned, b.pool());
       continue;
     }
     if (c.is_sparse(i)) {

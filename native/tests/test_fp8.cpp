@@ -1,0 +1,148 @@
+// FP8 checkpoints: the e4m3 decoder over every code against the format's definition, the single
+// bf16 rounding of the dequantized products, and config.json's quantization_config.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "model/fp8.h"
+#include "sluice/error.h"
+#include "sluice/model_config.h"
+#include "test_util.h"
+
+using namespace sluice;
+
+TEST_CASE(e4m3_decodes_all_256_codes_exactly) {
+  // The OCP FP8 definition, written independently: value = (-1)^s * 2^(1 - bias) * (0 + m/8) for
+  // exponent field 0, else (-1)^s * 2^(e - bias) * (1 + m/8), bias 7; S.1111.111 is NaN.
+  for (int code = 0; code < 256; code++) {
+    const int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+    const float got = e4m3_to_float(uint8_t(code));
+    if (e == 15 && m == 7) {
+      CHECK(std::isnan(got) && e4m3_is_nan(uint8_t(code)));
+      continue;
+    }
+    const double want = std::pow(-1.0, s) * std::pow(2.0, e == 0 ? -6 : e - 7) * ((e == 0 ? 0.0 : 1.0) + m / 8.0);
+    CHECK(!e4m3_is_nan(uint8_t(code)));
+    if (double(got) != want) std::printf("  code 0x%02x: got %.9g, want %.9g\n", code, double(got), want);
+    CHECK(double(got) == want);
+    CHECK(std::signbit(got) == (s == 1));  // 0x80 is -0
+  }
+  CHECK(e4m3_to_float(0x7e) == 448.f && e4m3_to_float(0xfe) == -448.f);
+  CHECK(e4m3_to_float(0x38) == 1.f && e4m3_to_float(0x01) == std::ldexp(1.f, -9) && e4m3_to_float(0x08) == std::ldexp(1.f, -6));
+}
+
+// The bf16 nearest to v, ties to even, found by bracketing v between consecutive bf16 values.
+static uint16_t nearest_bf16(double v) {
+  uint16_t lo = f32_to_bf16(float(v));
+  // Walk to the bf16 at or below v in magnitude, then compare with its successor.
+  uint16_t a = lo;
+  while (std::fabs(double(bf16_to_f32(a))) > std::fabs(v)) a = uint16_t(a - 1);
+  while (std::fabs(double(bf16_to_f32(uint16_t(a + 1)))) <= std::fabs(v)) a = uint16_t(a + 1);
+  const uint16_t b = uint16_t(a + 1);
+  const double da = std::fabs(v - double(bf16_to_f32(a))), db = std::fabs(double(bf16_to_f32(b)) - v);
+  if (da < db) return a;
+  if (db < da) return b;
+  return (a & 1) ? b : a;
+}
+
+TEST_CASE(dequantized_products_round_once_to_bf16) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> code(0, 255);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> ex(-40, 10);
+  int mismatches = 0;
+  for (int i = 0; i < 200000; i++) {
+    const uint8_t c = uint8_t(code(rng));
+    if (e4m3_is_nan(c) || (c & 0x7f) == 0) continue;
+    const float scale = std::ldexp(mant(rng), ex(rng));
+    const double v = double(e4m3_to_float(c)) * double(scale);
+    if (f64_to_bf16(v) != nearest_bf16(v)) mismatches++;
+  }
+  CHECK(mismatches == 0);
+  // A product just above a bf16 tie: rounding through f32 first would land on the tie and go to even.
+  const double tie = 1.0 + 1.0 / 256;  // halfway between bf16 1.0 and 1.0078125
+  const double above = tie + std::ldexp(1.0, -30);
+  CHECK(f32_to_bf16(float(above)) == f32_to_bf16(1.0f));  // the double rounding this avoids
+  CHECK(f64_to_bf16(above) == uint16_t(f32_to_bf16(1.0f) + 1));
+  CHECK(f64_to_bf16(tie) == f32_to_bf16(1.0f));
+  CHECK(f64_to_bf16(-above) == uint16_t(f32_to_bf16(-1.0f) + 1));
+  CHECK(f64_to_bf16(0.0) == 0 && f64_to_bf16(-0.0) == 0x8000);
+}
+
+static std::string qwen3_with(const std::string& quantization) {
+  return R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "vocab_size": 1000, "quantization_config": )" + quantization + "}";
+}
+
+TEST_CASE(fp8_quantization_configs_as_published) {
+  ModelConfig c = parse_model_config(qwen3_with(R"({"activation_scheme": "dynamic", "fmt": "e4m3",
+    "quant_method": "fp8", "weight_block_size": [128, 128]})"), "Qwen3-8B-FP8");
+  CHECK(c.quantization.method == "fp8" && c.quantization.fp8 == Fp8Scales::Block);
+  CHECK(c.quantization.block_rows == 128 && c.quantization.block_cols == 128);
+
+  c = parse_model_config(qwen3_with(R"({"config_groups": {"group_0": {"input_activations": {"dynamic": true,
+    "num_bits": 8, "strategy": "token", "symmetric": true, "type": "float"}, "output_activations": null,
+    "targets": ["Linear"], "weights": {"dynamic": false, "num_bits": 8, "observer": "minmax",
+    "strategy": "channel", "symmetric": true, "type": "float"}}}, "format": "float-quantized",
+    "ignore": ["lm_head"], "quant_method": "compressed-tensors", "quantization_status": "compressed"})"), "ct");
+  CHECK(c.quantization.method == "compressed-tensors" && c.quantization.fp8 == Fp8Scales::Channel);
+
+  c = parse_model_config(qwen3_with(R"({"config_groups": {"group_0": {"input_activations": {"dynamic": false,
+    "num_bits": 8, "strategy": "tensor", "type": "float"}, "targets": ["Linear"], "weights": {"num_bits": 8,
+    "strategy": "tensor", "type": "float"}}}, "format": "float-quantized", "quant_method": "compressed-tensors"})"), "ct");
+  CHECK(c.quantization.fp8 == Fp8Scales::Tensor);
+
+  c = parse_model_config(qwen3_with(R"({"exclude_modules": ["lm_head"], "kv_cache_quant_algo": null,
+    "quant_algo": "FP8", "quant_method": "modelopt"})"), "modelopt");
+  CHECK(c.quantization.method == "modelopt" && c.quantization.fp8 == Fp8Scales::Tensor);
+
+  c = parse_model_config(qwen3_with("null"), "none");
+  CHECK(c.quantization.method.empty() && c.quantization.fp8 == Fp8Scales::None);
+}
+
+TEST_CASE(unsupported_and_malformed_quantization_configs_are_refused) {
+  const auto code_of = [](const std::string& q) {
+    try {
+      parse_model_config(qwen3_with(q), "c");
+    } catch (const Error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(ErrorCode::kInternal, std::string("accepted"));
+  };
+  const auto unsupported = [&](const std::string& q, const std::string& names) {
+    auto [code, what] = code_of(q);
+    const bool ok = code == ErrorCode::kUnsupportedModel && what.find(names) != std::string::npos &&
+                    what.find("supported: fp8") != std::string::npos;
+    if (!ok) std::printf("  %s -> %s\n", q.c_str(), what.c_str());
+    CHECK(ok);
+  };
+  unsupported(R"({"quant_method": "awq", "bits": 4, "group_size": 128})", "quant_method \"awq\"");
+  unsupported(R"({"quant_method": "gptq", "bits": 4})", "quant_method \"gptq\"");
+  unsupported(R"({"quant_method": "bitsandbytes", "load_in_4bit": true})", "quant_method \"bitsandbytes\"");
+  unsupported(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})", "fmt \"e5m2\"");
+  unsupported(R"({"quant_method": "fp8", "activation_scheme": "dynamic"})", "without weight_block_size");
+  unsupported(R"({"quant_method": "modelopt", "quant_algo": "NVFP4"})", "quant_algo \"NVFP4\"");
+  unsupported(R"({"quant_method": "mxfp4"})", "outside gpt-oss");
+  unsupported(R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}})",
+              "format \"pack-quantized\"");
+  unsupported(R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+    "weights": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}}}})", "strategy \"group\"");
+  unsupported(R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+    "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}})", "type \"int\"");
+
+  const auto malformed = [&](const std::string& q, const std::string& names) {
+    auto [code, what] = code_of(q);
+    const bool ok = code == ErrorCode::kModelFileInvalid && what.find(names) != std::string::npos;
+    if (!ok) std::printf("  %s -> %s\n", q.c_str(), what.c_str());
+    CHECK(ok);
+  };
+  malformed(R"({"quant_method": "fp8", "weight_block_size": [128]})", "weight_block_size");
+  malformed(R"({"quant_method": "fp8", "weight_block_size": [0, 128]})", "weight_block_size");
+  malformed(R"({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": "lm_head"})",
+            "modules_to_not_convert");
+  malformed(R"({"fmt": "e4m3"})", "quant_method");
+  malformed(R"({"quant_method": "compressed-tensors", "format": "float-quantized"})", "config_groups");
+}
+
+int main() { return sluice_test::run_all("fp8"); }
