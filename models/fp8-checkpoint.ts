@@ -29,6 +29,20 @@ export interface Fp8Options {
   quantizeLmHead?: boolean;
 }
 
+/** Throws naming the field when `opts` is not a valid Fp8Options (the library API takes it unchecked). */
+export function checkFp8Options(opts: unknown): asserts opts is Fp8Options {
+  const o = opts as Partial<Fp8Options> | null;
+  if (typeof o !== 'object' || o === null || !(FP8_LAYOUTS as readonly unknown[]).includes(o.layout)) {
+    throw new Error(`quantize must be { layout: ${FP8_LAYOUTS.map((l) => `'${l}'`).join(' | ')}, ... }, got ${JSON.stringify(opts)}`);
+  }
+  if (o.strategy !== undefined && o.strategy !== 'channel' && o.strategy !== 'tensor') {
+    throw new Error(`quantize.strategy must be 'channel' or 'tensor', got ${JSON.stringify(o.strategy)}`);
+  }
+  if (o.blockSize !== undefined && !(Array.isArray(o.blockSize) && o.blockSize.length === 2 && o.blockSize.every((n) => Number.isInteger(n) && n > 0))) {
+    throw new Error(`quantize.blockSize must be two positive integers, got ${JSON.stringify(o.blockSize)}`);
+  }
+}
+
 export const E4M3_MAX = 448;
 
 /** The e4m3 ("e4m3fn") code nearest to x, ties to even, saturating to ±448. */

@@ -23,7 +23,7 @@ import {
   writeRandomSafetensors,
 } from './safetensors-writer.js';
 import { createGenerator, defaultThreads } from './weight-pool.js';
-import { type Fp8Options, quantizeFp8Checkpoint } from './fp8-checkpoint.js';
+import { checkFp8Options, type Fp8Options, quantizeFp8Checkpoint } from './fp8-checkpoint.js';
 import { ARCHITECTURES } from '../src/engine/architectures.js';
 
 export { PRESETS, isSparseLayer, resolvePreset };
@@ -285,6 +285,7 @@ async function writeJson(path: string, value: unknown): Promise<void> {
  */
 export async function makeModel(opts: MakeModelOptions): Promise<void> {
   const shape = resolvePreset(opts.preset, opts.overrides);
+  if (opts.quantize !== undefined) checkFp8Options(opts.quantize);  // before anything in `out` is touched
   const dtype = opts.dtype ?? shape.defaultDtype;
   const seed = (opts.seed ?? 0) >>> 0;
   const out = opts.out;

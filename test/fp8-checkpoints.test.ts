@@ -235,3 +235,16 @@ describe('malformed and unsupported FP8 checkpoints are refused, naming the prob
     await refused(variant({ quantization: () => q }), 'UNSUPPORTED_MODEL', names, 'supported: fp8');
   });
 });
+
+describe('the writer\'s options from the library API', () => {
+  it.each([
+    ['fp8-block', /quantize must be \{ layout: 'fp8-block' \| 'fp8-compressed-tensors' \| 'fp8-modelopt'/],
+    [{ layout: 'fp8-awq' }, /quantize must be \{ layout:/],
+    [{ layout: 'fp8-compressed-tensors', strategy: 'group' }, /quantize\.strategy must be 'channel' or 'tensor', got "group"/],
+    [{ layout: 'fp8-block', blockSize: [128, 0] }, /quantize\.blockSize must be two positive integers/],
+  ])('refuses %j before writing anything', async (quantize, message) => {
+    const dir = join(root, `bad-options-${JSON.stringify(quantize).replace(/\W/g, '')}`);
+    await expect(makeModel({ preset: 'test-llama', out: dir, dtype: 'bf16', quantize: quantize as unknown as Fp8Options })).rejects.toThrow(message);
+    expect(() => readdirSync(dir)).toThrow();
+  });
+});
