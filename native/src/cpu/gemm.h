@@ -23,6 +23,9 @@ struct GemmArgs {
   // Q8_0 weights (see gemm_q8.h): x quantized the same way, [T, Kp] int8 and [T, Kp / 32] scales.
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
+  // Q4 weights (see gemm_q4.h): xq / xd as above with row stride q4_padded_k(K), and the blocks'
+  // activation sums xs [T, q4_padded_k(K) / 32].
+  const float* xs = nullptr;
 };
 
 // Computes y[:, n_begin:n_end].

@@ -16,6 +16,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/gemm.h"
+#include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
 #include "cpu/ops_simd.h"
 #include "util/host_memory.h"
@@ -77,9 +78,11 @@ float load_scalar(const void* p, DType t, int64_t i) {
     case DType::F32: return static_cast<const float*>(p)[i];
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::Q8_0: break;  // blocks, not elements: only the Q8_0 kernels read them
+    case DType::Q8_0:
+    case DType::Q4: break;  // blocks, not elements: only the Q8_0 and Q4 kernels read them
     case DType::U8:
-    case DType::F8E4M3: break;  // dequantized at load (model_weights.cpp): never reach a kernel
+    case DType::I32:
+    case DType::F8E4M3: break;  // repacked or dequantized at load (model_weights.cpp): never reach a kernel
   }
   return 0.f;
 }
@@ -180,7 +183,12 @@ using namespace detail;
 // region short, also when one thread is slowed by another process.
 namespace {
 
-int64_t weight_row_bytes(DType dtype, int64_t K) {
+// The bytes a kernel streams per row of w ([N, K] in `dtype`).
+int64_t weight_row_bytes(DType dtype, int64_t K, const void* w) {
+  if (dtype == DType::Q4) {
+    const Q4View v = q4_view(w);
+    return v.h->Kp / 2 + v.ng * int64_t(sizeof(float) + 1);  // codes, scales, zeros
+  }
   return dtype == DType::Q8_0 ? int64_t(q8_bytes(1, K)) : K * int64_t(dtype_size(dtype));
 }
 
@@ -210,7 +218,7 @@ void matmul_chunks(const LinearOut* outs, int num_outs, int64_t K, int threads, 
   std::vector<int64_t> N(static_cast<size_t>(num_outs)), rb(static_cast<size_t>(num_outs));
   for (int i = 0; i < num_outs; i++) {
     N[size_t(i)] = outs[i].N;
-    rb[size_t(i)] = weight_row_bytes(outs[i].w_dtype, K);
+    rb[size_t(i)] = weight_row_bytes(outs[i].w_dtype, K, outs[i].w);
   }
   chunk_rows(num_outs, N.data(), rb.data(), threads, chunks);
 }
@@ -220,24 +228,54 @@ void matmul_groups(ThreadPool& pool, const MatmulGroup* groups, int num_groups, 
   const bool split = precision == MatmulPrecision::F32;
   const int64_t bf16_rows = split ? 2 : 1;
   // Each group's activations converted once for its outputs: bf16 for vdpbf16ps, Q8_0 for int8
-  // weights. One buffer each, every group at its own offset. NOTE: the workers must see the
-  // caller's buffers, not their own thread_locals.
+  // weights, Q4 sets for 4-bit weights (one per group for its outputs without a permutation, one
+  // per distinct permutation: outputs of the same weights share it). One buffer each, every
+  // group or set at its own offset. NOTE: the workers must see the caller's buffers, not their
+  // own thread_locals.
+  struct Q4Set {
+    int group;
+    const int32_t* perm;
+    size_t xq, xd;  // offsets in xq, and in xd and xs
+  };
   thread_local std::vector<uint16_t> xb;
-  thread_local std::vector<int8_t> xq;  // [T, Kp] per group
-  thread_local std::vector<float> xd;   // [T, Kp / 32] per group
+  thread_local std::vector<int8_t> xq;  // [T, Kp] per group or Q4 set
+  thread_local std::vector<float> xd;   // [T, Kp / 32] per group or Q4 set
+  thread_local std::vector<float> xs;   // [T, Kp / 32] per Q4 set (sized as xd)
   thread_local std::vector<size_t> xb_off, xq_off, xd_off;
+  thread_local std::vector<Q4Set> q4_sets;
+  thread_local std::vector<int> q4_set_of;  // per output (all groups' in order): its Q4 set or -1
   xb_off.assign(size_t(num_groups), SIZE_MAX);
   xq_off.assign(size_t(num_groups), SIZE_MAX);
   xd_off.assign(size_t(num_groups), 0);
+  q4_sets.clear();
+  q4_set_of.clear();
   size_t xb_total = 0, xq_total = 0, xd_total = 0;
   int num_outs = 0;
   for (int g = 0; g < num_groups; g++) {
     const MatmulGroup& gr = groups[g];
     if (gr.T <= 0) continue;
     bool any_bf16 = false, any_q8 = false;
+    const size_t group_sets = q4_sets.size();
     for (int i = 0; i < gr.num_outs; i++) {
-      any_bf16 |= gr.outs[i].w_dtype == DType::BF16;
-      any_q8 |= gr.outs[i].w_dtype == DType::Q8_0;
+      const LinearOut& o = gr.outs[i];
+      any_bf16 |= o.w_dtype == DType::BF16;
+      any_q8 |= o.w_dtype == DType::Q8_0;
+      int set = -1;
+      if (o.w_dtype == DType::Q4) {
+        const Q4View v = q4_view(o.w);
+        if (v.h->N != o.N || v.h->K != gr.K || v.h->group <= 0 || v.h->group % kQ8Block != 0)
+          throw std::invalid_argument("matmul: Q4 weights of another shape, or a group not a multiple of 32");
+        for (size_t s = group_sets; s < q4_sets.size() && set < 0; s++)
+          if (q4_sets[s].perm == v.perm) set = int(s);
+        if (set < 0) {
+          const int64_t Kp = q4_padded_k(gr.K);
+          set = int(q4_sets.size());
+          q4_sets.push_back({g, v.perm, xq_total, xd_total});
+          xq_total += size_t(gr.T * Kp);
+          xd_total += size_t(gr.T * (Kp / kQ8Block));
+        }
+      }
+      q4_set_of.push_back(set);
     }
     num_outs += gr.num_outs;
     if (level == SimdLevel::Avx512Bf16 && any_bf16) {
@@ -256,6 +294,7 @@ void matmul_groups(ThreadPool& pool, const MatmulGroup* groups, int num_groups, 
   xb.resize(xb_total);
   xq.resize(xq_total);
   xd.resize(xd_total);
+  xs.resize(q4_sets.empty() ? 0 : xd_total);
   for (int g = 0; g < num_groups; g++) {
     const MatmulGroup& gr = groups[g];
     const int64_t T = gr.T, K = gr.K;
@@ -274,6 +313,17 @@ void matmul_groups(ThreadPool& pool, const MatmulGroup* groups, int num_groups, 
       if (T * K <= 16384) quantize_activations_q8(x, T, K, xqp, xdp);
       else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { quantize_activations_q8(x + b * K, e - b, K, xqp + b * Kp, xdp + b * (Kp / kQ8Block)); });
     }
+  }
+  for (const Q4Set& set : q4_sets) {
+    const MatmulGroup& gr = groups[set.group];
+    const int64_t T = gr.T, K = gr.K, Kp = q4_padded_k(K), nb = Kp / kQ8Block;
+    const float* x = gr.x;
+    const int32_t* perm = set.perm;
+    int8_t* xqp = xq.data() + set.xq;
+    float* xdp = xd.data() + set.xd;
+    float* xsp = xs.data() + set.xd;
+    if (T * K <= 16384) quantize_activations_q4(x, T, K, perm, xqp, xdp, xsp);
+    else pool.parallel_for(T, 16, [&](int64_t b, int64_t e) { quantize_activations_q4(x + b * K, e - b, K, perm, xqp + b * Kp, xdp + b * nb, xsp + b * nb); });
   }
   using Kernel = void (*)(const GemmArgs&, int64_t, int64_t);
   thread_local std::vector<GemmArgs> args;
@@ -300,9 +350,17 @@ void matmul_groups(ThreadPool& pool, const MatmulGroup* groups, int num_groups, 
       a.bias_dtype = o.bias_dtype;
       a.y = o.y;
       rows[size_t(n)] = o.N;
-      row_bytes[size_t(n)] = weight_row_bytes(o.w_dtype, gr.K);
+      row_bytes[size_t(n)] = weight_row_bytes(o.w_dtype, gr.K, o.w);
       Kernel& k = kernels[size_t(n)];
-      if (o.w_dtype == DType::Q8_0) {
+      if (o.w_dtype == DType::Q4) {
+        const Q4Set& set = q4_sets[size_t(q4_set_of[size_t(n)])];
+        a.xq = xq.data() + set.xq;
+        a.xd = xd.data() + set.xd;
+        a.xs = xs.data() + set.xd;
+        k = level >= SimdLevel::Avx512 && cpu_has_avx512vnni() ? gemm_q4_avx512vnni
+            : level >= SimdLevel::Avx2                         ? gemm_q4_avx2
+                                                               : gemm_q4_generic;
+      } else if (o.w_dtype == DType::Q8_0) {
         a.xq = xq.data() + xq_off[size_t(g)];
         a.xd = xd.data() + xd_off[size_t(g)];
         k = level >= SimdLevel::Avx512 && cpu_has_avx512vnni() ? gemm_q8_avx512vnni
