@@ -1,6 +1,7 @@
 // A GGUF (v3) writer for the llama.cpp peer of bench:engine: the bench model's safetensors
 // checkpoint rewritten as the GGUF llama.cpp loads, with the same weights bit for bit (2-D
-// tensors bf16 as stored, or Q8_0; 1-D norms and biases f32 as llama.cpp wants them), the
+// tensors bf16 as stored, or Q8_0, or Q4_0 projections beside a Q8_0 embedding and output; 1-D
+// norms and biases f32 as llama.cpp wants them), the
 // architecture's hyperparameters and the tokenizer's vocabulary and merges. Llama and Qwen2
 // checkpoints only (what the bench presets are). The format, from ggml's docs/gguf.md: a header
 // (magic, version, tensor count, metadata count), metadata key/values, tensor infos (name, dims
@@ -10,9 +11,10 @@ import { join } from 'node:path';
 
 /** ggml tensor types this writer emits (ggml.h's enum ggml_type). */
 export const GGML_F32 = 0;
+export const GGML_Q4_0 = 2;
 export const GGML_Q8_0 = 8;
 export const GGML_BF16 = 30;
-export type GgufWeightType = 'bf16' | 'q8_0';
+export type GgufWeightType = 'bf16' | 'q8_0' | 'q4_0';
 
 const ALIGNMENT = 32;
 // GGUF metadata value types (gguf.h).
@@ -139,6 +141,34 @@ export function quantizeQ8_0(values: Float32Array): Buffer {
   return out;
 }
 
+/**
+ * Q4_0 as ggml defines it (ggml-quants.c quantize_row_q4_0_ref): per 32 values one f16 scale
+ * d = max / -8, max the value of largest magnitude with its sign (the first one on a tie), and
+ * 32 codes q = min(15, trunc(x / d + 8.5)) (x * (1 / d) in f32), dequantized as d * (q - 8);
+ * byte j of the 16 holds q[j] in its low nibble and q[j + 16] in its high one: 18 bytes a block.
+ */
+export function quantizeQ4_0(values: Float32Array): Buffer {
+  if (values.length % 32 !== 0) throw new Error('Q4_0 needs a multiple of 32 values per row');
+  const blocks = values.length / 32;
+  const out = Buffer.alloc(blocks * 18);
+  const f = Math.fround;
+  for (let b = 0; b < blocks; b++) {
+    let amax = 0, max = 0;
+    for (let i = 0; i < 32; i++) {
+      const v = values[32 * b + i]!;
+      if (amax < Math.abs(v)) {
+        amax = Math.abs(v);
+        max = v;
+      }
+    }
+    const d = f(max / -8), id = d ? f(1 / d) : 0;
+    out.writeUInt16LE(f32ToHalf(d), 18 * b);
+    const q = (i: number) => Math.min(15, Math.trunc(f(f(values[32 * b + i]! * id) + 8.5)));
+    for (let j = 0; j < 16; j++) out[18 * b + 2 + j] = q(j) | (q(j + 16) << 4);
+  }
+  return out;
+}
+
 interface TensorOut {
   name: string;
   dims: number[];  // ggml order: innermost (columns) first
@@ -174,7 +204,8 @@ function hfToGgufName(name: string): string | null {
 /**
  * Writes `out` (a .gguf) from the checkpoint in modelDir (config.json, model.safetensors,
  * tokenizer.json). Every 2-D weight becomes `weights` (bf16 needs a bf16 checkpoint), the token
- * embedding included, as llama.cpp's own conversion does (a tied lm_head is that tensor).
+ * embedding included, as llama.cpp's own conversion does (a tied lm_head is that tensor); q4_0
+ * keeps the embedding and output Q8_0.
  * Returns the bytes of the data section.
  */
 export function writeGguf(modelDir: string, out: string, weights: GgufWeightType): number {
@@ -197,10 +228,16 @@ export function writeGguf(modelDir: string, out: string, weights: GgufWeightType
     const dims = [...e.shape].reverse();
     if (e.shape.length === 1) {
       tensors.push({ name: gname, dims, type: GGML_F32, size: e.shape[0]! * 4, bytes: () => toF32(read(e), e.dtype) });
-    } else if (weights === 'q8_0') {
+    } else if (weights === 'q8_0' || (weights === 'q4_0' && (gname === 'token_embd.weight' || gname === 'output.weight'))) {
+      // Under q4_0 the token embedding (the output layer when tied) and an untied output.weight are
+      // Q8_0: the blocks sluice's int8 lm_head holds, so both peers' output layers carry the same bytes.
       const count = e.shape[0]! * e.shape[1]!;
       tensors.push({ name: gname, dims, type: GGML_Q8_0, size: (count / 32) * 34,
         bytes: () => { const f = toF32(read(e), e.dtype); return quantizeQ8_0(new Float32Array(f.buffer, f.byteOffset, count)); } });
+    } else if (weights === 'q4_0') {
+      const count = e.shape[0]! * e.shape[1]!;
+      tensors.push({ name: gname, dims, type: GGML_Q4_0, size: (count / 32) * 18,
+        bytes: () => { const f = toF32(read(e), e.dtype); return quantizeQ4_0(new Float32Array(f.buffer, f.byteOffset, count)); } });
     } else {
       if (e.dtype !== 'BF16') throw new Error(`GGUF writer: bf16 weights need a bf16 checkpoint (${name} is ${e.dtype})`);
       tensors.push({ name: gname, dims, type: GGML_BF16, size: e.end - e.begin, bytes: () => read(e) });
@@ -233,7 +270,8 @@ export function writeGguf(modelDir: string, out: string, weights: GgufWeightType
     [`${arch}.attention.head_count_kv`, { type: 'u32', value: Number(config.num_key_value_heads ?? heads) }],
     [`${arch}.rope.freq_base`, { type: 'f32', value: Number(config.rope_theta ?? 10000) }],
     [`${arch}.attention.layer_norm_rms_epsilon`, { type: 'f32', value: num('rms_norm_eps') }],
-    ['general.file_type', { type: 'u32', value: weights === 'q8_0' ? 7 : 32 }],  // llama_ftype MOSTLY_Q8_0 / MOSTLY_BF16
+    // llama_ftype MOSTLY_Q8_0 / MOSTLY_Q4_0 / MOSTLY_BF16
+    ['general.file_type', { type: 'u32', value: weights === 'q8_0' ? 7 : weights === 'q4_0' ? 2 : 32 }],
     ['tokenizer.ggml.model', { type: 'string', value: 'gpt2' }],
     ['tokenizer.ggml.pre', { type: 'string', value: arch === 'qwen2' ? 'qwen2' : 'default' }],
     ['tokenizer.ggml.tokens', { type: 'strings', value: tokens }],

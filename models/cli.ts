@@ -2,14 +2,15 @@
 // Command line front end of the generator:
 //   node dist/models/cli.js --preset tiny --out data/tiny [--dtype bf16] [--seed 0]
 //        [--shard-bytes N] [--no-weights] [--set numLayers=2 --set vocabSize=4096]
+//        [--quantize LAYOUT [--group-size N]]
 //   node dist/models/cli.js --list
 
-import { FP8_LAYOUTS, type Fp8Layout, PRESETS, type PresetShape, makeModel, weightBytes } from './make-model.js';
+import { INT_LAYOUTS, PRESETS, type PresetShape, QUANTIZE_LAYOUTS, type QuantizeOptions, makeModel, weightBytes } from './make-model.js';
 
 function usage(): never {
   console.error(
     'usage: cli --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--shard-bytes N] [--no-weights] [--set field=value]...\n' +
-      '           [--quantize ' + FP8_LAYOUTS.join('|') + ']\n' +
+      '           [--quantize ' + QUANTIZE_LAYOUTS.join('|') + ' [--group-size N]]\n' +
       '       cli --list',
   );
   process.exit(2);
@@ -22,7 +23,8 @@ async function main(argv: string[]): Promise<void> {
   let seed: number | undefined;
   let shardBytes: number | undefined;
   let weights = true;
-  let quantize: Fp8Layout | undefined;
+  let quantize: (typeof QUANTIZE_LAYOUTS)[number] | undefined;
+  let groupSize: number | undefined;
   const overrides: Record<string, unknown> = {};
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
@@ -43,9 +45,9 @@ async function main(argv: string[]): Promise<void> {
     else if (a === '--no-weights') weights = false;
     else if (a === '--quantize') {
       const q = next();
-      if (!(FP8_LAYOUTS as readonly string[]).includes(q)) usage();
-      quantize = q as Fp8Layout;
-    }
+      if (!(QUANTIZE_LAYOUTS as readonly string[]).includes(q)) usage();
+      quantize = q as (typeof QUANTIZE_LAYOUTS)[number];
+    } else if (a === '--group-size') groupSize = Number(next());
     else if (a === '--set') {
       const [k, v] = next().split('=', 2) as [string, string | undefined];
       if (v === undefined) usage();
@@ -53,6 +55,7 @@ async function main(argv: string[]): Promise<void> {
     } else usage();
   }
   if (!preset || !out) usage();
+  if (groupSize !== undefined && !(quantize && (INT_LAYOUTS as readonly string[]).includes(quantize))) usage();
   const t0 = Date.now();
   let lastPct = -1;
   await makeModel({
@@ -62,7 +65,7 @@ async function main(argv: string[]): Promise<void> {
     seed,
     shardBytes,
     weights,
-    ...(quantize && { quantize: { layout: quantize } }),
+    ...(quantize && { quantize: { layout: quantize, ...(groupSize !== undefined && { groupSize }) } as QuantizeOptions }),
     overrides: overrides as Partial<PresetShape>,
     onProgress: (done, total) => {
       const pct = total ? Math.floor((done / total) * 100) : 100;

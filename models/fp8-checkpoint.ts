@@ -8,11 +8,10 @@
 //   per-tensor weight and input scales, [1] each);
 // - fp8-modelopt: NVIDIA ModelOpt FP8, per-tensor "<w>_scale" [] and a static "<module>.input_scale" [],
 //   "exclude_modules": ["lm_head"].
-// NOTE: the checkpoint is first written in f32 and a shard is rewritten in memory: fine for the
-// test presets, heavy (4x the FP8 bytes on disk, one f32 shard in memory) for the real shapes.
+// NOTE: the checkpoint is first written in f32 and a shard is rewritten in memory
+// (checkpoint-rewrite.ts): fine for the test presets, heavy (4x the FP8 bytes on disk) for the real shapes.
 
-import { closeSync, existsSync, openSync, readFileSync, readSync, renameSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { bytesOf, QUANTIZED_PROJECTION, rewriteF32Checkpoint, type StoredTensor } from './checkpoint-rewrite.js';
 import { type Dtype, safetensorsDtype } from './presets.js';
 import { toStoredBytes } from './weights.js';
 
@@ -75,9 +74,6 @@ export function e4m3Value(code: number): number {
   return code & 0x80 ? -v : v;
 }
 
-/** The projections FP8 releases quantize: attention, MLP and expert matrices, not routers or norms. */
-const QUANTIZED = /\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$/;
-
 /** config.json's quantization_config for a layout. */
 export function fp8QuantizationConfig(opts: Fp8Options): Record<string, unknown> {
   const head = opts.quantizeLmHead ? [] : ['lm_head'];
@@ -108,13 +104,6 @@ export function fp8QuantizationConfig(opts: Fp8Options): Record<string, unknown>
   };
 }
 
-interface StoredTensor {
-  name: string;
-  dtype: string;
-  shape: number[];
-  bytes: Uint8Array;
-}
-
 /** Codes and scales of a [rows, cols] matrix: scales [scaleRows, scaleCols] over blocks of [bh, bw]. */
 function quantizeMatrix(w: Float32Array, rows: number, cols: number, bh: number, bw: number) {
   const scaleRows = Math.ceil(rows / bh), scaleCols = Math.ceil(cols / bw);
@@ -134,93 +123,31 @@ function quantizeMatrix(w: Float32Array, rows: number, cols: number, bh: number,
   return { codes, scales, scaleShape: [scaleRows, scaleCols] };
 }
 
-function readF32Safetensors(path: string): StoredTensor[] {
-  const fd = openSync(path, 'r');
-  try {
-    const lenBuf = Buffer.alloc(8);
-    readSync(fd, lenBuf, 0, 8, 0);
-    const headerLen = Number(lenBuf.readBigUInt64LE(0));
-    const headerBuf = Buffer.alloc(headerLen);
-    readSync(fd, headerBuf, 0, headerLen, 8);
-    const header = JSON.parse(headerBuf.toString('utf8')) as Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
-    const out: StoredTensor[] = [];
-    for (const [name, info] of Object.entries(header)) {
-      if (name === '__metadata__') continue;
-      const bytes = new Uint8Array(info.data_offsets[1] - info.data_offsets[0]);
-      readSync(fd, bytes, 0, bytes.length, 8 + headerLen + info.data_offsets[0]);
-      out.push({ name, dtype: info.dtype, shape: info.shape, bytes });
-    }
-    return out;
-  } finally {
-    closeSync(fd);
-  }
-}
-
-function writeStoredSafetensors(path: string, tensors: StoredTensor[]): number {
-  const header: Record<string, unknown> = { __metadata__: { format: 'pt' } };
-  let offset = 0;
-  for (const t of tensors) {
-    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + t.bytes.length] };
-    offset += t.bytes.length;
-  }
-  let json = JSON.stringify(header);
-  json += ' '.repeat((8 - (Buffer.byteLength(json) % 8)) % 8);
-  const len = Buffer.alloc(8);
-  len.writeBigUInt64LE(BigInt(Buffer.byteLength(json)));
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, Buffer.concat([len, Buffer.from(json, 'utf8'), ...tensors.map((t) => t.bytes)]));
-  renameSync(tmp, path);
-  return offset;
-}
-
-const f32Bytes = (v: Float32Array) => new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
-
 /**
  * Rewrites the f32 safetensors of `dir` (model.safetensors or the shards of its index) in an FP8
  * layout, the unquantized tensors in `dtype`. Returns quantization_config for config.json, which
  * the caller writes. Reads one shard at a time.
  */
 export function quantizeFp8Checkpoint(dir: string, dtype: Dtype, opts: Fp8Options): Record<string, unknown> {
-  const indexPath = join(dir, 'model.safetensors.index.json');
-  const sharded = existsSync(indexPath);
-  const files = sharded
-    ? [...new Set(Object.values((JSON.parse(readFileSync(indexPath, 'utf8')) as { weight_map: Record<string, string> }).weight_map))].sort()
-    : ['model.safetensors'];
   const [bh, bw] = opts.layout === 'fp8-block' ? (opts.blockSize ?? [128, 128]) : [Infinity, Infinity];
-  const weightMap: Record<string, string> = {};
-  let total = 0;
-  for (const file of files) {
-    const out: StoredTensor[] = [];
-    for (const t of readF32Safetensors(join(dir, file))) {
-      if (t.dtype !== 'F32') throw new Error(`fp8 writer: ${t.name} is ${t.dtype}, expected the F32 it was written in`);
-      const values = new Float32Array(t.bytes.buffer, t.bytes.byteOffset, t.bytes.length / 4);
-      const quantize = t.shape.length === 2 && (QUANTIZED.test(t.name) || (opts.quantizeLmHead === true && /(^|\.)lm_head\.weight$/.test(t.name)));
-      if (!quantize) {
-        out.push({ name: t.name, dtype: safetensorsDtype(dtype), shape: t.shape, bytes: toStoredBytes(values, values.length, dtype) });
-        continue;
-      }
-      const [rows, cols] = t.shape as [number, number];
-      const perRow = opts.layout === 'fp8-compressed-tensors' && (opts.strategy ?? 'channel') === 'channel';
-      const q = quantizeMatrix(values, rows, cols, perRow ? 1 : Math.min(bh, rows), Math.min(bw, cols));
-      out.push({ name: t.name, dtype: 'F8_E4M3', shape: t.shape, bytes: q.codes });
-      if (opts.layout === 'fp8-block') {
-        out.push({ name: `${t.name}_scale_inv`, dtype: 'F32', shape: q.scaleShape, bytes: f32Bytes(q.scales) });
-      } else if (opts.layout === 'fp8-compressed-tensors') {
-        out.push({ name: `${t.name}_scale`, dtype: 'F32', shape: perRow ? [rows, 1] : [1], bytes: f32Bytes(q.scales) });
-        // A static activation scale as a calibration would give inputs of rms ~1 (unused on the CPU).
-        if (!perRow) out.push({ name: t.name.replace(/weight$/, 'input_scale'), dtype: 'F32', shape: [1], bytes: f32Bytes(Float32Array.of(4 / E4M3_MAX)) });
-      } else {
-        out.push({ name: `${t.name}_scale`, dtype: 'F32', shape: [], bytes: f32Bytes(q.scales) });
-        out.push({ name: t.name.replace(/weight$/, 'input_scale'), dtype: 'F32', shape: [], bytes: f32Bytes(Float32Array.of(4 / E4M3_MAX)) });
-      }
+  rewriteF32Checkpoint(dir, 'fp8 writer', (t, values): StoredTensor[] => {
+    const quantize = t.shape.length === 2 && (QUANTIZED_PROJECTION.test(t.name) || (opts.quantizeLmHead === true && /(^|\.)lm_head\.weight$/.test(t.name)));
+    if (!quantize) return [{ name: t.name, dtype: safetensorsDtype(dtype), shape: t.shape, bytes: toStoredBytes(values, values.length, dtype) }];
+    const [rows, cols] = t.shape as [number, number];
+    const perRow = opts.layout === 'fp8-compressed-tensors' && (opts.strategy ?? 'channel') === 'channel';
+    const q = quantizeMatrix(values, rows, cols, perRow ? 1 : Math.min(bh, rows), Math.min(bw, cols));
+    const out: StoredTensor[] = [{ name: t.name, dtype: 'F8_E4M3', shape: t.shape, bytes: q.codes }];
+    if (opts.layout === 'fp8-block') {
+      out.push({ name: `${t.name}_scale_inv`, dtype: 'F32', shape: q.scaleShape, bytes: bytesOf(q.scales) });
+    } else if (opts.layout === 'fp8-compressed-tensors') {
+      out.push({ name: `${t.name}_scale`, dtype: 'F32', shape: perRow ? [rows, 1] : [1], bytes: bytesOf(q.scales) });
+      // A static activation scale as a calibration would give inputs of rms ~1 (unused on the CPU).
+      if (!perRow) out.push({ name: t.name.replace(/weight$/, 'input_scale'), dtype: 'F32', shape: [1], bytes: bytesOf(Float32Array.of(4 / E4M3_MAX)) });
+    } else {
+      out.push({ name: `${t.name}_scale`, dtype: 'F32', shape: [], bytes: bytesOf(q.scales) });
+      out.push({ name: t.name.replace(/weight$/, 'input_scale'), dtype: 'F32', shape: [], bytes: bytesOf(Float32Array.of(4 / E4M3_MAX)) });
     }
-    total += writeStoredSafetensors(join(dir, file), out);
-    for (const t of out) weightMap[t.name] = file;
-  }
-  if (sharded) {
-    const sorted = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-    writeFileSync(indexPath, JSON.stringify({ metadata: { total_size: total }, weight_map: sorted }, null, 2) + '\n');
-  }
+    return out;
+  });
   return fp8QuantizationConfig(opts);
 }
-

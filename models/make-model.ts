@@ -23,12 +23,18 @@ import {
   writeRandomSafetensors,
 } from './safetensors-writer.js';
 import { createGenerator, defaultThreads } from './weight-pool.js';
-import { checkFp8Options, type Fp8Options, quantizeFp8Checkpoint } from './fp8-checkpoint.js';
+import { checkFp8Options, FP8_LAYOUTS, type Fp8Options, quantizeFp8Checkpoint } from './fp8-checkpoint.js';
+import { checkIntQuantOptions, INT_LAYOUTS, type IntQuantOptions, planIntQuantization, quantizeIntCheckpoint } from './int4-checkpoint.js';
 import { ARCHITECTURES } from '../src/engine/architectures.js';
 
 export { PRESETS, isSparseLayer, resolvePreset };
 export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily } from './presets.js';
 export { FP8_LAYOUTS, type Fp8Layout, type Fp8Options } from './fp8-checkpoint.js';
+export { INT_LAYOUTS, type IntLayout, type IntQuantOptions } from './int4-checkpoint.js';
+
+/** Every layout `quantize` takes: the FP8 ones, then AWQ and GPTQ. */
+export const QUANTIZE_LAYOUTS = [...FP8_LAYOUTS, ...INT_LAYOUTS] as const;
+export type QuantizeOptions = Fp8Options | IntQuantOptions;
 
 export const DEFAULT_SHARD_BYTES = 4 * 1024 ** 3;
 
@@ -49,9 +55,10 @@ export interface MakeModelOptions {
   threads?: number;
   /** Called with (bytes of weights written, total bytes of weights). */
   onProgress?: (done: number, total: number) => void;
-  /** Write an FP8 checkpoint in this published layout (models/fp8-checkpoint.ts): the linear
-   * projections F8_E4M3 with their scales, the other tensors in `dtype`. */
-  quantize?: Fp8Options;
+  /** Write a quantized checkpoint in this published layout, the other tensors in `dtype`: FP8
+   * (models/fp8-checkpoint.ts: the linear projections F8_E4M3 with their scales) or AWQ / GPTQ
+   * (models/int4-checkpoint.ts: packed int32 codes with f16 scales and zeros). */
+  quantize?: QuantizeOptions;
 }
 
 /**
@@ -273,6 +280,21 @@ export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: numb
   });
 }
 
+const isIntLayout = (q: QuantizeOptions): q is IntQuantOptions => (INT_LAYOUTS as readonly unknown[]).includes(q.layout);
+
+/** Throws naming the field when `quantize` is no valid layout's options or does not fit the preset's shapes. */
+function checkQuantize(preset: string, shape: PresetShape, quantize: unknown): asserts quantize is QuantizeOptions {
+  const layout = (quantize as { layout?: unknown } | null)?.layout;
+  const int = (INT_LAYOUTS as readonly unknown[]).includes(layout);
+  if (int) checkIntQuantOptions(quantize);
+  else if ((FP8_LAYOUTS as readonly unknown[]).includes(layout)) checkFp8Options(quantize);
+  else throw new Error(`quantize must be { layout: ${QUANTIZE_LAYOUTS.map((l) => `'${l}'`).join(' | ')}, ... }, got ${JSON.stringify(quantize)}`);
+  if (ARCHITECTURES[shape.architecture].moeLayout === 'gpt_oss') {
+    throw new Error(`${preset}: gpt-oss is published with MXFP4 experts; FP8, AWQ and GPTQ layouts are written for the other families`);
+  }
+  if (int) planIntQuantization(tensorSpecs(shape), quantize as IntQuantOptions);
+}
+
 async function writeJson(path: string, value: unknown): Promise<void> {
   const tmp = `${path}.tmp-${process.pid}`;
   await writeFile(tmp, JSON.stringify(value, null, 2) + '\n');
@@ -285,7 +307,7 @@ async function writeJson(path: string, value: unknown): Promise<void> {
  */
 export async function makeModel(opts: MakeModelOptions): Promise<void> {
   const shape = resolvePreset(opts.preset, opts.overrides);
-  if (opts.quantize !== undefined) checkFp8Options(opts.quantize);  // before anything in `out` is touched
+  if (opts.quantize !== undefined) checkQuantize(opts.preset, shape, opts.quantize);  // before anything in `out` is touched
   const dtype = opts.dtype ?? shape.defaultDtype;
   const seed = (opts.seed ?? 0) >>> 0;
   const out = opts.out;
@@ -301,10 +323,7 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
     }
   }
 
-  if (opts.quantize && ARCHITECTURES[shape.architecture].moeLayout === 'gpt_oss') {
-    throw new Error(`${opts.preset}: gpt-oss is published with MXFP4 experts; FP8 layouts are written for the other families`);
-  }
-  // An FP8 checkpoint is quantized from the f32 values the generator draws.
+  // A quantized checkpoint is quantized from the f32 values the generator draws.
   const drawn: Dtype = opts.quantize ? 'f32' : dtype;
   let quantizationConfig: Record<string, unknown> | undefined;
   if (opts.weights !== false) {
@@ -326,7 +345,11 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
       await gen.close();
     }
     if (shards.length > 1) await writeJson(join(out, 'model.safetensors.index.json'), shardIndex(shards));
-    if (opts.quantize) quantizationConfig = quantizeFp8Checkpoint(out, dtype, opts.quantize);
+    if (opts.quantize) {
+      quantizationConfig = isIntLayout(opts.quantize)
+        ? quantizeIntCheckpoint(out, dtype, opts.quantize)
+        : quantizeFp8Checkpoint(out, dtype, opts.quantize);
+    }
   }
 
   await writeJson(join(out, 'tokenizer.json'), tok.json);

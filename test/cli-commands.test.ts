@@ -175,13 +175,21 @@ describe('sluice make-model', () => {
     expect((await cli('make-model', '--preset', 'test-llama', '--out', empty)).code).toBe(0);
   });
 
-  it('writes an FP8 checkpoint with --quantize and names the flag for an unknown layout', async () => {
+  it('writes FP8, AWQ and GPTQ checkpoints with --quantize and names the flag for an unknown layout', async () => {
     const out = join(root, 'made-fp8');
     expect((await cli('make-model', '--preset', 'test-llama', '--out', out, '--quantize', 'fp8-modelopt')).code).toBe(0);
     expect(JSON.parse(readFileSync(join(out, 'config.json'), 'utf8')).quantization_config).toMatchObject({ quant_method: 'modelopt', quant_algo: 'FP8' });
-    const bad = await cli('make-model', '--preset', 'test-llama', '--out', join(root, 'made-awq'), '--quantize', 'awq');
+    const bad = await cli('make-model', '--preset', 'test-llama', '--out', join(root, 'made-nf4'), '--quantize', 'nf4');
     expect(bad.code).toBe(1);
-    expect(bad.stderr).toMatch(/--quantize must be one of fp8-block, fp8-compressed-tensors, fp8-modelopt/);
+    expect(bad.stderr).toMatch(/--quantize must be one of fp8-block, fp8-compressed-tensors, fp8-modelopt, awq, gptq, gptq-act-order, gptq-8bit/);
+    const gptq = join(root, 'made-gptq');
+    expect((await cli('make-model', '--preset', 'test-llama', '--out', gptq, '--quantize', 'gptq', '--group-size', '32')).code).toBe(0);
+    expect(JSON.parse(readFileSync(join(gptq, 'config.json'), 'utf8')).quantization_config).toMatchObject({ quant_method: 'gptq', bits: 4, group_size: 32 });
+    const tooBig = await cli('make-model', '--preset', 'test-llama', '--out', join(root, 'made-awq'), '--quantize', 'awq', '--group-size', '128');
+    expect(tooBig.code).toBe(1);
+    expect(tooBig.stderr).toMatch(/down_proj\.weight \[128, 352\]: 352 inputs are not a multiple of the group size 128/);
+    const stray = await cli('make-model', '--preset', 'test-llama', '--out', join(root, 'made-stray'), '--group-size', '32');
+    expect(stray.stderr).toMatch(/--group-size goes with --quantize awq\|gptq\|gptq-act-order\|gptq-8bit/);
   });
 });
 

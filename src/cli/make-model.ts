@@ -2,14 +2,15 @@
 
 import { readdirSync, statSync } from 'node:fs';
 import { SluiceError } from '../errors.js';
-import { FP8_LAYOUTS, makeModel, PRESETS, weightBytes } from '../../models/make-model.js';
-import type { Dtype, Fp8Layout } from '../../models/make-model.js';
+import { INT_LAYOUTS, makeModel, PRESETS, QUANTIZE_LAYOUTS, weightBytes } from '../../models/make-model.js';
+import type { Dtype, IntLayout, QuantizeOptions } from '../../models/make-model.js';
 import { exportOnnx, ONNX_QUANTIZATIONS, type OnnxQuantization } from '../../models/onnx-export.js';
 import { formatBytes, stderrProgress } from '../progress.js';
 import { choiceFlag, commandFlags, intFlag, requiredFlag } from './args.js';
 
-export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N] [--quantize fp8-block|fp8-compressed-tensors|fp8-modelopt]
-                          [--onnx fp32|int4] [--force]
+export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N]
+                          [--quantize fp8-block|fp8-compressed-tensors|fp8-modelopt|awq|gptq|gptq-act-order|gptq-8bit]
+                          [--group-size N] [--onnx fp32|int4] [--force]
 
 Writes a Hugging Face model directory (config, tokenizer, chat template, safetensors) with
 deterministic random weights in the shape of a preset.
@@ -18,9 +19,13 @@ deterministic random weights in the shape of a preset.
   --out DIR       output directory (created if missing)
   --dtype D       weight dtype (default: the preset's)
   --seed N        weight seed, 0..2^32-1 (default 0)
-  --quantize L    write an FP8 checkpoint as published (linear projections F8_E4M3 with scales,
-                  other tensors in --dtype): fp8-block (Qwen3/DeepSeek FP8, 128x128 blocks),
-                  fp8-compressed-tensors (llm-compressor FP8_DYNAMIC), fp8-modelopt (NVIDIA ModelOpt)
+  --quantize L    write a quantized checkpoint as published, other tensors in --dtype. FP8 (linear
+                  projections F8_E4M3 with scales): fp8-block (Qwen3/DeepSeek FP8, 128x128 blocks),
+                  fp8-compressed-tensors (llm-compressor FP8_DYNAMIC), fp8-modelopt (NVIDIA ModelOpt).
+                  Integer (packed int32 codes, f16 scales, packed zeros): awq (AutoAWQ gemm, 4 bits),
+                  gptq (AutoGPTQ, 4 bits, symmetric), gptq-act-order (desc_act), gptq-8bit
+  --group-size N  awq / gptq: inputs per scale (default 128, or the largest of 64, 32, 16 that fits
+                  the preset); gptq also -1, one group per matrix
   --onnx Q        also write an ONNX export of the same weights (onnx/model.onnx with past/present
                   KV tensors, as optimum lays it out): fp32, or int4 (MatMulNBits, 32 per scale)
   --force         write into --out even when it is not empty (its model files are replaced)
@@ -33,6 +38,7 @@ export const MAKE_MODEL_OPTIONS = {
   dtype: { type: 'string' },
   seed: { type: 'string' },
   quantize: { type: 'string' },
+  'group-size': { type: 'string' },
   onnx: { type: 'string' },
   force: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
@@ -49,7 +55,12 @@ export async function runMakeModel(args: string[]): Promise<void> {
   const out = requiredFlag(values.out, 'out', 'make-model');
   const dtype = choiceFlag<Dtype>(values.dtype, 'dtype', ['f32', 'f16', 'bf16']);
   const seed = intFlag(values.seed, 'seed', 0, 2 ** 32 - 1);
-  const quantize = choiceFlag<Fp8Layout>(values.quantize, 'quantize', FP8_LAYOUTS);
+  const quantize = choiceFlag(values.quantize, 'quantize', QUANTIZE_LAYOUTS);
+  const groupSize = intFlag(values['group-size'], 'group-size', -1);
+  if (groupSize !== undefined && (groupSize === 0 || !quantize || !isIntLayout(quantize))) {
+    throw new SluiceError('invalid_argument',
+      groupSize === 0 ? '--group-size must be a positive integer or -1' : `--group-size goes with --quantize ${INT_LAYOUTS.join('|')}`, { param: 'group-size' });
+  }
   const onnx = choiceFlag<OnnxQuantization>(values.onnx, 'onnx', ONNX_QUANTIZATIONS);
   if (quantize !== undefined && onnx !== undefined) {
     throw new SluiceError('invalid_argument', '--onnx exports bf16/f32 checkpoints; it cannot be combined with --quantize', { param: 'onnx' });
@@ -59,7 +70,7 @@ export async function runMakeModel(args: string[]): Promise<void> {
   const totalBytes = weightBytes(preset, dtype);
   process.stderr.write(`making ${preset} (${formatBytes(totalBytes)} of weights) in ${out}\n`);
   await makeModel({
-    preset, out, dtype, seed, ...(quantize !== undefined && { quantize: { layout: quantize } }),
+    preset, out, dtype, seed, ...(quantize !== undefined && { quantize: { layout: quantize, ...(groupSize !== undefined && { groupSize }) } as QuantizeOptions }),
     onProgress: stderrProgress('writing weights'),
   });
   if (onnx !== undefined) {
@@ -71,6 +82,8 @@ export async function runMakeModel(args: string[]): Promise<void> {
   }
   process.stderr.write(`done: ${out}\n`);
 }
+
+const isIntLayout = (layout: string): layout is IntLayout => (INT_LAYOUTS as readonly string[]).includes(layout);
 
 /**
  * A model directory is written in place (config, tokenizer and weight files replaced): without

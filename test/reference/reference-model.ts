@@ -2,7 +2,8 @@
 // Gemma 3 / gpt-oss decoder models, following transformers' semantics. Independent of models/ and
 // src/: it reads config.json and the safetensors files itself. Meant for small test models (all
 // weights live as Float64Array). The math is in math.ts, the mixture-of-experts MLP in moe.ts,
-// gpt-oss's config and MXFP4 experts in gpt-oss.ts.
+// gpt-oss's config and MXFP4 experts in gpt-oss.ts, FP8 and AWQ / GPTQ checkpoints' dequantization
+// in fp8.ts and int4.ts.
 
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -25,6 +26,7 @@ import {
 import { GPT_OSS_ARCHITECTURE, loadGptOssMoe, parseGptOssConfig } from './gpt-oss.js';
 import { type MoeArchitecture, type RefMoeConfig, type ReferenceMoe, isMoeArchitecture, loadMoe, moeForward, parseMoeConfig } from './moe.js';
 import { dequantizeFp8 } from './fp8.js';
+import { dequantizeAwqGptq } from './int4.js';
 import { type RefTensor, readSafetensorsDir } from './safetensors-reader.js';
 
 export type { GatedMlp, Linear, RefActivation, RefRopeScaling } from './math.js';
@@ -241,6 +243,7 @@ export function loadReferenceModel(dir: string): ReferenceModel {
   const cfg = parseConfig(raw);
   const tensors = readSafetensorsDir(dir);
   dequantizeFp8(tensors, raw);
+  dequantizeAwqGptq(tensors, raw);
   const get = (name: string, shape: number[]): RefTensor => {
     const t = tensors.get(name);
     if (!t) throw new Error(`reference: missing tensor ${name}`);

@@ -1,7 +1,8 @@
 // Minimal safetensors reader for the float64 reference: decodes F64/F32/F16/BF16 exactly to f64,
 // U8 (gpt-oss's packed MXFP4 blocks and their scale bytes) to its integer values 0..255, and
 // F8_E4M3 (FP8 checkpoints' weights, scaled by reference/fp8.ts) to each code's exact value (NaN
-// codes to NaN).
+// codes to NaN), and I32 (AWQ / GPTQ packed words and g_idx, unpacked by reference/int4.ts) to its
+// signed integer value.
 // Independent of models/ and src/ on purpose.
 
 import { existsSync, readFileSync } from 'node:fs';
@@ -72,13 +73,16 @@ function decode(dtype: string, bytes: Buffer, n: number): Float64Array {
     case 'F8_E4M3':
       for (let i = 0; i < n; i++) out[i] = e4m3ToNumber(bytes[i]!);
       break;
+    case 'I32':
+      for (let i = 0; i < n; i++) out[i] = dv.getInt32(i * 4, true);
+      break;
     default:
       throw new Error(`reference reader: unsupported dtype ${dtype}`);
   }
   return out;
 }
 
-const DTYPE_SIZE: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, U8: 1, F8_E4M3: 1 };
+const DTYPE_SIZE: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, U8: 1, F8_E4M3: 1, I32: 4 };
 
 /** All tensors of one .safetensors file, decoded to f64. */
 export function readSafetensorsFile(path: string): Map<string, RefTensor> {
