@@ -225,8 +225,8 @@ describe('malformed and unsupported FP8 checkpoints are refused, naming the prob
   });
 
   it.each([
-    [{ quant_method: 'awq', bits: 4, group_size: 128, version: 'gemm', zero_point: true }, 'quant_method "awq"'],
-    [{ quant_method: 'gptq', bits: 4, group_size: 128, desc_act: false }, 'quant_method "gptq"'],
+    [{ quant_method: 'awq', bits: 4, group_size: 128, version: 'gemv', zero_point: true }, 'awq version "gemv"'],
+    [{ quant_method: 'gptq', bits: 3, group_size: 128, desc_act: false }, 'gptq with 3 bits'],
     [{ quant_method: 'bitsandbytes', load_in_4bit: true }, 'quant_method "bitsandbytes"'],
     [{ quant_method: 'fp8', fmt: 'e5m2', weight_block_size: [128, 128] }, 'fmt "e5m2"'],
     [{ quant_method: 'modelopt', quant_algo: 'NVFP4' }, 'quant_algo "NVFP4"'],

@@ -117,8 +117,12 @@ TEST_CASE(unsupported_and_malformed_quantization_configs_are_refused) {
     if (!ok) std::printf("  %s -> %s\n", q.c_str(), what.c_str());
     CHECK(ok);
   };
-  unsupported(R"({"quant_method": "awq", "bits": 4, "group_size": 128})", "quant_method \"awq\"");
-  unsupported(R"({"quant_method": "gptq", "bits": 4})", "quant_method \"gptq\"");
+  unsupported(R"({"quant_method": "awq", "bits": 3, "group_size": 128})", "awq with 3 bits");
+  unsupported(R"({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"})", "awq version \"gemv\"");
+  unsupported(R"({"quant_method": "awq", "bits": 4, "group_size": 100})", "group_size 100");
+  unsupported(R"({"quant_method": "gptq", "bits": 2, "group_size": 128})", "gptq with 2 bits");
+  unsupported(R"({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"})",
+              "checkpoint_format \"marlin\"");
   unsupported(R"({"quant_method": "bitsandbytes", "load_in_4bit": true})", "quant_method \"bitsandbytes\"");
   unsupported(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})", "fmt \"e5m2\"");
   unsupported(R"({"quant_method": "fp8", "activation_scheme": "dynamic"})", "without weight_block_size");

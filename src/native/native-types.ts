@@ -59,7 +59,7 @@ export interface NativeLoadOptions {
 export interface NativeModelInfo {
   architecture: string;        // e.g. "LlamaForCausalLM"
   modelType: string;           // config.json model_type
-  weightDtype: 'f32' | 'f16' | 'bf16';
+  weightDtype: 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4';  // the projections as held (q8_0: --quantization int8 or 8-bit GPTQ; q4: AWQ / GPTQ 4-bit)
   vocabSize: number;
   hiddenSize: number;
   numLayers: number;

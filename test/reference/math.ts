@@ -23,6 +23,32 @@ export interface Linear {
   b: Float64Array | null;
   out: number;
   in: number;
+  /**
+   * Set where the engine multiplies int8-quantized activations (Q8_0 and Q4 weights): x is cut
+   * into blocks of 32 (taken in `order` when given: block j holds x[order[32j..32j+31]]), each
+   * rounded as the engine rounds it (f32: d = amax / 127, q = round_half_even(x * (127 / amax))),
+   * and the product uses q * d.
+   */
+  inputQ8?: { order?: Int32Array };
+}
+
+/** x as the engine's int8 activation quantization leaves it (Linear.inputQ8). */
+export function q8Activations(x: Float64Array, order?: Int32Array): Float64Array {
+  const out = new Float64Array(x.length);
+  const at = (j: number) => (order ? order[j]! : j);
+  for (let b = 0; b < x.length; b += 32) {
+    const end = Math.min(x.length, b + 32);
+    let amax = 0;
+    for (let j = b; j < end; j++) amax = Math.max(amax, Math.abs(Math.fround(x[at(j)]!)));
+    const id = amax > 0 ? Math.fround(127 / amax) : 0;
+    const d = Math.fround(amax / 127);
+    for (let j = b; j < end; j++) {
+      const v = Math.fround(Math.fround(x[at(j)]!) * id);
+      const f = Math.floor(v), r = v - f > 0.5 || (v - f === 0.5 && f % 2 !== 0) ? f + 1 : f;
+      out[at(j)] = r * d;
+    }
+  }
+  return out;
 }
 
 /** x / sqrt(mean(x^2) + eps) * (offset + w): offset 0, or 1 for Gemma's (1 + w). */
@@ -37,6 +63,7 @@ export function rmsNorm(x: Float64Array, w: Float64Array, eps: number, offset = 
 
 export function matvec(l: Linear, x: Float64Array): Float64Array {
   if (x.length !== l.in) throw new Error(`matvec: input ${x.length} != ${l.in}`);
+  if (l.inputQ8) x = q8Activations(x, l.inputQ8.order);
   const y = new Float64Array(l.out);
   for (let o = 0; o < l.out; o++) {
     let acc = l.b ? l.b[o]! : 0;

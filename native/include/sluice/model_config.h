@@ -22,10 +22,19 @@ enum class Fp8Scales { None, Block, Tensor, Channel };
 
 // config.json's quantization_config, as far as loading needs it. Activation scales (input_scale)
 // are not read: the CPU dequantizes FP8 weights to bf16 at load and computes as for bf16.
+// Integer weight-only formats: AWQ (qweight [in, out / 8] packed along the outputs in AWQ's
+// interleaved nibble order) and GPTQ (qweight [in * bits / 32, out] packed along the inputs,
+// g_idx giving each input's group). Both: qzeros packed along the outputs, scales [groups, out].
+enum class IntFormat { None, Awq, Gptq };
+
 struct QuantizationConfig {
-  std::string method;  // quant_method: "" (none), "mxfp4", "fp8", "compressed-tensors", "modelopt"
+  std::string method;  // quant_method: "" (none), "mxfp4", "fp8", "compressed-tensors", "modelopt", "awq", "gptq"
   Fp8Scales fp8 = Fp8Scales::None;
   int64_t block_rows = 0, block_cols = 0;  // Fp8Scales::Block: weight_block_size
+  IntFormat int_format = IntFormat::None;
+  int64_t bits = 0;        // 4 (AWQ, GPTQ) or 8 (GPTQ)
+  int64_t group_size = 0;  // input features per scale; 0: one group over all inputs (GPTQ's -1)
+  bool zero_offset = false;  // GPTQ's original format: zeros are stored minus one
 };
 
 struct ModelConfig {

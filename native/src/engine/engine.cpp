@@ -66,10 +66,12 @@ class EngineImpl final : public Engine {
                       " backend serves the checkpoint's own dtype; drop --quantization or use --backend cpu)");
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
-    // NOTE: backends (the CUDA upload included) read f32, f16 and bf16 weights only: the binder
-    // dequantizes FP8 checkpoints' F8E4M3 weights to bf16 and unpacks MXFP4, so none is left.
+    // NOTE: the binder dequantizes FP8 checkpoints' F8E4M3 weights to bf16, unpacks MXFP4 and
+    // repacks AWQ / GPTQ words (I32) as Q4 or Q8_0, which only the CPU kernels read: other
+    // backends get them as bf16.
+    if (opts.backend != "cpu") dequantize_packed_weights(weights_, opts.num_threads);
     for (const TensorView* t : streamed_matrices(weights_))
-      if (t->dtype == DType::F8E4M3 || t->dtype == DType::U8)
+      if (t->dtype == DType::F8E4M3 || t->dtype == DType::U8 || t->dtype == DType::I32)
         throw Error(ErrorCode::kInternal, "weight \"" + t->name + "\" reached the backend as " + dtype_name(t->dtype) +
                                               " (the binder dequantizes packed and FP8 weights at load)");
     // The CPU streams the projections and the lm_head every decode step: from anonymous huge-page

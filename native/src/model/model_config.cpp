@@ -1,5 +1,6 @@
 #include "sluice/model_config.h"
 
+#include <cctype>
 #include <cmath>
 
 #include "model/architectures.h"
@@ -158,7 +159,7 @@ void read_layer_types(const Fields& f, ModelConfig& c, bool gemma) {
 
 constexpr const char* kSupportedQuantizations =
     "supported: fp8 (e4m3, weight_block_size), compressed-tensors float-quantized FP8 (strategy tensor or "
-    "channel), modelopt FP8, and gpt-oss's mxfp4";
+    "channel), modelopt FP8, awq (4-bit, GEMM packing), gptq (4 or 8 bits), and gpt-oss's mxfp4";
 
 [[noreturn]] void unsupported_quantization(const std::string& source, const std::string& what) {
   throw Error(ErrorCode::kUnsupportedModel, source + ": " + what + " is not supported (" + kSupportedQuantizations + ")");
@@ -218,6 +219,58 @@ Fp8Scales read_compressed_tensors(const Fields& q, const std::string& source) {
   return scales;
 }
 
+// group_size: a positive multiple of 32 up to 65536, or -1 (one group over all inputs; 0 here).
+int64_t read_group_size(const Fields& q, const std::string& source) {
+  const json::Value* g = q.get("group_size");
+  if (!g) q.invalid("missing the \"group_size\" integer");
+  if (!g->is_number() || g->as_number() != std::floor(g->as_number()))
+    q.invalid("group_size must be an integer");
+  const double v = g->as_number();
+  if (v == -1) return 0;
+  if (v < 1 || v > 65536) q.invalid("group_size must be -1 or in 1..65536");
+  if (int64_t(v) % 32 != 0)
+    unsupported_quantization(source, "group_size " + std::to_string(int64_t(v)) + " (only multiples of 32, or -1)");
+  return int64_t(v);
+}
+
+// AWQ (AutoAWQ's GEMM packing, zero points) and GPTQ (AutoGPTQ / optimum's "gptq" format, or
+// GPTQModel's "gptq_v2", which stores zeros without the offset; with or without act-order).
+void read_int_quantization(const Fields& q, const std::string& source, QuantizationConfig& out) {
+  const bool awq = out.method == "awq";
+  out.int_format = awq ? IntFormat::Awq : IntFormat::Gptq;
+  out.bits = q.integer_or("bits", q.integer_or("w_bit", 0));
+  if (out.bits != 4 && !(out.bits == 8 && !awq))
+    unsupported_quantization(source, out.method + " with " + std::to_string(out.bits) + " bits" +
+                                         (awq ? " (awq: 4)" : " (gptq: 4 or 8)"));
+  if (awq) {
+    // Older AutoAWQ exports spell it q_group_size; version "gemm" is the packing published.
+    if (!q.get("group_size") && q.get("q_group_size")) {
+      out.group_size = q.integer("q_group_size");
+      if (out.group_size % 32 != 0 || out.group_size == 0 || out.group_size > 65536)
+        unsupported_quantization(source, "q_group_size " + std::to_string(out.group_size) + " (only multiples of 32)");
+    } else {
+      out.group_size = read_group_size(q, source);
+    }
+    const std::string version = string_or(q.get("version"), "gemm");
+    std::string lower;
+    for (char ch : version) lower += char(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower != "gemm")
+      unsupported_quantization(source, "awq version \"" + version + "\" (only the GEMM packing)");
+    if (!q.boolean_or("zero_point", true)) unsupported_quantization(source, "awq without zero points");
+    check_module_list(q, "modules_to_not_convert");
+    return;
+  }
+  out.group_size = read_group_size(q, source);
+  const std::string format = string_or(q.get("checkpoint_format"), "gptq");
+  if (format != "gptq" && format != "gptq_v2")
+    unsupported_quantization(source, "gptq checkpoint_format \"" + format + "\" (only gptq and gptq_v2)");
+  if (q.boolean_or("is_marlin_format", false)) unsupported_quantization(source, "gptq in Marlin's packing");
+  out.zero_offset = format == "gptq";
+  // desc_act and sym need no flag: g_idx and the stored zeros carry both.
+  q.boolean_or("desc_act", false);
+  q.boolean_or("sym", true);
+}
+
 // quantization_config (from the top level, else the nested text config). Malformed fields are
 // kModelFileInvalid; methods, formats and options the loader does not implement kUnsupportedModel.
 QuantizationConfig read_quantization(const json::Value& qv, const std::string& source, const ArchSpec& arch) {
@@ -260,6 +313,8 @@ QuantizationConfig read_quantization(const json::Value& qv, const std::string& s
     // engine's own dtype.
     check_module_list(q, "exclude_modules");
     out.fp8 = Fp8Scales::Tensor;
+  } else if (out.method == "awq" || out.method == "gptq") {
+    read_int_quantization(q, source, out);
   } else {
     unsupported_quantization(source, "quant_method \"" + out.method + "\"");
   }

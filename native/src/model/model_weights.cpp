@@ -7,6 +7,7 @@
 #include "cpu/thread_pool.h"
 #include "model/architectures.h"
 #include "model/fp8.h"
+#include "model/int_weights.h"
 #include "sluice/error.h"
 
 namespace sluice {
@@ -27,6 +28,43 @@ class Binder {
     if (!is_float_dtype(t.dtype))
       throw Error(ErrorCode::kModelFileInvalid, t.file + ": tensor \"" + name + "\" has dtype " + dtype_name(t.dtype) +
                                                     ", expected f32, f16 or bf16");
+    return t;
+  }
+  // The [out, in] weight of linear module `module`: "<module>.weight" as get() reads it, or, in an
+  // AWQ / GPTQ checkpoint, its qweight / qzeros / scales (/ g_idx) repacked (model/int_weights.h).
+  // Modules a quantized checkpoint keeps in float (modules_to_not_convert) have ".weight".
+  TensorView linear(const std::string& module, int64_t out, int64_t in) {
+    if (!has(module + ".qweight")) return get(module + ".weight", {out, in});
+    const TensorView& qw = *st_.find(module + ".qweight");
+    if (quant_.int_format == IntFormat::None)
+      throw Error(ErrorCode::kModelFileInvalid, qw.file + ": tensor \"" + qw.name +
+                                                    "\" is packed but config.json has no awq or gptq quantization_config" +
+                                                    (quant_.method.empty() ? "" : " (quant_method \"" + quant_.method + "\")"));
+    const int64_t per_word = 32 / quant_.bits;
+    const bool awq = quant_.int_format == IntFormat::Awq;
+    if ((awq && out % 8 != 0) || (!awq && (in % per_word != 0 || out % per_word != 0)))
+      throw Error(ErrorCode::kModelFileInvalid,
+                  qw.file + ": " + module + " is [" + std::to_string(out) + ", " + std::to_string(in) + "], which " +
+                      quant_.method + " with " + std::to_string(quant_.bits) + " bits cannot pack (" +
+                      (awq ? "outputs must be a multiple of 8)" : "inputs and outputs must be multiples of " +
+                                                                      std::to_string(per_word) + ")"));
+    const IntLinearShapes shapes = int_linear_shapes(quant_, out, in);
+    IntLinear t;
+    t.qweight = typed(module + ".qweight", shapes.qweight, DType::I32);
+    t.qzeros = typed(module + ".qzeros", shapes.qzeros, DType::I32);
+    t.scales = get(module + ".scales", shapes.scales);
+    if (has(module + ".g_idx")) t.g_idx = typed(module + ".g_idx", {in}, DType::I32);
+    TensorView w = repack_int_linear(t, quant_, out, in, module + ".weight", owned_, pool());
+    dequantized_extra_ += w.nbytes;
+    dequantized_extra_ -= t.qweight.nbytes + t.qzeros.nbytes + t.scales.nbytes + (t.g_idx.data ? t.g_idx.nbytes : 0);
+    return w;
+  }
+  // A tensor of exactly this shape and dtype.
+  TensorView typed(const std::string& name, std::vector<int64_t> shape, DType dtype) {
+    TensorView t = find(name, std::move(shape));
+    if (t.dtype != dtype)
+      throw Error(ErrorCode::kModelFileInvalid, t.file + ": tensor \"" + name + "\" has dtype " + dtype_name(t.dtype) +
+                                                    ", expected " + dtype_name(dtype));
     return t;
   }
   // Packed bytes (U8) of exactly this shape.
@@ -111,7 +149,7 @@ class Binder {
   const QuantizationConfig& quant_;
   std::string dir_;
   std::vector<std::shared_ptr<HostBuffer>>& owned_;
-  std::unique_ptr<cpu::ThreadPool> pool_;  // made on first use (FP8 weights, gpt-oss's MXFP4 experts)
+  std::unique_ptr<cpu::ThreadPool> pool_;  // made on first use (FP8, AWQ / GPTQ weights, gpt-oss's MXFP4 experts)
   std::set<std::string> seen_;
   size_t bytes_ = 0;
   size_t dequantized_extra_ = 0;
@@ -329,10 +367,10 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
     const std::string p = root + "layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[size_t(i)];
     l.input_norm = norm(p + "input_layernorm.weight", H);
-    l.q = b.get(p + "self_attn.q_proj.weight", {q_out, H});
-    l.k = b.get(p + "self_attn.k_proj.weight", {kv_out, H});
-    l.v = b.get(p + "self_attn.v_proj.weight", {kv_out, H});
-    l.o = b.get(p + "self_attn.o_proj.weight", {H, q_out});
+    l.q = b.linear(p + "self_attn.q_proj", q_out, H);
+    l.k = b.linear(p + "self_attn.k_proj", kv_out, H);
+    l.v = b.linear(p + "self_attn.v_proj", kv_out, H);
+    l.o = b.linear(p + "self_attn.o_proj", H, q_out);
     if (c.qkv_bias) {
       l.q_bias = b.get(p + "self_attn.q_proj.bias", {q_out});
       l.k_bias = b.get(p + "self_attn.k_proj.bias", {kv_out});
@@ -369,15 +407,15 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
       for (int64_t e = 0; e < E; e++) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
         ExpertWeights& ew = l.experts[size_t(e)];
-        ew.gate = b.get(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {MI, H});
-        ew.up = b.get(x + (mixtral ? "w3.weight" : "up_proj.weight"), {MI, H});
-        ew.down = b.get(x + (mixtral ? "w2.weight" : "down_proj.weight"), {H, MI});
+        ew.gate = b.linear(x + (mixtral ? "w1" : "gate_proj"), MI, H);
+        ew.up = b.linear(x + (mixtral ? "w3" : "up_proj"), MI, H);
+        ew.down = b.linear(x + (mixtral ? "w2" : "down_proj"), H, MI);
       }
       continue;
     }
-    l.gate = b.get(p + "mlp.gate_proj.weight", {I, H});
-    l.up = b.get(p + "mlp.up_proj.weight", {I, H});
-    l.down = b.get(p + "mlp.down_proj.weight", {H, I});
+    l.gate = b.linear(p + "mlp.gate_proj", I, H);
+    l.up = b.linear(p + "mlp.up_proj", I, H);
+    l.down = b.linear(p + "mlp.down_proj", H, I);
     if (c.mlp_bias) {
       l.gate_bias = b.get(p + "mlp.gate_proj.bias", {I});
       l.up_bias = b.get(p + "mlp.up_proj.bias", {I});

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
 #include "cpu/thread_pool.h"
 #include "util/host_memory.h"
@@ -16,9 +17,10 @@ void quantize_weights_q8(ModelWeights& w, int num_threads) {
   std::vector<const TensorView*> routers;
   for (const LayerWeights& l : w.layers)
     if (!l.experts.empty()) routers.push_back(&l.router);
-  // Routers stay as stored: rounding their logits would change which experts a token picks.
+  // Routers stay as stored: rounding their logits would change which experts a token picks. Q4
+  // (AWQ / GPTQ) matrices stay 4-bit.
   for (TensorView* t : streamed_matrices(w))
-    if (t->dtype != DType::Q8_0 && std::find(routers.begin(), routers.end(), t) == routers.end()) targets.push_back(t);
+    if (t->dtype != DType::Q8_0 && t->dtype != DType::Q4 && std::find(routers.begin(), routers.end(), t) == routers.end()) targets.push_back(t);
   if (targets.empty()) return;
   const bool tied = w.lm_head.data == w.embed.data;
   // One huge-page arena for every Q8_0 copy (host_memory.h), each copy 64-byte aligned.
@@ -48,7 +50,42 @@ void quantize_weights_q8(ModelWeights& w, int num_threads) {
     t->nbytes = bytes;
   }
   w.owned.push_back(std::move(arena));
-  if (!w.layers.empty()) w.main_dtype = DType::Q8_0;
+  if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
+}
+
+void dequantize_packed_weights(ModelWeights& w, int num_threads) {
+  std::vector<TensorView*> targets;
+  for (TensorView* t : streamed_matrices(w))
+    if (t->dtype == DType::Q4 || t->dtype == DType::Q8_0) targets.push_back(t);
+  if (targets.empty()) return;
+  cpu::ThreadPool pool(num_threads);
+  for (TensorView* t : targets) {
+    const int64_t N = t->shape[0], K = t->shape[1];
+    auto buf = std::make_shared<HostBuffer>(size_t(N * K) * 2);
+    uint16_t* out = reinterpret_cast<uint16_t*>(buf->data());
+    const TensorView src = *t;
+    pool.parallel_for(N, 16, [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(K));
+      for (int64_t n = b; n < e; n++) {
+        if (src.dtype == DType::Q4) {
+          cpu::q4_dequantize_row(src.data, n, row.data());
+        } else {
+          const int64_t Kp = cpu::q8_padded_k(K);
+          const int8_t* q = cpu::q8_values(src.data) + n * Kp;
+          const uint16_t* d = cpu::q8_scales(src.data, N, K) + n * (Kp / cpu::kQ8Block);
+          for (int64_t k = 0; k < K; k++) row[size_t(k)] = float(q[k]) * f16_to_f32(d[k / cpu::kQ8Block]);
+        }
+        for (int64_t k = 0; k < K; k++) out[n * K + k] = f32_to_bf16(row[size_t(k)]);
+      }
+    });
+    w.total_bytes += buf->size();
+    w.total_bytes -= t->nbytes;
+    t->data = out;
+    t->dtype = DType::BF16;
+    t->nbytes = size_t(N * K) * 2;
+    w.owned.push_back(std::move(buf));
+  }
+  if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
 }
 
 }  // namespace sluice

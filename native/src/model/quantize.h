@@ -13,4 +13,8 @@ namespace sluice {
 // float. Updates total_bytes (quantized tensors at their new size) and main_dtype.
 void quantize_weights_q8(ModelWeights& w, int num_threads);
 
+// For backends that read float weights only (CUDA): every Q4 and Q8_0 matrix (AWQ / GPTQ
+// checkpoints repacked at load) becomes bf16, each weight's exact value rounded once.
+void dequantize_packed_weights(ModelWeights& w, int num_threads);
+
 }  // namespace sluice

@@ -68,6 +68,7 @@ bool parse_dtype(const std::string& s, DType* out) {
   else if (s == "BF16") *out = DType::BF16;
   else if (s == "U8") *out = DType::U8;
   else if (s == "F8_E4M3") *out = DType::F8E4M3;
+  else if (s == "I32") *out = DType::I32;
   else return false;
   return true;
 }
@@ -112,7 +113,7 @@ void SafetensorsModel::add_file(const std::string& path) {
     t.file = path;
     if (!parse_dtype(dt->as_string(), &t.dtype))
       throw Error(ErrorCode::kUnsupportedModel, path + ": tensor \"" + name + "\" has dtype " + dt->as_string() +
-                                                    " (supported: F32, F16, BF16, U8, F8_E4M3)");
+                                                    " (supported: F32, F16, BF16, U8, F8_E4M3, I32)");
     for (const auto& d : shape->as_array()) {
       if (!d.is_number() || d.as_number() < 0) throw invalid("tensor \"" + name + "\" has a bad shape");
       t.shape.push_back(int64_t(d.as_number()));
