@@ -1,13 +1,16 @@
 // The benchmark models: a preset's model with seeded random weights, made on first use in the
-// model cache ($SLUICE_HOME/models/<preset>-<dtype>), with progress on stderr.
+// model cache ($SLUICE_HOME/models/<preset>-<dtype>, or <preset>-<dtype>-<layout> for a quantized
+// checkpoint of the same weights), with progress on stderr.
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { makeModel } from '../models/make-model.js';
+import { makeModel, type MakeModelOptions } from '../models/make-model.js';
 import { modelCacheDir } from '../src/engine/paths.js';
 
-export async function ensureBenchModel(preset: string, dtype: 'f32' | 'f16' | 'bf16'): Promise<string> {
-  const dir = join(modelCacheDir(), `${preset}-${dtype}`);
+type QuantizeOptions = NonNullable<MakeModelOptions['quantize']>;
+
+export async function ensureBenchModel(preset: string, dtype: 'f32' | 'f16' | 'bf16', quantize?: QuantizeOptions): Promise<string> {
+  const dir = join(modelCacheDir(), `${preset}-${dtype}${quantize ? `-${quantize.layout}` : ''}`);
   if (existsSync(join(dir, 'config.json'))) return dir;
   process.stderr.write(`making the ${preset} (${dtype}) model in ${dir}...\n`);
   let lastPct = -1;
@@ -16,6 +19,7 @@ export async function ensureBenchModel(preset: string, dtype: 'f32' | 'f16' | 'b
     out: dir,
     dtype,
     seed: 0,
+    ...(quantize && { quantize }),
     onProgress: (done, total) => {
       const pct = Math.floor((100 * done) / total);
       if (pct !== lastPct) process.stderr.write(`\r  ${(lastPct = pct)}%`);
