@@ -172,3 +172,25 @@ export function moeCharts(r: Json, file: string): Chart[] {
     categoryTitle: 'batch (sequences)', seriesTitle: 'model', valueTitle: 'decode tokens/s (median)',
     data: rows.map((x) => datum(x.batch, x.model, x.decode)) })];
 }
+
+/** bench:engine:q4: batch-1 decode of each engine and weight format, best and median across the passes. */
+export function engineQ4Charts(r: Json, file: string): Chart[] {
+  const settings = obj(r.settings, 'settings');
+  const rows = obj(r.rows, 'rows');
+  const labels: Record<string, string> = {
+    llamaCppQ4_0: 'llama.cpp Q4_0', sluiceAwq: 'sluice AWQ 4-bit', sluiceBf16: 'sluice bf16',
+    sluiceFp8AsBf16: 'sluice FP8 as bf16', sluiceFp8AsInt8: 'sluice FP8 as Q8_0',
+  };
+  const data = Object.entries(rows).flatMap(([key, row]) => {
+    const o = obj(row, `rows.${key}`);
+    if (num(o.runs, `rows.${key}.runs`) === 0) return [];
+    const label = labels[key] ?? key;
+    return [datum(label, 'best', num(o.decodeBest, `rows.${key}.decodeBest`)), datum(label, 'median', num(o.decodeMedian, `rows.${key}.decodeMedian`))];
+  });
+  const h = header('engine-q4', r, file, `CPU, ${count(settings.threads, 'thread')}`, [
+    `${settings.preset ?? '?'} · ${count(settings.pairs, 'pass')} · ${settings.promptTokens ?? '?'}-token prompt, ${settings.decodeSteps ?? '?'} decode steps · batch 1`,
+  ]);
+  return [barChart({ header: h, name: 'decode', what: 'batch-1 decode tokens/s: 4-bit weights beside llama.cpp Q4_0 and bf16',
+    categoryTitle: 'engine and weights', seriesTitle: 'across passes', valueTitle: 'decode tokens/s',
+    data })];
+}

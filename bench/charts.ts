@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 
 import type { TopLevelSpec } from 'vega-lite';
 
-import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineTsPathCharts, moeCharts } from './chart-families-engine.js';
+import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineQ4Charts, engineTsPathCharts, moeCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import { deviceCheckCharts, gemmVsTorchCharts, torchMatmulCharts } from './chart-families-device.js';
 import type { Chart } from './chart-kit.js';
@@ -25,6 +25,7 @@ type Family = (result: Json, file: string) => Chart[];
 const FAMILIES: Record<string, Family> = {
   'engine': engineCharts,
   'engine-ab': engineAbCharts,
+  'engine-q4': engineQ4Charts,
   'engine-cuda': engineCudaCharts,
   'engine-ts-path': engineTsPathCharts,
   'moe': moeCharts,

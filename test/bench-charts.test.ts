@@ -102,7 +102,7 @@ describe('bench charts', () => {
         checkSvg(readFileSync(path, 'utf8'), chart, (chart.spec as { title: { subtitle: string[] } }).title.subtitle[0]!);
       }
     }
-    expect([...families].sort()).toEqual(['cuda-kernels', 'device-check', 'engine', 'engine-ab', 'engine-cuda', 'engine-ts-path',
+    expect([...families].sort()).toEqual(['cuda-kernels', 'device-check', 'engine', 'engine-ab', 'engine-cuda', 'engine-q4', 'engine-ts-path',
       'gemm-vs-torch', 'http', 'moe', 'prefix', 'prefix-replicas', 'serve', 'structured', 'throughput', 'torch-matmul']);
   });
 

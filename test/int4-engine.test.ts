@@ -101,14 +101,17 @@ describe.each(CASES)('$preset $quantize.layout $quantize', ({ preset, dtype, qua
     const exact = held === 'f32' ? ref : withQ8Activations(ref, packedOrders(dir, group), 'model.');
     const vocab = engine.info().vocabSize;
     const prompts = [promptFor(vocab, 11, 1), promptFor(vocab, 23, 5)];
-    const modelled = await teacherForcedAgreement(engine, exact, prompts, GENERATE, 0.05);
+    const modelled = await teacherForcedAgreement(engine, exact, prompts, GENERATE, 0.75);
     const plain = held === 'f32' ? modelled : await teacherForcedAgreement(engine, ref, prompts, GENERATE, 1.0);
     console.log(`${preset} ${JSON.stringify(quantize)}: vs the activation-rounding reference ${JSON.stringify(modelled)}; vs the plain reference ${JSON.stringify(plain)}`);
     // Modelled: f32 against f64 sums, and now and then an activation within float rounding of a
     // rounding boundary, which the two sides round apart (one int8 step of that activation).
     // Observed over the cases: mean 1e-5 to 0.015, max 6e-5 to 0.37 (f32 weights: 5e-5); the
     // plain reference is 10x further (mean 0.15 to 0.22), as for --quantization int8.
+    // A flip can move a logprob by up to 0.37 (seen), so top-1 may differ where the reference's
+    // two best are closer than the 0.75 bound below; everywhere else it must agree.
     expect(modelled.agree + modelled.nearTies).toBe(modelled.positions);
+    expect(modelled.agree / modelled.positions).toBeGreaterThanOrEqual(0.95);
     expect(modelled.meanDiff).toBeLessThan(held === 'f32' ? 1e-3 : 0.04);
     expect(modelled.maxDiff).toBeLessThan(held === 'f32' ? 5e-3 : 0.75);
     expect(plain.agree / (plain.positions - plain.nearTies), 'top-1 agreement with the plain reference').toBeGreaterThanOrEqual(0.95);
