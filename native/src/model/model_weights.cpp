@@ -55,6 +55,9 @@ class Binder {
     t.scales = get(module + ".scales", shapes.scales);
     if (has(module + ".g_idx")) t.g_idx = typed(module + ".g_idx", {in}, DType::I32);
     TensorView w = repack_int_linear(t, quant_, out, in, module + ".weight", owned_, pool());
+    // The stored words are read once: their file pages go back now rather than at unload.
+    for (const TensorView* stored : {&t.qweight, &t.qzeros, &t.scales, &t.g_idx})
+      if (stored->data) release_mapped_pages(stored->data, stored->nbytes);
     dequantized_extra_ += w.nbytes;
     dequantized_extra_ -= t.qweight.nbytes + t.qzeros.nbytes + t.scales.nbytes + (t.g_idx.data ? t.g_idx.nbytes : 0);
     return w;
@@ -141,6 +144,7 @@ class Binder {
                                                     dtype_name(scale->dtype) + ", expected f32, f16 or bf16");
     if (seen_.insert(scale_name).second) bytes_ += scale->nbytes;
     TensorView out = dequantize_fp8(t, *scale, quant_, owned_, pool());
+    release_mapped_pages(t.data, t.nbytes);  // the codes are read once
     dequantized_extra_ += out.nbytes - t.nbytes - scale->nbytes;
     return out;
   }

@@ -15,7 +15,16 @@ namespace sluice {
 
 void copy_weights_to_host_memory(ModelWeights& w, int num_threads) {
   const bool tied = w.lm_head.data == w.embed.data;
+  // Matrices made at load (FP8 dequantized, AWQ / GPTQ repacked) already live in such memory:
+  // copying them again would only double the peak.
+  const auto made_at_load = [&](const TensorView* t) {
+    const auto* p = static_cast<const uint8_t*>(t->data);
+    for (const auto& b : w.owned)
+      if (p >= b->data() && p < b->data() + b->size()) return true;
+    return false;
+  };
   std::vector<TensorView*> targets = streamed_matrices(w);
+  targets.erase(std::remove_if(targets.begin(), targets.end(), made_at_load), targets.end());
   std::vector<size_t> offsets;
   size_t total = 0;
   for (const TensorView* t : targets) {
