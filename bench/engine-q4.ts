@@ -4,7 +4,7 @@
 // beside sluice on the bf16 checkpoint the AWQ one was quantized from; then the accuracy cost of
 // the 4-bit weights against bf16 under teacher forcing.
 //   npm run bench:engine:q4 -- [--preset qwen2.5-0.5b] [--prompt 512] [--decode 32] [--threads N]
-//   [--pairs 3] [--llama-cpp DIR] [--accuracy-prompts 8] [--accuracy-tokens 32] [--out FILE]
+//   [--pairs 3] [--llama-cpp DIR] [--accuracy-prompts 8] [--accuracy-tokens 32] [--fp8] [--out FILE]
 // Each side pass runs llama.cpp Q4_0 (when --llama-cpp DIR or SLUICE_NODE_LLAMA_CPP names an
 // installed node-llama-cpp package), sluice AWQ and sluice bf16 one after the other, each in its own
 // process (sluice through bench/engine.ts's batch-1 worker), so a shared machine's load falls on
@@ -14,6 +14,9 @@
 // where its greedy token is bf16's; the logprob difference is its logprob of bf16's token minus
 // bf16's own, where that token is in its top 20 (the positions where it is not are counted). The
 // same is run for two controls: bf16 itself and the bf16 checkpoint quantized to int8 at load.
+// --fp8 adds the block-wise FP8 checkpoint of the same weights (make-model --quantize fp8-block)
+// to every pass, served both ways the CPU can: dequantized to bf16 at load, and that requantized
+// to Q8_0 (--quantization int8); and the load time of each engine (the second of two loads).
 // Writes JSON (default bench/results/engine-q4.json) and prints a table.
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -23,6 +26,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 import { ensureBenchModel } from './bench-model.js';
+import { chartsBesideResult } from './charts.js';
 import { checkBenchStep, median } from './bench-step.js';
 import { machineInfo } from './machine.js';
 import { llamaCppPackage, runLlamaCppPeer, type PeerRow } from './peer-llama-cpp.js';
@@ -39,10 +43,12 @@ const { values: args } = parseArgs({
     'llama-cpp': { type: 'string' },
     'accuracy-prompts': { type: 'string', default: '8' },
     'accuracy-tokens': { type: 'string', default: '32' },
+    fp8: { type: 'boolean', default: false },
     out: { type: 'string', default: 'bench/results/engine-q4.json' },
     worker: { type: 'string' },
     bf16: { type: 'string' },
     awq: { type: 'string' },
+    models: { type: 'string' },
   },
 });
 
@@ -142,7 +148,28 @@ async function runAccuracy(bf16Dir: string, awqDir: string, prompts: number, tok
   return out;
 }
 
+/** Milliseconds to load each "dir:quantization" engine: the second of two loads (pages cached). */
+async function runLoads(specs: string[]): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const spec of specs) {
+    const [dir, quantization] = spec.split(':') as [string, 'none' | 'int8'];
+    let ms = 0;
+    for (let i = 0; i < 2; i++) {
+      const t0 = performance.now();
+      const engine = await loadNativeEngine({ modelDir: dir, backend: 'cpu', kvCacheBytes: 2 ** 28, blockSize: 16, numThreads: threads, quantization });
+      ms = performance.now() - t0;
+      engine.dispose();
+    }
+    out[spec] = ms;
+  }
+  return out;
+}
+
 async function main(): Promise<void> {
+  if (args.worker === 'loads') {
+    process.stdout.write(JSON.stringify(await runLoads(args.models!.split(','))) + '\n');
+    return;
+  }
   if (args.worker === 'accuracy') {
     const result = await runAccuracy(args.bf16!, args.awq!, Number(args['accuracy-prompts']), Number(args['accuracy-tokens']));
     process.stdout.write(JSON.stringify(result) + '\n');
@@ -152,6 +179,7 @@ async function main(): Promise<void> {
   const engineBench = resolve(here, 'engine.js');
   const bf16Dir = await ensureBenchModel(args.preset!, 'bf16');
   const awqDir = await ensureBenchModel(args.preset!, 'bf16', { layout: 'awq' });
+  const fp8Dir = args.fp8 ? await ensureBenchModel(args.preset!, 'bf16', { layout: 'fp8-block' }) : null;
   const llamaCpp = llamaCppPackage(args['llama-cpp']);
   const peerThreads = threads > 0 ? threads : os.cpus().length;
   const promptTokens = Number(args.prompt), decodeSteps = Number(args.decode);
@@ -164,6 +192,7 @@ async function main(): Promise<void> {
   const peers: PeerRow[] = [];
   const awqRows: EngineRow[] = [];
   const bf16Rows: EngineRow[] = [];
+  const fp8Rows: EngineRow[] = [], fp8Int8Rows: EngineRow[] = [];
   const pairs = Math.max(1, Number(args.pairs));
   for (let pass = 0; pass < pairs; pass++) {
     if (llamaCpp) {
@@ -174,6 +203,20 @@ async function main(): Promise<void> {
     awqRows.push(sluiceRun(awqDir, 'int8'));
     process.stderr.write(`pass ${pass + 1}/${pairs}: sluice bf16...\n`);
     bf16Rows.push(sluiceRun(bf16Dir, 'none'));
+    if (fp8Dir) {
+      process.stderr.write(`pass ${pass + 1}/${pairs}: sluice FP8 dequantized to bf16, then requantized to int8...\n`);
+      fp8Rows.push(sluiceRun(fp8Dir, 'none'));
+      fp8Int8Rows.push(sluiceRun(fp8Dir, 'int8'));
+    }
+  }
+  let loads: Record<string, number> | null = null;
+  if (fp8Dir) {
+    process.stderr.write('load times...\n');
+    const specs = [`${bf16Dir}:none`, `${bf16Dir}:int8`, `${awqDir}:int8`, `${fp8Dir}:none`, `${fp8Dir}:int8`];
+    const child = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', 'loads', '--models', specs.join(','), '--threads', String(threads)],
+      { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+    if (child.status !== 0) throw new Error(`load-time worker failed (exit ${child.status})`);
+    loads = JSON.parse(child.stdout.trim().split('\n').pop()!) as Record<string, number>;
   }
   process.stderr.write('accuracy: AWQ against bf16 under teacher forcing...\n');
   const acc = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--worker', 'accuracy', '--bf16', bf16Dir, '--awq', awqDir, '--threads', String(threads),
@@ -191,6 +234,10 @@ async function main(): Promise<void> {
     llamaCppQ4_0: summary(peers),
     sluiceAwq: { ...summary(awqRows), weightBytes: awqRows[0]!.weightBytes },
     sluiceBf16: { ...summary(bf16Rows), weightBytes: bf16Rows[0]!.weightBytes },
+    ...(fp8Dir && {
+      sluiceFp8AsBf16: { ...summary(fp8Rows), weightBytes: fp8Rows[0]!.weightBytes },
+      sluiceFp8AsInt8: { ...summary(fp8Int8Rows), weightBytes: fp8Int8Rows[0]!.weightBytes },
+    }),
   };
   // Ratios pass by pass (neighbouring runs share the machine's moment), then their median.
   const perPass = (a: EngineRow[], b: Array<{ decodeTokensPerS: number }>) => a.map((r, i) => (b[i] ? r.decodeTokensPerS / b[i]!.decodeTokensPerS : NaN)).filter((x) => !Number.isNaN(x));
@@ -208,6 +255,14 @@ async function main(): Promise<void> {
   console.log(`| llama.cpp | Q4_0 (output Q8_0) | ${fmt(rows.llamaCppQ4_0.decodeBest)} / ${fmt(rows.llamaCppQ4_0.decodeMedian)} | - | ${mb(rows.llamaCppQ4_0.peakRssBytes)} |`);
   console.log(`| sluice | AWQ 4-bit (lm_head Q8_0) | ${fmt(rows.sluiceAwq.decodeBest)} / ${fmt(rows.sluiceAwq.decodeMedian)} | ${mb(rows.sluiceAwq.weightBytes)} | ${mb(rows.sluiceAwq.peakRssBytes)} |`);
   console.log(`| sluice | bf16 | ${fmt(rows.sluiceBf16.decodeBest)} / ${fmt(rows.sluiceBf16.decodeMedian)} | ${mb(rows.sluiceBf16.weightBytes)} | ${mb(rows.sluiceBf16.peakRssBytes)} |`);
+  if (rows.sluiceFp8AsBf16 && rows.sluiceFp8AsInt8) {
+    console.log(`| sluice | FP8 block-wise, dequantized to bf16 | ${fmt(rows.sluiceFp8AsBf16.decodeBest)} / ${fmt(rows.sluiceFp8AsBf16.decodeMedian)} | ${mb(rows.sluiceFp8AsBf16.weightBytes)} | ${mb(rows.sluiceFp8AsBf16.peakRssBytes)} |`);
+    console.log(`| sluice | FP8 block-wise, requantized to Q8_0 | ${fmt(rows.sluiceFp8AsInt8.decodeBest)} / ${fmt(rows.sluiceFp8AsInt8.decodeMedian)} | ${mb(rows.sluiceFp8AsInt8.weightBytes)} | ${mb(rows.sluiceFp8AsInt8.peakRssBytes)} |`);
+  }
+  if (loads) {
+    console.log('\nload time (ms, the second of two loads):');
+    for (const [spec, ms] of Object.entries(loads)) console.log(`  ${spec.replace(/^.*\//, '')}: ${ms.toFixed(0)}`);
+  }
   const ratio = (t: { best: number; median: number; perPass: number[]; target: number }) =>
     `${t.best.toFixed(2)}x best, ${t.median.toFixed(2)}x median, per pass ${t.perPass.map((x) => x.toFixed(2)).join(' ')} (target >= ${t.target}x)`;
   console.log(`\nAWQ / llama.cpp Q4_0: ${ratio(targets.awqOverLlamaCppQ4_0)}`);
@@ -221,12 +276,13 @@ async function main(): Promise<void> {
   accLine('bf16 itself, prefill vs decode (control)', accuracy.bf16);
   const result = {
     bench: 'engine-q4', date: new Date().toISOString(), machine: machineInfo(), loadAverageAtEnd: os.loadavg(),
-    settings: { preset: args.preset, promptTokens, decodeSteps, threads: peerThreads, pairs, models: { bf16: bf16Dir, awq: awqDir } },
-    rows, targets, accuracy, runs: { llamaCpp: peers, sluiceAwq: awqRows, sluiceBf16: bf16Rows },
+    settings: { preset: args.preset, promptTokens, decodeSteps, threads: peerThreads, pairs, models: { bf16: bf16Dir, awq: awqDir, fp8: fp8Dir } },
+    rows, targets, accuracy, loads, runs: { llamaCpp: peers, sluiceAwq: awqRows, sluiceBf16: bf16Rows, sluiceFp8AsBf16: fp8Rows, sluiceFp8AsInt8: fp8Int8Rows },
   };
   mkdirSync(dirname(resolve(args.out!)), { recursive: true });
   writeFileSync(resolve(args.out!), JSON.stringify(result, null, 2) + '\n');
   console.log(`\nwrote ${args.out}`);
+  await chartsBesideResult(resolve(args.out!));
 }
 
 main().catch((e: unknown) => {
