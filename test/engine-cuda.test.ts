@@ -85,24 +85,26 @@ describe.skipIf(!cudaReady).each(VARIANTS)('CUDA: %s in %s', (preset, dtype) => 
   });
 });
 
-// Quantized checkpoints as published: FP8 dequantized to bf16 at load, AWQ / GPTQ repacked and
-// handed to the GPU as bf16 (no FP8 or 4-bit GPU kernel is wired in yet). The reference is the
-// float64 model of the dequantized weights, so the tolerances are the bf16 ones above.
-const QUANTIZED: Array<[string, QuantizeOptions]> = [
-  ['test-qwen3', { layout: 'fp8-block' }],
-  ['test-qwen2', { layout: 'awq' }],
-  ['test-qwen3', { layout: 'gptq-act-order' }],
-  ['test-mistral', { layout: 'gptq-8bit' }],
-  ['test-mixtral', { layout: 'awq' }],
+// Quantized checkpoints as published: FP8 dequantized to bf16 at load; AWQ / GPTQ 4-bit
+// projections kept 4-bit on the GPU (W4A16: GEMVs for decode, dequantized for larger steps) except
+// MoE experts (bf16); GPTQ 8-bit handed to the GPU as bf16. The reference is the float64 model of
+// the dequantized weights; the 4-bit kernels use those weights exactly (or rounded to bf16 once),
+// so the tolerances are the bf16 ones above. weightDtype reports layer 0's q projection.
+const QUANTIZED: Array<[string, QuantizeOptions, string]> = [
+  ['test-qwen3', { layout: 'fp8-block' }, 'bf16'],
+  ['test-qwen2', { layout: 'awq' }, 'q4'],
+  ['test-qwen3', { layout: 'gptq-act-order' }, 'q4'],
+  ['test-mistral', { layout: 'gptq-8bit' }, 'bf16'],
+  ['test-mixtral', { layout: 'awq' }, 'q4'],  // attention Q4, experts bf16
 ];
 
-describe.skipIf(!cudaReady).each(QUANTIZED)('CUDA: %s quantized %j', (preset, quantize) => {
+describe.skipIf(!cudaReady).each(QUANTIZED)('CUDA: %s quantized %j', (preset, quantize, weightDtype) => {
   it('greedy continuation and logprobs track the float64 reference of its dequantized weights', async () => {
     const dir = join(root, `${preset}-${quantize.layout}`);
     await makeModel({ preset, out: dir, dtype: 'bf16', seed: 7, quantize });
     const gpu = await loadNativeEngine({ modelDir: dir, backend: 'cuda', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 0 });
     try {
-      expect(gpu.info().weightDtype).toBe('bf16');
+      expect(gpu.info().weightDtype).toBe(weightDtype);
       await compareWithReference(gpu, dir, `cuda ${preset}/${quantize.layout}`, LOGPROB_TOL.bf16, NEAR_TIE_GAP);
     } finally {
       gpu.dispose();

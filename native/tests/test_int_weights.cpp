@@ -9,6 +9,8 @@
 #include "cpu/gemm_q8.h"
 #include "cpu/thread_pool.h"
 #include "model/int_weights.h"
+#include "model/model_weights.h"
+#include "model/quantize.h"
 #include "sluice/error.h"
 #include "sluice/model_config.h"
 #include "test_util.h"
@@ -249,6 +251,83 @@ TEST_CASE(awq_and_gptq_quantization_configs_as_published) {
     refused = e.code() == ErrorCode::kModelFileInvalid && std::string(e.what()).find("group_size") != std::string::npos;
   }
   CHECK(refused);
+}
+
+// dequantize_packed_weights with keep_dense_q4 (the CUDA backend's load): a layer's q/k/v/o stay
+// Q4 when all four have groups the GPU kernels take (multiples of 32), a dense layer's gate/up/down
+// when all three do; experts, Q8_0 and the rest become bf16, each weight q4_dequantize_row's
+// value rounded once. Without keep_dense_q4 everything packed becomes bf16.
+TEST_CASE(dequantize_packed_weights_keeps_gpu_ready_dense_q4) {
+  std::vector<std::vector<uint8_t>> bufs;
+  const auto q4 = [&](int64_t group) {
+    const int64_t N = 8, K = 64;
+    bufs.emplace_back(cpu::q4_bytes(N, K, group, false));
+    void* dst = bufs.back().data();
+    cpu::q4_init(dst, N, K, group, nullptr);
+    std::vector<uint8_t> codes(static_cast<size_t>(K));
+    for (int64_t n = 0; n < N; n++) {
+      for (int64_t k = 0; k < K; k++) codes[size_t(k)] = uint8_t((n * 7 + k * 3) % 16);
+      cpu::q4_set_row(dst, n, codes.data());
+      for (int64_t g = 0; g < cpu::q4_groups(cpu::q4_padded_k(K), group); g++)
+        cpu::q4_set_group(dst, n, g, g * group < K ? 0.01f * float(n + g + 1) : 0.f, g * group < K ? uint8_t(8) : 0);
+    }
+    TensorView t;
+    t.name = "m.weight";
+    t.dtype = DType::Q4;
+    t.shape = {N, K};
+    t.data = dst;
+    t.nbytes = bufs.back().size();
+    return t;
+  };
+  std::vector<uint16_t> bf16_store(8 * 64, 0);
+  TensorView bf16;
+  bf16.name = "router.weight";
+  bf16.dtype = DType::BF16;
+  bf16.shape = {8, 64};
+  bf16.data = bf16_store.data();
+  bf16.nbytes = bf16_store.size() * 2;
+  const auto build = [&]() {
+    bufs.clear();  // (moving a buffer keeps its data where the views point)
+    ModelWeights w;
+    w.layers.resize(3);
+    for (LayerWeights& l : w.layers)
+      for (TensorView* t : {&l.q, &l.k, &l.v, &l.o}) *t = q4(32);
+    // Layer 0: dense, every group 32 (all kept). Layer 1: down's group 16 (its MLP dequantized)
+    // and v's 16 (its attention too). Layer 2: sparse (the expert dequantized, attention kept).
+    for (TensorView* t : {&w.layers[0].gate, &w.layers[0].up, &w.layers[0].down, &w.layers[1].gate, &w.layers[1].up}) *t = q4(64);
+    w.layers[1].down = q4(16);
+    w.layers[1].v = q4(16);
+    w.layers[2].router = bf16;
+    w.layers[2].experts.resize(1);
+    for (TensorView* t : {&w.layers[2].experts[0].gate, &w.layers[2].experts[0].up, &w.layers[2].experts[0].down}) *t = q4(32);
+    w.lm_head = bf16;
+    w.embed = bf16;
+    w.main_dtype = DType::Q4;
+    return w;
+  };
+  ModelWeights w = build();
+  const std::vector<uint8_t> gate1 = bufs[15];  // layer 1's gate: after every layer's q/k/v/o and layer 0's MLP
+  dequantize_packed_weights(w, 2, true);
+  const LayerWeights &l0 = w.layers[0], &l1 = w.layers[1], &l2 = w.layers[2];
+  for (const TensorView* t : {&l0.q, &l0.k, &l0.v, &l0.o, &l0.gate, &l0.up, &l0.down, &l2.q, &l2.k, &l2.v, &l2.o})
+    CHECK(t->dtype == DType::Q4);
+  for (const TensorView* t : {&l1.q, &l1.k, &l1.v, &l1.o, &l1.gate, &l1.up, &l1.down, &l2.experts[0].gate,
+                              &l2.experts[0].up, &l2.experts[0].down})
+    CHECK(t->dtype == DType::BF16 && t->nbytes == 8 * 64 * 2);
+  CHECK(l2.router.dtype == DType::BF16 && l2.router.data == bf16_store.data());
+  CHECK(w.main_dtype == DType::Q4);
+  std::vector<float> row(64);
+  int wrong = 0;
+  for (int64_t n = 0; n < 8; n++) {
+    cpu::q4_dequantize_row(gate1.data(), n, row.data());
+    for (int64_t k = 0; k < 64; k++) wrong += static_cast<const uint16_t*>(l1.gate.data)[n * 64 + k] != f32_to_bf16(row[size_t(k)]);
+  }
+  CHECK(wrong == 0);
+
+  ModelWeights all = build();
+  dequantize_packed_weights(all, 2);
+  for (const TensorView* t : streamed_matrices(all)) CHECK(t->dtype == DType::BF16);
+  CHECK(all.main_dtype == DType::BF16);
 }
 
 int main() { return sluice_test::run_all("int_weights"); }

@@ -26,6 +26,7 @@
 #include "cuda/flash_decode.h"
 #include "cuda/sampling_wide.h"
 #include "cuda/kernels.h"
+#include "cuda/q4_gemm.h"
 #include "engine/backend.h"
 #include "engine/decoder.h"
 #include "sample/sampler.h"
@@ -44,6 +45,7 @@ constexpr int kMaxGraphBatch = 256;
 // with its decoder captured in pieces between the attention calls.
 constexpr int kMixedBuckets[] = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 constexpr int kMaxAttnSplits = 16;
+constexpr int kMaxQ4GemvTokens = 8;  // q4_gemv's limit
 
 // Engines of this process per device and the fraction of its memory each was given
 // (gpu_memory_utilization): one device is shared only by explicit fractions adding up to <= 1.
@@ -238,6 +240,11 @@ class CudaBackend final : public Backend, private DecoderOps {
   size_t layer_kv_bytes(int64_t layer) const;
   uint8_t* k_cache(int64_t layer) const;
   uint8_t* v_cache(int64_t layer) const;
+  // Q4 layers: a step of 1..8 tokens runs the W4A16 GEMVs, a larger one dequantizes the layer's
+  // matrices into the q4_*_w_ scratch and runs the GEMM.
+  bool q4_gemv_step() const { return step_T_ >= 1 && step_T_ <= kMaxQ4GemvTokens; }
+  void q4_project(const cuda::DeviceQ4& w, const void* x, int64_t ld_x, const float* bias, void* y, int64_t ld_y,
+                  cuda::Q4Out out);
   int step_T_ = 0;
   int64_t step_R_ = 0;
   int step_splits_ = 1;
@@ -281,6 +288,14 @@ class CudaBackend final : public Backend, private DecoderOps {
   DeviceBuffer router_logits_, route_ids_, route_w_, route_row_, row_token_, expert_offsets_, tile_expert_,
       tile_row0_, num_tiles_, moe_h_, moe_y_;
   DeviceBuffer gemm_partials_, gemm_tickets_;
+  // Q4 layers (w_.any_q4_attn / any_q4_mlp): one dequantization target per kind of matrix, laid
+  // out as the bf16 path's weights, zero-filled at load; the dequantizer writes only weight rows'
+  // first K columns, so the padding rows and columns the GEMM reads stay zero.
+  DeviceBuffer q4_qkv_w_;      // [qkv_rows, ld_h] E: q, k, v rows
+  DeviceBuffer q4_o_w_;        // [H, ld_attn] E
+  DeviceBuffer q4_gate_up_w_;  // [2 * inter_pad, ld_h] E, 16-row groups [gate 8 | up 8]
+  DeviceBuffer q4_down_w_;     // [H, inter_pad] E
+  DeviceBuffer q4_gate_, q4_up_;  // [8, inter_pad] f32: the decode GEMVs' gate and up outputs
   std::unique_ptr<cuda::CublasLt> lt_;  // when options.cuda_gemm picked cuBLASLt
   DeviceBuffer lt_workspace_, lt_scratch_;
   size_t attn_part_capacity_ = 0;  // floats of attn_part_acc_
@@ -381,6 +396,18 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   graphs_at_load_ = graphs_enabled_ && (opts.cuda_graphs_at_load || (at_load && std::string(at_load) == "1"));
   w_ = cuda::upload_weights(c, w);
   e_ = w_.dtype;
+  const size_t H = size_t(c.hidden_size);
+  if (w_.any_q4_attn) {
+    q4_qkv_w_.allocate(size_t(w_.qkv_rows) * size_t(w_.ld_h) * esz_, stream_);
+    q4_o_w_.allocate(H * size_t(w_.ld_attn) * esz_, stream_);
+  }
+  if (w_.any_q4_mlp) {
+    q4_gate_up_w_.allocate(size_t(2 * w_.inter_pad) * size_t(w_.ld_h) * esz_, stream_);
+    q4_down_w_.allocate(H * size_t(w_.inter_pad) * esz_, stream_);
+    q4_gate_.allocate(size_t(kMaxQ4GemvTokens) * size_t(w_.inter_pad) * 4, stream_);
+    q4_up_.allocate(size_t(kMaxQ4GemvTokens) * size_t(w_.inter_pad) * 4, stream_);
+  }
+  if (w_.any_q4_attn || w_.any_q4_mlp) device_desc_ += ", q4 layers: w4a16";
   gemm_tickets_.allocate(sizeof(int) * 65536, stream_);
   gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20), stream_);
   open_cublaslt(opts);
@@ -438,7 +465,8 @@ void CudaBackend::drop_graphs() {
 
 size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
-             lt_workspace_.bytes() + lt_scratch_.bytes() + device_token_buf_.bytes();
+             lt_workspace_.bytes() + lt_scratch_.bytes() + device_token_buf_.bytes() + q4_qkv_w_.bytes() +
+             q4_o_w_.bytes() + q4_gate_up_w_.bytes() + q4_down_w_.bytes() + q4_gate_.bytes() + q4_up_.bytes();
   for (const DeviceBuffer* b :
        {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_, &attn_part_ml_, &sample_params_,
         &sample_out_, &sample_stats_, &token_masks_, &y_, &cos_sin_local_, &router_logits_, &route_ids_, &route_w_,
@@ -768,9 +796,44 @@ void CudaBackend::norm(int64_t layer, LayerNorm which) {
                 xn_.get(), int(w_.ld_h), e_, stream_);
 }
 
+void CudaBackend::q4_project(const cuda::DeviceQ4& w, const void* x, int64_t ld_x, const float* bias, void* y,
+                             int64_t ld_y, cuda::Q4Out out) {
+  cuda::Q4GemvArgs a;
+  a.x = x;
+  a.ld_x = int(ld_x);
+  a.rows = step_T_;
+  a.bias = bias;
+  a.y = y;
+  a.ld_y = int(ld_y);
+  a.out = out;
+  a.num_sms = num_sms_;
+  cuda::q4_gemv(w.w, a, e_, stream_);
+}
+
+// Q4 layers: three GEMVs into qkv_'s q | k | v columns (1..8 tokens), else q, k and v dequantized
+// into the fused matrix's rows and the GEMM.
 void CudaBackend::qkv(int64_t layer) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, L.qkv_w.get(), w_.ld_h, L.qkv_b.get<float>(),
+  const void* w = L.qkv_w.get();
+  if (L.q4_attn) {
+    const int64_t q_rows = c_.num_heads * c_.head_dim, kv_rows = c_.num_kv_heads * c_.head_dim;
+    if (q4_gemv_step()) {
+      const float* b = L.qkv_b.get<float>();
+      float* y = qkv_.get<float>();
+      q4_project(L.q4_q, xn_.get(), w_.ld_h, b, y, w_.qkv_rows, cuda::Q4Out::kStoreF32);
+      q4_project(L.q4_k, xn_.get(), w_.ld_h, b ? b + q_rows : nullptr, y + q_rows, w_.qkv_rows, cuda::Q4Out::kStoreF32);
+      q4_project(L.q4_v, xn_.get(), w_.ld_h, b ? b + q_rows + kv_rows : nullptr, y + q_rows + kv_rows, w_.qkv_rows,
+                 cuda::Q4Out::kStoreF32);
+      return;
+    }
+    uint8_t* dst = q4_qkv_w_.get<uint8_t>();
+    const size_t row_bytes = size_t(w_.ld_h) * esz_;
+    cuda::q4_dequantize(L.q4_q.w, dst, int(w_.ld_h), e_, stream_);
+    cuda::q4_dequantize(L.q4_k.w, dst + size_t(q_rows) * row_bytes, int(w_.ld_h), e_, stream_);
+    cuda::q4_dequantize(L.q4_v.w, dst + size_t(q_rows + kv_rows) * row_bytes, int(w_.ld_h), e_, stream_);
+    w = dst;
+  }
+  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, w, w_.ld_h, L.qkv_b.get<float>(),
                                 step_T_, w_.qkv_rows, c_.hidden_size);
   g.epilogue = cuda::Epilogue::kStore;
   g.y = qkv_.get<float>();
@@ -840,7 +903,18 @@ void CudaBackend::attention_now(int64_t layer) {
 // sandwich norm).
 void CudaBackend::attention_out(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  cuda::GemmArgs g = projection(attn_.get(), w_.ld_attn, L.o_w.get(), w_.ld_attn, L.o_b.get<float>(),
+  const void* w = L.o_w.get();
+  if (L.q4_attn) {
+    if (q4_gemv_step()) {
+      const bool to_y = out == BlockOut::kToY;
+      q4_project(L.q4_o, attn_.get(), w_.ld_attn, L.o_b.get<float>(), to_y ? y_.get<float>() : x_.get<float>(),
+                 c_.hidden_size, to_y ? cuda::Q4Out::kStoreF32 : cuda::Q4Out::kAddF32);
+      return;
+    }
+    cuda::q4_dequantize(L.q4_o.w, q4_o_w_.get(), int(w_.ld_attn), e_, stream_);
+    w = q4_o_w_.get();
+  }
+  cuda::GemmArgs g = projection(attn_.get(), w_.ld_attn, w, w_.ld_attn, L.o_b.get<float>(),
                                 step_T_, c_.hidden_size, c_.num_heads * c_.head_dim);
   g.epilogue = out == BlockOut::kToY ? cuda::Epilogue::kStore : cuda::Epilogue::kAddTo;
   g.y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
@@ -849,10 +923,31 @@ void CudaBackend::attention_out(int64_t layer, BlockOut out) {
 }
 
 // gate/up in one GEMM whose epilogue applies the family's gated activation; down adds into the
-// residual stream (or stores into y).
+// residual stream (or stores into y). Q4 layers: for 1..8 tokens a GEMV each for gate and up, the
+// gated activation, and a GEMV for down; else the matrices dequantized and the same GEMMs.
 void CudaBackend::mlp(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
-  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, L.gate_up_w.get(), w_.ld_h, L.gate_up_b.get<float>(),
+  const void* gate_up_w = L.gate_up_w.get();
+  const void* down_w = L.down_w.get();
+  if (L.q4_mlp) {
+    if (q4_gemv_step()) {
+      const bool to_y = out == BlockOut::kToY;
+      q4_project(L.q4_gate, xn_.get(), w_.ld_h, L.gate_b.get<float>(), q4_gate_.get(), w_.inter_pad,
+                 cuda::Q4Out::kStoreF32);
+      q4_project(L.q4_up, xn_.get(), w_.ld_h, L.up_b.get<float>(), q4_up_.get(), w_.inter_pad, cuda::Q4Out::kStoreF32);
+      cuda::gated_mul(q4_gate_.get<float>(), q4_up_.get<float>(), step_T_, int(c_.intermediate_size), int(w_.inter_pad),
+                      gate_act(c_.activation), float(c_.swiglu_limit), h_.get(), int(w_.inter_pad), e_, stream_);
+      q4_project(L.q4_down, h_.get(), w_.inter_pad, L.down_b.get<float>(), to_y ? y_.get<float>() : x_.get<float>(),
+                 c_.hidden_size, to_y ? cuda::Q4Out::kStoreF32 : cuda::Q4Out::kAddF32);
+      return;
+    }
+    cuda::q4_dequantize(L.q4_gate.w, q4_gate_up_w_.get(), int(w_.ld_h), e_, stream_, cuda::Q4Rows::kGateRows);
+    cuda::q4_dequantize(L.q4_up.w, q4_gate_up_w_.get(), int(w_.ld_h), e_, stream_, cuda::Q4Rows::kUpRows);
+    cuda::q4_dequantize(L.q4_down.w, q4_down_w_.get(), int(w_.inter_pad), e_, stream_);
+    gate_up_w = q4_gate_up_w_.get();
+    down_w = q4_down_w_.get();
+  }
+  cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, gate_up_w, w_.ld_h, L.gate_up_b.get<float>(),
                                 step_T_, 2 * w_.inter_pad, c_.hidden_size);
   g.epilogue = cuda::Epilogue::kGatedMul;
   g.act = gate_act(c_.activation);
@@ -863,7 +958,7 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
 
   g.x = h_.get();
   g.ld_x = int(w_.inter_pad);
-  g.w = L.down_w.get();
+  g.w = down_w;
   g.ld_w = int(w_.inter_pad);
   g.bias = L.down_b.get<float>();
   g.N = int(c_.hidden_size);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "cpu/gemm_q4.h"
 #include "cuda/check.h"
 
 namespace sluice::cuda {
@@ -126,6 +127,20 @@ void interleave_gate_up_bias(const TensorView& gate_b, const TensorView& up_b, i
   }
 }
 
+// A Q4 matrix [rows, cols] (the host buffer of gemm_q4.h) copied to the device.
+DeviceQ4 upload_q4(const TensorView& t, int64_t rows, int64_t cols, size_t* total) {
+  const auto* h = static_cast<const cpu::Q4Header*>(t.data);
+  if (h->N != rows || h->K != cols)
+    throw Error(ErrorCode::kInternal, "Q4 weight \"" + t.name + "\" is [" + std::to_string(h->N) + ", " +
+                                          std::to_string(h->K) + "], expected [" + std::to_string(rows) + ", " +
+                                          std::to_string(cols) + "]");
+  DeviceQ4 d;
+  d.buf.allocate(q4_device_bytes(t.data));
+  d.w = q4_upload(t.data, d.buf.get());
+  *total += d.buf.bytes();
+  return d;
+}
+
 // A sparse layer's router and experts, every expert at the same stride.
 void upload_experts(const ModelConfig& c, const LayerWeights& lw, const DeviceWeights& d, Packer& pk, DeviceLayer& dl,
                     size_t* total) {
@@ -184,37 +199,62 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
   for (int64_t l = 0; l < c.num_layers; l++) {
     const LayerWeights& lw = w.layers[size_t(l)];
     DeviceLayer& dl = d.layers[size_t(l)];
-    pk.begin(d.qkv_rows, d.ld_h);
-    pk.rows(lw.q, 0);
-    pk.rows(lw.k, q_rows);
-    pk.rows(lw.v, q_rows + kv_rows);
-    dl.qkv_w = pk.finish();
+    dl.q4_attn = lw.q.dtype == DType::Q4;  // the engine keeps all four Q4 or none
+    if (dl.q4_attn) {
+      dl.q4_q = upload_q4(lw.q, q_rows, H, &d.bytes);
+      dl.q4_k = upload_q4(lw.k, kv_rows, H, &d.bytes);
+      dl.q4_v = upload_q4(lw.v, kv_rows, H, &d.bytes);
+      dl.q4_o = upload_q4(lw.o, H, q_rows, &d.bytes);
+      d.any_q4_attn = true;
+    } else {
+      pk.begin(d.qkv_rows, d.ld_h);
+      pk.rows(lw.q, 0);
+      pk.rows(lw.k, q_rows);
+      pk.rows(lw.v, q_rows + kv_rows);
+      dl.qkv_w = pk.finish();
+    }
     if (c.qkv_bias) {
       std::vector<float> b = to_f32(lw.q_bias), kb = to_f32(lw.k_bias), vb = to_f32(lw.v_bias);
       b.insert(b.end(), kb.begin(), kb.end());
       b.insert(b.end(), vb.begin(), vb.end());
       dl.qkv_b = upload_f32(b, &d.bytes);
     }
-    pk.begin(H, d.ld_attn);
-    pk.rows(lw.o, 0);
-    dl.o_w = pk.finish();
+    if (!dl.q4_attn) {
+      pk.begin(H, d.ld_attn);
+      pk.rows(lw.o, 0);
+      dl.o_w = pk.finish();
+    }
     if (c.o_bias) dl.o_b = upload_f32(to_f32(lw.o_bias), &d.bytes);
 
     if (c.is_sparse(l)) {
       upload_experts(c, lw, d, pk, dl, &d.bytes);
     } else {
-      pk.begin(2 * d.inter_pad, d.ld_h);
-      pk.gate_up_rows(lw.gate, lw.up, 0);
-      dl.gate_up_w = pk.finish();
+      dl.q4_mlp = lw.gate.dtype == DType::Q4;  // the engine keeps all three Q4 or none
+      if (dl.q4_mlp) {
+        dl.q4_gate = upload_q4(lw.gate, I, H, &d.bytes);
+        dl.q4_up = upload_q4(lw.up, I, H, &d.bytes);
+        dl.q4_down = upload_q4(lw.down, H, I, &d.bytes);
+        d.any_q4_mlp = true;
+      } else {
+        pk.begin(2 * d.inter_pad, d.ld_h);
+        pk.gate_up_rows(lw.gate, lw.up, 0);
+        dl.gate_up_w = pk.finish();
+      }
       if (c.mlp_bias) {
         std::vector<float> b(size_t(2 * d.inter_pad), 0.f);
         interleave_gate_up_bias(lw.gate_bias, lw.up_bias, I, b, 0);
         dl.gate_up_b = upload_f32(b, &d.bytes);
         dl.down_b = upload_f32(to_f32(lw.down_bias), &d.bytes);
+        if (dl.q4_mlp) {
+          dl.gate_b = upload_f32(to_f32(lw.gate_bias), &d.bytes);
+          dl.up_b = upload_f32(to_f32(lw.up_bias), &d.bytes);
+        }
       }
-      pk.begin(H, d.inter_pad);
-      pk.rows(lw.down, 0);
-      dl.down_w = pk.finish();
+      if (!dl.q4_mlp) {
+        pk.begin(H, d.inter_pad);
+        pk.rows(lw.down, 0);
+        dl.down_w = pk.finish();
+      }
     }
 
     dl.input_norm = upload_f32(to_f32(lw.input_norm), &d.bytes);

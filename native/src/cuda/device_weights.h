@@ -4,13 +4,16 @@
 // and norm weights in f32. Matrices keep the checkpoint's dtype (bf16 or f16); f32 checkpoints
 // are rounded to bf16 (round to nearest even). Mixture-of-experts layers keep every expert's
 // matrices in one allocation (expert e at e * stride), laid out as the dense ones; gpt-oss's
-// MXFP4 experts arrive here already unpacked to bf16 by the weight binder.
+// MXFP4 experts arrive here already unpacked to bf16 by the weight binder. AWQ / GPTQ projections
+// that arrive as Q4 (engine: dequantize_packed_weights keeps a layer's attention or dense MLP
+// projections Q4 when all of them are) stay 4-bit: copied as stored, read by q4_gemm.h's kernels.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "cuda/q4_gemm.h"
 #include "model/model_weights.h"
 #include "sluice/dtype.h"
 #include "sluice/model_config.h"
@@ -46,7 +49,19 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// One Q4 matrix (AWQ / GPTQ 4-bit) on the device: the host Q4 buffer copied byte for byte, and
+// the kernels' view of it (q4_gemm.h).
+struct DeviceQ4 {
+  DeviceBuffer buf;
+  Q4DeviceWeights w;
+};
+
 struct DeviceLayer {
+  // q4_attn: q/k/v/o are Q4 (q4_q .. q4_o) and qkv_w / o_w are empty; q4_mlp (dense layers):
+  // gate/up/down are Q4 and gate_up_w / down_w are empty. Biases stay as below either way.
+  bool q4_attn = false, q4_mlp = false;
+  DeviceQ4 q4_q, q4_k, q4_v, q4_o, q4_gate, q4_up, q4_down;
+  DeviceBuffer gate_b, up_b;  // [I] f32 each, q4_mlp with biases: the decode GEMVs' (gate_up_b too)
   DeviceBuffer qkv_w;      // [nq*hd + 2*nkv*hd, ld_h] E
   DeviceBuffer qkv_b;      // [same rows] f32, when the model has q/k/v biases
   DeviceBuffer o_w;        // [H, ld_attn] E
@@ -81,6 +96,7 @@ struct DeviceWeights {
   DeviceBuffer inv_freq;      // [rotary_dim / 2] f32
   DeviceBuffer local_inv_freq;  // [rotary_dim / 2] f32, the local layers' rope (Gemma 3), optional
   std::vector<DeviceLayer> layers;
+  bool any_q4_attn = false, any_q4_mlp = false;  // some layer is q4_attn / q4_mlp
   size_t bytes = 0;           // device bytes held
 
   const void* lm_head_ptr() const { return lm_head.bytes() ? lm_head.get() : embed.get(); }

@@ -133,6 +133,10 @@ void add_bias_rows(float* y, int T, int N, int ld_y, const float* bias, cudaStre
 // bias[N] when given; h[t, i] (E, ld_h) = act(gate_i, up_i), as the fused epilogue computes it.
 void gated_mul_interleaved(const float* g, int T, int N, const float* bias, GateAct act, float act_limit, void* h,
                            int ld_h, DType e, cudaStream_t stream);
+// gate and up: [T, ld_g] f32 each (I columns used); h[t, i] (E, ld_h >= I) = act(gate_i, up_i) for
+// i < I and 0 for I <= i < ld_h (the padding a GEMM over ld_h columns reads), as kGatedMul rounds.
+void gated_mul(const float* gate, const float* up, int T, int I, int ld_g, GateAct act, float act_limit, void* h,
+               int ld_h, DType e, cudaStream_t stream);
 // Benchmarks only: the decode GEMV (T = 1, bf16) with `rows` weight rows per warp (2, 4, 8) and
 // `unroll` 16-byte chunks per row in flight (2, 4, 8; not 8 with 8 rows).
 void gemv_variant(const GemmArgs& a, int rows, int unroll, cudaStream_t stream);

@@ -234,13 +234,14 @@ void gemv_typed(const Q4DeviceWeights& w, const Q4GemvArgs& a, cudaStream_t stre
 // == 0, the run inside K), else element by element through perm.
 template <typename E>
 __global__ void __launch_bounds__(kDequantThreads) q4_dequantize_kernel(Q4DeviceWeights w, E* out, int ld_out,
-                                                                        bool vec) {
+                                                                        bool vec, Q4Rows rows) {
   const int64_t P = w.Kp / kPieceCols;
   const int64_t i = int64_t(blockIdx.x) * kDequantThreads + threadIdx.x;  // = n * P + p
   if (i >= w.N * P) return;
   const int64_t n = i / P, p = i - n * P;
   const uint4 cw = __ldg(reinterpret_cast<const uint4*>(w.codes) + i);
-  E* row = out + size_t(n) * size_t(ld_out);
+  const int64_t out_row = rows == Q4Rows::kRows ? n : (n / 8) * 16 + n % 8 + (rows == Q4Rows::kUpRows ? 8 : 0);
+  E* row = out + size_t(out_row) * size_t(ld_out);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int64_t c0 = piece_col(p) + 64 * h, g = c0 / w.group;
@@ -269,12 +270,12 @@ __global__ void __launch_bounds__(kDequantThreads) q4_dequantize_kernel(Q4Device
 }
 
 template <typename E>
-void dequantize_typed(const Q4DeviceWeights& w, void* out, int ld_out, cudaStream_t stream) {
+void dequantize_typed(const Q4DeviceWeights& w, void* out, int ld_out, Q4Rows rows, cudaStream_t stream) {
   const int64_t threads = w.N * (w.Kp / kPieceCols);
   if (threads == 0) return;
   const bool vec = !w.perm && reinterpret_cast<uintptr_t>(out) % 16 == 0 && ld_out % 8 == 0;
   const int64_t blocks = (threads + kDequantThreads - 1) / kDequantThreads;
-  q4_dequantize_kernel<E><<<unsigned(blocks), kDequantThreads, 0, stream>>>(w, static_cast<E*>(out), ld_out, vec);
+  q4_dequantize_kernel<E><<<unsigned(blocks), kDequantThreads, 0, stream>>>(w, static_cast<E*>(out), ld_out, vec, rows);
   SLUICE_CUDA_LAUNCH_CHECK("q4_dequantize_kernel");
 }
 
@@ -332,11 +333,11 @@ void q4_gemv(const Q4DeviceWeights& w, const Q4GemvArgs& a, DType e, cudaStream_
   else gemv_typed<__half>(w, a, stream);
 }
 
-void q4_dequantize(const Q4DeviceWeights& w, void* out, int ld_out, DType e, cudaStream_t stream) {
+void q4_dequantize(const Q4DeviceWeights& w, void* out, int ld_out, DType e, cudaStream_t stream, Q4Rows rows) {
   check_dtype(e, "q4_dequantize");
   if (ld_out < w.K) throw Error(ErrorCode::kInvalidArgument, "q4_dequantize: ld_out below K");
-  if (e == DType::BF16) dequantize_typed<__nv_bfloat16>(w, out, ld_out, stream);
-  else dequantize_typed<__half>(w, out, ld_out, stream);
+  if (e == DType::BF16) dequantize_typed<__nv_bfloat16>(w, out, ld_out, rows, stream);
+  else dequantize_typed<__half>(w, out, ld_out, rows, stream);
 }
 
 }  // namespace sluice::cuda

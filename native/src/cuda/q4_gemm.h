@@ -67,9 +67,15 @@ struct Q4GemvArgs {
 // kInvalidArgument for rows outside 1..8.
 void q4_gemv(const Q4DeviceWeights& w, const Q4GemvArgs& a, DType e, cudaStream_t stream);
 
-// out[n, perm ? perm[j] : j] = E(w[n, j]) for every packed column j < K: out [N, ld_out] E in the
-// model's column order (ld_out >= K). Columns K..ld_out are not written (a zero-filled buffer
-// keeps the GEMM's zero padding).
-void q4_dequantize(const Q4DeviceWeights& w, void* out, int ld_out, DType e, cudaStream_t stream);
+// Where q4_dequantize puts weight row n: row n (kRows), or gate / up row n of a fused gate-up
+// matrix interleaved in 16-row groups [gate 8 | up 8] as kernels.h's kGatedMul reads it: row
+// (n / 8) * 16 + n % 8 (kGateRows), 8 rows further (kUpRows).
+enum class Q4Rows : uint8_t { kRows, kGateRows, kUpRows };
+
+// out[row(n), perm ? perm[j] : j] = E(w[n, j]) for every packed column j < K: out [*, ld_out] E in
+// the model's column order (ld_out >= K), row(n) as `rows` says. Columns K..ld_out and rows no
+// weight row maps to are not written (a zero-filled buffer keeps the GEMM's zero padding).
+void q4_dequantize(const Q4DeviceWeights& w, void* out, int ld_out, DType e, cudaStream_t stream,
+                   Q4Rows rows = Q4Rows::kRows);
 
 }  // namespace sluice::cuda

@@ -67,9 +67,9 @@ class EngineImpl final : public Engine {
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     weights_ = bind_weights(*st_, config_, opts.model_dir);
     // NOTE: the binder dequantizes FP8 checkpoints' F8E4M3 weights to bf16, unpacks MXFP4 and
-    // repacks AWQ / GPTQ words (I32) as Q4 or Q8_0, which only the CPU kernels read: other
-    // backends get them as bf16.
-    if (opts.backend != "cpu") dequantize_packed_weights(weights_, opts.num_threads);
+    // repacks AWQ / GPTQ words (I32) as Q4 or Q8_0. The CPU kernels read both; the CUDA backend
+    // reads dense layers' Q4 projections (cuda/q4_gemm.h) and gets the rest as bf16.
+    if (opts.backend != "cpu") dequantize_packed_weights(weights_, opts.num_threads, opts.backend == "cuda");
     for (const TensorView* t : streamed_matrices(weights_))
       if (t->dtype == DType::F8E4M3 || t->dtype == DType::U8 || t->dtype == DType::I32)
         throw Error(ErrorCode::kInternal, "weight \"" + t->name + "\" reached the backend as " + dtype_name(t->dtype) +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -53,10 +54,35 @@ void quantize_weights_q8(ModelWeights& w, int num_threads) {
   if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
 }
 
-void dequantize_packed_weights(ModelWeights& w, int num_threads) {
+namespace {
+
+// A Q4 matrix the CUDA kernels take (cuda/q4_gemm.h: groups a positive multiple of 32).
+bool q4_for_gpu(const TensorView& t) {
+  if (t.dtype != DType::Q4) return false;
+  const int64_t group = static_cast<const cpu::Q4Header*>(t.data)->group;
+  return group > 0 && group % 32 == 0;
+}
+
+bool all_q4_for_gpu(std::initializer_list<const TensorView*> ts) {
+  return std::all_of(ts.begin(), ts.end(), [](const TensorView* t) { return q4_for_gpu(*t); });
+}
+
+}  // namespace
+
+void dequantize_packed_weights(ModelWeights& w, int num_threads, bool keep_dense_q4) {
+  // Kept as Q4: a layer's attention projections when all four are GPU-ready Q4, a dense layer's
+  // MLP when gate, up and down all are (never experts).
+  std::vector<const TensorView*> kept;
+  if (keep_dense_q4) {
+    for (const LayerWeights& l : w.layers) {
+      if (all_q4_for_gpu({&l.q, &l.k, &l.v, &l.o})) kept.insert(kept.end(), {&l.q, &l.k, &l.v, &l.o});
+      if (l.experts.empty() && all_q4_for_gpu({&l.gate, &l.up, &l.down})) kept.insert(kept.end(), {&l.gate, &l.up, &l.down});
+    }
+  }
   std::vector<TensorView*> targets;
   for (TensorView* t : streamed_matrices(w))
-    if (t->dtype == DType::Q4 || t->dtype == DType::Q8_0) targets.push_back(t);
+    if ((t->dtype == DType::Q4 || t->dtype == DType::Q8_0) && std::find(kept.begin(), kept.end(), t) == kept.end())
+      targets.push_back(t);
   if (targets.empty()) return;
   cpu::ThreadPool pool(num_threads);
   for (TensorView* t : targets) {

@@ -13,8 +13,11 @@ namespace sluice {
 // float. Updates total_bytes (quantized tensors at their new size) and main_dtype.
 void quantize_weights_q8(ModelWeights& w, int num_threads);
 
-// For backends that read float weights only (CUDA): every Q4 and Q8_0 matrix (AWQ / GPTQ
-// checkpoints repacked at load) becomes bf16, each weight's exact value rounded once.
-void dequantize_packed_weights(ModelWeights& w, int num_threads);
+// For backends that read float weights (CUDA): every Q4 and Q8_0 matrix (AWQ / GPTQ checkpoints
+// repacked at load) becomes bf16, each weight's exact value rounded once. keep_dense_q4 (the CUDA
+// backend, which has W4A16 kernels: cuda/q4_gemm.h) keeps as Q4 a layer's q/k/v/o when all four
+// are Q4 with groups a multiple of 32, and a dense layer's gate/up/down when all three are;
+// experts and Q8_0 matrices still become bf16. main_dtype follows layer 0's q.
+void dequantize_packed_weights(ModelWeights& w, int num_threads, bool keep_dense_q4 = false);
 
 }  // namespace sluice

@@ -256,6 +256,37 @@ void check_dequantize(const Case& c, DType e, int ld_out, uint32_t seed) {
   CHECK(stray == 0);
 }
 
+// Gate and up ([N, K] each) dequantized with kGateRows / kUpRows into one fused matrix of 2 *
+// round_up8(N) rows: row (n / 8) * 16 + n % 8 holds gate row n, 8 rows further up row n (as
+// kGatedMul reads them); rows no weight row maps to and columns K..ld_out untouched.
+void check_dequantize_gate_up(const Case& c, DType e, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const HostQ4 gate = make_q4(c.N, c.K, c.group, c.perm, true, rng), up = make_q4(c.N, c.K, c.group, c.perm, false, rng);
+  DeviceQ4 dgate(gate), dup(up);
+  const int ld_out = int((c.K + 7) / 8 * 8);
+  const int64_t rows = 2 * ((c.N + 7) / 8 * 8);
+  Dev<uint16_t> out(size_t(rows) * ld_out);
+  cuda::q4_dequantize(dgate.w, out.p, ld_out, e, nullptr, cuda::Q4Rows::kGateRows);
+  cuda::q4_dequantize(dup.w, out.p, ld_out, e, nullptr, cuda::Q4Rows::kUpRows);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = out.read();
+  int bad = 0, stray = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t n = (r / 16) * 8 + r % 8;
+    const HostQ4& src = r % 16 < 8 ? gate : up;
+    for (int col = 0; col < ld_out; col++) {
+      const uint16_t v = got[size_t(r) * ld_out + col];
+      if (n >= c.N || col >= c.K) stray += v != kPoison16;
+      else bad += v != to_e(src.w[size_t(n) * c.K + col], e);
+    }
+  }
+  if (bad || stray)
+    std::printf("  q4_dequantize gate/up %s N=%d K=%d group=%d perm=%d: %d wrong, %d stray writes\n", dtype_name(e),
+                int(c.N), int(c.K), int(c.group), int(c.perm), bad, stray);
+  CHECK(bad == 0);
+  CHECK(stray == 0);
+}
+
 // K of 96 and 200 (ragged, below one 128-column chunk and across two), 896 and 4864 (Qwen2.5
 // shapes: a piece count below and above 32 lanes per tile), every group (32, 64, 128, one group of
 // Kp), with and without act-order, odd N.
@@ -292,6 +323,10 @@ TEST_CASE(q4_dequantize_matches_host_rows) {
       check_dequantize(c, e, int((c.K + 7) / 8 * 8), seed++);
       check_dequantize(c, e, int(c.K + 1), seed++);
     }
+  // Interleaved gate/up rows: N a multiple of 8 and ragged ones (a last group of 8 part empty).
+  for (DType e : {DType::BF16, DType::F16})
+    for (const Case& c : {Case{37, 200, 64, false}, Case{64, 896, 128, true}, Case{129, 96, 32, true}})
+      check_dequantize_gate_up(c, e, seed++);
 }
 
 // Both kernels captured in a graph and replayed on new activations: the eager launches' bits.
