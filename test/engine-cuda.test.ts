@@ -85,27 +85,33 @@ describe.skipIf(!cudaReady).each(VARIANTS)('CUDA: %s in %s', (preset, dtype) => 
   });
 });
 
-// Quantized checkpoints as published: FP8 dequantized to bf16 at load; AWQ / GPTQ 4-bit
-// projections kept 4-bit on the GPU (W4A16: GEMVs for decode, dequantized for larger steps) except
-// MoE experts (bf16); GPTQ 8-bit handed to the GPU as bf16. The reference is the float64 model of
-// the dequantized weights; the 4-bit kernels use those weights exactly (or rounded to bf16 once),
-// so the tolerances are the bf16 ones above. weightDtype reports layer 0's q projection.
-const QUANTIZED: Array<[string, QuantizeOptions, string]> = [
-  ['test-qwen3', { layout: 'fp8-block' }, 'bf16'],
-  ['test-qwen2', { layout: 'awq' }, 'q4'],
-  ['test-qwen3', { layout: 'gptq-act-order' }, 'q4'],
-  ['test-mistral', { layout: 'gptq-8bit' }, 'bf16'],
-  ['test-mixtral', { layout: 'awq' }, 'q4'],  // attention Q4, experts bf16
+// Quantized checkpoints as published: FP8 projections kept e4m3 on the GPU (W8A8: activations
+// quantized per token, or per token per 128 columns for block scales) except MoE experts and the
+// lm_head (bf16); AWQ / GPTQ 4-bit projections kept 4-bit (W4A16: GEMVs for decode, dequantized for
+// larger steps) except MoE experts (bf16); GPTQ 8-bit handed to the GPU as bf16. The reference is
+// the float64 model of the dequantized weights; the 4-bit kernels use those weights exactly (or
+// rounded to bf16 once), so the tolerances are the bf16 ones above; FP8 adds the activations'
+// rounding to 3 mantissa bits, hence its wider logprob tolerance. weightDtype reports layer 0's q
+// projection.
+const FP8_LOGPROB_TOL = 1.2;
+const QUANTIZED: Array<[string, QuantizeOptions, string, number]> = [
+  ['test-qwen3', { layout: 'fp8-block' }, 'f8_e4m3', FP8_LOGPROB_TOL],
+  ['test-llama', { layout: 'fp8-compressed-tensors' }, 'f8_e4m3', FP8_LOGPROB_TOL],
+  ['test-qwen3-moe', { layout: 'fp8-modelopt' }, 'f8_e4m3', FP8_LOGPROB_TOL],  // attention FP8, experts bf16
+  ['test-qwen2', { layout: 'awq' }, 'q4', LOGPROB_TOL.bf16],
+  ['test-qwen3', { layout: 'gptq-act-order' }, 'q4', LOGPROB_TOL.bf16],
+  ['test-mistral', { layout: 'gptq-8bit' }, 'bf16', LOGPROB_TOL.bf16],
+  ['test-mixtral', { layout: 'awq' }, 'q4', LOGPROB_TOL.bf16],  // attention Q4, experts bf16
 ];
 
-describe.skipIf(!cudaReady).each(QUANTIZED)('CUDA: %s quantized %j', (preset, quantize, weightDtype) => {
+describe.skipIf(!cudaReady).each(QUANTIZED)('CUDA: %s quantized %j', (preset, quantize, weightDtype, logprobTol) => {
   it('greedy continuation and logprobs track the float64 reference of its dequantized weights', async () => {
     const dir = join(root, `${preset}-${quantize.layout}`);
     await makeModel({ preset, out: dir, dtype: 'bf16', seed: 7, quantize });
     const gpu = await loadNativeEngine({ modelDir: dir, backend: 'cuda', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 0 });
     try {
       expect(gpu.info().weightDtype).toBe(weightDtype);
-      await compareWithReference(gpu, dir, `cuda ${preset}/${quantize.layout}`, LOGPROB_TOL.bf16, NEAR_TIE_GAP);
+      await compareWithReference(gpu, dir, `cuda ${preset}/${quantize.layout}`, logprobTol, NEAR_TIE_GAP);
     } finally {
       gpu.dispose();
     }

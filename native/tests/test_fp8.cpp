@@ -4,7 +4,9 @@
 #include <cstring>
 #include <random>
 
+#include "cpu/thread_pool.h"
 #include "model/fp8.h"
+#include "model/quantize.h"
 #include "sluice/error.h"
 #include "sluice/model_config.h"
 #include "test_util.h"
@@ -147,6 +149,84 @@ TEST_CASE(unsupported_and_malformed_quantization_configs_are_refused) {
             "modules_to_not_convert");
   malformed(R"({"fmt": "e4m3"})", "quant_method");
   malformed(R"({"quant_method": "compressed-tensors", "format": "float-quantized"})", "config_groups");
+}
+
+// dequantize_fp8_weights (what the CUDA backend's upload runs on bind_weights' keep_fp8 views):
+// with keep_fp8_groups a layer's q/k/v/o stay F8E4M3 when all four are, a dense layer's
+// gate/up/down when all three are; the rest becomes exactly dequantize_fp8's bf16 (the binder's
+// bits without keep_fp8), its scale view cleared. Without keep_fp8_groups every one becomes bf16.
+TEST_CASE(dequantize_fp8_weights_keeps_whole_fp8_groups) {
+  QuantizationConfig q;
+  q.fp8 = Fp8Scales::Channel;
+  const int64_t N = 8, K = 32;
+  std::vector<uint8_t> codes(size_t(N * K));
+  for (size_t i = 0; i < codes.size(); i++) codes[i] = uint8_t((i * 37 + 11) % 256) & 0xf7;  // bit 3 clear: no NaN
+  std::vector<float> scales(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; n++) scales[size_t(n)] = 0.01f * float(n + 1);
+  TensorView fp8, scale, bf16;
+  fp8.name = "m.weight";
+  fp8.dtype = DType::F8E4M3;
+  fp8.shape = {N, K};
+  fp8.data = codes.data();
+  fp8.nbytes = codes.size();
+  scale.name = "m.weight_scale";
+  scale.dtype = DType::F32;
+  scale.shape = {N, 1};
+  scale.data = scales.data();
+  scale.nbytes = scales.size() * 4;
+  std::vector<uint16_t> bf16_store(size_t(N * K), 0);
+  bf16.name = "b.weight";
+  bf16.dtype = DType::BF16;
+  bf16.shape = {N, K};
+  bf16.data = bf16_store.data();
+  bf16.nbytes = bf16_store.size() * 2;
+  const auto build = [&]() {
+    ModelWeights w;
+    w.layers.resize(3);
+    for (LayerWeights& l : w.layers) {
+      LayerWeights::Fp8ScaleViews& s = l.fp8_scale;
+      for (auto [t, sc] : {std::pair{&l.q, &s.q}, {&l.k, &s.k}, {&l.v, &s.v}, {&l.o, &s.o}, {&l.gate, &s.gate},
+                           {&l.up, &s.up}, {&l.down, &s.down}})
+        *t = fp8, *sc = scale;
+    }
+    // Layer 1: gate kept in bf16 by the checkpoint (its up and down dequantized); layer 2: sparse.
+    w.layers[1].gate = bf16;
+    w.layers[1].fp8_scale.gate = TensorView{};
+    w.layers[2].gate = w.layers[2].up = w.layers[2].down = TensorView{};
+    w.layers[2].fp8_scale.gate = w.layers[2].fp8_scale.up = w.layers[2].fp8_scale.down = TensorView{};
+    w.layers[2].router = bf16;
+    w.layers[2].experts.resize(1);
+    for (TensorView* t : {&w.layers[2].experts[0].gate, &w.layers[2].experts[0].up, &w.layers[2].experts[0].down}) *t = bf16;
+    w.lm_head = w.embed = bf16;
+    w.main_dtype = DType::F8E4M3;
+    return w;
+  };
+  std::vector<std::shared_ptr<HostBuffer>> owned;
+  cpu::ThreadPool pool(1);
+  const TensorView want = dequantize_fp8(fp8, scale, q, owned, pool);
+
+  ModelWeights w = build();
+  dequantize_fp8_weights(w, q, 1, true);
+  const LayerWeights &l0 = w.layers[0], &l1 = w.layers[1], &l2 = w.layers[2];
+  for (const TensorView* t : {&l0.q, &l0.k, &l0.v, &l0.o, &l0.gate, &l0.up, &l0.down, &l1.q, &l1.k, &l1.v, &l1.o,
+                              &l2.q, &l2.k, &l2.v, &l2.o})
+    CHECK(t->dtype == DType::F8E4M3 && t->data == codes.data());
+  CHECK(l0.fp8_scale.down.data == scales.data() && l1.fp8_scale.o.data == scales.data());
+  CHECK(l1.gate.data == bf16_store.data());
+  for (const TensorView* t : {&l1.up, &l1.down}) {
+    CHECK(t->dtype == DType::BF16 && t->nbytes == size_t(N * K) * 2);
+    CHECK(std::memcmp(t->data, want.data, want.nbytes) == 0);
+  }
+  CHECK(l1.fp8_scale.up.data == nullptr && l1.fp8_scale.down.data == nullptr);
+  CHECK(w.main_dtype == DType::F8E4M3);
+
+  ModelWeights all = build();
+  dequantize_fp8_weights(all, q, 1);
+  for (const TensorView* t : streamed_matrices(all)) {
+    CHECK(t->dtype == DType::BF16);
+    if (t->data != bf16_store.data()) CHECK(std::memcmp(t->data, want.data, want.nbytes) == 0);
+  }
+  CHECK(all.main_dtype == DType::BF16);
 }
 
 int main() { return sluice_test::run_all("fp8"); }

@@ -26,6 +26,7 @@
 #include "cuda/flash_decode.h"
 #include "cuda/sampling_wide.h"
 #include "cuda/kernels.h"
+#include "cuda/fp8_gemm.h"
 #include "cuda/q4_gemm.h"
 #include "engine/backend.h"
 #include "engine/decoder.h"
@@ -46,6 +47,7 @@ constexpr int kMaxGraphBatch = 256;
 constexpr int kMixedBuckets[] = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 constexpr int kMaxAttnSplits = 16;
 constexpr int kMaxQ4GemvTokens = 8;  // q4_gemv's limit
+constexpr int kFp8GateUpChunk = 1024;  // tokens per FP8 gate/up GEMM (the f32 pre-activations' scratch)
 
 // Engines of this process per device and the fraction of its memory each was given
 // (gpu_memory_utilization): one device is shared only by explicit fractions adding up to <= 1.
@@ -245,6 +247,12 @@ class CudaBackend final : public Backend, private DecoderOps {
   bool q4_gemv_step() const { return step_T_ >= 1 && step_T_ <= kMaxQ4GemvTokens; }
   void q4_project(const cuda::DeviceQ4& w, const void* x, int64_t ld_x, const float* bias, void* y, int64_t ld_y,
                   cuda::Q4Out out);
+  // FP8 layers: fp8_quantize turns the step's x [T, ld_x] E (K columns) into fp8_x_ codes and
+  // fp8_xs_ scales (per token, or per token per 128 columns for block-scaled weights);
+  // fp8_project runs fp8_gemm on rows t0 .. t0 + T - 1 of them.
+  void fp8_quantize(const void* x, int64_t ld_x, int64_t K);
+  void fp8_project(const cuda::DeviceFp8& w, int t0, int T, int64_t N, int64_t K, const float* bias, float* y,
+                   int64_t ld_y, bool accumulate);
   int step_T_ = 0;
   int64_t step_R_ = 0;
   int step_splits_ = 1;
@@ -296,6 +304,14 @@ class CudaBackend final : public Backend, private DecoderOps {
   DeviceBuffer q4_gate_up_w_;  // [2 * inter_pad, ld_h] E, 16-row groups [gate 8 | up 8]
   DeviceBuffer q4_down_w_;     // [H, inter_pad] E
   DeviceBuffer q4_gate_, q4_up_;  // [8, inter_pad] f32: the decode GEMVs' gate and up outputs
+  // FP8 layers (w_.any_fp8_attn / any_fp8_mlp): the step's activations quantized, sized with the
+  // other activations (allocate_activations), and the gate/up GEMM's f32 output for a chunk of
+  // kFp8GateUpChunk tokens.
+  DeviceBuffer fp8_x_;    // [tokens, fp8_ld_] e4m3 codes, zero past K
+  DeviceBuffer fp8_xs_;   // [tokens] f32, or [tokens, fp8_scale_cols_] with block scales
+  DeviceBuffer fp8_gu_;   // [kFp8GateUpChunk, 2 * inter_pad] f32, gate/up interleaved as gate_up_w
+  int64_t fp8_ld_ = 0;          // max over the FP8 projections' K, rounded up to 32
+  int64_t fp8_scale_cols_ = 1;  // ceil(that K / 128) with block scales, else 1
   std::unique_ptr<cuda::CublasLt> lt_;  // when options.cuda_gemm picked cuBLASLt
   DeviceBuffer lt_workspace_, lt_scratch_;
   size_t attn_part_capacity_ = 0;  // floats of attn_part_acc_
@@ -408,6 +424,14 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     q4_up_.allocate(size_t(kMaxQ4GemvTokens) * size_t(w_.inter_pad) * 4, stream_);
   }
   if (w_.any_q4_attn || w_.any_q4_mlp) device_desc_ += ", q4 layers: w4a16";
+  if (w_.any_fp8_attn || w_.any_fp8_mlp) {
+    const int64_t k_max = std::max<int64_t>({c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size});
+    fp8_ld_ = (k_max + 31) / 32 * 32;
+    if (w_.fp8_scales == Fp8Scales::Block) fp8_scale_cols_ = (k_max + cuda::kFp8BlockCols - 1) / cuda::kFp8BlockCols;
+    if (w_.any_fp8_mlp) fp8_gu_.allocate(size_t(kFp8GateUpChunk) * size_t(2 * w_.inter_pad) * 4, stream_);
+    cuda::fp8_gemm_prepare();  // before any graph capture
+    device_desc_ += ", fp8 layers: w8a8 e4m3";
+  }
   gemm_tickets_.allocate(sizeof(int) * 65536, stream_);
   gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20), stream_);
   open_cublaslt(opts);
@@ -466,7 +490,8 @@ void CudaBackend::drop_graphs() {
 size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
              lt_workspace_.bytes() + lt_scratch_.bytes() + device_token_buf_.bytes() + q4_qkv_w_.bytes() +
-             q4_o_w_.bytes() + q4_gate_up_w_.bytes() + q4_down_w_.bytes() + q4_gate_.bytes() + q4_up_.bytes();
+             q4_o_w_.bytes() + q4_gate_up_w_.bytes() + q4_down_w_.bytes() + q4_gate_.bytes() + q4_up_.bytes() +
+             fp8_x_.bytes() + fp8_xs_.bytes() + fp8_gu_.bytes();
   for (const DeviceBuffer* b :
        {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_, &attn_part_ml_, &sample_params_,
         &sample_out_, &sample_stats_, &token_masks_, &y_, &cos_sin_local_, &router_logits_, &route_ids_, &route_w_,
@@ -629,6 +654,10 @@ void CudaBackend::allocate_activations(int64_t tokens, int64_t rows) {
   q_.allocate(t * nq * hd * 4, stream_);
   attn_.allocate(t * size_t(w_.ld_attn) * esz_, stream_);
   h_.allocate(t * size_t(w_.inter_pad) * esz_, stream_);
+  if (fp8_ld_ > 0) {
+    fp8_x_.allocate(t * size_t(fp8_ld_), stream_);
+    fp8_xs_.allocate(t * size_t(fp8_scale_cols_) * 4, stream_);
+  }
   cos_sin_.allocate(t * size_t(c_.rotary_dim()) * 4 + 4, stream_);
   last_.allocate(r * size_t(w_.ld_h) * esz_, stream_);
   logits_.allocate(r * size_t(c_.vocab_size) * 4, stream_);
@@ -810,10 +839,49 @@ void CudaBackend::q4_project(const cuda::DeviceQ4& w, const void* x, int64_t ld_
   cuda::q4_gemv(w.w, a, e_, stream_);
 }
 
+void CudaBackend::fp8_quantize(const void* x, int64_t ld_x, int64_t K) {
+  if (w_.fp8_scales == Fp8Scales::Block)
+    cuda::quantize_rows_fp8_blocks(x, e_, step_T_, int(K), int(ld_x), fp8_x_.get<uint8_t>(), int(fp8_ld_),
+                                   fp8_xs_.get<float>(), int(fp8_scale_cols_), stream_);
+  else
+    cuda::quantize_rows_fp8(x, e_, step_T_, int(K), int(ld_x), fp8_x_.get<uint8_t>(), int(fp8_ld_),
+                            fp8_xs_.get<float>(), stream_);
+}
+
+void CudaBackend::fp8_project(const cuda::DeviceFp8& w, int t0, int T, int64_t N, int64_t K, const float* bias,
+                              float* y, int64_t ld_y, bool accumulate) {
+  cuda::Fp8GemmArgs a;
+  a.x = fp8_x_.get<uint8_t>() + size_t(t0) * size_t(fp8_ld_);
+  a.ld_x = int(fp8_ld_);
+  a.x_block_scales = w_.fp8_scales == Fp8Scales::Block;
+  a.x_scale = fp8_xs_.get<float>() + size_t(t0) * size_t(a.x_block_scales ? fp8_scale_cols_ : 1);
+  a.ld_x_scale = int(fp8_scale_cols_);
+  a.w = w.codes.get<uint8_t>();
+  a.ld_w = w.ld;
+  a.w_scale = w.scale.get<float>();
+  a.w_scales = w.scales;
+  a.w_block_rows = 1;  // block scales are expanded per row at upload
+  a.bias = bias;
+  a.T = T;
+  a.N = int(N);
+  a.K = int(K);
+  a.y = y;
+  a.ld_y = int(ld_y);
+  a.y_type = DType::F32;
+  a.accumulate = accumulate;
+  cuda::fp8_gemm(a, stream_);
+}
+
 // Q4 layers: three GEMVs into qkv_'s q | k | v columns (1..8 tokens), else q, k and v dequantized
-// into the fused matrix's rows and the GEMM.
+// into the fused matrix's rows and the GEMM. FP8 layers: x quantized, one FP8 GEMM.
 void CudaBackend::qkv(int64_t layer) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  if (L.fp8_attn) {
+    fp8_quantize(xn_.get(), w_.ld_h, c_.hidden_size);
+    fp8_project(L.fp8_qkv, 0, step_T_, w_.qkv_rows, c_.hidden_size, L.qkv_b.get<float>(), qkv_.get<float>(),
+                w_.qkv_rows, false);
+    return;
+  }
   const void* w = L.qkv_w.get();
   if (L.q4_attn) {
     const int64_t q_rows = c_.num_heads * c_.head_dim, kv_rows = c_.num_kv_heads * c_.head_dim;
@@ -903,6 +971,14 @@ void CudaBackend::attention_now(int64_t layer) {
 // sandwich norm).
 void CudaBackend::attention_out(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  if (L.fp8_attn) {
+    const bool to_y = out == BlockOut::kToY;
+    const int64_t K = c_.num_heads * c_.head_dim;
+    fp8_quantize(attn_.get(), w_.ld_attn, K);
+    fp8_project(L.fp8_o, 0, step_T_, c_.hidden_size, K, L.o_b.get<float>(), to_y ? y_.get<float>() : x_.get<float>(),
+                c_.hidden_size, !to_y);
+    return;
+  }
   const void* w = L.o_w.get();
   if (L.q4_attn) {
     if (q4_gemv_step()) {
@@ -924,9 +1000,27 @@ void CudaBackend::attention_out(int64_t layer, BlockOut out) {
 
 // gate/up in one GEMM whose epilogue applies the family's gated activation; down adds into the
 // residual stream (or stores into y). Q4 layers: for 1..8 tokens a GEMV each for gate and up, the
-// gated activation, and a GEMV for down; else the matrices dequantized and the same GEMMs.
+// gated activation, and a GEMV for down; else the matrices dequantized and the same GEMMs. FP8
+// layers: x quantized, the gate/up FP8 GEMM into f32 and the gated activation (in chunks of
+// kFp8GateUpChunk tokens), h quantized and the down FP8 GEMM.
 void CudaBackend::mlp(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
+  if (L.fp8_mlp) {
+    const bool to_y = out == BlockOut::kToY;
+    const int64_t H = c_.hidden_size, I = c_.intermediate_size, N = 2 * w_.inter_pad;
+    fp8_quantize(xn_.get(), w_.ld_h, H);
+    for (int t0 = 0; t0 < step_T_; t0 += kFp8GateUpChunk) {
+      const int T = std::min(kFp8GateUpChunk, step_T_ - t0);
+      fp8_project(L.fp8_gate_up, t0, T, N, H, nullptr, fp8_gu_.get<float>(), N, false);
+      cuda::gated_mul_interleaved(fp8_gu_.get<float>(), T, int(N), L.gate_up_b.get<float>(), gate_act(c_.activation),
+                                  float(c_.swiglu_limit), h_.get<uint8_t>() + size_t(t0) * size_t(w_.inter_pad) * esz_,
+                                  int(w_.inter_pad), e_, stream_);
+    }
+    fp8_quantize(h_.get(), w_.inter_pad, I);
+    fp8_project(L.fp8_down, 0, step_T_, H, I, L.down_b.get<float>(), to_y ? y_.get<float>() : x_.get<float>(), H,
+                !to_y);
+    return;
+  }
   const void* gate_up_w = L.gate_up_w.get();
   const void* down_w = L.down_w.get();
   if (L.q4_mlp) {

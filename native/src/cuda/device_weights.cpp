@@ -2,10 +2,17 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "cpu/gemm_q4.h"
 #include "cuda/check.h"
+#include "cuda/fp8_gemm.h"
+#include "model/fp8.h"
+#include "model/quantize.h"
 
 namespace sluice::cuda {
 
@@ -141,6 +148,64 @@ DeviceQ4 upload_q4(const TensorView& t, int64_t rows, int64_t cols, size_t* tota
   return d;
 }
 
+// One F8E4M3 matrix of an FP8 matrix on the device: its row r lands at destination row dst(r).
+struct Fp8Part {
+  const TensorView* w;      // [rows, K] e4m3 codes
+  const TensorView* scale;  // as QuantizationConfig::fp8 shapes it
+  std::function<int64_t(int64_t)> dst;
+};
+
+// F8E4M3 parts packed as DeviceFp8 [rows, ld]: codes copied (zero past K and in rows no part
+// fills), scales expanded per destination row (per tensor and per channel: Channel; block-wise,
+// 128 columns wide: Block with one row per block row).
+DeviceFp8 upload_fp8(int64_t rows, int64_t K, const QuantizationConfig& q, const std::vector<Fp8Part>& parts,
+                     size_t* total) {
+  DeviceFp8 d;
+  const bool block = q.fp8 == Fp8Scales::Block;
+  const int64_t ld = (K + 31) / 32 * 32, scale_cols = block ? (K + kFp8BlockCols - 1) / kFp8BlockCols : 1;
+  d.ld = int(ld);
+  d.scales = block ? Fp8Scales::Block : Fp8Scales::Channel;
+  std::vector<uint8_t> codes(size_t(rows * ld), 0);
+  std::vector<float> scale(size_t(rows * scale_cols), 0.f);
+  for (const Fp8Part& p : parts) {
+    const TensorView& w = *p.w;
+    if (w.dtype != DType::F8E4M3 || w.shape.size() != 2 || w.shape[1] != K)
+      throw Error(ErrorCode::kInternal, "FP8 weight \"" + w.name + "\" is " + dtype_name(w.dtype) + " " +
+                                            w.shape_string() + ", expected f8_e4m3 with " + std::to_string(K) +
+                                            " columns");
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    for (int64_t r = 0; r < w.shape[0]; r++) {
+      const int64_t to = p.dst(r);
+      const uint8_t* row = src + r * K;
+      for (int64_t k = 0; k < K; k++)
+        if (e4m3_is_nan(row[k]))
+          throw Error(ErrorCode::kModelFileInvalid, w.file + ": tensor \"" + w.name +
+                                                        "\" holds a NaN e4m3 code at row " + std::to_string(r) +
+                                                        ", column " + std::to_string(k));
+      std::memcpy(codes.data() + to * ld, row, size_t(K));
+      for (int64_t j = 0; j < scale_cols; j++) {
+        // Per tensor: [] or [1]; per channel: [rows, 1]; block-wise: [ceil(rows / block_rows), scale_cols].
+        const int64_t at = block ? (r / q.block_rows) * scale_cols + j : q.fp8 == Fp8Scales::Channel ? r : 0;
+        scale[size_t(to * scale_cols + j)] = element_f32(*p.scale, at);
+      }
+    }
+  }
+  d.codes.allocate(codes.size());
+  SLUICE_CUDA_CHECK(cudaMemcpy(d.codes.get(), codes.data(), codes.size(), cudaMemcpyHostToDevice));
+  d.scale.allocate(scale.size() * sizeof(float));
+  SLUICE_CUDA_CHECK(cudaMemcpy(d.scale.get(), scale.data(), scale.size() * sizeof(float), cudaMemcpyHostToDevice));
+  *total += d.codes.bytes() + d.scale.bytes();
+  return d;
+}
+
+// Whether this model's kept FP8 projections run as FP8 here: the device has the e4m3 MMA, block
+// scales (if any) are 128 columns wide as fp8_gemm applies them, and SLUICE_CUDA_FP8 is not "0".
+bool fp8_on_device(const QuantizationConfig& q) {
+  if (const char* env = std::getenv("SLUICE_CUDA_FP8"); env && std::string(env) == "0") return false;
+  if (q.fp8 == Fp8Scales::Block && q.block_cols != kFp8BlockCols) return false;
+  return q.fp8 != Fp8Scales::None && fp8_gemm_supported();
+}
+
 // A sparse layer's router and experts, every expert at the same stride.
 void upload_experts(const ModelConfig& c, const LayerWeights& lw, const DeviceWeights& d, Packer& pk, DeviceLayer& dl,
                     size_t* total) {
@@ -171,7 +236,22 @@ void upload_experts(const ModelConfig& c, const LayerWeights& lw, const DeviceWe
 
 }  // namespace
 
-DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
+DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& stored) {
+  // FP8 projections the device cannot run as stored (or that are not kept whole per layer) become
+  // bf16 first, in a copy of the views.
+  const ModelWeights* src = &stored;
+  ModelWeights converted;
+  const auto has_fp8 = [](const LayerWeights& l) {
+    for (const TensorView* t : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      if (t->dtype == DType::F8E4M3) return true;
+    return false;
+  };
+  if (std::any_of(stored.layers.begin(), stored.layers.end(), has_fp8)) {
+    converted = stored;
+    dequantize_fp8_weights(converted, c.quantization, 0, fp8_on_device(c.quantization));
+    src = &converted;
+  }
+  const ModelWeights& w = *src;
   DeviceWeights d;
   d.dtype = w.main_dtype == DType::F16 ? DType::F16 : DType::BF16;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
@@ -200,7 +280,18 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
     const LayerWeights& lw = w.layers[size_t(l)];
     DeviceLayer& dl = d.layers[size_t(l)];
     dl.q4_attn = lw.q.dtype == DType::Q4;  // the engine keeps all four Q4 or none
-    if (dl.q4_attn) {
+    dl.fp8_attn = lw.q.dtype == DType::F8E4M3;  // dequantize_fp8_weights keeps all four or none
+    if (dl.fp8_attn) {
+      const LayerWeights::Fp8ScaleViews& s = lw.fp8_scale;
+      dl.fp8_qkv = upload_fp8(d.qkv_rows, H, c.quantization,
+                              {{&lw.q, &s.q, [](int64_t r) { return r; }},
+                               {&lw.k, &s.k, [&](int64_t r) { return q_rows + r; }},
+                               {&lw.v, &s.v, [&](int64_t r) { return q_rows + kv_rows + r; }}},
+                              &d.bytes);
+      dl.fp8_o = upload_fp8(H, q_rows, c.quantization, {{&lw.o, &s.o, [](int64_t r) { return r; }}}, &d.bytes);
+      d.any_fp8_attn = true;
+      d.fp8_scales = dl.fp8_qkv.scales;
+    } else if (dl.q4_attn) {
       dl.q4_q = upload_q4(lw.q, q_rows, H, &d.bytes);
       dl.q4_k = upload_q4(lw.k, kv_rows, H, &d.bytes);
       dl.q4_v = upload_q4(lw.v, kv_rows, H, &d.bytes);
@@ -219,7 +310,7 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
       b.insert(b.end(), vb.begin(), vb.end());
       dl.qkv_b = upload_f32(b, &d.bytes);
     }
-    if (!dl.q4_attn) {
+    if (!dl.q4_attn && !dl.fp8_attn) {
       pk.begin(H, d.ld_attn);
       pk.rows(lw.o, 0);
       dl.o_w = pk.finish();
@@ -230,7 +321,18 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
       upload_experts(c, lw, d, pk, dl, &d.bytes);
     } else {
       dl.q4_mlp = lw.gate.dtype == DType::Q4;  // the engine keeps all three Q4 or none
-      if (dl.q4_mlp) {
+      dl.fp8_mlp = lw.gate.dtype == DType::F8E4M3;  // dequantize_fp8_weights keeps all three or none
+      if (dl.fp8_mlp) {
+        // gate and up interleaved in 16-row groups [gate 8 | up 8], as Packer::gate_up_rows.
+        const LayerWeights::Fp8ScaleViews& s = lw.fp8_scale;
+        dl.fp8_gate_up = upload_fp8(2 * d.inter_pad, H, c.quantization,
+                                    {{&lw.gate, &s.gate, [](int64_t i) { return (i / 8) * 16 + i % 8; }},
+                                     {&lw.up, &s.up, [](int64_t i) { return (i / 8) * 16 + 8 + i % 8; }}},
+                                    &d.bytes);
+        dl.fp8_down = upload_fp8(H, I, c.quantization, {{&lw.down, &s.down, [](int64_t r) { return r; }}}, &d.bytes);
+        d.any_fp8_mlp = true;
+        d.fp8_scales = dl.fp8_gate_up.scales;
+      } else if (dl.q4_mlp) {
         dl.q4_gate = upload_q4(lw.gate, I, H, &d.bytes);
         dl.q4_up = upload_q4(lw.up, I, H, &d.bytes);
         dl.q4_down = upload_q4(lw.down, H, I, &d.bytes);
@@ -250,7 +352,7 @@ DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w) {
           dl.up_b = upload_f32(to_f32(lw.up_bias), &d.bytes);
         }
       }
-      if (!dl.q4_mlp) {
+      if (!dl.q4_mlp && !dl.fp8_mlp) {
         pk.begin(H, d.inter_pad);
         pk.rows(lw.down, 0);
         dl.down_w = pk.finish();

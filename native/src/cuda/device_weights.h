@@ -7,6 +7,10 @@
 // MXFP4 experts arrive here already unpacked to bf16 by the weight binder. AWQ / GPTQ projections
 // that arrive as Q4 (engine: dequantize_packed_weights keeps a layer's attention or dense MLP
 // projections Q4 when all of them are) stay 4-bit: copied as stored, read by q4_gemm.h's kernels.
+// FP8 checkpoints' projections that arrive as F8E4M3 (bind_weights' keep_fp8) stay e4m3 for
+// fp8_gemm.h where the device has the e4m3 MMA and block scales are 128 columns wide (a layer's
+// q/k/v/o when all four are, a dense layer's gate/up/down when all three are); otherwise they are
+// dequantized to bf16 here, as the CPU backend gets them.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -56,12 +60,27 @@ struct DeviceQ4 {
   Q4DeviceWeights w;
 };
 
+// One FP8 matrix on the device, laid out for fp8_gemm: e4m3 codes [rows, ld] (ld = K rounded up
+// to 32; zero codes past K and in padding rows) and f32 scales per row: Channel [rows], or Block
+// [rows, ceil(K / 128)] (w_block_rows 1). Padding rows have scale 0.
+struct DeviceFp8 {
+  DeviceBuffer codes;
+  DeviceBuffer scale;
+  Fp8Scales scales = Fp8Scales::Channel;
+  int ld = 0;
+};
+
 struct DeviceLayer {
   // q4_attn: q/k/v/o are Q4 (q4_q .. q4_o) and qkv_w / o_w are empty; q4_mlp (dense layers):
   // gate/up/down are Q4 and gate_up_w / down_w are empty. Biases stay as below either way.
   bool q4_attn = false, q4_mlp = false;
   DeviceQ4 q4_q, q4_k, q4_v, q4_o, q4_gate, q4_up, q4_down;
   DeviceBuffer gate_b, up_b;  // [I] f32 each, q4_mlp with biases: the decode GEMVs' (gate_up_b too)
+  // fp8_attn: q/k/v/o are FP8 (fp8_qkv: [qkv_rows, *] as qkv_w; fp8_o) and qkv_w / o_w are empty;
+  // fp8_mlp (dense layers): fp8_gate_up ([2 * inter_pad, *] as gate_up_w) and fp8_down instead of
+  // gate_up_w / down_w. Biases stay as below.
+  bool fp8_attn = false, fp8_mlp = false;
+  DeviceFp8 fp8_qkv, fp8_o, fp8_gate_up, fp8_down;
   DeviceBuffer qkv_w;      // [nq*hd + 2*nkv*hd, ld_h] E
   DeviceBuffer qkv_b;      // [same rows] f32, when the model has q/k/v biases
   DeviceBuffer o_w;        // [H, ld_attn] E
@@ -97,12 +116,15 @@ struct DeviceWeights {
   DeviceBuffer local_inv_freq;  // [rotary_dim / 2] f32, the local layers' rope (Gemma 3), optional
   std::vector<DeviceLayer> layers;
   bool any_q4_attn = false, any_q4_mlp = false;  // some layer is q4_attn / q4_mlp
+  bool any_fp8_attn = false, any_fp8_mlp = false;  // some layer is fp8_attn / fp8_mlp
+  Fp8Scales fp8_scales = Fp8Scales::Channel;  // of every DeviceFp8 (Block when the checkpoint's are)
   size_t bytes = 0;           // device bytes held
 
   const void* lm_head_ptr() const { return lm_head.bytes() ? lm_head.get() : embed.get(); }
 };
 
-// Uploads (synchronously) everything the forward pass reads. Throws sluice::Error on failure.
+// Uploads (synchronously) everything the forward pass reads. Throws sluice::Error on failure
+// (kModelFileInvalid at a NaN e4m3 code of a projection kept FP8).
 DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w);
 
 }  // namespace sluice::cuda

@@ -390,15 +390,24 @@ const Fp8Device& fp8_device() {
   return d;
 }
 
+// Lets the kernel use C::kSmemBytes of dynamic shared memory (set once per instantiation; NOTE:
+// per process, one device).
+template <int BM, int BN, int WM, int WN, int STAGES, bool PER_TILE>
+void allow_smem() {
+  using C = Fp8Config<BM, BN, WM, WN, STAGES>;
+  static bool attr_set = false;
+  if (!attr_set) {
+    SLUICE_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<BM, BN, WM, WN, STAGES, PER_TILE>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
+    attr_set = true;
+  }
+}
+
 template <int BM, int BN, int WM, int WN, int STAGES, bool PER_TILE>
 void launch(const Fp8Params& p, cudaStream_t stream) {
   using C = Fp8Config<BM, BN, WM, WN, STAGES>;
   auto kernel = fp8_gemm_kernel<BM, BN, WM, WN, STAGES, PER_TILE>;
-  static bool attr_set = false;  // NOTE: set once per instantiation (per process, one device)
-  if (!attr_set) {
-    SLUICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-    attr_set = true;
-  }
+  allow_smem<BM, BN, WM, WN, STAGES, PER_TILE>();
   const dim3 grid((p.N + BM - 1) / BM, (p.T + BN - 1) / BN);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   SLUICE_CUDA_LAUNCH_CHECK("fp8_gemm_kernel");
@@ -417,6 +426,17 @@ void launch_sized(const Fp8Params& p, cudaStream_t stream) {
   launch<128, 64, 64, 32, 3, PER_TILE>(p, stream);
 }
 
+// Every tile shape launch_sized may pick (the sizes must match it).
+template <bool PER_TILE>
+void allow_smem_all() {
+  allow_smem<64, 8, 16, 8, 4, PER_TILE>();
+  allow_smem<128, 32, 64, 16, 4, PER_TILE>();
+  if (fp8_device().smem_optin >= Fp8Config<128, 128, 64, 32, 3>::kSmemBytes)
+    allow_smem<128, 128, 64, 32, 3, PER_TILE>();
+  else
+    allow_smem<128, 64, 64, 32, 3, PER_TILE>();
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 int round_up_k(int K) { return (K + kKAlign - 1) / kKAlign * kKAlign; }
@@ -432,6 +452,12 @@ void check_quantize_args(const void* x, DType e, int K, int ld_x, const uint8_t*
 }  // namespace
 
 bool fp8_gemm_supported() { return fp8_device().mma_e4m3; }
+
+void fp8_gemm_prepare() {
+  if (!fp8_gemm_supported()) return;
+  allow_smem_all<false>();
+  allow_smem_all<true>();
+}
 
 void quantize_rows_fp8(const void* x, DType e, int T, int K, int ld_x, uint8_t* xq, int ld_q, float* x_scale,
                        cudaStream_t stream) {

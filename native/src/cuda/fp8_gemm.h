@@ -9,7 +9,7 @@
 // K .. Kp - 1 of x and w must hold zero codes (quantize_rows_fp8* writes them for x; the weight
 // upload pads W). Launchers only enqueue (no allocation, no synchronization): safe to capture in
 // a CUDA graph once each kernel has been launched outside capture (its shared-memory attribute is
-// set at the first launch).
+// set at the first launch) or fp8_gemm_prepare has run.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,6 +26,10 @@ constexpr int kFp8BlockCols = 128;
 
 // Whether the current device has the e4m3 tensor-core MMA (compute capability 8.9 or newer).
 bool fp8_gemm_supported();
+
+// Sets every GEMM kernel's shared-memory attribute now (otherwise done at its first launch, which
+// must not happen inside a CUDA graph capture). No-op on a device without FP8 MMA.
+void fp8_gemm_prepare();
 
 // Dynamic per-token quantization of x [T, K] (E = bf16 or f16, ld_x % 8 == 0) into e4m3 codes
 // xq [T, ld_q] and f32 scales: scale = amax / 448 over the row, code = e4m3(x / scale) rounded to

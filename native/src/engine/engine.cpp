@@ -65,13 +65,17 @@ class EngineImpl final : public Engine {
                   "quantization \"int8\" is supported by the cpu backend only (the " + opts.backend +
                       " backend serves the checkpoint's own dtype; drop --quantization or use --backend cpu)");
     st_ = SafetensorsModel::open_dir(opts.model_dir);
-    weights_ = bind_weights(*st_, config_, opts.model_dir);
-    // NOTE: the binder dequantizes FP8 checkpoints' F8E4M3 weights to bf16, unpacks MXFP4 and
-    // repacks AWQ / GPTQ words (I32) as Q4 or Q8_0. The CPU kernels read both; the CUDA backend
-    // reads dense layers' Q4 projections (cuda/q4_gemm.h) and gets the rest as bf16.
-    if (opts.backend != "cpu") dequantize_packed_weights(weights_, opts.num_threads, opts.backend == "cuda");
+    // The CUDA backend runs FP8 projections as stored (cuda/fp8_gemm.h) where its device can, and
+    // dequantizes them itself where not (dequantize_fp8_weights at upload).
+    const bool cuda = opts.backend == "cuda";
+    weights_ = bind_weights(*st_, config_, opts.model_dir, /*keep_fp8=*/cuda);
+    // NOTE: the binder dequantizes FP8 checkpoints' F8E4M3 weights to bf16 (for CUDA: all but the
+    // layers' projections), unpacks MXFP4 and repacks AWQ / GPTQ words (I32) as Q4 or Q8_0. The
+    // CPU kernels read both; the CUDA backend reads dense layers' Q4 projections (cuda/q4_gemm.h)
+    // and gets the rest as bf16.
+    if (opts.backend != "cpu") dequantize_packed_weights(weights_, opts.num_threads, cuda);
     for (const TensorView* t : streamed_matrices(weights_))
-      if (t->dtype == DType::F8E4M3 || t->dtype == DType::U8 || t->dtype == DType::I32)
+      if ((t->dtype == DType::F8E4M3 && !cuda) || t->dtype == DType::U8 || t->dtype == DType::I32)
         throw Error(ErrorCode::kInternal, "weight \"" + t->name + "\" reached the backend as " + dtype_name(t->dtype) +
                                               " (the binder dequantizes packed and FP8 weights at load)");
     // The CPU streams the projections and the lm_head every decode step: from anonymous huge-page

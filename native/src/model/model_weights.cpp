@@ -17,8 +17,8 @@ namespace {
 class Binder {
  public:
   Binder(const SafetensorsModel& st, const ModelConfig& c, const std::string& dir,
-         std::vector<std::shared_ptr<HostBuffer>>& owned)
-      : st_(st), quant_(c.quantization), dir_(dir), owned_(owned) {}
+         std::vector<std::shared_ptr<HostBuffer>>& owned, bool keep_fp8)
+      : st_(st), quant_(c.quantization), dir_(dir), owned_(owned), keep_fp8_(keep_fp8) {}
 
   // A float tensor (f32, f16 or bf16) of exactly this shape. An FP8 checkpoint's F8E4M3 weight
   // comes back dequantized to bf16 (model/fp8.h), in memory `owned` keeps.
@@ -62,6 +62,18 @@ class Binder {
     dequantized_extra_ -= t.qweight.nbytes + t.qzeros.nbytes + t.scales.nbytes + (t.g_idx.data ? t.g_idx.nbytes : 0);
     return w;
   }
+  // linear(), except that with keep_fp8 an F8E4M3 "<module>.weight" stays the stored codes, its
+  // scale tensor in *scale.
+  TensorView projection(const std::string& module, int64_t out, int64_t in, TensorView* scale) {
+    if (keep_fp8_ && !has(module + ".qweight")) {
+      const TensorView t = find(module + ".weight", {out, in});
+      if (t.dtype == DType::F8E4M3) {
+        *scale = fp8_scale(t);
+        return t;
+      }
+    }
+    return linear(module, out, in);
+  }
   // A tensor of exactly this shape and dtype.
   TensorView typed(const std::string& name, std::vector<int64_t> shape, DType dtype) {
     TensorView t = find(name, std::move(shape));
@@ -102,9 +114,9 @@ class Binder {
   }
 
  private:
-  // A linear weight stored F8_E4M3 with its scale tensor beside it ("<name>_scale_inv" for the
-  // block-wise fp8 format, "<name>_scale" otherwise), times that scale, as bf16.
-  TensorView dequantized(const TensorView& t) {
+  // The scale tensor beside a linear weight stored F8_E4M3 ("<name>_scale_inv" for the block-wise
+  // fp8 format, "<name>_scale" otherwise), its shape and dtype checked.
+  const TensorView& fp8_scale(const TensorView& t) {
     const std::string& name = t.name;
     if (quant_.fp8 == Fp8Scales::None)
       throw Error(ErrorCode::kModelFileInvalid,
@@ -143,6 +155,11 @@ class Binder {
       throw Error(ErrorCode::kModelFileInvalid, scale->file + ": scale tensor \"" + scale_name + "\" has dtype " +
                                                     dtype_name(scale->dtype) + ", expected f32, f16 or bf16");
     if (seen_.insert(scale_name).second) bytes_ += scale->nbytes;
+    return *scale;
+  }
+  // A linear weight stored F8_E4M3 times its scale tensor, as bf16.
+  TensorView dequantized(const TensorView& t) {
+    const TensorView* scale = &fp8_scale(t);
     TensorView out = dequantize_fp8(t, *scale, quant_, owned_, pool());
     release_mapped_pages(t.data, t.nbytes);  // the codes are read once
     dequantized_extra_ += out.nbytes - t.nbytes - scale->nbytes;
@@ -153,6 +170,7 @@ class Binder {
   const QuantizationConfig& quant_;
   std::string dir_;
   std::vector<std::shared_ptr<HostBuffer>>& owned_;
+  bool keep_fp8_;
   std::unique_ptr<cpu::ThreadPool> pool_;  // made on first use (FP8, AWQ / GPTQ weights, gpt-oss's MXFP4 experts)
   std::set<std::string> seen_;
   size_t bytes_ = 0;
@@ -345,9 +363,9 @@ size_t bind_gpt_oss_experts(Binder& b, const std::string& m, const ModelConfig& 
 
 }  // namespace
 
-ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, const std::string& dir) {
+ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, const std::string& dir, bool keep_fp8) {
   ModelWeights w;
-  Binder b(st, c, dir, w.owned);
+  Binder b(st, c, dir, w.owned, keep_fp8);
   const ArchSpec* arch = find_architecture(c.architecture, c.model_type);
   if (!arch) throw Error(ErrorCode::kUnsupportedModel, dir + ": unsupported architecture " + c.architecture);
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
@@ -371,10 +389,10 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
     const std::string p = root + "layers." + std::to_string(i) + ".";
     LayerWeights& l = w.layers[size_t(i)];
     l.input_norm = norm(p + "input_layernorm.weight", H);
-    l.q = b.linear(p + "self_attn.q_proj", q_out, H);
-    l.k = b.linear(p + "self_attn.k_proj", kv_out, H);
-    l.v = b.linear(p + "self_attn.v_proj", kv_out, H);
-    l.o = b.linear(p + "self_attn.o_proj", H, q_out);
+    l.q = b.projection(p + "self_attn.q_proj", q_out, H, &l.fp8_scale.q);
+    l.k = b.projection(p + "self_attn.k_proj", kv_out, H, &l.fp8_scale.k);
+    l.v = b.projection(p + "self_attn.v_proj", kv_out, H, &l.fp8_scale.v);
+    l.o = b.projection(p + "self_attn.o_proj", H, q_out, &l.fp8_scale.o);
     if (c.qkv_bias) {
       l.q_bias = b.get(p + "self_attn.q_proj.bias", {q_out});
       l.k_bias = b.get(p + "self_attn.k_proj.bias", {kv_out});
@@ -417,9 +435,9 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
       }
       continue;
     }
-    l.gate = b.linear(p + "mlp.gate_proj", I, H);
-    l.up = b.linear(p + "mlp.up_proj", I, H);
-    l.down = b.linear(p + "mlp.down_proj", H, I);
+    l.gate = b.projection(p + "mlp.gate_proj", I, H, &l.fp8_scale.gate);
+    l.up = b.projection(p + "mlp.up_proj", I, H, &l.fp8_scale.up);
+    l.down = b.projection(p + "mlp.down_proj", H, I, &l.fp8_scale.down);
     if (c.mlp_bias) {
       l.gate_bias = b.get(p + "mlp.gate_proj.bias", {I});
       l.up_bias = b.get(p + "mlp.up_proj.bias", {I});

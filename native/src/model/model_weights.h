@@ -37,6 +37,12 @@ struct LayerWeights {
   TensorView router_bias;               // [experts] f32, when config.router_bias
   TensorView sinks;                     // [heads] f32, when config.attention_sinks
   std::vector<ExpertWeights> experts;
+  // FP8 projections kept as stored (bind_weights' keep_fp8): the scale tensor beside each F8E4M3
+  // weight above, shaped as QuantizationConfig::fp8 says ("<name>_scale_inv" for Block, else
+  // "<name>_scale"); empty for weights that are not F8E4M3.
+  struct Fp8ScaleViews {
+    TensorView q, k, v, o, gate, up, down;
+  } fp8_scale;
 };
 
 struct ModelWeights {
@@ -57,6 +63,11 @@ struct ModelWeights {
 std::vector<TensorView*> streamed_matrices(ModelWeights& w);
 
 // Throws sluice::Error naming the tensor (and file) that is missing or has the wrong shape.
-ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& config, const std::string& dir);
+// FP8 checkpoints' F8E4M3 weights come back dequantized to bf16 (model/fp8.h), except, with
+// keep_fp8, every layer's q/k/v/o and dense layers' gate/up/down: those stay F8E4M3 views of the stored codes with
+// their scales in LayerWeights::fp8_scale (for backends with FP8 kernels; see
+// dequantize_fp8_weights in model/quantize.h). lm_head, embeddings and experts are bf16 either way.
+ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& config, const std::string& dir,
+                          bool keep_fp8 = false);
 
 }  // namespace sluice

@@ -9,6 +9,7 @@
 #include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
 #include "cpu/thread_pool.h"
+#include "model/fp8.h"
 #include "util/host_memory.h"
 
 namespace sluice {
@@ -110,6 +111,32 @@ void dequantize_packed_weights(ModelWeights& w, int num_threads, bool keep_dense
     t->dtype = DType::BF16;
     t->nbytes = size_t(N * K) * 2;
     w.owned.push_back(std::move(buf));
+  }
+  if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
+}
+
+void dequantize_fp8_weights(ModelWeights& w, const QuantizationConfig& q, int num_threads, bool keep_fp8_groups) {
+  std::vector<std::pair<TensorView*, TensorView*>> targets;  // (weight, its scale)
+  const auto all_fp8 = [](std::initializer_list<const TensorView*> ts) {
+    return std::all_of(ts.begin(), ts.end(), [](const TensorView* t) { return t->dtype == DType::F8E4M3; });
+  };
+  for (LayerWeights& l : w.layers) {
+    LayerWeights::Fp8ScaleViews& s = l.fp8_scale;
+    const bool keep_attn = keep_fp8_groups && all_fp8({&l.q, &l.k, &l.v, &l.o});
+    const bool keep_mlp = keep_fp8_groups && l.experts.empty() && all_fp8({&l.gate, &l.up, &l.down});
+    for (auto [t, scale] : {std::pair{&l.q, &s.q}, {&l.k, &s.k}, {&l.v, &s.v}, {&l.o, &s.o}})
+      if (t->dtype == DType::F8E4M3 && !keep_attn) targets.emplace_back(t, scale);
+    for (auto [t, scale] : {std::pair{&l.gate, &s.gate}, {&l.up, &s.up}, {&l.down, &s.down}})
+      if (t->dtype == DType::F8E4M3 && !keep_mlp) targets.emplace_back(t, scale);
+  }
+  if (targets.empty()) return;
+  cpu::ThreadPool pool(num_threads);
+  for (auto [t, scale] : targets) {
+    const TensorView out = dequantize_fp8(*t, *scale, q, w.owned, pool);
+    w.total_bytes += out.nbytes;
+    w.total_bytes -= t->nbytes + scale->nbytes;
+    *t = out;
+    *scale = TensorView{};
   }
   if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
 }

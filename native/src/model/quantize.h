@@ -20,4 +20,12 @@ void quantize_weights_q8(ModelWeights& w, int num_threads);
 // experts and Q8_0 matrices still become bf16. main_dtype follows layer 0's q.
 void dequantize_packed_weights(ModelWeights& w, int num_threads, bool keep_dense_q4 = false);
 
+// FP8 projections that bind_weights kept as F8E4M3 (keep_fp8) times their scales as bf16, each
+// weight rounded once: the same bits the binder makes without keep_fp8 (model/fp8.h). keep_fp8_groups
+// (a backend that runs FP8 GEMMs on these scales) keeps a layer's q/k/v/o when all four are F8E4M3,
+// and a dense layer's gate/up/down when all three are. Clears the converted weights' fp8_scale
+// views; main_dtype follows layer 0's q.
+void dequantize_fp8_weights(ModelWeights& w, const QuantizationConfig& q, int num_threads,
+                            bool keep_fp8_groups = false);
+
 }  // namespace sluice
