@@ -30,7 +30,11 @@ inline float load_f32(const void* p, DType t, int64_t i) {
     case DType::F32: return static_cast<const float*>(p)[i];
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::Q8_0: break;
+    case DType::Q8_0:
+    case DType::Q4:
+    case DType::U8:
+    case DType::I32:
+    case DType::F8E4M3: break;  // quantize_weights_q8 is given float matrices only
   }
   return 0.f;
 }
