@@ -11,6 +11,19 @@ namespace sluice::cpu {
 
 Q4View q4_view_of(const void* w) { return q4_view(w); }
 
+const float* q4_group_xs(const detail::GemmArgs& a, const Q4View& v) {
+  thread_local std::vector<float> out;
+  const int64_t nb = v.h->Kp / kQ8Block, bpg = v.h->group / kQ8Block;
+  out.resize(size_t(a.T * v.ng));
+  for (int64_t t = 0; t < a.T; t++)
+    for (int64_t g = 0; g < v.ng; g++) {
+      float s = 0.f;
+      for (int64_t b = g * bpg; b < (g + 1) * bpg && b < nb; b++) s += a.xs[t * nb + b];
+      out[size_t(t * v.ng + g)] = s;
+    }
+  return out.data();
+}
+
 void quantize_activations_q4(const float* x, int64_t T, int64_t K, const int32_t* perm, int8_t* xq, float* xd,
                              float* xs) {
   const int64_t Kp = q4_padded_k(K), nb = Kp / kQ8Block;

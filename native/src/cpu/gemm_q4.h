@@ -81,6 +81,10 @@ inline Q4View q4_view(const void* w) {
 // q4_view out of line, for the files compiled for one ISA (gemm_q4_avx2.cpp, ...): they may call
 // no inline function shared with baseline files (see the NOTE in gemm_avx2.cpp).
 Q4View q4_view_of(const void* w);
+// The SIMD kernels' zero-point factors: out[t, g] = a.xs[t, b] summed over group g's blocks b in
+// block order, [a.T, v.ng], in this thread's buffer (valid until its next call). Out of line, for
+// the same reason as q4_view_of.
+const float* q4_group_xs(const detail::GemmArgs& a, const Q4View& v);
 
 // Writes the header and the permutation (perm may be nullptr) of a buffer of q4_bytes(N, K,
 // group, perm != nullptr) bytes and zero-fills codes, scales and zeros. group: a multiple of 32.

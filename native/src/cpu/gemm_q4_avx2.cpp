@@ -180,14 +180,7 @@ void gemm_q4_avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
   cx.nc = cx.Kp / kQ4Chunk;
   cx.bpg = cx.v.h->group / 32;
   const int64_t ng = cx.v.ng;
-  float* xs_group = new float[size_t(a.T * ng)];
-  for (int64_t t = 0; t < a.T; t++)
-    for (int64_t g = 0; g < ng; g++) {
-      float s = 0.f;
-      for (int64_t b = g * cx.bpg; b < min64((g + 1) * cx.bpg, cx.nb); b++) s += a.xs[t * cx.nb + b];
-      xs_group[t * ng + g] = s;
-    }
-  cx.xs_group = xs_group;
+  cx.xs_group = q4_group_xs(a, cx.v);
   const auto& fns = cx.v.h->group % kQ4Chunk == 0 ? wide.fns : narrow.fns;
   if (a.T <= kDecodeT) {
     strided_rows(fns, cx, 0, int(a.T), cx.Kp / 2 <= kDecodeShortRow ? 4 : 2, n_begin, n_end);
@@ -199,7 +192,6 @@ void gemm_q4_avx2(const GemmArgs& a, int64_t n_begin, int64_t n_end) {
       for (int64_t t = 0; t < a.T; t += kMR) strided_rows(fns, cx, t, int(min64(kMR, a.T - t)), kNR, nb, ne);
     }
   }
-  delete[] xs_group;
 }
 
 }  // namespace sluice::cpu::detail
