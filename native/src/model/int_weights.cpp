@@ -17,14 +17,6 @@ namespace {
 // nibble kAwqNibble[m] of word c.
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-float scalar(const TensorView& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::F32: return static_cast<const float*>(t.data)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-    default: return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-  }
-}
-
 // Reads codes, zeros, scales and groups of one stored linear.
 class Unpacked {
  public:
@@ -44,7 +36,7 @@ class Unpacked {
     if (awq_) return int(qz_[g * (N_ / 8) + j / 8] >> (4 * kAwqNibble[j % 8])) & 0xf;
     return int((qz_[g * (N_ / per_word_) + j / per_word_] >> (bits_ * (j % per_word_))) & mask_) + offset_;
   }
-  float scale(int64_t g, int64_t j) const { return scalar(t_.scales, g * N_ + j); }
+  float scale(int64_t g, int64_t j) const { return t_.scales.float_at(g * N_ + j); }
   int64_t group(int64_t k) const { return gidx_ ? gidx_[k] : k / G_; }
   int64_t G() const { return G_; }
   int64_t ng() const { return ng_; }

@@ -177,25 +177,13 @@ class Binder {
   size_t dequantized_extra_ = 0;
 };
 
-float element(const TensorView& t, int64_t i) {
-  const uint8_t* p = static_cast<const uint8_t*>(t.data);
-  if (t.dtype == DType::F32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return t.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-
 // A norm weight as Gemma uses it, (1 + w), made once at load as f32 (what transformers computes
 // in), so every backend's RMSNorm stays the plain x / rms(x) * w.
 TensorView plus_one(const TensorView& t, std::vector<std::shared_ptr<HostBuffer>>& owned) {
   auto buf = std::make_shared<HostBuffer>(size_t(t.numel()) * sizeof(float), false);
   float* out = reinterpret_cast<float*>(buf->data());
   for (int64_t i = 0; i < t.numel(); i++) {
-    out[i] = 1.0f + element(t, i);
+    out[i] = 1.0f + t.float_at(i);
   }
   TensorView v = t;
   v.dtype = DType::F32;
@@ -210,7 +198,7 @@ TensorView f32_copy(const TensorView& t, int64_t offset, int64_t n, int64_t stri
                     std::vector<std::shared_ptr<HostBuffer>>& owned) {
   auto buf = std::make_shared<HostBuffer>(size_t(n) * sizeof(float), false);
   float* out = reinterpret_cast<float*>(buf->data());
-  for (int64_t i = 0; i < n; i++) out[i] = element(t, offset + i * stride);
+  for (int64_t i = 0; i < n; i++) out[i] = t.float_at(offset + i * stride);
   TensorView v;
   v.name = t.name;
   v.file = t.file;

@@ -16,6 +16,18 @@
 
 namespace sluice {
 
+float TensorView::float_at(int64_t i) const {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  if (dtype == DType::F32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
 std::string TensorView::shape_string() const {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);

@@ -25,6 +25,8 @@ struct TensorView {
     return n;
   }
   std::string shape_string() const;
+  // Element i of a float tensor (f32, f16 or bf16) as f32 (unaligned data allowed).
+  float float_at(int64_t i) const;
 };
 
 class MappedFile {
