@@ -10,6 +10,7 @@
 #include "sluice/error.h"
 #include "sluice/model_config.h"
 #include "test_util.h"
+#include "util/e4m3.h"
 
 using namespace sluice;
 
@@ -227,6 +228,61 @@ TEST_CASE(dequantize_fp8_weights_keeps_whole_fp8_groups) {
     if (t->data != bf16_store.data()) CHECK(std::memcmp(t->data, want.data, want.nbytes) == 0);
   }
   CHECK(all.main_dtype == DType::BF16);
+}
+
+// The code nearest to x by a search over every finite code, ties to the even code; |x| >= 448
+// saturates (the encoder's rule; nothing above 448 is nearer to another code anyway).
+static uint8_t nearest_e4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(double(x));
+  if (a >= 448) return sign | 0x7e;
+  uint8_t best = 0;
+  for (int code = 1; code <= 0x7e; code++) {
+    const double d = std::fabs(double(e4m3_to_float(uint8_t(code))) - a), db = std::fabs(double(e4m3_to_float(best)) - a);
+    if (d < db || (d == db && (code & 1) == 0)) best = uint8_t(code);
+  }
+  return sign | best;
+}
+
+TEST_CASE(e4m3_encoder_rounds_to_nearest_even_and_saturates) {
+  // Every finite code survives the round trip (+-0 included).
+  for (int code = 0; code < 256; code++)
+    if (!e4m3_is_nan(uint8_t(code))) CHECK(f32_to_e4m3(e4m3_to_float(uint8_t(code))) == code);
+  // Midpoints between neighbouring codes (exact in f32: 5 significant bits) go to the even
+  // code, across binade boundaries and from the subnormals too; a step either side goes to the
+  // nearer one.
+  for (int code = 0; code < 0x7e; code++)
+    for (uint8_t sign : {uint8_t(0), uint8_t(0x80)}) {
+      const float lo = e4m3_to_float(uint8_t(sign | code)), hi = e4m3_to_float(uint8_t(sign | (code + 1)));
+      const float mid = float((double(lo) + double(hi)) / 2);
+      CHECK(double(mid) == (double(lo) + double(hi)) / 2);
+      CHECK(f32_to_e4m3(mid) == (sign | (code % 2 == 0 ? code : code + 1)));
+      CHECK(f32_to_e4m3(std::nextafter(mid, lo)) == (sign | code));
+      CHECK(f32_to_e4m3(std::nextafter(mid, hi)) == (sign | (code + 1)));
+    }
+  // 448 and beyond, infinities included, saturate; NaN stays NaN whatever its sign and payload.
+  for (float big : {448.f, 449.f, 464.f, 480.f, 1e4f, 3.4e38f, INFINITY}) {
+    CHECK(f32_to_e4m3(big) == 0x7e);
+    CHECK(f32_to_e4m3(-big) == 0xfe);
+  }
+  uint32_t nan_bits[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu};
+  for (uint32_t bits : nan_bits) {
+    float nan;
+    std::memcpy(&nan, &bits, 4);
+    CHECK(e4m3_is_nan(f32_to_e4m3(nan)));
+  }
+  // Random floats over binades 2^-14 .. 2^10 (below the smallest subnormal, 2^-9, up past 448)
+  // against the search.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> ex(-14, 9), sign(0, 1);
+  int mismatches = 0;
+  for (int i = 0; i < 100000; i++) {
+    const float x = std::ldexp(mant(rng), ex(rng)) * (sign(rng) ? -1.f : 1.f);
+    const uint8_t got = f32_to_e4m3(x), want = nearest_e4m3(x);
+    if (got != want && mismatches++ < 3) std::printf("  %.9g: got 0x%02x, want 0x%02x\n", double(x), got, want);
+  }
+  CHECK(mismatches == 0);
 }
 
 int main() { return sluice_test::run_all("fp8"); }

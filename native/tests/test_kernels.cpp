@@ -8,7 +8,9 @@
 #include "cpu/cpu_features.h"
 #include "cpu/kernels.h"
 #include "cpu/ops_simd.h"
+#include "model/fp8.h"
 #include "test_util.h"
+#include "util/e4m3.h"
 
 using namespace sluice;
 using namespace sluice::cpu;
@@ -57,14 +59,53 @@ std::vector<const char*> levels() {
 
 bool bits_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
-// A random paged K/V cache of `slots` token slots in `dtype`. For a bf16 cache, k and v hold the
-// rounded values, so references computed from them use exactly what the kernels read.
+// K/V for an fp8 cache (RandomCache, kv_write tests): sign * scale * 2^u, u uniform in [-11, 8],
+// so the codes span every binade from the subnormals (and below: some round to 0) up; 3% of the
+// values lie beyond 448 * scale (up to ~2.2x), and kv_write saturates them.
+std::vector<float> fp8_range_values(size_t n, float scale) {
+  std::uniform_real_distribution<float> u(-11.f, 8.f), big(448.f, 1000.f), unit(0.f, 1.f);
+  std::vector<float> out(n);
+  for (float& x : out) {
+    const float mag = unit(rng) < 0.03f ? big(rng) : std::exp2(u(rng));
+    x = (unit(rng) < 0.5f ? -mag : mag) * scale;
+  }
+  return out;
+}
+
+// A random paged K/V cache of `slots` token slots in `dtype`. k and v hold what the kernels read,
+// so references computed from them use exactly the cache's values: for bf16 the rounded values,
+// for fp8 (written through kv_write, k_scale 0.05, v_scale 0.02) e4m3_to_float(code) * scale,
+// computed in double and rounded to f32.
 struct RandomCache {
   std::vector<float> k, v;
   std::vector<uint16_t> k16, v16;
+  std::vector<uint8_t> k8, v8;
   PagedKV cache;
   RandomCache(DType dtype, int64_t slots, int64_t block_size, int64_t n_kv, int64_t hd)
       : k(randn(size_t(slots * n_kv * hd))), v(randn(size_t(slots * n_kv * hd))), k16(k.size()), v16(v.size()) {
+    cache.dtype = dtype;
+    cache.block_size = block_size;
+    cache.n_kv_heads = n_kv;
+    cache.head_dim = hd;
+    if (dtype == DType::F8E4M3) {
+      cache.k_scale = 0.05f;
+      cache.v_scale = 0.02f;
+      k = fp8_range_values(k.size(), cache.k_scale);
+      v = fp8_range_values(v.size(), cache.v_scale);
+      k8.resize(k.size());
+      v8.resize(v.size());
+      cache.k = k8.data();
+      cache.v = v8.data();
+      std::vector<int32_t> all(static_cast<size_t>(slots));
+      for (int64_t i = 0; i < slots; i++) all[size_t(i)] = int32_t(i);
+      ThreadPool pool(1);
+      kv_write(pool, cache, k.data(), v.data(), all.data(), slots);
+      for (size_t i = 0; i < k.size(); i++) {
+        k[i] = float(double(e4m3_to_float(k8[i])) * double(cache.k_scale));
+        v[i] = float(double(e4m3_to_float(v8[i])) * double(cache.v_scale));
+      }
+      return;
+    }
     for (size_t i = 0; i < k.size(); i++) {
       k16[i] = f32_to_bf16(k[i]);
       v16[i] = f32_to_bf16(v[i]);
@@ -75,10 +116,15 @@ struct RandomCache {
     }
     cache.k = dtype == DType::BF16 ? static_cast<void*>(k16.data()) : static_cast<void*>(k.data());
     cache.v = dtype == DType::BF16 ? static_cast<void*>(v16.data()) : static_cast<void*>(v.data());
-    cache.dtype = dtype;
-    cache.block_size = block_size;
-    cache.n_kv_heads = n_kv;
-    cache.head_dim = hd;
+  }
+  // The largest error allowed in attention's output against the double reference: 1e-4 for
+  // f32 and bf16 (v ~ N(0, 1)); for fp8 2.5e-5 times the largest |v| (448 * v_scale = 8.96, so
+  // 2.2e-4: the wide-range K makes larger scores, and f32 sums carry their rounding).
+  double tolerance() const {
+    if (cache.dtype != DType::F8E4M3) return 1e-4;
+    double m = 0;
+    for (float x : v) m = std::max(m, std::fabs(double(x)));
+    return 2.5e-5 * m;
   }
 };
 
@@ -246,7 +292,7 @@ TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
   ThreadPool pool(2);
   for (const char* level : levels()) {
    force_simd_level(level);
-   for (DType kv_dtype : {DType::F32, DType::BF16}) {
+   for (DType kv_dtype : {DType::F32, DType::BF16, DType::F8E4M3}) {
     for (int64_t group : {1, 2, 7}) {
       for (int64_t hd : {16, 48, 64, 128}) {
         const int64_t n_kv = 2, H = n_kv * group, bs = 4, num_blocks = 40;
@@ -289,7 +335,7 @@ TEST_CASE(paged_attention_matches_reference_with_scattered_blocks_and_gqa) {
               worst = std::max(worst, std::fabs(o - out[size_t((t * H + h) * hd + i)]));
             }
           }
-        CHECK(worst < 1e-4);
+        CHECK(worst < rc.tolerance());
         // The same token alone gives the same bits.
         std::vector<float> alone(size_t(H * hd));
         AttentionBatch b1 = b;
@@ -475,7 +521,7 @@ TEST_CASE(paged_attention_long_contexts_odd_head_dims_and_wide_groups) {
   ThreadPool pool(2);
   for (const char* level : levels()) {
     force_simd_level(level);
-    for (DType kv_dtype : {DType::F32, DType::BF16}) {
+    for (DType kv_dtype : {DType::F32, DType::BF16, DType::F8E4M3}) {
       for (int64_t hd : {20, 64}) {
         const int64_t group = 9, n_kv = 2, H = n_kv * group, bs = 16, num_blocks = 12;
         RandomCache rc(kv_dtype, num_blocks * bs, bs, n_kv, hd);
@@ -503,7 +549,7 @@ TEST_CASE(paged_attention_long_contexts_odd_head_dims_and_wide_groups) {
             for (int64_t i = 0; i < hd; i++)
               worst = std::max(worst, std::fabs(want[size_t(i)] - out[size_t((t * H + h) * hd + i)]));
           }
-        CHECK(worst < 1e-4);
+        CHECK(worst < rc.tolerance());
         for (int64_t t = 0; t < T; t++) {
           std::vector<float> alone(size_t(H * hd));
           AttentionBatch b1 = b;
@@ -524,7 +570,7 @@ TEST_CASE(sliding_window_attention_reads_only_the_window) {
   ThreadPool pool(2);
   for (const char* level : levels()) {
     force_simd_level(level);
-    for (DType kv_dtype : {DType::F32, DType::BF16})
+    for (DType kv_dtype : {DType::F32, DType::BF16, DType::F8E4M3})
       for (int64_t hd : {20, 64, 256})
         for (int64_t window : {1, 5, 16, 37, 500}) {
           const int64_t group = 2, n_kv = 2, H = n_kv * group, bs = 16, num_blocks = 10;
@@ -552,7 +598,7 @@ TEST_CASE(sliding_window_attention_reads_only_the_window) {
               for (int64_t i = 0; i < hd; i++)
                 worst = std::max(worst, std::fabs(want[size_t(i)] - out[size_t((t * H + h) * hd + i)]));
             }
-          CHECK(worst < 1e-4);
+          CHECK(worst < rc.tolerance());
         }
   }
   force_simd_level(nullptr);
@@ -626,7 +672,7 @@ TEST_CASE(grouped_attention_equals_single_head_bit_for_bit_avx2_and_avx512) {
                                  {SimdLevel::Avx512, detail::attend_group_avx512, detail::attend_avx512, {16, 32, 48, 64, 128}}};
   for (const Level& lv : kinds) {
     if (detected_simd_level() < lv.need) continue;
-    for (DType kv_dtype : {DType::F32, DType::BF16})
+    for (DType kv_dtype : {DType::F32, DType::BF16, DType::F8E4M3})
       for (int64_t hd : lv.head_dims)
         for (int64_t G : {1, 3, 7, 11})
           for (int64_t bs : {8, 16})
@@ -644,6 +690,95 @@ TEST_CASE(grouped_attention_equals_single_head_bit_for_bit_avx2_and_avx512) {
               CHECK(bits_equal(grouped.data(), single.data(), grouped.size()));
             }
   }
+}
+
+TEST_CASE(kv_write_fp8_stores_the_nearest_code_of_value_over_scale) {
+  // Scales that are not powers of two, scattered slots, values over every binade and beyond the
+  // largest code, and the specials: every element is f32_to_e4m3(x / scale), nothing else moves.
+  ThreadPool pool(1);
+  const int64_t n_kv = 3, hd = 20, bs = 4, slots = 8 * bs, row = n_kv * hd;
+  std::vector<uint8_t> kc(size_t(slots * row), 0xaa), vc(kc.size(), 0xaa);
+  PagedKV c;
+  c.k = kc.data();
+  c.v = vc.data();
+  c.dtype = DType::F8E4M3;
+  c.k_scale = 0.05f;
+  c.v_scale = 0.02f;
+  c.block_size = bs;
+  c.n_kv_heads = n_kv;
+  c.head_dim = hd;
+  const std::vector<int32_t> where{17, 3, 30, 0, 9};
+  const int64_t T = int64_t(where.size());
+  std::vector<float> k = fp8_range_values(size_t(T * row), c.k_scale), v = fp8_range_values(size_t(T * row), c.v_scale);
+  const float specials[] = {INFINITY, -INFINITY, NAN, 0.f, -0.f, 1e30f, -1e-30f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(float); i++) k[i * 7] = v[i * 11] = specials[i];
+  k[1] = c.k_scale;  // exactly code 1.0
+  kv_write(pool, c, k.data(), v.data(), where.data(), T);
+  std::vector<bool> written(static_cast<size_t>(slots), false);
+  for (int64_t t = 0; t < T; t++) {
+    written[size_t(where[size_t(t)])] = true;
+    for (int64_t i = 0; i < row; i++) {
+      const size_t at = size_t(where[size_t(t)] * row + i), from = size_t(t * row + i);
+      CHECK(kc[at] == f32_to_e4m3(k[from] / c.k_scale));
+      CHECK(vc[at] == f32_to_e4m3(v[from] / c.v_scale));
+    }
+  }
+  CHECK(kc[size_t(17 * row + 1)] == 0x38);
+  CHECK(kc[size_t(17 * row)] == 0x7e && kc[size_t(17 * row + 7)] == 0xfe && e4m3_is_nan(kc[size_t(17 * row + 14)]));
+  for (int64_t s = 0; s < slots; s++)
+    if (!written[size_t(s)])
+      for (int64_t i = 0; i < row; i++) CHECK(kc[size_t(s * row + i)] == 0xaa && vc[size_t(s * row + i)] == 0xaa);
+}
+
+TEST_CASE(fp8_cache_reads_every_code_exactly_at_every_level) {
+  // One position: its softmax weight is exactly 1, so each output element is the V element the
+  // kernel read, code * v_scale rounded once. All 254 finite codes (subnormals, -0, +-448),
+  // through the grouped kernels (hd 16, 128), the single-head ones with a tail (hd 20), and the
+  // generic path.
+  ThreadPool pool(1);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (int64_t hd : {16, 20, 128}) {
+      const int64_t n_kv = (256 + hd - 1) / hd, group = 3, H = n_kv * group, bs = 4, row = n_kv * hd;
+      std::vector<uint8_t> kc(size_t(2 * bs * row)), vc(kc.size());
+      for (size_t i = 0; i < kc.size(); i++) {
+        const uint8_t code = uint8_t(i % 256);
+        vc[i] = e4m3_is_nan(code) ? 0 : code;
+        kc[i] = uint8_t(vc[i] ^ 0x80);
+      }
+      PagedKV c;
+      c.k = kc.data();
+      c.v = vc.data();
+      c.dtype = DType::F8E4M3;
+      c.k_scale = 0.05f;
+      c.v_scale = 0.02f;
+      c.block_size = bs;
+      c.n_kv_heads = n_kv;
+      c.head_dim = hd;
+      const std::vector<int32_t> table{1, 0}, seq{0}, pos{0};
+      const int32_t* tables[] = {table.data()};
+      std::vector<float> q = randn(size_t(H * hd)), out(size_t(H * hd));
+      AttentionBatch b;
+      b.token_seq = seq.data();
+      b.token_pos = pos.data();
+      b.block_tables = tables;
+      b.n_heads = H;
+      b.scale = 0.3f;
+      paged_attention(pool, q.data(), 1, b, c, out.data());
+      int64_t wrong = 0;
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < hd; i++) {
+          const uint8_t code = vc[size_t(bs * row + (h / group) * hd + i)];  // slot 4: block 1, offset 0
+          const float want = e4m3_to_float(code) * c.v_scale;
+          const float got = out[size_t(h * hd + i)];
+          if (!(got == want) && wrong++ < 3)  // (-0 reads as -0 and sums to +0: equal as values)
+            std::printf("  level %s hd %ld code 0x%02x: got %.9g, want %.9g\n", level, long(hd), code, double(got),
+                        double(want));
+        }
+      CHECK(wrong == 0);
+    }
+  }
+  force_simd_level(nullptr);
 }
 
 TEST_CASE(silu_and_rmsnorm_match_reference_at_extremes_and_tails) {

@@ -19,6 +19,8 @@
 #include "cpu/gemm_q4.h"
 #include "cpu/gemm_q8.h"
 #include "cpu/ops_simd.h"
+#include "sluice/error.h"
+#include "util/e4m3.h"
 #include "util/host_memory.h"
 
 namespace sluice {
@@ -102,14 +104,35 @@ inline int64_t kv_offset(const int32_t* table, int64_t p, const PagedKV& c, int6
   return (slot * c.n_kv_heads + kv_head) * c.head_dim;
 }
 
+namespace {
+
+// The exact values of the 256 e4m3 codes (NaN for 0x7f and 0xff), for the scalar fp8 cache reads.
+const float* e4m3_values() {
+  static const auto table = [] {
+    std::vector<float> t(256);
+    for (int code = 0; code < 256; code++) t[size_t(code)] = e4m3_to_float(uint8_t(code));
+    return t;
+  }();
+  return table.data();
+}
+
+// Element i of a K or V cache buffer as f32: an fp8 cache reads back code * its scale (PagedKV).
+inline float load_kv(const void* p, DType t, int64_t i, const float* e4m3, float fp8_scale) {
+  if (t == DType::F8E4M3) return e4m3[static_cast<const uint8_t*>(p)[i]] * fp8_scale;
+  return load_scalar(p, t, i);
+}
+
+}  // namespace
+
 void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                     float* scores, float* out) {
   const int64_t hd = c.head_dim, P = pos + 1 - c.first;
+  const float* e4m3 = c.dtype == DType::F8E4M3 ? e4m3_values() : nullptr;
   float max_score = -INFINITY;
   for (int64_t p = 0; p < P; p++) {
     const int64_t off = kv_offset(table, c.first + p, c, kv_head);
     float s = 0.f;
-    for (int64_t i = 0; i < hd; i++) s += q[i] * load_scalar(c.k, c.dtype, off + i);
+    for (int64_t i = 0; i < hd; i++) s += q[i] * load_kv(c.k, c.dtype, off + i, e4m3, c.k_scale);
     scores[p] = s * scale;
     max_score = std::max(max_score, scores[p]);
   }
@@ -123,7 +146,7 @@ void attend_generic(const float* q, const int32_t* table, int64_t pos, int64_t k
   for (int64_t i = 0; i < hd; i++) out[i] = 0.f;
   for (int64_t p = 0; p < P; p++) {
     const int64_t off = kv_offset(table, c.first + p, c, kv_head);
-    for (int64_t i = 0; i < hd; i++) out[i] += scores[p] * load_scalar(c.v, c.dtype, off + i);
+    for (int64_t i = 0; i < hd; i++) out[i] += scores[p] * load_kv(c.v, c.dtype, off + i, e4m3, c.v_scale);
   }
   const float inv = 1.f / sum;
   for (int64_t i = 0; i < hd; i++) out[i] *= inv;
@@ -502,19 +525,41 @@ void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_d
   });
 }
 
+namespace {
+
+// The K/V cache dtypes kv_write and paged_attention handle; any other is a caller's bug.
+void check_kv_dtype(DType dtype, const char* what) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F8E4M3)
+    throw Error(ErrorCode::kInternal,
+                std::string(what) + ": a KV cache of dtype " + dtype_name(dtype) + " (f32, bf16 or f8_e4m3 only)");
+}
+
+}  // namespace
+
 void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const float* v, const int32_t* slots, int64_t T) {
+  check_kv_dtype(cache.dtype, "kv_write");
   const int64_t row = cache.n_kv_heads * cache.head_dim;
   for (int64_t t = 0; t < T; t++) {
     const int64_t dst = int64_t(slots[t]) * row;
+    const float* kt = k + t * row;
+    const float* vt = v + t * row;
     if (cache.dtype == DType::F32) {
-      std::memcpy(static_cast<float*>(cache.k) + dst, k + t * row, size_t(row) * sizeof(float));
-      std::memcpy(static_cast<float*>(cache.v) + dst, v + t * row, size_t(row) * sizeof(float));
+      std::memcpy(static_cast<float*>(cache.k) + dst, kt, size_t(row) * sizeof(float));
+      std::memcpy(static_cast<float*>(cache.v) + dst, vt, size_t(row) * sizeof(float));
+    } else if (cache.dtype == DType::F8E4M3) {
+      // value / scale, divided (not times a reciprocal) so a code is exactly the nearest one to it.
+      uint8_t* kd = static_cast<uint8_t*>(cache.k) + dst;
+      uint8_t* vd = static_cast<uint8_t*>(cache.v) + dst;
+      for (int64_t i = 0; i < row; i++) {
+        kd[i] = f32_to_e4m3(kt[i] / cache.k_scale);
+        vd[i] = f32_to_e4m3(vt[i] / cache.v_scale);
+      }
     } else {
       uint16_t* kd = static_cast<uint16_t*>(cache.k) + dst;
       uint16_t* vd = static_cast<uint16_t*>(cache.v) + dst;
       for (int64_t i = 0; i < row; i++) {
-        kd[i] = f32_to_bf16(k[t * row + i]);
-        vd[i] = f32_to_bf16(v[t * row + i]);
+        kd[i] = f32_to_bf16(kt[i]);
+        vd[i] = f32_to_bf16(vt[i]);
       }
     }
   }
@@ -522,6 +567,7 @@ void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const floa
 
 void paged_attention(ThreadPool& pool, const float* q, int64_t T, const AttentionBatch& b, const PagedKV& cache,
                      float* out) {
+  check_kv_dtype(cache.dtype, "paged_attention");
   const int64_t H = b.n_heads, hd = cache.head_dim, n_kv = cache.n_kv_heads, group = H / n_kv;
   const SimdLevel level = simd_level();
   const bool avx512 = level >= SimdLevel::Avx512 && hd <= 256, avx2 = level == SimdLevel::Avx2;

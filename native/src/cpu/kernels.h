@@ -95,11 +95,17 @@ void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_d
           const float* inv_freq, const int32_t* positions);
 
 // Paged KV cache layout, one per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim]
-// in `dtype` (f32, or bf16 to halve the bytes attention reads; rounded to nearest even on write).
+// in `dtype`: f32; bf16 to halve the bytes attention reads (rounded to nearest even on write); or
+// F8E4M3 (the --kv-cache-dtype fp8 option) for a quarter of f32's: each element holds
+// value / k_scale (v_scale for V), rounded to nearest even and saturated to +-448, and reads back
+// as code * scale.
 struct PagedKV {
   void* k = nullptr;
   void* v = nullptr;
   DType dtype = DType::F32;
+  // F8E4M3 only: the layer's per-tensor scales (the checkpoint's k_scale / v_scale, else 1).
+  float k_scale = 1.f;
+  float v_scale = 1.f;
   int64_t block_size = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;

@@ -67,20 +67,49 @@ inline float bf16_value(uint16_t h) {
   return f;
 }
 
-// 8 K/V elements as f32 from an f32 or bf16 cache (KV = float or uint16_t).
+// 8 K/V elements as f32 from an f32, bf16 or fp8 e4m3 cache (KV = float, uint16_t or uint8_t).
+// An e4m3 code b reads as its value times 2^-8, exactly: the fp16 with b's sign, and its
+// exponent and mantissa bits shifted in place (bias 15 = 7 + 8), so vcvtph2ps (F16C) does the
+// rest, subnormals included. The 2^8 and the layer's scale are folded into the score scale and
+// the output factor (kv_unit). The NaN code 0x7f (kv_write stores it only for a NaN input) reads
+// as 480 * 2^-8, not NaN.
+inline __m128i e4m3_as_f16(__m128i codes_i16) {
+  // Sign-extended and shifted left 7: the sign lands in bits 15 and 14; bit 14 is cleared.
+  return _mm_and_si128(_mm_slli_epi16(codes_i16, 7), _mm_set1_epi16(-16385));
+}
 template <typename KV>
 inline __m256 load_kv8(const void* base, int64_t off) {
   if constexpr (std::is_same_v<KV, float>) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + off);
-  } else {
+  } else if constexpr (std::is_same_v<KV, uint16_t>) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    static_assert(std::is_same_v<KV, uint8_t>, "f32, bf16 or e4m3 elements");
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(base) + off));
+    return _mm256_cvtph_ps(e4m3_as_f16(_mm_cvtepi8_epi16(b)));
   }
 }
 template <typename KV>
 inline float load_kv1(const void* base, int64_t off) {
-  if constexpr (std::is_same_v<KV, float>) return static_cast<const float*>(base)[off];
-  else return bf16_value(static_cast<const uint16_t*>(base)[off]);
+  if constexpr (std::is_same_v<KV, float>) {
+    return static_cast<const float*>(base)[off];
+  } else if constexpr (std::is_same_v<KV, uint16_t>) {
+    return bf16_value(static_cast<const uint16_t*>(base)[off]);
+  } else {
+    const int8_t b = static_cast<const int8_t*>(base)[off];
+    return _mm_cvtss_f32(_mm_cvtph_ps(e4m3_as_f16(_mm_set1_epi16(b))));
+  }
+}
+
+// What the kernels multiply a K (or V) element as read by load_kv8 / load_kv1 by to get its
+// value: 1 for f32 and bf16, 2^8 * the layer's scale for e4m3. Applied once to each score (with
+// the softmax scale) and to each output (with 1 / sum); an exact 1 for f32 and bf16 keeps their
+// results.
+template <typename KV>
+inline float kv_unit(float fp8_scale) {
+  if constexpr (std::is_same_v<KV, uint8_t>) return 256.f * fp8_scale;
+  else return 1.f;
 }
 
 // scores[0:P] = exp(scores - max_score) in place; returns 1 / their sum. The sum runs in 8
@@ -197,13 +226,14 @@ void attend_heads(const float* q, int64_t G, const int32_t* table, int64_t pos, 
                   float scale, float* scores, float* out) {
   static const AttnTable<KV> tab;
   const int64_t hd = c.head_dim, P = pos + 1 - c.first, chunks = hd / 8;
+  const float score_scale = scale * kv_unit<KV>(c.k_scale), v_unit = kv_unit<KV>(c.v_scale);
   for (int64_t g0 = 0; g0 < G; g0 += kMaxHeads) {
     const int hb = int(min64(kMaxHeads, G - g0));
     float* sc[kMaxHeads];
     float mx[kMaxHeads], inv[kMaxHeads];
     for (int h = 0; h < hb; h++) sc[h] = scores + h * P;
-    tab.qk[hb](q + g0 * hd, hd, table, P, kv_head, c, scale, sc, mx);
-    for (int h = 0; h < hb; h++) inv[h] = softmax_weights(sc[h], P, mx[h]);
+    tab.qk[hb](q + g0 * hd, hd, table, P, kv_head, c, score_scale, sc, mx);
+    for (int h = 0; h < hb; h++) inv[h] = softmax_weights(sc[h], P, mx[h]) * v_unit;
     // P·V in blocks of up to 4 heads x (12 / heads) chunks: each V row loaded once per block.
     for (int h0 = 0; h0 < hb; h0 += 4) {
       const int nh = int(min64(4, hb - h0));
@@ -219,6 +249,7 @@ template <typename KV>
 void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                 float* scores, float* out) {
   const int64_t hd = c.head_dim, P = pos + 1 - c.first, hd8 = hd & ~int64_t(7);
+  scale *= kv_unit<KV>(c.k_scale);
   float mx = -INFINITY;
   KvCursor kc(table, c, kv_head);
   for (int64_t p = 0; p < P; p++, kc.next()) {
@@ -238,6 +269,7 @@ void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_he
   } else {
     inv = softmax_weights(scores, P, mx);
   }
+  inv *= kv_unit<KV>(c.v_scale);
   for (int64_t d0 = 0; d0 < hd8; d0 += 8 * 4) {  // 4 chunks of outputs per pass over V
     const int64_t nc = min64(4, (hd8 - d0) / 8);
     __m256 o[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -261,15 +293,21 @@ void attend_one(const float* q, const int32_t* table, int64_t pos, int64_t kv_he
 
 void attend_avx2(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                  float* scores, float* out) {
-  if (c.dtype == DType::BF16) attend_one<uint16_t>(q, table, pos, kv_head, c, scale, scores, out);
-  else attend_one<float>(q, table, pos, kv_head, c, scale, scores, out);
+  switch (c.dtype) {
+    case DType::BF16: attend_one<uint16_t>(q, table, pos, kv_head, c, scale, scores, out); break;
+    case DType::F8E4M3: attend_one<uint8_t>(q, table, pos, kv_head, c, scale, scores, out); break;
+    default: attend_one<float>(q, table, pos, kv_head, c, scale, scores, out); break;  // F32 (paged_attention checked)
+  }
 }
 
 bool attend_group_avx2(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c,
                        float scale, float* scores, float* out) {
   if (c.head_dim % 8 != 0) return false;
-  if (c.dtype == DType::BF16) attend_heads<uint16_t>(q, G, table, pos, kv_head, c, scale, scores, out);
-  else attend_heads<float>(q, G, table, pos, kv_head, c, scale, scores, out);
+  switch (c.dtype) {
+    case DType::BF16: attend_heads<uint16_t>(q, G, table, pos, kv_head, c, scale, scores, out); break;
+    case DType::F8E4M3: attend_heads<uint8_t>(q, G, table, pos, kv_head, c, scale, scores, out); break;
+    default: attend_heads<float>(q, G, table, pos, kv_head, c, scale, scores, out); break;  // F32
+  }
   return true;
 }
 

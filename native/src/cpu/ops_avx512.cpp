@@ -37,15 +37,35 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// 16 K/V elements as f32 from an f32 or bf16 cache (KV = float or uint16_t), masked.
+// 16 K/V elements as f32 from an f32, bf16 or fp8 e4m3 cache (KV = float, uint16_t or uint8_t),
+// masked. An e4m3 code b reads as its value times 2^-8, exactly: the fp16 with b's sign, and its
+// exponent and mantissa bits shifted in place (bias 15 = 7 + 8), so vcvtph2ps does the rest,
+// subnormals included. The 2^8 and the layer's scale are folded into the score scale and the
+// output factor (kv_unit). The NaN code 0x7f (kv_write stores it only for a NaN input) reads as
+// 480 * 2^-8, not NaN.
 template <typename KV>
 inline __m512 load_kv16(const void* base, int64_t off, __mmask16 m) {
   if constexpr (std::is_same_v<KV, float>) {
     return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + off);
-  } else {
+  } else if constexpr (std::is_same_v<KV, uint16_t>) {
     const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + off);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    static_assert(std::is_same_v<KV, uint8_t>, "f32, bf16 or e4m3 elements");
+    const __m128i b = _mm_maskz_loadu_epi8(m, static_cast<const uint8_t*>(base) + off);
+    // Sign-extended and shifted left 7: the sign lands in bits 15 and 14; bit 14 is cleared.
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16(-16385));
+    return _mm512_cvtph_ps(h);
   }
+}
+
+// What the kernels multiply a K (or V) element as read by load_kv16 by to get its value: 1 for
+// f32 and bf16, 2^8 * the layer's scale for e4m3. Applied once to each score (with the softmax
+// scale) and to each output (with 1 / sum); an exact 1 for f32 and bf16 keeps their results.
+template <typename KV>
+inline float kv_unit(float fp8_scale) {
+  if constexpr (std::is_same_v<KV, uint8_t>) return 256.f * fp8_scale;
+  else return 1.f;
 }
 
 // scores[0:P] = exp(scores - max_score) in place; returns 1 / their sum. The sum runs in 16
@@ -99,7 +119,7 @@ void attend_single(const float* q, const int32_t* table, int64_t pos, int64_t kv
   __m512 qv[16];
   for (int64_t i = 0; i < chunks; i++) qv[i] = _mm512_maskz_loadu_ps(i + 1 < chunks ? 0xffff : tail, q + 16 * i);
   // Scores 16 positions at a time: their dot products' lanes summed together (reduce16).
-  const __m512 sv = _mm512_set1_ps(scale);
+  const __m512 sv = _mm512_set1_ps(scale * kv_unit<KV>(c.k_scale));
   __m512 mxv = _mm512_set1_ps(-INFINITY);
   KvCursor kc(table, c, kv_head);
   for (int64_t p0 = 0; p0 < P; p0 += 16) {
@@ -125,15 +145,18 @@ void attend_single(const float* q, const int32_t* table, int64_t pos, int64_t kv
     for (int64_t i = 0; i < chunks; i++)
       o[i] = _mm512_fmadd_ps(w, load_kv16<KV>(c.v, off + 16 * i, i + 1 < chunks ? 0xffff : tail), o[i]);
   }
-  const __m512 is = _mm512_set1_ps(inv_sum);
+  const __m512 is = _mm512_set1_ps(inv_sum * kv_unit<KV>(c.v_scale));
   for (int64_t i = 0; i < chunks; i++)
     _mm512_mask_storeu_ps(out + 16 * i, i + 1 < chunks ? 0xffff : tail, _mm512_mul_ps(o[i], is));
 }
 
 void attend_avx512(const float* q, const int32_t* table, int64_t pos, int64_t kv_head, const PagedKV& c, float scale,
                    float* scores, float* out) {
-  if (c.dtype == DType::BF16) attend_single<uint16_t>(q, table, pos, kv_head, c, scale, scores, out);
-  else attend_single<float>(q, table, pos, kv_head, c, scale, scores, out);
+  switch (c.dtype) {
+    case DType::BF16: attend_single<uint16_t>(q, table, pos, kv_head, c, scale, scores, out); break;
+    case DType::F8E4M3: attend_single<uint8_t>(q, table, pos, kv_head, c, scale, scores, out); break;
+    default: attend_single<float>(q, table, pos, kv_head, c, scale, scores, out); break;  // F32 (paged_attention checked)
+  }
 }
 
 // NH heads (their q rows back to back, then their scores and outputs likewise) sharing every
@@ -147,7 +170,7 @@ void attend_heads(const float* q, const int32_t* table, int64_t P, int64_t kv_he
   for (int h = 0; h < NH; h++)
 #pragma GCC unroll 16
     for (int i = 0; i < CH; i++) qv[h][i] = _mm512_loadu_ps(q + h * CH * 16 + 16 * i);
-  const __m512 sv = _mm512_set1_ps(scale);
+  const __m512 sv = _mm512_set1_ps(scale * kv_unit<KV>(c.k_scale));
   __m512 mxv[NH];
 #pragma GCC unroll 16
   for (int h = 0; h < NH; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
@@ -201,7 +224,7 @@ void attend_heads(const float* q, const int32_t* table, int64_t P, int64_t kv_he
   }
 #pragma GCC unroll 16
   for (int h = 0; h < NH; h++) {
-    const __m512 is = _mm512_set1_ps(inv_sum[h]);
+    const __m512 is = _mm512_set1_ps(inv_sum[h] * kv_unit<KV>(c.v_scale));
 #pragma GCC unroll 16
     for (int i = 0; i < CH; i++) _mm512_storeu_ps(out + h * CH * 16 + 16 * i, _mm512_mul_ps(o[h][i], is));
   }
@@ -240,8 +263,11 @@ bool attend_group_typed(const float* q, int64_t G, const int32_t* table, int64_t
 
 bool attend_group_avx512(const float* q, int64_t G, const int32_t* table, int64_t pos, int64_t kv_head,
                          const PagedKV& c, float scale, float* scores, float* out) {
-  return c.dtype == DType::BF16 ? attend_group_typed<uint16_t>(q, G, table, pos, kv_head, c, scale, scores, out)
-                                : attend_group_typed<float>(q, G, table, pos, kv_head, c, scale, scores, out);
+  switch (c.dtype) {
+    case DType::BF16: return attend_group_typed<uint16_t>(q, G, table, pos, kv_head, c, scale, scores, out);
+    case DType::F8E4M3: return attend_group_typed<uint8_t>(q, G, table, pos, kv_head, c, scale, scores, out);
+    default: return attend_group_typed<float>(q, G, table, pos, kv_head, c, scale, scores, out);  // F32
+  }
 }
 
 void logits_row_stats_avx512(const float* row, int64_t V, int32_t* argmax, float* lse) {

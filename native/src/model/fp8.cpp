@@ -9,14 +9,6 @@
 
 namespace sluice {
 
-float e4m3_to_float(uint8_t code) {
-  if (e4m3_is_nan(code)) return std::nanf("");
-  const int exponent = (code >> 3) & 0xf, mantissa = code & 0x7;
-  const float magnitude = exponent == 0 ? std::ldexp(float(mantissa), -9)  // (m / 8) * 2^-6
-                                        : std::ldexp(float(8 + mantissa), exponent - 10);  // (1 + m/8) * 2^(e-7)
-  return code & 0x80 ? -magnitude : magnitude;
-}
-
 uint16_t f64_to_bf16(double v) {
   // Round to odd into f32 (truncate, then set the last bit when inexact), then to nearest even
   // into bf16: f32 keeps 16 more bits than bf16, so the second rounding sees the exact tie

@@ -7,6 +7,7 @@
 
 #include "model/safetensors.h"
 #include "sluice/model_config.h"
+#include "util/e4m3.h"  // e4m3_to_float
 #include "util/host_memory.h"
 
 namespace sluice {
@@ -15,10 +16,6 @@ namespace cpu {
 class ThreadPool;
 }
 
-// The exact value of an e4m3 code (OCP FP8 "e4m3fn": sign, 4 exponent bits with bias 7, 3 mantissa
-// bits; no infinities; S.1111.111 is NaN; largest finite 448; subnormals m/8 * 2^-6).
-float e4m3_to_float(uint8_t code);
-inline bool e4m3_is_nan(uint8_t code) { return (code & 0x7f) == 0x7f; }
 
 // `v` rounded once to bf16, to nearest even (f32_to_bf16(float(v)) would round twice).
 uint16_t f64_to_bf16(double v);
