@@ -6,10 +6,16 @@
 // memory; KV splits (flash-decoding, for long contexts and small batches) merge in a second kernel.
 // A sliding window (Gemma 3, gpt-oss) narrows the positions a token reads; an attention sink
 // (gpt-oss) joins the softmax's sum when the parts are merged.
+// An fp8 cache (kv_fp8) holds e4m3 codes: K rows are converted to f32 as they are scored, with
+// k_scale folded into q's pre-scale; V rows are staged as f16 (exact for every e4m3 value) and
+// v_scale multiplies the block's merged output, so partial_acc holds V units either way and the
+// split merge is the same kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
@@ -30,8 +36,46 @@ __device__ __forceinline__ void load8(const E* p, float (&out)[8]) {
   for (int i = 0; i < 8; i++) out[i] = to_float(e[i]);
 }
 
+// Two e4m3 codes (the first in the low byte) as two f16 in one register, the first in the low
+// half. Exact: f16 holds every e4m3 value (3 mantissa bits, 2^-9 .. 448).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(codes & 0xffffu)));
+  return h;
+#else
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+__device__ __forceinline__ float2 f16x2_to_float2(uint32_t bits) {
+  return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu))),
+                     __half2float(__ushort_as_half(static_cast<unsigned short>(bits >> 16))));
+}
+
+// 8 consecutive e4m3 codes as f32 (their exact values) from an 8-byte aligned address.
+__device__ __forceinline__ void load8(const __nv_fp8_storage_t* p, float (&out)[8]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 f0 = f16x2_to_float2(e4m3x2_to_f16x2(raw.x)), f1 = f16x2_to_float2(e4m3x2_to_f16x2(raw.x >> 16));
+  const float2 f2 = f16x2_to_float2(e4m3x2_to_f16x2(raw.y)), f3 = f16x2_to_float2(e4m3x2_to_f16x2(raw.y >> 16));
+  out[0] = f0.x, out[1] = f0.y, out[2] = f1.x, out[3] = f1.y;
+  out[4] = f2.x, out[5] = f2.y, out[6] = f3.x, out[7] = f3.y;
+}
+
+// 8 consecutive V elements of a cache row into the staged tile (16 bytes): E copied, or e4m3
+// codes as f16.
+template <typename E>
+__device__ __forceinline__ void stage8(const E* src, E* dst) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+__device__ __forceinline__ void stage8(const __nv_fp8_storage_t* src, __half* dst) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(src);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(e4m3x2_to_f16x2(raw.x), e4m3x2_to_f16x2(raw.x >> 16),
+                                              e4m3x2_to_f16x2(raw.y), e4m3x2_to_f16x2(raw.y >> 16));
+}
+
 // Shared memory of attention_kernel, in floats: the V tiles (one per warp, rows padded by 8
-// elements so lane-per-row 16-byte stores do not collide in banks) share their space with the
+// elements so lane-per-row 16-byte stores do not collide in banks; E, or f16 for an fp8 cache) share their space with the
 // warps' final states, which are written only after every warp has left its loop.
 __host__ __device__ constexpr size_t attn_tile_floats(int hd, int maxg) {
   const size_t v_tiles = size_t(kAttnWarps) * 32 * (hd + 8) / 2;  // E is 2 bytes
@@ -54,12 +98,15 @@ __device__ __forceinline__ float finish_head(float acc, float sum, float mx, con
 
 // DPL: head dims per lane (ceil(hd / 32)); MAXG: most q heads per block. The q heads of one kv
 // head (nq / nkv of them) are split into blocks of up to MAXG; G is this block's count.
-template <typename E, int DPL, int MAXG>
+// kFp8: the cache holds e4m3 codes (a.kv_fp8), read as code * k_scale / v_scale.
+template <typename E, bool kFp8, int DPL, int MAXG>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArgs a) {
+  using KV = std::conditional_t<kFp8, __nv_fp8_storage_t, E>;  // a cache element
+  using VT = std::conditional_t<kFp8, __half, E>;               // a staged V element
   extern __shared__ __align__(16) float sm[];
   const int hd = a.hd, hdp = hd + 8;
   float* acc_s = sm;                                 // [warps, MAXG, hd] (after the loop)
-  E* v_tiles = reinterpret_cast<E*>(sm);             // [warps, 32, hdp] (during the loop)
+  VT* v_tiles = reinterpret_cast<VT*>(sm);           // [warps, 32, hdp] (during the loop)
   float* q_s = sm + attn_tile_floats(hd, MAXG);      // [MAXG, hd], pre-scaled
   float* p_s = q_s + MAXG * hd;                      // [warps, MAXG, 32]
   float* ml_s = p_s + kAttnWarps * MAXG * 32;        // [warps, MAXG, 2]
@@ -77,8 +124,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
   const int begin = first + split * per_split, end = min(ctx, begin + per_split);
   const int32_t* table = a.block_tables + size_t(a.token_seq[t]) * (*a.table_stride);
 
+  const float q_scale = kFp8 ? a.scale * a.k_scale : a.scale;  // q . (code * k_scale) * scale
   for (int i = threadIdx.x; i < G * hd; i += blockDim.x)
-    q_s[i] = a.q[(size_t(t) * a.nq + h0) * hd + i] * a.scale;
+    q_s[i] = a.q[(size_t(t) * a.nq + h0) * hd + i] * q_scale;
   __syncthreads();
 
   float m[MAXG], l[MAXG], acc[MAXG][DPL];
@@ -90,11 +138,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
     for (int d = 0; d < DPL; d++) acc[g][d] = 0.f;
   }
 
-  const E* kc = static_cast<const E*>(a.k_cache);
-  const E* vc = static_cast<const E*>(a.v_cache);
+  const KV* kc = static_cast<const KV*>(a.k_cache);
+  const KV* vc = static_cast<const KV*>(a.v_cache);
   const size_t head_off = size_t(kvh) * hd, row_stride = size_t(a.nkv) * hd;
   float* p_w = p_s + warp * MAXG * 32;
-  E* v_w = v_tiles + size_t(warp) * 32 * hdp;
+  VT* v_w = v_tiles + size_t(warp) * 32 * hdp;
   for (int tile = begin + warp * 32; tile < end; tile += kAttnWarps * 32) {
     const int pos = tile + lane;
     const bool valid = pos < end;
@@ -104,10 +152,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
     if (valid) {
       // Lane j owns position j: it stages V row j for the warp and scores K row j.
       const size_t row = size_t(table[pos / a.block_size] * a.block_size + pos % a.block_size) * row_stride + head_off;
-      const E* vrow = vc + row;
-      for (int c = 0; c < hd; c += 8)
-        *reinterpret_cast<uint4*>(v_w + lane * hdp + c) = *reinterpret_cast<const uint4*>(vrow + c);
-      const E* krow = kc + row;
+      const KV* vrow = vc + row;
+      for (int c = 0; c < hd; c += 8) stage8(vrow + c, v_w + lane * hdp + c);
+      const KV* krow = kc + row;
       for (int c = 0; c < hd; c += 8) {
         float k8[8];
         load8(krow + c, k8);
@@ -179,6 +226,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
         out += acc_s[(w * MAXG + g) * hd + d] * f;
       }
     }
+    if constexpr (kFp8) out *= a.v_scale;  // acc summed codes: V units from here on (partial_acc too)
     const int h = h0 + g;
     if (a.num_splits == 1) {
       const float o = finish_head(out, sum, mx, a.sinks, h);
@@ -215,18 +263,18 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
   }
 }
 
-template <typename E, int DPL, int MAXG>
+template <typename E, bool kFp8, int DPL, int MAXG>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   const int groups_per_kv = (a.nq / a.nkv + MAXG - 1) / MAXG;
   const size_t smem = sizeof(float) * attn_smem_floats(a.hd, MAXG);
   static size_t smem_allowed = 48 * 1024;  // raised once per instantiation when a head needs more
   if (smem > smem_allowed) {
-    SLUICE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<E, DPL, MAXG>,
+    SLUICE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<E, kFp8, DPL, MAXG>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     smem_allowed = smem;
   }
   dim3 grid(a.T, a.nkv * groups_per_kv, a.num_splits);
-  attention_kernel<E, DPL, MAXG><<<grid, kAttnWarps * 32, smem, stream>>>(a);
+  attention_kernel<E, kFp8, DPL, MAXG><<<grid, kAttnWarps * 32, smem, stream>>>(a);
   SLUICE_CUDA_LAUNCH_CHECK("attention_kernel");
   if (a.num_splits > 1) {
     attention_combine_kernel<E><<<dim3(a.T, a.nq), a.hd < 128 ? a.hd : 128, 0, stream>>>(a);
@@ -234,28 +282,33 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
   }
 }
 
-template <typename E, int DPL>
+template <typename E, bool kFp8, int DPL>
 void launch_g(const AttentionArgs& a, cudaStream_t stream) {
   const int G = a.nq / a.nkv;
-  if (G == 1) launch<E, DPL, 1>(a, stream);
-  else if (G <= 4) launch<E, DPL, 4>(a, stream);
-  else launch<E, DPL, 8>(a, stream);
+  if (G == 1) launch<E, kFp8, DPL, 1>(a, stream);
+  else if (G <= 4) launch<E, kFp8, DPL, 4>(a, stream);
+  else launch<E, kFp8, DPL, 8>(a, stream);
 }
 
-template <typename E>
+template <typename E, bool kFp8>
 void launch_typed(const AttentionArgs& a, cudaStream_t stream) {
-  if (a.hd <= 32) launch_g<E, 1>(a, stream);
-  else if (a.hd <= 64) launch_g<E, 2>(a, stream);
-  else if (a.hd <= 128) launch_g<E, 4>(a, stream);
-  else launch_g<E, 8>(a, stream);
+  if (a.hd <= 32) launch_g<E, kFp8, 1>(a, stream);
+  else if (a.hd <= 64) launch_g<E, kFp8, 2>(a, stream);
+  else if (a.hd <= 128) launch_g<E, kFp8, 4>(a, stream);
+  else launch_g<E, kFp8, 8>(a, stream);
 }
 
 }  // namespace
 
 void paged_attention(const AttentionArgs& a, DType e, cudaStream_t stream) {
   if (a.T <= 0) return;
-  if (e == DType::BF16) launch_typed<__nv_bfloat16>(a, stream);
-  else launch_typed<__half>(a, stream);
+  if (e == DType::BF16) {
+    if (a.kv_fp8) launch_typed<__nv_bfloat16, true>(a, stream);
+    else launch_typed<__nv_bfloat16, false>(a, stream);
+  } else {
+    if (a.kv_fp8) launch_typed<__half, true>(a, stream);
+    else launch_typed<__half, false>(a, stream);
+  }
 }
 
 }  // namespace sluice::cuda

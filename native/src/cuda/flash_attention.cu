@@ -16,11 +16,18 @@
 // causal upper triangle, positions before their windows, runs they have no row in). The
 // attention sink (gpt-oss) joins the softmax's sum at the end. Output rows are staged in the
 // warp's own q rows and leave with 16-byte stores.
+//
+// An fp8 cache (kv_fp8, e4m3 codes): cp.async fills two stages of raw codes instead, and at each
+// tile the block converts the current stage into one E stage of K and V (exact: bf16 and f16
+// hold every e4m3 value), a second barrier later the MMAs read it as in the E path. k_scale is
+// folded into the score scale and v_scale into the output normalisation (exact to f32 rounding).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
@@ -37,20 +44,58 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16 * kWarps;  // query rows (step tokens) per block
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared memory (in 16-bit elements): q [kRows, kLd], then K and V, two stages each [BK, kLd].
-// Rows are padded by 8 elements (16 bytes), so the 8 rows an ldmatrix reads hit distinct banks.
-template <int HD>
+// Shared memory (in 16-bit elements): q [kRows, kLd], then K and V, kStagesE stages each [BK, kLd]
+// (two; one with an fp8 cache), then with an fp8 cache the codes: K and V, two stages each
+// [BK, HD] bytes. Rows of E are padded by 8 elements (16 bytes), so the 8 rows an ldmatrix
+// reads hit distinct banks; rows of codes are only read and written by consecutive 8-byte chunks.
+template <int HD, bool kFp8>
 struct FlashConfig {
   static constexpr int kBK = HD >= 256 ? 32 : 64;  // KV positions per tile (hd 256: registers)
   static constexpr int kLd = HD + 8;
   static constexpr int kQElems = kRows * kLd;
   static constexpr int kTileElems = kBK * kLd;  // one K or V stage
-  static constexpr size_t kSmemBytes = size_t(kQElems + 4 * kTileElems) * sizeof(uint16_t);
+  static constexpr int kStagesE = kFp8 ? 1 : 2;
+  static constexpr int kCodeTileBytes = kFp8 ? kBK * HD : 0;  // one K or V stage of codes
+  static constexpr size_t kSmemBytes =
+      size_t(kQElems + 2 * kStagesE * kTileElems) * sizeof(uint16_t) + size_t(4) * kCodeTileBytes;
   static_assert(HD % 16 == 0 && kBK % 16 == 0 && kBK * (HD / 8) % kThreads == 0, "tile shape");
+  static_assert(kBK * (HD / 16) % kThreads == 0, "fp8 copies: whole 16-byte chunks per thread");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
 using namespace mma;  // cuda/mma_primitives.cuh
+
+// Two e4m3 codes (the first in the low byte) as two f16 in one register, the first in the low
+// half. Exact: f16 holds every e4m3 value (3 mantissa bits, 2^-9 .. 448).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(codes & 0xffffu)));
+  return h;
+#else
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+// The same as two E (pack2's layout); bf16 through f32, exact as well.
+template <typename E>
+__device__ __forceinline__ uint32_t e4m3x2_to_e2(uint32_t codes);
+template <>
+__device__ __forceinline__ uint32_t e4m3x2_to_e2<__half>(uint32_t codes) {
+  return e4m3x2_to_f16x2(codes);
+}
+template <>
+__device__ __forceinline__ uint32_t e4m3x2_to_e2<__nv_bfloat16>(uint32_t codes) {
+  const uint32_t h = e4m3x2_to_f16x2(codes);
+  return pack2<__nv_bfloat16>(__half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xffffu))),
+                              __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16))));
+}
+// 8 codes (8 bytes) -> 8 E (16 bytes), in order.
+template <typename E>
+__device__ __forceinline__ uint4 e4m3x8_to_e8(uint2 codes) {
+  return make_uint4(e4m3x2_to_e2<E>(codes.x), e4m3x2_to_e2<E>(codes.x >> 16), e4m3x2_to_e2<E>(codes.y),
+                    e4m3x2_to_e2<E>(codes.y >> 16));
+}
 
 __device__ __forceinline__ int warp_min_i(int v) {
 #pragma unroll
@@ -63,17 +108,21 @@ __device__ __forceinline__ int warp_max_i(int v) {
   return v;
 }
 
-// scale_log2 = scale * log2(e): scores live in the log2 domain (exp2f), sinks are converted to it.
-// vec_out: out and ld_out allow 16-byte row stores.
-template <typename E, int HD>
+// scale_log2 = scale * log2(e) (times k_scale with an fp8 cache): scores live in the log2 domain
+// (exp2f), sinks are converted to it. vec_out: out and ld_out allow 16-byte row stores.
+// kFp8: the cache holds e4m3 codes (a.kv_fp8), read as code * k_scale / v_scale.
+template <typename E, bool kFp8, int HD>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a, float scale_log2, int vec_out) {
-  using C = FlashConfig<HD>;
+  using C = FlashConfig<HD, kFp8>;
+  using KV = std::conditional_t<kFp8, __nv_fp8_storage_t, E>;  // a cache element
   constexpr int BK = C::kBK, LD = C::kLd;
   constexpr int kNT = HD / 8;  // n-tiles of the output (and 16-byte chunks of a row)
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* q_s = smem;                      // [kRows, LD]
-  uint16_t* k_s = smem + C::kQElems;         // [2, BK, LD]
-  uint16_t* v_s = k_s + 2 * C::kTileElems;   // [2, BK, LD]
+  uint16_t* q_s = smem;                                  // [kRows, LD]
+  uint16_t* k_s = smem + C::kQElems;                     // [kStagesE, BK, LD]
+  uint16_t* v_s = k_s + C::kStagesE * C::kTileElems;     // [kStagesE, BK, LD]
+  uint8_t* k8_s = reinterpret_cast<uint8_t*>(v_s + C::kStagesE * C::kTileElems);  // fp8: [2, BK, HD]
+  uint8_t* v8_s = k8_s + 2 * C::kCodeTileBytes;                                   // fp8: [2, BK, HD]
   __shared__ int lo_s[kRows], hi_s[kRows];   // each row's first and last visible position
   __shared__ uint32_t starts_s[2];           // bit r: row r begins a run (a new sequence)
 
@@ -124,8 +173,8 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   float m[2] = {-INFINITY, -INFINITY};  // running max (log2 domain)
   float l[2] = {0.f, 0.f};              // running sum over this thread's columns (quad-reduced at the end)
 
-  const E* kc = static_cast<const E*>(a.k_cache);
-  const E* vc = static_cast<const E*>(a.v_cache);
+  const KV* kc = static_cast<const KV*>(a.k_cache);
+  const KV* vc = static_cast<const KV*>(a.v_cache);
   const size_t kv_row_stride = size_t(a.nkv) * HD, head_off = size_t(kvh) * HD;
   const int bs = a.block_size;
   const int table_stride = *a.table_stride;
@@ -161,19 +210,47 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
     const int w_lo_max = warp_max_i(max(lo[0], lo[1])), w_hi_min = warp_min_i(min(hi[0], hi[1]));
 
     const int32_t* table = a.block_tables + size_t(a.token_seq[t0 + rb]) * table_stride;
-    // K and V rows k0 .. k0 + BK - 1 into stage `st` (past kv_hi: zeros, nothing read).
+    // K and V rows k0 .. k0 + BK - 1 into stage `st` (past kv_hi: zeros, nothing read): of E, or
+    // of codes with an fp8 cache (16 codes a copy).
     auto load_tile = [&](int st, int k0) {
-      uint16_t* ks = k_s + st * C::kTileElems;
-      uint16_t* vs = v_s + st * C::kTileElems;
+      if constexpr (kFp8) {
+        constexpr int kCh = HD / 16;
+        uint8_t* ks = k8_s + st * C::kCodeTileBytes;
+        uint8_t* vs = v8_s + st * C::kCodeTileBytes;
+#pragma unroll
+        for (int i = 0; i < BK * kCh / kThreads; i++) {
+          const int c = tid + i * kThreads, r = c / kCh, ch = (c % kCh) * 16;
+          const int p = k0 + r;
+          const bool ok = p < kv_hi;
+          size_t off = 0;
+          if (ok) off = (size_t(table[p / bs]) * bs + p % bs) * kv_row_stride + head_off + ch;
+          copy16_async(smem_addr(ks + r * HD + ch), kc + off, ok);
+          copy16_async(smem_addr(vs + r * HD + ch), vc + off, ok);
+        }
+      } else {
+        uint16_t* ks = k_s + st * C::kTileElems;
+        uint16_t* vs = v_s + st * C::kTileElems;
+#pragma unroll
+        for (int i = 0; i < BK * kNT / kThreads; i++) {
+          const int c = tid + i * kThreads, r = c / kNT, ch = (c % kNT) * 8;
+          const int p = k0 + r;
+          const bool ok = p < kv_hi;
+          size_t off = 0;
+          if (ok) off = (size_t(table[p / bs]) * bs + p % bs) * kv_row_stride + head_off + ch;
+          copy16_async(smem_addr(ks + r * LD + ch), kc + off, ok);
+          copy16_async(smem_addr(vs + r * LD + ch), vc + off, ok);
+        }
+      }
+    };
+    // fp8: the codes of stage `st` -> the E stage the MMAs read, 8 codes (16 bytes of E) a step.
+    auto convert_tile = [&](int st) {
+      const uint8_t* ks8 = k8_s + st * C::kCodeTileBytes;
+      const uint8_t* vs8 = v8_s + st * C::kCodeTileBytes;
 #pragma unroll
       for (int i = 0; i < BK * kNT / kThreads; i++) {
         const int c = tid + i * kThreads, r = c / kNT, ch = (c % kNT) * 8;
-        const int p = k0 + r;
-        const bool ok = p < kv_hi;
-        size_t off = 0;
-        if (ok) off = (size_t(table[p / bs]) * bs + p % bs) * kv_row_stride + head_off + ch;
-        copy16_async(smem_addr(ks + r * LD + ch), kc + off, ok);
-        copy16_async(smem_addr(vs + r * LD + ch), vc + off, ok);
+        *reinterpret_cast<uint4*>(k_s + r * LD + ch) = e4m3x8_to_e8<E>(*reinterpret_cast<const uint2*>(ks8 + r * HD + ch));
+        *reinterpret_cast<uint4*>(v_s + r * LD + ch) = e4m3x8_to_e8<E>(*reinterpret_cast<const uint2*>(vs8 + r * HD + ch));
       }
     };
 
@@ -187,10 +264,16 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
       __syncthreads();  // tile `it` is visible; every warp has left tile it - 1 (the other stage)
       if (it + 1 < n_tiles) load_tile((it + 1) & 1, k0 + BK);
       async_commit();
+      if constexpr (kFp8) {
+        // The E stage is free (every warp has left tile it - 1); the codes of stage it & 1 are
+        // not refilled before the next iteration's barrier.
+        convert_tile(it & 1);
+        __syncthreads();  // the converted tile is visible
+      }
       if (k0 > w_hi || k0 + BK - 1 < w_lo) continue;  // no row of this warp sees this tile
 
-      const uint16_t* ks = k_s + (it & 1) * C::kTileElems;
-      const uint16_t* vs = v_s + (it & 1) * C::kTileElems;
+      const uint16_t* ks = k_s + (kFp8 ? 0 : (it & 1) * C::kTileElems);
+      const uint16_t* vs = v_s + (kFp8 ? 0 : (it & 1) * C::kTileElems);
 
       // S = Q K^T: 16 rows x BK positions per warp.
       float s[BK / 8][4];
@@ -286,6 +369,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
       sum = sum * f + exp2f(sink - mm);
     }
     inv[i] = sum > 0.f ? f / sum : 0.f;
+    if constexpr (kFp8) inv[i] *= a.v_scale;  // O summed codes
   }
   E* out = static_cast<E*>(a.out);
   const size_t col0 = size_t(h) * HD;
@@ -320,10 +404,10 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   }
 }
 
-template <typename E, int HD>
+template <typename E, bool kFp8, int HD>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
-  using C = FlashConfig<HD>;
-  auto kernel = flash_prefill_kernel<E, HD>;
+  using C = FlashConfig<HD, kFp8>;
+  auto kernel = flash_prefill_kernel<E, kFp8, HD>;
   static bool attr_set = false;  // once per instantiation (per process, device 0), as the GEMM
   if (!attr_set) {
     SLUICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
@@ -331,16 +415,17 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
   }
   const bool vec_out = a.ld_out % 8 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
   const dim3 grid((a.T + kRows - 1) / kRows, a.nq);
-  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(a, a.scale * kLog2e, vec_out ? 1 : 0);
+  const float scale = kFp8 ? a.scale * a.k_scale : a.scale;  // q . (code * k_scale) * scale
+  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(a, scale * kLog2e, vec_out ? 1 : 0);
   SLUICE_CUDA_LAUNCH_CHECK("flash_prefill_kernel");
 }
 
-template <typename E>
+template <typename E, bool kFp8>
 void launch_typed(const AttentionArgs& a, cudaStream_t stream) {
   switch (a.hd) {
-    case 64: return launch<E, 64>(a, stream);
-    case 128: return launch<E, 128>(a, stream);
-    default: return launch<E, 256>(a, stream);
+    case 64: return launch<E, kFp8, 64>(a, stream);
+    case 128: return launch<E, kFp8, 128>(a, stream);
+    default: return launch<E, kFp8, 256>(a, stream);
   }
 }
 
@@ -362,8 +447,13 @@ void flash_prefill_attention(const AttentionArgs& a, DType e, cudaStream_t strea
     single.num_splits = 1;
     return paged_attention(single, e, stream);
   }
-  if (e == DType::BF16) launch_typed<__nv_bfloat16>(a, stream);
-  else launch_typed<__half>(a, stream);
+  if (e == DType::BF16) {
+    if (a.kv_fp8) launch_typed<__nv_bfloat16, true>(a, stream);
+    else launch_typed<__nv_bfloat16, false>(a, stream);
+  } else {
+    if (a.kv_fp8) launch_typed<__half, true>(a, stream);
+    else launch_typed<__half, false>(a, stream);
+  }
 }
 
 }  // namespace sluice::cuda

@@ -18,11 +18,19 @@
 // from global memory (its own partial included, so the bits do not depend on which block is
 // last), writes the output and sets the ticket back to zero. Nothing else synchronises: one
 // launch, no combine kernel.
+//
+// An fp8 cache (kv_fp8, e4m3 codes): cp.async fills the stages with raw codes, and each warp
+// converts its own 16 positions of the current stage into its rows of one E stage of K and V
+// (exact: bf16 and f16 hold every e4m3 value; only a __syncwarp before its MMAs read them, as no
+// other warp reads those rows). k_scale is folded into the score scale, v_scale multiplies the
+// block's merged output before it is written or published, so partial_acc holds V units.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
@@ -37,33 +45,71 @@ namespace {
 constexpr int kQRows = 16;  // q heads per block: the mma's M (G of them used)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared memory (16-bit elements): q [16, kLd], then K stages [kStages, BK, kLd] and V stages.
-// Rows are padded by 8 elements (16 bytes), so the 8 rows an ldmatrix reads hit distinct banks.
-// After the loop the K/V stages hold the warps' states for the merge: [kWarps, 16, kRedLd]
-// floats of output and [kWarps, 16, 2] of (max, sum).
-template <int HD>
+// Shared memory (16-bit elements): q [16, kLd], then K stages [kStagesE, BK, kLd] and V stages
+// (kStagesE = kStages; with an fp8 cache one, the stages of codes, [kStages, BK, HD] bytes for K
+// then V, follow). Rows of E are padded by 8 elements (16 bytes), so the 8 rows an ldmatrix reads
+// hit distinct banks. After the loop the K/V area holds the warps' states for the merge:
+// [kWarps, 16, kRedLd] floats of output and [kWarps, 16, 2] of (max, sum).
+// (The fp8 variant needs less shared memory; blocks_per_sm, a split heuristic, counts the E one.)
+template <int HD, bool kFp8 = false>
 struct DecodeConfig {
   static constexpr int kWarps = HD >= 256 ? 2 : 4;  // hd 256: two warps, so three blocks fit an SM
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBK = 16 * kWarps;          // KV positions per tile: 16 per warp
   static constexpr int kStages = HD <= 64 ? 3 : 2;  // K/V tiles in flight per block (small tiles: more)
+  static constexpr int kStagesE = kFp8 ? 1 : kStages;  // E stages the MMAs read
   static constexpr int kLd = HD + 8;
   static constexpr int kQElems = kQRows * kLd;
   static constexpr int kTileElems = kBK * kLd;  // one K or V stage
-  static constexpr int kChunks = HD / 8;        // 16-byte chunks per K/V row
+  static constexpr int kCodeTileBytes = kFp8 ? kBK * HD : 0;  // one K or V stage of codes
+  static constexpr int kCopyElems = kFp8 ? 16 : 8;  // cache elements per 16-byte copy
+  static constexpr int kChunks = HD / kCopyElems;   // 16-byte chunks per K/V row
   static constexpr int kRowStep = kThreads / kChunks;  // a thread copies rows r0, r0 + kRowStep, ...
   static constexpr int kRowsPerThread = kBK / kRowStep;
   static constexpr bool kQInRegs = HD <= 128;  // q fragments held in registers (hd 256: reloaded)
   static constexpr int kRedLd = HD + 4;        // merge rows, padded against bank conflicts
-  static constexpr size_t kSmemBytes = size_t(kQElems + 2 * kStages * kTileElems) * sizeof(uint16_t);
+  static constexpr size_t kKvBytes =
+      size_t(2 * kStagesE * kTileElems) * sizeof(uint16_t) + size_t(2 * kStages) * kCodeTileBytes;
+  static constexpr size_t kSmemBytes = size_t(kQElems) * sizeof(uint16_t) + kKvBytes;
   static_assert(HD % 16 == 0 && kThreads % kChunks == 0 && kBK % kRowStep == 0, "tile shape");
-  static_assert(size_t(kWarps) * kQRows * (kRedLd + 2) * sizeof(float) <=
-                    size_t(2 * kStages * kTileElems) * sizeof(uint16_t),
+  static_assert(size_t(kWarps) * kQRows * (kRedLd + 2) * sizeof(float) <= kKvBytes,
                 "the merge area fits in the K/V stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
 using namespace mma;  // cuda/mma_primitives.cuh
+
+// Two e4m3 codes (the first in the low byte) as two f16 in one register, the first in the low
+// half. Exact: f16 holds every e4m3 value (3 mantissa bits, 2^-9 .. 448).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(codes & 0xffffu)));
+  return h;
+#else
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+// The same as two E (pack2's layout); bf16 through f32, exact as well.
+template <typename E>
+__device__ __forceinline__ uint32_t e4m3x2_to_e2(uint32_t codes);
+template <>
+__device__ __forceinline__ uint32_t e4m3x2_to_e2<__half>(uint32_t codes) {
+  return e4m3x2_to_f16x2(codes);
+}
+template <>
+__device__ __forceinline__ uint32_t e4m3x2_to_e2<__nv_bfloat16>(uint32_t codes) {
+  const uint32_t h = e4m3x2_to_f16x2(codes);
+  return pack2<__nv_bfloat16>(__half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xffffu))),
+                              __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16))));
+}
+// 8 codes (8 bytes) -> 8 E (16 bytes), in order.
+template <typename E>
+__device__ __forceinline__ uint4 e4m3x8_to_e8(uint2 codes) {
+  return make_uint4(e4m3x2_to_e2<E>(codes.x), e4m3x2_to_e2<E>(codes.x >> 16), e4m3x2_to_e2<E>(codes.y),
+                    e4m3x2_to_e2<E>(codes.y >> 16));
+}
 
 // One head's output from its merged state (acc relative to max `mx`, log2 domain; sum):
 // acc / sum, or with a sink logit (natural units, not scaled) acc / (sum + exp(sink - max)).
@@ -102,18 +148,23 @@ __device__ __forceinline__ void fma4(float4& acc, float4 v, float f) {
   acc.w = fmaf(v.w, f, acc.w);
 }
 
-// scale_log2 = scale * log2(e): scores live in the log2 domain (exp2f), sinks are converted to it.
-template <typename E, int HD>
-__global__ void __launch_bounds__(DecodeConfig<HD>::kThreads)
+// scale_log2 = scale * log2(e) (times k_scale with an fp8 cache): scores live in the log2 domain
+// (exp2f), sinks are converted to it. kFp8: the cache holds e4m3 codes (a.kv_fp8), read as
+// code * k_scale / v_scale.
+template <typename E, bool kFp8, int HD>
+__global__ void __launch_bounds__(DecodeConfig<HD, kFp8>::kThreads)
     flash_decode_kernel(AttentionArgs a, int* tickets, float scale_log2, int vec_out) {
-  using C = DecodeConfig<HD>;
+  using C = DecodeConfig<HD, kFp8>;
+  using KV = std::conditional_t<kFp8, __nv_fp8_storage_t, E>;  // a cache element
   constexpr int BK = C::kBK, LD = C::kLd, kStages = C::kStages, kWarps = C::kWarps, kThreads = C::kThreads;
-  constexpr int kNT = HD / 8;  // n-tiles of the output (and 16-byte chunks of a row)
+  constexpr int kNT = HD / 8;  // n-tiles of the output (and 16-byte chunks of a row of E)
   constexpr int kRowStep = C::kRowStep, kRowsPerThread = C::kRowsPerThread;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* q_s = smem;                              // [16, LD]
-  uint16_t* k_s = smem + C::kQElems;                 // [kStages, BK, LD]
-  uint16_t* v_s = k_s + kStages * C::kTileElems;     // [kStages, BK, LD]
+  uint16_t* k_s = smem + C::kQElems;                 // [kStagesE, BK, LD]
+  uint16_t* v_s = k_s + C::kStagesE * C::kTileElems;  // [kStagesE, BK, LD]
+  uint8_t* k8_s = reinterpret_cast<uint8_t*>(v_s + C::kStagesE * C::kTileElems);  // fp8: [kStages, BK, HD]
+  uint8_t* v8_s = k8_s + kStages * C::kCodeTileBytes;                             // fp8: [kStages, BK, HD]
   float* red = reinterpret_cast<float*>(k_s);        // after the loop: [kWarps, 16, kRedLd]
   float* red_ml = red + kWarps * kQRows * C::kRedLd;  // [kWarps, 16, 2]
   __shared__ int is_last_s;
@@ -150,12 +201,12 @@ __global__ void __launch_bounds__(DecodeConfig<HD>::kThreads)
 
   // The K/V copies: this thread's 16-byte chunk `ch` of rows r0 + i * kRowStep of each tile,
   // from the cache slots found a tile ahead (-1: past the range, zeros and no read).
-  const E* kc = static_cast<const E*>(a.k_cache);
-  const E* vc = static_cast<const E*>(a.v_cache);
+  const KV* kc = static_cast<const KV*>(a.k_cache);
+  const KV* vc = static_cast<const KV*>(a.v_cache);
   const size_t kv_row_stride = size_t(a.nkv) * HD, head_off = size_t(kvh) * HD;
   const int bs = a.block_size;
   const int32_t* table = a.block_tables + size_t(a.token_seq[t]) * (*a.table_stride);
-  const int ch = (tid % kNT) * 8, r0 = tid / kNT;
+  const int ch = (tid % C::kChunks) * C::kCopyElems, r0 = tid / C::kChunks;
   int slot[kRowsPerThread];
   auto fetch_slots = [&](int k0) {
 #pragma unroll
@@ -165,15 +216,32 @@ __global__ void __launch_bounds__(DecodeConfig<HD>::kThreads)
     }
   };
   auto issue_tile = [&](int st) {
-    uint16_t* ks = k_s + st * C::kTileElems;
-    uint16_t* vs = v_s + st * C::kTileElems;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; i++) {
       const int r = r0 + i * kRowStep;
       const bool ok = slot[i] >= 0;
       const size_t off = ok ? size_t(slot[i]) * kv_row_stride + head_off + ch : 0;
-      copy16_async(smem_addr(ks + r * LD + ch), kc + off, ok);
-      copy16_async(smem_addr(vs + r * LD + ch), vc + off, ok);
+      if constexpr (kFp8) {
+        copy16_async(smem_addr(k8_s + st * C::kCodeTileBytes + r * HD + ch), kc + off, ok);
+        copy16_async(smem_addr(v8_s + st * C::kCodeTileBytes + r * HD + ch), vc + off, ok);
+      } else {
+        copy16_async(smem_addr(k_s + st * C::kTileElems + r * LD + ch), kc + off, ok);
+        copy16_async(smem_addr(v_s + st * C::kTileElems + r * LD + ch), vc + off, ok);
+      }
+    }
+  };
+  // fp8: this warp's 16 positions of code stage `st` -> its rows of the E stage, 8 codes (16
+  // bytes of E) a step.
+  auto convert_warp_rows = [&](int st) {
+    const uint8_t* ks8 = k8_s + st * C::kCodeTileBytes + warp * 16 * HD;
+    const uint8_t* vs8 = v8_s + st * C::kCodeTileBytes + warp * 16 * HD;
+    uint16_t* ks = k_s + warp * 16 * LD;
+    uint16_t* vs = v_s + warp * 16 * LD;
+#pragma unroll 2
+    for (int i = 0; i < 16 * kNT / 32; i++) {  // (unrolled fully, the bf16 hd 64 variant spills)
+      const int c = lane + i * 32, r = c / kNT, d = (c % kNT) * 8;
+      *reinterpret_cast<uint4*>(ks + r * LD + d) = e4m3x8_to_e8<E>(*reinterpret_cast<const uint2*>(ks8 + r * HD + d));
+      *reinterpret_cast<uint4*>(vs + r * LD + d) = e4m3x8_to_e8<E>(*reinterpret_cast<const uint2*>(vs8 + r * HD + d));
     }
   };
 
@@ -217,8 +285,14 @@ __global__ void __launch_bounds__(DecodeConfig<HD>::kThreads)
 
     const int kw = begin + it * BK + warp * 16;  // this warp's first position
     if (kw >= end) continue;                     // all past the range (the ragged last tile)
-    const uint16_t* ks = k_s + (it % kStages) * C::kTileElems + warp * 16 * LD;
-    const uint16_t* vs = v_s + (it % kStages) * C::kTileElems + warp * 16 * LD;
+    if constexpr (kFp8) {
+      // The code stage it % kStages is refilled only after the next iteration's barrier; the
+      // warp's E rows were last read by its own MMAs of tile it - 1.
+      convert_warp_rows(it % kStages);
+      __syncwarp();
+    }
+    const uint16_t* ks = k_s + (kFp8 ? 0 : (it % kStages) * C::kTileElems) + warp * 16 * LD;
+    const uint16_t* vs = v_s + (kFp8 ? 0 : (it % kStages) * C::kTileElems) + warp * 16 * LD;
 
     // S = Q K^T: 16 heads x 16 positions.
     float s[2][4];
@@ -332,6 +406,7 @@ __global__ void __launch_bounds__(DecodeConfig<HD>::kThreads)
         fma4(acc, *reinterpret_cast<const float4*>(red + (w * kQRows + r) * C::kRedLd + d), f);
       }
     }
+    if constexpr (kFp8) acc = make_float4(acc.x * a.v_scale, acc.y * a.v_scale, acc.z * a.v_scale, acc.w * a.v_scale);
     const int h = h0 + r;
     if (S == 1) {
       store4<E>(out + size_t(t) * a.ld_out + size_t(h) * HD + d, finish4(acc, sum, mx, a.sinks, h), vec);
@@ -382,10 +457,10 @@ constexpr int blocks_per_sm() {
   return by_smem < by_threads ? by_smem : by_threads;
 }
 
-template <typename E, int HD>
+template <typename E, bool kFp8, int HD>
 void launch(const AttentionArgs& a, int splits, int* tickets, cudaStream_t stream) {
-  using C = DecodeConfig<HD>;
-  auto kernel = flash_decode_kernel<E, HD>;
+  using C = DecodeConfig<HD, kFp8>;
+  auto kernel = flash_decode_kernel<E, kFp8, HD>;
   static bool attr_set = false;  // once per instantiation (per process, device 0), as the GEMM
   if (!attr_set) {
     SLUICE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
@@ -394,16 +469,17 @@ void launch(const AttentionArgs& a, int splits, int* tickets, cudaStream_t strea
   const bool vec_out = a.ld_out % 4 == 0 && reinterpret_cast<uintptr_t>(a.out) % 8 == 0;
   const int G = a.nq / a.nkv, groups = (G + kQRows - 1) / kQRows;
   const dim3 grid(a.T, a.nkv * groups, splits);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a, tickets, a.scale * kLog2e, vec_out ? 1 : 0);
+  const float scale = kFp8 ? a.scale * a.k_scale : a.scale;  // q . (code * k_scale) * scale
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a, tickets, scale * kLog2e, vec_out ? 1 : 0);
   SLUICE_CUDA_LAUNCH_CHECK("flash_decode_kernel");
 }
 
-template <typename E>
+template <typename E, bool kFp8>
 void launch_typed(const AttentionArgs& a, int splits, int* tickets, cudaStream_t stream) {
   switch (a.hd) {
-    case 64: return launch<E, 64>(a, splits, tickets, stream);
-    case 128: return launch<E, 128>(a, splits, tickets, stream);
-    default: return launch<E, 256>(a, splits, tickets, stream);
+    case 64: return launch<E, kFp8, 64>(a, splits, tickets, stream);
+    case 128: return launch<E, kFp8, 128>(a, splits, tickets, stream);
+    default: return launch<E, kFp8, 256>(a, splits, tickets, stream);
   }
 }
 
@@ -424,8 +500,13 @@ void flash_decode_attention(const AttentionArgs& a, DType e, int* tickets, cudaS
   if (!flash_decode_supported(a.hd, a.nq, a.nkv) || !aligned16(a.q) || !aligned16(a.k_cache) ||
       !aligned16(a.v_cache) || !split_ok)
     return paged_attention(a, e, stream);
-  if (e == DType::BF16) launch_typed<__nv_bfloat16>(a, splits, tickets, stream);
-  else launch_typed<__half>(a, splits, tickets, stream);
+  if (e == DType::BF16) {
+    if (a.kv_fp8) launch_typed<__nv_bfloat16, true>(a, splits, tickets, stream);
+    else launch_typed<__nv_bfloat16, false>(a, splits, tickets, stream);
+  } else {
+    if (a.kv_fp8) launch_typed<__half, true>(a, splits, tickets, stream);
+    else launch_typed<__half, false>(a, splits, tickets, stream);
+  }
 }
 
 int flash_decode_splits(int T, int nq, int nkv, int hd, int64_t max_ctx, int num_sms, int max_splits) {

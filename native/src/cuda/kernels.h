@@ -49,9 +49,13 @@ struct QkvPostArgs {
   float eps = 1e-6f;
   const float* cos_sin = nullptr;  // [T, 2 * rot_half]
   const int32_t* slots = nullptr;  // [T]
-  void* k_cache = nullptr;         // [slots, nkv, hd] E, this layer
+  void* k_cache = nullptr;         // [slots, nkv, hd] E (or e4m3 when kv_fp8), this layer
   void* v_cache = nullptr;
   float* q_out = nullptr;          // [T, nq * hd]
+  // --kv-cache-dtype fp8: the cache holds e4m3 codes of k / k_scale and v / v_scale (rounded to
+  // nearest even, saturated to +-448), as the CPU's PagedKV F8E4M3 (cpu/kernels.h).
+  bool kv_fp8 = false;
+  float k_scale = 1.f, v_scale = 1.f;
 };
 void qkv_post(const QkvPostArgs& a, DType e, cudaStream_t stream);
 
@@ -152,8 +156,10 @@ struct AttentionArgs {
   const int32_t* block_tables = nullptr;  // [S, *table_stride]
   const int32_t* table_stride = nullptr;  // device scalar (so a captured graph stays valid)
   int block_size = 0;
-  const void* k_cache = nullptr;  // [slots, nkv, hd] E
+  const void* k_cache = nullptr;  // [slots, nkv, hd] E, or e4m3 codes when kv_fp8
   const void* v_cache = nullptr;
+  bool kv_fp8 = false;             // K/V read as code * k_scale / v_scale (QkvPostArgs::kv_fp8)
+  float k_scale = 1.f, v_scale = 1.f;
   float scale = 0.f;
   int num_splits = 1;
   float* partial_acc = nullptr;  // [T, nq, num_splits, hd] when num_splits > 1

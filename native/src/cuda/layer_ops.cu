@@ -3,6 +3,9 @@
 // embedding, KV-cache write), and the logits' soft cap.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
@@ -73,8 +76,20 @@ __global__ void rope_table_kernel(const int32_t* positions, int T, const float* 
 // A head is staged in shared memory so the rotate-half pairs (i, i + rot_half) can sit in any lane.
 constexpr int kPostWarps = 8;
 
-template <typename E>
+// Element i of a K or V cache row: E, or (kFp8) the e4m3 code of v / scale, rounded to nearest
+// even and saturated to +-448 as the CPU's f32_to_e4m3 (util/e4m3.h). The division is IEEE
+// (__fdiv_rn, as the CPU's `/`), not a multiplication by 1 / scale, which can round differently.
+template <typename E, bool kFp8>
+__device__ __forceinline__ void store_kv(void* row, int i, float v, float scale) {
+  if constexpr (kFp8)
+    static_cast<__nv_fp8_storage_t*>(row)[i] = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
+  else
+    static_cast<E*>(row)[i] = from_float<E>(v);
+}
+
+template <typename E, bool kFp8>
 __global__ void qkv_post_kernel(QkvPostArgs a) {
+  using KV = std::conditional_t<kFp8, __nv_fp8_storage_t, E>;  // a cache element
   extern __shared__ float head_buf[];  // [kPostWarps, hd]
   const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hd = a.hd, nq = a.nq, nkv = a.nkv;
@@ -86,8 +101,8 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
     const float* src = row + size_t(head) * hd;
     const bool is_q = head < nq, is_v = head >= nq + nkv;
     if (is_v) {  // v: straight into the cache
-      E* dst = static_cast<E*>(a.v_cache) + cache_row + size_t(head - nq - nkv) * hd;
-      for (int i = lane; i < hd; i += 32) dst[i] = from_float<E>(src[i]);
+      KV* dst = static_cast<KV*>(a.v_cache) + cache_row + size_t(head - nq - nkv) * hd;
+      for (int i = lane; i < hd; i += 32) store_kv<E, kFp8>(dst, i, src[i], a.v_scale);
       continue;
     }
     const float* norm_w = is_q ? a.q_norm : a.k_norm;
@@ -100,7 +115,7 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
     for (int i = lane; i < hd; i += 32) buf[i] = norm_w ? src[i] * scale * norm_w[i] : src[i];
     __syncwarp();
     float* q_dst = a.q_out + (size_t(t) * nq + head) * hd;
-    E* k_dst = static_cast<E*>(a.k_cache) + cache_row + size_t(head - nq) * hd;
+    KV* k_dst = static_cast<KV*>(a.k_cache) + cache_row + size_t(head - nq) * hd;
     for (int i = lane; i < hd; i += 32) {
       float v = buf[i];
       if (i < 2 * a.rot_half) {
@@ -109,7 +124,7 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
         v = i < a.rot_half ? buf[i] * c - buf[i + a.rot_half] * s : buf[i] * c + buf[i - a.rot_half] * s;
       }
       if (is_q) q_dst[i] = v;
-      else k_dst[i] = from_float<E>(v);
+      else store_kv<E, kFp8>(k_dst, i, v, a.k_scale);
     }
     __syncwarp();  // the buffer is reused by this warp's next head
   }
@@ -118,7 +133,8 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
 template <typename E>
 void qkv_post_typed(const QkvPostArgs& a, cudaStream_t stream) {
   const size_t smem = size_t(kPostWarps) * a.hd * sizeof(float);
-  qkv_post_kernel<E><<<a.T, kPostWarps * 32, smem, stream>>>(a);
+  if (a.kv_fp8) qkv_post_kernel<E, true><<<a.T, kPostWarps * 32, smem, stream>>>(a);
+  else qkv_post_kernel<E, false><<<a.T, kPostWarps * 32, smem, stream>>>(a);
   SLUICE_CUDA_LAUNCH_CHECK("qkv_post_kernel");
 }
 

@@ -14,7 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "engine_driver.h"
 #include "sluice/engine.h"
 #include "test_util.h"
+#include "util/e4m3.h"
 
 namespace sluice_cuda_test {
 
@@ -81,6 +84,27 @@ inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::s
 }
 
 using Step = sluice_test::SampledStep;
+
+// The fp8 (e4m3) KV cache of the kernel tests (AttentionArgs::kv_fp8): per-tensor scales that are
+// not powers of two, and values N(0, 1) * 2^k with k uniform in [lo_exp, hi_exp], so that the
+// codes of value / scale span many binades (subnormal codes, and saturation where hi_exp allows).
+constexpr float kFp8KScale = 0.05f, kFp8VScale = 0.02f;
+inline float wide_normal(std::mt19937& rng, int lo_exp, int hi_exp) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> ex(lo_exp, hi_exp);
+  const float n = nd(rng);
+  return std::ldexp(n, ex(rng));
+}
+// code -> the value a reader must see: e4m3_to_float(code) * scale (NaN for the NaN codes).
+inline std::vector<double> e4m3_values(float scale) {
+  std::vector<double> t(256);
+  for (int c = 0; c < 256; c++) t[size_t(c)] = double(sluice::e4m3_to_float(uint8_t(c))) * double(scale);
+  return t;
+}
+// Codes held in 16-bit host arrays (so a test keeps one layout for E and fp8) as the cache's bytes.
+inline std::vector<uint8_t> narrow_codes(const std::vector<uint16_t>& codes) {
+  return std::vector<uint8_t>(codes.begin(), codes.end());
+}
 
 inline std::vector<Step> generate(sluice::Engine& e, const std::vector<int32_t>& prompt, int n, int others, int chunk,
                                   sluice::SamplingParams params = {0.f, 1.f, 0, 0, 2}) {

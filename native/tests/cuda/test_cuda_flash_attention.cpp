@@ -28,6 +28,11 @@
 // the f32 sums are exact and the only error left is the final rounding to E (at most one ulp
 // after the f32 division: 2u * |ref|). A position wrongly included or excluded moves the mean by
 // about |v - mean| / n, far above that.
+// An fp8 (e4m3) cache (Config::fp8) is checked the same way against the reference reading
+// code * k_scale and code * v_scale (sluice_cuda_test::e4m3_values): the kernel converts codes to
+// E exactly and folds the scales into f32 factors (~1e-7 relative), so the same tolerances hold;
+// K spans 2^-10 .. 2^0 and V 2^-8 .. 2^2 times N(0, 1) (codes from subnormal to saturated), and
+// with q = 0 V holds codes of small integers / v_scale (integer code values: exact f32 sums).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +48,7 @@
 #include "cuda/kernels.h"
 #include "sluice/dtype.h"
 #include "test_util.h"
+#include "util/e4m3.h"
 #include "cuda/cuda_test_util.h"
 
 using namespace sluice;
@@ -130,13 +136,14 @@ struct Config {
   bool zero_q = false;  // the exact masking check: q = 0, integer V
   int ld_pad = 8;       // ld_out = nq * hd + ld_pad (8: 16-byte row stores; 4: the element path)
   bool graph = false;   // also capture the launch in a CUDA graph and replay it
+  bool fp8 = false;     // an e4m3 KV cache (kv_fp8) with scales kFp8KScale / kFp8VScale
   uint32_t seed = 1;
 };
 
 std::string describe(const Config& c, const std::vector<Chunk>& chunks) {
   std::string s = std::string(dtype_name(c.e)) + " hd=" + std::to_string(c.hd) + " nq=" + std::to_string(c.nq) +
                   " nkv=" + std::to_string(c.nkv) + " window=" + std::to_string(c.window) +
-                  (c.sinks ? " sinks" : "") + (c.zero_q ? " q=0" : "") + " ld_pad=" + std::to_string(c.ld_pad) + " seqs=";
+                  (c.sinks ? " sinks" : "") + (c.zero_q ? " q=0" : "") + (c.fp8 ? " fp8 kv" : "") + " ld_pad=" + std::to_string(c.ld_pad) + " seqs=";
   for (const Chunk& ch : chunks) s += "[" + std::to_string(ch.first) + "+" + std::to_string(ch.count) + "]";
   return s;
 }
@@ -148,18 +155,29 @@ void check_flash(const Config& c, const std::vector<Chunk>& chunks) {
   const DType e = c.e;
   const size_t slots = size_t(st.num_blocks) * st.bs, row = size_t(nkv) * hd;
 
-  // K/V: NaN everywhere, then values at every position of every sequence's context.
-  std::vector<uint16_t> kc(slots * row, kNaN16), vc(slots * row, kNaN16);
+  // K/V: NaN everywhere, then values at every position of every sequence's context (fp8: codes,
+  // kept in 16-bit slots on the host; 0xff is e4m3's NaN).
+  using sluice_cuda_test::kFp8KScale, sluice_cuda_test::kFp8VScale, sluice_cuda_test::wide_normal;
+  const uint16_t nan_code = c.fp8 ? 0xff : kNaN16;
+  std::vector<uint16_t> kc(slots * row, nan_code), vc(slots * row, nan_code);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_int_distribution<int> small_int(-8, 8);
   for (size_t s = 0; s < chunks.size(); s++)
     for (int p = 0; p < st.context[s]; p++) {
       const size_t base = st.slot(int(s), p) * row;
       for (size_t i = 0; i < row; i++) {
-        kc[base + i] = to_e(nd(rng), e);
-        vc[base + i] = to_e(c.zero_q ? float(small_int(rng)) : nd(rng), e);
+        if (c.fp8) {
+          kc[base + i] = f32_to_e4m3(wide_normal(rng, -10, 0) / kFp8KScale);
+          vc[base + i] = f32_to_e4m3((c.zero_q ? float(small_int(rng)) : wide_normal(rng, -8, 2)) / kFp8VScale);
+        } else {
+          kc[base + i] = to_e(nd(rng), e);
+          vc[base + i] = to_e(c.zero_q ? float(small_int(rng)) : nd(rng), e);
+        }
       }
     }
+  const std::vector<double> k8 = sluice_cuda_test::e4m3_values(kFp8KScale), v8 = sluice_cuda_test::e4m3_values(kFp8VScale);
+  auto kval = [&](uint16_t x) { return c.fp8 ? k8[x] : from_e(x, e); };
+  auto vval = [&](uint16_t x) { return c.fp8 ? v8[x] : from_e(x, e); };
   std::vector<float> q(size_t(T) * nq * hd, 0.f);
   if (!c.zero_q)
     for (auto& v : q) v = nd(rng);
@@ -171,6 +189,7 @@ void check_flash(const Config& c, const std::vector<Chunk>& chunks) {
   Dev<float> dq(q), dsinks(sinks);
   Dev<int32_t> dseq(st.token_seq), dpos(st.positions), dtab(st.tables), dstride(std::vector<int32_t>{st.stride});
   Dev<uint16_t> dk(kc), dv(vc);
+  Dev<uint8_t> dk8(sluice_cuda_test::narrow_codes(kc)), dv8(sluice_cuda_test::narrow_codes(vc));
   const int ld_out = nq * hd + c.ld_pad;
   const size_t out_elems = size_t(T) * ld_out;
   Dev<uint16_t> out_flash(out_elems), out_again(out_elems), out_paged(out_elems), out_graph(out_elems);
@@ -179,6 +198,10 @@ void check_flash(const Config& c, const std::vector<Chunk>& chunks) {
   a.block_tables = dtab.p, a.table_stride = dstride.p, a.block_size = st.bs, a.k_cache = dk.p, a.v_cache = dv.p;
   a.scale = float(scale), a.num_splits = 1, a.ld_out = ld_out, a.window = c.window;
   a.sinks = c.sinks ? dsinks.p : nullptr;
+  if (c.fp8) {
+    a.k_cache = dk8.p, a.v_cache = dv8.p;
+    a.kv_fp8 = true, a.k_scale = kFp8KScale, a.v_scale = kFp8VScale;
+  }
 
   CHECK(cuda::flash_prefill_supported(hd, nq, nkv));
   a.out = out_flash.p;
@@ -233,7 +256,7 @@ void check_flash(const Config& c, const std::vector<Chunk>& chunks) {
       for (size_t i = 0; i < key_slots.size(); i++) {
         const uint16_t* k = kc.data() + key_slots[i] * row + size_t(kvh) * hd;
         double d = 0;
-        for (int x = 0; x < hd; x++) d += double(qh[x]) * from_e(k[x], e);
+        for (int x = 0; x < hd; x++) d += double(qh[x]) * kval(k[x]);
         sc[i] = d * scale;
         mx = std::max(mx, sc[i]);
       }
@@ -245,7 +268,7 @@ void check_flash(const Config& c, const std::vector<Chunk>& chunks) {
       for (size_t i = 0; i < key_slots.size(); i++) {
         const uint16_t* v = vc.data() + key_slots[i] * row + size_t(kvh) * hd;
         for (int x = 0; x < hd; x++) {
-          const double vx = from_e(v[x], e);
+          const double vx = vval(v[x]);
           acc[size_t(x)] += sc[i] * vx;
           wab[size_t(x)] += sc[i] * std::fabs(vx);
         }
@@ -358,6 +381,34 @@ TEST_CASE(flash_prefill_masks_exactly) {
           if (hd == 128) check_flash(c, kLong);
           if (hd == 64) check_flash(c, kDecode);
         }
+}
+
+TEST_CASE(flash_prefill_reads_fp8_kv_cache) {
+  // An e4m3 cache: head dims 64/128/256 x bf16/f16, GQA 1 and 4, causal / window / sinks, the
+  // mixed, decode and long steps, the exact masking check, and a graph replay.
+  uint32_t seed = 1300;
+  for (DType e : {DType::BF16, DType::F16})
+    for (int hd : {64, 128, 256})
+      for (int variant = 0; variant < 4; variant++) {
+        Config c;
+        c.fp8 = true, c.e = e, c.hd = hd;
+        c.nq = variant & 1 ? 8 : 2, c.nkv = 2;
+        c.window = variant & 1 ? 32 : 0;
+        c.sinks = variant & 2;
+        c.ld_pad = seed % 3 == 0 ? 4 : 8;
+        c.seed = seed++;
+        check_flash(c, kMixed);
+      }
+  for (int hd : {64, 128, 256}) {
+    Config c;
+    c.fp8 = true, c.hd = hd, c.nq = 8, c.nkv = 1, c.sinks = true, c.window = 20, c.seed = seed++;
+    check_flash(c, kDecode);
+    c.zero_q = true, c.window = 16, c.e = DType::F16, c.seed = seed++;
+    check_flash(c, kMixed);
+  }
+  Config c;
+  c.fp8 = true, c.graph = true, c.seed = seed++;
+  check_flash(c, kLong);
 }
 
 TEST_CASE(flash_prefill_falls_back_to_paged_elsewhere) {

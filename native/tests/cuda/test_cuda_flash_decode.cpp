@@ -30,6 +30,11 @@
 // the f32 sums are exact whatever the split and warp boundaries, and the only error left is the
 // final rounding to E (at most one ulp after the f32 division: 2u * |ref|). A position wrongly
 // included or excluded moves the mean by about |v - mean| / n, far above that.
+// An fp8 (e4m3) cache (Config::fp8) is checked the same way against the reference reading
+// code * k_scale and code * v_scale (held as f32: 2^-24 relative): the kernel converts codes to E
+// exactly and folds the scales into f32 factors (~1e-7 relative), so the same tolerances hold; K
+// spans 2^-10 .. 2^0 and V 2^-8 .. 2^2 times N(0, 1) (codes from subnormal to saturated), and
+// with q = 0 V holds codes of small integers / v_scale (integer code values: exact f32 sums).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +50,7 @@
 #include "cuda/kernels.h"
 #include "sluice/dtype.h"
 #include "test_util.h"
+#include "util/e4m3.h"
 #include "cuda/cuda_test_util.h"
 
 using namespace sluice;
@@ -90,6 +96,13 @@ const std::vector<float>& e_table(DType e) {
   return t;
 }
 
+// e4m3 code -> code * scale as f32 (the fp8 cache's values; NaN codes stay NaN).
+std::vector<float> e4m3_table(float scale) {
+  std::vector<float> t;
+  for (double v : sluice_cuda_test::e4m3_values(scale)) t.push_back(float(v));
+  return t;
+}
+
 // Normal samples for the large caches: a pool drawn once, indexed by a fast generator.
 struct FastNormal {
   std::vector<float> pool;
@@ -123,6 +136,7 @@ struct Config {
   bool sinks = false;
   bool zero_q = false;  // the exact masking check: q = 0, integer V
   int ld_pad = 8;       // ld_out = nq * hd + ld_pad (8, 4: 8-byte stores; 2: the element path)
+  bool fp8 = false;     // an e4m3 KV cache (kv_fp8) with scales kFp8KScale / kFp8VScale
   uint32_t seed = 1;
 };
 
@@ -130,7 +144,7 @@ std::string describe(const Config& c, int T) {
   return std::string(dtype_name(c.e)) + " hd=" + std::to_string(c.hd) + " nq=" + std::to_string(c.nq) +
          " nkv=" + std::to_string(c.nkv) + " T=" + std::to_string(T) + " splits=" + std::to_string(c.splits) +
          " window=" + std::to_string(c.window) + (c.sinks ? " sinks" : "") + (c.zero_q ? " q=0" : "") +
-         " ld_pad=" + std::to_string(c.ld_pad) + " seed=" + std::to_string(c.seed);
+         (c.fp8 ? " fp8 kv" : "") + " ld_pad=" + std::to_string(c.ld_pad) + " seed=" + std::to_string(c.seed);
 }
 
 // A step over a paged cache with shuffled blocks, its inputs on the host and the device.
@@ -164,10 +178,19 @@ Problem make_problem(const Config& c, const std::vector<Seq>& seqs) {
   const int spare = perm[size_t(used)];
   P.tables.assign(seqs.size() * size_t(P.stride), spare);  // entries past a sequence's blocks: NaN
   const size_t row = size_t(c.nkv) * c.hd, slots = size_t(P.num_blocks) * P.bs;
-  P.kc.assign(slots * row, kNaN16);
-  P.vc.assign(slots * row, kNaN16);
+  P.kc.assign(slots * row, c.fp8 ? 0xff : kNaN16);  // 0xff: e4m3's NaN
+  P.vc.assign(slots * row, c.fp8 ? 0xff : kNaN16);
   std::vector<uint16_t> pool_e;  // the pool in E: K/V are filled without a conversion per element
   for (float v : nd.pool) pool_e.push_back(to_e(v, e));
+  std::vector<uint16_t> pool_k = pool_e, pool_v = pool_e;
+  using sluice_cuda_test::kFp8KScale, sluice_cuda_test::kFp8VScale;
+  if (c.fp8) {  // codes of the pool's values times 2^k, k in [-10, 0] for K and [-8, 2] for V
+    std::uniform_int_distribution<int> k_exp(-10, 0), v_exp(-8, 2);
+    for (size_t i = 0; i < nd.pool.size(); i++) {
+      pool_k[i] = f32_to_e4m3(std::ldexp(nd.pool[i], k_exp(rng)) / kFp8KScale);
+      pool_v[i] = f32_to_e4m3(std::ldexp(nd.pool[i], v_exp(rng)) / kFp8VScale);
+    }
+  }
   std::uniform_int_distribution<int> small_int(-8, 8);
   int next = 0;
   for (size_t s = 0; s < seqs.size(); s++) {
@@ -181,8 +204,10 @@ Problem make_problem(const Config& c, const std::vector<Seq>& seqs) {
     for (int p = readable; p < sq.ctx; p++) {
       const size_t base = P.slot(int(s), p) * row;
       for (size_t i = 0; i < row; i++) {
-        P.kc[base + i] = pool_e[nd.index()];
-        P.vc[base + i] = c.zero_q ? to_e(float(small_int(rng)), e) : pool_e[nd.index()];
+        P.kc[base + i] = pool_k[nd.index()];
+        if (!c.zero_q) P.vc[base + i] = pool_v[nd.index()];
+        else if (c.fp8) P.vc[base + i] = f32_to_e4m3(float(small_int(rng)) / kFp8VScale);
+        else P.vc[base + i] = to_e(float(small_int(rng)), e);
       }
     }
     for (int p = sq.ctx - sq.tokens; p < sq.ctx; p++) {
@@ -207,7 +232,9 @@ Reference reference(const Problem& P, const std::vector<int32_t>& positions) {
   const Config& c = P.c;
   const int hd = c.hd, G = c.nq / c.nkv;
   const size_t row = size_t(c.nkv) * hd;
-  const std::vector<float>& ef = e_table(c.e);
+  const std::vector<float> k8 = e4m3_table(sluice_cuda_test::kFp8KScale), v8 = e4m3_table(sluice_cuda_test::kFp8VScale);
+  const std::vector<float>& kf = c.fp8 ? k8 : e_table(c.e);  // cache element -> value
+  const std::vector<float>& vf = c.fp8 ? v8 : e_table(c.e);
   const double scale = 1.0 / std::sqrt(double(hd));
   Reference R;
   R.out.assign(size_t(P.T) * c.nq * hd, 0.0);
@@ -227,7 +254,7 @@ Reference reference(const Problem& P, const std::vector<int32_t>& positions) {
       for (size_t i = 0; i < keys.size(); i++) {
         const uint16_t* k = P.kc.data() + keys[i] + head;
         double d = 0;
-        for (int x = 0; x < hd; x++) d += double(qh[x]) * ef[k[x]];
+        for (int x = 0; x < hd; x++) d += double(qh[x]) * kf[k[x]];
         sc[i] = d * scale;
         mx = std::max(mx, sc[i]);
       }
@@ -239,7 +266,7 @@ Reference reference(const Problem& P, const std::vector<int32_t>& positions) {
       for (size_t i = 0; i < keys.size(); i++) {
         const uint16_t* v = P.vc.data() + keys[i] + head;
         for (int x = 0; x < hd; x++) {
-          const double vx = ef[v[x]];
+          const double vx = vf[v[x]];
           acc[size_t(x)] += sc[i] * vx;
           wab[size_t(x)] += sc[i] * std::fabs(vx);
         }
@@ -259,6 +286,7 @@ struct DeviceProblem {
   Dev<float> q, sinks, part_acc, part_ml;
   Dev<int32_t> seq, pos, tab, stride, tickets;
   Dev<uint16_t> k, v;
+  Dev<uint8_t> k8, v8;  // fp8: the codes as the cache's bytes (else empty)
   cuda::AttentionArgs a;
   explicit DeviceProblem(const Problem& P)
       : q(P.q),
@@ -271,7 +299,9 @@ struct DeviceProblem {
         stride(std::vector<int32_t>{P.stride}),
         tickets(std::vector<int32_t>(size_t(P.T) * P.c.nkv, 0)),
         k(P.kc),
-        v(P.vc) {
+        v(P.vc),
+        k8(sluice_cuda_test::narrow_codes(P.c.fp8 ? P.kc : std::vector<uint16_t>())),
+        v8(sluice_cuda_test::narrow_codes(P.c.fp8 ? P.vc : std::vector<uint16_t>())) {
     const Config& c = P.c;
     a.q = q.p, a.T = P.T, a.nq = c.nq, a.nkv = c.nkv, a.hd = c.hd, a.token_seq = seq.p, a.positions = pos.p;
     a.block_tables = tab.p, a.table_stride = stride.p, a.block_size = P.bs, a.k_cache = k.p, a.v_cache = v.p;
@@ -279,6 +309,10 @@ struct DeviceProblem {
     a.partial_acc = part_acc.p, a.partial_ml = part_ml.p;
     a.window = c.window;
     a.sinks = c.sinks ? sinks.p : nullptr;
+    if (c.fp8) {
+      a.k_cache = k8.p, a.v_cache = v8.p;
+      a.kv_fp8 = true, a.k_scale = sluice_cuda_test::kFp8KScale, a.v_scale = sluice_cuda_test::kFp8VScale;
+    }
   }
   bool tickets_zero() const {
     const auto t = tickets.read();
@@ -441,6 +475,41 @@ TEST_CASE(flash_decode_wide_groups_and_shared_sequences) {
     check_decode(c, decode_seqs(7, c.seed));
     // Tokens sharing sequences: 5 tokens at the end of a 2000 context, 1 at 1, 8 at 20, 3 at 700.
     check_decode(c, {{2000, 5}, {1, 1}, {20, 8}, {700, 3}});
+  }
+}
+
+TEST_CASE(flash_decode_reads_fp8_kv_cache) {
+  // An e4m3 cache: head dims 64/128/256 x bf16/f16 x GQA 1, 4, 8 and 16, with 1, 4 and 16 splits
+  // (the splits' partials carry v_scale), windows and sinks, tokens sharing sequences, and the
+  // exact masking check.
+  struct Heads {
+    int nq, nkv;
+  };
+  const Heads heads[] = {{2, 2}, {8, 2}, {8, 1}, {16, 1}};
+  const int Ts[] = {1, 7, 64}, splits[] = {1, 4, 16};
+  int i = 0;
+  for (DType e : {DType::BF16, DType::F16})
+    for (int hd : {64, 128, 256})
+      for (const Heads& hs : heads) {
+        Config c;
+        c.fp8 = true, c.e = e, c.hd = hd, c.nq = hs.nq, c.nkv = hs.nkv;
+        c.splits = splits[i % 3];
+        const int variant = (i + i / 4) % 4;
+        c.window = variant & 1 ? (i % 2 ? 100 : 1000) : 0;
+        c.sinks = variant & 2;
+        c.ld_pad = i % 2 ? 2 : 8;
+        c.seed = uint32_t(1500 + i);
+        check_decode(c, decode_seqs(Ts[i % 3], c.seed));
+        i++;
+      }
+  Config c;
+  c.fp8 = true, c.hd = 128, c.nq = 24, c.nkv = 2, c.splits = 4, c.sinks = true, c.seed = 1600;
+  check_decode(c, {{2000, 5}, {1, 1}, {20, 8}, {700, 3}});
+  for (int hd : {64, 128, 256}) {
+    Config m;
+    m.fp8 = true, m.hd = hd, m.nq = 4, m.nkv = 1, m.window = 16, m.zero_q = true, m.splits = 4;
+    m.seed = uint32_t(1610 + hd);
+    check_decode(m, decode_seqs(7, m.seed));
   }
 }
 

@@ -3,6 +3,8 @@
 //
 // Tolerances: GEMM outputs in f32 accumulate in f32 over K, so |y - ref| <= 2e-5 * sum|x*w|
 // (+1e-6); outputs rounded to bf16 (SiLU-and-mul, attention) add 2^-8 relative rounding.
+// With an fp8 KV cache the attention reference reads code * scale (sluice_cuda_test::e4m3_values),
+// and its tolerance scales with the attention-weighted mean |v| (V spans many binades).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -13,6 +15,7 @@
 #include "cuda/cublaslt.h"
 #include "cuda/kernels.h"
 #include "sample/sampler.h"
+#include "util/e4m3.h"
 #include "sluice/dtype.h"
 #include "engine/backend.h"
 #include "test_util.h"
@@ -204,7 +207,8 @@ TEST_CASE(gemm_cublaslt_matches_double_reference) {
 namespace {
 
 // A flattened batch over a paged cache with shuffled block tables, checked against double.
-void check_attention(int nq, int nkv, int hd, int splits, DType e, uint32_t seed) {
+// fp8: the cache holds e4m3 codes (kc / vc keep them in 16-bit slots on the host).
+void check_attention(int nq, int nkv, int hd, int splits, DType e, uint32_t seed, bool fp8 = false) {
   std::mt19937 rng(seed);
   const int bs = 16;
   // Sequences: (context length, tokens computed this step): decode rows and prefill chunks.
@@ -223,8 +227,17 @@ void check_attention(int nq, int nkv, int hd, int splits, DType e, uint32_t seed
   std::normal_distribution<float> nd(0.f, 1.f);
   const size_t slots = size_t(num_blocks) * bs;
   std::vector<uint16_t> kc(slots * nkv * hd), vc(slots * nkv * hd);
-  for (auto& v : kc) v = to_e(nd(rng), e);
-  for (auto& v : vc) v = to_e(nd(rng), e);
+  using sluice_cuda_test::kFp8KScale, sluice_cuda_test::kFp8VScale, sluice_cuda_test::wide_normal;
+  if (fp8) {
+    for (auto& v : kc) v = f32_to_e4m3(wide_normal(rng, -10, 0) / kFp8KScale);
+    for (auto& v : vc) v = f32_to_e4m3(wide_normal(rng, -8, 2) / kFp8VScale);
+  } else {
+    for (auto& v : kc) v = to_e(nd(rng), e);
+    for (auto& v : vc) v = to_e(nd(rng), e);
+  }
+  const std::vector<double> k8 = sluice_cuda_test::e4m3_values(kFp8KScale), v8 = sluice_cuda_test::e4m3_values(kFp8VScale);
+  auto kval = [&](size_t i) { return fp8 ? k8[kc[i]] : double(from_e(kc[i], e)); };
+  auto vval = [&](size_t i) { return fp8 ? v8[vc[i]] : double(from_e(vc[i], e)); };
   std::vector<int32_t> token_seq, positions;
   for (size_t s = 0; s < seqs.size(); s++)
     for (int p = seqs[s].first - seqs[s].second; p < seqs[s].first; p++) {
@@ -237,12 +250,17 @@ void check_attention(int nq, int nkv, int hd, int splits, DType e, uint32_t seed
   Dev<float> dq(q);
   Dev<int32_t> dseq(token_seq), dpos(positions), dtab(tables), dstride(std::vector<int32_t>{max_blocks});
   Dev<uint16_t> dk(kc), dv(vc), dout(size_t(T) * nq * hd);
+  Dev<uint8_t> dk8(sluice_cuda_test::narrow_codes(kc)), dv8(sluice_cuda_test::narrow_codes(vc));
   Dev<float> pacc(static_cast<size_t>(T) * nq * splits * hd), pml(size_t(T) * nq * splits * 2);
   cuda::AttentionArgs a;
   a.q = dq.p, a.T = T, a.nq = nq, a.nkv = nkv, a.hd = hd, a.token_seq = dseq.p, a.positions = dpos.p;
   a.block_tables = dtab.p, a.table_stride = dstride.p, a.block_size = bs, a.k_cache = dk.p, a.v_cache = dv.p;
   a.scale = float(1.0 / std::sqrt(double(hd))), a.num_splits = splits, a.partial_acc = pacc.p, a.partial_ml = pml.p;
   a.out = dout.p, a.ld_out = nq * hd;
+  if (fp8) {
+    a.k_cache = dk8.p, a.v_cache = dv8.p;
+    a.kv_fp8 = true, a.k_scale = kFp8KScale, a.v_scale = kFp8VScale;
+  }
   cuda::paged_attention(a, e, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const auto out = dout.read();
@@ -257,24 +275,30 @@ void check_attention(int nq, int nkv, int hd, int splits, DType e, uint32_t seed
         const size_t slot = size_t(tables[size_t(s) * max_blocks + p / bs]) * bs + p % bs;
         double d = 0;
         for (int i = 0; i < hd; i++)
-          d += double(q[(size_t(t) * nq + h) * hd + i]) * from_e(kc[(slot * nkv + kvh) * hd + i], e);
+          d += double(q[(size_t(t) * nq + h) * hd + i]) * kval((slot * nkv + kvh) * hd + i);
         sc[size_t(p)] = d / std::sqrt(double(hd));
         mx = std::max(mx, sc[size_t(p)]);
       }
       double sum = 0;
       for (auto& v : sc) sum += (v = std::exp(v - mx));
       for (int i = 0; i < hd; i++) {
-        double o = 0;
+        double o = 0, wabs = 0;
         for (int p = 0; p < ctx; p++) {
           const size_t slot = size_t(tables[size_t(s) * max_blocks + p / bs]) * bs + p % bs;
-          o += sc[size_t(p)] / sum * from_e(vc[(slot * nkv + kvh) * hd + i], e);
+          const double v = vval((slot * nkv + kvh) * hd + i);
+          o += sc[size_t(p)] / sum * v;
+          wabs += sc[size_t(p)] / sum * std::fabs(v);
         }
         const double got = from_e(out[(size_t(t) * nq + h) * hd + i], e);
-        if (!(std::fabs(got - o) <= 1e-2 * std::fabs(o) + 2e-3)) bad++;
+        // fp8: V's magnitudes vary by 2^10, so the absolute term follows the weighted mean |v|.
+        const double tol = fp8 ? 1e-2 * std::fabs(o) + 2e-3 * wabs + 1e-6 : 1e-2 * std::fabs(o) + 2e-3;
+        if (!(std::fabs(got - o) <= tol)) bad++;
       }
     }
   }
-  if (bad) std::printf("  attention nq=%d nkv=%d hd=%d splits=%d %s: %d bad\n", nq, nkv, hd, splits, dtype_name(e), bad);
+  if (bad)
+    std::printf("  attention nq=%d nkv=%d hd=%d splits=%d %s%s: %d bad\n", nq, nkv, hd, splits, dtype_name(e),
+                fp8 ? " fp8 kv" : "", bad);
   CHECK(bad == 0);
 }
 
@@ -290,6 +314,80 @@ TEST_CASE(paged_attention_matches_double_reference) {
   for (const Heads& h : hs)
     for (int splits : {1, 3, 16}) check_attention(h.nq, h.nkv, h.hd, splits, DType::BF16, seed++);
   check_attention(8, 2, 64, 4, DType::F16, seed++);
+}
+
+TEST_CASE(paged_attention_reads_fp8_kv_cache) {
+  // The same shapes over an e4m3 cache (code * k_scale, code * v_scale), bf16 and f16 outputs.
+  struct Heads {
+    int nq, nkv, hd;
+  };
+  const Heads hs[] = {{4, 4, 16}, {8, 2, 64}, {14, 2, 64}, {32, 8, 128}, {16, 1, 48}, {4, 2, 256}};
+  uint32_t seed = 150;
+  for (const Heads& h : hs)
+    for (int splits : {1, 3, 16}) check_attention(h.nq, h.nkv, h.hd, splits, DType::BF16, seed++, true);
+  check_attention(8, 2, 64, 4, DType::F16, seed++, true);
+  check_attention(32, 8, 128, 1, DType::F16, seed++, true);
+}
+
+TEST_CASE(qkv_post_writes_kv_cache_codes) {
+  // No norms and no rotation, so K and V reach the cache as they are in qkv: every cache element
+  // must be the host's rounding of it, code for code: f32_to_e4m3(x / scale) (nearest even,
+  // saturated to +-448) with kv_fp8, bf16 (nearest even) otherwise; q passes through unchanged.
+  const int T = 5, nq = 4, nkv = 2, hd = 64, num_slots = 8, width = (nq + 2 * nkv) * hd;
+  const std::vector<int32_t> slots = {3, 0, 7, 1, 5};
+  std::mt19937 rng(4242);
+  std::vector<float> qkv(size_t(T) * width);
+  for (auto& v : qkv) v = sluice_cuda_test::wide_normal(rng, -14, 6);
+  // Specials in token 0's first K and V head: zeros, saturation, ties of the f32 quotient, NaN-free.
+  const float specials[] = {0.f, -0.f, 1e6f, -1e6f, 448.f * 0.05f, 464.f * 0.05f, 0.05f * 0.0009765625f,
+                            0.05f * 0.00390625f * 1.5f, 0.05f * 0.01171875f, -0.05f * 17.f};
+  for (int i = 0; i < int(sizeof(specials) / sizeof(float)); i++) {
+    qkv[size_t(nq * hd + i)] = specials[i];
+    qkv[size_t((nq + nkv) * hd + i)] = specials[i] * (0.02f / 0.05f);
+  }
+  std::vector<float> cos_sin(static_cast<size_t>(T) * 2, 0.f);
+  Dev<float> dqkv(qkv), dcs(cos_sin), dq(size_t(T) * nq * hd);
+  Dev<int32_t> dslots(slots);
+  for (DType e : {DType::BF16, DType::F16})
+    for (bool fp8 : {false, true}) {
+      if (!fp8 && e == DType::F16) continue;  // (f16's overflow of the specials is not the point here)
+      const size_t elems = size_t(num_slots) * nkv * hd, bytes = elems * (fp8 ? 1 : 2);
+      Dev<uint8_t> dk(bytes), dv(bytes);
+      cuda::QkvPostArgs a;
+      a.qkv = dqkv.p, a.T = T, a.nq = nq, a.nkv = nkv, a.hd = hd, a.rot_half = 0;
+      a.cos_sin = dcs.p, a.slots = dslots.p, a.k_cache = dk.p, a.v_cache = dv.p, a.q_out = dq.p;
+      a.kv_fp8 = fp8, a.k_scale = sluice_cuda_test::kFp8KScale, a.v_scale = sluice_cuda_test::kFp8VScale;
+      cuda::qkv_post(a, e, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto k = dk.read(), v = dv.read();
+      const auto qo = dq.read();
+      int bad = 0, saturated = 0, subnormal = 0;
+      for (int t = 0; t < T; t++) {
+        for (int i = 0; i < nq * hd; i++)
+          if (std::memcmp(&qo[size_t(t) * nq * hd + i], &qkv[size_t(t) * width + i], 4) != 0) bad++;
+        for (int i = 0; i < nkv * hd; i++) {
+          const size_t at = (size_t(slots[size_t(t)]) * nkv * hd + i);
+          const float kx = qkv[size_t(t) * width + nq * hd + i], vx = qkv[size_t(t) * width + (nq + nkv) * hd + i];
+          if (fp8) {
+            const uint8_t kw = f32_to_e4m3(kx / a.k_scale), vw = f32_to_e4m3(vx / a.v_scale);
+            if (k[at] != kw || v[at] != vw) {
+              if (bad < 4) std::printf("    t=%d i=%d: k %g -> %#x (want %#x), v %g -> %#x (want %#x)\n", t, i, kx, k[at], kw, vx, v[at], vw);
+              bad++;
+            }
+            saturated += (kw & 0x7f) == 0x7e;
+            subnormal += (kw & 0x78) == 0 && (kw & 7) != 0;
+          } else {
+            uint16_t kg, vg;
+            std::memcpy(&kg, &k[2 * at], 2);
+            std::memcpy(&vg, &v[2 * at], 2);
+            if (kg != to_e(kx, e) || vg != to_e(vx, e)) bad++;
+          }
+        }
+      }
+      if (bad) std::printf("  qkv_post %s%s: %d elements differ\n", dtype_name(e), fp8 ? " fp8 kv" : "", bad);
+      CHECK(bad == 0);
+      if (fp8) CHECK(saturated > 0 && subnormal > 0);  // the data reached both ends of e4m3
+    }
 }
 
 namespace {
