@@ -1,13 +1,18 @@
 // Engine throughput on a CUDA GPU: npm run bench:engine -- --backend cuda
 //   [--preset qwen2.5-0.5b,llama-3.1-8b] [--batch 1,8,64,256] [--prompt 512] [--decode 32]
 //   [--gpu-memory-utilization 0.9] [--cuda-gemm auto|native|cublaslt] [--cuda-attention paged|flash]
-//   [--cuda-sampler block|wide] [--peer transformers]
-//   [--out bench/results/engine-cuda.json]
+//   [--cuda-sampler block|wide] [--quantization none|fp8] [--kv-cache-dtype auto|fp8] [--peer transformers]
+//   [--cpu-reference=false] [--out bench/results/engine-cuda.json]
 // Each preset runs in its own process (bf16 weights, made on first use): device-to-device copy
 // bandwidth and the batch-1 decode roofline (weight bytes / bandwidth), then per batch size the
 // prefill and decode throughput and the device memory held. With --peer transformers, Hugging
 // Face transformers runs the same checkpoint, prompts and lengths (bench/peer_transformers.py),
 // and its logits on a fixed prompt are compared with sluice's logprobs (a second reference).
+// --quantization fp8 quantizes the bf16 checkpoint's layer projections at load to e4m3 (per-row
+// scales, FP8 GEMMs) and --kv-cache-dtype fp8 holds the KV cache in e4m3 (twice the blocks per
+// byte): issue 33's FP8 figures from the bf16 bench model, without an FP8 checkpoint. The CPU f32
+// reference stays unquantized with its KV in f32 (the CPU has no FP8 GEMMs, and the reference is
+// the unrounded answer FP8's error is measured against).
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -33,6 +38,8 @@ const { values: args } = parseArgs({
     'cuda-gemm': { type: 'string', default: 'auto' },
     'cuda-attention': { type: 'string', default: 'paged' },
     'cuda-sampler': { type: 'string', default: 'block' },
+    quantization: { type: 'string', default: 'none' },
+    'kv-cache-dtype': { type: 'string', default: 'auto' },
     peer: { type: 'string' },
     'cpu-reference': { type: 'boolean', default: true },
     out: { type: 'string', default: 'bench/results/engine-cuda.json' },
@@ -78,6 +85,16 @@ function cudaGemmOption(): CudaGemm {
   return value;
 }
 
+/** Issue 33's FP8 options: weights quantized at load and the KV cache's element type (CUDA engine only). */
+function fp8Options(): { quantization: 'none' | 'fp8'; kvCacheDtype: 'auto' | 'fp8' } {
+  const quantization = String(args.quantization), kvCacheDtype = String(args['kv-cache-dtype']);
+  if (quantization !== 'none' && quantization !== 'fp8') {
+    throw new Error(`--quantization must be none or fp8 with --backend cuda (int8 is the CPU bench's), got ${quantization}`);
+  }
+  if (kvCacheDtype !== 'auto' && kvCacheDtype !== 'fp8') throw new Error(`--kv-cache-dtype must be auto or fp8, got ${kvCacheDtype}`);
+  return { quantization, kvCacheDtype };
+}
+
 const promptOf = (b: number, len: number, vocab: number) => Int32Array.from({ length: len }, (_, t) => (t * 31 + b * 7 + 11) % vocab);
 
 async function runWorker(modelDir: string): Promise<WorkerResult> {
@@ -85,7 +102,7 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   const engine = await loadNativeEngine({
     modelDir, backend: 'cuda', kvCacheBytes: 0, blockSize: 16, numThreads: 0,
     gpuMemoryUtilization: Number(args['gpu-memory-utilization']), prefixCaching: false,
-    cudaGemm: cudaGemmOption(), ...cudaKernelOptions(),
+    cudaGemm: cudaGemmOption(), ...cudaKernelOptions(), ...fp8Options(),
   });
   const info = engine.info();
   const greedy = { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 };
@@ -132,7 +149,8 @@ async function runWorker(modelDir: string): Promise<WorkerResult> {
   const finalInfo = engine.info();
   engine.dispose();
   // The same continuation on the CPU backend in f32 precision: sluice's own arithmetic without
-  // bf16 activations, against which transformers' float32 logits should agree closely.
+  // bf16 activations, against which transformers' float32 logits should agree closely. Unquantized
+  // and with its KV in f32 whatever --quantization / --kv-cache-dtype say (see the header).
   let cpuReference: RefStep[] | undefined;
   if (args['cpu-reference'] !== false && args['cpu-reference'] !== 'false') {  // --cpu-reference=false turns it off
     const cpu = await loadNativeEngine({ modelDir, backend: 'cpu', kvCacheBytes: 1 << 30, blockSize: 16, numThreads: 0, matmulPrecision: 'f32', prefixCaching: false });
@@ -201,6 +219,7 @@ export async function main(): Promise<void> {
     process.stdout.write(JSON.stringify(await runWorker(String(args.worker))) + '\n');
     return;
   }
+  const fp8 = fp8Options();  // validated before any model is made or worker spawned
   const targets = args.model ? [{ preset: null, dir: resolve(String(args.model)) }]
     : await Promise.all(String(args.preset).split(',').map(async (p) => ({ preset: p, dir: await ensureBenchModel(p, 'bf16') })));
   const models = [];
@@ -236,7 +255,9 @@ export async function main(): Promise<void> {
 
   for (const m of models) {
     const peerRow = (b: number) => m.peer?.rows.find((r) => r.batch === b);
-    console.log(`\n${m.preset ?? m.dir}: ${m.info['architecture']} bf16, weights ${(m.info.weightBytes / 1e9).toFixed(2)} GB, ${m.info['simd']}`);
+    console.log(`\n${m.preset ?? m.dir}: ${m.info['architecture']} ${m.info['weightDtype']} weights (--quantization ${fp8.quantization}), ` +
+      `${(m.info.weightBytes / 1e9).toFixed(2)} GB, KV ${m.info['kvCacheDtype']} (--kv-cache-dtype ${fp8.kvCacheDtype}), ` +
+      `${m.info['numBlocks']} blocks of ${m.info['blockSize']} tokens, ${m.info['simd']}`);
     console.log(`device-to-device copy ${(m.bandwidthBytesPerS / 1e9).toFixed(0)} GB/s -> batch-1 decode roofline ${m.decodeRooflineTokensPerS.toFixed(0)} tok/s; ` +
       `device memory held ${(m.info.deviceBytes / 1e9).toFixed(1)} GB (KV pool ${(m.info.kvCacheBytes / 1e9).toFixed(1)} GB)`);
     console.log('| batch | prefill tok/s | decode tok/s | decode step ms | transformers prefill | transformers decode |');
@@ -253,12 +274,13 @@ export async function main(): Promise<void> {
       console.log(`${who} vs transformers float32 logits (${REF_PROMPT}-token prompt, ${r.steps} greedy steps): ${r.greedyAgree} tokens agree` +
         `${r.divergedAtGap !== null ? ` (diverged at a reference top-2 gap of ${r.divergedAtGap.toFixed(3)})` : ''}, ` +
         `max |logprob difference| ${r.maxAbsLogprobDiff.toFixed(3)}`);
-    if (m.reference) describe('sluice cuda (bf16)', m.reference);
+    const cudaWho = `sluice cuda (${m.info['weightDtype']} weights, ${m.info['kvCacheDtype']} KV)`;
+    if (m.reference) describe(cudaWho, m.reference);
     if (m.transformersBf16VsF32) describe('transformers (bf16)', m.transformersBf16VsF32);
     if (m.cpuF32VsTransformersF32) describe('sluice cpu (f32)', m.cpuF32VsTransformersF32);
     if (m.cudaVsCpuF32) {
       const r = m.cudaVsCpuF32;
-      console.log(`sluice cuda vs sluice cpu f32: ${r.greedyAgree} of ${r.steps} tokens agree` +
+      console.log(`${cudaWho} vs sluice cpu f32 (unquantized): ${r.greedyAgree} of ${r.steps} tokens agree` +
         `${r.divergedAtGap !== null ? ` (diverged at a top-2 gap of ${r.divergedAtGap.toFixed(3)})` : ''}, max |logprob difference| ${r.maxAbsLogprobDiff.toFixed(3)}`);
     }
   }
@@ -268,7 +290,7 @@ export async function main(): Promise<void> {
     machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, platform: `${os.platform()} ${os.release()}`, node: process.version },
     settings: { promptTokens: promptLen, decodeSteps, decodeRounds: DECODE_ROUNDS, prefillChunkTokens: PREFILL_CHUNK,
       gpuMemoryUtilization: Number(args['gpu-memory-utilization']), cudaGemm: cudaGemmOption(),
-      ...cudaKernelOptions() },
+      ...cudaKernelOptions(), ...fp8 },
     models,
   };
   mkdirSync(dirname(resolve(String(args.out))), { recursive: true });

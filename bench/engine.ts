@@ -72,6 +72,7 @@ const { values: args } = parseArgs({
     precision: { type: 'string', default: 'f32,bf16' },
     // Weights as stored (none) and/or quantized at load to Q8_0 (int8); every precision runs each.
     quantization: { type: 'string', default: 'none' },
+    'kv-cache-dtype': { type: 'string' },  // --backend cuda only (engine-cuda.ts)
     out: { type: 'string', default: 'bench/results/engine-cpu.json' },
     worker: { type: 'string' },
     // --path ts (engine-ts-path.ts; its own defaults): the full TypeScript path beside sluice_bench.
@@ -269,6 +270,7 @@ async function main(): Promise<void> {
   if (args.backend === 'onnx') return (await import('./engine-onnx.js')).main();  // its own options and output
   if (args.backend !== 'cpu') throw new Error(`--backend must be cpu, cuda or onnx, got ${args.backend}`);
   if (args.path !== undefined && args.path !== 'native') throw new Error(`--path must be native or ts, got ${args.path}`);
+  if (args['kv-cache-dtype'] !== undefined) throw new Error('--kv-cache-dtype is a --backend cuda option here (sluice_bench --kv-cache-dtype fp8 measures the CPU)');
   if (args.worker === 'interleaved') {
     process.stdout.write(JSON.stringify(await runInterleaved(args.model!, args.precision as MatmulPrecision)) + '\n');
     return;

@@ -30,7 +30,8 @@ export type ChildRequest =
   | { cmd: 'quit' };
 export type ChildReply =
   | { type: 'ready'; address: string; key: string; backend: string; device: string; contextLength: number;
-    maxNumSeqs: number; maxBatchedTokens: number; kvCacheBytes: number; threads: number }
+    maxNumSeqs: number; maxBatchedTokens: number; kvCacheBytes: number; threads: number;
+    weightDtype: string; kvCacheDtype: string; numBlocks: number; blockSize: number }
   | { type: 'prepared'; bodies: ChatBody[]; checked: { exact: number; off: number } }
   | { type: 'engine-run'; records: RequestRecord[]; wallMs: number }
   | { type: 'error'; message: string };
@@ -59,6 +60,9 @@ export async function childMain(args: Args): Promise<void> {
       ...(num('max-batched-tokens') !== undefined && { maxBatchedTokens: num('max-batched-tokens')! }),
       ...(num('kv-cache-mib') !== undefined && { kvCacheBytes: num('kv-cache-mib')! * 2 ** 20 }),
       ...(num('gpu-memory-utilization') !== undefined && { gpuMemoryUtilization: num('gpu-memory-utilization')! }),
+      // Issue 33's FP8 options (validated by the parent); absent = the engine's defaults.
+      ...(args.quantization === 'fp8' && { quantization: 'fp8' as const }),
+      ...(args['kv-cache-dtype'] === 'fp8' && { kvCacheDtype: 'fp8' as const }),
     },
     logger: { level: 'warn' },
     onProgress: (m) => process.stderr.write(`${m}\n`),
@@ -152,5 +156,6 @@ export async function childMain(args: Args): Promise<void> {
     type: 'ready', address, key: created.key, backend: info.backend, device: info.backend === 'cuda' ? info.simd : `${info.simd} CPU`,
     contextLength: info.contextLength, maxNumSeqs: info.maxNumSeqs, maxBatchedTokens: info.maxBatchedTokens,
     kvCacheBytes: info.kvCacheBytes, threads: info.numThreads,
+    weightDtype: info.weightDtype, kvCacheDtype: info.kvCacheDtype, numBlocks: info.numBlocks, blockSize: info.blockSize,
   });
 }

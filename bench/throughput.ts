@@ -4,7 +4,8 @@
 //   npm run bench:throughput -- [--preset tiny] [--backend cpu|cuda] [--dtype bf16] [--model DIR]
 //     [--requests N] [--length-scale F] [--seed 1] [--rounds N] [--rates auto|R1,R2,...] [--poisson-requests N]
 //     [--phases engine,chat,batch,poisson] [--batch-window standard] [--threads N] [--max-num-seqs N]
-//     [--max-batched-tokens N] [--kv-cache-mib N] [--gpu-memory-utilization F] [--out FILE]
+//     [--max-batched-tokens N] [--kv-cache-mib N] [--gpu-memory-utilization F]
+//     [--quantization none|fp8] [--kv-cache-dtype auto|fp8] [--out FILE]
 // Defaults by backend: cuda 1,000 requests at ShareGPT's lengths, one round (the issue's figure:
 // --preset llama-3.1-8b --backend cuda); cpu 400 requests at a quarter of them on the tiny preset,
 // three rounds (a 2-core machine serves a few thousand of its tokens a second, so a phase takes
@@ -31,6 +32,9 @@
 // tokens - 1), end-to-end (engine: the call; HTTP: client-measured); p50 / p90 / p99. The batch
 // phase has throughput only (its lines carry no timings) and is timed to the poll that saw it end
 // (100 ms polls). Reported: chat and batch output tokens/s over the engine phase's (target >= 0.95).
+// --quantization fp8 (CUDA only) quantizes the checkpoint's layer projections at load to e4m3 and
+// --kv-cache-dtype fp8 holds the KV cache in e4m3 (issue 33; the engine's own options, recorded
+// in the JSON's engine with the weights and KV as held and the KV pool's blocks).
 // Prints a table and writes bench/results/throughput-<device>.json.
 import { fork } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -66,6 +70,8 @@ const { values: args } = parseArgs({
     'max-batched-tokens': { type: 'string' },
     'kv-cache-mib': { type: 'string' },
     'gpu-memory-utilization': { type: 'string' },
+    quantization: { type: 'string', default: 'none' },
+    'kv-cache-dtype': { type: 'string', default: 'auto' },
     out: { type: 'string' },
     'serve-child': { type: 'boolean', default: false },
     'data-dir': { type: 'string' },
@@ -160,12 +166,16 @@ async function main(): Promise<void> {
   if (!Number.isInteger(numRounds) || numRounds < 1 || numRounds > 20) throw new Error('--rounds must be an integer in [1, 20]');
   if (!Number.isInteger(requests) || requests < 1 || requests > 100_000) throw new Error('--requests must be an integer in [1, 100000]');
   if (!(scale > 0 && scale <= 4)) throw new Error('--length-scale must be in (0, 4]');
+  const quantization = args.quantization!, kvCacheDtype = args['kv-cache-dtype']!;
+  if (quantization !== 'none' && quantization !== 'fp8') throw new Error(`--quantization must be none or fp8, got ${quantization}`);
+  if (quantization === 'fp8' && !gpu) throw new Error('--quantization fp8 needs --backend cuda (the CPU has no FP8 GEMMs)');
+  if (kvCacheDtype !== 'auto' && kvCacheDtype !== 'fp8') throw new Error(`--kv-cache-dtype must be auto or fp8, got ${kvCacheDtype}`);
 
   const modelDir = args.model ? resolve(args.model) : await ensureBenchModel(args.preset!, args.dtype as 'bf16');
   const dataDir = mkdtempSync(join(os.tmpdir(), 'sluice-bench-throughput-'));
   const proc = fork(fileURLToPath(import.meta.url), [
     '--serve-child', '--data-dir', dataDir, '--model', modelDir, '--model-id', 'bench', '--backend', backend,
-    ...(['threads', 'max-num-seqs', 'max-batched-tokens', 'kv-cache-mib', 'gpu-memory-utilization'] as const)
+    ...(['threads', 'max-num-seqs', 'max-batched-tokens', 'kv-cache-mib', 'gpu-memory-utilization', 'quantization', 'kv-cache-dtype'] as const)
       .flatMap((k) => (args[k] !== undefined ? [`--${k}`, args[k]!] : [])),
     '--requests', String(requests),
   ], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
@@ -244,6 +254,8 @@ async function main(): Promise<void> {
       `(p50 ${inputs.p50}, p99 ${inputs.p99}, max ${inputs.max}), max output tokens mean ${outputs.mean.toFixed(1)} (p50 ${outputs.p50}, p99 ${outputs.p99}, max ${outputs.max})`);
     console.log(`model ${args.model ?? `${args.preset} (${args.dtype}, random weights)`}, ${ready.backend} on ${ready.device}, ` +
       `max ${ready.maxNumSeqs} sequences / ${ready.maxBatchedTokens} tokens a step, KV pool ${(ready.kvCacheBytes / 2 ** 20).toFixed(0)} MiB`);
+    console.log(`weights ${ready.weightDtype} (--quantization ${quantization}), KV ${ready.kvCacheDtype} (--kv-cache-dtype ${kvCacheDtype}): ` +
+      `${ready.numBlocks} blocks of ${ready.blockSize} tokens`);
     printTable(results, engineTokensPerS);
     if (engineTokensPerS !== undefined) {
       for (const r of results.filter((x) => x.phase === 'chat' || x.phase === 'batch')) {
@@ -256,7 +268,9 @@ async function main(): Promise<void> {
     writeFileSync(out, `${JSON.stringify({
       bench: 'throughput', machine: machineInfo(), backend: ready.backend, device: ready.device,
       model: args.model ?? { preset: args.preset, dtype: args.dtype, weights: 'random' },
-      engine: { maxNumSeqs: ready.maxNumSeqs, maxBatchedTokens: ready.maxBatchedTokens, kvCacheBytes: ready.kvCacheBytes, threads: ready.threads },
+      engine: { maxNumSeqs: ready.maxNumSeqs, maxBatchedTokens: ready.maxBatchedTokens, kvCacheBytes: ready.kvCacheBytes, threads: ready.threads,
+        quantization, kvCacheDtypeOption: kvCacheDtype, weightDtype: ready.weightDtype, kvCacheDtype: ready.kvCacheDtype,
+        numBlocks: ready.numBlocks, blockSize: ready.blockSize },
       workload: { requests, seed, lengthScale: scale, distribution: 'bench/sharegpt-workload.ts', input: inputs, maxOutput: outputs,
         promptTokensChecked: checked },
       targets: { httpOverEngineOutputTokensPerS: 0.95 },

@@ -26,6 +26,13 @@ export interface Fp8Options {
   strategy?: 'channel' | 'tensor';
   /** Quantize lm_head too (the published layouts keep it unquantized). */
   quantizeLmHead?: boolean;
+  /**
+   * fp8-compressed-tensors and fp8-modelopt: an fp8 KV cache calibration, as llm-compressor's
+   * kv_cache_scheme and ModelOpt's kv_cache_quant_algo FP8 write it: every layer's per-tensor
+   * k_scale and v_scale (compressed-tensors "self_attn.k_scale" [1], ModelOpt
+   * "self_attn.k_proj.k_scale" []), here these two values for every layer.
+   */
+  kvCacheScales?: { k: number; v: number };
 }
 
 /** Throws naming the field when `opts` is not a valid Fp8Options (the library API takes it unchecked). */
@@ -36,6 +43,13 @@ export function checkFp8Options(opts: unknown): asserts opts is Fp8Options {
   }
   if (o.strategy !== undefined && o.strategy !== 'channel' && o.strategy !== 'tensor') {
     throw new Error(`quantize.strategy must be 'channel' or 'tensor', got ${JSON.stringify(o.strategy)}`);
+  }
+  if (o.kvCacheScales !== undefined) {
+    if (o.layout === 'fp8-block') throw new Error('quantize.kvCacheScales: the block-wise fp8 layout has no KV cache scales');
+    const { k, v } = o.kvCacheScales as { k?: unknown; v?: unknown };
+    if (!(typeof k === 'number' && k > 0 && Number.isFinite(k) && typeof v === 'number' && v > 0 && Number.isFinite(v))) {
+      throw new Error(`quantize.kvCacheScales must be { k, v } with finite positive numbers, got ${JSON.stringify(o.kvCacheScales)}`);
+    }
   }
   if (o.blockSize !== undefined && !(Array.isArray(o.blockSize) && o.blockSize.length === 2 && o.blockSize.every((n) => Number.isInteger(n) && n > 0))) {
     throw new Error(`quantize.blockSize must be two positive integers, got ${JSON.stringify(o.blockSize)}`);
@@ -81,7 +95,7 @@ export function fp8QuantizationConfig(opts: Fp8Options): Record<string, unknown>
     return { activation_scheme: 'dynamic', fmt: 'e4m3', quant_method: 'fp8', weight_block_size: opts.blockSize ?? [128, 128] };
   }
   if (opts.layout === 'fp8-modelopt') {
-    return { exclude_modules: head, kv_cache_quant_algo: null, quant_algo: 'FP8', quant_method: 'modelopt' };
+    return { exclude_modules: head, kv_cache_quant_algo: opts.kvCacheScales ? 'FP8' : null, quant_algo: 'FP8', quant_method: 'modelopt' };
   }
   const channel = (opts.strategy ?? 'channel') === 'channel';
   return {
@@ -98,7 +112,9 @@ export function fp8QuantizationConfig(opts: Fp8Options): Record<string, unknown>
     format: 'float-quantized',
     global_compression_ratio: null,
     ignore: head,
-    kv_cache_scheme: null,
+    kv_cache_scheme: opts.kvCacheScales
+      ? { dynamic: false, group_size: null, num_bits: 8, observer: 'minmax', strategy: 'tensor', symmetric: true, type: 'float' }
+      : null,
     quant_method: 'compressed-tensors',
     quantization_status: 'compressed',
   };
@@ -137,6 +153,15 @@ export function quantizeFp8Checkpoint(dir: string, dtype: Dtype, opts: Fp8Option
     const perRow = opts.layout === 'fp8-compressed-tensors' && (opts.strategy ?? 'channel') === 'channel';
     const q = quantizeMatrix(values, rows, cols, perRow ? 1 : Math.min(bh, rows), Math.min(bw, cols));
     const out: StoredTensor[] = [{ name: t.name, dtype: 'F8_E4M3', shape: t.shape, bytes: q.codes }];
+    const kv = opts.kvCacheScales;
+    if (kv && t.name.endsWith('.self_attn.k_proj.weight')) {
+      const attn = t.name.slice(0, -'k_proj.weight'.length);
+      const modelopt = opts.layout === 'fp8-modelopt';
+      for (const [which, value] of [['k', kv.k], ['v', kv.v]] as const) {
+        out.push({ name: modelopt ? `${attn}${which}_proj.${which}_scale` : `${attn}${which}_scale`, dtype: 'F32',
+          shape: modelopt ? [] : [1], bytes: bytesOf(Float32Array.of(value)) });
+      }
+    }
     if (opts.layout === 'fp8-block') {
       out.push({ name: `${t.name}_scale_inv`, dtype: 'F32', shape: q.scaleShape, bytes: bytesOf(q.scales) });
     } else if (opts.layout === 'fp8-compressed-tensors') {

@@ -25,10 +25,17 @@
 #               f32 reference: 32 GB of f32 weights on the host cost a minute, and the 0.5b has one)
 #   engine-8b-lt  the same with --cuda-gemm cublaslt (the default, auto, takes cuBLASLt where it loads;
 #               engine-8b pins --cuda-gemm native so the two paths stand side by side)
+#   engine-8b-fp8  issue 33: the same bf16 8B with --quantization fp8 --kv-cache-dtype fp8 (weights
+#               quantized to e4m3 at load, e4m3 KV; --cuda-gemm native as engine-8b; bench/engine-cuda.js
+#               directly, as bench/engine.js knows no --kv-cache-dtype), then bench/fp8-ratio.js: batch-1
+#               decode FP8 / engine-8b's bf16 (target >= 1.7x) and the KV blocks at start of each
+#               (an e4m3 cache: twice the blocks per byte) -> fp8-vs-bf16-llama-3.1-8b.json
 #   engine-moe  bench:engine on qwen3-30b-a3b-8l (Qwen3-30B-A3B's layers, 8 of 48) beside transformers:
 #               mixture-of-experts decode through the grouped GEMM
 #   ts-path     the TypeScript path (Engine) beside sluice_bench at batch 1 and 256, 0.5b and 8B
 #   throughput  bench:throughput on the 8B (ShareGPT-like: engine, chat, batch)
+#   throughput-fp8  the same with --quantization fp8 --kv-cache-dtype fp8, then bench/fp8-ratio.js against
+#               throughput's result: the engine phase's output tokens/s (target >= 1.3x) and the KV blocks
 #   poisson     bench:throughput's Poisson arrivals on the 8B at fixed rates
 #   serve       bench:serve tiers (asap TTFT under a flex backlog) on the 8B
 #   prefix      bench:prefix on the 8B
@@ -37,7 +44,10 @@
 #
 # --dry-run runs the same phases on the CPU backend with the tiny model and short workloads (no
 # GPU phases' kernels, no torch): CI runs it so this script cannot rot between GPU sessions. It
-# also checks that what a device call carries stays under 64 MiB.
+# also checks that what a device call carries stays under 64 MiB. FP8 weights are CUDA-only: the
+# dry run's throughput-fp8 runs --kv-cache-dtype fp8 alone (the CPU has an e4m3 KV cache) and its
+# ratio against throughput's result; engine-8b-fp8 has no CPU counterpart (test/fp8-ratio.test.ts
+# covers its ratio).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -287,6 +297,32 @@ phase_engine_8b_lt() {
     --preset llama-3.1-8b --cuda-gemm cublaslt --cpu-reference=false --out "$out_dir/engine-cuda-llama-3.1-8b-cublaslt.json"
 }
 
+# Issue 33's FP8 figures from the bf16 8B bench model (no FP8 checkpoint: its writer would need the 8B
+# in f32 first, 32 GB): weights quantized at load, e4m3 KV; the same GEMM path as engine-8b.
+phase_engine_8b_fp8() {
+  if ((dry)); then
+    skip_step 'bench:engine llama-3.1-8b fp8' 'quantization fp8 is CUDA-only; the dry run exercises --kv-cache-dtype fp8 in throughput-fp8'
+    return
+  fi
+  local bf16=$out_dir/engine-cuda-llama-3.1-8b.json fp8=$out_dir/engine-cuda-llama-3.1-8b-fp8.json
+  step 'bench:engine llama-3.1-8b fp8 weights, fp8 KV' "$(left_in_phase)" node dist/bench/engine-cuda.js --backend cuda \
+    --preset llama-3.1-8b --quantization fp8 --kv-cache-dtype fp8 --cuda-gemm native --cpu-reference=false --out "$fp8" &&
+    fp8_ratio engine "$bf16" "$fp8" "$out_dir/fp8-vs-bf16-llama-3.1-8b.json" engine-8b
+}
+
+# fp8_ratio MODE BF16_JSON FP8_JSON OUT_JSON BF16_PHASE: bench/fp8-ratio.js on two results of one
+# bench, run after the FP8 run's step passed (so FP8_JSON is this call's); the bf16 one comes from an
+# earlier phase, maybe of an earlier call, and the step is skipped while it is missing.
+fp8_ratio() {
+  local mode=$1 bf16=$2 fp8=$3 out=$4 phase=$5
+  if [[ ! -f $bf16 ]]; then
+    skip_step "fp8 / bf16 ($mode)" "no $(basename "$bf16") (the $phase phase has not run)"
+  else
+    step "fp8 / bf16 ($mode)" 20 node dist/bench/fp8-ratio.js --mode "$mode" --bf16 "$bf16" --fp8 "$fp8" --out "$out"
+    sed -n '/^FP8 \/ bf16/,$p' "$log"
+  fi
+}
+
 phase_engine_moe() {
   ((dry)) && { skip_step 'bench:engine qwen3-30b-a3b-8l' 'a dry run benches the tiny model once (engine-small)'; return; }
   step 'bench:engine qwen3-30b-a3b-8l + transformers' "$(left_in_phase)" node dist/bench/engine.js --backend cuda \
@@ -314,6 +350,21 @@ phase_throughput() {
   fi
   step 'bench:throughput llama-3.1-8b' "$(left_in_phase)" node dist/bench/throughput.js --backend cuda \
     --preset llama-3.1-8b --phases engine,chat,batch --out "$out_dir/throughput-llama-3.1-8b.json"
+}
+
+phase_throughput_fp8() {
+  if ((dry)); then
+    step 'bench:throughput cpu tiny fp8 KV' "$(left_in_phase)" node dist/bench/throughput.js --preset tiny --requests 24 \
+      --length-scale 0.1 --rounds 1 --phases engine,chat,batch --kv-cache-dtype fp8 --out "$out_dir/throughput-cpu-tiny-fp8kv.json" &&
+      fp8_ratio throughput "$out_dir/throughput-cpu-tiny.json" "$out_dir/throughput-cpu-tiny-fp8kv.json" \
+      "$out_dir/fp8-vs-bf16-throughput-cpu-tiny.json" throughput
+    return
+  fi
+  step 'bench:throughput llama-3.1-8b fp8 weights, fp8 KV' "$(left_in_phase)" node dist/bench/throughput.js --backend cuda \
+    --preset llama-3.1-8b --phases engine,chat,batch --quantization fp8 --kv-cache-dtype fp8 \
+    --out "$out_dir/throughput-llama-3.1-8b-fp8.json" &&
+    fp8_ratio throughput "$out_dir/throughput-llama-3.1-8b.json" "$out_dir/throughput-llama-3.1-8b-fp8.json" \
+    "$out_dir/fp8-vs-bf16-throughput-llama-3.1-8b.json" throughput
 }
 
 # Poisson arrivals at fixed rates around the offline engine rate (23.7 req/s on an H200 with our GEMM;
@@ -367,9 +418,11 @@ run_phase kernels        60  240  phase_kernels
 run_phase engine-small   60  240  phase_engine_small
 run_phase engine-8b     200  420  phase_engine_8b
 run_phase engine-8b-lt  100  240  phase_engine_8b_lt
+run_phase engine-8b-fp8 120  300  phase_engine_8b_fp8
 run_phase engine-moe    150  300  phase_engine_moe
 run_phase ts-path       100  240  phase_ts_path
 run_phase throughput    200  420  phase_throughput
+run_phase throughput-fp8 200 420  phase_throughput_fp8
 run_phase poisson       120  300  phase_poisson
 run_phase serve         150  300  phase_serve
 run_phase prefix        100  240  phase_prefix
@@ -377,9 +430,10 @@ run_phase prefix        100  240  phase_prefix
 echo
 echo "device-check summary ($device, $(elapsed)s):"
 bad=0
-for p in env build tests kernels engine-small engine-8b engine-8b-lt engine-moe ts-path throughput poisson serve prefix; do
+for p in env build tests kernels engine-small engine-8b engine-8b-lt engine-8b-fp8 engine-moe ts-path throughput throughput-fp8 \
+  poisson serve prefix; do
   [[ -n ${phase_status[$p]:-} ]] || continue
-  printf '  %-14s %s\n' "$p" "${phase_status[$p]}"
+  printf '  %-15s %s\n' "$p" "${phase_status[$p]}"
   [[ ${phase_status[$p]} == failed* || ${phase_status[$p]} == timeout* ]] && bad=1
 done
 if [[ -n ${OUT:-} ]]; then

@@ -211,7 +211,7 @@ describe('sluice generate', () => {
     expect(ran.code, ran.stderr).toBe(0);
     expect(JSON.parse(ran.stdout).usage.completion_tokens).toBe(2);
     const badQuant = await cli('generate', '--model', modelDir, '--prompt', 'Hi', '--quantization', 'int4');
-    expect(badQuant).toMatchObject({ code: 1, stderr: 'sluice: --quantization must be one of none, int8, got "int4"\n' });
+    expect(badQuant).toMatchObject({ code: 1, stderr: 'sluice: --quantization must be one of none, int8, fp8, got "int4"\n' });
     const badPrecision = await cli('serve', '--precision', 'f16');
     expect(badPrecision).toMatchObject({ code: 1, stderr: 'sluice: --precision must be one of f32, bf16, got "f16"\n' });
     // A flag a command does not take: parseArgs' message, with the flag as given.

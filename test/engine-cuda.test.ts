@@ -13,6 +13,9 @@ import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { GREEDY, runNative } from './helpers/native-run.js';
 import { type PublishedFamily, writePublishedCheckpoint } from './helpers/published-checkpoints.js';
 import { compareWithReference, promptFor } from './helpers/reference-compare.js';
+import { roundToE4m3 } from './reference/fp8.js';
+import type { Linear } from './reference/math.js';
+import { type ReferenceModel, loadReferenceModel } from './reference/reference-model.js';
 
 const cudaReady = nativeAddon().cudaCompiled && cudaUnavailableReason() === undefined;
 
@@ -112,6 +115,83 @@ describe.skipIf(!cudaReady).each(QUANTIZED)('CUDA: %s quantized %j', (preset, qu
     try {
       expect(gpu.info().weightDtype).toBe(weightDtype);
       await compareWithReference(gpu, dir, `cuda ${preset}/${quantize.layout}`, logprobTol, NEAR_TIE_GAP);
+    } finally {
+      gpu.dispose();
+    }
+  });
+});
+
+// --kv-cache-dtype fp8: K/V as e4m3 codes (scale 1 here), written by qkv_post and read by each
+// attention kernel (paged, and the flash prefill / decode pair). The CPU backend with the same
+// cache rounds K/V the same way (test/kv-fp8.test.ts checks it against the float64 reference),
+// so the GPU must agree with it within the bf16 tolerances, and hold twice its bf16 blocks.
+describe.skipIf(!cudaReady).each(['test-llama', 'test-qwen3', 'test-gemma3', 'test-gpt-oss'])('CUDA: %s with an fp8 KV cache', (preset) => {
+  it('holds twice the bf16 blocks and agrees with the CPU backend\'s fp8 cache, paged and flash', async () => {
+    const dir = join(root, `${preset}-kv-fp8`);
+    await makeModel({ preset, out: dir, dtype: 'bf16', seed: 7 });
+    const opts = { modelDir: dir, kvCacheBytes: 64 << 20, blockSize: 16 } as const;
+    const bf16 = await loadNativeEngine({ ...opts, backend: 'cuda', numThreads: 0 });
+    const bf16Blocks = bf16.info().numBlocks;
+    expect(bf16.info().kvCacheDtype).toBe('bf16');
+    bf16.dispose();
+    const cpu = await loadNativeEngine({ ...opts, backend: 'cpu', numThreads: 2, kvCacheDtype: 'fp8' });
+    try {
+      const vocab = cpu.info().vocabSize;
+      const prompt = promptFor(vocab, 29, 3);
+      const companions = Array.from({ length: 7 }, (_, i) => promptFor(vocab, 5 + ((i * 11) % 40), i + 20));
+      const want = await runNative(cpu, prompt, 24);
+      for (const cudaAttention of ['paged', 'flash'] as const) {
+        const gpu = await loadNativeEngine({ ...opts, backend: 'cuda', numThreads: 0, kvCacheDtype: 'fp8', cudaAttention });
+        try {
+          expect(gpu.info().kvCacheDtype).toBe('f8_e4m3');
+          expect(gpu.info().numBlocks).toBeGreaterThanOrEqual(2 * bf16Blocks - 2);
+          for (const runOpts of [{}, { companions, chunk: 7 }]) {
+            const got = await runNative(gpu, prompt, 24, runOpts);
+            const diverged = got.tokens.findIndex((t, i) => t !== want.tokens[i]);
+            const upTo = diverged < 0 ? got.tokens.length : diverged;
+            if (diverged >= 0) {
+              const gap = want.topLogprobs[diverged]![0]! - want.topLogprobs[diverged]![1]!;
+              expect(gap, `${cudaAttention}: diverged from the CPU's fp8 cache at step ${diverged}`).toBeLessThan(NEAR_TIE_GAP);
+            }
+            for (let i = 0; i < upTo; i++) expect(Math.abs(got.logprobs[i]! - want.logprobs[i]!)).toBeLessThan(LOGPROB_TOL.bf16);
+          }
+        } finally {
+          gpu.dispose();
+        }
+      }
+    } finally {
+      cpu.dispose();
+    }
+  });
+});
+
+/** `model` with every layer's q/k/v/o and MLP projections as --quantization fp8 leaves them. */
+function withFp8Weights(model: ReferenceModel): ReferenceModel {
+  // Per output row: scale = f32(amax / 448), each weight the e4m3 value nearest f32(w / scale).
+  const q = (l: Linear): Linear => {
+    const w = new Float64Array(l.w.length);
+    for (let r = 0; r < l.out; r++) {
+      let amax = 0;
+      for (let c = 0; c < l.in; c++) amax = Math.max(amax, Math.abs(l.w[r * l.in + c]!));
+      const scale = amax > 0 ? Math.fround(amax / 448) : 1;
+      for (let c = 0; c < l.in; c++) w[r * l.in + c] = roundToE4m3(Math.fround(l.w[r * l.in + c]! / scale), 1) * scale;
+    }
+    return { ...l, w };
+  };
+  return { ...model, layers: model.layers.map((L) => ({ ...L, q: q(L.q), k: q(L.k), v: q(L.v), o: q(L.o), gate: q(L.gate), up: q(L.up), down: q(L.down) })) };
+}
+
+// --quantization fp8 on a bf16 checkpoint: per-channel e4m3 weights run by the FP8 GEMMs, against
+// the float64 model of exactly those weights (activation rounding unmodelled, as for the FP8
+// checkpoints above).
+describe.skipIf(!cudaReady).each(['test-llama', 'test-qwen2'])('CUDA: %s with --quantization fp8', (preset) => {
+  it('holds f8_e4m3 projections and tracks the reference of its quantized weights', async () => {
+    const dir = join(root, `${preset}-quantize-fp8`);
+    await makeModel({ preset, out: dir, dtype: 'bf16', seed: 7 });
+    const gpu = await loadNativeEngine({ modelDir: dir, backend: 'cuda', kvCacheBytes: 64 << 20, blockSize: 16, numThreads: 0, quantization: 'fp8' });
+    try {
+      expect(gpu.info().weightDtype).toBe('f8_e4m3');
+      await compareWithReference(gpu, dir, `cuda ${preset} --quantization fp8`, FP8_LOGPROB_TOL, NEAR_TIE_GAP, withFp8Weights(loadReferenceModel(dir)));
     } finally {
       gpu.dispose();
     }

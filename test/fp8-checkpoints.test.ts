@@ -7,14 +7,14 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { e4m3Encode, e4m3Value } from '../models/fp8-checkpoint.js';
+import { e4m3Encode, e4m3Value, fp8QuantizationConfig } from '../models/fp8-checkpoint.js';
 import { type Fp8Options, makeModel } from '../models/make-model.js';
 import { loadNativeEngine } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { type WrittenTensor, writeSafetensorsFile } from './helpers/published-checkpoints.js';
 import { runNative } from './helpers/native-run.js';
 import { LOGPROB_TOL, NEAR_TIE_GAP, compareWithReference, promptFor } from './helpers/reference-compare.js';
-import { dequantizeFp8, roundToBf16 } from './reference/fp8.js';
+import { dequantizeFp8, roundToBf16, roundToE4m3 } from './reference/fp8.js';
 import { e4m3ToNumber, readSafetensorsDir } from './reference/safetensors-reader.js';
 
 let root: string;
@@ -48,6 +48,23 @@ describe('the e4m3 encoder of the checkpoint writer', () => {
     expect(e4m3Encode(1e6)).toBe(0x7e);
     expect(e4m3Encode(-460)).toBe(0xfe);
     expect(e4m3Encode(-0)).toBe(0x80);
+  });
+
+  it("the reference's e4m3 rounding (the fp8 KV cache's model) agrees with the writer's encoder", () => {
+    // Two implementations written apart: the reference rounds by binade spacing, the writer builds codes.
+    let seed = 12345;
+    const rand = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    for (let i = 0; i < 20000; i++) {
+      const x = (rand() - 0.5) * 2 ** Math.floor(rand() * 24 - 14);
+      expect(roundToE4m3(x, 1)).toBe(e4m3Value(e4m3Encode(x)));
+    }
+    for (let code = 0; code < 0x7e; code++) {
+      const mid = (e4m3Value(code) + e4m3Value(code + 1)) / 2;
+      expect(roundToE4m3(mid, 1)).toBe(e4m3Value(e4m3Encode(mid)));
+    }
+    expect(roundToE4m3(1000, 1)).toBe(448);
+    expect(roundToE4m3(-1000 * 0.5, 0.5)).toBe(-224);
+    expect(roundToE4m3(0.3, 0.01)).toBeCloseTo(e4m3Value(e4m3Encode(30)) * 0.01, 15);
   });
 
   it("the reference's bf16 rounding is to nearest even, once", () => {
@@ -231,6 +248,10 @@ describe('malformed and unsupported FP8 checkpoints are refused, naming the prob
     [{ quant_method: 'fp8', fmt: 'e5m2', weight_block_size: [128, 128] }, 'fmt "e5m2"'],
     [{ quant_method: 'modelopt', quant_algo: 'NVFP4' }, 'quant_algo "NVFP4"'],
     [{ quant_method: 'compressed-tensors', format: 'pack-quantized', config_groups: {} }, 'format "pack-quantized"'],
+    // KV cache calibrations other than static per-tensor 8-bit float.
+    [{ ...fp8QuantizationConfig({ layout: 'fp8-compressed-tensors' }), kv_cache_scheme: { type: 'int', num_bits: 8, strategy: 'tensor', dynamic: false } }, 'kv_cache_scheme (int, tensor)'],
+    [{ ...fp8QuantizationConfig({ layout: 'fp8-compressed-tensors' }), kv_cache_scheme: { type: 'float', num_bits: 8, strategy: 'channel', dynamic: false } }, 'kv_cache_scheme (float, channel)'],
+    [{ quant_method: 'modelopt', quant_algo: 'FP8', kv_cache_quant_algo: 'NVFP4' }, 'kv_cache_quant_algo "NVFP4"'],
   ])('quantization_config %j', async (q, names) => {
     await refused(variant({ quantization: () => q }), 'UNSUPPORTED_MODEL', names, 'supported: fp8');
   });
@@ -242,6 +263,8 @@ describe('the writer\'s options from the library API', () => {
     [{ layout: 'fp8-awq' }, /quantize must be \{ layout:/],
     [{ layout: 'fp8-compressed-tensors', strategy: 'group' }, /quantize\.strategy must be 'channel' or 'tensor', got "group"/],
     [{ layout: 'fp8-block', blockSize: [128, 0] }, /quantize\.blockSize must be two positive integers/],
+    [{ layout: 'fp8-block', kvCacheScales: { k: 0.1, v: 0.1 } }, /the block-wise fp8 layout has no KV cache scales/],
+    [{ layout: 'fp8-modelopt', kvCacheScales: { k: 0, v: 0.1 } }, /quantize\.kvCacheScales must be \{ k, v \} with finite positive numbers/],
   ])('refuses %j before writing anything', async (quantize, message) => {
     const dir = join(root, `bad-options-${JSON.stringify(quantize).replace(/\W/g, '')}`);
     await expect(makeModel({ preset: 'test-llama', out: dir, dtype: 'bf16', quantize: quantize as unknown as Fp8Options })).rejects.toThrow(message);

@@ -90,6 +90,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("contextLength", double(c.max_position_embeddings));
   o.Set("weightBytes", double(i.weight_bytes));
   o.Set("kvCacheBytes", double(i.kv_cache_bytes));
+  o.Set("kvCacheDtype", i.kv_cache_dtype);
   o.Set("blockSize", double(i.block_size));
   o.Set("numBlocks", double(i.num_blocks));
   o.Set("backend", i.backend);
@@ -494,6 +495,7 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   opts.num_threads = int(get_int(o, "numThreads", 0));
   if (o.Get("matmulPrecision").IsString()) opts.matmul_precision = o.Get("matmulPrecision").As<Napi::String>().Utf8Value();
   if (o.Get("quantization").IsString()) opts.quantization = o.Get("quantization").As<Napi::String>().Utf8Value();
+  if (o.Get("kvCacheDtype").IsString()) opts.kv_cache_dtype = o.Get("kvCacheDtype").As<Napi::String>().Utf8Value();
   if (o.Get("cudaGemm").IsString()) opts.cuda_gemm = o.Get("cudaGemm").As<Napi::String>().Utf8Value();
   if (o.Get("cudaAttention").IsString()) opts.cuda_attention = o.Get("cudaAttention").As<Napi::String>().Utf8Value();
   if (o.Get("cudaSampler").IsString()) opts.cuda_sampler = o.Get("cudaSampler").As<Napi::String>().Utf8Value();

@@ -1,7 +1,7 @@
 // Native engine bench, no Node needed:
 //   sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt 512] [--decode 32]
 //                [--threads N] [--kv-bytes BYTES] [--gpu-memory-utilization F] [--precision f32|bf16]
-//                [--quantization none|int8] [--device-tokens] [--graphs-at-load] [--json FILE]
+//                [--quantization none|int8|fp8] [--kv-cache-dtype auto|fp8] [--device-tokens] [--graphs-at-load] [--json FILE]
 // Prints a table: memory bandwidth (CPU: streaming read; CUDA: device-to-device copy, read +
 // written bytes), the batch-1 decode roofline (weight bytes / bandwidth), and per batch size the
 // prefill and decode throughput. The Node bench (bench/engine.ts) drives the same engine through
@@ -50,7 +50,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, json_out, precision = "f32", backend = "cpu", quantization = "none";
+  std::string model, json_out, precision = "f32", backend = "cpu", quantization = "none", kv_dtype = "auto";
   std::vector<int> batches{1, 8, 32};
   int prompt_len = 512, decode_steps = 32, threads = 0;
   size_t kv_bytes = 0;
@@ -74,12 +74,13 @@ int main(int argc, char** argv) {
     else if (a == "--json") json_out = next();
     else if (a == "--precision") precision = next();
     else if (a == "--quantization") quantization = next();
+    else if (a == "--kv-cache-dtype") kv_dtype = next();
     else if (a == "--backend") backend = next();
     else if (a == "--gpu-memory-utilization") gpu_util = std::atof(next().c_str());
     else if (a == "--device-tokens") device_tokens = true;
     else if (a == "--graphs-at-load") graphs_at_load = true;
     else {
-      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--quantization none|int8] [--device-tokens] [--graphs-at-load] [--json FILE]\n");
+      std::fprintf(stderr, "usage: sluice_bench --model DIR [--backend cpu|cuda] [--batch 1,8,32] [--prompt N] [--decode N] [--threads N] [--kv-bytes B] [--gpu-memory-utilization F] [--precision f32|bf16] [--quantization none|int8|fp8] [--kv-cache-dtype auto|fp8] [--device-tokens] [--graphs-at-load] [--json FILE]\n");
       return 2;
     }
   }
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
     opts.num_threads = threads;
     opts.matmul_precision = precision;
     opts.quantization = quantization;
+    opts.kv_cache_dtype = kv_dtype;
     opts.prefix_caching = false;  // the same prompts repeat across batch sizes: measure compute, not hits
     opts.cuda_device_tokens = device_tokens;
     opts.cuda_graphs_at_load = graphs_at_load;
@@ -162,6 +164,8 @@ int main(int argc, char** argv) {
                 cuda ? "device-to-device copy" : "memory read", bandwidth / 1e9, roofline);
     if (cuda) std::printf("device memory held %.1f MB (KV pool %.1f MB)\n", double(info.device_bytes) / 1e6,
                           double(info.kv_cache_bytes) / 1e6);
+    std::printf("KV cache %s, %lld blocks of %lld tokens\n", info.kv_cache_dtype.c_str(), (long long)info.num_blocks,
+                (long long)info.block_size);
     std::printf("%6s %14s %14s %12s %10s\n", "batch", "prefill tok/s", "decode tok/s", "step ms", "roofline");
     for (const Row& r : rows)
       std::printf("%6d %14.1f %14.1f %12.2f %9.0f%%\n", r.batch, r.prefill_tps, r.decode_tps, r.decode_step_ms,
@@ -174,7 +178,8 @@ int main(int argc, char** argv) {
           << ",\"decode_roofline_tokens_per_s\":" << roofline << ",\"peak_rss_bytes\":" << peak_rss_bytes()
           << ",\"backend\":\"" << info.backend << "\",\"device\":\"" << info.simd
           << "\",\"device_tokens\":" << (engine->pipelined() ? "true" : "false")
-          << ",\"device_bytes\":" << info.device_bytes << ",\"kv_cache_bytes\":" << info.kv_cache_bytes << ",\"rows\":[";
+          << ",\"device_bytes\":" << info.device_bytes << ",\"kv_cache_bytes\":" << info.kv_cache_bytes
+          << ",\"kv_cache_dtype\":\"" << info.kv_cache_dtype << "\",\"kv_blocks\":" << info.num_blocks << ",\"rows\":[";
       for (size_t i = 0; i < rows.size(); i++)
         out << (i ? "," : "") << "{\"batch\":" << rows[i].batch << ",\"prefill_tokens_per_s\":" << rows[i].prefill_tps
             << ",\"decode_tokens_per_s\":" << rows[i].decode_tps << ",\"decode_step_ms\":" << rows[i].decode_step_ms

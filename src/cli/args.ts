@@ -86,6 +86,7 @@ const FLAG_OF_OPTION: Record<string, string> = {
   matmulPrecision: '--precision',
   cudaGemm: '--cuda-gemm',
   quantization: '--quantization',
+  kvCacheDtype: '--kv-cache-dtype',
   maxNumSeqs: '--max-num-seqs',
   maxBatchedTokens: '--max-batched-tokens',
   flexDeferral: '--flex-deferral',

@@ -32,7 +32,9 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --threads N          compute threads (default: all CPUs)
   --precision P        f32 | bf16: activations against bf16 weights (default f32)
   --quantization Q     none (default) | int8: quantize the matmul weights of a bf16/f16/f32
-                       checkpoint at load into 8-bit blocks (Q8_0); CPU backend only
+                       checkpoint at load into 8-bit blocks (Q8_0); CPU backend only |
+                       fp8: into e4m3 with per-row scales, for FP8 GEMMs; CUDA backend only
+  --kv-cache-dtype D   auto (default) | fp8: K/V stored as e4m3 with per-layer scales
 `;
 
 const DEFAULT_MAX_TOKENS = 256;
@@ -57,6 +59,7 @@ export const GENERATE_OPTIONS = {
   threads: { type: 'string' },
   precision: { type: 'string' },
   quantization: { type: 'string' },
+  'kv-cache-dtype': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -78,7 +81,8 @@ export async function runGenerate(args: string[]): Promise<void> {
   const backend = choiceFlag(values.backend, 'backend', ['cpu', 'cuda', 'onnx', 'auto'] as const);
   const threads = intFlag(values.threads, 'threads', 0);
   const matmulPrecision = choiceFlag(values.precision, 'precision', ['f32', 'bf16'] as const);
-  const quantization = choiceFlag(values.quantization, 'quantization', ['none', 'int8'] as const);
+  const quantization = choiceFlag(values.quantization, 'quantization', ['none', 'int8', 'fp8'] as const);
+  const kvCacheDtype = choiceFlag(values['kv-cache-dtype'], 'kv-cache-dtype', ['auto', 'fp8', 'fp8_e4m3'] as const);
   const cudaGemm = choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const);
   const gpuMemoryUtilization = numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1);
   if (request.logprobs !== undefined && !values.json) {
@@ -88,7 +92,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const log = (message: string) => process.stderr.write(`${message}\n`);
   const model = values.model ?? await ensureDemoModel(log);
   const engine = await Engine.load({
-    model, backend, threads, matmulPrecision, quantization, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
+    model, backend, threads, matmulPrecision, quantization, kvCacheDtype, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
     onLoadProgress: stderrProgress('reading weights'),
   });
 

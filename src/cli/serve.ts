@@ -38,7 +38,10 @@ ${DATABASE_URL_HELP}
   --cuda-gemm G        CUDA GEMMs of more than 8 tokens: auto (default: cuBLASLt where the host
                        has it, else our kernel) | native (our kernel) | cublaslt (cuBLASLt, required)
   --quantization Q     none (default) | int8: quantize the matmul weights of a bf16/f16/f32
-                       checkpoint at load into 8-bit blocks (Q8_0); CPU backend only
+                       checkpoint at load into 8-bit blocks (Q8_0); CPU backend only |
+                       fp8: into e4m3 with per-row scales, for FP8 GEMMs; CUDA backend only
+  --kv-cache-dtype D   auto (default: the activations' type) | fp8: K/V stored as e4m3 with
+                       per-layer scales, twice the blocks of bf16 in the same memory
   --precision P        f32 (default) | bf16: how activations meet bf16 weights on a CPU with
                        AVX512-BF16; bf16 runs prefill about 1.5x faster at bf16 accuracy (README,
                        Matmul precision). A catalog sets it per model (engine.matmul_precision)
@@ -122,6 +125,7 @@ export const SERVE_OPTIONS = {
   'gpu-memory-utilization': { type: 'string' },
   'cuda-gemm': { type: 'string' },
   quantization: { type: 'string' },
+  'kv-cache-dtype': { type: 'string' },
   precision: { type: 'string' },
   'kv-cache-bytes': { type: 'string' },
   'max-num-seqs': { type: 'string' },
@@ -169,8 +173,9 @@ export async function runServe(args: string[]): Promise<void> {
     threads: intFlag(values.threads, 'threads', 0),
     gpuMemoryUtilization: numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1),
     cudaGemm: choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const),
-    quantization: choiceFlag(values.quantization, 'quantization', ['none', 'int8'] as const),
+    quantization: choiceFlag(values.quantization, 'quantization', ['none', 'int8', 'fp8'] as const),
     matmulPrecision: choiceFlag(values.precision, 'precision', ['f32', 'bf16'] as const),
+    kvCacheDtype: choiceFlag(values['kv-cache-dtype'], 'kv-cache-dtype', ['auto', 'fp8', 'fp8_e4m3'] as const),
     kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
     maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),

@@ -50,7 +50,9 @@ const EngineSettingsSchema = Type.Object({
   kv_cache_bytes: Type.Optional(Type.Integer({ minimum: 1 })),
   gpu_memory_utilization: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1 })),
   threads: Type.Optional(Type.Integer({ minimum: 0 })),
-  quantization: Type.Optional(Type.Enum(['none', 'int8'])),
+  quantization: Type.Optional(Type.Enum(['none', 'int8', 'fp8'])),
+  /** The KV cache's element type: auto (default) or fp8 (e4m3, twice the blocks; serve --kv-cache-dtype). */
+  kv_cache_dtype: Type.Optional(Type.Enum(['auto', 'fp8', 'fp8_e4m3'])),
   /** How activations meet bf16 weights on the CPU: f32 (default) or bf16 (faster prefill; serve --precision). */
   matmul_precision: Type.Optional(Type.Enum(['f32', 'bf16'])),
   max_num_seqs: Type.Optional(Type.Integer({ minimum: 1 })),

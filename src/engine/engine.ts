@@ -12,7 +12,7 @@ import { PromptEncoder, promptTextLength, type PromptText } from '../text/prompt
 import { PromptPool, sharedPromptPool } from '../text/prompt-pool.js';
 import { Generation } from './generation.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon, nativeUnavailableReason } from '../native/native.js';
-import type { BackendName, CudaAttention, CudaGemm, CudaSampler, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from '../native/native-types.js';
+import type { BackendName, CudaAttention, CudaGemm, CudaSampler, KvCacheDtype, MatmulPrecision, NativeEngineHandle, NativeModelInfo, Quantization } from '../native/native-types.js';
 import {
   checkPromptTokenIds, promptSource, resolveMaxTokens, validateOptions,
   type GenerateChunk, type GenerateRequest, type GenerateResult, type TokenLogprob,
@@ -74,9 +74,18 @@ export interface EngineLoadOptions {
    * Weights (default 'none': as the checkpoint stores them). 'int8' quantizes the matmul weights
    * (projections and lm_head) of a bf16/f16/f32 checkpoint at load into Q8_0 blocks (32 int8
    * values, one scale each), about half the bytes each decoded token reads. CPU only: backend
-   * 'auto' then picks the CPU, and backends 'cuda' and 'onnx' refuse it.
+   * 'auto' then picks the CPU, and backends 'cuda' and 'onnx' refuse it. 'fp8' quantizes the
+   * layers' projections of such a checkpoint at load into e4m3 with one scale per output row, run
+   * by FP8 GEMMs with per-token activation scales: CUDA only (backend 'auto' needs a usable GPU).
    */
   quantization?: Quantization;
+  /**
+   * The KV cache's element type (default 'auto': the activations' float type, f32 or bf16 on the
+   * CPU, the model's bf16/f16 on CUDA). 'fp8' (alias 'fp8_e4m3') stores OCP e4m3 codes with
+   * per-layer scales (the checkpoint's k_scale / v_scale, else 1), as vLLM's --kv-cache-dtype fp8:
+   * the same kvCacheBytes hold twice the blocks of a bf16 cache. Native backends only.
+   */
+  kvCacheDtype?: KvCacheDtype;
   /**
    * Prefix caching (default true): full KV blocks stay cached after their sequences end and a new
    * request starts after its longest cached prompt prefix (usage.cachedTokens); false computes
@@ -231,6 +240,7 @@ export class Engine {
       numThreads: opts.threads ?? 0,
       matmulPrecision: opts.matmulPrecision ?? 'f32',
       quantization: opts.quantization ?? 'none',
+      kvCacheDtype: opts.kvCacheDtype ?? 'auto',
       gpuMemoryUtilization: opts.gpuMemoryUtilization ?? 0.9,
       cudaGemm: opts.cudaGemm ?? 'auto',
       prefixCaching: opts.prefixCaching ?? true,
@@ -260,8 +270,11 @@ export class Engine {
     if (base.matmulPrecision !== 'f32' && base.matmulPrecision !== 'bf16') {
       throw new SluiceError('invalid_argument', `matmulPrecision must be 'f32' or 'bf16', got ${String(base.matmulPrecision)}`, { param: 'matmulPrecision' });
     }
-    if (base.quantization !== 'none' && base.quantization !== 'int8') {
-      throw new SluiceError('invalid_argument', `quantization must be 'none' or 'int8', got ${String(base.quantization)}`, { param: 'quantization' });
+    if (!['none', 'int8', 'fp8'].includes(base.quantization)) {
+      throw new SluiceError('invalid_argument', `quantization must be 'none', 'int8' or 'fp8', got ${String(base.quantization)}`, { param: 'quantization' });
+    }
+    if (!['auto', 'fp8', 'fp8_e4m3'].includes(base.kvCacheDtype)) {
+      throw new SluiceError('invalid_argument', `kvCacheDtype must be 'auto', 'fp8' or 'fp8_e4m3', got ${String(base.kvCacheDtype)}`, { param: 'kvCacheDtype' });
     }
     if (!['native', 'cublaslt', 'auto'].includes(base.cudaGemm)) {
       throw new SluiceError('invalid_argument', `cudaGemm must be 'native', 'cublaslt' or 'auto', got ${String(base.cudaGemm)}`, { param: 'cudaGemm' });
@@ -277,6 +290,14 @@ export class Engine {
     if (base.quantization === 'int8' && requested !== 'auto' && requested !== 'cpu') {
       throw new SluiceError('invalid_argument',
         `quantization 'int8' is supported by the cpu backend only, not ${String(requested)}: drop quantization or use backend cpu`, { param: 'quantization' });
+    }
+    if (base.kvCacheDtype !== 'auto' && requested === 'onnx') {
+      throw new SluiceError('invalid_argument',
+        `kvCacheDtype '${base.kvCacheDtype}' needs a native backend (cpu or cuda); the onnx backend keeps its KV in f32`, { param: 'kvCacheDtype' });
+    }
+    if (base.quantization === 'fp8' && requested !== 'auto' && requested !== 'cuda') {
+      throw new SluiceError('invalid_argument',
+        `quantization 'fp8' is supported by the cuda backend only, not ${String(requested)}: use quantization 'int8' on the cpu`, { param: 'quantization' });
     }
     const noNativeReason = requested === 'onnx' ? undefined : nativeUnavailableReason();
     if (noNativeReason !== undefined) throw new SluiceError('native_unavailable', noNativeReason);
@@ -297,7 +318,10 @@ export class Engine {
       // No message on the CPU path: a machine without a GPU is nothing to report at every start.
       // The reason is kept in info.cudaUnavailableReason; callers say which backend runs.
       noCudaReason = nativeAddon().cudaCompiled ? cudaUnavailableReason() : 'this build has no CUDA backend';
-      handle = await loadHandle(noCudaReason === undefined && base.quantization === 'none' ? cudaBase : cpuBase);
+      if (base.quantization === 'fp8' && noCudaReason !== undefined) {
+        throw new SluiceError('backend_unavailable', `quantization 'fp8' needs the cuda backend, and it is unavailable: ${noCudaReason}`, { param: 'quantization' });
+      }
+      handle = await loadHandle(noCudaReason === undefined && base.quantization !== 'int8' ? cudaBase : cpuBase);
     } else {
       throw new SluiceError('invalid_argument', `backend must be cpu, cuda, onnx or auto, got ${String(requested)}`, { param: 'backend' });
     }

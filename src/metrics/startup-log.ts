@@ -37,7 +37,7 @@ export function logServiceStart(log: StartupLogSink, registry: Pick<ModelRegistr
       device: info.simd,
       threads: info.numThreads, matmul_precision: info.matmulPrecision,
       weight_bytes: info.weightBytes, device_bytes: info.deviceBytes,
-      kv_cache_bytes: info.kvCacheBytes, kv_blocks: info.numBlocks, block_size: info.blockSize,
+      kv_cache_bytes: info.kvCacheBytes, kv_cache_dtype: info.kvCacheDtype, kv_blocks: info.numBlocks, block_size: info.blockSize,
       max_sequence_tokens: info.maxSequenceTokens, context_length: info.contextLength,
       max_num_seqs: info.maxNumSeqs, max_batched_tokens: info.maxBatchedTokens,
       prefix_caching: info.prefixCaching ?? true,

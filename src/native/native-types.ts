@@ -9,7 +9,9 @@ export type CudaGemm = 'native' | 'cublaslt' | 'auto';
 export type CudaAttention = 'paged' | 'flash';
 export type CudaSampler = 'block' | 'wide';
 /** Weights as stored ('none') or quantized at load to Q8_0 blocks ('int8', CPU only). */
-export type Quantization = 'none' | 'int8';
+export type Quantization = 'none' | 'int8' | 'fp8';
+/** The KV cache's element type (EngineOptions::kv_cache_dtype): the activations' float type, or OCP e4m3 with per-layer scales. */
+export type KvCacheDtype = 'auto' | 'fp8' | 'fp8_e4m3';
 
 export interface NativeLoadOptions {
   /** Hugging Face model directory (config.json, *.safetensors). */
@@ -25,6 +27,8 @@ export interface NativeLoadOptions {
   matmulPrecision?: MatmulPrecision;
   /** Weight quantization at load (see EngineOptions::quantization). */
   quantization?: Quantization;
+  /** The KV cache's element type (default 'auto'); 'fp8' holds twice the blocks of bf16 in the same bytes. */
+  kvCacheDtype?: KvCacheDtype;
   /**
    * CUDA: fraction of device memory the engine may hold; the KV pool gets what weights and
    * activations leave. Engines on one device must split it (fractions adding up to at most 1).
@@ -59,7 +63,7 @@ export interface NativeLoadOptions {
 export interface NativeModelInfo {
   architecture: string;        // e.g. "LlamaForCausalLM"
   modelType: string;           // config.json model_type
-  weightDtype: 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4';  // the projections as held (q8_0: --quantization int8 or 8-bit GPTQ; q4: AWQ / GPTQ 4-bit)
+  weightDtype: 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4' | 'f8_e4m3';  // the projections as held (q8_0: --quantization int8 or 8-bit GPTQ; q4: AWQ / GPTQ 4-bit; f8_e4m3: FP8 on CUDA)
   vocabSize: number;
   hiddenSize: number;
   numLayers: number;
@@ -69,6 +73,7 @@ export interface NativeModelInfo {
   contextLength: number;       // max_position_embeddings
   weightBytes: number;         // bytes of all weight tensors as stored
   kvCacheBytes: number;        // bytes actually allocated for the pool
+  kvCacheDtype: 'f32' | 'f16' | 'bf16' | 'f8_e4m3';  // what the pool holds (f8_e4m3: kvCacheDtype 'fp8')
   blockSize: number;
   numBlocks: number;
   backend: BackendName;

@@ -97,6 +97,7 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   if (settings.gpu_memory_utilization !== undefined) out.gpuMemoryUtilization = settings.gpu_memory_utilization;
   if (settings.threads !== undefined) out.threads = settings.threads;
   if (settings.quantization !== undefined) out.quantization = settings.quantization;
+  if (settings.kv_cache_dtype !== undefined) out.kvCacheDtype = settings.kv_cache_dtype;
   if (settings.matmul_precision !== undefined) out.matmulPrecision = settings.matmul_precision;
   if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
   if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;

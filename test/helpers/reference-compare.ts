@@ -43,8 +43,8 @@ export function promptFor(vocab: number, len: number, salt: number): number[] {
  * match up to the first near tie (reported), and every logprob the engine reports must be
  * within `tol` of the reference's, teacher-forced on the engine's own tokens.
  */
-export async function compareWithReference(engine: NativeEngineHandle, dir: string, label: string, tol: number, nearTie: number) {
-  const ref = loadReferenceModel(dir);
+export async function compareWithReference(engine: NativeEngineHandle, dir: string, label: string, tol: number, nearTie: number,
+  ref: ReferenceModel = loadReferenceModel(dir)) {
   const prompt = promptFor(engine.info().vocabSize, 11, 1);
   const got = await runNative(engine, prompt, GENERATE);
   const want = referenceGreedyDetailed(ref, prompt, GENERATE);

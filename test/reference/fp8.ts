@@ -6,23 +6,39 @@
 import type { RefTensor } from './safetensors-reader.js';
 
 /**
- * `v` rounded to the nearest bfloat16 (ties to even), computed in double: v's binade gives the
- * spacing of bf16 values there (8 significant bits; below 2^-126 the fixed subnormal spacing
- * 2^-133), and v / spacing is rounded as an integer (exact: a power-of-two division).
+ * |v| rounded to the nearest value with `bits` significant bits (ties to even), in a binary format
+ * whose normal exponents start at `minExponent` (below it, the fixed subnormal spacing): computed
+ * in double, the spacing from v's binade, v / spacing rounded as an integer (exact: a power-of-two
+ * division).
  */
-export function roundToBf16(v: number): number {
-  if (v === 0 || !Number.isFinite(v)) return v;
-  const a = Math.abs(v);
+function roundMagnitude(a: number, bits: number, minExponent: number): number {
   let e = Math.floor(Math.log2(a));
   if (2 ** e > a) e--;
   if (2 ** (e + 1) <= a) e++;
-  const spacing = 2 ** (Math.max(e, -126) - 7);
+  const spacing = 2 ** (Math.max(e, minExponent) - (bits - 1));
   const m = a / spacing;
   const floor = Math.floor(m);
-  const r = m - floor > 0.5 || (m - floor === 0.5 && floor % 2 === 1) ? floor + 1 : floor;
-  const out = r * spacing;
+  return (m - floor > 0.5 || (m - floor === 0.5 && floor % 2 === 1) ? floor + 1 : floor) * spacing;
+}
+
+/** `v` rounded to the nearest bfloat16 (ties to even): 8 significant bits, normals from 2^-126. */
+export function roundToBf16(v: number): number {
+  if (v === 0 || !Number.isFinite(v)) return v;
+  const out = roundMagnitude(Math.abs(v), 8, -126);
   // Past bf16's largest finite value (0x7f7f) the rounding goes to infinity.
   return Math.sign(v) * (out >= 2 ** 128 ? Infinity : out);
+}
+
+/**
+ * `v / scale` rounded to the nearest OCP e4m3 value (ties to even; 4 significant bits, normals
+ * from 2^-6), saturated to +-448, times `scale`: what an fp8 KV cache with that per-tensor scale
+ * holds for v.
+ */
+export function roundToE4m3(v: number, scale: number): number {
+  const x = v / scale;
+  if (x === 0 || Number.isNaN(x)) return x * scale;
+  const a = Math.abs(x);
+  return Math.sign(x) * (a >= 448 ? 448 : Math.min(roundMagnitude(a, 4, -6), 448)) * scale;
 }
 
 interface QuantizationConfig {

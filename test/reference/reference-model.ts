@@ -122,6 +122,11 @@ export interface ReferenceModel {
   lmHead: Linear;
   /** The global rope frequencies (every layer's outside Gemma). */
   invFreq: Float64Array;
+  /**
+   * A KV cache that rounds what it stores (an fp8 cache): layer l's post-rope key or value vector
+   * as the cache holds it. Absent: kept exact.
+   */
+  kvRound?: (layer: number, which: 'k' | 'v', x: Float64Array) => Float64Array;
 }
 
 // ---------------------------------------------------------------- loading
@@ -355,8 +360,9 @@ export class ReferenceSession {
         if (L.kNorm) k.set(norm(k.subarray(hd * d, (hd + 1) * d), L.kNorm), hd * d);
         applyRope(k, hd * d, d, pos, L.invFreq, L.ropeScale);
       }
-      this.keys[l]!.push(k);
-      this.values[l]!.push(v);
+      const round = this.model.kvRound;
+      this.keys[l]!.push(round ? round(l, 'k', k) : k);
+      this.values[l]!.push(round ? round(l, 'v', v) : v);
       const window = c.slidingWindow[l] ?? null;
       const first = window === null ? 0 : Math.max(0, pos - window + 1);
       const attn = new Float64Array(c.numHeads * d);

@@ -28,6 +28,11 @@ struct EngineOptions {
   // KV pool bytes; 0 = the backend's default (CPU: 1 GiB; CUDA: what gpu_memory_utilization
   // leaves after weights and activations).
   size_t kv_cache_bytes = 0;
+  // The KV cache's element type: "auto" keeps K/V in the activations' float type (CPU: f32, or
+  // bf16 with matmul_precision bf16; CUDA: the model's bf16/f16); "fp8" (alias "fp8_e4m3") stores
+  // OCP e4m3 codes with per-layer scales (the checkpoint's k_scale / v_scale, else 1): one byte per
+  // element, so the same budget holds twice the blocks of bf16 (four times f32's).
+  std::string kv_cache_dtype = "auto";
   // CUDA: the fraction of the device's memory this engine may hold (weights, activations, KV).
   // Engines sharing one device in a process must split it explicitly: their fractions may not add
   // up to more than 1 (a second engine that would is refused with kInvalidArgument).
@@ -195,6 +200,7 @@ struct EngineInfo {
   std::string weight_dtype;
   size_t weight_bytes = 0;
   size_t kv_cache_bytes = 0;
+  std::string kv_cache_dtype;    // "f32" | "bf16" | "f16" | "f8_e4m3": what the cache holds
   int64_t block_size = 0;
   int64_t num_blocks = 0;
   std::string backend;

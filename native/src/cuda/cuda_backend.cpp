@@ -177,6 +177,7 @@ class CudaBackend final : public Backend, private DecoderOps {
     return device_desc_ + notes;
   }
   int num_threads() const override { return num_sms_; }
+  DType kv_dtype() const override { return fp8_kv_ ? DType::F8E4M3 : e_; }
   // Sliding-window layers keep their KV in window blocks of their own (freed as they leave every
   // window); the full-attention layers in the ordinary blocks.
   size_t kv_bytes_per_block(int64_t block_size) const override {
@@ -236,7 +237,7 @@ class CudaBackend final : public Backend, private DecoderOps {
   void add_normed(int64_t layer, LayerNorm which) override;
   void logits() override;
   size_t layer_block_bytes(int64_t block_size) const {
-    return 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+    return 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * kv_esz_;
   }
   bool windowed(int64_t layer) const { return c_.window(layer) > 0; }
   size_t layer_kv_bytes(int64_t layer) const;
@@ -275,6 +276,10 @@ class CudaBackend final : public Backend, private DecoderOps {
   cuda::DeviceWeights w_;
   DType e_;
   size_t esz_ = 2;
+  // --kv-cache-dtype fp8: the cache holds e4m3 codes (one byte) with each layer's k/v scales.
+  bool fp8_kv_ = false;
+  size_t kv_esz_ = 2;
+  std::vector<float> k_scale_, v_scale_;
 
   // KV: per full-attention layer k then v, each [num_blocks + 1, block_size, nkv, hd] E, then per
   // window layer k then v, each [num_window_blocks + 1, ...]; the extra block of each is scratch
@@ -377,6 +382,12 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     throw Error(ErrorCode::kUnsupportedModel, "the CUDA backend does not run this " + c.architecture + " (" + missing +
                                                   "); the CPU backend does");
   kv_index_.resize(size_t(c.num_layers));
+  fp8_kv_ = opts.kv_cache_dtype == "fp8" || opts.kv_cache_dtype == "fp8_e4m3";
+  kv_esz_ = fp8_kv_ ? 1 : esz_;
+  for (const LayerWeights& l : w.layers) {
+    k_scale_.push_back(l.k_scale);
+    v_scale_.push_back(l.v_scale);
+  }
   for (int64_t l = 0, full = 0; l < c.num_layers; l++)
     kv_index_[size_t(l)] = windowed(l) ? num_window_layers_++ : full++;
   if (c.head_dim % 8 != 0 || c.head_dim > 256)
@@ -792,10 +803,10 @@ void CudaBackend::run_layers(int64_t T, int64_t R, int splits) {
 // blocks, or for a window layer the window blocks (after every full layer's).
 size_t CudaBackend::layer_kv_bytes(int64_t layer) const {
   const int64_t blocks = windowed(layer) ? num_window_blocks_ : num_blocks_;
-  return size_t(blocks + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  return size_t(blocks + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * kv_esz_;
 }
 uint8_t* CudaBackend::k_cache(int64_t layer) const {
-  const size_t full_layer = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * esz_;
+  const size_t full_layer = size_t(num_blocks_ + 1) * size_t(block_size_) * size_t(c_.num_kv_heads * c_.head_dim) * kv_esz_;
   const size_t region = windowed(layer) ? size_t(c_.num_layers - num_window_layers_) * 2 * full_layer : 0;
   return kv_.get<uint8_t>() + region + size_t(2 * kv_index_[size_t(layer)]) * layer_kv_bytes(layer);
 }
@@ -926,6 +937,9 @@ void CudaBackend::rope_kv_write(int64_t layer) {
   qa.slots = dev_i32(windowed(layer) ? layout_.off_wslot : layout_.off_slot);
   qa.k_cache = k_cache(layer);
   qa.v_cache = v_cache(layer);
+  qa.kv_fp8 = fp8_kv_;
+  qa.k_scale = k_scale_[size_t(layer)];
+  qa.v_scale = v_scale_[size_t(layer)];
   qa.q_out = q_.get<float>();
   cuda::qkv_post(qa, e_, stream_);
 }
@@ -950,6 +964,9 @@ void CudaBackend::attention_now(int64_t layer) {
   aa.block_size = int(block_size_);
   aa.k_cache = k_cache(layer);
   aa.v_cache = v_cache(layer);
+  aa.kv_fp8 = fp8_kv_;
+  aa.k_scale = k_scale_[size_t(layer)];
+  aa.v_scale = v_scale_[size_t(layer)];
   aa.scale = float(c_.softmax_scale());  // YaRN's attention factor included
   aa.num_splits = step_splits_;
   aa.partial_acc = attn_part_acc_.get<float>();

@@ -72,6 +72,8 @@ class Backend {
   virtual std::string name() const = 0;         // "cpu" | "cuda"
   virtual std::string kernel_info() const = 0;  // e.g. SIMD level, device name
   virtual int num_threads() const = 0;
+  // What the KV cache holds: f32, bf16, f16 or F8E4M3 (EngineOptions::kv_cache_dtype).
+  virtual DType kv_dtype() const = 0;
   // KV bytes of one block of the full-attention layers (every layer when the backend keeps no
   // window blocks).
   virtual size_t kv_bytes_per_block(int64_t block_size) const = 0;
@@ -160,8 +162,10 @@ class Backend {
   int last_launch_slot_ = 0;
 };
 
+// fp8_kv: the KV cache holds e4m3 codes (EngineOptions::kv_cache_dtype "fp8"), else f32 or, with
+// bf16_activations, bf16.
 std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,
-                                           bool bf16_activations);
+                                           bool bf16_activations, bool fp8_kv = false);
 
 // Whether this build has the CUDA backend and a usable device; when not, *why says why.
 bool cuda_backend_available(std::string* why);

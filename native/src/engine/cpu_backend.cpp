@@ -21,7 +21,7 @@ namespace {
 
 class CpuBackend final : public Backend, private DecoderOps {
  public:
-  CpuBackend(const ModelConfig& c, const ModelWeights& w, int num_threads, bool bf16_activations)
+  CpuBackend(const ModelConfig& c, const ModelWeights& w, int num_threads, bool bf16_activations, bool fp8_kv)
       : c_(c),
         w_(w),
         pool_(num_threads),
@@ -29,8 +29,8 @@ class CpuBackend final : public Backend, private DecoderOps {
         local_inv_freq_(c.rope_local_inv_freq()),
         precision_(bf16_activations ? cpu::MatmulPrecision::BF16 : cpu::MatmulPrecision::F32),
         // Precision bf16 also keeps K/V in bf16 (as vLLM does for bf16 models): half the bytes
-        // that attention reads. Precision f32 keeps them in f32.
-        kv_dtype_(bf16_activations ? DType::BF16 : DType::F32) {}
+        // that attention reads. Precision f32 keeps them in f32; --kv-cache-dtype fp8 in e4m3.
+        kv_dtype_(fp8_kv ? DType::F8E4M3 : bf16_activations ? DType::BF16 : DType::F32) {}
 
   ~CpuBackend() override {
     if (kv_mem_) ::munmap(kv_mem_, kv_bytes_);
@@ -39,6 +39,7 @@ class CpuBackend final : public Backend, private DecoderOps {
   std::string name() const override { return "cpu"; }
   std::string kernel_info() const override { return cpu::simd_level_name(); }
   int num_threads() const override { return pool_.size(); }
+  DType kv_dtype() const override { return kv_dtype_; }
 
   // Sliding-window layers (Gemma 3, gpt-oss) keep their KV in window blocks of their own.
   int64_t num_window_layers() const {
@@ -78,6 +79,8 @@ class CpuBackend final : public Backend, private DecoderOps {
       kv.v = base + per_layer;
       base += 2 * per_layer;
       kv.dtype = kv_dtype_;
+      kv.k_scale = w_.layers[size_t(l)].k_scale;
+      kv.v_scale = w_.layers[size_t(l)].v_scale;
       kv.block_size = block_size;
       kv.n_kv_heads = c_.num_kv_heads;
       kv.head_dim = c_.head_dim;
@@ -487,8 +490,8 @@ void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& ou
 }  // namespace
 
 std::unique_ptr<Backend> create_cpu_backend(const ModelConfig& config, const ModelWeights& weights, int num_threads,
-                                           bool bf16_activations) {
-  return std::make_unique<CpuBackend>(config, weights, num_threads, bf16_activations);
+                                           bool bf16_activations, bool fp8_kv) {
+  return std::make_unique<CpuBackend>(config, weights, num_threads, bf16_activations, fp8_kv);
 }
 
 }  // namespace sluice

@@ -54,16 +54,28 @@ class EngineImpl final : public Engine {
     const std::string config_path = join_path(opts.model_dir, "config.json");
     const std::string config_text = read_text_file(config_path);
     config_ = parse_model_config(config_text, config_path);
+    if (opts.kv_cache_dtype != "auto" && opts.kv_cache_dtype != "fp8" && opts.kv_cache_dtype != "fp8_e4m3")
+      throw Error(ErrorCode::kInvalidArgument,
+                  "kv_cache_dtype must be \"auto\", \"fp8\" or \"fp8_e4m3\", got \"" + opts.kv_cache_dtype + "\"");
+    const bool fp8_kv = opts.kv_cache_dtype != "auto";
     // The model key: blocks are only shared between computations that give the same K/V.
     model_key_ = fnv1a64(config_text + "\n" + opts.matmul_precision +
-                         (opts.quantization == "none" ? "" : "\n" + opts.quantization));
-    if (opts.quantization != "none" && opts.quantization != "int8")
+                         (opts.quantization == "none" ? "" : "\n" + opts.quantization) + (fp8_kv ? "\nkv fp8" : ""));
+    if (opts.quantization != "none" && opts.quantization != "int8" && opts.quantization != "fp8")
       throw Error(ErrorCode::kInvalidArgument,
-                  "quantization must be \"none\" or \"int8\", got \"" + opts.quantization + "\"");
+                  "quantization must be \"none\", \"int8\" or \"fp8\", got \"" + opts.quantization + "\"");
     if (opts.quantization == "int8" && opts.backend != "cpu")
       throw Error(ErrorCode::kInvalidArgument,
                   "quantization \"int8\" is supported by the cpu backend only (the " + opts.backend +
                       " backend serves the checkpoint's own dtype; drop --quantization or use --backend cpu)");
+    if (opts.quantization == "fp8" && opts.backend != "cuda")
+      throw Error(ErrorCode::kInvalidArgument,
+                  "quantization \"fp8\" is supported by the cuda backend only (FP8 GEMMs); on the " + opts.backend +
+                      " backend use \"int8\"");
+    if (opts.quantization == "fp8" && !config_.quantization.method.empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "quantization \"fp8\" quantizes a bf16/f16/f32 checkpoint, but this one is already quantized (" +
+                      config_.quantization.method + "); drop --quantization");
     st_ = SafetensorsModel::open_dir(opts.model_dir);
     // The CUDA backend runs FP8 projections as stored (cuda/fp8_gemm.h) where its device can, and
     // dequantizes them itself where not (dequantize_fp8_weights at upload).
@@ -80,6 +92,13 @@ class EngineImpl final : public Engine {
                                               " (the binder dequantizes packed and FP8 weights at load)");
     // The CPU streams the projections and the lm_head every decode step: from anonymous huge-page
     // memory (quantized, or copied as stored) rather than the checkpoint's page cache.
+    // --quantization fp8: per-channel FP8 weights, bound as an FP8 checkpoint with channel scales
+    // would be (the backend reads the scales' layout from the config it gets).
+    ModelConfig backend_config = config_;
+    if (opts.quantization == "fp8") {
+      quantize_weights_fp8(weights_, opts.num_threads);
+      backend_config.quantization.fp8 = Fp8Scales::Channel;
+    }
     if (opts.quantization == "int8") quantize_weights_q8(weights_, opts.num_threads);
     else if (opts.backend == "cpu" && cpu_weights_copied_from_env()) copy_weights_to_host_memory(weights_, opts.num_threads);
 
@@ -89,11 +108,11 @@ class EngineImpl final : public Engine {
     const char* env = std::getenv("SLUICE_CUDA_DEVICE_TOKENS");
     pipelined_ = opts.cuda_device_tokens || (opts.backend == "cuda" && env && std::string(env) == "1");
     if (opts.backend == "cpu") {
-      backend_ = create_cpu_backend(config_, weights_, opts.num_threads, opts.matmul_precision == "bf16");
+      backend_ = create_cpu_backend(config_, weights_, opts.num_threads, opts.matmul_precision == "bf16", fp8_kv);
     } else if (opts.backend == "cuda") {
       EngineOptions cuda_opts = opts;
       cuda_opts.cuda_device_tokens = pipelined_;  // the backend resolves the refs of pipelined steps
-      backend_ = create_cuda_backend(config_, weights_, cuda_opts);
+      backend_ = create_cuda_backend(backend_config, weights_, cuda_opts);
     } else {
       throw Error(ErrorCode::kInvalidArgument, "unknown backend \"" + opts.backend + "\" (expected cpu or cuda)");
     }
@@ -133,6 +152,7 @@ class EngineImpl final : public Engine {
     i.block_size = opts_.block_size;
     i.num_blocks = blocks_->num_blocks();
     i.kv_cache_bytes = backend_->kv_bytes_per_block(opts_.block_size) * size_t(i.num_blocks);
+    i.kv_cache_dtype = dtype_name(backend_->kv_dtype());
     if (window_pool_) {
       i.window = window_;
       i.num_window_blocks = window_pool_->num_blocks();

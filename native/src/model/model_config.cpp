@@ -216,6 +216,17 @@ Fp8Scales read_compressed_tensors(const Fields& q, const std::string& source) {
     }
   }
   check_module_list(q, "ignore");
+  // An fp8 KV cache calibration: per-tensor e4m3 k_scale / v_scale tensors, which the binder reads
+  // (LayerWeights::k_scale) for --kv-cache-dtype fp8. Another KV scheme is a format we cannot serve.
+  if (const json::Value* kv = q.get("kv_cache_scheme"); kv && !kv->is_null()) {
+    if (!kv->is_object()) q.invalid("kv_cache_scheme must be an object or null");
+    Fields k(*kv, source + " kv_cache_scheme");
+    const std::string type = string_or(k.get("type"), "");
+    const std::string strategy = string_or(k.get("strategy"), "tensor");
+    if (type != "float" || k.integer_or("num_bits", 0) != 8 || strategy != "tensor" || k.boolean_or("dynamic", false))
+      unsupported_quantization(source, "compressed-tensors kv_cache_scheme (" + type + ", " + strategy +
+                                           ") other than static per-tensor 8-bit float");
+  }
   return scales;
 }
 
@@ -309,8 +320,12 @@ QuantizationConfig read_quantization(const json::Value& qv, const std::string& s
     if (!algo && nested && nested->is_object()) algo = nested->find("quant_algo");
     const std::string name = string_or(algo, "");
     if (name != "FP8") unsupported_quantization(source, "modelopt quant_algo \"" + name + "\" (only FP8)");
-    // kv_cache_quant_algo (k_scale / v_scale tensors) is not read: the KV cache keeps the
-    // engine's own dtype.
+    // kv_cache_quant_algo FP8: k_scale / v_scale tensors, which the binder reads for
+    // --kv-cache-dtype fp8 (the KV cache otherwise keeps the engine's own dtype).
+    const json::Value* kv_algo = q.get("kv_cache_quant_algo");
+    if (!kv_algo && nested && nested->is_object()) kv_algo = nested->find("kv_cache_quant_algo");
+    if (kv_algo && !kv_algo->is_null() && string_or(kv_algo, "") != "FP8")
+      unsupported_quantization(source, "modelopt kv_cache_quant_algo \"" + string_or(kv_algo, "?") + "\" (only FP8)");
     check_module_list(q, "exclude_modules");
     out.fp8 = Fp8Scales::Tensor;
   } else if (out.method == "awq" || out.method == "gptq") {

@@ -106,6 +106,25 @@ class Binder {
     return *t;
   }
   bool has(const std::string& name) const { return st_.find(name) != nullptr; }
+  // A layer's fp8 KV cache scale, under the first of `names` the checkpoint has: a one-element
+  // float tensor, finite and > 0. Returns false (scale untouched) when it has none.
+  bool kv_scale(const std::vector<std::string>& names, float* scale) {
+    for (const std::string& name : names) {
+      const TensorView* t = st_.find(name);
+      if (!t) continue;
+      if (t->numel() != 1 || (t->dtype != DType::F32 && t->dtype != DType::BF16 && t->dtype != DType::F16))
+        throw Error(ErrorCode::kModelFileInvalid, t->file + ": KV cache scale \"" + name + "\" must be one f32/bf16/f16 " +
+                                                      "value, got " + dtype_name(t->dtype) + " " + t->shape_string());
+      const float v = t->float_at(0);
+      if (!std::isfinite(v) || v <= 0.f)
+        throw Error(ErrorCode::kModelFileInvalid, t->file + ": KV cache scale \"" + name + "\" is " +
+                                                      std::to_string(v) + "; it must be finite and > 0");
+      if (seen_.insert(name).second) bytes_ += t->nbytes;
+      *scale = v;
+      return true;
+    }
+    return false;
+  }
   // Bytes of the bound tensors as stored, plus what the FP8 dequantized copies add.
   size_t bytes() const { return bytes_ + dequantized_extra_; }
   cpu::ThreadPool& pool() {
@@ -387,6 +406,17 @@ ModelWeights bind_weights(const SafetensorsModel& st, const ModelConfig& c, cons
       l.v_bias = b.get(p + "self_attn.v_proj.bias", {kv_out});
     }
     if (c.o_bias) l.o_bias = b.get(p + "self_attn.o_proj.bias", {H});
+    // fp8 KV cache scales as the published formats name them: llm-compressor's compressed-tensors
+    // (self_attn.k_scale), NVIDIA ModelOpt (k_proj.k_scale), and older exports' one kv_scale.
+    {
+      const std::string a = p + "self_attn.";
+      const bool k = b.kv_scale({a + "k_scale", a + "k_proj.k_scale", a + "kv_scale"}, &l.k_scale);
+      const bool v = b.kv_scale({a + "v_scale", a + "v_proj.v_scale", a + "kv_scale"}, &l.v_scale);
+      if (k != v)
+        throw Error(ErrorCode::kModelFileInvalid, dir + ": layer " + std::to_string(i) + " has a " + (k ? "k" : "v") +
+                                                      " KV cache scale but no " + (k ? "v" : "k") + " scale");
+      l.kv_scales_from_checkpoint = k;
+    }
     if (c.attention_sinks) {
       const TensorView sinks = b.get(p + "self_attn.sinks", {c.num_heads});
       l.sinks = f32_copy(sinks, 0, c.num_heads, 1, w.owned);

@@ -37,6 +37,11 @@ struct LayerWeights {
   TensorView router_bias;               // [experts] f32, when config.router_bias
   TensorView sinks;                     // [heads] f32, when config.attention_sinks
   std::vector<ExpertWeights> experts;
+  // The fp8 KV cache's per-tensor scales (--kv-cache-dtype fp8): the checkpoint's k_scale /
+  // v_scale when it ships them (FP8 checkpoints calibrated for an fp8 KV cache), else 1. The
+  // cache stores k / k_scale as e4m3 (largest finite 448). Unused with a bf16 / f32 cache.
+  float k_scale = 1.f, v_scale = 1.f;
+  bool kv_scales_from_checkpoint = false;
   // FP8 projections kept as stored (bind_weights' keep_fp8): the scale tensor beside each F8E4M3
   // weight above, shaped as QuantizationConfig::fp8 says ("<name>_scale_inv" for Block, else
   // "<name>_scale"); empty for weights that are not F8E4M3.

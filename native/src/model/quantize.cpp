@@ -1,6 +1,7 @@
 #include "model/quantize.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "cpu/gemm_q8.h"
 #include "cpu/thread_pool.h"
 #include "model/fp8.h"
+#include "util/e4m3.h"
 #include "util/host_memory.h"
 
 namespace sluice {
@@ -52,6 +54,78 @@ void quantize_weights_q8(ModelWeights& w, int num_threads) {
     t->nbytes = bytes;
   }
   w.owned.push_back(std::move(arena));
+  if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
+}
+
+namespace {
+
+// Row n of a float matrix [N, K] (f32, f16 or bf16) as f32.
+void float_row(const TensorView& t, int64_t n, float* out) {
+  const int64_t K = t.shape[1];
+  switch (t.dtype) {
+    case DType::F32: std::copy_n(static_cast<const float*>(t.data) + n * K, K, out); break;
+    case DType::BF16:
+      for (int64_t k = 0; k < K; k++) out[k] = bf16_to_f32(static_cast<const uint16_t*>(t.data)[n * K + k]);
+      break;
+    default:
+      for (int64_t k = 0; k < K; k++) out[k] = f16_to_f32(static_cast<const uint16_t*>(t.data)[n * K + k]);
+      break;
+  }
+}
+
+// A bound float matrix (an unbound view has no data).
+bool is_float(const TensorView& t) {
+  return t.data && t.shape.size() == 2 && (t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16);
+}
+
+}  // namespace
+
+void quantize_weights_fp8(ModelWeights& w, int num_threads) {
+  std::vector<std::pair<TensorView*, TensorView*>> targets;  // (weight, its scale view)
+  for (LayerWeights& l : w.layers) {
+    LayerWeights::Fp8ScaleViews& s = l.fp8_scale;
+    if (is_float(l.q) && is_float(l.k) && is_float(l.v) && is_float(l.o))
+      targets.insert(targets.end(), {{&l.q, &s.q}, {&l.k, &s.k}, {&l.v, &s.v}, {&l.o, &s.o}});
+    if (l.experts.empty() && is_float(l.gate) && is_float(l.up) && is_float(l.down))
+      targets.insert(targets.end(), {{&l.gate, &s.gate}, {&l.up, &s.up}, {&l.down, &s.down}});
+  }
+  if (targets.empty()) return;
+  cpu::ThreadPool pool(num_threads);
+  for (auto [t, scale_view] : targets) {
+    const int64_t N = t->shape[0], K = t->shape[1];
+    auto codes = std::make_shared<HostBuffer>(size_t(N * K), false);
+    auto scales = std::make_shared<HostBuffer>(size_t(N) * sizeof(float), false);
+    uint8_t* q = reinterpret_cast<uint8_t*>(codes->data());
+    float* sc = reinterpret_cast<float*>(scales->data());
+    const TensorView src = *t;
+    pool.parallel_for(N, 16, [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(K));
+      for (int64_t n = b; n < e; n++) {
+        float_row(src, n, row.data());
+        float amax = 0.f;
+        for (float v : row) amax = std::max(amax, std::fabs(v));
+        // The row's largest magnitude lands on 448, e4m3's largest finite value; an all-zero row
+        // keeps scale 1 (its codes are 0 either way).
+        const float scale = amax > 0.f && std::isfinite(amax) ? amax / 448.f : 1.f;
+        sc[n] = scale;
+        for (int64_t k = 0; k < K; k++) q[n * K + k] = f32_to_e4m3(row[size_t(k)] / scale);
+      }
+    });
+    w.total_bytes += codes->size() + scales->size();
+    w.total_bytes -= t->nbytes;
+    t->data = q;
+    t->dtype = DType::F8E4M3;
+    t->nbytes = size_t(N * K);
+    *scale_view = TensorView{};
+    scale_view->name = t->name + "_scale";
+    scale_view->file = "(quantized at load)";
+    scale_view->data = sc;
+    scale_view->dtype = DType::F32;
+    scale_view->shape = {N, 1};
+    scale_view->nbytes = size_t(N) * sizeof(float);
+    w.owned.push_back(std::move(codes));
+    w.owned.push_back(std::move(scales));
+  }
   if (!w.layers.empty()) w.main_dtype = w.layers[0].q.dtype;
 }
 

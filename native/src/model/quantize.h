@@ -13,6 +13,13 @@ namespace sluice {
 // float. Updates total_bytes (quantized tensors at their new size) and main_dtype.
 void quantize_weights_q8(ModelWeights& w, int num_threads);
 
+// --quantization fp8 (CUDA): every layer's q/k/v/o (when all four are float) and dense layers'
+// gate/up/down (when all three are) become F8E4M3 codes with one f32 scale per output row
+// (amax / 448, QuantizationConfig Fp8Scales::Channel, in LayerWeights::fp8_scale): the layout an
+// FP8 checkpoint with per-channel scales binds to under keep_fp8. Experts, routers, embeddings
+// and lm_head stay as stored. main_dtype follows layer 0's q.
+void quantize_weights_fp8(ModelWeights& w, int num_threads);
+
 // For backends that read float weights (CUDA): every Q4 and Q8_0 matrix (AWQ / GPTQ checkpoints
 // repacked at load) becomes bf16, each weight's exact value rounded once. keep_dense_q4 (the CUDA
 // backend, which has W4A16 kernels: cuda/q4_gemm.h) keeps as Q4 a layer's q/k/v/o when all four

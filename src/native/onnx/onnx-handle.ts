@@ -108,6 +108,7 @@ export class OnnxEngineHandle implements NativeEngineHandle {
         contextLength,
         weightBytes: exportBytes(opts.modelPath),
         kvCacheBytes: numBlocks * opts.blockSize * bytesPerToken,
+        kvCacheDtype: 'f32',
         blockSize: opts.blockSize,
         numBlocks,
         backend: 'onnx',
