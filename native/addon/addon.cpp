@@ -24,6 +24,7 @@
 namespace sluice_addon {
 
 void init_grammar(Napi::Env env, Napi::Object exports);  // grammar_addon.cpp
+void init_vision(Napi::Env env, Napi::Object exports);   // vision_addon.cpp
 
 
 namespace {
@@ -554,6 +555,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   env.SetInstanceData(data);
   exports.Set("load", Napi::Function::New(env, Load));
   init_grammar(env, exports);
+  init_vision(env, exports);
   exports.Set("measureMemoryBandwidth", Napi::Function::New(env, MeasureBandwidth));
   exports.Set("measureDeviceBandwidth", Napi::Function::New(env, MeasureDeviceBandwidth));
   // Whether a CUDA device is usable ('' when it is, else why not); quick, no context kept.

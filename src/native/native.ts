@@ -33,6 +33,9 @@ interface NativeAddon {
   cudaUnavailableReason(): string;
   simdLevel(): string;
   cudaCompiled: boolean;
+  /** Pillow's bicubic resize and the Qwen2-VL patch rows on the libuv pool (native/addon/vision_addon.cpp). */
+  qwen2VlPatches(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, patch: number,
+    merge: number, temporal: number, tables: Float32Array): Promise<Float32Array>;
 }
 
 let addon: NativeAddon | undefined;
