@@ -338,14 +338,25 @@ export class ReferenceSession {
 
   /** Feed one token at the next position; returns the logits for the following token. */
   step(token: number): Float64Array {
-    const { config: c, layers } = this.model;
+    const c = this.model.config;
     if (!Number.isInteger(token) || token < 0 || token >= c.vocabSize) throw new Error(`token ${token} out of range`);
+    const x = this.model.embed.slice(token * c.hiddenSize, (token + 1) * c.hiddenSize); // [hidden]
+    for (let i = 0; i < x.length; i++) x[i]! *= c.embedScale;
+    const pos = this.position;
+    return this.forward(x, (v, off, d, L) => applyRope(v, off, d, pos, L.invFreq, L.ropeScale));
+  }
+
+  /**
+   * Feed one input vector x [hidden] (consumed) at the next cache position, each q and k head
+   * rotated by `rotate` (the family's rope at that token's position: 1D, or M-RoPE's three
+   * components); returns the logits for the following token.
+   */
+  forward(x: Float64Array, rotate: (v: Float64Array, off: number, headDim: number, layer: ReferenceLayer) => void): Float64Array {
+    const { config: c, layers } = this.model;
     const pos = this.position++;
     const d = c.headDim;
     const group = c.numHeads / c.numKvHeads;
     const norm = (v: Float64Array, w: Float64Array) => rmsNorm(v, w, c.rmsNormEps, c.normOffset);
-    const x = this.model.embed.slice(token * c.hiddenSize, (token + 1) * c.hiddenSize); // [hidden]
-    for (let i = 0; i < x.length; i++) x[i]! *= c.embedScale;
     for (let l = 0; l < layers.length; l++) {
       const L = layers[l]!;
       const hn = norm(x, L.inputNorm);
@@ -354,11 +365,11 @@ export class ReferenceSession {
       const v = matvec(L.v, hn);
       for (let hd = 0; hd < c.numHeads; hd++) {
         if (L.qNorm) q.set(norm(q.subarray(hd * d, (hd + 1) * d), L.qNorm), hd * d);
-        applyRope(q, hd * d, d, pos, L.invFreq, L.ropeScale);
+        rotate(q, hd * d, d, L);
       }
       for (let hd = 0; hd < c.numKvHeads; hd++) {
         if (L.kNorm) k.set(norm(k.subarray(hd * d, (hd + 1) * d), L.kNorm), hd * d);
-        applyRope(k, hd * d, d, pos, L.invFreq, L.ropeScale);
+        rotate(k, hd * d, d, L);
       }
       const round = this.model.kvRound;
       this.keys[l]!.push(round ? round(l, 'k', k) : k);
