@@ -218,6 +218,39 @@ export const HARMONY_TEMPLATE = `{%- macro ts_type(s) -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}`;
 
+/**
+ * Qwen2-VL / Qwen2.5-VL style: ChatML turns, a default system turn ("You are a helpful
+ * assistant.") when the first message is not a system one, and content parts rendered in order:
+ * an image part (type image or image_url, or a part holding an image or image_url key) as
+ * <|vision_start|><|image_pad|><|vision_end|>, a video part as <|vision_start|><|video_pad|><|vision_end|>,
+ * a text part as its text; add_vision_id numbers them ("Picture 1: ", "Video 1: ").
+ * Written for this project: it renders the same structure as Qwen2.5-VL's published template.
+ */
+export const QWEN2_VL_TEMPLATE = `{%- set seen = namespace(images=0, videos=0) -%}
+{%- for m in messages -%}
+{%- if loop.first and m['role'] != 'system' -%}{{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' -}}{%- endif -%}
+{{- '<|im_start|>' + m['role'] + '\n' -}}
+{%- if m['content'] is string -%}
+{{- m['content'] -}}
+{%- elif m['content'] is not none -%}
+{%- for part in m['content'] -%}
+{%- if part['type'] == 'image' or part['type'] == 'image_url' or 'image' in part or 'image_url' in part -%}
+{%- set seen.images = seen.images + 1 -%}
+{%- if add_vision_id -%}{{- 'Picture ' ~ seen.images ~ ': ' -}}{%- endif -%}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif part['type'] == 'video' or 'video' in part -%}
+{%- set seen.videos = seen.videos + 1 -%}
+{%- if add_vision_id -%}{{- 'Video ' ~ seen.videos ~ ': ' -}}{%- endif -%}
+{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+{%- elif 'text' in part -%}
+{{- part['text'] -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}`;
+
 export interface SpecialIds {
   /** config.json bos_token_id. */
   bos: number;
@@ -234,6 +267,13 @@ export const HARMONY_SPECIAL_TOKENS = [
   '<|startoftext|>', '<|endoftext|>', '<|return|>', '<|constrain|>', '<|channel|>', '<|start|>', '<|end|>', '<|message|>', '<|call|>',
 ] as const;
 
+/**
+ * Qwen2-VL's vision tokens, special, in its order (ids 151652..151656 in the published
+ * vocabulary): an image part is <|vision_start|><|image_pad|><|vision_end|>, the processor
+ * repeating <|image_pad|> once per merged patch; <|video_pad|> likewise for videos.
+ */
+export const QWEN2_VL_VISION_TOKENS = ['<|vision_start|>', '<|vision_end|>', '<|vision_pad|>', '<|image_pad|>', '<|video_pad|>'] as const;
+
 /** The families chat templates are written for: the presets' and harmony (gpt-oss). */
 type TemplateFamily = TokenizerFamily | 'harmony';
 
@@ -248,13 +288,37 @@ export function specialIds(family: TemplateFamily, specials: SpecialToken[]): Sp
     // gpt-oss's generation_config: <|return|> ends an answer, <|call|> a tool call.
     return { bos: id('<|startoftext|>'), eos: [id('<|return|>'), id('<|endoftext|>'), id('<|call|>')], pad: id('<|endoftext|>') };
   }
-  if (family === 'chatml' || family === 'qwen3') {
+  if (family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl') {
     return { bos: id('<|endoftext|>'), eos: [id('<|im_end|>'), id('<|endoftext|>')], pad: id('<|endoftext|>') };
   }
   return {
     bos: id('<|begin_of_text|>'),
     eos: [id('<|end_of_text|>'), id('<|eom_id|>'), id('<|eot_id|>')],
     pad: id('<|finetune_right_pad_id|>'),
+  };
+}
+
+/** config.json's vision token ids (Qwen2-VL family): where the tokenizer put its vision tokens. */
+export interface VisionTokenIds {
+  vision_start_token_id: number;
+  vision_end_token_id: number;
+  vision_token_id: number;
+  image_token_id: number;
+  video_token_id: number;
+}
+
+export function visionTokenIds(specials: SpecialToken[]): VisionTokenIds {
+  const id = (content: string) => {
+    const t = specials.find((s) => s.content === content);
+    if (!t) throw new Error(`missing special token ${content}`);
+    return t.id;
+  };
+  return {
+    vision_start_token_id: id('<|vision_start|>'),
+    vision_end_token_id: id('<|vision_end|>'),
+    vision_token_id: id('<|vision_pad|>'),
+    image_token_id: id('<|image_pad|>'),
+    video_token_id: id('<|video_pad|>'),
   };
 }
 
@@ -275,7 +339,8 @@ export function buildTokenizerConfig(
       special: s.special !== false,
     };
   }
-  const chatml = family === 'chatml' || family === 'qwen3';
+  const chatml = family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl';
+  const vl = family === 'qwen2-vl';
   if (family === 'harmony') {
     return {
       added_tokens_decoder: added,
@@ -294,9 +359,9 @@ export function buildTokenizerConfig(
     add_eos_token: false,
     add_prefix_space: false,
     added_tokens_decoder: added,
-    additional_special_tokens: chatml ? ['<|im_start|>', '<|im_end|>'] : [],
+    additional_special_tokens: chatml ? ['<|im_start|>', '<|im_end|>', ...(vl ? QWEN2_VL_VISION_TOKENS : [])] : [],
     bos_token: chatml ? null : '<|begin_of_text|>',
-    chat_template: family === 'qwen3' ? QWEN3_TEMPLATE : chatml ? CHATML_TEMPLATE : LLAMA3_TEMPLATE,
+    chat_template: family === 'qwen3' ? QWEN3_TEMPLATE : vl ? QWEN2_VL_TEMPLATE : chatml ? CHATML_TEMPLATE : LLAMA3_TEMPLATE,
     clean_up_tokenization_spaces: false,
     eos_token: chatml ? '<|im_end|>' : '<|eot_id|>',
     errors: 'replace',

@@ -4,12 +4,14 @@
 
 import { mkdir, readdir, rename, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { buildTokenizerJson } from './bpe.js';
-import { buildTokenizerConfig, specialIds } from './chat-templates.js';
+import { buildTokenizerJson, numAddedTokens, specialTokens } from './bpe.js';
+import { buildTokenizerConfig, specialIds, type VisionTokenIds, visionTokenIds } from './chat-templates.js';
 import {
   type Dtype,
   type PresetShape,
-  PRESETS,
+  PRESETS as SERVED_PRESETS,
+  VISION_PRESETS,
+  type VisionShape,
   isSparseLayer,
   resolvePreset,
   torchDtype,
@@ -27,8 +29,13 @@ import { checkFp8Options, FP8_LAYOUTS, type Fp8Options, quantizeFp8Checkpoint } 
 import { checkIntQuantOptions, INT_LAYOUTS, type IntQuantOptions, planIntQuantization, quantizeIntCheckpoint } from './int4-checkpoint.js';
 import { ARCHITECTURES } from '../src/engine/architectures.js';
 
-export { PRESETS, isSparseLayer, resolvePreset };
-export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily } from './presets.js';
+/**
+ * Every preset the maker writes: the text checkpoints of the families the engine serves
+ * (presets.ts's PRESETS), then the vision-language ones (VISION_PRESETS), which it does not serve yet.
+ */
+export const PRESETS: Record<string, PresetShape> = { ...SERVED_PRESETS, ...VISION_PRESETS };
+export { isSparseLayer, resolvePreset };
+export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily, VisionShape } from './presets.js';
 export { FP8_LAYOUTS, type Fp8Layout, type Fp8Options } from './fp8-checkpoint.js';
 export { INT_LAYOUTS, type IntLayout, type IntQuantOptions } from './int4-checkpoint.js';
 
@@ -199,6 +206,44 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     const lmHead = `${spec.prefix.replace(/model\.$/, '')}lm_head.weight`;
     out.push({ name: lmHead, shape: [s.vocabSize, h], init: { mean: 0, std: INIT.lmHeadGain / Math.sqrt(h) } });
   }
+  if (s.vision) out.push(...visionTensorSpecs(s.vision, h));
+  return out;
+}
+
+/**
+ * Qwen2.5-VL's vision tower as published (visual.*): a bias-free Conv3d patch embedding, blocks of
+ * RMSNorm + fused qkv attention + gated SiLU MLP (all linears biased), and the merger: RMSNorm, then
+ * an MLP over spatialMergeSize^2 concatenated patches into the decoder's hidden size (`outHidden`).
+ * Drawn as the decoder's tensors are: norms near 1, linears scaled by fan-in, the residual writers
+ * (attn.proj, mlp.down_proj) by outGain.
+ */
+function visionTensorSpecs(v: VisionShape, outHidden: number): TensorSpec[] {
+  const vh = v.hiddenSize;
+  const merged = vh * v.spatialMergeSize ** 2;
+  const lin = (name: string, out: number, inp: number, gain = INIT.linearGain): TensorSpec => ({
+    name, shape: [out, inp], init: { mean: 0, std: gain / Math.sqrt(inp) },
+  });
+  const bias = (name: string, n: number): TensorSpec => ({ name, shape: [n], init: { mean: 0, std: INIT.biasStd } });
+  const norm = (name: string, n: number): TensorSpec => ({ name, shape: [n], init: { mean: INIT.normMean, std: INIT.normStd } });
+  const linBias = (name: string, out: number, inp: number, gain = INIT.linearGain): TensorSpec[] => [
+    lin(`${name}.weight`, out, inp, gain), bias(`${name}.bias`, out),
+  ];
+  const patchIn = 3 * v.temporalPatchSize * v.patchSize * v.patchSize;
+  const out: TensorSpec[] = [{
+    name: 'visual.patch_embed.proj.weight',
+    // [out channels, in channels, frames, rows, columns]: a Conv3d whose stride is its kernel.
+    shape: [vh, 3, v.temporalPatchSize, v.patchSize, v.patchSize],
+    init: { mean: 0, std: INIT.linearGain / Math.sqrt(patchIn) },
+  }];
+  for (let i = 0; i < v.depth; i++) {
+    const p = `visual.blocks.${i}`;
+    out.push(norm(`${p}.norm1.weight`, vh), norm(`${p}.norm2.weight`, vh));
+    out.push(...linBias(`${p}.attn.qkv`, 3 * vh, vh), ...linBias(`${p}.attn.proj`, vh, vh, INIT.outGain));
+    out.push(...linBias(`${p}.mlp.gate_proj`, v.intermediateSize, vh), ...linBias(`${p}.mlp.up_proj`, v.intermediateSize, vh));
+    out.push(...linBias(`${p}.mlp.down_proj`, vh, v.intermediateSize, INIT.outGain));
+  }
+  out.push(norm('visual.merger.ln_q.weight', vh));
+  out.push(...linBias('visual.merger.mlp.0', merged, merged), ...linBias('visual.merger.mlp.2', outHidden, merged));
   return out;
 }
 
@@ -237,6 +282,7 @@ const sortKeys = (o: Record<string, unknown>) =>
  * quantization_config of its MXFP4 experts.
  */
 export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[], pad = bos): Record<string, unknown> {
+  if (s.vision) return buildVisionConfig(s, s.vision, dtype, bos, eos[0]!, presetVisionTokenIds(s));
   const spec = ARCHITECTURES[s.architecture];
   const eosField = s.tokenizer === 'llama3' ? eos : eos[0];
   const gptOss = spec.moeLayout === 'gpt_oss';
@@ -280,6 +326,77 @@ export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: numb
   });
 }
 
+/** Where the maker's tokenizer puts a vision preset's vision tokens (after the BPE entries, as every family's specials). */
+function presetVisionTokenIds(s: PresetShape): VisionTokenIds {
+  return visionTokenIds(specialTokens(s.tokenizer, s.vocabSize - numAddedTokens(s.tokenizer)));
+}
+
+/**
+ * Qwen2.5-VL's config.json in its published layout (Qwen/Qwen2.5-VL-3B-Instruct, -7B-Instruct):
+ * the decoder's Qwen2 fields at the top (no head_dim: hidden_size / num_attention_heads), mrope
+ * as rope_scaling {type: "mrope", mrope_section}, the vision token ids, and vision_config.
+ */
+function buildVisionConfig(s: PresetShape, v: VisionShape, dtype: Dtype, bos: number, eos: number, ids: VisionTokenIds): Record<string, unknown> {
+  return sortKeys({
+    architectures: [v.architecture],
+    attention_dropout: 0.0,
+    bos_token_id: bos,
+    eos_token_id: eos,
+    hidden_act: 'silu',
+    hidden_size: s.hiddenSize,
+    initializer_range: 0.02,
+    intermediate_size: s.intermediateSize,
+    max_position_embeddings: s.maxPositionEmbeddings,
+    max_window_layers: v.maxWindowLayers,
+    model_type: 'qwen2_5_vl',
+    num_attention_heads: s.numHeads,
+    num_hidden_layers: s.numLayers,
+    num_key_value_heads: s.numKvHeads,
+    rms_norm_eps: s.rmsNormEps,
+    rope_scaling: { type: 'mrope', mrope_section: [...v.mropeSection] },
+    rope_theta: s.ropeTheta,
+    sliding_window: s.slidingWindow,
+    tie_word_embeddings: s.tieWordEmbeddings,
+    torch_dtype: torchDtype(dtype),
+    transformers_version: '4.41.2',
+    use_cache: true,
+    use_sliding_window: false,
+    ...ids,
+    vision_config: sortKeys({
+      depth: v.depth,
+      fullatt_block_indexes: [...v.fullattBlockIndexes],
+      hidden_act: 'silu',
+      hidden_size: v.hiddenSize,
+      in_chans: 3,
+      intermediate_size: v.intermediateSize,
+      num_heads: v.numHeads,
+      out_hidden_size: s.hiddenSize,
+      patch_size: v.patchSize,
+      spatial_merge_size: v.spatialMergeSize,
+      spatial_patch_size: v.patchSize,
+      temporal_patch_size: v.temporalPatchSize,
+      tokens_per_second: v.tokensPerSecond,
+      window_size: v.windowSize,
+    }),
+    vocab_size: s.vocabSize,
+  });
+}
+
+/** preprocessor_config.json as Qwen2.5-VL publishes it (Qwen2VLImageProcessor with CLIP's mean and std). */
+export function buildPreprocessorConfig(v: VisionShape): Record<string, unknown> {
+  return {
+    min_pixels: v.minPixels,
+    max_pixels: v.maxPixels,
+    patch_size: v.patchSize,
+    temporal_patch_size: v.temporalPatchSize,
+    merge_size: v.spatialMergeSize,
+    image_mean: [0.48145466, 0.4578275, 0.40821073],
+    image_std: [0.26862954, 0.26130258, 0.27577711],
+    image_processor_type: 'Qwen2VLImageProcessor',
+    processor_class: 'Qwen2_5_VLProcessor',
+  };
+}
+
 const isIntLayout = (q: QuantizeOptions): q is IntQuantOptions => (INT_LAYOUTS as readonly unknown[]).includes(q.layout);
 
 /** Throws naming the field when `quantize` is no valid layout's options or does not fit the preset's shapes. */
@@ -289,6 +406,7 @@ function checkQuantize(preset: string, shape: PresetShape, quantize: unknown): a
   if (int) checkIntQuantOptions(quantize);
   else if ((FP8_LAYOUTS as readonly unknown[]).includes(layout)) checkFp8Options(quantize);
   else throw new Error(`quantize must be { layout: ${QUANTIZE_LAYOUTS.map((l) => `'${l}'`).join(' | ')}, ... }, got ${JSON.stringify(quantize)}`);
+  if (shape.vision) throw new Error(`${preset}: quantized layouts are written for the text checkpoints; ${shape.vision.architecture} is written in float dtypes only`);
   if (ARCHITECTURES[shape.architecture].moeLayout === 'gpt_oss') {
     throw new Error(`${preset}: gpt-oss is published with MXFP4 experts; FP8, AWQ and GPTQ layouts are written for the other families`);
   }
@@ -318,7 +436,7 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
   const ids = specialIds(shape.tokenizer, tok.specials);
 
   for (const f of await readdir(out)) {
-    if (/^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$/.test(f) || f === 'config.json') {
+    if (/^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$/.test(f) || f === 'config.json' || f === 'preprocessor_config.json') {
       await unlink(join(out, f));
     }
   }
@@ -361,6 +479,7 @@ export async function makeModel(opts: MakeModelOptions): Promise<void> {
     pad_token_id: ids.pad,
     transformers_version: '4.51.0',
   });
+  if (shape.vision) await writeJson(join(out, 'preprocessor_config.json'), buildPreprocessorConfig(shape.vision));
   const config = buildConfig(shape, dtype, ids.bos, ids.eos, ids.pad);
   // At the top level, where multimodal families put it too.
   if (quantizationConfig) config['quantization_config'] = quantizationConfig;

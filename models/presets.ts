@@ -38,8 +38,45 @@ export type RopeScaling =
  * - 'llama3': byte-level BPE + the 256 Llama 3 special tokens (<|begin_of_text|>, ... <|eot_id|>).
  * - 'harmony': byte-level BPE + gpt-oss's nine named special tokens (<|startoftext|>, <|endoftext|>,
  *   <|return|>, ... <|call|>; consecutive ids, not o200k_harmony's) and the harmony template.
+ * - 'qwen2-vl': chatml plus the vision tokens <|vision_start|> <|vision_end|> <|vision_pad|>
+ *   <|image_pad|> <|video_pad|> (special, in Qwen2-VL's order) and a template with image and video parts.
  */
-export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3' | 'harmony';
+export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3' | 'harmony' | 'qwen2-vl';
+
+/**
+ * The vision tower and processor of a vision-language checkpoint (Qwen2.5-VL), with the fields
+ * its config.json adds to the decoder's. Named as vision_config and preprocessor_config.json
+ * spell them; sizes in patches unless said otherwise.
+ */
+export interface VisionShape {
+  /** architectures[0] of the checkpoint; the engine does not serve it (the decoder's family it does). */
+  architecture: 'Qwen2_5_VLForConditionalGeneration';
+  /** Vision blocks (depth). */
+  depth: number;
+  hiddenSize: number;
+  /** The blocks' gated MLP (gate_proj, up_proj, down_proj, with biases). */
+  intermediateSize: number;
+  numHeads: number;
+  /** Side of a patch in pixels (patch_size). */
+  patchSize: number;
+  /** Frames per patch (temporal_patch_size); an image is repeated to fill them. */
+  temporalPatchSize: number;
+  /** The merger concatenates spatialMergeSize^2 neighbouring patches into one decoder token. */
+  spatialMergeSize: number;
+  /** Side of an attention window in pixels (window_size); a multiple of patchSize * spatialMergeSize. */
+  windowSize: number;
+  /** Blocks that attend over the whole image; the others within windows. */
+  fullattBlockIndexes: number[];
+  /** Video: temporal position ids per second (tokens_per_second). */
+  tokensPerSecond: number;
+  /** rope_scaling.mrope_section: the decoder's rotary pairs given to time, height, width (sums to headDim / 2). */
+  mropeSection: [number, number, number];
+  /** max_window_layers of the decoder's config (published 70 for 3B, the text model's depth for 7B). */
+  maxWindowLayers: number;
+  /** The processor's resize bounds in pixels (min_pixels, max_pixels). */
+  minPixels: number;
+  maxPixels: number;
+}
 
 export interface PresetShape extends FamilyShape {
   architecture: Architecture;
@@ -63,6 +100,11 @@ export interface PresetShape extends FamilyShape {
   slidingWindow: number | null;
   tokenizer: TokenizerFamily;
   defaultDtype: Dtype;
+  /**
+   * A vision-language checkpoint: `architecture` is its decoder's family (whose tensors and
+   * attention it has), written under vision.architecture with the vision tower beside it.
+   */
+  vision?: VisionShape;
   // Mixture-of-experts, Gemma 3 and gpt-oss fields: FamilyShape (src/engine/architectures.ts).
 }
 
@@ -76,6 +118,8 @@ export const SMALL_VOCAB = SMALL_BPE_SIZE + CHATML_SPECIALS;
 const SMALL_QWEN3_VOCAB = SMALL_VOCAB + 6;
 /** Trained BPE + gpt-oss's nine harmony specials: 2057. */
 const SMALL_HARMONY_VOCAB = SMALL_BPE_SIZE + 9;
+/** The tiny vocabulary with Qwen2-VL's five vision tokens: 2056. */
+const SMALL_QWEN2_VL_VOCAB = SMALL_VOCAB + 5;
 
 const llama3Scaling = (factor: number, orig: number): RopeScaling => ({
   rope_type: 'llama3',
@@ -599,11 +643,112 @@ export const PRESETS: Record<string, PresetShape> = {
   },
 };
 
+/** Qwen2.5-VL's vision tower and processor: the same in the 3B and 7B checkpoints (and 72B). */
+const QWEN2_5_VL_VISION: VisionShape = {
+  architecture: 'Qwen2_5_VLForConditionalGeneration',
+  depth: 32,
+  hiddenSize: 1280,
+  intermediateSize: 3420,
+  numHeads: 16,
+  patchSize: 14,
+  temporalPatchSize: 2,
+  spatialMergeSize: 2,
+  windowSize: 112,
+  fullattBlockIndexes: [7, 15, 23, 31],
+  tokensPerSecond: 2,
+  mropeSection: [16, 24, 24],
+  maxWindowLayers: 28,
+  minPixels: 3136,
+  maxPixels: 12845056,
+};
+
+/**
+ * Vision-language checkpoints. Apart from PRESETS, which are the text checkpoints of the families
+ * the engine serves (src/engine/architectures.ts): the maker writes these (make-model.ts's PRESETS
+ * lists both), the engine refuses their architecture until it has a vision encoder.
+ */
+export const VISION_PRESETS: Record<string, PresetShape> = {
+  // Qwen/Qwen2.5-VL-3B-Instruct: Qwen2.5-3B's decoder (tied) and the 32-block vision tower; ~3.75B parameters.
+  'qwen2.5-vl-3b': {
+    architecture: 'Qwen2ForCausalLM',
+    hiddenSize: 2048,
+    intermediateSize: 11008,
+    numLayers: 36,
+    numHeads: 16,
+    numKvHeads: 2,
+    headDim: 128,
+    vocabSize: 151936,
+    maxPositionEmbeddings: 128000,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: true,
+    slidingWindow: 32768,
+    tokenizer: 'qwen2-vl',
+    defaultDtype: 'bf16',
+    vision: { ...QWEN2_5_VL_VISION, maxWindowLayers: 70 },
+  },
+  // Qwen/Qwen2.5-VL-7B-Instruct: Qwen2.5-7B's decoder (untied) and the same tower; ~8.29B parameters.
+  'qwen2.5-vl-7b': {
+    architecture: 'Qwen2ForCausalLM',
+    hiddenSize: 3584,
+    intermediateSize: 18944,
+    numLayers: 28,
+    numHeads: 28,
+    numKvHeads: 4,
+    headDim: 128,
+    vocabSize: 152064,
+    maxPositionEmbeddings: 128000,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: 32768,
+    tokenizer: 'qwen2-vl',
+    defaultDtype: 'bf16',
+    vision: { ...QWEN2_5_VL_VISION, maxWindowLayers: 28 },
+  },
+  // Qwen2.5-VL shrunk: 4 vision blocks, block 1 full attention between windowed ones; windows of
+  // 56 pixels = 2 x 2 merged tokens (4 x 4 patches), so an image of more than 56 x 56 pixels has
+  // several; vision head_dim 16; decoder head_dim 32 with mrope_section [4, 6, 6]; GQA 4:2, untied;
+  // images up to 50176 pixels (224 x 224: 256 patches, 64 decoder tokens).
+  'test-qwen2.5-vl': {
+    architecture: 'Qwen2ForCausalLM',
+    hiddenSize: 128,
+    intermediateSize: 384,
+    numLayers: 2,
+    numHeads: 4,
+    numKvHeads: 2,
+    headDim: 32,
+    vocabSize: SMALL_QWEN2_VL_VOCAB,
+    maxPositionEmbeddings: 2048,
+    rmsNormEps: 1e-6,
+    ropeTheta: 1000000,
+    ropeScaling: null,
+    tieWordEmbeddings: false,
+    slidingWindow: 2048,
+    tokenizer: 'qwen2-vl',
+    defaultDtype: 'f32',
+    vision: {
+      ...QWEN2_5_VL_VISION,
+      depth: 4,
+      hiddenSize: 64,
+      intermediateSize: 160,
+      numHeads: 4,
+      windowSize: 56,
+      fullattBlockIndexes: [1],
+      mropeSection: [4, 6, 6],
+      maxWindowLayers: 2,
+      maxPixels: 50176,
+    },
+  },
+};
+
 /** Preset merged with overrides, validated. Throws on unknown presets or inconsistent shapes. */
 export function resolvePreset(preset: string, overrides: Partial<PresetShape> = {}): PresetShape {
-  const base = PRESETS[preset];
+  const base = Object.hasOwn(PRESETS, preset) ? PRESETS[preset] : Object.hasOwn(VISION_PRESETS, preset) ? VISION_PRESETS[preset] : undefined;
   if (!base) {
-    throw new Error(`unknown preset "${preset}" (known: ${Object.keys(PRESETS).join(', ')})`);
+    throw new Error(`unknown preset "${preset}" (known: ${[...Object.keys(PRESETS), ...Object.keys(VISION_PRESETS)].join(', ')})`);
   }
   const s: PresetShape = { ...base, ...overrides };
   const positive: (keyof PresetShape)[] = [
@@ -632,7 +777,42 @@ export function resolvePreset(preset: string, overrides: Partial<PresetShape> = 
       if (typeof s[k] !== 'number' || !(s[k] > 0)) throw new Error(`preset field ${k} must be a positive number, got ${String(s[k])}`);
     }
   }
+  if (s.vision) checkVision(s, s.vision);
   return s;
+}
+
+/** A Qwen2.5-VL shape: a Qwen2 decoder whose config has no head_dim, and a tower that windows and merges whole patches. */
+function checkVision(s: PresetShape, v: VisionShape): void {
+  if (v.architecture !== 'Qwen2_5_VLForConditionalGeneration') throw new Error(`unknown vision architecture ${String(v.architecture)}`);
+  if (s.architecture !== 'Qwen2ForCausalLM') throw new Error(`${v.architecture} has a Qwen2ForCausalLM decoder, got ${s.architecture}`);
+  if (s.tokenizer !== 'qwen2-vl') throw new Error(`${v.architecture} needs the qwen2-vl tokenizer (its vision tokens), got ${s.tokenizer}`);
+  if (s.headDim * s.numHeads !== s.hiddenSize) {
+    throw new Error(`headDim (${s.headDim}) must be hiddenSize / numHeads (${s.hiddenSize} / ${s.numHeads}): the config has no head_dim`);
+  }
+  const positive: (keyof VisionShape)[] = [
+    'depth', 'hiddenSize', 'intermediateSize', 'numHeads', 'patchSize', 'temporalPatchSize', 'spatialMergeSize', 'windowSize',
+    'tokensPerSecond', 'maxWindowLayers', 'minPixels', 'maxPixels',
+  ];
+  for (const k of positive) {
+    const x = v[k];
+    if (typeof x !== 'number' || !Number.isInteger(x) || x <= 0) throw new Error(`vision field ${k} must be a positive integer, got ${String(x)}`);
+  }
+  // Each head rotates half its dimensions by the patch row and half by the column.
+  if (v.hiddenSize % v.numHeads !== 0 || (v.hiddenSize / v.numHeads) % 4 !== 0) {
+    throw new Error(`vision hiddenSize / numHeads must be a multiple of 4, got ${v.hiddenSize} / ${v.numHeads}`);
+  }
+  const unit = v.patchSize * v.spatialMergeSize;
+  if (v.windowSize % unit !== 0) throw new Error(`vision windowSize (${v.windowSize}) must be a multiple of patchSize * spatialMergeSize (${unit})`);
+  for (const b of v.fullattBlockIndexes) {
+    if (!Number.isInteger(b) || b < 0 || b >= v.depth) throw new Error(`vision fullattBlockIndexes holds ${b}, not a block index`);
+  }
+  const [t, h, w] = v.mropeSection;
+  if (v.mropeSection.length !== 3 || ![t, h, w].every((x) => Number.isInteger(x) && x > 0) || t + h + w !== s.headDim / 2) {
+    throw new Error(`vision mropeSection must be three positive integers summing to headDim / 2 (${s.headDim / 2}), got ${JSON.stringify(v.mropeSection)}`);
+  }
+  if (v.minPixels > v.maxPixels || v.minPixels < unit * unit) {
+    throw new Error(`vision minPixels (${v.minPixels}) must hold one merged patch (${unit * unit}) and not exceed maxPixels (${v.maxPixels})`);
+  }
 }
 
 function positiveInteger(s: PresetShape, k: keyof PresetShape): void {

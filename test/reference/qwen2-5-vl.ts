@@ -67,7 +67,7 @@ export function parseVisionConfig(raw: Record<string, any>): Qwen25VisionConfig 
     hiddenAct: raw.hidden_act ?? 'silu',
     intermediateSize: raw.intermediate_size ?? 3420,
     numHeads: raw.num_heads ?? 16,
-    inChannels: raw.in_channels ?? 3,
+    inChannels: raw.in_chans ?? raw.in_channels ?? 3,  // published configs write in_chans
     patchSize: raw.patch_size ?? 14,
     spatialMergeSize: raw.spatial_merge_size ?? 2,
     temporalPatchSize: raw.temporal_patch_size ?? 2,
