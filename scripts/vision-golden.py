@@ -5,6 +5,7 @@
 # deterministic images, for test/vision-preprocess.test.ts. Run once by hand with Debian's
 # python3-pil and python3-numpy (Pillow 9.4): /usr/bin/python3 scripts/vision-golden.py
 import base64
+import io
 import json
 import math
 import os
@@ -88,6 +89,26 @@ for (w, h, lo, hi, seed) in [(45, 30, 3136, 12845056, 7), (50, 120, 3136, 3136 *
 # What rescale + normalize make of each 8-bit value, per channel (float32).
 v = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
 out["normalized"] = [b64((v - np.float32(MEAN[c])) / np.float32(STD[c])) for c in range(3)]
+
+# Decoding: Pillow's RGB of a JPEG it encodes (4:2:0 and 4:4:4), and transformers' convert_to_rgb
+# of an RGBA PNG (alpha composited over white).
+out["decodes"] = []
+for (name, w, h, seed, fmt, opts) in [("jpeg-420", 97, 61, 10, "JPEG", {"quality": 85}),
+                                     ("jpeg-444", 64, 48, 11, "JPEG", {"quality": 92, "subsampling": 0}),
+                                     ("png-rgba", 40, 30, 12, "PNG", {})]:
+    rgb = pattern(w, h, seed)
+    img = Image.fromarray(rgb, "RGB")
+    if name == "png-rgba":
+        alpha = ((np.arange(w * h).reshape(h, w) * 37) % 256).astype(np.uint8)
+        img = Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **opts)
+    decoded = Image.open(io.BytesIO(buf.getvalue()))
+    if decoded.mode == "RGBA":
+        white = Image.new("RGBA", decoded.size, (255, 255, 255))
+        decoded = Image.alpha_composite(white, decoded)
+    out["decodes"].append({"name": name, "mediaType": "image/" + fmt.lower(), "file": base64.b64encode(buf.getvalue()).decode(),
+                           "width": w, "height": h, "rgb": b64(np.array(decoded.convert("RGB")))})
 
 path = os.path.join(os.path.dirname(__file__), "..", "test", "fixtures", "vision", "qwen2-vl-golden.json")
 with open(path, "w") as f:
