@@ -4,13 +4,21 @@
 // resizes rgb with Pillow's bicubic and lays out the Qwen2-VL patch rows, off the event loop.
 // The sizes and tables are src/vision/qwen2-vl-preprocess.ts's; its TypeScript twin is the
 // reference the tests hold this to.
+//   loadVisionEncoder(modelDir, numThreads) -> Promise<VisionEncoder>
+//   encoder.encode(pixelValues: Float32Array, grid: [t, h, w]) -> Promise<Float32Array [tokens * outHidden]>
+//   encoder.outHidden, encoder.dispose()
+// the Qwen2.5-VL vision tower (vision/qwen2_vl_encoder.h) on the libuv pool. Encodes on one
+// handle run one at a time (the encoder's own pool takes one parallel region at a time); calls
+// made meanwhile wait their turn on a libuv thread.
 #include <napi.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "promise_worker.h"
 #include "vision/image_preprocess.h"
+#include "vision/qwen2_vl_encoder.h"
 
 namespace sluice_addon {
 
@@ -42,26 +50,142 @@ Napi::Value Qwen2VlPatches(const Napi::CallbackInfo& info) {
   if (!info[8].IsTypedArray() || info[8].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
       info[8].As<Napi::Float32Array>().ElementLength() != 3 * 256)
     throw Napi::TypeError::New(env, "tables must be a Float32Array of 768 values");
-  // Copies: the worker must not read JS memory that may move or be freed before it runs.
-  auto in = std::make_shared<std::vector<uint8_t>>(rgb.Data(), rgb.Data() + rgb.ByteLength());
+  // No copies on the event loop: the worker reads the caller's arrays (their memory stays put
+  // while the references below keep them alive) and the result is its own buffer, handed to JS
+  // as an external ArrayBuffer (a Float32Array made here would be zero-filled on this thread).
+  const uint8_t* src = rgb.Data();
   Napi::Float32Array t = info[8].As<Napi::Float32Array>();
-  auto tables = std::make_shared<std::vector<float>>(t.Data(), t.Data() + 768);
+  const float* tables = t.Data();
+  auto inputs = std::make_shared<std::vector<Napi::ObjectReference>>();
+  inputs->push_back(Napi::Persistent(rgb.As<Napi::Object>()));
+  inputs->push_back(Napi::Persistent(t.As<Napi::Object>()));
   const size_t rows = size_t(out_width / patch) * size_t(out_height / patch);
   const size_t dim = size_t(3) * size_t(temporal) * size_t(patch) * size_t(patch);
-  // The result array is made here and filled by the worker (its memory does not move while the
-  // reference below keeps it alive): no copy of the patch rows back into JS.
-  Napi::Float32Array result = Napi::Float32Array::New(env, rows * dim);
-  float* dst = result.Data();
-  auto keep = std::make_shared<Napi::ObjectReference>(Napi::Persistent(result.As<Napi::Object>()));
-  auto* worker = new PromiseWorker<bool>(
+  using Out = std::vector<float>*;
+  auto* worker = new PromiseWorker<Out>(
       env,
       [=]() {
         std::vector<uint8_t> resized(size_t(out_width) * size_t(out_height) * 3);
-        sluice::vision::resize_bicubic_rgb(in->data(), width, height, resized.data(), out_width, out_height);
-        sluice::vision::qwen2vl_patches(resized.data(), out_width, out_height, patch, merge, temporal, tables->data(), dst);
-        return true;
+        sluice::vision::resize_bicubic_rgb(src, width, height, resized.data(), out_width, out_height);
+        auto out = std::make_unique<std::vector<float>>(rows * dim);
+        sluice::vision::qwen2vl_patches(resized.data(), out_width, out_height, patch, merge, temporal, tables, out->data());
+        return out.release();
       },
-      [keep](Napi::Env, bool&) -> Napi::Value { return keep->Value(); });
+      [inputs, rows, dim](Napi::Env e, Out& out) -> Napi::Value {
+        inputs->clear();
+        std::vector<float>* owned = out;
+        out = nullptr;
+        Napi::ArrayBuffer buf = Napi::ArrayBuffer::New(e, owned->data(), owned->size() * sizeof(float),
+                                                       [](Napi::Env, void*, std::vector<float>* v) { delete v; }, owned);
+        return Napi::Float32Array::New(e, rows * dim, buf, 0);
+      });
+  Napi::Promise p = worker->promise();
+  worker->Queue();
+  return p;
+}
+
+using sluice::vision::VisionEncoder;
+
+// One JS VisionEncoder per native encoder. The encoder is shared with each worker using it, so
+// dispose() (or garbage collection) while an encode runs frees it only when that encode is done.
+class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env) {
+    return DefineClass(env, "VisionEncoder",
+                       {InstanceMethod<&VisionEncoderWrap::Encode>("encode"),
+                        InstanceMethod<&VisionEncoderWrap::Dispose>("dispose"),
+                        InstanceAccessor<&VisionEncoderWrap::OutHidden>("outHidden")});
+  }
+
+  // Constructed only by loadVisionEncoder(): new VisionEncoder(external)
+  explicit VisionEncoderWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<VisionEncoderWrap>(info) {
+    if (info.Length() != 1 || !info[0].IsExternal())
+      throw Napi::TypeError::New(info.Env(), "use loadVisionEncoder() to create a vision encoder");
+    auto* holder = info[0].As<Napi::External<std::shared_ptr<const VisionEncoder>>>().Data();
+    encoder_ = std::move(*holder);
+    delete holder;
+    out_hidden_ = encoder_->out_hidden();
+  }
+
+ private:
+  const std::shared_ptr<const VisionEncoder>& encoder(Napi::Env env) {
+    if (!encoder_) throw make_error(env, "DISPOSED", "the vision encoder has been disposed");
+    return encoder_;
+  }
+
+  Napi::Value OutHidden(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(out_hidden_)); }
+
+  Napi::Value Dispose(const Napi::CallbackInfo& info) {
+    encoder_.reset();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Encode(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    std::shared_ptr<const VisionEncoder> enc = encoder(env);
+    if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+      throw Napi::TypeError::New(env, "pixelValues must be a Float32Array");
+    if (!info[1].IsArray() || info[1].As<Napi::Array>().Length() != 3)
+      throw Napi::TypeError::New(env, "grid must be [t, h, w]");
+    Napi::Array g = info[1].As<Napi::Array>();
+    int grid[3];
+    for (uint32_t i = 0; i < 3; i++) {
+      Napi::Value v = g.Get(i);
+      const double n = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+      if (n != double(int64_t(n)) || n < 1 || n > (1 << 16)) throw Napi::RangeError::New(env, "grid values must be integers in [1, 65536]");
+      grid[i] = int(n);
+    }
+    Napi::Float32Array px = info[0].As<Napi::Float32Array>();
+    const int64_t values = int64_t(px.ElementLength());
+    const int64_t rows = int64_t(grid[0]) * grid[1] * grid[2];
+    // patch_dim follows from the grid; a length that the grid does not divide is reported by the
+    // encoder as a row count that does not match (rows are never read past the array).
+    const int64_t patch_dim = values % rows == 0 ? values / rows : enc->config().patch_dim();
+    const int64_t in_rows = values % rows == 0 ? rows : values / patch_dim;
+    // A copy: JS memory must not be read off the event loop after this returns.
+    auto in = std::make_shared<std::vector<float>>(px.Data(), px.Data() + values);
+    auto* worker = new PromiseWorker<std::vector<float>>(
+        env,
+        [enc, in, in_rows, patch_dim, t = grid[0], h = grid[1], w = grid[2]]() {
+          if (in_rows * patch_dim != int64_t(in->size()))
+            throw sluice::Error(sluice::ErrorCode::kInvalidArgument,
+                                "vision encoder: " + std::to_string(in->size()) + " pixel values are not whole rows of " +
+                                    std::to_string(patch_dim) + " for grid (" + std::to_string(t) + ", " + std::to_string(h) +
+                                    ", " + std::to_string(w) + ")");
+          return enc->encode(in->data(), in_rows, patch_dim, t, h, w);
+        },
+        [](Napi::Env e, std::vector<float>& out) -> Napi::Value {
+          Napi::Float32Array r = Napi::Float32Array::New(e, out.size());
+          std::copy(out.begin(), out.end(), r.Data());
+          return r;
+        },
+        Value());
+    Napi::Promise p = worker->promise();
+    worker->Queue();
+    return p;
+  }
+
+  std::shared_ptr<const VisionEncoder> encoder_;
+  int64_t out_hidden_ = 0;
+};
+
+Napi::Value LoadVisionEncoder(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsString()) throw Napi::TypeError::New(env, "modelDir must be a string");
+  const std::string dir = info[0].As<Napi::String>().Utf8Value();
+  const int threads = info[1].IsUndefined() ? 0 : int_arg(info, 1, "numThreads", 0, 1024);
+  auto* ctor = static_cast<Napi::FunctionReference*>(info.Data());
+  auto* worker = new PromiseWorker<std::shared_ptr<const VisionEncoder>>(
+      env, [dir, threads]() { return std::shared_ptr<const VisionEncoder>(VisionEncoder::load(dir, threads)); },
+      [ctor](Napi::Env e, std::shared_ptr<const VisionEncoder>& enc) -> Napi::Value {
+        auto* holder = new std::shared_ptr<const VisionEncoder>(std::move(enc));
+        try {
+          return ctor->New({Napi::External<std::shared_ptr<const VisionEncoder>>::New(e, holder)});
+        } catch (...) {
+          delete holder;
+          throw;
+        }
+      });
   Napi::Promise p = worker->promise();
   worker->Queue();
   return p;
@@ -71,6 +195,10 @@ Napi::Value Qwen2VlPatches(const Napi::CallbackInfo& info) {
 
 void init_vision(Napi::Env env, Napi::Object exports) {
   exports.Set("qwen2VlPatches", Napi::Function::New(env, Qwen2VlPatches));
+  // The class constructor, kept for loadVisionEncoder's results; freed with the environment.
+  auto* ctor = new Napi::FunctionReference(Napi::Persistent(VisionEncoderWrap::Init(env)));
+  env.AddCleanupHook([ctor]() { delete ctor; });
+  exports.Set("loadVisionEncoder", Napi::Function::New(env, LoadVisionEncoder, "loadVisionEncoder", ctor));
 }
 
 }  // namespace sluice_addon

@@ -36,6 +36,15 @@ interface NativeAddon {
   /** Pillow's bicubic resize and the Qwen2-VL patch rows on the libuv pool (native/addon/vision_addon.cpp). */
   qwen2VlPatches(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, patch: number,
     merge: number, temporal: number, tables: Float32Array): Promise<Float32Array>;
+  /** The Qwen2.5-VL vision tower on the CPU (native/addon/vision_addon.cpp); numThreads 0: all CPUs. */
+  loadVisionEncoder(modelDir: string, numThreads: number): Promise<NativeVisionEncoder>;
+}
+
+/** A loaded vision encoder: encode() of one image's patch rows -> [tokens * outHidden], one at a time. */
+export interface NativeVisionEncoder {
+  readonly outHidden: number;
+  encode(pixelValues: Float32Array, grid: readonly [t: number, h: number, w: number]): Promise<Float32Array>;
+  dispose(): void;
 }
 
 let addon: NativeAddon | undefined;
