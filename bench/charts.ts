@@ -14,6 +14,7 @@ import type { TopLevelSpec } from 'vega-lite';
 import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineQ4Charts, engineTsPathCharts, moeCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import { deviceCheckCharts, gemmVsTorchCharts, torchMatmulCharts } from './chart-families-device.js';
+import { kvCacheDtypeCharts, visionEncoderCharts, visionPreprocessCharts } from './chart-families-vision.js';
 import type { Chart } from './chart-kit.js';
 import { ShapeError, type Json } from './chart-shape.js';
 
@@ -38,6 +39,9 @@ const FAMILIES: Record<string, Family> = {
   'prefix-replicas': prefixReplicasCharts,
   'structured': structuredCharts,
   'throughput': throughputCharts,
+  'kv-cache-dtype': kvCacheDtypeCharts,
+  'vision-preprocess': visionPreprocessCharts,
+  'vision-encoder': visionEncoderCharts,
 };
 
 /** The charts of one result, or why it has none. */

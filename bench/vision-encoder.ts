@@ -7,9 +7,10 @@
 // encode time over --runs runs after one warm-up, patches/s, image tokens/s and the arithmetic
 // rate the tower's matmuls reach (2 flops a multiply-add, attention included).
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
+import { chartsBesideResult } from './charts.js';
 import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { nativeAddon } from '../src/native/native.js';
@@ -80,6 +81,7 @@ async function main(): Promise<void> {
     model: 'qwen2.5-vl-3b vision tower (bf16, published shapes)', threads, runs, rows };
   mkdirSync(dirname(args.out!), { recursive: true });
   writeFileSync(args.out!, JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(args.out!));
 }
 
 main().catch((err: unknown) => {

@@ -11,10 +11,11 @@
 // comes (timed: a request body brings one).
 import http from 'node:http';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import sharp from 'sharp';
 
+import { chartsBesideResult } from './charts.js';
 import { machineInfo } from './machine.js';
 import { decodeImage } from '../src/vision/image-decode.js';
 import { loadImageBytes } from '../src/vision/image-source.js';
@@ -119,6 +120,7 @@ async function main(): Promise<void> {
     `${result.healthMs.p50.toFixed(2)}/${result.healthMs.p99.toFixed(2)}/${result.healthMs.max.toFixed(2)}`.padStart(22));
   mkdirSync(dirname(args.out!), { recursive: true });
   writeFileSync(args.out!, JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(args.out!));
 }
 
 main().catch((err: unknown) => {
