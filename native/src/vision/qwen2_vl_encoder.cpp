@@ -14,6 +14,20 @@ namespace {
 
 constexpr const char* kArchitecture = "Qwen2_5_VLForConditionalGeneration";
 constexpr float kNormEps = 1e-6f;
+
+// q . k over n floats in 8 independent partial sums, which the compiler keeps in one vector
+// register (a single running sum is a chain of dependent adds it may not reorder). The order is
+// fixed, so results do not depend on anything but the inputs.
+inline float dot_lanes(const float* a, const float* b, int64_t n) {
+  float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8)
+    for (int l = 0; l < 8; l++) lane[l] += a[e + l] * b[e + l];
+  float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; e < n; e++) sum += a[e] * b[e];
+  return sum;
+}
+
 // Queries per attention task: enough tasks to keep the pool busy when a block attends over a
 // whole frame (one segment per frame), small enough that a task's scores stay in cache.
 constexpr int64_t kQueryChunk = 16;
@@ -274,9 +288,7 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
           float mx = -INFINITY;
           for (int64_t j = tk.lo; j < tk.hi; j++) {
             const float* k = &qkv[size_t(j * 3 * H + H + tk.head * d)];
-            float dot = 0.f;
-            for (int64_t e = 0; e < d; e++) dot += q[e] * k[e];
-            dot *= scale;
+            const float dot = dot_lanes(q, k, d) * scale;
             p[size_t(j - tk.lo)] = dot;
             mx = std::max(mx, dot);
           }
