@@ -34,6 +34,13 @@ class DedicatedThreads {
     static DedicatedThreads* pool = new DedicatedThreads(count);  // never destroyed (see above)
     return *pool;
   }
+  // The thread that runs vision encodes (seconds each on a CPU, one at a time: each encode
+  // already spreads over the encoder's own compute threads), so that queued images never hold
+  // libuv's pool.
+  static DedicatedThreads& vision() {
+    static DedicatedThreads* pool = new DedicatedThreads(1);  // never destroyed (see above)
+    return *pool;
+  }
 
   template <typename Result>
   Napi::Promise run(Napi::Env env, std::function<Result()> work, std::function<Napi::Value(Napi::Env, Result&)> convert) {

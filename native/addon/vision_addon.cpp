@@ -7,15 +7,16 @@
 //   loadVisionEncoder(modelDir, numThreads) -> Promise<VisionEncoder>
 //   encoder.encode(pixelValues: Float32Array, grid: [t, h, w]) -> Promise<Float32Array [tokens * outHidden]>
 //   encoder.outHidden, encoder.dispose()
-// the Qwen2.5-VL vision tower (vision/qwen2_vl_encoder.h) on the libuv pool. Encodes on one
-// handle run one at a time (the encoder's own pool takes one parallel region at a time); calls
-// made meanwhile wait their turn on a libuv thread.
+// the Qwen2.5-VL vision tower (vision/qwen2_vl_encoder.h) on a dedicated thread
+// (DedicatedThreads::vision), one encode at a time across every encoder: each one already spreads
+// over its encoder's own compute threads, and queued encodes wait without holding libuv's pool.
 #include <napi.h>
 
 #include <atomic>
 #include <memory>
 #include <vector>
 
+#include "dedicated_threads.h"
 #include "promise_worker.h"
 #include "vision/image_preprocess.h"
 #include "vision/qwen2_vl_encoder.h"
@@ -144,7 +145,9 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
     const int64_t in_rows = values % rows == 0 ? rows : values / patch_dim;
     // A copy: JS memory must not be read off the event loop after this returns.
     auto in = std::make_shared<std::vector<float>>(px.Data(), px.Data() + values);
-    auto* worker = new PromiseWorker<std::vector<float>>(
+    // On the vision thread, not libuv's pool: an encode takes seconds, and encodes queued on the
+    // pool would hold the threads that engine steps, file reads and image decoding need.
+    return DedicatedThreads::vision().run<std::vector<float>>(
         env,
         [enc, in, in_rows, patch_dim, t = grid[0], h = grid[1], w = grid[2]]() {
           if (in_rows * patch_dim != int64_t(in->size()))
@@ -158,11 +161,7 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
           Napi::Float32Array r = Napi::Float32Array::New(e, out.size());
           std::copy(out.begin(), out.end(), r.Data());
           return r;
-        },
-        Value());
-    Napi::Promise p = worker->promise();
-    worker->Queue();
-    return p;
+        });
   }
 
   std::shared_ptr<const VisionEncoder> encoder_;
