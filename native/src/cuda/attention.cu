@@ -19,6 +19,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/e4m3_convert.cuh"
 #include "cuda/kernels.h"
 
 namespace sluice::cuda {
@@ -36,18 +37,6 @@ __device__ __forceinline__ void load8(const E* p, float (&out)[8]) {
   for (int i = 0; i < 8; i++) out[i] = to_float(e[i]);
 }
 
-// Two e4m3 codes (the first in the low byte) as two f16 in one register, the first in the low
-// half. Exact: f16 holds every e4m3 value (3 mantissa bits, 2^-9 .. 448).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(codes & 0xffffu)));
-  return h;
-#else
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-#endif
-}
 __device__ __forceinline__ float2 f16x2_to_float2(uint32_t bits) {
   return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu))),
                      __half2float(__ushort_as_half(static_cast<unsigned short>(bits >> 16))));
@@ -69,9 +58,7 @@ __device__ __forceinline__ void stage8(const E* src, E* dst) {
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
 }
 __device__ __forceinline__ void stage8(const __nv_fp8_storage_t* src, __half* dst) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(src);
-  *reinterpret_cast<uint4*>(dst) = make_uint4(e4m3x2_to_f16x2(raw.x), e4m3x2_to_f16x2(raw.x >> 16),
-                                              e4m3x2_to_f16x2(raw.y), e4m3x2_to_f16x2(raw.y >> 16));
+  *reinterpret_cast<uint4*>(dst) = e4m3x8_to_e8<__half>(*reinterpret_cast<const uint2*>(src));
 }
 
 // Shared memory of attention_kernel, in floats: the V tiles (one per warp, rows padded by 8

@@ -34,6 +34,7 @@
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/e4m3_convert.cuh"
 #include "cuda/mma_primitives.cuh"
 #include "cuda/flash_decode.h"
 #include "cuda/kernels.h"
@@ -78,38 +79,6 @@ struct DecodeConfig {
 };
 
 using namespace mma;  // cuda/mma_primitives.cuh
-
-// Two e4m3 codes (the first in the low byte) as two f16 in one register, the first in the low
-// half. Exact: f16 holds every e4m3 value (3 mantissa bits, 2^-9 .. 448).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(codes & 0xffffu)));
-  return h;
-#else
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-#endif
-}
-// The same as two E (pack2's layout); bf16 through f32, exact as well.
-template <typename E>
-__device__ __forceinline__ uint32_t e4m3x2_to_e2(uint32_t codes);
-template <>
-__device__ __forceinline__ uint32_t e4m3x2_to_e2<__half>(uint32_t codes) {
-  return e4m3x2_to_f16x2(codes);
-}
-template <>
-__device__ __forceinline__ uint32_t e4m3x2_to_e2<__nv_bfloat16>(uint32_t codes) {
-  const uint32_t h = e4m3x2_to_f16x2(codes);
-  return pack2<__nv_bfloat16>(__half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xffffu))),
-                              __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16))));
-}
-// 8 codes (8 bytes) -> 8 E (16 bytes), in order.
-template <typename E>
-__device__ __forceinline__ uint4 e4m3x8_to_e8(uint2 codes) {
-  return make_uint4(e4m3x2_to_e2<E>(codes.x), e4m3x2_to_e2<E>(codes.x >> 16), e4m3x2_to_e2<E>(codes.y),
-                    e4m3x2_to_e2<E>(codes.y >> 16));
-}
 
 // One head's output from its merged state (acc relative to max `mx`, log2 domain; sum):
 // acc / sum, or with a sink logit (natural units, not scaled) acc / (sum + exp(sink - max)).
