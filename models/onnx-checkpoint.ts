@@ -6,11 +6,11 @@ import { closeSync, existsSync, openSync, readdirSync, readFileSync, readSync } 
 import { join } from 'node:path';
 import { ARCHITECTURES, architectureSpec, specOfModelType, SUPPORTED_ARCHITECTURES, usesSlidingWindow, type Architecture, type ArchitectureSpec } from '../src/engine/architectures.js';
 
-/** The families the export's graph (onnx-graph.ts) writes: dense MLPs, plain RMSNorm, no nested text config. */
-const exportable = (spec: ArchitectureSpec) => spec.mlp === 'dense' && !spec.gemmaNorms && !spec.sandwichNorms && spec.textConfig === null;
+/** The families the export's graph (onnx-graph.ts) writes: dense MLPs, plain RMSNorm and rope, no nested text config. */
+const exportable = (spec: ArchitectureSpec) => spec.mlp === 'dense' && !spec.gemmaNorms && !spec.sandwichNorms && spec.textConfig === null && !spec.mrope;
 
 export type OnnxArchitecture = {
-  [A in Architecture]: (typeof ARCHITECTURES)[A] extends { mlp: 'dense'; gemmaNorms: false } ? A : never;
+  [A in Architecture]: (typeof ARCHITECTURES)[A] extends { mlp: 'dense'; gemmaNorms: false; mrope: false } ? A : never;
 }[Architecture];
 
 export const ONNX_ARCHITECTURES = SUPPORTED_ARCHITECTURES.filter((a) => exportable(ARCHITECTURES[a])) as OnnxArchitecture[];

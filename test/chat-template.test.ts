@@ -58,7 +58,7 @@ describe('ChatTemplate', () => {
     expect(codeOf(() => template.render([{ role: 'function' as 'user', content: 'x' }]))).toBe('invalid_request');
     // Tool results pass through to the template under their own role.
     expect(template.render([{ role: 'tool', content: '42' }], { addGenerationPrompt: false })).toBe('<|im_start|>tool\n42<|im_end|>\n');
-    expect(codeOf(() => template.render([{ role: 'user', content: [{ type: 'image' as 'text', text: '' }] }])))
+    expect(codeOf(() => template.render([{ role: 'user', content: [{ type: 'video' as 'text', text: '' }] }])))
       .toBe('invalid_request');
     const strict = new ChatTemplate(
       "{% if messages[0].role != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}ok");

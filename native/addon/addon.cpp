@@ -325,8 +325,43 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       add.params = parse_sampling(env, a.Get("sampling").As<Napi::Object>());
       add.keyed = a.Get("keyed").IsBoolean() && a.Get("keyed").As<Napi::Boolean>().Value();
       if (a.Get("cacheScope").IsString()) add.cache_scope = a.Get("cacheScope").As<Napi::String>().Utf8Value();
+      if (!a.Get("images").IsUndefined()) add.images = parse_images(env, a.Get("images"));
     }
     return plan;
+  }
+
+  // adds[i].images: [{offset, gridT?, gridH, gridW, embeds: Float32Array, hash: Uint8Array(32)}]
+  // (sluice::SequenceImage; the engine validates the values).
+  static std::vector<sluice::SequenceImage> parse_images(Napi::Env env, Napi::Value v) {
+    const char* shape = "plan.adds[i].images must be [{offset, gridH, gridW, embeds: Float32Array, hash: Uint8Array(32)}]";
+    if (!v.IsArray()) throw Napi::TypeError::New(env, shape);
+    Napi::Array arr = v.As<Napi::Array>();
+    if (arr.Length() > 1024) throw make_error(env, "INVALID_ARGUMENT", "plan.adds[i].images is too long");
+    std::vector<sluice::SequenceImage> out(arr.Length());
+    for (uint32_t k = 0; k < arr.Length(); k++) {
+      if (!arr.Get(k).IsObject()) throw Napi::TypeError::New(env, shape);
+      Napi::Object o = arr.Get(k).As<Napi::Object>();
+      Napi::Value embeds = o.Get("embeds"), hash = o.Get("hash");
+      if (!o.Get("offset").IsNumber() || !o.Get("gridH").IsNumber() || !o.Get("gridW").IsNumber() ||
+          !embeds.IsTypedArray() || embeds.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+          !hash.IsTypedArray() || hash.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array ||
+          hash.As<Napi::TypedArray>().ElementLength() != 32)
+        throw Napi::TypeError::New(env, shape);
+      sluice::SequenceImage& img = out[k];
+      img.offset = o.Get("offset").As<Napi::Number>().Int64Value();
+      img.grid_t = o.Get("gridT").IsNumber() ? o.Get("gridT").As<Napi::Number>().Int32Value() : 1;
+      img.grid_h = o.Get("gridH").As<Napi::Number>().Int32Value();
+      img.grid_w = o.Get("gridW").As<Napi::Number>().Int32Value();
+      Napi::Float32Array e = embeds.As<Napi::Float32Array>();
+      img.embeds.assign(e.Data(), e.Data() + e.ElementLength());
+      const uint8_t* h = hash.As<Napi::Uint8Array>().Data();
+      for (size_t w = 0; w < 4; w++) {
+        uint64_t word = 0;
+        for (size_t b = 0; b < 8; b++) word |= uint64_t(h[w * 8 + b]) << (8 * b);
+        img.content_hash[w] = word;
+      }
+    }
+    return out;
   }
 
   static Napi::Value StepResultToJs(Napi::Env env, sluice::StepResult& r) {

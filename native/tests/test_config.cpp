@@ -220,4 +220,38 @@ TEST_CASE(gpt_oss_config_as_published) {
   CHECK(std::fabs(f[0] - 1.0f) < 1e-7 && std::fabs(f[31] - float(1.0 / std::pow(150000.0, 62.0 / 64.0) / 32.0)) < 1e-9);
 }
 
+TEST_CASE(qwen2_5_vl_reads_mrope_and_the_image_token) {
+  // Qwen/Qwen2.5-VL-7B-Instruct's config.json as published (the text fields; vision_config not read).
+  const std::string base = R"({"architectures":["Qwen2_5_VLForConditionalGeneration"],"model_type":"qwen2_5_vl",
+      "hidden_size":3584,"intermediate_size":18944,"num_hidden_layers":28,"num_attention_heads":28,
+      "num_key_value_heads":4,"vocab_size":152064,"max_position_embeddings":128000,"rope_theta":1000000.0,
+      "sliding_window":32768,"use_sliding_window":false,"image_token_id":151655,"vision_start_token_id":151652,
+      "vision_config":{"depth":32,"hidden_size":1280},)";
+  ModelConfig c = parse_model_config(base + R"("rope_scaling":{"type":"mrope","mrope_section":[16,24,24]}})", "vl");
+  CHECK(c.mrope() && c.mrope_section[0] == 16 && c.mrope_section[1] == 24 && c.mrope_section[2] == 24);
+  CHECK(c.image_token_id == 151655 && c.head_dim == 128 && c.qkv_bias && c.rope_scaling == RopeScaling::None);
+  CHECK(c.max_position_embeddings == 128000);
+  // transformers rewrites the type to "default" and keeps the section.
+  ModelConfig d = parse_model_config(base + R"("rope_scaling":{"rope_type":"default","type":"default","mrope_section":[16,24,24]}})", "vl");
+  CHECK(d.mrope() && d.mrope_section[2] == 24);
+  // A section that does not cover head_dim / 2, or is not three positive integers.
+  CHECK_THROWS_CODE(parse_model_config(base + R"("rope_scaling":{"type":"mrope","mrope_section":[16,24,23]}})", "vl"),
+                    ErrorCode::kModelFileInvalid);
+  CHECK_THROWS_CODE(parse_model_config(base + R"("rope_scaling":{"type":"mrope","mrope_section":[32,32]}})", "vl"),
+                    ErrorCode::kModelFileInvalid);
+  CHECK_THROWS_CODE(parse_model_config(base + R"("rope_scaling":{"type":"mrope","mrope_section":[0,32,32]}})", "vl"),
+                    ErrorCode::kModelFileInvalid);
+  CHECK_THROWS_CODE(parse_model_config(base + R"("rope_scaling":{"type":"mrope"}})", "vl"), ErrorCode::kModelFileInvalid);
+  // An image token outside the vocabulary.
+  std::string bad = base;
+  bad.replace(bad.find("151655"), 6, "999999");
+  CHECK_THROWS_CODE(parse_model_config(bad + R"("rope_scaling":{"type":"mrope","mrope_section":[16,24,24]}})", "vl"),
+                    ErrorCode::kModelFileInvalid);
+  // Text models have neither.
+  ModelConfig q2 = parse_model_config(
+      R"({"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":128,"num_hidden_layers":1,
+          "num_attention_heads":4,"vocab_size":10})", "q2");
+  CHECK(!q2.mrope() && q2.image_token_id == -1);
+}
+
 int main() { return sluice_test::run_all("config"); }

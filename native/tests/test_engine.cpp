@@ -101,6 +101,60 @@ TEST_CASE(same_tokens_alone_in_batch_and_chunked) {
   CHECK(same_bits(alone.logprobs, generate(*e1, prompt, 40, 0, 7).logprobs));
 }
 
+TEST_CASE(mrope_text_equals_plain_rope_and_bad_images_are_refused) {
+  // The same weights as Qwen2 and as Qwen2.5-VL's language model: a text prompt's M-RoPE positions
+  // have three equal components, which is plain rope, bit for bit.
+  TinyModelSpec spec;
+  spec.architecture = "Qwen2ForCausalLM";
+  spec.model_type = "qwen2";
+  spec.qkv_bias = true;
+  const std::string plain_dir = temp_dir("mrope-plain");
+  write_tiny_model(plain_dir, spec);
+  spec.architecture = "Qwen2_5_VLForConditionalGeneration";
+  spec.model_type = "qwen2_5_vl";
+  spec.extra_config = ",\"image_token_id\":95,\"rope_scaling\":{\"type\":\"mrope\",\"mrope_section\":[2,3,3]}";
+  const std::string vl_dir = temp_dir("mrope-vl");
+  write_tiny_model(vl_dir, spec);
+  auto plain = load(plain_dir, size_t(8) << 20, 2, false);
+  auto vl = load(vl_dir, size_t(8) << 20, 2, false);
+  const auto prompt = prompt_of(21, 3, 90);
+  CHECK(same_bits(generate(*plain, prompt, 12, 2, 5).logprobs, generate(*vl, prompt, 12, 2, 5).logprobs));
+
+  // Images: the placeholders must be the image token, fit the prompt and not overlap; the
+  // embeddings must match the grid and be finite; a text model takes none.
+  std::vector<int32_t> with_image = prompt;
+  for (int i = 4; i < 10; i++) with_image[size_t(i)] = 95;
+  SequenceImage img;
+  img.offset = 4;
+  img.grid_h = 2;
+  img.grid_w = 3;
+  img.embeds.assign(size_t(6 * spec.hidden), 0.5f);
+  const SamplingParams greedy{0.f, 1.f, 0, 0, 0};
+  CHECK(vl->add_sequence(1, with_image, greedy, false, "", {img}) == 0);
+  vl->free_sequence(1);
+  auto refused = [&](SequenceImage bad, const std::vector<int32_t>& tokens, Engine& e) {
+    CHECK_THROWS_CODE(e.add_sequence(2, tokens, greedy, false, "", {bad}), ErrorCode::kInvalidArgument);
+    CHECK(e.num_sequence_blocks(2) == 0);
+  };
+  SequenceImage b = img;
+  b.offset = 5;  // token 10 is not the image token
+  refused(b, with_image, *vl);
+  b = img;
+  b.offset = int64_t(with_image.size()) - 3;  // runs past the prompt
+  refused(b, with_image, *vl);
+  b = img;
+  b.embeds.pop_back();
+  refused(b, with_image, *vl);
+  b = img;
+  b.embeds[7] = NAN;
+  refused(b, with_image, *vl);
+  b = img;
+  b.grid_t = 2;
+  refused(b, with_image, *vl);
+  refused(img, with_image, *plain);
+  CHECK_THROWS_CODE(vl->add_sequence(3, with_image, greedy, false, "", {img, img}), ErrorCode::kInvalidArgument);  // overlap
+}
+
 TEST_CASE(int8_quantization_loads_on_cpu_is_batch_invariant_and_refused_elsewhere) {
   TinyModelSpec spec;
   std::string dir = temp_dir("int8");

@@ -79,6 +79,8 @@ export interface ArchitectureSpec {
   sandwichNorms: boolean;
   /** The gated MLP's activation; config.json spells it hidden_act (silu) or hidden_activation (Gemma). */
   activation: 'silu' | 'gelu_pytorch_tanh';
+  /** Rope positions of three components (Qwen2-VL's M-RoPE, rope_scaling.mrope_section): the model takes images. */
+  mrope: boolean;
   /** Key of the nested text model's config (multimodal checkpoints), or null: the text fields are at the top. */
   textConfig: 'text_config' | null;
   /** Tensor name prefix of the decoder; the untied lm_head sits beside it ("lm_head", "language_model.lm_head"). */
@@ -90,7 +92,7 @@ export interface ArchitectureSpec {
 /** The entries every dense, non-Gemma family shares. */
 const PLAIN = {
   defaultContextLength: 2048, mlp: 'dense', moeLayout: null, gemmaNorms: false, sandwichNorms: false,
-  activation: 'silu', textConfig: null, prefix: 'model.',
+  activation: 'silu', textConfig: null, prefix: 'model.', mrope: false,
 } as const;
 
 /** Gemma3TextConfig's fields (a multimodal checkpoint writes them under text_config). */
@@ -108,7 +110,7 @@ const gemma3TextFields = (s: FamilyShape): Record<string, unknown> => ({
 
 const GEMMA3 = {
   qkvBias: false, qkNorm: true, slidingWindowBy: 'layer_types', defaultContextLength: 131072, mlp: 'dense',
-  moeLayout: null, gemmaNorms: true, sandwichNorms: true, activation: 'gelu_pytorch_tanh',
+  moeLayout: null, gemmaNorms: true, sandwichNorms: true, activation: 'gelu_pytorch_tanh', mrope: false,
 } as const;
 
 export const ARCHITECTURES = {
@@ -154,6 +156,12 @@ export const ARCHITECTURES = {
   Gemma3ForConditionalGeneration: {
     ...GEMMA3, modelType: 'gemma3', textConfig: 'text_config', prefix: 'language_model.model.',
     configFields: (s) => ({ text_config: { ...gemma3TextFields(s), model_type: 'gemma3_text' } }),
+  },
+  // Qwen2.5-VL's language model: Qwen2 layers with M-RoPE (rope_scaling.mrope_section), text
+  // fields at the top level as published; the vision tower (visual.*) feeds it image rows.
+  Qwen2_5_VLForConditionalGeneration: {
+    ...PLAIN, modelType: 'qwen2_5_vl', qkvBias: true, qkNorm: false, slidingWindowBy: 'use_sliding_window', mrope: true,
+    configFields: (s) => ({ max_window_layers: s.numLayers, sliding_window: s.maxPositionEmbeddings, use_sliding_window: false }),
   },
   // gpt-oss: attention with biases and sinks, sliding and full layers alternating, YaRN rope, and
   // MXFP4 experts routed by top-k logits (softmax over those) through a clamped SwiGLU.

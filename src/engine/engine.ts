@@ -25,6 +25,9 @@ import { promptOpensThinking, ThinkingConstraint, type ThinkingTags } from '../s
 import { readWeightsAhead } from './weight-files.js';
 import { specOfConfig, textConfigOf } from './architectures.js';
 import { loadOnnxHandle, servesOnnxByDefault } from '../native/onnx/onnx-backend.js';
+import type { NativeSequenceImage } from '../native/native-types.js';
+import type { ChatMessage } from '../text/chat-template.js';
+import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-model.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -147,6 +150,8 @@ export interface EngineInfo extends NativeModelInfo {
   maxNumSeqs: number;
   /** Prompt + generated tokens one sequence can hold in the KV pool. */
   maxSequenceTokens: number;
+  /** The model takes images in its prompts (a vision-language checkpoint: Engine.vision). */
+  imageInput: boolean;
 }
 
 export interface SchedulerStats {
@@ -205,9 +210,12 @@ export class Engine {
     private readonly batcher: Batcher,
     modelDir: string,
     private readonly observers: EngineObservers,
+    /** The vision tower and preprocessor of a vision-language model. */
+    readonly vision: VisionModel | undefined,
   ) {
     this.info = {
       ...handle.info(),
+      imageInput: vision !== undefined,
       modelDir,
       eosTokenIds: [...tokenizer.eosTokenIds],
       hasChatTemplate: tokenizer.chatTemplate !== undefined,
@@ -326,7 +334,10 @@ export class Engine {
       throw new SluiceError('invalid_argument', `backend must be cpu, cuda, onnx or auto, got ${String(requested)}`, { param: 'backend' });
     }
 
+    let vision: VisionModel | undefined;
     try {
+      // Images are encoded on the CPU whatever backend runs the decoder.
+      if (requested !== 'onnx') vision = await VisionModel.load(modelDir, config, base.numThreads);
       const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL[handle.info().backend] : opts.flexDeferral;
       const tenants = opts.tenantDeferral === undefined ? DEFAULT_TENANT_DEFERRAL : opts.tenantDeferral;
       const observers = new EngineObservers();
@@ -338,10 +349,11 @@ export class Engine {
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
-      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers);
+      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision);
       if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
       return engine;
     } catch (err) {
+      vision?.dispose();
       handle.dispose();
       throw err;
     }
@@ -475,6 +487,42 @@ export class Engine {
     return { open: '<think>', close: '</think>', openId, closeId };
   }
 
+  /**
+   * The prompt with its images' placeholders expanded (vision.ts placeImages), and where each image
+   * starts. A model without image input refuses images; a vision-language model refuses a prompt
+   * whose image tokens do not pair up with its images.
+   */
+  placeImages(tokenIds: number[], images: readonly PreparedImage[]): { tokenIds: number[]; offsets: number[] } {
+    if (this.vision === undefined) {
+      if (images.length > 0) throw new SluiceError('image_input_unsupported', 'this model does not take image input', { param: 'images' });
+      return { tokenIds, offsets: [] };
+    }
+    return placeImages(tokenIds, images, this.vision.imageTokenId);
+  }
+
+  /** Image parts in messages need a model that takes images, and one image each (GenerateRequest.images). */
+  private checkImageParts(messages: readonly ChatMessage[], images: readonly PreparedImage[]): void {
+    const parts = messages.reduce((n, m) => n + (Array.isArray(m?.content) ? m.content.filter((p) => p?.type === 'image').length : 0), 0);
+    if (parts > 0 && this.vision === undefined) {
+      throw new SluiceError('image_input_unsupported', 'this model does not take image input', { param: 'messages' });
+    }
+    if (parts !== images.length) {
+      throw new SluiceError('invalid_request', `the messages hold ${parts} image part${parts === 1 ? '' : 's'} for ${images.length} image${images.length === 1 ? '' : 's'}`,
+        { param: 'images' });
+    }
+  }
+
+  /** Runs the vision tower over a request's images, one after another; rejects once `signal` aborts. */
+  private async encodeImages(images: readonly PreparedImage[], offsets: readonly number[], signal: AbortSignal): Promise<NativeSequenceImage[]> {
+    const out: NativeSequenceImage[] = [];
+    for (const [k, image] of images.entries()) {
+      if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new SluiceError('cancelled', 'the request was cancelled');
+      const embeds = await this.vision!.encode(image);
+      out.push({ offset: offsets[k]!, gridH: image.gridH, gridW: image.gridW, embeds, hash: image.hash });
+    }
+    return out;
+  }
+
   private async outputConstraint(req: GenerateRequest, promptTokenIds: readonly number[]): Promise<TokenConstraint | undefined> {
     const budget = req.thinking === undefined || req.thinking === false ? undefined : req.thinking.budget;
     const tags = this.thinkingTags();
@@ -496,6 +544,7 @@ export class Engine {
     this.disposed = true;
     await this.batcher.dispose();
     await this.structured?.dispose();
+    this.vision?.dispose();
     this.handle.dispose();
   }
 
@@ -521,12 +570,14 @@ export class Engine {
     }
     const tenant = checkTenant(req.tenant);
     const source = promptSource(req);
-    const promptTokenIds = source === 'promptTokenIds' ? this.promptTokenIds(req)
+    if (source === 'messages') this.checkImageParts(req.messages!, req.images ?? []);
+    const renderedTokenIds = source === 'promptTokenIds' ? this.promptTokenIds(req)
       : await this.preparePrompt(source === 'prompt' ? { prompt: req.prompt! } : {
         messages: req.messages!,
         ...(req.tools !== undefined && { tools: req.tools }),
         ...(req.thinking !== undefined && { enableThinking: req.thinking !== false }),
       }, { tenant });
+    const { tokenIds: promptTokenIds, offsets: imageOffsets } = this.placeImages(renderedTokenIds, req.images ?? []);
     const maxTokens = resolveMaxTokens(promptTokenIds.length, options.maxTokens, this.info.contextLength,
       this.batcher.maxSequenceTokens);
     onPrompt(promptTokenIds);
@@ -541,6 +592,7 @@ export class Engine {
     // Structured outputs (compiled or taken from the cache, checked before anything runs) and the
     // thinking budget.
     // (No await without either: the request reaches the scheduler in this same tick.)
+    const images = imageOffsets.length === 0 ? undefined : await this.encodeImages(req.images!, imageOffsets, controller.signal);
     const constraint = req.responseFormat === undefined && (req.thinking === undefined || req.thinking === false)
       ? undefined : await this.outputConstraint(req, promptTokenIds);
     const generation = new Generation({
@@ -558,6 +610,7 @@ export class Engine {
     try {
       this.batcher.submit({
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
+        ...(images !== undefined && { images }),
         keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation, tenant,
         ...(constraint !== undefined && { constraint }),
         // A key groups requests of its own tenant only.

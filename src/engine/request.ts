@@ -2,6 +2,7 @@
 // into prompt tokens + native sampling parameters. Failures are SluiceError invalid_request (or
 // context_length_exceeded) naming the field.
 
+import type { PreparedImage } from '../vision/vision-model.js';
 import { getRandomValues } from 'node:crypto';
 import { SluiceError } from '../errors.js';
 import type { ChatMessage, ChatTool } from '../text/chat-template.js';
@@ -16,6 +17,12 @@ export interface GenerateRequest {
   /** Rendered with the model's chat template (add_generation_prompt). */
   messages?: ChatMessage[];
   promptTokenIds?: number[];
+  /**
+   * Images of a vision-language model's prompt (Engine.vision.prepare), in prompt order: the k-th
+   * image token the prompt holds (one per image as a chat template renders an image part, or a
+   * run already expanded to the image's numTokens) stands for images[k].
+   */
+  images?: PreparedImage[];
   /** Generated-token limit, >= 1. Default: what is left of the context (and of the KV pool). */
   maxTokens?: number;
   /** 0..2; 0 = greedy. Default 1 (the OpenAI APIs' default; the CLI defaults to 0). */

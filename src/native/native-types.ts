@@ -113,6 +113,23 @@ export interface NativeSequenceAdd {
   keyed?: boolean;
   /** The owner of its cached blocks (an organization id); other scopes never hit them. Default ''. */
   cacheScope?: string;
+  /** Vision-language models: the prompt's images, in prompt order (sluice::SequenceImage). */
+  images?: readonly NativeSequenceImage[];
+}
+
+/**
+ * An image in a prompt: its encoder output replaces the input rows of gridH * gridW placeholder
+ * tokens (the model's image token) from promptTokens[offset], row-major; M-RoPE positions follow
+ * the grid. `hash`: SHA-256 of the pixels fed to the encoder (prefix-cache blocks holding the
+ * image are keyed by it).
+ */
+export interface NativeSequenceImage {
+  offset: number;
+  gridH: number;
+  gridW: number;
+  /** [gridH * gridW, hidden_size] */
+  embeds: Float32Array;
+  hash: Uint8Array;
 }
 
 /**

@@ -207,6 +207,7 @@ export class Planner {
       plan.adds = adds.map((seq) => ({
         seqId: seq.seqId, promptTokens: roster.promptOf(seq), sampling: seq.request.sampling,
         keyed: seq.request.keyed ?? false, cacheScope: seq.request.tenant ?? '',
+        ...(seq.request.images !== undefined && seq.request.images.length > 0 && { images: seq.request.images }),
       }));
     }
     return { plan, rows, adds, netBlocks, preempted: step.preempted };

@@ -7,7 +7,7 @@
 // (reported*), never computed on this side; planning ahead of a result predicts from them
 // (predicted*) and the engine clamps whatever the prediction got wrong.
 
-import type { NativeSamplingParams } from '../native/native-types.js';
+import type { NativeSamplingParams, NativeSequenceImage } from '../native/native-types.js';
 import type { TokenConstraint } from '../structured/token-constraint.js';
 import type { SequenceView } from './policy.js';
 
@@ -42,6 +42,8 @@ export interface SequenceSink {
 
 export interface SequenceRequest {
   promptTokenIds: readonly number[];
+  /** Vision-language models: the prompt's images (their placeholders are in promptTokenIds); re-sent with every add, preemptions included. */
+  images?: readonly NativeSequenceImage[];
   /** Upper bound on generated tokens (>= 1); the sequence finishes when it is reached. */
   maxTokens: number;
   sampling: NativeSamplingParams;

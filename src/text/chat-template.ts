@@ -12,6 +12,16 @@ export interface ChatTextPart {
   text: string;
 }
 
+/**
+ * Where an image sits in a message (vision-language models): the template renders its
+ * placeholder; the image itself travels beside the messages (GenerateRequest.images, in order).
+ */
+export interface ChatImagePart {
+  type: 'image';
+}
+
+export type ChatContentPart = ChatTextPart | ChatImagePart;
+
 export interface ChatToolCall {
   id: string;
   type: 'function';
@@ -21,8 +31,11 @@ export interface ChatToolCall {
 
 export interface ChatMessage {
   role: ChatRole;
-  /** A string, or a list of text parts which are joined with '\n'. */
-  content: string | readonly ChatTextPart[];
+  /**
+   * A string, or a list of parts: text parts are joined with '\n', unless the list holds an image,
+   * in which case the template gets the parts as they are (vision templates iterate them).
+   */
+  content: string | readonly ChatContentPart[];
   /** An assistant turn's tool calls. */
   tool_calls?: ChatToolCall[];
   /** A tool result's call id, and the function's name. */
@@ -59,7 +72,7 @@ const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 
 /** The variables a template is rendered with (apply_chat_template's, as transformers passes them). */
 export type TemplateContext = Record<string, unknown> & { messages: NormalizedMessage[] };
 
-export type NormalizedMessage = { role: string; content: string; thinking?: string } & Partial<ChatMessage>;
+export type NormalizedMessage = { role: string; content: string | ChatContentPart[]; thinking?: string } & Partial<ChatMessage>;
 
 /** A compiled chat template. Compile once per model; render per request. */
 export class ChatTemplate {
@@ -113,7 +126,16 @@ export class ChatTemplate {
       if (this.oneCallPerTurn) normalized = splitParallelCalls(normalized);
     }
     let tools = options.tools !== undefined && options.tools.length > 0 ? options.tools : undefined;
-    if (this.harmony) ({ messages: normalized, tools } = harmonyTemplateInput(normalized, tools));
+    if (this.harmony) {
+      // Harmony templates take text only (gpt-oss has no image input).
+      const text = normalized.map((m, i) => {
+        if (typeof m.content !== 'string') {
+          throw new SluiceError('invalid_request', `messages[${i}] holds an image; this model takes text only`, { param: `messages[${i}].content` });
+        }
+        return m as NormalizedMessage & { content: string };
+      });
+      ({ messages: normalized, tools } = harmonyTemplateInput(text, tools));
+    }
     return {
       messages: normalized,
       add_generation_prompt: options.addGenerationPrompt ?? true,
@@ -215,18 +237,21 @@ export function normalizeMessages(messages: readonly ChatMessage[]): NormalizedM
   });
 }
 
-function messageText(content: ChatMessage['content'], param: string): string {
+function messageText(content: ChatMessage['content'], param: string): string | ChatContentPart[] {
   if (typeof content === 'string') return content;
   if (!Array.isArray(content)) {
     throw new SluiceError('invalid_request', `${param}.content must be a string or an array of text parts`,
       { param: `${param}.content` });
   }
-  return content.map((part, j) => {
+  const parts = (content as readonly ChatContentPart[]).map((part, j): ChatContentPart => {
+    if (part !== null && typeof part === 'object' && part.type === 'image') return { type: 'image' };
     if (part === null || typeof part !== 'object' || part.type !== 'text' || typeof part.text !== 'string') {
       throw new SluiceError('invalid_request',
-        `${param}.content[${j}] must be {type: 'text', text: string} (only text is supported)`,
+        `${param}.content[${j}] must be {type: 'text', text: string} or {type: 'image'}`,
         { param: `${param}.content[${j}]` });
     }
-    return part.text;
-  }).join('\n');
+    return { type: 'text', text: part.text };
+  });
+  if (parts.some((part) => part.type === 'image')) return parts;
+  return parts.map((part) => (part as ChatTextPart).text).join('\n');
 }

@@ -97,6 +97,20 @@ struct SamplingParams {
   float min_p = 0.0f;
 };
 
+// An image in a prompt (vision-language models, ModelConfig::image_token_id): its vision encoder
+// output replaces the input rows of grid_t * grid_h * grid_w consecutive placeholder tokens from
+// prompt[offset], and those tokens' M-RoPE positions are (p, p + h, p + w) for the token at (t, h, w)
+// of the grid (row-major), p being the position the first placeholder would have had (t adds
+// nothing: images are one frame). Text after the image continues from p + max(grid_h, grid_w).
+struct SequenceImage {
+  int64_t offset = 0;
+  int32_t grid_t = 1, grid_h = 0, grid_w = 0;  // in decoder tokens (merged patches)
+  std::vector<float> embeds;                   // [grid_t * grid_h * grid_w, hidden_size]
+  // Identifies the pixels fed to the encoder (the caller's SHA-256 of them): the prefix cache keys
+  // every block holding part of the image by it, so only the same image shares those blocks.
+  std::array<uint64_t, 4> content_hash{0, 0, 0, 0};
+};
+
 // A sequence to register at the start of a step (see Engine::add_sequence for the fields).
 struct SequenceAdd {
   uint32_t seq_id = 0;
@@ -104,6 +118,7 @@ struct SequenceAdd {
   SamplingParams params;
   bool keyed = false;
   std::string cache_scope;
+  std::vector<SequenceImage> images;  // in prompt order, not overlapping
 };
 
 // One step, the whole boundary between the scheduler and the engine. Applied in this order:
@@ -237,9 +252,11 @@ class Engine {
   // carried a prompt_cache_key; its cached blocks, once unreferenced, are evicted only after every
   // unkeyed evictable block (retention class, see kv/block_pool.h). cache_scope: the owner of
   // the sequence's cached blocks (an organization id); sequences of different scopes never share
-  // a cached block. Throws kInvalidArgument for a bad prompt or sampling parameter (nothing added).
+  // a cached block. images: see SequenceImage (a model without image input refuses any).
+  // Throws kInvalidArgument for a bad prompt, image or sampling parameter (nothing added).
   virtual int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params,
-                               bool keyed = false, const std::string& cache_scope = "") = 0;
+                               bool keyed = false, const std::string& cache_scope = "",
+                               const std::vector<SequenceImage>& images = {}) = 0;
   // Unknown ids are ignored. Its full blocks stay in the prefix cache (evictable once unreferenced).
   virtual void free_sequence(uint32_t seq_id) = 0;
   // Blocks a step can get: free ones plus unreferenced cached ones (evicted on demand).

@@ -1,5 +1,6 @@
 // The model hyper-parameters the engine needs, read from a Hugging Face config.json.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -92,6 +93,13 @@ struct ModelConfig {
   bool attention_sinks = false;  // gpt-oss: a learned logit per head joins every softmax (and takes its share)
   std::vector<uint8_t> layer_sparse;  // [num_layers]
 
+  // Qwen2-VL's multimodal rope (M-RoPE): rotary pair i takes its position from the token's time,
+  // height or width component, whichever of mrope_section's three consecutive ranges holds i. A
+  // text token's three components are equal, which is plain rope. All zero: not an M-RoPE model.
+  std::array<int64_t, 3> mrope_section{0, 0, 0};
+  // Vision-language checkpoints: the placeholder token whose rows take image embeddings (-1: none).
+  int64_t image_token_id = -1;
+
   QuantizationConfig quantization;
 
   bool is_sparse(int64_t layer) const { return !layer_sparse.empty() && layer_sparse[size_t(layer)] != 0; }
@@ -102,6 +110,7 @@ struct ModelConfig {
   // attention factor squared (it scales both q and k).
   double softmax_scale() const;
   bool any_local_rope() const;
+  bool mrope() const { return mrope_section[0] > 0; }
 
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor) & ~int64_t(1); }
   // Inverse frequencies for RoPE with the configured scaling applied: [rotary_dim/2].

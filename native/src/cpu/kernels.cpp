@@ -501,14 +501,19 @@ void embedding(ThreadPool& pool, const int32_t* ids, int64_t T, const void* tabl
 }
 
 void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-          const float* inv_freq, const int32_t* positions) {
+          const float* inv_freq, const int32_t* positions, const int32_t* mrope_positions, const int64_t* mrope_section) {
   const int64_t half = rot_dim / 2;
   pool.parallel_for(T, 16, [&](int64_t b, int64_t e) {
     std::vector<float> cs(size_t(2 * half));
     for (int64_t t = b; t < e; t++) {
       // Angles in double from the f32 frequencies, then rounded: cos/sin depend only on the position.
       for (int64_t i = 0; i < half; i++) {
-        const double angle = double(positions[t]) * double(inv_freq[i]);
+        int32_t pos = positions[t];
+        if (mrope_positions) {
+          const int c = i < mrope_section[0] ? 0 : i < mrope_section[0] + mrope_section[1] ? 1 : 2;
+          pos = mrope_positions[3 * t + c];
+        }
+        const double angle = double(pos) * double(inv_freq[i]);
         cs[size_t(i)] = float(std::cos(angle));
         cs[size_t(half + i)] = float(std::sin(angle));
       }

@@ -91,8 +91,11 @@ void embedding(ThreadPool& pool, const int32_t* ids, int64_t T, const void* tabl
 // Rotary embedding, rotate-half (GPT-NeoX / Hugging Face Llama) convention, in place.
 // x: [T, n_heads, head_dim]; inv_freq: [rot_dim/2] (already scaled for llama3/linear);
 // positions: [T]. Only the first rot_dim dims of each head rotate.
+// M-RoPE (Qwen2-VL): with mrope_positions [3T] and mrope_section [3], pair i rotates by component
+// 0 (time), 1 (height) or 2 (width) of its token's position, by the section holding i.
 void rope(ThreadPool& pool, float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
-          const float* inv_freq, const int32_t* positions);
+          const float* inv_freq, const int32_t* positions, const int32_t* mrope_positions = nullptr,
+          const int64_t* mrope_section = nullptr);
 
 // Paged KV cache layout, one per layer: k and v each [num_blocks, block_size, n_kv_heads, head_dim]
 // in `dtype`: f32; bf16 to halve the bytes attention reads (rounded to nearest even on write); or

@@ -33,6 +33,16 @@ struct ForwardBatch {
   int64_t num_seqs = 0;                     // S
   const int32_t* const* block_tables = nullptr;  // [S] -> block ids covering positions 0..max pos
   const int32_t* num_seq_blocks = nullptr;  // [S] length of each block table
+  // M-RoPE models (ModelConfig::mrope()): [3T] each token's rope position, (time, height, width) at
+  // 3t..3t+2; `positions` stays the token's place in its sequence (KV slot, causal order). Text
+  // tokens have three equal components. nullptr for other models.
+  const int32_t* rope_positions = nullptr;
+  // Tokens whose input row is given instead of embed[token] (image placeholders): token
+  // input_embed_rows[i] (ascending) takes the hidden_size floats at input_embeds[i], unscaled (no
+  // embed_scale). Host memory, valid during forward().
+  int64_t num_input_embeds = 0;
+  const int32_t* input_embed_rows = nullptr;
+  const float* const* input_embeds = nullptr;
   int64_t num_logit_rows = 0;               // R
   const int32_t* logit_rows = nullptr;      // [R] indices into the T tokens whose logits are wanted
 };

@@ -214,6 +214,8 @@ void CpuBackend::embed() {
       for (int64_t i = b; i < e; i++) x[i] *= scale;
     });
   }
+  for (int64_t i = 0; i < batch_->num_input_embeds; i++)
+    std::memcpy(x_.data() + int64_t(batch_->input_embed_rows[i]) * H, batch_->input_embeds[i], size_t(H) * sizeof(float));
 }
 
 const TensorView& CpuBackend::norm_weight(int64_t layer, LayerNorm which) const {
@@ -261,8 +263,9 @@ void CpuBackend::rope_kv_write(int64_t layer) {
     cpu::rmsnorm(pool_, k_.data(), T_ * nkv, hd, lw.k_norm.data, lw.k_norm.dtype, eps, k_.data());
   }
   const float* inv_freq = c_.local_rope(layer) ? local_inv_freq_.data() : inv_freq_.data();
-  cpu::rope(pool_, q_.data(), T_, nq, hd, c_.rotary_dim(), inv_freq, batch_->positions);
-  cpu::rope(pool_, k_.data(), T_, nkv, hd, c_.rotary_dim(), inv_freq, batch_->positions);
+  const int32_t* mrope = c_.mrope() ? batch_->rope_positions : nullptr;
+  cpu::rope(pool_, q_.data(), T_, nq, hd, c_.rotary_dim(), inv_freq, batch_->positions, mrope, c_.mrope_section.data());
+  cpu::rope(pool_, k_.data(), T_, nkv, hd, c_.rotary_dim(), inv_freq, batch_->positions, mrope, c_.mrope_section.data());
   const bool windowed = c_.window(layer) > 0;
   cpu::kv_write(pool_, layers_kv_[size_t(layer)], k_.data(), v_.data(), windowed ? batch_->window_slots : batch_->slots, T_);
 }

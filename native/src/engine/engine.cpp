@@ -36,6 +36,11 @@ struct Sequence {
   bool keyed = false;            // added with a prompt_cache_key: its blocks are released as keyed
   BlockHash root;                // parent hash of blocks[0]: the model and the cache scope
   uint64_t planned_in_step = 0;  // the step counter when the sequence last got a plan row
+  // Vision-language prompts: the images (placeholders at images[k].offset..), and for M-RoPE the
+  // rope position of each image's first placeholder and the offset (rope position - index) of the
+  // text after it; text before the first image has offset 0.
+  std::vector<SequenceImage> images;
+  std::vector<int64_t> image_rope_start, image_rope_after;
   // Pipelined steps: which incarnation of seq_id this is (a step in flight may end after its
   // sequence was freed and the id added again), and tokens may hold placeholders
   // (Backend::device_token_ref(r), < 0): row r of the step in flight samples them.
@@ -172,7 +177,7 @@ class EngineImpl final : public Engine {
   }
 
   int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p,
-                       bool keyed, const std::string& cache_scope) override {
+                       bool keyed, const std::string& cache_scope, const std::vector<SequenceImage>& images) override {
     check_in_service();
     if (seqs_.count(seq_id)) throw Error(ErrorCode::kSequenceExists, "sequence " + std::to_string(seq_id) + " already exists");
     if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "a sequence needs at least one prompt token");
@@ -191,6 +196,7 @@ class EngineImpl final : public Engine {
                   "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= top_k <= vocabulary size " +
                       std::to_string(config_.vocab_size) + ", logprobs 0..20, 0 <= min_p <= 1)");
     Sequence s;
+    if (!images.empty()) place_images(s, prompt, images);
     s.tokens = prompt;
     s.params = p;
     s.keyed = keyed;
@@ -303,7 +309,88 @@ class EngineImpl final : public Engine {
   BlockHash block_hash(const Sequence& s, size_t block) const {
     const int64_t bs = opts_.block_size;
     return hash_block(opts_.prefix_hash_key, block == 0 ? s.root : s.block_hashes[block - 1],
-                      s.tokens.data() + int64_t(block) * bs, size_t(bs), model_key_);
+                      s.tokens.data() + int64_t(block) * bs, size_t(bs), block_extra_key(s, block));
+  }
+
+  // The extra key of a block's hash: the model key, and for a block holding image placeholders
+  // (whose token ids say nothing of the image) each such image's content hash, grid and place
+  // relative to the block, so only the same image at the same place shares the block.
+  uint64_t block_extra_key(const Sequence& s, size_t block) const {
+    if (s.images.empty()) return model_key_;
+    const int64_t bs = opts_.block_size, first = int64_t(block) * bs, last = first + bs;
+    SipHasher h(opts_.prefix_hash_key);
+    bool any = false;
+    for (const SequenceImage& img : s.images) {
+      const int64_t end = img.offset + image_tokens(img);
+      if (end <= first || img.offset >= last) continue;
+      if (!any) h.bytes("sluice.image", 12).u64(model_key_);
+      any = true;
+      for (uint64_t w : img.content_hash) h.u64(w);
+      h.u64(uint64_t(img.offset - first)).u32(uint32_t(img.grid_t)).u32(uint32_t(img.grid_h)).u32(uint32_t(img.grid_w));
+    }
+    return any ? h.finish() : model_key_;
+  }
+
+  static int64_t image_tokens(const SequenceImage& img) {
+    return int64_t(img.grid_t) * int64_t(img.grid_h) * int64_t(img.grid_w);
+  }
+
+  // Validates a prompt's images and gives them to s with their M-RoPE offsets.
+  void place_images(Sequence& s, const std::vector<int32_t>& prompt, const std::vector<SequenceImage>& images) const {
+    if (config_.image_token_id < 0 || !config_.mrope())
+      throw Error(ErrorCode::kInvalidArgument, "this model takes no image input (" + config_.architecture + ")");
+    if (images.size() > kMaxImagesPerSequence)
+      throw Error(ErrorCode::kInvalidArgument, "a sequence holds at most " + std::to_string(kMaxImagesPerSequence) + " images");
+    int64_t end = 0, offset = 0;  // offset: rope position - index of the text at `end`
+    for (size_t k = 0; k < images.size(); k++) {
+      const SequenceImage& img = images[k];
+      const std::string which = "image " + std::to_string(k);
+      if (img.grid_t != 1) throw Error(ErrorCode::kInvalidArgument, which + ": grid_t must be 1 (video is not supported)");
+      if (img.grid_h < 1 || img.grid_w < 1 || img.grid_h > 65536 || img.grid_w > 65536)
+        throw Error(ErrorCode::kInvalidArgument, which + ": grid_h and grid_w must be in 1..65536");
+      const int64_t n = image_tokens(img);
+      if (img.offset < end || img.offset + n > int64_t(prompt.size()))
+        throw Error(ErrorCode::kInvalidArgument, which + ": its " + std::to_string(n) + " placeholders at " +
+                                                     std::to_string(img.offset) +
+                                                     " overlap the image before or run past the prompt");
+      for (int64_t j = img.offset; j < img.offset + n; j++)
+        if (prompt[size_t(j)] != config_.image_token_id)
+          throw Error(ErrorCode::kInvalidArgument, which + ": prompt token " + std::to_string(j) + " is not the image token " +
+                                                       std::to_string(config_.image_token_id));
+      if (int64_t(img.embeds.size()) != n * config_.hidden_size)
+        throw Error(ErrorCode::kInvalidArgument, which + ": embeddings hold " + std::to_string(img.embeds.size()) +
+                                                     " values, expected " + std::to_string(n) + " x hidden size " +
+                                                     std::to_string(config_.hidden_size));
+      for (float v : img.embeds)
+        if (!std::isfinite(v)) throw Error(ErrorCode::kInvalidArgument, which + ": embeddings must be finite");
+      s.image_rope_start.push_back(img.offset + offset);
+      offset += std::max<int64_t>(img.grid_h, img.grid_w) - n;
+      s.image_rope_after.push_back(offset);
+      end = img.offset + n;
+    }
+    s.images = images;
+  }
+
+  // Appends the M-RoPE positions of s's tokens [b, e) to rope_positions_ and the input rows of its
+  // image placeholders among them (token indices from batch_base) to the embed lists.
+  void add_image_rows(const Sequence& s, int64_t b, int64_t e, int64_t batch_base) {
+    size_t k = 0;
+    int64_t offset = 0;
+    for (int64_t j = b; j < e; j++) {
+      while (k < s.images.size() && j >= s.images[k].offset + image_tokens(s.images[k])) offset = s.image_rope_after[k++];
+      if (k < s.images.size() && j >= s.images[k].offset) {
+        const SequenceImage& img = s.images[k];
+        const int64_t i = j - img.offset, p = s.image_rope_start[k];
+        const int64_t w = img.grid_w, hw = int64_t(img.grid_h) * w;
+        rope_positions_.push_back(int32_t(p));  // one frame: time adds nothing
+        rope_positions_.push_back(int32_t(p + (i % hw) / w));
+        rope_positions_.push_back(int32_t(p + i % w));
+        embed_rows_.push_back(int32_t(batch_base + (j - b)));
+        embed_ptrs_.push_back(img.embeds.data() + i * config_.hidden_size);
+      } else {
+        for (int c = 0; c < 3; c++) rope_positions_.push_back(int32_t(j + offset));
+      }
+    }
   }
 
   // Maps the longest chain of cached blocks matching s's prompt into s (a new sequence), whole
@@ -407,6 +494,9 @@ class EngineImpl final : public Engine {
 
   // Per-step scratch, reused to keep the decode loop free of allocations.
   std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, window_slots_, logit_rows_;
+  std::vector<int32_t> rope_positions_, embed_rows_;  // M-RoPE models: [3T]; image placeholder rows
+  std::vector<const float*> embed_ptrs_;
+  static constexpr size_t kMaxImagesPerSequence = 256;
   std::vector<const int32_t*> tables_, window_tables_;
   std::vector<int32_t> table_lens_;
   struct PlanRow {
@@ -473,7 +563,7 @@ void EngineImpl::claim_row(const StepPlan& plan, size_t i, StepResult& result) {
 
 AddStatus EngineImpl::admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached) {
   try {
-    const int64_t cached = add_sequence(add.seq_id, add.prompt, add.params, add.keyed, add.cache_scope);
+    const int64_t cached = add_sequence(add.seq_id, add.prompt, add.params, add.keyed, add.cache_scope, add.images);
     const Sequence& s = seqs_.at(add.seq_id);
     const int64_t bs = opts_.block_size;
     // Admission wants the whole prompt's blocks (a running prefill then rarely needs more than it
@@ -566,6 +656,9 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
   {
     token_ids_.clear();
     positions_.clear();
+    rope_positions_.clear();
+    embed_rows_.clear();
+    embed_ptrs_.clear();
     token_seq_.clear();
     slots_.clear();
     window_slots_.clear();
@@ -583,6 +676,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
         window_pool_->allocate(window_need(s, end), &s.window_blocks);
         window_tables_[i] = s.window_blocks.data();
       }
+      if (config_.mrope()) add_image_rows(s, s.num_computed, end, int64_t(token_ids_.size()));
       for (int64_t pos = s.num_computed; pos < end; pos++) {
         token_ids_.push_back(s.tokens[size_t(pos)]);
         positions_.push_back(int32_t(pos));
@@ -628,6 +722,10 @@ ForwardBatch EngineImpl::forward_batch() const {
     fb.window_slots = window_slots_.data();
     fb.window_block_tables = window_tables_.data();
   }
+  if (config_.mrope()) fb.rope_positions = rope_positions_.data();
+  fb.num_input_embeds = int64_t(embed_rows_.size());
+  fb.input_embed_rows = embed_rows_.data();
+  fb.input_embeds = embed_ptrs_.data();
   fb.num_seqs = int64_t(plan_rows_.size());
   fb.block_tables = tables_.data();
   fb.num_seq_blocks = table_lens_.data();

@@ -12,6 +12,9 @@ const ArchSpec kArchitectures[] = {
     {"MixtralForCausalLM", "mixtral", false, false, MlpLayout::kMixtral, false, false, WindowRule::kSlidingWindowSet, nullptr, "model."},
     {"Gemma3ForCausalLM", "gemma3_text", false, true, MlpLayout::kDense, true, true, WindowRule::kLayerTypes, nullptr, "model."},
     {"Gemma3ForConditionalGeneration", "gemma3", false, true, MlpLayout::kDense, true, true, WindowRule::kLayerTypes, "text_config", "language_model.model."},
+    // Qwen2.5-VL's language model: Qwen2 layers with M-RoPE (the vision tower, visual.*, is read
+    // by vision/qwen2_vl_encoder.h); published with the text fields at the top level.
+    {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", true, false, MlpLayout::kDense, false, false, WindowRule::kUseSlidingWindow, nullptr, "model."},
     {"GptOssForCausalLM", "gpt_oss", false, false, MlpLayout::kGptOss, false, false, WindowRule::kLayerTypes, nullptr, "model."},
 };
 const int kNumArchitectures = int(sizeof(kArchitectures) / sizeof(kArchitectures[0]));

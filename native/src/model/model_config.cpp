@@ -449,6 +449,13 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   else if (const json::Value* tq = text != &root ? f.get("quantization_config") : nullptr)
     c.quantization = read_quantization(*tq, text_source + " quantization_config", *arch);
 
+  if (const json::Value* id = top.get("image_token_id"); id && !id->is_null()) {
+    if (!id->is_number() || id->as_number() != std::floor(id->as_number()) || id->as_number() < 0 ||
+        id->as_number() >= double(c.vocab_size))
+      top.invalid("image_token_id must be a token id below vocab_size");
+    c.image_token_id = int64_t(id->as_number());
+  }
+
   if (arch->mlp != MlpLayout::kDense) read_experts(f, *arch, c);
   if (arch->mlp == MlpLayout::kGptOss) c.attention_sinks = true;
 
@@ -471,7 +478,25 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (!type || type->is_null()) type = rs->find("type");
     std::string t = type && type->is_string() ? type->as_string() : "";
     Fields r(*rs, text_source + " rope_scaling");
-    if (t == "default" || t.empty()) {
+    if (t == "mrope" || ((t == "default" || t.empty()) && r.get("mrope_section"))) {
+      // Qwen2-VL: rope_scaling {type: "mrope", mrope_section: [t, h, w]} (transformers rewrites the
+      // type to "default" and keeps the section).
+      c.rope_scaling = RopeScaling::None;
+      const json::Value* sec = r.get("mrope_section");
+      if (!sec || !sec->is_array() || sec->as_array().size() != 3)
+        f.invalid("rope_scaling mrope_section must be three integers (time, height, width)");
+      int64_t sum = 0;
+      for (size_t i = 0; i < 3; i++) {
+        const json::Value& v = sec->as_array()[i];
+        if (!v.is_number() || v.as_number() != std::floor(v.as_number()) || v.as_number() < 1 || v.as_number() > 65536)
+          f.invalid("rope_scaling mrope_section must be three positive integers");
+        c.mrope_section[i] = int64_t(v.as_number());
+        sum += c.mrope_section[i];
+      }
+      if (sum != c.rotary_dim() / 2)
+        f.invalid("rope_scaling mrope_section must sum to head_dim / 2 (" + std::to_string(c.rotary_dim() / 2) + "), got " +
+                  std::to_string(sum));
+    } else if (t == "default" || t.empty()) {
       c.rope_scaling = RopeScaling::None;
     } else if (t == "linear") {
       c.rope_scaling = RopeScaling::Linear;

@@ -1,0 +1,146 @@
+// The vision side of a vision-language checkpoint (Qwen2.5-VL): its published preprocessor and the
+// native vision tower. prepare() turns a decoded image into the encoder's input and the number of
+// prompt tokens it becomes (what count_tokens and billing need, without running the encoder);
+// encode() runs the tower. Both stay off the event loop: the resize on the addon's pool, the
+// SHA-256 of the pixels on WebCrypto's worker threads, the tower on its dedicated thread.
+
+import { webcrypto } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SluiceError } from '../errors.js';
+import { nativeAddon, type NativeVisionEncoder } from '../native/native.js';
+import type { DecodedImage } from './image-decode.js';
+import { qwen2VlPatchesAsync, qwen2VlPreprocessorConfig, smartResize, type Qwen2VlPreprocessorConfig, type VisionPatches } from './qwen2-vl-preprocess.js';
+
+export const QWEN2_5_VL_ARCHITECTURE = 'Qwen2_5_VLForConditionalGeneration';
+
+/** How closely to look at an image: the OpenAI `detail` field. */
+export type ImageDetail = 'auto' | 'low' | 'high';
+
+/**
+ * `detail: low`: the image is resized within this many pixels (OpenAI's low detail looks at a
+ * 512 x 512 rendition), or the model's own max_pixels when that is smaller.
+ */
+export const LOW_DETAIL_MAX_PIXELS = 512 * 512;
+
+/** An image ready for a prompt: the encoder's input and what it adds to the prompt. */
+export interface PreparedImage {
+  patches: VisionPatches;
+  /** The image's prompt tokens: rows and columns of merged patches (gridH * gridW = numTokens). */
+  gridH: number;
+  gridW: number;
+  numTokens: number;
+  /** SHA-256 of the pixel values fed to the encoder (their float32 bytes): keys the prefix cache. */
+  hash: Uint8Array;
+}
+
+export class VisionModel {
+  private constructor(
+    readonly preprocessor: Qwen2VlPreprocessorConfig,
+    /** The placeholder token an image's rows replace (config.json image_token_id). */
+    readonly imageTokenId: number,
+    private readonly encoder: NativeVisionEncoder,
+  ) {}
+
+  /**
+   * The vision model of `modelDir` when its config.json names a vision-language architecture the
+   * engine serves, else undefined. Throws SluiceError model_file_invalid for a checkpoint whose
+   * vision files do not hold together.
+   */
+  static async load(modelDir: string, config: Record<string, unknown>, numThreads: number): Promise<VisionModel | undefined> {
+    const architectures = config['architectures'];
+    if (!Array.isArray(architectures) || architectures[0] !== QWEN2_5_VL_ARCHITECTURE) return undefined;
+    const imageTokenId = config['image_token_id'];
+    if (typeof imageTokenId !== 'number' || !Number.isInteger(imageTokenId) || imageTokenId < 0) {
+      throw new SluiceError('model_file_invalid', `${modelDir}/config.json: image_token_id must be a token id, got ${JSON.stringify(imageTokenId)}`);
+    }
+    let preprocessor: Qwen2VlPreprocessorConfig;
+    try {
+      const raw = JSON.parse(await readFile(join(modelDir, 'preprocessor_config.json'), 'utf8')) as unknown;
+      if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new Error('expected a JSON object');
+      preprocessor = qwen2VlPreprocessorConfig(raw as Record<string, unknown>, join(modelDir, 'preprocessor_config.json'));
+    } catch (err) {
+      const missing = (err as NodeJS.ErrnoException).code === 'ENOENT';
+      throw new SluiceError(missing ? 'model_file_missing' : 'model_file_invalid',
+        `${modelDir}: preprocessor_config.json ${missing ? 'is missing' : `is invalid: ${(err as Error).message}`}`, { cause: err });
+    }
+    let encoder: NativeVisionEncoder;
+    try {
+      encoder = await nativeAddon().loadVisionEncoder(modelDir, numThreads);
+    } catch (err) {
+      const code = (err as { code?: unknown }).code;
+      throw new SluiceError(typeof code === 'string' ? code.toLowerCase() : 'model_file_invalid',
+        `cannot load the vision tower of ${modelDir}: ${(err as Error).message}`, { cause: err });
+    }
+    return new VisionModel(preprocessor, imageTokenId, encoder);
+  }
+
+  /** The budget of pixels an image is resized within for `detail`. */
+  maxPixelsFor(detail: ImageDetail = 'auto'): number {
+    return detail === 'low' ? Math.max(this.preprocessor.minPixels, Math.min(this.preprocessor.maxPixels, LOW_DETAIL_MAX_PIXELS))
+      : this.preprocessor.maxPixels;
+  }
+
+  /** Prompt tokens an image of this size becomes (no pixels needed); throws for an aspect ratio the processor refuses. */
+  tokensFor(width: number, height: number, detail: ImageDetail = 'auto'): { gridH: number; gridW: number; numTokens: number } {
+    const { patchSize: p, mergeSize: m, minPixels } = this.preprocessor;
+    const [h, w] = smartResize(height, width, p * m, minPixels, this.maxPixelsFor(detail));
+    const gridH = h / (p * m), gridW = w / (p * m);
+    return { gridH, gridW, numTokens: gridH * gridW };
+  }
+
+  /** Resizes and lays out `image` as the encoder reads it, and hashes the result. */
+  async prepare(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<PreparedImage> {
+    const patches = await qwen2VlPatchesAsync(image.rgb, image.width, image.height, this.preprocessor,
+      { maxPixels: this.maxPixelsFor(detail) });
+    const m = this.preprocessor.mergeSize;
+    const view = patches.pixelValues;
+    const hash = new Uint8Array(await webcrypto.subtle.digest('SHA-256', new Uint8Array(view.buffer, view.byteOffset, view.byteLength)));
+    return { patches, gridH: patches.grid[1] / m, gridW: patches.grid[2] / m, numTokens: patches.numTokens, hash };
+  }
+
+  /** The image's rows for the language model: [numTokens * hidden_size] float32. */
+  encode(image: PreparedImage): Promise<Float32Array> {
+    return this.encoder.encode(image.patches.pixelValues, image.patches.grid);
+  }
+
+  dispose(): void {
+    this.encoder.dispose();
+  }
+}
+
+/**
+ * The prompt with each image's placeholder expanded: a template renders an image as one image
+ * token; the model reads numTokens of them. Tokens already expanded (a run of exactly numTokens)
+ * are kept. Returns the tokens and where each image's run starts. Throws invalid_request when the
+ * prompt's placeholders and the images do not pair up (text that spells the placeholder itself).
+ */
+export function placeImages(tokenIds: readonly number[], images: readonly PreparedImage[], imageTokenId: number,
+  param = 'input'): { tokenIds: number[]; offsets: number[] } {
+  const runs: [start: number, end: number][] = [];
+  for (let i = 0; i < tokenIds.length; i++) {
+    if (tokenIds[i] !== imageTokenId) continue;
+    let end = i;
+    while (end < tokenIds.length && tokenIds[end] === imageTokenId) end++;
+    runs.push([i, end]);
+    i = end;
+  }
+  const mismatch = runs.length !== images.length ||
+    runs.some(([start, end], k) => end - start !== 1 && end - start !== images[k]!.numTokens);
+  if (mismatch) {
+    throw new SluiceError('invalid_request',
+      `the prompt holds ${runs.length} image placeholder${runs.length === 1 ? '' : 's'} for ${images.length} ` +
+      `image${images.length === 1 ? '' : 's'}: text may not spell the model's image token`, { param });
+  }
+  const out: number[] = [];
+  const offsets: number[] = [];
+  let at = 0;
+  runs.forEach(([start, end], k) => {
+    for (let i = at; i < start; i++) out.push(tokenIds[i]!);
+    offsets.push(out.length);
+    for (let n = 0; n < images[k]!.numTokens; n++) out.push(imageTokenId);
+    at = end;
+  });
+  for (let i = at; i < tokenIds.length; i++) out.push(tokenIds[i]!);
+  return { tokenIds: out, offsets };
+}
