@@ -22,7 +22,7 @@ import type { CreatedKey } from './store/api-keys.js';
 import type { Store } from './store/store.js';
 
 export type CreateSluiceOptions = Pick<OpenRuntimeOptions,
-  'catalog' | 'dataDir' | 'databaseUrl' | 'databaseSchema' | 'filesDir' | 'engineDefaults' | 'onProgress' | 'deadlines' | 'webhooks' | 'batchDeadlines' | 'orgLimits'>;
+  'catalog' | 'dataDir' | 'databaseUrl' | 'databaseSchema' | 'filesDir' | 'engineDefaults' | 'onProgress' | 'deadlines' | 'webhooks' | 'images' | 'batchDeadlines' | 'orgLimits'>;
 
 export interface Sluice {
   /**

@@ -12,6 +12,7 @@
 // responses and batches claim what is free); drain() stops claiming new work while what runs
 // finishes; close() stops the work (handing its leases back), then closes what openRuntime opened.
 
+import type { ImageInputSettings } from './serving/request-images.js';
 import { mkdirSync } from 'node:fs';
 import os from 'node:os';
 import { join, resolve } from 'node:path';
@@ -56,6 +57,8 @@ export interface RuntimeSettings {
   deadlines?: Partial<WindowDeadlines>;
   /** Completion webhook settings (defaults: the spec's 30 s timeout and 3 retries, private destinations refused). */
   webhooks?: WebhookSettings;
+  /** Image parts: URL address policy and per-request limits (defaults: private destinations refused, 16 images). */
+  images?: ImageInputSettings;
   /** Seconds from a batch's creation to its expiry, per window it runs at (24h runs as flex). */
   batchDeadlines?: Partial<BatchDeadlines>;
   /** The Prometheus registry the work reports to (default: one of the runtime's own). */
@@ -132,7 +135,7 @@ export class Runtime {
       warn: (obj, msg) => this.log.warn(obj, msg),
       error: (obj, msg) => this.log.error(obj, msg),
     };
-    this.service = new GenerationService(this.registry, this.limits, ReasoningSeal.open(this.dataDir));
+    this.service = new GenerationService(this.registry, this.limits, ReasoningSeal.open(this.dataDir), opts.images);
     this.billing = new Billing();
     this.webhooks = new WebhookDispatcher(this.store, {
       ...opts.webhooks, log: opts.webhooks?.log ?? log, lease: this.lease,

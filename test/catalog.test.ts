@@ -31,7 +31,7 @@ describe('parseCatalog', () => {
     ['duplicate tier', { models: [model({ pricing: [price('asap', 1, 0, 1), price('asap', 2, 0, 1)] })] }, /lists tier "asap" twice/],
     ['duplicate negotiated tier', { models: [model({ negotiated_pricing: { acme: [price('flex', 1, 0, 1), price('flex', 1, 0, 1)] } })] }, /negotiated_pricing\.acme lists tier "flex" twice/],
     ['grants without restricted', { models: [model({ granted_organizations: ['acme'] })] }, /not restricted/],
-    ['image input claimed', { models: [model({ supports_image_input: true })] }, /no image encoder/],
+    ['image input claimed', { models: [model({ supports_image_input: true })] }, /may only be false \(to turn image input off\): image input follows the checkpoint/],
     ['tools claimed', { models: [model({ supports_tools: true })] }, /follows the checkpoint's chat template/],
     // Fields earlier catalogs had for the model object, which now carries only the spec's fields.
     ['owned_by (removed)', { models: [model({ owned_by: 'qwen' })] }, /catalog\.json: models\.0\.owned_by: model objects no longer carry owned_by .*remove it/],

@@ -87,6 +87,8 @@ ${DATABASE_URL_HELP}
                        connections, raise it above the pool's size). 0: no cap
   --allow-private-webhooks
                        let completion webhooks go to private, loopback and link-local addresses
+  --allow-private-image-urls
+                       let image URLs in requests reach private, loopback and link-local addresses
                        (refused by default: a caller could reach services inside your network)
   --metrics-public     serve GET /metrics without a key (for a scraper on a trusted network; the
                        metrics then name no organization). Default: an admin API key is needed
@@ -150,6 +152,7 @@ export const SERVE_OPTIONS = {
   'max-connections': { type: 'string' },
   'max-idle-connections-per-address': { type: 'string' },
   'allow-private-webhooks': { type: 'boolean' },
+  'allow-private-image-urls': { type: 'boolean' },
   'drain-seconds': { type: 'string' },
   'lease-seconds': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
@@ -235,6 +238,7 @@ export async function runServe(args: string[]): Promise<void> {
     transport,
     orgLimits,
     ...(values['allow-private-webhooks'] && { webhooks: { allowPrivateAddresses: true } }),
+    ...(values['allow-private-image-urls'] && { images: { allowPrivateAddresses: true } }),
   });
 
   // Installed before the port opens: a signal sent once the "serving" line is read must never meet

@@ -68,8 +68,9 @@ const CatalogModelSchema = Type.Object({
   context_length: Type.Optional(Type.Integer({ minimum: 2 })),
   /** Default: true when the checkpoint has a chat template. */
   supports_chat: Type.Optional(Type.Boolean()),
-  // The engine has no vision encoder: a catalog may not claim image input. Tool support follows
-  // the checkpoint's chat template (it renders tools in a syntax sluice parses); false turns it off.
+  // Image input follows the checkpoint (a vision-language model the engine serves, e.g. Qwen2.5-VL)
+  // and tool support its chat template (it renders tools in a syntax sluice parses); false turns
+  // either off.
   supports_image_input: Type.Optional(Type.Literal(false)),
   supports_tools: Type.Optional(Type.Literal(false)),
   pricing: Type.Optional(Type.Array(ModelPriceSchema)),
@@ -131,7 +132,7 @@ export function parseCatalog(value: unknown, source: string, baseDir: string): C
     }
     const detail = field !== undefined ? `has an unknown field "${field}"`
       : e.keyword === 'const' && /supports_image_input$/.test(e.instancePath)
-        ? 'must be false: sluice has no image encoder yet'
+        ? 'may only be false (to turn image input off): image input follows the checkpoint (a vision-language model)'
         : e.keyword === 'const' && /supports_tools$/.test(e.instancePath)
           ? 'may only be false (to turn tools off): tool support follows the checkpoint\'s chat template'
         : e.message ?? 'is invalid';

@@ -9,6 +9,7 @@ import type { ResponseFormat } from '../structured/structured-outputs.js';
 import type { ThinkingTags } from '../structured/thinking.js';
 import type { ServedModel } from './model-registry.js';
 import type { SamplingFields } from '../engine/request.js';
+import type { PreparedImage } from '../vision/vision-model.js';
 
 export interface OutputFormat {
   /** json_schema and json_object are enforced by constrained decoding (src/structured). */
@@ -41,6 +42,15 @@ export interface ToolsRequest {
   choiceParam: string;
 }
 
+/** An image part of a request. */
+export interface RequestImage {
+  /** A public http(s) URL or a base64 data URI (surfaces/content.ts checkImageUrl checked its form). */
+  url: string;
+  detail: 'auto' | 'low' | 'high';
+  /** The request field of the part, for errors (e.g. 'input[0].content[1]'). */
+  param: string;
+}
+
 export interface Caller {
   orgId: string;
   orgName: string;
@@ -52,8 +62,10 @@ export interface GenerationRequest {
   model: string;
   /** Chat messages (rendered with the model's template) or a raw prompt (models without chat). */
   input: { kind: 'messages'; messages: ChatMessage[] } | { kind: 'prompt'; text: string };
-  /** The request carried image parts; they are refused unless the model takes images. */
+  /** The request carried image parts (the first one's field): they are refused unless the model takes images. */
   imageParam?: string;
+  /** The images of `input`'s image parts, in prompt order. */
+  images?: RequestImage[];
   /** The engine's sampling fields (engine/request.ts), as the surface set them: passed to the engine whole. */
   sampling: SamplingFields;
   maxOutputTokens?: number;
@@ -107,7 +119,10 @@ export interface PreparedGeneration {
   /** The model request.model named, resolved once for this caller (prepare). */
   model: ServedModel;
   window: CompletionWindow;
+  /** With image placeholders expanded to each image's tokens. */
   promptTokenIds: number[];
+  /** The images prepared for the model (vision-model.ts), in prompt order. */
+  images?: PreparedImage[];
   maxTokens: number;
   /** Reasoning and tools, resolved against the model (assistant-turn.ts). */
   assistant: AssistantPlan;

@@ -11,6 +11,7 @@ import type { ModelRegistry, ServedModel } from './model-registry.js';
 import { plan } from './assistant-turn.js';
 import type { ReasoningSeal } from './reasoning-seal.js';
 import { TenantLimiter, type Release } from './tenant-limits.js';
+import { prepareRequestImages, type ImageInputSettings } from './request-images.js';
 
 /**
  * How a run meets its organization's limits (tenant-limits.ts): a foreground request needs an
@@ -24,7 +25,9 @@ export type RunMode = 'foreground' | 'background' | 'batch';
 export class GenerationService {
   constructor(readonly registry: ModelRegistry, readonly limits: TenantLimiter = new TenantLimiter(),
     /** Seals reasoning for store=false responses (encrypted_content) and opens replayed blobs. */
-    readonly reasoningSeal?: ReasoningSeal) {}
+    readonly reasoningSeal?: ReasoningSeal,
+    /** How image parts are fetched and bounded (request-images.ts). */
+    readonly images: ImageInputSettings = {}) {}
 
   /** `model`: request.model already resolved for its caller (the surface needed it to adapt the body). */
   async prepare(request: GenerationRequest, model = this.registry.resolve(request.model, request.caller.orgName)): Promise<PreparedGeneration> {
@@ -38,10 +41,10 @@ export class GenerationService {
       throw new SluiceError('invalid_request',
         `top_k must be at most the model's vocabulary size (${model.engine.info.vocabSize}), got ${topK}`, { param: 'top_k' });
     }
-    const { assistant, promptTokenIds } = await this.renderPrompt(model, request);
+    const { assistant, promptTokenIds, images } = await this.renderPrompt(model, request);
     const maxTokens = resolveMaxTokens(promptTokenIds.length, request.maxOutputTokens, model.contextLength,
       model.engine.info.maxSequenceTokens, { input: 'input', maxTokens: request.maxOutputTokensParam });
-    return { request, model, window, promptTokenIds, maxTokens, assistant };
+    return { request, model, window, promptTokenIds, maxTokens, assistant, ...(images && { images }) };
   }
 
   /**
@@ -53,8 +56,12 @@ export class GenerationService {
     return (await this.renderPrompt(model, request)).promptTokenIds.length;
   }
 
-  /** Refuses input the model cannot take, plans the assistant turn, renders and tokenizes the prompt. */
-  private async renderPrompt(model: ServedModel, request: GenerationRequest): Promise<Pick<PreparedGeneration, 'assistant' | 'promptTokenIds'>> {
+  /**
+   * Refuses input the model cannot take, plans the assistant turn, prepares the images (fetched,
+   * decoded, resized: what they add to the prompt is known before anything runs), renders and
+   * tokenizes the prompt with each image's placeholders.
+   */
+  private async renderPrompt(model: ServedModel, request: GenerationRequest): Promise<Pick<PreparedGeneration, 'assistant' | 'promptTokenIds' | 'images'>> {
     if (request.imageParam !== undefined && !model.supportsImageInput) {
       throw new SluiceError('image_input_unsupported',
         `the model "${model.id}" does not accept image input (supports_image_input is false)`, { param: request.imageParam });
@@ -70,8 +77,10 @@ export class GenerationService {
       ...(request.tools !== undefined && { tools: request.tools }),
       ...(request.outputFormat !== undefined && { outputFormat: request.outputFormat }),
     });
+    const images = request.images !== undefined && request.images.length > 0
+      ? await prepareRequestImages(model.engine.vision!, request.images, this.images) : undefined;
     // Long inputs are rendered and tokenized off the event loop; over-long ones are refused first.
-    const promptTokenIds = await model.engine.preparePrompt(request.input.kind === 'messages'
+    const renderedTokenIds = await model.engine.preparePrompt(request.input.kind === 'messages'
       ? {
         messages: request.input.messages,
         ...(assistant.tools !== undefined && { tools: assistant.tools }),
@@ -79,7 +88,9 @@ export class GenerationService {
         ...(assistant.reasoningEffort !== undefined && { reasoningEffort: assistant.reasoningEffort }),
       }
       : { prompt: request.input.text }, { contextLength: model.contextLength, tenant: request.caller.orgId });
-    return { assistant, promptTokenIds };
+    // An image's placeholder becomes its tokens (counted and billed as input).
+    const promptTokenIds = model.engine.placeImages(renderedTokenIds, images ?? []).tokenIds;
+    return { assistant, promptTokenIds, ...(images && { images }) };
   }
 
   /**
@@ -120,6 +131,7 @@ export class GenerationService {
     const { request, model } = prepared;
     return model.engine.generate({
       promptTokenIds: prepared.promptTokenIds,
+      ...(prepared.images !== undefined && { images: prepared.images }),
       maxTokens: prepared.maxTokens,
       completionWindow: prepared.window,
       // The organization owns its cached prefixes and gets its fair share of each window.

@@ -44,7 +44,8 @@ export class ServedModel {
   }
 
   get id(): string { return this.entry.id; }
-  get supportsImageInput(): boolean { return this.entry.supports_image_input ?? false; }
+  /** A vision-language checkpoint takes images unless the catalog turns them off. */
+  get supportsImageInput(): boolean { return this.entry.supports_image_input !== false && this.engine.info.imageInput; }
 
   visibleTo(orgName: string): boolean {
     return visibleTo(this.entry, orgName);

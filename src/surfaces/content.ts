@@ -2,6 +2,8 @@
 
 import { randomBytes } from 'node:crypto';
 import type { TokenLogprob } from '../engine/request.js';
+import type { RequestImage } from '../serving/generation-request.js';
+import type { ChatContentPart, ChatMessage } from '../text/chat-template.js';
 import { invalidRequest } from './errors.js';
 
 /** `resp_` + 32 hex digits, etc. Random, so ids reveal nothing about volume or order. */
@@ -11,7 +13,9 @@ export function newId(prefix: string): string {
 
 export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
 
-const DATA_URI = /^data:([a-z0-9.+-]+\/[a-z0-9.+-]+);base64,([A-Za-z0-9+/=\s]+)$/i;
+// The header only: the payload (up to 20 MiB) is checked off the event loop when the image is loaded
+// (vision/image-source.ts), not by a regular expression here.
+const DATA_URI = /^data:([a-z0-9.+-]+\/[a-z0-9.+-]+);base64,/i;
 
 /** An image reference must be a public http(s) URL or a base64 data URI; anything else is a 400. */
 export function checkImageUrl(url: unknown, param: string): void {
@@ -107,4 +111,32 @@ export function refuseListedTypes(items: unknown, base: string, refused: Readonl
     const content = (item as { content?: unknown } | null)?.content;
     if (Array.isArray(content)) content.forEach((part, j) => check(part, `${base}[${i}].content[${j}]`));
   });
+}
+
+/**
+ * One message's parts as a surface reads them: text in order, and images, each recorded in the
+ * request's `images` (prompt order) and marked at its place. Without images the content is the
+ * texts joined with '\n' (as every surface renders text parts); with images, the parts themselves
+ * (vision templates render each image's placeholder where it stands).
+ */
+export class MessageParts {
+  private readonly parts: ChatContentPart[] = [];
+  private images = 0;
+
+  constructor(private readonly requestImages: RequestImage[]) {}
+
+  text(text: string): void {
+    this.parts.push({ type: 'text', text });
+  }
+
+  /** `url`: an http(s) URL or a data URI, checked (checkImageUrl) by the caller. */
+  image(url: string, detail: RequestImage['detail'] | undefined, param: string): void {
+    this.requestImages.push({ url, detail: detail ?? 'auto', param });
+    this.parts.push({ type: 'image' });
+    this.images++;
+  }
+
+  content(): ChatMessage['content'] {
+    return this.images > 0 ? this.parts : this.parts.map((p) => (p as { text: string }).text).join('\n');
+  }
 }

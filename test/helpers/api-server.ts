@@ -9,6 +9,7 @@ import type { Catalog } from '../../src/config/catalog.js';
 import { openService, type Service } from '../../src/service.js';
 import { createApiKey } from '../../src/store/api-keys.js';
 import type { WebhookSettings } from '../../src/jobs/webhook-deliveries.js';
+import type { ImageInputSettings } from '../../src/serving/request-images.js';
 import type { ServiceMetricsOptions } from '../../src/metrics/service-metrics.js';
 import type { FastifyBaseLogger } from 'fastify';
 
@@ -40,6 +41,10 @@ export interface TestServerOptions {
    * receiver (127.0.0.1) need `allowPrivateAddresses: true`: loopback is refused by default.
    */
   webhooks?: WebhookSettings;
+  /** Runs after the tiny model is made and before the service opens (e.g. to make more models beside it). */
+  beforeOpen?: (modelDir: string) => Promise<void>;
+  /** Image parts' settings (URLs to the local test server need allowPrivateAddresses: true). */
+  images?: ImageInputSettings;
   /** Batch deadlines per window, seconds. */
   batchDeadlines?: Partial<Record<'asap' | 'standard' | 'flex', number>>;
   /** GET /metrics settings (default: behind an admin key). */
@@ -57,6 +62,7 @@ export async function startTestServer(opts: TestServerOptions = {}): Promise<Tes
   const modelDir = join(root, 'tiny');
   await makeModel({ preset: 'tiny', out: modelDir, seed: 3 });
   const dataDir = opts.dataDir ?? join(root, 'data');
+  await opts.beforeOpen?.(modelDir);
   const catalog = opts.catalog?.(modelDir) ?? { models: [{ id: 'tiny', checkpoint: modelDir }] };
   const service = await openService({
     catalog,
@@ -65,6 +71,7 @@ export async function startTestServer(opts: TestServerOptions = {}): Promise<Tes
     onProgress: () => {},
     ...(opts.deadlines && { deadlines: opts.deadlines }),
     ...(opts.webhooks && { webhooks: opts.webhooks }),
+    ...(opts.images && { images: opts.images }),
     ...(opts.batchDeadlines && { batchDeadlines: opts.batchDeadlines }),
     ...(opts.metrics && { metrics: opts.metrics }),
     ...(opts.loggerInstance && { loggerInstance: opts.loggerInstance }),

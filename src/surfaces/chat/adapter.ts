@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import type { ChatMessage, ChatRole } from '../../text/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
-import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
+import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration, RequestImage } from '../../serving/generation-request.js';
 import type { ServedModel } from '../../serving/model-registry.js';
 import { invalidRequest } from '../errors.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';
@@ -14,7 +14,7 @@ import {
   MAX_STOP_STRINGS, type ChatCompletion, type ChatMessageParam, type CreateChatCompletionBody,
 } from './schema.js';
 import {
-  checkImageUrl, newId, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
+  checkImageUrl, MessageParts, newId, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
 } from '../content.js';
 import { argumentsObject, callId, chatTools } from '../tools.js';
 import { split } from '../../serving/assistant-turn.js';
@@ -94,9 +94,8 @@ function toolFields(m: ChatMessageParam, i: number): Partial<ToolAwareMessage> {
   return out;
 }
 
-function toChatMessages(messages: ChatMessageParam[]): { messages: ChatMessage[]; imageParam?: string } {
-  let imageParam: string | undefined;
-  const out = messages.map((m, i): ChatMessage => {
+function toChatMessages(messages: ChatMessageParam[], images: RequestImage[]): ChatMessage[] {
+  return messages.map((m, i): ChatMessage => {
     // Legacy function results are tool results to the chat template.
     const role: ChatRole = m.role === 'function' ? 'tool' : m.role;
     const extra = toolFields(m, i);
@@ -106,20 +105,19 @@ function toChatMessages(messages: ChatMessageParam[]): { messages: ChatMessage[]
       return { role, content: '', ...extra } as ChatMessage;
     }
     if (typeof m.content === 'string') return { role, content: m.content, ...extra } as ChatMessage;
-    const texts: string[] = [];
+    // Parts render as on the Responses surface (MessageParts), so both give the same prompt.
+    const parts = new MessageParts(images);
     m.content.forEach((part, j) => {
       const param = `messages[${i}].content[${j}]`;
       if (part.type === 'text') {
-        texts.push(part.text);
+        parts.text(part.text);
         return;
       }
       checkImageUrl(part.image_url.url, `${param}.image_url.url`);
-      imageParam ??= param;
+      parts.image(part.image_url.url, part.image_url.detail, param);
     });
-    // Parts join with '\n', as on the Responses surface, so both render the same prompt.
-    return { role, content: texts.join('\n'), ...extra } as ChatMessage;
+    return { role, content: parts.content(), ...extra } as ChatMessage;
   });
-  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
 }
 
 /** Checks the fields the schema lets through but the service serves only in part. */
@@ -191,14 +189,15 @@ export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: 
     throw invalidRequest('completion_window "flex" needs a background request, which Chat Completions does not offer: use POST /v1/responses with background=true',
       'metadata.completion_window');
   }
-  const converted = toChatMessages(body.messages);
+  const images: RequestImage[] = [];
+  const messages = toChatMessages(body.messages, images);
   const maxTokens = maxTokensOf(body);
   const stop = typeof body.stop === 'string' ? [body.stop] : (body.stop ?? []);
   if (stop.length > MAX_STOP_STRINGS) throw invalidRequest(`stop may hold at most ${MAX_STOP_STRINGS} strings (got ${stop.length})`, 'stop');
   const request: GenerationRequest = {
     caller,
     model: body.model,
-    input: { kind: 'messages', messages: converted.messages },
+    input: { kind: 'messages', messages },
     sampling: {
       ...(body.temperature != null && { temperature: body.temperature }),
       // top_p 0 means "only the most likely token": the engine's smallest nucleus.
@@ -215,7 +214,10 @@ export function toChatGenerationRequest(body: CreateChatCompletionBody, caller: 
   if (maxTokens.value !== undefined) request.maxOutputTokens = maxTokens.value;
   if (window !== undefined) request.completionWindow = window;
   if (windowParam !== undefined) request.completionWindowParam = windowParam;
-  if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
+  if (images.length > 0) {
+    request.images = images;
+    request.imageParam = images[0]!.param;
+  }
   const format = outputFormatOf(body);
   if (format) request.outputFormat = format;
   if (body.prompt_cache_key !== undefined) request.promptCacheKey = body.prompt_cache_key;

@@ -15,12 +15,12 @@
 import { createHash } from 'node:crypto';
 import type { ChatMessage } from '../../text/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
-import type { Caller, GenerationRequest, PreparedGeneration } from '../../serving/generation-request.js';
+import type { Caller, GenerationRequest, PreparedGeneration, RequestImage } from '../../serving/generation-request.js';
 import { invalidRequest } from '../errors.js';
 import type { CountTokensBody, CreateMessageBody, MessageObject, MessageParam } from './schema.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { OutputFormat } from '../../serving/generation-request.js';
-import { checkImageUrl, refuseListedTypes, refuseStreaming, requestedWindow } from '../content.js';
+import { checkImageUrl, MessageParts, refuseListedTypes, refuseStreaming, requestedWindow } from '../content.js';
 import { split } from '../../serving/assistant-turn.js';
 
 const NO_TOOL_TURNS = '/v1/messages does not carry tool turns (tools sent here are accepted and never shown to the model)';
@@ -54,8 +54,8 @@ export function refuseUnsupportedBlocks(body: unknown): void {
 
 const BASE64 = /^[A-Za-z0-9+/=\s]+$/;
 
-function toChatMessages(body: Pick<CreateMessageBody, 'system' | 'messages'>): { messages: ChatMessage[]; imageParam?: string } {
-  let imageParam: string | undefined;
+function toChatMessages(body: Pick<CreateMessageBody, 'system' | 'messages'>): { messages: ChatMessage[]; images: RequestImage[] } {
+  const images: RequestImage[] = [];
   const out: ChatMessage[] = [];
   const system = typeof body.system === 'string' ? body.system : (body.system ?? []).map((b) => b.text).join('\n');
   if (system !== '') out.push({ role: 'system', content: system });
@@ -64,21 +64,30 @@ function toChatMessages(body: Pick<CreateMessageBody, 'system' | 'messages'>): {
       out.push({ role: m.role, content: m.content });
       return;
     }
-    const texts: string[] = [];
+    // Blocks render as parts do on the other surfaces (MessageParts), so all give the same prompt.
+    const parts = new MessageParts(images);
     m.content.forEach((block, j) => {
       const param = `messages[${i}].content[${j}]`;
       if (block.type === 'text') {
-        texts.push(block.text);
+        parts.text(block.text);
         return;
       }
-      if (block.source.type === 'url') checkImageUrl(block.source.url, `${param}.source.url`);
-      else if (!BASE64.test(block.source.data)) throw invalidRequest(`${param}.source.data must be base64-encoded image bytes`, `${param}.source.data`);
-      imageParam ??= param;
+      if (block.source.type === 'url') {
+        checkImageUrl(block.source.url, `${param}.source.url`);
+        parts.image(block.source.url, 'auto', param);
+      } else {
+        // Its ends here, so that markup or a URL is refused naming the field; the whole payload
+        // (up to 20 MiB) where the image is loaded, off the event loop.
+        const data = block.source.data;
+        if (!BASE64.test(data.slice(0, 4096)) || !BASE64.test(data.slice(-4096))) {
+          throw invalidRequest(`${param}.source.data must be base64-encoded image bytes`, `${param}.source.data`);
+        }
+        parts.image(`data:${block.source.media_type};base64,${data}`, 'auto', param);
+      }
     });
-    // Blocks join with '\n', as parts do on the other surfaces, so all render the same prompt.
-    out.push({ role: m.role, content: texts.join('\n') });
+    out.push({ role: m.role, content: parts.content() });
   });
-  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
+  return { messages: out, images };
 }
 
 /** Refusals of what the prompt cannot hold: thinking enabled, a model without chat. */
@@ -159,7 +168,10 @@ export function toMessagesGenerationRequest(body: CreateMessageBody, caller: Cal
   if (window !== undefined) request.completionWindow = window;
   if (windowParam !== undefined) request.completionWindowParam = windowParam;
   if (outputFormat !== undefined) request.outputFormat = outputFormat;
-  if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
+  if (converted.images.length > 0) {
+    request.images = converted.images;
+    request.imageParam = converted.images[0]!.param;
+  }
   if (metadata['user_id'] !== undefined) request.user = metadata['user_id'];
   return request;
 }
@@ -182,7 +194,10 @@ export function toMessagesCountRequest(body: CountTokensBody, caller: Caller, su
     metadata: {},
     reasoningEffort: 'none',
   };
-  if (converted.imageParam !== undefined) request.imageParam = converted.imageParam;
+  if (converted.images.length > 0) {
+    request.images = converted.images;
+    request.imageParam = converted.images[0]!.param;
+  }
   return request;
 }
 

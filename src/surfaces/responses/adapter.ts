@@ -5,14 +5,14 @@
 
 import type { ChatMessage, ChatRole } from '../../text/chat-template.js';
 import type { GenerateResult } from '../../engine/request.js';
-import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration } from '../../serving/generation-request.js';
+import type { Caller, GenerationRequest, OutputFormat, PreparedGeneration, RequestImage } from '../../serving/generation-request.js';
 import { checkResponseSchema } from '../../structured/schema-check.js';
 import type { ResponseBody } from '../../store/store.js';
 import { publicMetadata } from '../../webhooks/events.js';
 import { invalidRequest } from '../errors.js';
 import type { CreateResponseBody, InputItem, InputMessage } from './schema.js';
 import {
-  checkImageUrl, newId, nowSeconds, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
+  checkImageUrl, MessageParts, newId, nowSeconds, openAiLogprobs, refuseListedTypes, refuseStreaming, requestedWindow, STREAMING_UNAVAILABLE,
 } from '../content.js';
 import { argumentsObject, callId, responsesTools } from '../tools.js';
 import { split, type AssistantTurn } from '../../serving/assistant-turn.js';
@@ -69,9 +69,8 @@ export function refuseUnsupportedInput(body: unknown): void {
  * assistant turn only from its encrypted_content (`unseal`; without it, as with store=true, the
  * reasoning does not carry over).
  */
-function itemsToMessages(items: InputItem[], base: string, unseal?: (blob: string, param: string) => string): { messages: ChatMessage[]; imageParam?: string } {
+function itemsToMessages(items: InputItem[], base: string, images: RequestImage[], unseal?: (blob: string, param: string) => string): ChatMessage[] {
   const out: ChatMessage[] = [];
-  let imageParam: string | undefined;
   let pendingReasoning: string | undefined;
   items.forEach((item, i) => {
     const at = `${base}[${i}]`;
@@ -91,38 +90,34 @@ function itemsToMessages(items: InputItem[], base: string, unseal?: (blob: strin
       if (typeof item.encrypted_content === 'string' && unseal !== undefined) pendingReasoning = unseal(item.encrypted_content, `${at}.encrypted_content`);
       return;
     }
-    const converted = toChatMessages([item], base, i);
-    imageParam ??= converted.imageParam;
-    const message = converted.messages[0]!;
+    const message = toChatMessages([item], base, images, i)[0]!;
     if (message.role === 'assistant' && pendingReasoning !== undefined) message.reasoning_content = pendingReasoning;
     pendingReasoning = undefined;
     out.push(message);
   });
-  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
+  return out;
 }
 
-function toChatMessages(messages: InputMessage[], base: string, first = 0): { messages: ChatMessage[]; imageParam?: string } {
-  let imageParam: string | undefined;
-  const out = messages.map((m, k): ChatMessage => {
+function toChatMessages(messages: InputMessage[], base: string, images: RequestImage[], first = 0): ChatMessage[] {
+  return messages.map((m, k): ChatMessage => {
     const i = first + k;
     const role: ChatRole = m.role === 'function' ? 'tool' : m.role;
     if (typeof m.content === 'string') return { role, content: m.content };
-    const texts: string[] = [];
+    const parts = new MessageParts(images);
     m.content.forEach((part, j) => {
       const param = `${base}[${i}].content[${j}]`;
       if (part.type === 'input_image') {
         checkImageUrl(part.image_url, `${param}.image_url`);
-        imageParam ??= param;
+        parts.image(part.image_url, part.detail, param);
         return;
       }
       if (part.type === 'output_text' && role !== 'assistant') {
         throw invalidRequest(`${param}: output_text parts belong to assistant messages`, `${param}.type`);
       }
-      texts.push(part.text);
+      parts.text(part.text);
     });
-    return { role, content: texts.join('\n') };
+    return { role, content: parts.content() };
   });
-  return imageParam === undefined ? { messages: out } : { messages: out, imageParam };
 }
 
 /**
@@ -184,16 +179,15 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
   const logprobs = checkOpenAiFields(body);
   const unseal = seal === undefined ? undefined : (blob: string, param: string) => seal.unseal(caller.orgId, blob, param);
   let input: GenerationRequest['input'];
-  let imageParam: string | undefined;
+  const images: RequestImage[] = [];
   if (typeof body.input === 'string') {
     // A string is one user turn for chat models, and the raw prompt for completion-only models.
     input = supportsChat
       ? { kind: 'messages', messages: [{ role: 'user', content: body.input }] }
       : { kind: 'prompt', text: body.input };
   } else {
-    const converted = Array.isArray(body.input) ? itemsToMessages(body.input, 'input', unseal) : toChatMessages(body.input.messages, 'input.messages');
-    input = { kind: 'messages', messages: converted.messages };
-    imageParam = converted.imageParam;
+    const messages = Array.isArray(body.input) ? itemsToMessages(body.input, 'input', images, unseal) : toChatMessages(body.input.messages, 'input.messages', images);
+    input = { kind: 'messages', messages };
   }
   if (typeof body.instructions === 'string' && body.instructions !== '') {
     if (input.kind === 'messages') input.messages.unshift({ role: 'developer', content: body.instructions });
@@ -219,7 +213,10 @@ export function toGenerationRequest(body: CreateResponseBody, caller: Caller, su
   const { window, param: windowParam } = requestedWindow(metadata, body.service_tier, responsesTierWindow(body));
   if (window !== undefined) request.completionWindow = window;
   if (windowParam !== undefined) request.completionWindowParam = windowParam;
-  if (imageParam !== undefined) request.imageParam = imageParam;
+  if (images.length > 0) {
+    request.images = images;
+    request.imageParam = images[0]!.param;
+  }
   if (format?.type === 'json_schema') {
     const schemaParam = 'text.format.schema';
     // Refused now (400 naming the keyword), before the request is stored, queued or billed.
