@@ -141,6 +141,26 @@ describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
     expectReference(ref, different, [other]);
   });
 
+  it('recomputes a preempted sequence with its image in place', async () => {
+    // 15 blocks of 16 tokens: two of these 90-token prompts fit, their decodes do not, so the
+    // scheduler preempts one and later re-adds it (prompt + its output so far, images re-sent).
+    const small = await Engine.load({ model: dir, backend: 'cpu', kvCacheBytes: 15 * 16 * 1024, maxBatchedTokens: 64, maxNumSeqs: 4, threads: 2 });
+    let preempted = 0;
+    small.observe({ onStep: (r) => { preempted += r.preempted.length; } });
+    try {
+      const results = await Promise.all(['first', 'second', 'third'].map((word) =>
+        small.generate({ messages: ask([{ type: 'image' }, { type: 'text', text: `The ${word} picture: what is in it?` }]), images: [images[2]!],
+          maxTokens: 48, temperature: 0, logprobs: 0 })));
+      expect(preempted).toBeGreaterThan(0);
+      for (const r of results) {
+        expect(r.tokenIds.length).toBeGreaterThan(16);
+        expectReference(ref, r, [images[2]!]);
+      }
+    } finally {
+      await small.dispose();
+    }
+  });
+
   it('refuses placeholders that do not pair up with the images', async () => {
     const messages = ask([{ type: 'image' }, { type: 'text', text: 'two?' }]);
     await expect(run(messages, [])).rejects.toMatchObject({ code: 'invalid_request', message: /1 image part for 0 images/ });

@@ -108,7 +108,7 @@ describe('image input', () => {
       { type: 'text', text: 'Describe it.' },
       { type: 'image', source: { type: 'base64', media_type: 'image/png', data: files.get('cat.png')!.toString('base64') } },
     ];
-    const message = await anthropic.messages.create({ model: 'vl', max_tokens: 8, temperature: 0, messages: [{ role: 'user', content }] });
+    const message = await anthropic.messages.create({ model: 'vl', max_tokens: 8, temperature: 0, messages: [{ role: 'user', content }] } as Anthropic.MessageCreateParamsNonStreaming);
     expect((message.content[0] as Anthropic.TextBlock).text).toBe(responses.output_text);
     // Anthropic's input_tokens leaves out what the prefix cache served: the same image's blocks.
     expect(message.usage.cache_read_input_tokens).toBeGreaterThanOrEqual(64);
