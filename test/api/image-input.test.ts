@@ -15,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
 import type { ImageInputSettings } from '../../src/serving/request-images.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
+import { createBatch, readResults, waitForBatch } from '../helpers/batches.js';
 
 let server: TestServer;
 let openai: OpenAI;
@@ -132,6 +133,24 @@ describe('image input', () => {
     expect(next.usage!.input_tokens).toBeGreaterThan(first.usage!.input_tokens + first.usage!.output_tokens);
     const alone = await openai.responses.create({ model: 'vl', input: 'And now?', temperature: 0, max_output_tokens: 4 });
     expect(next.usage!.input_tokens - alone.usage!.input_tokens).toBeGreaterThan(64);
+  });
+
+  it('runs batch lines with images, a bad image failing its line alone', async () => {
+    const line = (id: string, image: string) => ({
+      custom_id: id, method: 'POST' as const, url: '/v1/chat/completions' as const,
+      body: { model: 'vl', max_tokens: 8, temperature: 0, messages: [{ role: 'user', content: [{ type: 'text', text: 'Describe it.' }, { type: 'image_url', image_url: { url: image } }] }] },
+    });
+    const direct = await openai.chat.completions.create(line('x', dataUri('cat.png')).body as never) as OpenAI.ChatCompletion;
+    const batch = await createBatch(openai, [line('good', dataUri('cat.png')), line('bad', url('not-an-image.png'))], '24h');
+    const done = await waitForBatch(openai, batch.id);
+    expect(done.status).toBe('completed');
+    const results = [...await readResults(openai, done.output_file_id), ...await readResults(openai, done.error_file_id)];
+    const good = results.find((r) => r.custom_id === 'good')!;
+    expect(good.response!.status_code).toBe(200);
+    expect(good.response!.body['choices'][0].message.content).toBe(direct.choices[0]!.message.content);
+    const bad = results.find((r) => r.custom_id === 'bad')!;
+    expect(bad.response!.status_code).toBe(400);
+    expect(bad.response!.body['error']).toMatchObject({ param: 'messages[0].content[1]' });
   });
 
   it('refuses bad images with a 400 naming the part, before generating', async () => {
