@@ -8,6 +8,9 @@
 // step's embedding gather, sampling returns before its tokens reach the host (two output slots),
 // and step inputs go up through two pinned buffers, so the host never waits on the copy of the
 // step before; with cuda_graphs_at_load every decode bucket up to max_num_seqs is captured at load.
+// Vision-language models (Qwen2-VL's M-RoPE): the rope table reads each token's (t, h, w) rope
+// position from the step inputs (so graphs replay it), and a step's given input rows (images)
+// replace their embeddings; such a step always runs without graphs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -199,10 +202,12 @@ class CudaBackend final : public Backend, private DecoderOps {
 
  private:
   // Step inputs live at fixed device offsets so that captured graphs can replay them.
-  // With window layers, their slots and block tables follow (off_wslot, off_wtables).
+  // M-RoPE models add the rope positions after the slots (off_rpos: [3 * tokens], (t, h, w) per
+  // token); with window layers, their slots and block tables follow the tables (off_wslot, off_wtables).
   struct StepLayout {
     int64_t tokens = 0, rows = 0, seqs = 0, table = 0;  // capacities
     size_t off_ids = 0, off_pos = 0, off_seq = 0, off_slot = 0, off_rows = 0, off_stride = 0, off_tables = 0;
+    size_t off_rpos = 0;  // M-RoPE models only
     size_t off_wslot = 0, off_wtables = 0;
     size_t bytes = 0;
   };
@@ -261,6 +266,9 @@ class CudaBackend final : public Backend, private DecoderOps {
   cuda::GemmWorkspace step_ws_{};
   int choose_attn_splits(int64_t T, int64_t max_ctx) const;
   void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
+  void upload_embeds(const ForwardBatch& b);
+  // Vision-language models: steps may give input rows (ForwardBatch::input_embeds).
+  bool takes_input_embeds() const { return c_.image_token_id >= 0 || c_.mrope(); }
   void capture_graphs_at_load();
   const int32_t* dev_i32(size_t off) const { return reinterpret_cast<const int32_t*>(step_dev_.get<uint8_t>() + off); }
 
@@ -347,6 +355,16 @@ class CudaBackend final : public Backend, private DecoderOps {
   int64_t device_token_rows_ = 0;
   DeviceBuffer token_masks_;  // [rows, mask words] of a step with grammar-constrained rows
   PinnedBuffer token_masks_host_;
+  // Given input rows (ForwardBatch::input_embeds) of an eager step, scattered over x_ by embed():
+  // device [embeds_cap_, H] f32 then [embeds_cap_] int32 row indices, sized with the activations
+  // for vision-language models (so a step's rows always fit) and grown by a step that needs more;
+  // the pinned copy holds [n, H] f32 then [n] int32 of the last such step. Steps with given rows
+  // never run as captured graphs (their row count varies), so nothing captured holds these.
+  DeviceBuffer embeds_dev_;
+  int64_t embeds_cap_ = 0;
+  PinnedBuffer embeds_host_;
+  cudaEvent_t embeds_copied_ = nullptr;  // the last upload from embeds_host_ has been read
+  int step_embeds_ = 0;                  // rows embed() scatters in the step being run (eager steps only)
 
   // Decode batch bucket -> graph; nullptr marks a bucket whose capture failed, which then runs
   // eagerly (a capture that fails once fails again: retrying it every step would fail them all).
@@ -416,7 +434,8 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
     const char* mixed = std::getenv("SLUICE_CUDA_MIXED_GRAPHS");
     mixed_graphs_enabled_ = graphs_enabled_ && (opts.cuda_mixed_graphs || (mixed && std::string(mixed) == "1"));
   }
-  for (cudaEvent_t* ev : {&step_copied_[0], &step_copied_[1], &sample_slots_[0].done, &sample_slots_[1].done})
+  for (cudaEvent_t* ev :
+       {&step_copied_[0], &step_copied_[1], &sample_slots_[0].done, &sample_slots_[1].done, &embeds_copied_})
     SLUICE_CUDA_CHECK(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
   device_tokens_ = opts.cuda_device_tokens;
   const char* at_load = std::getenv("SLUICE_CUDA_GRAPHS_AT_LOAD");
@@ -464,7 +483,8 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
 
 CudaBackend::~CudaBackend() {
   drop_graphs();
-  for (cudaEvent_t ev : {step_copied_[0], step_copied_[1], sample_slots_[0].done, sample_slots_[1].done})
+  for (cudaEvent_t ev :
+       {step_copied_[0], step_copied_[1], sample_slots_[0].done, sample_slots_[1].done, embeds_copied_})
     if (ev) cudaEventDestroy(ev);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -506,7 +526,8 @@ size_t CudaBackend::device_bytes() const {
   for (const DeviceBuffer* b :
        {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_, &attn_part_ml_, &sample_params_,
         &sample_out_, &sample_stats_, &token_masks_, &y_, &cos_sin_local_, &router_logits_, &route_ids_, &route_w_,
-        &route_row_, &row_token_, &expert_offsets_, &tile_expert_, &tile_row0_, &num_tiles_, &moe_h_, &moe_y_})
+        &route_row_, &row_token_, &expert_offsets_, &tile_expert_, &tile_row0_, &num_tiles_, &moe_h_, &moe_y_,
+        &embeds_dev_})
     n += b->bytes();
   return n;
 }
@@ -660,6 +681,11 @@ void CudaBackend::allocate_activations(int64_t tokens, int64_t rows) {
   // The old buffers are freed first (DeviceBuffer::allocate) so that growth never needs the old
   // and the new size at once.
   x_.allocate(t * H * 4, stream_);
+  if (takes_input_embeds()) {
+    embeds_cap_ = 0;
+    embeds_dev_.allocate(t * H * 4 + t * 4, stream_);
+    embeds_cap_ = tokens;
+  }
   xn_.allocate(t * size_t(w_.ld_h) * esz_, stream_);
   qkv_.allocate(t * size_t(w_.qkv_rows) * 4, stream_);
   q_.allocate(t * nq * hd * 4, stream_);
@@ -703,6 +729,7 @@ void CudaBackend::allocate_step(const StepLayout& want) {
   L.off_pos = take(L.tokens);
   L.off_seq = take(L.tokens);
   L.off_slot = take(L.tokens);
+  if (c_.mrope()) L.off_rpos = take(3 * L.tokens);
   L.off_rows = take(L.rows);
   L.off_stride = take(1);
   L.off_tables = take(L.seqs * L.table);
@@ -750,6 +777,13 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
     i32(L.off_seq)[t] = int32_t(S);
     i32(L.off_slot)[t] = int32_t(scratch_block_ * block_size_);
   }
+  if (c_.mrope()) {
+    if (T > 0) {  // (capture_graphs_at_load's padding batches have no tokens)
+      if (!b.rope_positions) throw Error(ErrorCode::kInternal, "an M-RoPE step without rope_positions");
+      std::memcpy(i32(L.off_rpos), b.rope_positions, size_t(3 * T) * 4);
+    }
+    std::fill(i32(L.off_rpos) + 3 * T, i32(L.off_rpos) + 3 * T_pad, 0);  // padding: position (0, 0, 0)
+  }
   std::memcpy(i32(L.off_rows), b.logit_rows, size_t(b.num_logit_rows) * 4);
   for (int64_t r = b.num_logit_rows; r < R_pad; r++) i32(L.off_rows)[r] = int32_t(r);
   *i32(L.off_stride) = int32_t(width);
@@ -776,6 +810,30 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
   }
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(step_dev_.get(), h, bytes, cudaMemcpyHostToDevice, stream_));
   SLUICE_CUDA_CHECK(cudaEventRecord(step_copied_[slot], stream_));
+}
+
+// Stages the step's given input rows (f32, as the residual stream x_) and their indices for
+// embed()'s scatter. Only eager steps carry them (forward()).
+void CudaBackend::upload_embeds(const ForwardBatch& b) {
+  const int64_t n = b.num_input_embeds, H = c_.hidden_size;
+  if (n > embeds_cap_) {  // a model that did not declare image tokens, or more rows than the activations
+    SLUICE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    embeds_cap_ = 0;
+    embeds_dev_.allocate(size_t(n) * size_t(H) * 4 + size_t(n) * 4, stream_);
+    embeds_cap_ = n;
+  }
+  SLUICE_CUDA_CHECK(cudaEventSynchronize(embeds_copied_));  // the last upload from the pinned copy was read
+  const size_t row_bytes = size_t(H) * 4, floats_bytes = size_t(n) * row_bytes;
+  embeds_host_.reserve(floats_bytes + size_t(n) * 4);
+  uint8_t* h = embeds_host_.get<uint8_t>();
+  for (int64_t i = 0; i < n; i++) std::memcpy(h + size_t(i) * row_bytes, b.input_embeds[i], row_bytes);
+  std::memcpy(h + floats_bytes, b.input_embed_rows, size_t(n) * 4);
+  uint8_t* d = embeds_dev_.get<uint8_t>();
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(d, h, floats_bytes, cudaMemcpyHostToDevice, stream_));
+  SLUICE_CUDA_CHECK(cudaMemcpyAsync(d + size_t(embeds_cap_) * row_bytes, h + floats_bytes, size_t(n) * 4,
+                                    cudaMemcpyHostToDevice, stream_));
+  SLUICE_CUDA_CHECK(cudaEventRecord(embeds_copied_, stream_));
+  step_embeds_ = int(n);
 }
 
 void CudaBackend::set_step(int64_t T, int64_t R, int splits) {
@@ -818,13 +876,24 @@ void CudaBackend::embed() {
   if (device_tokens_)
     cuda::resolve_device_tokens(reinterpret_cast<int32_t*>(step_dev_.get<uint8_t>() + layout_.off_ids), step_T_,
                                 device_token_buf_.get<int32_t>(), int(device_token_rows_), int(c_.vocab_size), stream_);
-  cuda::embedding(ids, step_T_, w_.embed.get(), int(w_.ld_h), e_, int(c_.hidden_size), float(c_.embed_scale),
-                  x_.get<float>(), stream_);
-  cuda::rope_table(dev_i32(layout_.off_pos), step_T_, w_.inv_freq.get<float>(), int(c_.rotary_dim() / 2),
-                   cos_sin_.get<float>(), stream_);
-  if (c_.any_local_rope())
-    cuda::rope_table(dev_i32(layout_.off_pos), step_T_, w_.local_inv_freq.get<float>(), int(c_.rotary_dim() / 2),
-                     cos_sin_local_.get<float>(), stream_);
+  const int H = int(c_.hidden_size);
+  cuda::embedding(ids, step_T_, w_.embed.get(), int(w_.ld_h), e_, H, float(c_.embed_scale), x_.get<float>(), stream_);
+  if (step_embeds_ > 0) {  // given input rows replace their tokens' (unscaled)
+    const uint8_t* d = embeds_dev_.get<uint8_t>();
+    cuda::scatter_rows(reinterpret_cast<const float*>(d),
+                       reinterpret_cast<const int32_t*>(d + size_t(embeds_cap_) * size_t(H) * 4), step_embeds_, H,
+                       x_.get<float>(), stream_);
+  }
+  const int half = int(c_.rotary_dim() / 2);
+  auto table = [&](const float* inv_freq, float* cos_sin) {
+    if (c_.mrope())
+      cuda::rope_table_mrope(dev_i32(layout_.off_rpos), step_T_, inv_freq, half, int(c_.mrope_section[0]),
+                             int(c_.mrope_section[1]), cos_sin, stream_);
+    else
+      cuda::rope_table(dev_i32(layout_.off_pos), step_T_, inv_freq, half, cos_sin, stream_);
+  };
+  table(w_.inv_freq.get<float>(), cos_sin_.get<float>());
+  if (c_.any_local_rope()) table(w_.local_inv_freq.get<float>(), cos_sin_local_.get<float>());
 }
 
 void CudaBackend::norm(int64_t layer, LayerNorm which) {
@@ -1283,9 +1352,23 @@ void CudaBackend::forward(const ForwardBatch& b) {
   for (int64_t t = 0; t < T; t++) max_ctx = std::max<int64_t>(max_ctx, int64_t(b.positions[t]) + 1);
   last_rows_ = R;
   step_prefill_ = T > S;  // (capture_graphs_at_load leaves it false: its steps are decodes)
+  step_embeds_ = 0;
+  // Given input rows (image placeholders) make the step run eagerly: a graph captures embed()'s
+  // launches with one step's row count. Such steps are prefill chunks (a one-token chunk can look
+  // like a decode step), few beside the decode steps.
+  const bool embeds = b.num_input_embeds > 0;
+  if (embeds) {
+    if (!b.input_embed_rows || !b.input_embeds || b.num_input_embeds > T)
+      throw Error(ErrorCode::kInternal, "malformed input embeddings in a step");
+    for (int64_t i = 0; i < b.num_input_embeds; i++) {
+      const int32_t row = b.input_embed_rows[i];
+      if (row < 0 || row >= T || (i > 0 && row <= b.input_embed_rows[i - 1]) || !b.input_embeds[i])
+        throw Error(ErrorCode::kInternal, "input embedding rows must be ascending token indices of the step");
+    }
+  }
 
   // A pure decode step (one token per sequence, every one sampling) replays a graph.
-  const int bucket = graphs_enabled_ && T == S && R == T ? graph_bucket(T) : 0;
+  const int bucket = graphs_enabled_ && !embeds && T == S && R == T ? graph_bucket(T) : 0;
   if (bucket) {
     ensure_capacity(bucket, bucket, bucket + 1, width);
     upload_step(b, bucket, bucket, width);
@@ -1307,7 +1390,8 @@ void CudaBackend::forward(const ForwardBatch& b) {
   // A step with prefill chunks, with cuda_mixed_graphs: padded to its token bucket (within the
   // activations sized at load, so that no step reallocates and drops the graphs), its pieces
   // replayed around eager attention; the first step of a bucket captures them as it computes.
-  if (const int mixed = mixed_graphs_enabled_ && T > S ? mixed_bucket(T) : 0; mixed && mixed <= cap_tokens_) {
+  const int mixed = mixed_graphs_enabled_ && !embeds && T > S ? mixed_bucket(T) : 0;
+  if (mixed && mixed <= cap_tokens_) {
     ensure_capacity(mixed, R, S + 1, width);
     upload_step(b, mixed, R, width);
     const int splits = choose_attn_splits(mixed, max_ctx);
@@ -1327,7 +1411,9 @@ void CudaBackend::forward(const ForwardBatch& b) {
   }
   ensure_capacity(T, R, S, width);
   upload_step(b, T, R, width);
+  if (embeds) upload_embeds(b);
   run_layers(T, R, choose_attn_splits(T, max_ctx));
+  step_embeds_ = 0;
 }
 
 void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {

@@ -37,6 +37,15 @@ void soft_cap(float* v, size_t n, float cap, cudaStream_t stream);
 // cos_sin[T, 2 * half]: cos then sin of positions[t] * inv_freq[i], angles in double (as the CPU).
 void rope_table(const int32_t* positions, int T, const float* inv_freq, int half, float* cos_sin,
                 cudaStream_t stream);
+// M-RoPE (Qwen2-VL, ModelConfig::mrope_section): the same table from rope_positions [3T], token
+// t's (time, height, width) at 3t..3t+2; pair i takes component 0 if i < section0, 1 if
+// i < section0 + section1, else 2. Three equal components give rope_table's values bit for bit.
+void rope_table_mrope(const int32_t* rope_positions, int T, const float* inv_freq, int half, int section0,
+                      int section1, float* cos_sin, cudaStream_t stream);
+
+// Input rows given instead of the embedding (image placeholders): x[rows[i], 0:H] = src[i, 0:H]
+// for i < n, all f32 (src: [n, H] device memory; rows distinct).
+void scatter_rows(const float* src, const int32_t* rows, int n, int H, float* x, cudaStream_t stream);
 
 // After the fused q/k/v projection: optional per-head RMSNorm of q and k (Qwen3), rotary
 // embedding (rotate-half) of the first 2*rot_half dims of every q and k head, q to q_out (f32),

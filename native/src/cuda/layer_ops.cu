@@ -1,6 +1,6 @@
-// Per-token kernels of the forward pass: embedding gather, RMSNorm (and the sandwich norm's
-// normed add), the RoPE cos/sin table, the step after the q/k/v projection (q/k norm, rotary
-// embedding, KV-cache write), and the logits' soft cap.
+// Per-token kernels of the forward pass: embedding gather (and the scatter of given input rows),
+// RMSNorm (and the sandwich norm's normed add), the RoPE cos/sin table (M-RoPE's too), the step
+// after the q/k/v projection (q/k norm, rotary embedding, KV-cache write), and the logits' soft cap.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -70,6 +70,28 @@ __global__ void rope_table_kernel(const int32_t* positions, int T, const float* 
   sincos(angle, &s, &c);
   cos_sin[size_t(t) * 2 * half + i] = float(c);
   cos_sin[size_t(t) * 2 * half + half + i] = float(s);
+}
+
+// rope_table_kernel's angles with pair i's position taken from component 0, 1 or 2 of the token's
+// rope position (the section holding i).
+__global__ void rope_table_mrope_kernel(const int32_t* rope_positions, int T, const float* inv_freq, int half,
+                                        int section0, int section1, float* cos_sin) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= T * half) return;
+  const int t = idx / half, i = idx % half;
+  const int component = i < section0 ? 0 : i < section0 + section1 ? 1 : 2;
+  const double angle = double(rope_positions[3 * size_t(t) + component]) * double(inv_freq[i]);
+  double s, c;
+  sincos(angle, &s, &c);
+  cos_sin[size_t(t) * 2 * half + i] = float(c);
+  cos_sin[size_t(t) * 2 * half + half + i] = float(s);
+}
+
+// One block per given row.
+__global__ void scatter_rows_kernel(const float* src, const int32_t* rows, int H, float* x) {
+  const float* from = src + size_t(blockIdx.x) * H;
+  float* to = x + size_t(rows[blockIdx.x]) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) to[i] = from[i];
 }
 
 // Grid: T blocks of 8 warps; each warp takes whole heads (q heads, then k heads, then v heads).
@@ -185,6 +207,21 @@ void rope_table(const int32_t* positions, int T, const float* inv_freq, int half
   const int n = T * half;
   rope_table_kernel<<<(n + 255) / 256, 256, 0, stream>>>(positions, T, inv_freq, half, cos_sin);
   SLUICE_CUDA_LAUNCH_CHECK("rope_table_kernel");
+}
+
+void rope_table_mrope(const int32_t* rope_positions, int T, const float* inv_freq, int half, int section0,
+                      int section1, float* cos_sin, cudaStream_t stream) {
+  if (T <= 0 || half <= 0) return;
+  const int n = T * half;
+  rope_table_mrope_kernel<<<(n + 255) / 256, 256, 0, stream>>>(rope_positions, T, inv_freq, half, section0, section1,
+                                                                 cos_sin);
+  SLUICE_CUDA_LAUNCH_CHECK("rope_table_mrope_kernel");
+}
+
+void scatter_rows(const float* src, const int32_t* rows, int n, int H, float* x, cudaStream_t stream) {
+  if (n <= 0 || H <= 0) return;
+  scatter_rows_kernel<<<n, 256, 0, stream>>>(src, rows, H, x);
+  SLUICE_CUDA_LAUNCH_CHECK("scatter_rows_kernel");
 }
 
 void qkv_post(const QkvPostArgs& a, DType e, cudaStream_t stream) {
