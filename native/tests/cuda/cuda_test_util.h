@@ -85,6 +85,33 @@ inline std::unique_ptr<sluice::Engine> load(const std::string& dir, const std::s
 
 using Step = sluice_test::SampledStep;
 
+// CUDA_OK(call): a CHECK that a CUDA runtime call returned cudaSuccess.
+#define CUDA_OK(call) CHECK((call) == cudaSuccess)
+
+// A device buffer of the kernel tests: `count` elements (plus 16 bytes of slack), poisoned with
+// 0xff bytes (NaN for f32, bf16, f16 and E, -1 for ints) unless the host values are given.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    cudaMalloc(&p, count * sizeof(T) + 16);
+    cudaMemset(p, 0xff, count * sizeof(T) + 16);
+  }
+  explicit Dev(const std::vector<T>& host) : Dev(host.size()) { write(host); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p); }
+  void zero() { cudaMemset(p, 0, n * sizeof(T)); }
+  // Overwrites the n elements (host must hold n).
+  void write(const std::vector<T>& host) { cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> read() const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
 // The fp8 (e4m3) KV cache of the kernel tests (AttentionArgs::kv_fp8): per-tensor scales that are
 // not powers of two, and values N(0, 1) * 2^k with k uniform in [lo_exp, hi_exp], so that the
 // codes of value / scale span many binades (subnormal codes, and saturation where hi_exp allows).

@@ -41,35 +41,9 @@
 #include "test_util.h"
 
 using namespace sluice;
+using sluice_cuda_test::Dev;
 
 namespace {
-
-#define CUDA_OK(call) CHECK((call) == cudaSuccess)
-
-// A device buffer of `count` elements (plus 16 bytes of slack), poisoned with 0xff bytes (NaN for
-// floats and E, -1 for ints) unless the host values are given.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    cudaMalloc(&p, count * sizeof(T) + 16);
-    cudaMemset(p, 0xff, count * sizeof(T) + 16);
-  }
-  explicit Dev(const std::vector<T>& host) : Dev(host.size()) {
-    cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  void zero() { cudaMemset(p, 0, n * sizeof(T)); }
-  void write(const std::vector<T>& host) { cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
-  std::vector<T> read() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 constexpr uint16_t kPoisonE = 0xffff;  // what Dev leaves in an E element nobody wrote
 

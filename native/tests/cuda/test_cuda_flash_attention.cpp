@@ -52,32 +52,9 @@
 #include "cuda/cuda_test_util.h"
 
 using namespace sluice;
+using sluice_cuda_test::Dev;
 
 namespace {
-
-#define CUDA_OK(call) CHECK((call) == cudaSuccess)
-
-// A device array, poisoned with 0xff bytes (NaN for bf16, f16 and f32) until written.
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    cudaMalloc(&p, count * sizeof(T) + 16);
-    cudaMemset(p, 0xff, count * sizeof(T) + 16);
-  }
-  explicit Dev(const std::vector<T>& host) : Dev(host.size()) {
-    cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  std::vector<T> read() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 constexpr uint16_t kNaN16 = 0xffff;  // NaN in bf16 and in f16
 

@@ -32,27 +32,9 @@
 #include "cuda/cuda_test_util.h"
 
 using namespace sluice;
+using sluice_cuda_test::Dev;
 
 namespace {
-
-#define CUDA_OK(call) CHECK((call) == cudaSuccess)
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    cudaMalloc(&p, count * sizeof(T) + 16);
-    cudaMemset(p, 0xff, count * sizeof(T) + 16);  // poison: NaN for floats and 16-bit floats
-  }
-  Dev(const std::vector<T>& host) : Dev(host.size()) { cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> read() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 

@@ -22,27 +22,9 @@
 #include "cuda/cuda_test_util.h"
 
 using namespace sluice;
+using sluice_cuda_test::Dev;
 
 namespace {
-
-#define CUDA_OK(call) CHECK((call) == cudaSuccess)
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    cudaMalloc(&p, count * sizeof(T) + 16);
-    cudaMemset(p, 0xff, count * sizeof(T) + 16);  // poison: NaN for floats
-  }
-  Dev(const std::vector<T>& host) : Dev(host.size()) { cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> read() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 uint16_t to_e(float f, DType e) { return e == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f); }
 float from_e(uint16_t h, DType e) { return e == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h); }

@@ -23,31 +23,9 @@
 #include "cuda/cuda_test_util.h"
 
 using namespace sluice;
+using sluice_cuda_test::Dev;
 
 namespace {
-
-#define CUDA_OK(call) CHECK((call) == cudaSuccess)
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    cudaMalloc(&p, count * sizeof(T) + 16);
-    cudaMemset(p, 0xff, count * sizeof(T) + 16);  // poison: NaN for floats
-  }
-  explicit Dev(const std::vector<T>& host) : Dev(host.size()) {
-    cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> read() const {
-    std::vector<T> h(n);
-    cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
 
 struct Case {
   float temperature, top_p;
