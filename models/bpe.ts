@@ -1,6 +1,6 @@
 // A small byte-level BPE trainer and the tokenizer.json writer (GPT-2 / Qwen2 conventions).
 
-import { HARMONY_SPECIAL_TOKENS, QWEN2_VL_VISION_TOKENS } from './chat-templates.js';
+import { GEMMA3_IMAGE_TOKENS, HARMONY_SPECIAL_TOKENS, QWEN2_VL_VISION_TOKENS } from './chat-templates.js';
 import { CORPUS } from './corpus.js';
 
 /** Qwen2's pre-tokenizer pattern, as it appears in tokenizer.json (Oniguruma syntax). */
@@ -207,23 +207,25 @@ export interface SpecialToken {
 /** Qwen3's added tokens that are not special: think blocks and tool calls decode as text. */
 export const QWEN3_TEXT_TOKENS = ['<think>', '</think>', '<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>'];
 
-/** Added tokens of a family: the ChatML ones, then Qwen3's text tokens or Qwen2-VL's vision tokens; Llama 3's 256; gpt-oss's 9. */
+/** Added tokens of a family: the ChatML ones, then Qwen3's text tokens, Qwen2-VL's vision tokens or Gemma 3's image tokens; Llama 3's 256; gpt-oss's 9. */
 export function numAddedTokens(family: TokenizerFamilyName): number {
   if (family === 'harmony') return HARMONY_SPECIAL_TOKENS.length;
   if (family === 'qwen2-vl') return 3 + QWEN2_VL_VISION_TOKENS.length;
+  if (family === 'gemma3-vl') return 3 + GEMMA3_IMAGE_TOKENS.length;
   return family === 'chatml' ? 3 : family === 'qwen3' ? 3 + QWEN3_TEXT_TOKENS.length : 256;
 }
 
-type TokenizerFamilyName = 'chatml' | 'qwen3' | 'llama3' | 'harmony' | 'qwen2-vl';
+type TokenizerFamilyName = 'chatml' | 'qwen3' | 'llama3' | 'harmony' | 'qwen2-vl' | 'gemma3-vl';
 
 /** Special tokens of a family, with ids starting at `firstId`. */
 export function specialTokens(family: TokenizerFamilyName, firstId: number): SpecialToken[] {
   // gpt-oss: the named tokens of o200k_harmony in its order, on consecutive ids (its reserved ones left out).
   if (family === 'harmony') return HARMONY_SPECIAL_TOKENS.map((content, i) => ({ id: firstId + i, content }));
-  if (family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl') {
+  if (family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl' || family === 'gemma3-vl') {
     const chatml = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'].map((content, i) => ({ id: firstId + i, content }));
     if (family === 'chatml') return chatml;
     if (family === 'qwen2-vl') return [...chatml, ...QWEN2_VL_VISION_TOKENS.map((content, i) => ({ id: firstId + 3 + i, content }))];
+    if (family === 'gemma3-vl') return [...chatml, ...GEMMA3_IMAGE_TOKENS.map((content, i) => ({ id: firstId + 3 + i, content }))];
     return [...chatml, ...QWEN3_TEXT_TOKENS.map((content, i) => ({ id: firstId + 3 + i, content, special: false }))];
   }
   // Llama 3.1 layout of its 256 reserved ids.

@@ -251,6 +251,30 @@ export const QWEN2_VL_TEMPLATE = `{%- set seen = namespace(images=0, videos=0) -
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}`;
 
+/**
+ * ChatML turns for Gemma 3 with images (the maker's 'gemma3-vl' tokenizer): content parts in
+ * order, an image part (type image or image_url, or a part holding an image or image_url key) as
+ * <start_of_image>, which Gemma 3's processor expands to "\n\n<start_of_image>" + mm_tokens_per_image
+ * x <image_soft_token> + "<end_of_image>\n\n" before tokenizing (as the published template writes
+ * <start_of_image> for its image parts), a text part as its text.
+ */
+export const GEMMA3_VL_TEMPLATE =
+  "{%- for message in messages -%}" +
+  "{{- '<|im_start|>' + message['role'] + '\n' -}}" +
+  "{%- if message['content'] is string -%}" +
+  "{{- message['content'] -}}" +
+  "{%- elif message['content'] is not none -%}" +
+  "{%- for part in message['content'] -%}" +
+  "{%- if part['type'] == 'image' or part['type'] == 'image_url' or 'image' in part or 'image_url' in part -%}" +
+  "{{- '<start_of_image>' -}}" +
+  "{%- elif 'text' in part -%}{{- part['text'] -}}" +
+  "{%- endif -%}" +
+  "{%- endfor -%}" +
+  "{%- endif -%}" +
+  "{{- '<|im_end|>\n' -}}" +
+  "{%- endfor -%}" +
+  "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}";
+
 export interface SpecialIds {
   /** config.json bos_token_id. */
   bos: number;
@@ -274,6 +298,12 @@ export const HARMONY_SPECIAL_TOKENS = [
  */
 export const QWEN2_VL_VISION_TOKENS = ['<|vision_start|>', '<|vision_end|>', '<|vision_pad|>', '<|image_pad|>', '<|video_pad|>'] as const;
 
+/**
+ * Gemma 3's image tokens as published (special; ids 255999, 256000 and 262144 there): the
+ * processor's image text is <start_of_image>, one <image_soft_token> per image row, <end_of_image>.
+ */
+export const GEMMA3_IMAGE_TOKENS = ['<start_of_image>', '<end_of_image>', '<image_soft_token>'] as const;
+
 /** The families chat templates are written for: the presets' and harmony (gpt-oss). */
 type TemplateFamily = TokenizerFamily | 'harmony';
 
@@ -288,7 +318,7 @@ export function specialIds(family: TemplateFamily, specials: SpecialToken[]): Sp
     // gpt-oss's generation_config: <|return|> ends an answer, <|call|> a tool call.
     return { bos: id('<|startoftext|>'), eos: [id('<|return|>'), id('<|endoftext|>'), id('<|call|>')], pad: id('<|endoftext|>') };
   }
-  if (family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl') {
+  if (family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl' || family === 'gemma3-vl') {
     return { bos: id('<|endoftext|>'), eos: [id('<|im_end|>'), id('<|endoftext|>')], pad: id('<|endoftext|>') };
   }
   return {
@@ -322,6 +352,22 @@ export function visionTokenIds(specials: SpecialToken[]): VisionTokenIds {
   };
 }
 
+/** config.json's image token ids (Gemma 3): where the tokenizer put its image tokens. */
+export interface Gemma3ImageTokenIds {
+  boi_token_index: number;
+  eoi_token_index: number;
+  image_token_index: number;
+}
+
+export function gemma3ImageTokenIds(specials: SpecialToken[]): Gemma3ImageTokenIds {
+  const id = (content: string) => {
+    const t = specials.find((s) => s.content === content);
+    if (!t) throw new Error(`missing special token ${content}`);
+    return t.id;
+  };
+  return { boi_token_index: id('<start_of_image>'), eoi_token_index: id('<end_of_image>'), image_token_index: id('<image_soft_token>') };
+}
+
 /** tokenizer_config.json as transformers writes it for a PreTrainedTokenizerFast. */
 export function buildTokenizerConfig(
   family: TemplateFamily,
@@ -339,8 +385,9 @@ export function buildTokenizerConfig(
       special: s.special !== false,
     };
   }
-  const chatml = family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl';
+  const chatml = family === 'chatml' || family === 'qwen3' || family === 'qwen2-vl' || family === 'gemma3-vl';
   const vl = family === 'qwen2-vl';
+  const gemmaVl = family === 'gemma3-vl';
   if (family === 'harmony') {
     return {
       added_tokens_decoder: added,
@@ -359,9 +406,11 @@ export function buildTokenizerConfig(
     add_eos_token: false,
     add_prefix_space: false,
     added_tokens_decoder: added,
-    additional_special_tokens: chatml ? ['<|im_start|>', '<|im_end|>', ...(vl ? QWEN2_VL_VISION_TOKENS : [])] : [],
+    additional_special_tokens: chatml
+      ? ['<|im_start|>', '<|im_end|>', ...(vl ? QWEN2_VL_VISION_TOKENS : []), ...(gemmaVl ? GEMMA3_IMAGE_TOKENS : [])]
+      : [],
     bos_token: chatml ? null : '<|begin_of_text|>',
-    chat_template: family === 'qwen3' ? QWEN3_TEMPLATE : vl ? QWEN2_VL_TEMPLATE : chatml ? CHATML_TEMPLATE : LLAMA3_TEMPLATE,
+    chat_template: family === 'qwen3' ? QWEN3_TEMPLATE : vl ? QWEN2_VL_TEMPLATE : gemmaVl ? GEMMA3_VL_TEMPLATE : chatml ? CHATML_TEMPLATE : LLAMA3_TEMPLATE,
     clean_up_tokenization_spaces: false,
     eos_token: chatml ? '<|im_end|>' : '<|eot_id|>',
     errors: 'replace',

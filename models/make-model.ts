@@ -5,10 +5,12 @@
 import { mkdir, readdir, rename, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { buildTokenizerJson, numAddedTokens, specialTokens } from './bpe.js';
-import { buildTokenizerConfig, specialIds, type VisionTokenIds, visionTokenIds } from './chat-templates.js';
+import { buildTokenizerConfig, gemma3ImageTokenIds, specialIds, type VisionTokenIds, visionTokenIds } from './chat-templates.js';
 import {
   type Dtype,
+  type Gemma3VisionShape,
   type PresetShape,
+  type Qwen25VisionShape,
   PRESETS as SERVED_PRESETS,
   VISION_PRESETS,
   type VisionShape,
@@ -35,7 +37,7 @@ import { ARCHITECTURES } from '../src/engine/architectures.js';
  */
 export const PRESETS: Record<string, PresetShape> = { ...SERVED_PRESETS, ...VISION_PRESETS };
 export { isSparseLayer, resolvePreset };
-export type { Architecture, Dtype, PresetShape, RopeScaling, TokenizerFamily, VisionShape } from './presets.js';
+export type { Architecture, Dtype, Gemma3VisionShape, PresetShape, Qwen25VisionShape, RopeScaling, TokenizerFamily, VisionShape } from './presets.js';
 export { FP8_LAYOUTS, type Fp8Layout, type Fp8Options } from './fp8-checkpoint.js';
 export { INT_LAYOUTS, type IntLayout, type IntQuantOptions } from './int4-checkpoint.js';
 
@@ -206,7 +208,50 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
     const lmHead = `${spec.prefix.replace(/model\.$/, '')}lm_head.weight`;
     out.push({ name: lmHead, shape: [s.vocabSize, h], init: { mean: 0, std: INIT.lmHeadGain / Math.sqrt(h) } });
   }
-  if (s.vision) out.push(...visionTensorSpecs(s.vision, h));
+  if (s.vision?.architecture === 'Gemma3ForConditionalGeneration') out.push(...gemma3VisionTensorSpecs(s.vision, h));
+  else if (s.vision) out.push(...visionTensorSpecs(s.vision, h));
+  return out;
+}
+
+/**
+ * Gemma 3's SigLIP tower and projector as published (google/gemma-3-4b-it): the projector
+ * (multi_modal_projector.*: a (1 + w) RMSNorm weight and a [vision hidden, text hidden] matrix the
+ * pooled rows multiply from the left, not a Linear's [out, in]), then the tower
+ * (vision_tower.vision_model.*: a biased Conv2d patch embedding, learned position embeddings, pre-LN
+ * layers of biased attention projections and a gelu MLP, a final LayerNorm). Drawn as the decoder's
+ * tensors are; the projection by lmHeadGain, so that an image row (never scaled by sqrt(hidden))
+ * is about as large as a text token's scaled embedding row.
+ */
+function gemma3VisionTensorSpecs(v: Gemma3VisionShape, outHidden: number): TensorSpec[] {
+  const vh = v.hiddenSize;
+  const lin = (name: string, out: number, inp: number, gain = INIT.linearGain): TensorSpec[] => [
+    { name: `${name}.weight`, shape: [out, inp], init: { mean: 0, std: gain / Math.sqrt(inp) } },
+    { name: `${name}.bias`, shape: [out], init: { mean: 0, std: INIT.biasStd } },
+  ];
+  const layerNorm = (name: string): TensorSpec[] => [
+    { name: `${name}.weight`, shape: [vh], init: { mean: INIT.normMean, std: INIT.normStd } },
+    { name: `${name}.bias`, shape: [vh], init: { mean: 0, std: INIT.biasStd } },
+  ];
+  const patchIn = 3 * v.patchSize * v.patchSize;
+  const numPatches = (v.imageSize / v.patchSize) ** 2;
+  const m = 'vision_tower.vision_model';
+  const out: TensorSpec[] = [
+    { name: 'multi_modal_projector.mm_input_projection_weight', shape: [vh, outHidden], init: { mean: 0, std: INIT.lmHeadGain / Math.sqrt(vh) } },
+    { name: 'multi_modal_projector.mm_soft_emb_norm.weight', shape: [vh], init: { mean: 0, std: INIT.normStd } },
+    // [out channels, in channels, rows, columns]: a Conv2d whose stride is its kernel.
+    { name: `${m}.embeddings.patch_embedding.weight`, shape: [vh, 3, v.patchSize, v.patchSize], init: { mean: 0, std: INIT.linearGain / Math.sqrt(patchIn) } },
+    { name: `${m}.embeddings.patch_embedding.bias`, shape: [vh], init: { mean: 0, std: INIT.biasStd } },
+    { name: `${m}.embeddings.position_embedding.weight`, shape: [numPatches, vh], init: { mean: 0, std: INIT.embedStd } },
+  ];
+  for (let i = 0; i < v.numLayers; i++) {
+    const p = `${m}.encoder.layers.${i}`;
+    out.push(...layerNorm(`${p}.layer_norm1`));
+    out.push(...lin(`${p}.self_attn.q_proj`, vh, vh, INIT.qkGain), ...lin(`${p}.self_attn.k_proj`, vh, vh, INIT.qkGain));
+    out.push(...lin(`${p}.self_attn.v_proj`, vh, vh), ...lin(`${p}.self_attn.out_proj`, vh, vh, INIT.outGain));
+    out.push(...layerNorm(`${p}.layer_norm2`));
+    out.push(...lin(`${p}.mlp.fc1`, v.intermediateSize, vh), ...lin(`${p}.mlp.fc2`, vh, v.intermediateSize, INIT.outGain));
+  }
+  out.push(...layerNorm(`${m}.post_layernorm`));
   return out;
 }
 
@@ -217,7 +262,7 @@ export function tensorSpecs(s: PresetShape): TensorSpec[] {
  * Drawn as the decoder's tensors are: norms near 1, linears scaled by fan-in, the residual writers
  * (attn.proj, mlp.down_proj) by outGain.
  */
-function visionTensorSpecs(v: VisionShape, outHidden: number): TensorSpec[] {
+function visionTensorSpecs(v: Qwen25VisionShape, outHidden: number): TensorSpec[] {
   const vh = v.hiddenSize;
   const merged = vh * v.spatialMergeSize ** 2;
   const lin = (name: string, out: number, inp: number, gain = INIT.linearGain): TensorSpec => ({
@@ -282,7 +327,40 @@ const sortKeys = (o: Record<string, unknown>) =>
  * quantization_config of its MXFP4 experts.
  */
 export function buildConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[], pad = bos): Record<string, unknown> {
-  if (s.vision) return buildVisionConfig(s, s.vision, dtype, bos, eos[0]!, presetVisionTokenIds(s));
+  if (s.vision?.architecture === 'Qwen2_5_VLForConditionalGeneration') return buildVisionConfig(s, s.vision, dtype, bos, eos[0]!, presetVisionTokenIds(s));
+  const config = buildTextConfig(s, dtype, bos, eos, pad);
+  if (s.vision?.architecture !== 'Gemma3ForConditionalGeneration') return config;
+  // Gemma 3 with images: the text checkpoint's config plus the image tokens and the tower.
+  const v = s.vision;
+  return sortKeys({
+    ...config,
+    ...gemma3ImageTokenIds(specialTokens(s.tokenizer, s.vocabSize - numAddedTokens(s.tokenizer))),
+    mm_tokens_per_image: v.mmTokensPerImage,
+    vision_config: buildGemma3VisionConfig(v),
+  });
+}
+
+/**
+ * vision_config as google/gemma-3-4b-it publishes it: SiglipVisionConfig's fields that differ from
+ * its defaults (hidden_act gelu_pytorch_tanh, num_channels 3 stay out), layer_norm_eps only where
+ * it is not the default 1e-6.
+ */
+function buildGemma3VisionConfig(v: Gemma3VisionShape): Record<string, unknown> {
+  return sortKeys({
+    hidden_size: v.hiddenSize,
+    image_size: v.imageSize,
+    intermediate_size: v.intermediateSize,
+    ...(v.layerNormEps !== 1e-6 && { layer_norm_eps: v.layerNormEps }),
+    model_type: 'siglip_vision_model',
+    num_attention_heads: v.numHeads,
+    num_hidden_layers: v.numLayers,
+    patch_size: v.patchSize,
+    vision_use_head: false,
+  });
+}
+
+/** config.json of a text checkpoint (the body of buildConfig's description). */
+function buildTextConfig(s: PresetShape, dtype: Dtype, bos: number, eos: number[], pad: number): Record<string, unknown> {
   const spec = ARCHITECTURES[s.architecture];
   const eosField = s.tokenizer === 'llama3' ? eos : eos[0];
   const gptOss = spec.moeLayout === 'gpt_oss';
@@ -336,7 +414,7 @@ function presetVisionTokenIds(s: PresetShape): VisionTokenIds {
  * the decoder's Qwen2 fields at the top (no head_dim: hidden_size / num_attention_heads), mrope
  * as rope_scaling {type: "mrope", mrope_section}, the vision token ids, and vision_config.
  */
-function buildVisionConfig(s: PresetShape, v: VisionShape, dtype: Dtype, bos: number, eos: number, ids: VisionTokenIds): Record<string, unknown> {
+function buildVisionConfig(s: PresetShape, v: Qwen25VisionShape, dtype: Dtype, bos: number, eos: number, ids: VisionTokenIds): Record<string, unknown> {
   return sortKeys({
     architectures: [v.architecture],
     attention_dropout: 0.0,
@@ -382,8 +460,32 @@ function buildVisionConfig(s: PresetShape, v: VisionShape, dtype: Dtype, bos: nu
   });
 }
 
-/** preprocessor_config.json as Qwen2.5-VL publishes it (Qwen2VLImageProcessor with CLIP's mean and std). */
+/**
+ * preprocessor_config.json as published: Qwen2.5-VL's (Qwen2VLImageProcessor with CLIP's mean and
+ * std), Gemma 3's (Gemma3ImageProcessor: bilinear to the tower's square image size, mean and std
+ * 0.5, pan and scan off).
+ */
 export function buildPreprocessorConfig(v: VisionShape): Record<string, unknown> {
+  if (v.architecture === 'Gemma3ForConditionalGeneration') {
+    return {
+      do_convert_rgb: null,
+      do_normalize: true,
+      do_pan_and_scan: null,
+      do_rescale: true,
+      do_resize: true,
+      image_mean: [0.5, 0.5, 0.5],
+      image_processor_type: 'Gemma3ImageProcessor',
+      image_seq_length: v.mmTokensPerImage,
+      image_std: [0.5, 0.5, 0.5],
+      pan_and_scan_max_num_crops: null,
+      pan_and_scan_min_crop_size: null,
+      pan_and_scan_min_ratio_to_activate: null,
+      processor_class: 'Gemma3Processor',
+      resample: 2,
+      rescale_factor: 0.00392156862745098,
+      size: { height: v.imageSize, width: v.imageSize },
+    };
+  }
   return {
     min_pixels: v.minPixels,
     max_pixels: v.maxPixels,

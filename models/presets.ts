@@ -40,15 +40,22 @@ export type RopeScaling =
  *   <|return|>, ... <|call|>; consecutive ids, not o200k_harmony's) and the harmony template.
  * - 'qwen2-vl': chatml plus the vision tokens <|vision_start|> <|vision_end|> <|vision_pad|>
  *   <|image_pad|> <|video_pad|> (special, in Qwen2-VL's order) and a template with image and video parts.
+ * - 'gemma3-vl': chatml plus Gemma 3's image tokens <start_of_image> <end_of_image> <image_soft_token>
+ *   (special) and a template writing each image part as <start_of_image> (the processor expands it).
  */
-export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3' | 'harmony' | 'qwen2-vl';
+export type TokenizerFamily = 'chatml' | 'qwen3' | 'llama3' | 'harmony' | 'qwen2-vl' | 'gemma3-vl';
 
 /**
- * The vision tower and processor of a vision-language checkpoint (Qwen2.5-VL), with the fields
- * its config.json adds to the decoder's. Named as vision_config and preprocessor_config.json
- * spell them; sizes in patches unless said otherwise.
+ * The vision tower and processor of a vision-language checkpoint, with the fields its config.json
+ * adds to the decoder's; `architecture` tells the kinds apart.
  */
-export interface VisionShape {
+export type VisionShape = Qwen25VisionShape | Gemma3VisionShape;
+
+/**
+ * Qwen2.5-VL's. Named as vision_config and preprocessor_config.json spell them; sizes in patches
+ * unless said otherwise.
+ */
+export interface Qwen25VisionShape {
   /** architectures[0] of the checkpoint; the engine does not serve it (the decoder's family it does). */
   architecture: 'Qwen2_5_VLForConditionalGeneration';
   /** Vision blocks (depth). */
@@ -76,6 +83,30 @@ export interface VisionShape {
   /** The processor's resize bounds in pixels (min_pixels, max_pixels). */
   minPixels: number;
   maxPixels: number;
+}
+
+/**
+ * Gemma 3's SigLIP tower (vision_config, a SiglipVisionConfig) and its projector: every image is
+ * resized to imageSize x imageSize, cut into (imageSize / patchSize)^2 patches, encoded, average
+ * pooled to mmTokensPerImage tokens and projected to the text width. The text model is the
+ * preset's own (architecture Gemma3ForConditionalGeneration, under text_config).
+ */
+export interface Gemma3VisionShape {
+  architecture: 'Gemma3ForConditionalGeneration';
+  /** Encoder layers (num_hidden_layers). */
+  numLayers: number;
+  hiddenSize: number;
+  /** The layers' MLP (fc1, fc2; gelu tanh). */
+  intermediateSize: number;
+  numHeads: number;
+  /** Side of a patch in pixels. */
+  patchSize: number;
+  /** Side of the square every image is resized to, in pixels (image_size; the processor's size). */
+  imageSize: number;
+  /** Decoder tokens per image (a square number whose side divides imageSize / patchSize). */
+  mmTokensPerImage: number;
+  /** LayerNorm eps of the tower, and of the projector's RMSNorm (layer_norm_eps). */
+  layerNormEps: number;
 }
 
 export interface PresetShape extends FamilyShape {
@@ -120,6 +151,8 @@ const SMALL_QWEN3_VOCAB = SMALL_VOCAB + 6;
 const SMALL_HARMONY_VOCAB = SMALL_BPE_SIZE + 9;
 /** The tiny vocabulary with Qwen2-VL's five vision tokens: 2056. */
 const SMALL_QWEN2_VL_VOCAB = SMALL_VOCAB + 5;
+/** The tiny vocabulary with Gemma 3's three image tokens: 2054. */
+const SMALL_GEMMA3_VL_VOCAB = SMALL_VOCAB + 3;
 
 const llama3Scaling = (factor: number, orig: number): RopeScaling => ({
   rope_type: 'llama3',
@@ -644,7 +677,7 @@ export const PRESETS: Record<string, PresetShape> = {
 };
 
 /** Qwen2.5-VL's vision tower and processor: the same in the 3B and 7B checkpoints (and 72B). */
-const QWEN2_5_VL_VISION: VisionShape = {
+const QWEN2_5_VL_VISION: Qwen25VisionShape = {
   architecture: 'Qwen2_5_VLForConditionalGeneration',
   depth: 32,
   hiddenSize: 1280,
@@ -660,6 +693,19 @@ const QWEN2_5_VL_VISION: VisionShape = {
   maxWindowLayers: 28,
   minPixels: 3136,
   maxPixels: 12845056,
+};
+
+/** google/gemma-3-4b-it's SigLIP tower (So400m/14 at 896 pixels, without its pooling head) and projector. */
+const GEMMA3_VISION: Gemma3VisionShape = {
+  architecture: 'Gemma3ForConditionalGeneration',
+  numLayers: 27,
+  hiddenSize: 1152,
+  intermediateSize: 4304,
+  numHeads: 16,
+  patchSize: 14,
+  imageSize: 896,
+  mmTokensPerImage: 256,
+  layerNormEps: 1e-6,
 };
 
 /**
@@ -742,6 +788,31 @@ export const VISION_PRESETS: Record<string, PresetShape> = {
       maxPixels: 50176,
     },
   },
+  // google/gemma-3-4b-it whole: gemma-3-4b's text model (with the image tokens in its tokenizer)
+  // and the 27-layer SigLIP tower with its projector; ~4.30B parameters.
+  'gemma-3-4b-vl': {
+    ...PRESETS['gemma-3-4b']!,
+    tokenizer: 'gemma3-vl',
+    vision: GEMMA3_VISION,
+  },
+  // test-gemma3's text model (sliding layers with window 8, so an image of 4 tokens and its
+  // markers cross a window edge) and a 2-layer tower of width 32 (head_dim 16): 56 x 56 pixel
+  // images, 4 x 4 patches, pooled 2 x 2 into 4 tokens.
+  'test-gemma3-vl': {
+    ...PRESETS['test-gemma3']!,
+    architecture: 'Gemma3ForConditionalGeneration',
+    vocabSize: SMALL_GEMMA3_VL_VOCAB,
+    tokenizer: 'gemma3-vl',
+    vision: {
+      ...GEMMA3_VISION,
+      numLayers: 2,
+      hiddenSize: 32,
+      intermediateSize: 64,
+      numHeads: 2,
+      imageSize: 56,
+      mmTokensPerImage: 4,
+    },
+  },
 };
 
 /** Preset merged with overrides, validated. Throws on unknown presets or inconsistent shapes. */
@@ -781,15 +852,39 @@ export function resolvePreset(preset: string, overrides: Partial<PresetShape> = 
   return s;
 }
 
-/** A Qwen2.5-VL shape: a Qwen2 decoder whose config has no head_dim, and a tower that windows and merges whole patches. */
 function checkVision(s: PresetShape, v: VisionShape): void {
-  if (v.architecture !== 'Qwen2_5_VLForConditionalGeneration') throw new Error(`unknown vision architecture ${String(v.architecture)}`);
+  if (v.architecture === 'Gemma3ForConditionalGeneration') checkGemma3Vision(s, v);
+  else if (v.architecture === 'Qwen2_5_VLForConditionalGeneration') checkQwen25Vision(s, v);
+  else throw new Error(`unknown vision architecture ${String((v as { architecture: unknown }).architecture)}`);
+}
+
+/** A Gemma 3 shape: its multimodal text layout, and a tower whose patch grid pools evenly into the image's tokens. */
+function checkGemma3Vision(s: PresetShape, v: Gemma3VisionShape): void {
+  if (s.architecture !== v.architecture) throw new Error(`${v.architecture}'s vision tower needs its text model in the same layout, got ${s.architecture}`);
+  if (s.tokenizer !== 'gemma3-vl') throw new Error(`${v.architecture} with images needs the gemma3-vl tokenizer (its image tokens), got ${s.tokenizer}`);
+  const positive: (keyof Gemma3VisionShape)[] = ['numLayers', 'hiddenSize', 'intermediateSize', 'numHeads', 'patchSize', 'imageSize', 'mmTokensPerImage'];
+  for (const k of positive) {
+    const x = v[k];
+    if (typeof x !== 'number' || !Number.isInteger(x) || x <= 0) throw new Error(`vision field ${k} must be a positive integer, got ${String(x)}`);
+  }
+  if (!(v.layerNormEps > 0)) throw new Error(`vision field layerNormEps must be a positive number, got ${String(v.layerNormEps)}`);
+  if (v.hiddenSize % v.numHeads !== 0) throw new Error(`vision hiddenSize (${v.hiddenSize}) must be a multiple of numHeads (${v.numHeads})`);
+  if (v.imageSize % v.patchSize !== 0) throw new Error(`vision imageSize (${v.imageSize}) must be a multiple of patchSize (${v.patchSize})`);
+  const side = v.imageSize / v.patchSize;
+  const tokensSide = Math.round(Math.sqrt(v.mmTokensPerImage));
+  if (tokensSide * tokensSide !== v.mmTokensPerImage || side % tokensSide !== 0) {
+    throw new Error(`vision mmTokensPerImage (${v.mmTokensPerImage}) must be a square whose side divides the ${side} x ${side} patches`);
+  }
+}
+
+/** A Qwen2.5-VL shape: a Qwen2 decoder whose config has no head_dim, and a tower that windows and merges whole patches. */
+function checkQwen25Vision(s: PresetShape, v: Qwen25VisionShape): void {
   if (s.architecture !== 'Qwen2ForCausalLM') throw new Error(`${v.architecture} has a Qwen2ForCausalLM decoder, got ${s.architecture}`);
   if (s.tokenizer !== 'qwen2-vl') throw new Error(`${v.architecture} needs the qwen2-vl tokenizer (its vision tokens), got ${s.tokenizer}`);
   if (s.headDim * s.numHeads !== s.hiddenSize) {
     throw new Error(`headDim (${s.headDim}) must be hiddenSize / numHeads (${s.hiddenSize} / ${s.numHeads}): the config has no head_dim`);
   }
-  const positive: (keyof VisionShape)[] = [
+  const positive: (keyof Qwen25VisionShape)[] = [
     'depth', 'hiddenSize', 'intermediateSize', 'numHeads', 'patchSize', 'temporalPatchSize', 'spatialMergeSize', 'windowSize',
     'tokensPerSecond', 'maxWindowLayers', 'minPixels', 'maxPixels',
   ];

@@ -4,11 +4,16 @@
 # rescale, normalize in float32, temporal tiling and the patch reshape) make of a few small
 # deterministic images, for test/vision-preprocess.test.ts. Run once by hand with Debian's
 # python3-pil and python3-numpy (Pillow 9.4): /usr/bin/python3 scripts/vision-golden.py
+# With --gemma3 it writes only test/fixtures/vision/gemma3-golden.json instead: Pillow's BILINEAR
+# resize and Gemma3ImageProcessor's rescale + normalize (mean and std 0.5), for
+# test/vision-gemma3-preprocess.test.ts.
 import base64
+import hashlib
 import io
 import json
 import math
 import os
+import sys
 
 import numpy as np
 from PIL import Image
@@ -64,12 +69,50 @@ def qwen2_vl_patches(rgb, min_pixels, max_pixels, patch=14, merge=2, temporal=2)
     return (rh, rw), [gt, gh, gw], flat
 
 
+def gemma3_golden():
+    # Gemma3ImageProcessor: resize to size (BILINEAR, aspect not kept), rescale 1/255 (float64,
+    # then float32), normalize (x - 0.5) / 0.5 in float32, channels first. The 896 x 896 outputs
+    # are written as SHA-256 digests (2.4 MB each); the small ones in full.
+    mean = np.array([0.5, 0.5, 0.5], dtype=np.float32)
+    std = np.array([0.5, 0.5, 0.5], dtype=np.float32)
+
+    def pixels(res):
+        img = (res.astype(np.float64) * (1 / 255)).astype(np.float32)
+        return ((img - mean) / std).transpose(2, 0, 1).astype(np.float32)
+
+    sha = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+    g = {"pillow": Image.__version__, "large": [], "small": []}
+    # Inputs are pattern(w, h, seed): the test builds them itself.
+    for (w, h, size, seed) in [(640, 480, 896, 1), (1200, 1000, 896, 2), (300, 1500, 896, 3), (896, 500, 896, 4), (896, 896, 896, 5)]:
+        rgb = pattern(w, h, seed)
+        res = np.array(Image.fromarray(rgb, "RGB").resize((size, size), resample=Image.BILINEAR))
+        g["large"].append({"width": w, "height": h, "seed": seed, "size": size, "inputSha256": sha(rgb),
+                           "resizedSha256": sha(res), "pixelValuesSha256": sha(pixels(res))})
+    for (w, h, ow, oh, seed) in [(90, 60, 56, 56, 1), (56, 56, 56, 56, 2), (300, 120, 56, 56, 3), (20, 30, 56, 56, 6),
+                                (61, 37, 112, 84, 7), (150, 100, 42, 28, 8), (97, 13, 12, 40, 9)]:
+        rgb = pattern(w, h, seed)
+        res = np.array(Image.fromarray(rgb, "RGB").resize((ow, oh), resample=Image.BILINEAR))
+        g["small"].append({"width": w, "height": h, "seed": seed, "outWidth": ow, "outHeight": oh, "inputSha256": sha(rgb),
+                           "resized": b64(res), "pixelValues": b64(pixels(res))})
+    v = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    g["normalized"] = b64((v - np.float32(0.5)) / np.float32(0.5))
+    path = os.path.join(os.path.dirname(__file__), "..", "test", "fixtures", "vision", "gemma3-golden.json")
+    with open(path, "w") as f:
+        json.dump(g, f)
+        f.write("\n")
+    print("wrote", path, os.path.getsize(path), "bytes")
+
+
+if "--gemma3" in sys.argv[1:]:
+    gemma3_golden()
+    sys.exit(0)
+
 out = {"pillow": Image.__version__, "resizes": [], "smart_resize": [], "qwen2_vl": []}
 for (w, h, ow, oh, seed) in [(61, 37, 56, 28, 1), (61, 37, 112, 84, 2), (30, 30, 28, 28, 3), (150, 100, 42, 28, 4),
                             (97, 13, 12, 40, 5), (17, 200, 17, 31, 6)]:
     rgb = pattern(w, h, seed)
     res = np.array(Image.fromarray(rgb, "RGB").resize((ow, oh), resample=Image.BICUBIC))
-    out["resizes"].append({"width": w, "height": h, "outWidth": ow, "outHeight": oh, "input": b64(rgb), "output": b64(res)})
+    out["resizes"].append({"width": w, "height": h, "outWidth": ow, "outHeight": oh, "inputSha256": sha(rgb), "output": b64(res)})
 
 for (h, w, lo, hi) in [(37, 61, 3136, 12845056), (1080, 1920, 3136, 12845056), (1080, 1920, 3136, 1003520),
                        (10, 10, 3136, 12845056), (14, 2000, 3136, 12845056), (42, 42, 3136, 12845056),

@@ -1,6 +1,6 @@
-// The Qwen2.5-VL presets of the model maker (issue 34): the published config.json,
-// preprocessor_config.json and tensor layout, the vision tokens and their chat template, and the
-// engine's refusal of the architecture until it has a vision encoder.
+// The vision-language presets of the model maker (issue 34): Qwen2.5-VL's and Gemma 3's published
+// config.json, preprocessor_config.json and tensor layout, the vision tokens and their chat
+// templates, and the engine's refusal of Qwen2.5-VL's architecture until it has a vision encoder.
 
 import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -9,10 +9,12 @@ import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { afterAll, describe, expect, it } from 'vitest';
 import { PRESETS, makeModel, paramCount, resolvePreset, tensorSpecs, weightBytes } from '../models/make-model.js';
-import { PRESETS as SERVED_PRESETS } from '../models/presets.js';
+import { type Gemma3VisionShape, type Qwen25VisionShape, PRESETS as SERVED_PRESETS } from '../models/presets.js';
 import { loadNativeEngine, nativeAvailable } from '../src/native/native.js';
 import { qwen2VlPatches, qwen2VlPreprocessorConfig } from '../src/vision/qwen2-vl-preprocess.js';
+import { gemma3Pixels, gemma3PreprocessorConfig } from '../src/vision/gemma3-preprocess.js';
 import { Qwen25VlSession, loadQwen25VlReference } from './reference/qwen2-5-vl.js';
+import { Gemma3VlSession, loadGemma3VlReference } from './reference/gemma3-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-make-model-vl-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
@@ -31,7 +33,7 @@ function readHeader(path: string): Record<string, { dtype: string; shape: number
 /** Qwen2.5-VL's tensors and shapes, written out from the published checkpoints' weight maps. */
 function expectedTensors(preset: string): Map<string, number[]> {
   const s = resolvePreset(preset);
-  const v = s.vision!;
+  const v = s.vision as Qwen25VisionShape;
   const m = new Map<string, number[]>();
   const h = s.hiddenSize;
   const kv = s.numKvHeads * s.headDim;
@@ -271,5 +273,198 @@ describe('Qwen2.5-VL presets', () => {
     } finally {
       handle.dispose();
     }
+  });
+});
+
+/** Gemma 3's image tensors and shapes besides the text model's, written out from google/gemma-3-4b-it's weight map. */
+function expectedGemma3VisionTensors(preset: string): Map<string, number[]> {
+  const s = resolvePreset(preset);
+  const v = s.vision as Gemma3VisionShape;
+  const vh = v.hiddenSize, vi = v.intermediateSize;
+  const m = new Map<string, number[]>();
+  m.set('multi_modal_projector.mm_input_projection_weight', [vh, s.hiddenSize]);
+  m.set('multi_modal_projector.mm_soft_emb_norm.weight', [vh]);
+  const e = 'vision_tower.vision_model.embeddings.';
+  m.set(e + 'patch_embedding.weight', [vh, 3, v.patchSize, v.patchSize]);
+  m.set(e + 'patch_embedding.bias', [vh]);
+  m.set(e + 'position_embedding.weight', [(v.imageSize / v.patchSize) ** 2, vh]);
+  for (let i = 0; i < v.numLayers; i++) {
+    const p = `vision_tower.vision_model.encoder.layers.${i}.`;
+    for (const n of ['layer_norm1', 'layer_norm2']) {
+      m.set(p + n + '.weight', [vh]);
+      m.set(p + n + '.bias', [vh]);
+    }
+    for (const n of ['q_proj', 'k_proj', 'v_proj', 'out_proj']) {
+      m.set(p + `self_attn.${n}.weight`, [vh, vh]);
+      m.set(p + `self_attn.${n}.bias`, [vh]);
+    }
+    m.set(p + 'mlp.fc1.weight', [vi, vh]);
+    m.set(p + 'mlp.fc1.bias', [vi]);
+    m.set(p + 'mlp.fc2.weight', [vh, vi]);
+    m.set(p + 'mlp.fc2.bias', [vh]);
+  }
+  m.set('vision_tower.vision_model.post_layernorm.weight', [vh]);
+  m.set('vision_tower.vision_model.post_layernorm.bias', [vh]);
+  return m;
+}
+
+const GEMMA3_PREPROCESSOR = (size: number, tokens: number) => ({
+  do_convert_rgb: null, do_normalize: true, do_pan_and_scan: null, do_rescale: true, do_resize: true, image_mean: [0.5, 0.5, 0.5],
+  image_processor_type: 'Gemma3ImageProcessor', image_seq_length: tokens, image_std: [0.5, 0.5, 0.5], pan_and_scan_max_num_crops: null,
+  pan_and_scan_min_crop_size: null, pan_and_scan_min_ratio_to_activate: null, processor_class: 'Gemma3Processor', resample: 2,
+  rescale_factor: 0.00392156862745098, size: { height: size, width: size },
+});
+
+describe('Gemma 3 presets with images', () => {
+  it('are listed by the maker beside the text presets, which stay as they were', () => {
+    for (const p of ['gemma-3-4b-vl', 'test-gemma3-vl']) {
+      expect(Object.hasOwn(PRESETS, p), p).toBe(true);
+      expect(Object.hasOwn(SERVED_PRESETS, p), p).toBe(false);
+    }
+    expect(resolvePreset('gemma-3-4b').vision).toBeUndefined();
+    expect(resolvePreset('gemma-3-4b').tokenizer).toBe('chatml');
+    expect(resolvePreset('test-gemma3').architecture).toBe('Gemma3ForCausalLM');
+    expect(paramCount(resolvePreset('gemma-3-4b'))).toBe(3_880_263_168);
+  });
+
+  it('gemma-3-4b-vl: the published config.json (token ids aside), tensors, preprocessor_config.json and parameter count', async () => {
+    const dir = freshDir('gemma-3-4b-vl');
+    await makeModel({ preset: 'gemma-3-4b-vl', out: dir, weights: false });
+    const textDir = freshDir('gemma-3-4b');
+    await makeModel({ preset: 'gemma-3-4b', out: textDir, weights: false });
+    const cfg = readJson(join(dir, 'config.json'));
+    const textCfg = readJson(join(textDir, 'config.json'));
+    // The maker's specials follow its BPE entries: <|endoftext|>, <|im_start|>, <|im_end|>, then
+    // <start_of_image>, <end_of_image>, <image_soft_token> (published: 255999, 256000, 262144).
+    const first = 262208 - 6;
+    const ids = { bos_token_id: first, eos_token_id: first + 2 };
+    expect(cfg).toEqual({
+      ...textCfg,
+      ...ids,
+      boi_token_index: first + 3,
+      eoi_token_index: first + 4,
+      image_token_index: first + 5,
+      mm_tokens_per_image: 256,
+      text_config: { ...textCfg.text_config, ...ids },
+      vision_config: {
+        hidden_size: 1152, image_size: 896, intermediate_size: 4304, model_type: 'siglip_vision_model', num_attention_heads: 16,
+        num_hidden_layers: 27, patch_size: 14, vision_use_head: false,
+      },
+    });
+    expect(cfg).toMatchObject({ architectures: ['Gemma3ForConditionalGeneration'], model_type: 'gemma3', torch_dtype: 'bfloat16', initializer_range: 0.02 });
+    expect(Object.keys(cfg)).toEqual(Object.keys(cfg).sort());
+    expect(readJson(join(dir, 'preprocessor_config.json'))).toEqual(GEMMA3_PREPROCESSOR(896, 256));
+    // Published: total_size 8_600_158_944 bf16 bytes in google/gemma-3-4b-it's index = 4_300_079_472 parameters.
+    const s = resolvePreset('gemma-3-4b-vl');
+    expect(paramCount(s)).toBe(4_300_079_472);
+    expect(weightBytes('gemma-3-4b-vl')).toBe(2 * 4_300_079_472);
+    const names = new Map(tensorSpecs(s).map((t) => [t.name, t.shape]));
+    const expected = new Map([...tensorSpecs(resolvePreset('gemma-3-4b')).map((t) => [t.name, t.shape] as const), ...expectedGemma3VisionTensors('gemma-3-4b-vl')]);
+    expect(names).toEqual(expected);
+    // The tower (SigLIP So400m/14 without its head) 416_866_032, the projector 1152 * 2560 + 1152.
+    const vision = tensorSpecs(s).filter((t) => !t.name.startsWith('language_model.')).reduce((a, t) => a + t.shape.reduce((x, y) => x * y, 1), 0);
+    expect(vision).toBe(416_866_032 + 1152 * 2560 + 1152);
+
+    const tj = readJson(join(dir, 'tokenizer.json'));
+    const tok = new Tokenizer(tj, readJson(join(dir, 'tokenizer_config.json')));
+    expect(Object.keys(tj.model.vocab).length + tj.added_tokens.length).toBe(262208);
+    expect(tok.id_to_token(cfg.image_token_index)).toBe('<image_soft_token>');
+  });
+
+  it('test-gemma3-vl: every tensor with its shape, config.json and preprocessor_config.json', async () => {
+    const dir = freshDir('test-gemma3-vl');
+    await makeModel({ preset: 'test-gemma3-vl', out: dir });
+    const header = readHeader(join(dir, 'model.safetensors'));
+    const s = resolvePreset('test-gemma3-vl');
+    const exp = new Map([
+      ...tensorSpecs({ ...s, vision: undefined }).map((t) => [t.name, t.shape] as const), ...expectedGemma3VisionTensors('test-gemma3-vl'),
+    ]);
+    expect([...exp.keys()].every((n) => n.startsWith('language_model.model.') || !n.startsWith('language_model'))).toBe(true);
+    expect(Object.keys(header).sort()).toEqual([...exp.keys()].sort());
+    for (const [name, e] of Object.entries(header)) {
+      expect(e.shape, name).toEqual(exp.get(name));
+      expect(e.dtype, name).toBe('F32');
+    }
+    const cfg = readJson(join(dir, 'config.json'));
+    expect(cfg).toMatchObject({
+      architectures: ['Gemma3ForConditionalGeneration'], model_type: 'gemma3', torch_dtype: 'float32',
+      boi_token_index: 2051, eoi_token_index: 2052, image_token_index: 2053, mm_tokens_per_image: 4,
+      text_config: {
+        hidden_size: 64, num_hidden_layers: 4, sliding_window: 8, sliding_window_pattern: 2, vocab_size: 2054, model_type: 'gemma3_text',
+        query_pre_attn_scalar: 24, head_dim: 32,
+      },
+      vision_config: {
+        hidden_size: 32, image_size: 56, intermediate_size: 64, model_type: 'siglip_vision_model', num_attention_heads: 2,
+        num_hidden_layers: 2, patch_size: 14, vision_use_head: false,
+      },
+    });
+    expect(readJson(join(dir, 'preprocessor_config.json'))).toEqual(GEMMA3_PREPROCESSOR(56, 4));
+    expect(paramCount(s)).toBe(392_576);
+    // 16 patches pooled 2 x 2 into 4 tokens.
+    const v = cfg.vision_config;
+    expect((v.image_size / v.patch_size) ** 2 / cfg.mm_tokens_per_image).toBe(4);
+    expect(readJson(join(dir, 'generation_config.json'))).toMatchObject({ bos_token_id: 2048, eos_token_id: [2050, 2048], pad_token_id: 2048 });
+  });
+
+  it('the chat template writes an image part as <start_of_image>; the processor\'s image text is single ids', async () => {
+    const dir = freshDir('gemma-template');
+    await makeModel({ preset: 'test-gemma3-vl', out: dir, weights: false });
+    const tj = readJson(join(dir, 'tokenizer.json'));
+    const tc = readJson(join(dir, 'tokenizer_config.json'));
+    expect(tj.added_tokens.map((t: { id: number; content: string }) => [t.id, t.content])).toEqual([
+      [2048, '<|endoftext|>'], [2049, '<|im_start|>'], [2050, '<|im_end|>'], [2051, '<start_of_image>'], [2052, '<end_of_image>'],
+      [2053, '<image_soft_token>'],
+    ]);
+    expect(tj.added_tokens.every((t: { special: boolean }) => t.special)).toBe(true);
+    expect(tc.additional_special_tokens).toEqual(['<|im_start|>', '<|im_end|>', '<start_of_image>', '<end_of_image>', '<image_soft_token>']);
+    const template = new Template(tc.chat_template);
+    const text = template.render({
+      messages: [
+        { role: 'user', content: [{ type: 'image', image: 'file:///cat.png' }, { type: 'text', text: 'What is this?' }] },
+        { role: 'assistant', content: 'A cat.' },
+        { role: 'user', content: [{ type: 'text', text: 'And ' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] },
+      ],
+      add_generation_prompt: true,
+    });
+    expect(text).toBe(
+      '<|im_start|>user\n<start_of_image>What is this?<|im_end|>\n<|im_start|>assistant\nA cat.<|im_end|>\n' +
+        '<|im_start|>user\nAnd <start_of_image><|im_end|>\n<|im_start|>assistant\n',
+    );
+    const tok = new Tokenizer(tj, tc);
+    const expanded = `\n\n<start_of_image>${'<image_soft_token>'.repeat(4)}<end_of_image>\n\n`;
+    const ids = tok.encode(expanded).ids;
+    expect(ids.filter((i) => i >= 2051)).toEqual([2051, 2053, 2053, 2053, 2053, 2052]);
+    expect(tok.decode(tok.encode(text).ids)).toBe(text);
+  });
+
+  it('refuses shapes Gemma 3 cannot have, and quantized layouts', async () => {
+    const v = resolvePreset('test-gemma3-vl').vision as Gemma3VisionShape;
+    const with_ = (o: Partial<Gemma3VisionShape>) => () => resolvePreset('test-gemma3-vl', { vision: { ...v, ...o } });
+    expect(with_({ mmTokensPerImage: 3 })).toThrow(/mmTokensPerImage \(3\) must be a square/);
+    expect(with_({ mmTokensPerImage: 9 })).toThrow(/4 x 4 patches/);
+    expect(with_({ imageSize: 50 })).toThrow(/imageSize \(50\) must be a multiple of patchSize/);
+    expect(with_({ numHeads: 3 })).toThrow(/multiple of numHeads/);
+    expect(with_({ layerNormEps: 0 })).toThrow(/layerNormEps/);
+    expect(with_({ mmTokensPerImage: 16 })()).toBeTruthy();
+    expect(() => resolvePreset('test-gemma3-vl', { tokenizer: 'chatml' })).toThrow(/gemma3-vl tokenizer/);
+    expect(() => resolvePreset('test-gemma3-vl', { architecture: 'Gemma3ForCausalLM' })).toThrow(/same layout/);
+    await expect(makeModel({ preset: 'test-gemma3-vl', out: freshDir('gemma-q'), quantize: { layout: 'awq' } })).rejects.toThrow(/float dtypes only/);
+  });
+
+  it('runs in the float64 reference with an image its own preprocessor_config.json prepares', async () => {
+    const dir = freshDir('gemma-reference');
+    await makeModel({ preset: 'test-gemma3-vl', out: dir });
+    const pre = gemma3PreprocessorConfig(readJson(join(dir, 'preprocessor_config.json')) as Record<string, unknown>);
+    const rgb = Uint8Array.from({ length: 90 * 60 * 3 }, (_, i) => (i * 37) % 256);
+    const ref = loadGemma3VlReference(dir);
+    const { boiTokenId: boi, eoiTokenId: eoi, imageTokenId: img } = ref;
+    const prompt = [2049, 5, 17, boi, img, img, img, img, eoi, 42];
+    const logits = new Gemma3VlSession(ref).prefill(prompt, [{ pixelValues: gemma3Pixels(rgb, 90, 60, pre) }]);
+    expect(logits).toHaveLength(prompt.length);
+    expect(logits.at(-1)!.length).toBe(2054);
+    expect(logits.at(-1)!.every(Number.isFinite)).toBe(true);
+    const other = new Gemma3VlSession(ref).prefill(prompt, [{ pixelValues: gemma3Pixels(rgb.map((x) => 255 - x), 90, 60, pre) }]);
+    expect(other[3]).toEqual(logits[3]);
+    expect(Math.max(...other.at(-1)!.map((x, i) => Math.abs(x - logits.at(-1)![i]!)))).toBeGreaterThan(1e-3);
   });
 });

@@ -1,5 +1,6 @@
-// Resizing 8-bit RGB images exactly as Pillow's Image.resize does with BICUBIC (the resampling
-// Hugging Face's slow image processors, Qwen2-VL's included, run through PIL): a separable
+// Resizing 8-bit RGB images exactly as Pillow's Image.resize does with BICUBIC or BILINEAR (the
+// resamplings Hugging Face's slow image processors run through PIL: Qwen2-VL's bicubic, Gemma 3's
+// bilinear): a separable
 // convolution whose kernel support widens with the downscale factor (antialiasing), weights
 // normalised per output pixel and turned into 22-bit fixed point, the horizontal pass first into
 // an 8-bit image over the rows the vertical pass reads, then the vertical pass; each output is the
@@ -20,7 +21,21 @@ function bicubic(x: number): number {
   if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
   return 0;
 }
-const BICUBIC_SUPPORT = 2;
+
+/** Pillow's bilinear (triangle) kernel, support 1. */
+function bilinear(x: number): number {
+  if (x < 0) x = -x;
+  return x < 1 ? 1 - x : 0;
+}
+
+/** A Pillow resampling filter: its kernel and its support at scale 1 (widened by the downscale factor). */
+interface Filter {
+  kernel: (x: number) => number;
+  support: number;
+}
+
+const BICUBIC: Filter = { kernel: bicubic, support: 2 };
+const BILINEAR: Filter = { kernel: bilinear, support: 1 };
 
 interface Coefficients {
   /** Per output position: the first input index and the number of taps. */
@@ -32,10 +47,10 @@ interface Coefficients {
 }
 
 /** The weights mapping inSize positions onto outSize (Pillow's precompute_coeffs, then its 8-bit normalisation). */
-function coefficients(inSize: number, outSize: number): Coefficients {
+function coefficients(inSize: number, outSize: number, filter: Filter): Coefficients {
   const scale = inSize / outSize;
   const filterScale = Math.max(scale, 1);
-  const support = BICUBIC_SUPPORT * filterScale;
+  const support = filter.support * filterScale;
   const taps = Math.ceil(support) * 2 + 1;
   const first = new Int32Array(outSize), count = new Int32Array(outSize);
   const weights = new Int32Array(outSize * taps);
@@ -48,7 +63,7 @@ function coefficients(inSize: number, outSize: number): Coefficients {
     const xmax = Math.min(inSize, Math.trunc(center + support + 0.5)) - xmin;
     let ww = 0;
     for (let x = 0; x < xmax; x++) {
-      const w = bicubic((x + xmin - center + 0.5) * ss);
+      const w = filter.kernel((x + xmin - center + 0.5) * ss);
       k[x] = w;
       ww += w;
     }
@@ -73,14 +88,28 @@ const clip8 = (sum: number): number => {
  * gives (Pillow 9 and later). An unchanged size returns a copy.
  */
 export function resizeBicubicRgb(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number): Uint8Array {
-  if (rgb.length !== width * height * 3) throw new Error(`resizeBicubicRgb: ${rgb.length} bytes for a ${width}x${height} RGB image`);
+  return resizeRgb(rgb, width, height, outWidth, outHeight, BICUBIC, 'resizeBicubicRgb');
+}
+
+/**
+ * `rgb` resized with Pillow's BILINEAR (resample 2): the same bytes
+ * `Image.fromarray(rgb).resize((outWidth, outHeight), Image.BILINEAR)` gives (Pillow 9 and later),
+ * the triangle kernel widened by the downscale factor as bicubic's is. An unchanged size returns a copy.
+ */
+export function resizeBilinearRgb(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number): Uint8Array {
+  return resizeRgb(rgb, width, height, outWidth, outHeight, BILINEAR, 'resizeBilinearRgb');
+}
+
+/** Pillow's ImagingResample on 8-bit RGB with one filter (`name` for errors). */
+function resizeRgb(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, filter: Filter, name: string): Uint8Array {
+  if (rgb.length !== width * height * 3) throw new Error(`${name}: ${rgb.length} bytes for a ${width}x${height} RGB image`);
   if (!(Number.isInteger(outWidth) && Number.isInteger(outHeight) && outWidth > 0 && outHeight > 0)) {
-    throw new Error(`resizeBicubicRgb: output size ${outWidth}x${outHeight}`);
+    throw new Error(`${name}: output size ${outWidth}x${outHeight}`);
   }
   const horizontal = outWidth !== width, vertical = outHeight !== height;
   if (!horizontal && !vertical) return rgb.slice();
-  const h = coefficients(width, outWidth);
-  const v = coefficients(height, outHeight);
+  const h = coefficients(width, outWidth, filter);
+  const v = coefficients(height, outHeight, filter);
   // The rows the vertical pass reads.
   const rowFirst = v.first[0]!;
   const rowEnd = v.first[outHeight - 1]! + v.count[outHeight - 1]!;
