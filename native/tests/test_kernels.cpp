@@ -604,6 +604,56 @@ TEST_CASE(sliding_window_attention_reads_only_the_window) {
   force_simd_level(nullptr);
 }
 
+TEST_CASE(image_tokens_attend_past_their_position_within_the_window_start) {
+  // Gemma 3's images: a token reads keys first..last where last (token_last) may lie past its own
+  // position (the image's last token) while a sliding window still starts at pos - window + 1.
+  ThreadPool pool(2);
+  for (const char* level : levels()) {
+    force_simd_level(level);
+    for (DType kv_dtype : {DType::F32, DType::BF16})
+      for (int64_t hd : {20, 64, 256})
+        for (int64_t window : {0, 5, 37}) {
+          const int64_t group = 2, n_kv = 2, H = n_kv * group, bs = 16, num_blocks = 10;
+          RandomCache rc(kv_dtype, num_blocks * bs, bs, n_kv, hd);
+          std::vector<int32_t> table0{5, 0, 9, 2, 8, 7, 1}, table1{3, 6, 4};
+          const int32_t* tables[] = {table0.data(), table1.data()};
+          // Sequence 0's image covers 60..75, sequence 1's 3..9; the last token of each is itself.
+          std::vector<int32_t> seq{0, 0, 0, 1, 1, 0}, pos{60, 67, 75, 3, 9, 100}, last{75, 75, 75, 9, 9, 100};
+          const int64_t T = int64_t(seq.size());
+          std::vector<float> q = randn(size_t(T * H * hd), 2.f), out(size_t(T * H * hd));
+          AttentionBatch b;
+          b.token_seq = seq.data();
+          b.token_pos = pos.data();
+          b.token_last = last.data();
+          b.block_tables = tables;
+          b.n_heads = H;
+          b.scale = 0.2f;
+          b.window = window;
+          paged_attention(pool, q.data(), T, b, rc.cache, out.data());
+          double worst = 0;
+          for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+              const int64_t first = window > 0 ? std::max<int64_t>(0, pos[size_t(t)] - window + 1) : 0;
+              const std::vector<double> want = attention_reference(q.data() + (t * H + h) * hd, rc.k, rc.v,
+                                                                   tables[seq[size_t(t)]], last[size_t(t)], bs, n_kv,
+                                                                   h / group, hd, b.scale, first);
+              for (int64_t i = 0; i < hd; i++)
+                worst = std::max(worst, std::fabs(want[size_t(i)] - out[size_t((t * H + h) * hd + i)]));
+            }
+          CHECK(worst < rc.tolerance());
+          // Reading past the position changes the result (the test would not notice a kernel ignoring last).
+          std::vector<float> causal(out.size());
+          b.token_last = nullptr;
+          paged_attention(pool, q.data(), T, b, rc.cache, causal.data());
+          double moved = 0;
+          for (int64_t i = 0; i < H * hd; i++) moved = std::max(moved, double(std::fabs(causal[size_t(i)] - out[size_t(i)])));
+          if (!(moved > 1e-3)) std::printf("  level %s dtype %d hd %lld window %lld moved %g\n", level, int(kv_dtype), (long long)hd, (long long)window, moved);
+          CHECK(moved > 1e-3);
+        }
+  }
+  force_simd_level(nullptr);
+}
+
 TEST_CASE(matmul_groups_equal_each_groups_own_matmuls) {
   // Experts of a mixture-of-experts layer: groups of different row counts (one empty), each with
   // its own weights; every row as matmul() gives it alone, in one parallel region.

@@ -99,6 +99,9 @@ struct ModelConfig {
   std::array<int64_t, 3> mrope_section{0, 0, 0};
   // Vision-language checkpoints: the placeholder token whose rows take image embeddings (-1: none).
   int64_t image_token_id = -1;
+  // Gemma 3: an image's tokens attend to each other in both directions (the rest stays causal), so
+  // an image is never split across prefill chunks (engine.cpp).
+  bool image_attention_bidirectional = false;
 
   QuantizationConfig quantization;
 

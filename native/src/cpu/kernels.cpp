@@ -587,10 +587,10 @@ void paged_attention(ThreadPool& pool, const float* q, int64_t T, const Attentio
     thread_local std::vector<float> scores;
     for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) {
       const int64_t t = item / n_kv, kvh = item % n_kv;
-      const int64_t pos = b.token_pos[t];
+      const int64_t at = b.token_pos[t], pos = b.token_last ? b.token_last[t] : at;
       // A sliding window reads positions first..pos only.
       PagedKV span = cache;
-      span.first = b.window > 0 ? std::max<int64_t>(0, pos - b.window + 1) : 0;
+      span.first = b.window > 0 ? std::max<int64_t>(0, at - b.window + 1) : 0;
       if (scores.size() < size_t(group * (pos + 16))) scores.resize(size_t(group * (pos + 16)));
       const float* q_group = q + (t * H + kvh * group) * hd;
       float* out_group = out + (t * H + kvh * group) * hd;

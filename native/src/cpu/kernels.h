@@ -132,6 +132,9 @@ void kv_write(ThreadPool& pool, const PagedKV& cache, const float* k, const floa
 struct AttentionBatch {
   const int32_t* token_seq = nullptr;       // [T]
   const int32_t* token_pos = nullptr;       // [T]
+  // [T] or nullptr: the last position token t attends to when it is not token_pos[t] (a token of
+  // an image its later tokens see too); the window's start stays token_pos[t] - window + 1.
+  const int32_t* token_last = nullptr;
   const int32_t* const* block_tables = nullptr;  // [num_seqs] -> [blocks of that sequence]
   int64_t n_heads = 0;
   float scale = 0.f;  // usually 1/sqrt(head_dim)

@@ -4,8 +4,9 @@
 // 32 KV positions in turn: lane j scores position j against every q head (online softmax per
 // warp), then the warp accumulates P·V with lane-strided head dims. Warps merge in shared
 // memory; KV splits (flash-decoding, for long contexts and small batches) merge in a second kernel.
-// A sliding window (Gemma 3, gpt-oss) narrows the positions a token reads; an attention sink
-// (gpt-oss) joins the softmax's sum when the parts are merged.
+// A sliding window (Gemma 3, gpt-oss) narrows the positions a token reads (its start from the
+// token's position), bidirectional image attention (Gemma 3, a.last) extends them to the image's
+// last token; an attention sink (gpt-oss) joins the softmax's sum when the parts are merged.
 // An fp8 cache (kv_fp8) holds e4m3 codes: K rows are converted to f32 as they are scored, with
 // k_scale folded into q's pre-scale; V rows are staged as f16 (exact for every e4m3 value) and
 // v_scale multiplies the block's merged output, so partial_acc holds V units either way and the
@@ -105,8 +106,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(AttentionArg
   const int G = min(MAXG, heads_per_kv - group * MAXG);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-  const int ctx = a.positions[t] + 1;
-  const int first = a.window > 0 ? max(0, ctx - a.window) : 0;  // the window's first position
+  const int at = a.positions[t];
+  const int ctx = (a.last ? a.last[t] : at) + 1;                   // past the last position read
+  const int first = a.window > 0 ? max(0, at + 1 - a.window) : 0;  // the window's first position
   const int per_split = ((ctx - first + a.num_splits - 1) / a.num_splits + 31) / 32 * 32;
   const int begin = first + split * per_split, end = min(ctx, begin + per_split);
   const int32_t* table = a.block_tables + size_t(a.token_seq[t]) * (*a.table_stride);

@@ -203,11 +203,14 @@ class CudaBackend final : public Backend, private DecoderOps {
  private:
   // Step inputs live at fixed device offsets so that captured graphs can replay them.
   // M-RoPE models add the rope positions after the slots (off_rpos: [3 * tokens], (t, h, w) per
-  // token); with window layers, their slots and block tables follow the tables (off_wslot, off_wtables).
+  // token), then models with bidirectional image attention the last position each token attends
+  // to (off_last: [tokens]); with window layers, their slots and block tables follow the tables
+  // (off_wslot, off_wtables).
   struct StepLayout {
     int64_t tokens = 0, rows = 0, seqs = 0, table = 0;  // capacities
     size_t off_ids = 0, off_pos = 0, off_seq = 0, off_slot = 0, off_rows = 0, off_stride = 0, off_tables = 0;
     size_t off_rpos = 0;  // M-RoPE models only
+    size_t off_last = 0;  // ModelConfig::image_attention_bidirectional only
     size_t off_wslot = 0, off_wtables = 0;
     size_t bytes = 0;
   };
@@ -263,6 +266,9 @@ class CudaBackend final : public Backend, private DecoderOps {
   int64_t step_R_ = 0;
   int step_splits_ = 1;
   bool step_prefill_ = false;  // the step holds a prefill chunk (some sequence computes > 1 token)
+  // The step's attn_last sends some token past its own position (bidirectional image attention):
+  // attention reads off_last, and never through flash decode or a decode graph.
+  bool step_last_ = false;
   cuda::GemmWorkspace step_ws_{};
   int choose_attn_splits(int64_t T, int64_t max_ctx) const;
   void upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pad, int64_t table_width);
@@ -730,6 +736,7 @@ void CudaBackend::allocate_step(const StepLayout& want) {
   L.off_seq = take(L.tokens);
   L.off_slot = take(L.tokens);
   if (c_.mrope()) L.off_rpos = take(3 * L.tokens);
+  if (c_.image_attention_bidirectional) L.off_last = take(L.tokens);
   L.off_rows = take(L.rows);
   L.off_stride = take(1);
   L.off_tables = take(L.seqs * L.table);
@@ -783,6 +790,10 @@ void CudaBackend::upload_step(const ForwardBatch& b, int64_t T_pad, int64_t R_pa
       std::memcpy(i32(L.off_rpos), b.rope_positions, size_t(3 * T) * 4);
     }
     std::fill(i32(L.off_rpos) + 3 * T, i32(L.off_rpos) + 3 * T_pad, 0);  // padding: position (0, 0, 0)
+  }
+  if (c_.image_attention_bidirectional) {  // causal where the step gives no attn_last
+    if (T > 0) std::memcpy(i32(L.off_last), b.attn_last ? b.attn_last : b.positions, size_t(T) * 4);
+    std::fill(i32(L.off_last) + T, i32(L.off_last) + T_pad, 0);  // padding: position 0
   }
   std::memcpy(i32(L.off_rows), b.logit_rows, size_t(b.num_logit_rows) * 4);
   for (int64_t r = b.num_logit_rows; r < R_pad; r++) i32(L.off_rows)[r] = int32_t(r);
@@ -1028,6 +1039,7 @@ void CudaBackend::attention_now(int64_t layer) {
   aa.hd = int(c_.head_dim);
   aa.token_seq = dev_i32(layout_.off_seq);
   aa.positions = dev_i32(layout_.off_pos);
+  aa.last = step_last_ ? dev_i32(layout_.off_last) : nullptr;  // else causal: no extra reads
   aa.block_tables = dev_i32(windowed(layer) ? layout_.off_wtables : layout_.off_tables);
   aa.table_stride = dev_i32(layout_.off_stride);
   aa.block_size = int(block_size_);
@@ -1047,9 +1059,10 @@ void CudaBackend::attention_now(int64_t layer) {
   // cuda_attention "flash": a step with prefill chunks (more tokens than sequences) runs the
   // tensor-core prefill kernel, a decode step (and its graph) the tensor-core split-KV decode
   // kernel, whose splits merge in the same launch through the GEMM's tickets (never in use
-  // between the two kernels on this stream).
+  // between the two kernels on this stream). A decode-shaped step whose tokens attend past their
+  // positions (a one-token chunk of an image) runs the paged kernel: flash decode is causal only.
   if (flash_prefill_ && step_prefill_) cuda::flash_prefill_attention(aa, e_, stream_);
-  else if (flash_prefill_) cuda::flash_decode_attention(aa, e_, gemm_tickets_.get<int>(), stream_);
+  else if (flash_prefill_ && !aa.last) cuda::flash_decode_attention(aa, e_, gemm_tickets_.get<int>(), stream_);
   else cuda::paged_attention(aa, e_, stream_);
 }
 
@@ -1248,6 +1261,7 @@ void CudaBackend::logits_now() {
 // caller runs that bucket eagerly from then on. A sticky device error still throws (the engine
 // must stop), as does a failure of the eager warm-up, which is an ordinary forward pass.
 cudaGraphExec_t CudaBackend::capture_decode_graph(int bucket, int splits) {
+  step_last_ = false;  // decode graphs attend causally (forward() sends no other step to them)
   run_layers(bucket, bucket, splits);  // warm-up outside the capture (first launches load modules, fill plan caches)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -1350,6 +1364,17 @@ void CudaBackend::forward(const ForwardBatch& b) {
   int64_t width = 1, max_ctx = 1;
   for (int64_t s = 0; s < S; s++) width = std::max<int64_t>(width, b.num_seq_blocks[s]);
   for (int64_t t = 0; t < T; t++) max_ctx = std::max<int64_t>(max_ctx, int64_t(b.positions[t]) + 1);
+  // Bidirectional image attention: tokens may attend past their positions (the split count and
+  // the kernel choice follow the furthest one).
+  step_last_ = false;
+  if (c_.image_attention_bidirectional && b.attn_last) {
+    for (int64_t t = 0; t < T; t++) {
+      if (b.attn_last[t] < b.positions[t])
+        throw Error(ErrorCode::kInternal, "attn_last before the token's position in a step");
+      step_last_ = step_last_ || b.attn_last[t] > b.positions[t];
+      max_ctx = std::max<int64_t>(max_ctx, int64_t(b.attn_last[t]) + 1);
+    }
+  }
   last_rows_ = R;
   step_prefill_ = T > S;  // (capture_graphs_at_load leaves it false: its steps are decodes)
   step_embeds_ = 0;
@@ -1367,8 +1392,9 @@ void CudaBackend::forward(const ForwardBatch& b) {
     }
   }
 
-  // A pure decode step (one token per sequence, every one sampling) replays a graph.
-  const int bucket = graphs_enabled_ && !embeds && T == S && R == T ? graph_bucket(T) : 0;
+  // A pure decode step (one token per sequence, every one sampling) replays a graph; not one whose
+  // tokens attend past their positions (its attention differs from the captured one).
+  const int bucket = graphs_enabled_ && !embeds && !step_last_ && T == S && R == T ? graph_bucket(T) : 0;
   if (bucket) {
     ensure_capacity(bucket, bucket, bucket + 1, width);
     upload_step(b, bucket, bucket, width);

@@ -13,7 +13,9 @@
 // sequence's chunk, or decode rows): its rows are cut into runs of one sequence each, and each
 // run is a pass over that sequence's KV range [min first position, max position + 1) with the
 // other runs' rows masked out. Warps skip the KV tiles that none of their rows can see (the
-// causal upper triangle, positions before their windows, runs they have no row in). The
+// causal upper triangle, positions before their windows, runs they have no row in). A row's
+// range is [window start, last position]: its own position, or with a.last (bidirectional image
+// attention) a later one, which the run's range, the tile skipping and the mask all follow. The
 // attention sink (gpt-oss) joins the softmax's sum at the end. Output rows are staged in the
 // warp's own q rows and leave with 16-byte stores.
 //
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
     bool start = false;
     if (tid < rows) {
       const int t = t0 + tid, pos = a.positions[t];
-      hi = pos;
+      hi = a.last ? a.last[t] : pos;  // bidirectional image attention: past pos, to the image's end
       lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
       start = tid == 0 || a.token_seq[t] != a.token_seq[t - 1];
     }

@@ -1,6 +1,6 @@
 // Tensor-core (mma.sync) flash attention for prefill chunks over the paged KV cache: the same
-// contract as paged_attention (kernels.h AttentionArgs: causal per token, block tables, sliding
-// window, attention sinks) with one pass over the KV range per tile of query tokens, so a chunk
+// contract as paged_attention (kernels.h AttentionArgs: causal per token or up to last[t], block
+// tables, sliding window, attention sinks) with one pass over the KV range per tile of query tokens, so a chunk
 // of N tokens reads each K/V row about N / 64 times less often than the per-token kernel.
 #pragma once
 #include <cuda_runtime.h>

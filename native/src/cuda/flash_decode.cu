@@ -467,7 +467,7 @@ void flash_decode_attention(const AttentionArgs& a, DType e, int* tickets, cudaS
   const int splits = std::max(1, a.num_splits);
   const bool split_ok = splits == 1 || (tickets && aligned16(a.partial_acc) && aligned16(a.partial_ml));
   if (!flash_decode_supported(a.hd, a.nq, a.nkv) || !aligned16(a.q) || !aligned16(a.k_cache) ||
-      !aligned16(a.v_cache) || !split_ok)
+      !aligned16(a.v_cache) || !split_ok || a.last)
     return paged_attention(a, e, stream);
   if (e == DType::BF16) {
     if (a.kv_fp8) launch_typed<__nv_bfloat16, true>(a, splits, tickets, stream);

@@ -33,8 +33,9 @@ bool flash_decode_supported(int hd, int nq, int nkv);
 // Deterministic (no floating-point atomics), no host synchronisation or allocation: graph-
 // capturable once the instantiation's shared-memory attribute is set, i.e. after its first eager
 // launch (the backend's warm-up before a capture). Unsupported heads, q / K / V / partial
-// buffers not 16-byte aligned, or num_splits > 1 without tickets fall back to paged_attention
-// (which merges the splits in its own second kernel).
+// buffers not 16-byte aligned, num_splits > 1 without tickets, or a.last set (bidirectional image
+// attention: decode steps never carry it) fall back to paged_attention (which merges the splits in
+// its own second kernel).
 void flash_decode_attention(const AttentionArgs& a, DType e, int* tickets, cudaStream_t stream);
 
 // A suggested split count for flash_decode_attention over T tokens whose longest context is

@@ -156,12 +156,15 @@ void gemv_variant(const GemmArgs& a, int rows, int unroll, cudaStream_t stream);
 
 // Causal attention over the paged cache. Token t (query heads q[t]) attends to positions
 // 0..positions[t] of sequence token_seq[t], read through block_tables[seq * (*table_stride) + i].
-// The KV range is cut into num_splits parts (flash-decoding) combined by a second kernel.
+// With `last` (bidirectional image attention, Gemma 3) it attends to 0..last[t] instead
+// (last[t] >= positions[t], those K/V rows already written); a window's start still follows
+// positions[t]. The KV range is cut into num_splits parts (flash-decoding) combined by a second kernel.
 struct AttentionArgs {
   const float* q = nullptr;  // [T, nq, hd]
   int T = 0, nq = 0, nkv = 0, hd = 0;
   const int32_t* token_seq = nullptr;     // [T]
   const int32_t* positions = nullptr;     // [T]
+  const int32_t* last = nullptr;          // [T] or nullptr (= positions): the last position token t attends to
   const int32_t* block_tables = nullptr;  // [S, *table_stride]
   const int32_t* table_stride = nullptr;  // device scalar (so a captured graph stays valid)
   int block_size = 0;
@@ -175,7 +178,7 @@ struct AttentionArgs {
   float* partial_ml = nullptr;   // [T, nq, num_splits, 2]
   void* out = nullptr;           // [T, nq * hd] E (ld_out)
   int ld_out = 0;
-  int window = 0;                // > 0: token at pos attends to positions pos - window + 1 .. pos only
+  int window = 0;                // > 0: token at pos attends to positions pos - window + 1 .. pos (or last[t]) only
   const float* sinks = nullptr;  // [nq] per-head sink logits (gpt-oss): join the softmax's sum, add nothing
 };
 void paged_attention(const AttentionArgs& a, DType e, cudaStream_t stream);

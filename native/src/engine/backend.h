@@ -40,6 +40,10 @@ struct ForwardBatch {
   // Tokens whose input row is given instead of embed[token] (image placeholders): token
   // input_embed_rows[i] (ascending) takes the hidden_size floats at input_embeds[i], unscaled (no
   // embed_scale). Host memory, valid during forward().
+  // Models whose image tokens attend in both directions (ModelConfig::image_attention_bidirectional):
+  // [T] the last position each token attends to (an image's last token for its tokens, else its own
+  // position); a sliding window still starts from `positions`. nullptr: causal.
+  const int32_t* attn_last = nullptr;
   int64_t num_input_embeds = 0;
   const int32_t* input_embed_rows = nullptr;
   const float* const* input_embeds = nullptr;

@@ -274,6 +274,7 @@ void CpuBackend::attention(int64_t layer) {
   cpu::AttentionBatch ab;
   ab.token_seq = batch_->token_seq;
   ab.token_pos = batch_->positions;
+  ab.token_last = batch_->attn_last;
   ab.block_tables = c_.window(layer) > 0 ? batch_->window_block_tables : batch_->block_tables;
   ab.n_heads = c_.num_heads;
   ab.scale = float(c_.softmax_scale());

@@ -337,7 +337,7 @@ class EngineImpl final : public Engine {
 
   // Validates a prompt's images and gives them to s with their M-RoPE offsets.
   void place_images(Sequence& s, const std::vector<int32_t>& prompt, const std::vector<SequenceImage>& images) const {
-    if (config_.image_token_id < 0 || !config_.mrope())
+    if (config_.image_token_id < 0)
       throw Error(ErrorCode::kInvalidArgument, "this model takes no image input (" + config_.architecture + ")");
     if (images.size() > kMaxImagesPerSequence)
       throw Error(ErrorCode::kInvalidArgument, "a sequence holds at most " + std::to_string(kMaxImagesPerSequence) + " images");
@@ -371,9 +371,11 @@ class EngineImpl final : public Engine {
     s.images = images;
   }
 
-  // Appends the M-RoPE positions of s's tokens [b, e) to rope_positions_ and the input rows of its
-  // image placeholders among them (token indices from batch_base) to the embed lists.
+  // For s's tokens [b, e) (batch token indices from batch_base): the input rows of its image
+  // placeholders (embed lists), M-RoPE positions (rope_positions_) and, for bidirectional images,
+  // the last position each attends to (attn_last_).
   void add_image_rows(const Sequence& s, int64_t b, int64_t e, int64_t batch_base) {
+    const bool mrope = config_.mrope(), bidirectional = config_.image_attention_bidirectional;
     size_t k = 0;
     int64_t offset = 0;
     for (int64_t j = b; j < e; j++) {
@@ -382,15 +384,32 @@ class EngineImpl final : public Engine {
         const SequenceImage& img = s.images[k];
         const int64_t i = j - img.offset, p = s.image_rope_start[k];
         const int64_t w = img.grid_w, hw = int64_t(img.grid_h) * w;
-        rope_positions_.push_back(int32_t(p));  // one frame: time adds nothing
-        rope_positions_.push_back(int32_t(p + (i % hw) / w));
-        rope_positions_.push_back(int32_t(p + i % w));
+        if (mrope) {
+          rope_positions_.push_back(int32_t(p));  // one frame: time adds nothing
+          rope_positions_.push_back(int32_t(p + (i % hw) / w));
+          rope_positions_.push_back(int32_t(p + i % w));
+        }
+        if (bidirectional) attn_last_[size_t(batch_base + (j - b))] = int32_t(img.offset + image_tokens(img) - 1);
         embed_rows_.push_back(int32_t(batch_base + (j - b)));
         embed_ptrs_.push_back(img.embeds.data() + i * config_.hidden_size);
-      } else {
+      } else if (mrope) {
         for (int c = 0; c < 3; c++) rope_positions_.push_back(int32_t(j + offset));
       }
     }
+  }
+
+  // Bidirectional images: a chunk [s.num_computed, +count) may not end inside an image (its tokens
+  // must all be in the cache when any of them attends). It is cut back to the image's start, or,
+  // when it starts inside the image (a prefix hit ended there), extended to the image's end.
+  int64_t whole_images(const Sequence& s, int64_t count) const {
+    if (!config_.image_attention_bidirectional) return count;
+    const int64_t b = s.num_computed, e = b + count;
+    for (const SequenceImage& img : s.images) {
+      const int64_t end = img.offset + image_tokens(img);
+      if (e <= img.offset || e >= end) continue;
+      return img.offset > b ? img.offset - b : end - b;
+    }
+    return count;
   }
 
   // Maps the longest chain of cached blocks matching s's prompt into s (a new sequence), whole
@@ -495,6 +514,7 @@ class EngineImpl final : public Engine {
   // Per-step scratch, reused to keep the decode loop free of allocations.
   std::vector<int32_t> token_ids_, positions_, token_seq_, slots_, window_slots_, logit_rows_;
   std::vector<int32_t> rope_positions_, embed_rows_;  // M-RoPE models: [3T]; image placeholder rows
+  std::vector<int32_t> attn_last_;                    // bidirectional images: [T], else empty
   std::vector<const float*> embed_ptrs_;
   static constexpr size_t kMaxImagesPerSequence = 256;
   std::vector<const int32_t*> tables_, window_tables_;
@@ -529,7 +549,7 @@ int64_t EngineImpl::check_row(uint32_t seq_id, int64_t bound) {
   if (bound < 1) throw Error(ErrorCode::kInvalidArgument, "step plan asks sequence " + std::to_string(seq_id) + " for 0 tokens");
   if (uncomputed < 1)
     throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(seq_id) + " has no token left to compute");
-  const int64_t count = std::min(bound, uncomputed);
+  const int64_t count = whole_images(s, std::min(bound, uncomputed));
   if (s.num_computed + count > config_.max_position_embeddings)
     throw Error(ErrorCode::kInvalidArgument, "sequence " + std::to_string(seq_id) + " would exceed the context length " +
                                                  std::to_string(config_.max_position_embeddings));
@@ -659,6 +679,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
     rope_positions_.clear();
     embed_rows_.clear();
     embed_ptrs_.clear();
+    attn_last_.clear();
     token_seq_.clear();
     slots_.clear();
     window_slots_.clear();
@@ -676,14 +697,16 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
         window_pool_->allocate(window_need(s, end), &s.window_blocks);
         window_tables_[i] = s.window_blocks.data();
       }
-      if (config_.mrope()) add_image_rows(s, s.num_computed, end, int64_t(token_ids_.size()));
+      const int64_t base = int64_t(token_ids_.size());
       for (int64_t pos = s.num_computed; pos < end; pos++) {
         token_ids_.push_back(s.tokens[size_t(pos)]);
         positions_.push_back(int32_t(pos));
+        if (config_.image_attention_bidirectional) attn_last_.push_back(int32_t(pos));
         token_seq_.push_back(int32_t(i));
         slots_.push_back(int32_t(int64_t(s.blocks[size_t(pos / bs)]) * bs + pos % bs));
         if (window_pool_) window_slots_.push_back(int32_t(int64_t(s.window_blocks[size_t(pos / bs)]) * bs + pos % bs));
       }
+      if (config_.mrope() || !s.images.empty()) add_image_rows(s, s.num_computed, end, base);
       if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
     }
     for (const PlanRow& row : plan_rows_) result.row_status[row.index] = uint8_t(RowStatus::kRan);
@@ -723,6 +746,7 @@ ForwardBatch EngineImpl::forward_batch() const {
     fb.window_block_tables = window_tables_.data();
   }
   if (config_.mrope()) fb.rope_positions = rope_positions_.data();
+  if (config_.image_attention_bidirectional) fb.attn_last = attn_last_.data();
   fb.num_input_embeds = int64_t(embed_rows_.size());
   fb.input_embed_rows = embed_rows_.data();
   fb.input_embeds = embed_ptrs_.data();

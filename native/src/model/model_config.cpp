@@ -449,11 +449,16 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   else if (const json::Value* tq = text != &root ? f.get("quantization_config") : nullptr)
     c.quantization = read_quantization(*tq, text_source + " quantization_config", *arch);
 
-  if (const json::Value* id = top.get("image_token_id"); id && !id->is_null()) {
+  // Qwen2-VL spells it image_token_id, Gemma 3 image_token_index (the latter only with a vision tower).
+  const char* image_key = gemma ? "image_token_index" : "image_token_id";
+  const json::Value* id = top.get(image_key);
+  if (gemma && !top.get("vision_config")) id = nullptr;
+  if (id && !id->is_null()) {
     if (!id->is_number() || id->as_number() != std::floor(id->as_number()) || id->as_number() < 0 ||
         id->as_number() >= double(c.vocab_size))
-      top.invalid("image_token_id must be a token id below vocab_size");
+      top.invalid(std::string(image_key) + " must be a token id below vocab_size");
     c.image_token_id = int64_t(id->as_number());
+    c.image_attention_bidirectional = gemma;
   }
 
   if (arch->mlp != MlpLayout::kDense) read_experts(f, *arch, c);
