@@ -1,6 +1,10 @@
-// The Qwen2.5-VL vision tower on the CPU (native/src/vision/qwen2_vl_encoder.cpp):
-//   npm run bench:vision:encoder -- [--sizes 224x224,448x448,672x504] [--threads 0] [--runs 2]
-//     [--out bench/results/vision-encoder.json]
+// The Qwen2.5-VL vision tower on the CPU (native/src/vision/qwen2_vl_encoder.cpp), or with
+// --model gemma-3-4b-vl Gemma 3's SigLIP tower and projector (native/src/vision/siglip_encoder.cpp):
+//   npm run bench:vision:encoder -- [--model qwen2.5-vl-3b|gemma-3-4b-vl] [--sizes 224x224,448x448,672x504]
+//     [--threads 0] [--runs 2] [--out bench/results/vision-encoder.json]
+// Gemma 3 resizes every image to 896x896 (4096 patches, 256 tokens; written to
+// bench/results/vision-encoder-gemma3.json unless --out says otherwise), its text model cut to
+// one layer likewise.
 // The published Qwen2.5-VL-3B vision tower (32 blocks of width 1280, 0.67B parameters, bf16) with
 // one decoder layer beside it (the encoder reads only visual.*), made once in the model cache.
 // Per image size: the patch rows (Qwen2.5-VL's published preprocessing), then the best and median
@@ -15,13 +19,15 @@ import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { nativeAddon } from '../src/native/native.js';
 import { QWEN2_VL_DEFAULTS, qwen2VlPatchesAsync } from '../src/vision/qwen2-vl-preprocess.js';
+import { GEMMA3_DEFAULTS, gemma3Pixels } from '../src/vision/gemma3-preprocess.js';
 
 const { values: args } = parseArgs({
   options: {
+    model: { type: 'string', default: 'qwen2.5-vl-3b' },
     sizes: { type: 'string', default: '224x224,448x448,672x504' },
     threads: { type: 'string', default: '0' },
     runs: { type: 'string', default: '2' },
-    out: { type: 'string', default: 'bench/results/vision-encoder.json' },
+    out: { type: 'string' },
   },
 });
 const sizes = args.sizes!.split(',').map((s) => {
@@ -31,6 +37,9 @@ const sizes = args.sizes!.split(',').map((s) => {
 });
 const runs = Number(args.runs), threads = Number(args.threads);
 if (!(Number.isInteger(runs) && runs > 0)) throw new Error('--runs must be a positive integer');
+const gemma = args.model === 'gemma-3-4b-vl';
+if (!gemma && args.model !== 'qwen2.5-vl-3b') throw new Error(`--model is qwen2.5-vl-3b or gemma-3-4b-vl, got ${args.model}`);
+const out = args.out ?? (gemma ? 'bench/results/vision-encoder-gemma3.json' : 'bench/results/vision-encoder.json');
 
 // Qwen2.5-VL-3B's vision_config.
 const V = { depth: 32, hidden: 1280, inter: 3420, heads: 16, patchDim: 1176, windowPatches: 8, fullBlocks: 4 };
@@ -45,18 +54,38 @@ function multiplyAdds(n: number): number {
     n * (V.fullBlocks * attention(n) + (V.depth - V.fullBlocks) * attention(Math.min(n, window))) + merger;
 }
 
+// Gemma 3's vision_config (SigLIP So400m/14 at 896) and projector (256 tokens of width 2560).
+const G = { layers: 27, hidden: 1152, inter: 4304, patchDim: 588, tokens: 256, textHidden: 2560 };
+
+/** Multiply-adds of one Gemma 3 encode over `n` patches (full attention in every layer). */
+function gemmaMultiplyAdds(n: number): number {
+  const perPatchLayer = 4 * G.hidden * G.hidden + 2 * G.hidden * G.inter;
+  return n * G.patchDim * G.hidden + G.layers * (n * perPatchLayer + 2 * n * n * G.hidden) + G.tokens * G.hidden * G.textHidden;
+}
+
+interface Input { pixelValues: Float32Array; grid: [number, number, number]; patches: number; tokens: number }
+
+async function input(w: number, h: number): Promise<Input> {
+  const rgb = Uint8Array.from({ length: w * h * 3 }, (_, i) => (i * 31 + (i >> 9)) & 255);
+  if (gemma) {
+    const pixelValues = gemma3Pixels(rgb, w, h, { ...GEMMA3_DEFAULTS, width: 896, height: 896 });
+    return { pixelValues, grid: [1, 64, 64], patches: 4096, tokens: G.tokens };
+  }
+  const p = await qwen2VlPatchesAsync(rgb, w, h, QWEN2_VL_DEFAULTS);
+  return { pixelValues: p.pixelValues, grid: p.grid, patches: p.grid[1] * p.grid[2], tokens: p.numTokens };
+}
+
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 async function main(): Promise<void> {
-  const dir = await ensureBenchModel('qwen2.5-vl-3b', 'bf16', undefined, { numLayers: 1 });
+  const dir = await ensureBenchModel(args.model!, 'bf16', undefined, { numLayers: 1 });
   const encoder = await nativeAddon().loadVisionEncoder(dir, threads);
   const rows = [];
   try {
     for (const [w, h] of sizes) {
-      const rgb = Uint8Array.from({ length: w * h * 3 }, (_, i) => (i * 31 + (i >> 9)) & 255);
-      const p = await qwen2VlPatchesAsync(rgb, w, h, QWEN2_VL_DEFAULTS);
-      const patches = p.grid[1] * p.grid[2];
-      process.stderr.write(`${w}x${h}: ${patches} patches, ${p.numTokens} tokens...\n`);
+      const p = await input(w, h);
+      const patches = p.patches;
+      process.stderr.write(`${w}x${h}: ${patches} patches, ${p.tokens} tokens...\n`);
       await encoder.encode(p.pixelValues, p.grid);  // warm-up
       const times: number[] = [];
       for (let r = 0; r < runs; r++) {
@@ -65,8 +94,9 @@ async function main(): Promise<void> {
         times.push((performance.now() - t0) / 1000);
       }
       const best = Math.min(...times);
-      rows.push({ width: w, height: h, patches, tokens: p.numTokens, bestS: best, medianS: median(times),
-        patchesPerS: patches / best, tokensPerS: p.numTokens / best, gflopsPerS: (2 * multiplyAdds(patches)) / best / 1e9 });
+      const madds = gemma ? gemmaMultiplyAdds(patches) : multiplyAdds(patches);
+      rows.push({ width: w, height: h, patches, tokens: p.tokens, bestS: best, medianS: median(times),
+        patchesPerS: patches / best, tokensPerS: p.tokens / best, gflopsPerS: (2 * madds) / best / 1e9 });
     }
   } finally {
     encoder.dispose();
@@ -78,10 +108,11 @@ async function main(): Promise<void> {
       `${r.tokensPerS.toFixed(0).padStart(8)}  ${r.gflopsPerS.toFixed(0).padStart(7)}`);
   }
   const result = { bench: 'vision-encoder', machine: machineInfo(), date: new Date().toISOString(), backend: 'cpu',
-    model: 'qwen2.5-vl-3b vision tower (bf16, published shapes)', threads, runs, rows };
-  mkdirSync(dirname(args.out!), { recursive: true });
-  writeFileSync(args.out!, JSON.stringify(result, null, 2) + '\n');
-  await chartsBesideResult(resolve(args.out!));
+    model: gemma ? 'gemma-3-4b-vl SigLIP tower and projector (bf16, published shapes)' : 'qwen2.5-vl-3b vision tower (bf16, published shapes)',
+    threads, runs, rows };
+  mkdirSync(dirname(out), { recursive: true });
+  writeFileSync(out, JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(out));
 }
 
 main().catch((err: unknown) => {

@@ -7,9 +7,12 @@
 //   loadVisionEncoder(modelDir, numThreads) -> Promise<VisionEncoder>
 //   encoder.encode(pixelValues: Float32Array, grid: [t, h, w]) -> Promise<Float32Array [tokens * outHidden]>
 //   encoder.outHidden, encoder.dispose()
-// the Qwen2.5-VL vision tower (vision/qwen2_vl_encoder.h) on a dedicated thread
-// (DedicatedThreads::vision), one encode at a time across every encoder: each one already spreads
-// over its encoder's own compute threads, and queued encodes wait without holding libuv's pool.
+// the vision tower config.json's architecture names: Gemma3ForConditionalGeneration's SigLIP
+// tower and projector (vision/siglip_encoder.h: pixelValues [3, S, S] of one image, grid
+// [1, S / patch, S / patch]), else the Qwen2.5-VL tower (vision/qwen2_vl_encoder.h: the patch
+// rows, grid in patches; it refuses every other architecture). Encodes run on a dedicated thread
+// (DedicatedThreads::vision), one at a time across every encoder: each one already spreads over
+// its encoder's own compute threads, and queued encodes wait without holding libuv's pool.
 #include <napi.h>
 
 #include <atomic>
@@ -20,6 +23,7 @@
 #include "promise_worker.h"
 #include "vision/image_preprocess.h"
 #include "vision/qwen2_vl_encoder.h"
+#include "vision/siglip_encoder.h"
 
 namespace sluice_addon {
 
@@ -85,7 +89,16 @@ Napi::Value Qwen2VlPatches(const Napi::CallbackInfo& info) {
   return p;
 }
 
+using sluice::vision::SiglipEncoder;
 using sluice::vision::VisionEncoder;
+
+// A loaded encoder: exactly one of the two is set.
+struct AnyEncoder {
+  std::shared_ptr<const VisionEncoder> qwen;
+  std::shared_ptr<const SiglipEncoder> siglip;
+  explicit operator bool() const { return qwen || siglip; }
+  int64_t out_hidden() const { return qwen ? qwen->out_hidden() : siglip->out_hidden(); }
+};
 
 // One JS VisionEncoder per native encoder. The encoder is shared with each worker using it, so
 // dispose() (or garbage collection) while an encode runs frees it only when that encode is done.
@@ -102,14 +115,14 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
   explicit VisionEncoderWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<VisionEncoderWrap>(info) {
     if (info.Length() != 1 || !info[0].IsExternal())
       throw Napi::TypeError::New(info.Env(), "use loadVisionEncoder() to create a vision encoder");
-    auto* holder = info[0].As<Napi::External<std::shared_ptr<const VisionEncoder>>>().Data();
+    auto* holder = info[0].As<Napi::External<AnyEncoder>>().Data();
     encoder_ = std::move(*holder);
     delete holder;
-    out_hidden_ = encoder_->out_hidden();
+    out_hidden_ = encoder_.out_hidden();
   }
 
  private:
-  const std::shared_ptr<const VisionEncoder>& encoder(Napi::Env env) {
+  const AnyEncoder& encoder(Napi::Env env) {
     if (!encoder_) throw make_error(env, "DISPOSED", "the vision encoder has been disposed");
     return encoder_;
   }
@@ -117,13 +130,13 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
   Napi::Value OutHidden(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(out_hidden_)); }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
-    encoder_.reset();
+    encoder_ = AnyEncoder{};
     return info.Env().Undefined();
   }
 
   Napi::Value Encode(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    std::shared_ptr<const VisionEncoder> enc = encoder(env);
+    const AnyEncoder any = encoder(env);
     if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
       throw Napi::TypeError::New(env, "pixelValues must be a Float32Array");
     if (!info[1].IsArray() || info[1].As<Napi::Array>().Length() != 3)
@@ -138,6 +151,21 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
     }
     Napi::Float32Array px = info[0].As<Napi::Float32Array>();
     const int64_t values = int64_t(px.ElementLength());
+    if (any.siglip) {
+      // A copy: JS memory must not be read off the event loop after this returns.
+      auto in = std::make_shared<std::vector<float>>(px.Data(), px.Data() + values);
+      return DedicatedThreads::vision().run<std::vector<float>>(
+          env,
+          [enc = any.siglip, in, t = grid[0], h = grid[1], w = grid[2]]() {
+            return enc->encode(in->data(), int64_t(in->size()), t, h, w);
+          },
+          [](Napi::Env e, std::vector<float>& out) -> Napi::Value {
+            Napi::Float32Array r = Napi::Float32Array::New(e, out.size());
+            std::copy(out.begin(), out.end(), r.Data());
+            return r;
+          });
+    }
+    const std::shared_ptr<const VisionEncoder>& enc = any.qwen;
     const int64_t rows = int64_t(grid[0]) * grid[1] * grid[2];
     // patch_dim follows from the grid; a length that the grid does not divide is reported by the
     // encoder as a row count that does not match (rows are never read past the array).
@@ -164,7 +192,7 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
         });
   }
 
-  std::shared_ptr<const VisionEncoder> encoder_;
+  AnyEncoder encoder_;
   int64_t out_hidden_ = 0;
 };
 
@@ -174,12 +202,20 @@ Napi::Value LoadVisionEncoder(const Napi::CallbackInfo& info) {
   const std::string dir = info[0].As<Napi::String>().Utf8Value();
   const int threads = info[1].IsUndefined() ? 0 : int_arg(info, 1, "numThreads", 0, 1024);
   auto* ctor = static_cast<Napi::FunctionReference*>(info.Data());
-  auto* worker = new PromiseWorker<std::shared_ptr<const VisionEncoder>>(
-      env, [dir, threads]() { return std::shared_ptr<const VisionEncoder>(VisionEncoder::load(dir, threads)); },
-      [ctor](Napi::Env e, std::shared_ptr<const VisionEncoder>& enc) -> Napi::Value {
-        auto* holder = new std::shared_ptr<const VisionEncoder>(std::move(enc));
+  auto* worker = new PromiseWorker<AnyEncoder>(
+      env,
+      [dir, threads]() {
+        AnyEncoder enc;
+        if (sluice::vision::model_architecture(dir) == "Gemma3ForConditionalGeneration")
+          enc.siglip = SiglipEncoder::load(dir, threads);
+        else
+          enc.qwen = VisionEncoder::load(dir, threads);
+        return enc;
+      },
+      [ctor](Napi::Env e, AnyEncoder& enc) -> Napi::Value {
+        auto* holder = new AnyEncoder(std::move(enc));
         try {
-          return ctor->New({Napi::External<std::shared_ptr<const VisionEncoder>>::New(e, holder)});
+          return ctor->New({Napi::External<AnyEncoder>::New(e, holder)});
         } catch (...) {
           delete holder;
           throw;

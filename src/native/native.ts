@@ -36,11 +36,18 @@ interface NativeAddon {
   /** Pillow's bicubic resize and the Qwen2-VL patch rows on the libuv pool (native/addon/vision_addon.cpp). */
   qwen2VlPatches(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, patch: number,
     merge: number, temporal: number, tables: Float32Array): Promise<Float32Array>;
-  /** The Qwen2.5-VL vision tower on the CPU (native/addon/vision_addon.cpp); numThreads 0: all CPUs. */
+  /**
+   * The vision tower config.json's architecture names, on the CPU (native/addon/vision_addon.cpp):
+   * Qwen2.5-VL's, or Gemma 3's SigLIP tower and projector; numThreads 0: all CPUs.
+   */
   loadVisionEncoder(modelDir: string, numThreads: number): Promise<NativeVisionEncoder>;
 }
 
-/** A loaded vision encoder: encode() of one image's patch rows -> [tokens * outHidden], one at a time. */
+/**
+ * A loaded vision encoder, one encode at a time: one image -> [tokens * outHidden]. Qwen2.5-VL: its
+ * patch rows, grid [t, h, w] in patches. Gemma 3: pixel values [3, S, S] (S = image_size), grid
+ * [1, S / patch, S / patch]; mm_tokens_per_image tokens.
+ */
 export interface NativeVisionEncoder {
   readonly outHidden: number;
   encode(pixelValues: Float32Array, grid: readonly [t: number, h: number, w: number]): Promise<Float32Array>;

@@ -99,7 +99,7 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& model_dir,
   if (arch != kArchitecture || !vc || !vc->is_object())
     throw Error(ErrorCode::kUnsupportedModel, "vision encoder: " + model_dir + " is not a Qwen2.5-VL model (architecture " +
                                                   (arch.empty() ? "unknown" : arch) + (vc ? "" : ", no vision_config") +
-                                                  "; the vision encoder supports " + kArchitecture + ")");
+                                                  "; the vision encoder supports " + kArchitecture + " and Gemma3ForConditionalGeneration)");
 
   std::unique_ptr<VisionEncoder> enc(new VisionEncoder());
   VisionConfig& c = enc->cfg_;
