@@ -142,14 +142,15 @@ describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
   });
 
   it('recomputes a preempted sequence with its image in place', async () => {
-    // 15 blocks of 16 tokens: two of these 90-token prompts fit, their decodes do not, so the
-    // scheduler preempts one and later re-adds it (prompt + its output so far, images re-sent).
-    const small = await Engine.load({ model: dir, backend: 'cpu', kvCacheBytes: 15 * 16 * 1024, maxBatchedTokens: 64, maxNumSeqs: 4, threads: 2 });
+    // 16 blocks of 16 tokens: two of these 105-token prompts fit (7 blocks each; their text first,
+    // so they share no cached block), their decodes to 153 tokens (10 blocks each) do not, so the scheduler preempts one and later re-adds it
+    // (prompt + its output so far, images re-sent).
+    const small = await Engine.load({ model: dir, backend: 'cpu', kvCacheBytes: 16 * 16 * 1024, maxBatchedTokens: 64, maxNumSeqs: 4, threads: 2 });
     let preempted = 0;
     small.observe({ onStep: (r) => { preempted += r.preempted.length; } });
     try {
       const results = await Promise.all(['first', 'second', 'third'].map((word) =>
-        small.generate({ messages: ask([{ type: 'image' }, { type: 'text', text: `The ${word} picture: what is in it?` }]), images: [images[2]!],
+        small.generate({ messages: ask([{ type: 'text', text: `The ${word} picture:` }, { type: 'image' }, { type: 'text', text: 'what is in it?' }]), images: [images[2]!],
           maxTokens: 48, temperature: 0, logprobs: 0 })));
       expect(preempted).toBeGreaterThan(0);
       for (const r of results) {

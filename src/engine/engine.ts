@@ -28,6 +28,7 @@ import { loadOnnxHandle, servesOnnxByDefault } from '../native/onnx/onnx-backend
 import type { NativeSequenceImage } from '../native/native-types.js';
 import type { ChatMessage } from '../text/chat-template.js';
 import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-model.js';
+import { imageTextExpansion, type ImageTextExpansion } from '../vision/image-prompt.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -212,6 +213,7 @@ export class Engine {
     private readonly observers: EngineObservers,
     /** The vision tower and preprocessor of a vision-language model. */
     readonly vision: VisionModel | undefined,
+    imageText?: ImageTextExpansion,
   ) {
     this.info = {
       ...handle.info(),
@@ -223,7 +225,7 @@ export class Engine {
       maxNumSeqs: batcher.maxNumSeqs,
       maxSequenceTokens: batcher.maxSequenceTokens,
     };
-    this.encoder = new PromptEncoder(tokenizer, modelDir);
+    this.encoder = new PromptEncoder(tokenizer, modelDir, imageText);
   }
 
   /** Loads tokenizer and weights. Errors are SluiceError (model_file_missing, backend_unavailable, ...). */
@@ -349,7 +351,7 @@ export class Engine {
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
-      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision);
+      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer));
       if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
       return engine;
     } catch (err) {

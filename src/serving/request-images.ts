@@ -51,19 +51,16 @@ export async function prepareRequestImages(vision: VisionModel, images: readonly
   const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
   if (failed) throw failed.reason;
   const budget = settings.maxResizedPixelsPerRequest ?? DEFAULT_IMAGE_INPUT.maxResizedPixelsPerRequest;
-  const unit = (vision.preprocessor.patchSize * vision.preprocessor.mergeSize) ** 2;
   let pixels = 0;
   const out: PreparedImage[] = [];
   for (const [k, image] of images.entries()) {
     const bytes = (settled[k] as PromiseFulfilledResult<ImageBytes>).value;
     const decoded = await decodeImage(bytes, limits, image.param);
-    let tokens: number;
     try {
-      tokens = vision.tokensFor(decoded.width, decoded.height, image.detail).numTokens;
+      pixels += vision.tokensFor(decoded.width, decoded.height, image.detail).pixels;
     } catch (err) {
       throw new SluiceError('invalid_request', `${image.param}: ${(err as Error).message}`, { param: image.param, cause: err });
     }
-    pixels += tokens * unit;
     if (pixels > budget) {
       throw new SluiceError('invalid_request',
         `the request's images need more than ${budget} pixels after resizing (the limit per request): send fewer or smaller images, or detail "low"`,

@@ -4,6 +4,7 @@
 
 import { compileChatTemplate, type ChatMessage, type ChatTemplate, type ChatTool } from './chat-template.js';
 import type { SluiceTokenizer } from './tokenizer.js';
+import type { ImageTextExpansion } from '../vision/image-prompt.js';
 
 /** The text a prompt is made of: exactly one of the two. */
 export interface PromptText {
@@ -18,7 +19,9 @@ export interface PromptText {
 export class PromptEncoder {
   private chatTemplate: ChatTemplate | undefined;
 
-  constructor(private readonly tokenizer: SluiceTokenizer, private readonly modelName: string) {}
+  /** imageText: how the model's processor spells an image in the rendered text (vision/image-prompt.ts). */
+  constructor(private readonly tokenizer: SluiceTokenizer, private readonly modelName: string,
+    private readonly imageText?: ImageTextExpansion) {}
 
   encode(req: PromptText): number[] {
     if (req.messages !== undefined) {
@@ -30,7 +33,8 @@ export class PromptEncoder {
         ...(req.reasoningEffort !== undefined && { reasoningEffort: req.reasoningEffort }),
       });
       // The template writes bos itself when the model wants it.
-      return this.tokenizer.encode(text, { addBos: false });
+      const expanded = this.imageText === undefined ? text : text.split(this.imageText.marker).join(this.imageText.text);
+      return this.tokenizer.encode(expanded, { addBos: false });
     }
     return this.tokenizer.encode(req.prompt ?? '');
   }

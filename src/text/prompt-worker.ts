@@ -6,7 +6,8 @@
 import { parentPort } from 'node:worker_threads';
 import { isSluiceError } from '../errors.js';
 import { PromptEncoder, type PromptText } from './prompt-encoder.js';
-import { SluiceTokenizer } from './tokenizer.js';
+import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
+import { imageTextExpansion } from '../vision/image-prompt.js';
 
 export interface PromptJob {
   id: number;
@@ -23,7 +24,11 @@ const encoders = new Map<string, Promise<PromptEncoder>>();
 function encoderFor(modelDir: string): Promise<PromptEncoder> {
   let encoder = encoders.get(modelDir);
   if (!encoder) {
-    encoder = SluiceTokenizer.load(modelDir).then((tokenizer) => new PromptEncoder(tokenizer, modelDir));
+    encoder = (async () => {
+      const tokenizer = await SluiceTokenizer.load(modelDir);
+      const config = (await readJsonFile(modelDir, 'config.json', { required: false })) ?? {};
+      return new PromptEncoder(tokenizer, modelDir, imageTextExpansion(config, tokenizer));
+    })();
     encoders.set(modelDir, encoder);
     encoder.catch(() => encoders.delete(modelDir));
   }

@@ -10,9 +10,11 @@ import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { nativeAddon, type NativeVisionEncoder } from '../native/native.js';
 import type { DecodedImage } from './image-decode.js';
-import { qwen2VlPatchesAsync, qwen2VlPreprocessorConfig, smartResize, type Qwen2VlPreprocessorConfig, type VisionPatches } from './qwen2-vl-preprocess.js';
+import { qwen2VlPatchesAsync, qwen2VlPreprocessorConfig, smartResize, type Qwen2VlPreprocessorConfig } from './qwen2-vl-preprocess.js';
+import { gemma3Processor } from './gemma3-processor.js';
 
 export const QWEN2_5_VL_ARCHITECTURE = 'Qwen2_5_VLForConditionalGeneration';
+export const GEMMA3_ARCHITECTURE = 'Gemma3ForConditionalGeneration';
 
 /** How closely to look at an image: the OpenAI `detail` field. */
 export type ImageDetail = 'auto' | 'low' | 'high';
@@ -23,10 +25,16 @@ export type ImageDetail = 'auto' | 'low' | 'high';
  */
 export const LOW_DETAIL_MAX_PIXELS = 512 * 512;
 
+/** What the vision tower reads of one image, and its shape in patches ([frames, rows, columns]). */
+export interface EncoderInput {
+  pixelValues: Float32Array;
+  grid: [number, number, number];
+}
+
 /** An image ready for a prompt: the encoder's input and what it adds to the prompt. */
 export interface PreparedImage {
-  patches: VisionPatches;
-  /** The image's prompt tokens: rows and columns of merged patches (gridH * gridW = numTokens). */
+  patches: EncoderInput;
+  /** The image's prompt tokens as rows and columns (gridH * gridW = numTokens). */
   gridH: number;
   gridW: number;
   numTokens: number;
@@ -34,31 +42,77 @@ export interface PreparedImage {
   hash: Uint8Array;
 }
 
+/** What an image of some size becomes: prompt tokens (rows x columns) and the pixels it is resized to. */
+export interface ImagePlan {
+  gridH: number;
+  gridW: number;
+  numTokens: number;
+  pixels: number;
+}
+
+/** A family's published image processor. */
+export interface ImageProcessor {
+  /** Without the pixels; throws for a size the processor refuses (an extreme aspect ratio). */
+  plan(width: number, height: number, detail: ImageDetail): ImagePlan;
+  /** The encoder's input, computed off the event loop where the addon is built. */
+  encoderInput(image: DecodedImage, detail: ImageDetail): Promise<EncoderInput>;
+}
+
+/** Qwen2-VL / Qwen2.5-VL: dynamic resolution within min/max pixels, patch 14, 2x2 merge. */
+export class Qwen2VlProcessor implements ImageProcessor {
+  constructor(readonly config: Qwen2VlPreprocessorConfig) {}
+
+  /** The budget of pixels an image is resized within for `detail`. */
+  maxPixelsFor(detail: ImageDetail = 'auto'): number {
+    return detail === 'low' ? Math.max(this.config.minPixels, Math.min(this.config.maxPixels, LOW_DETAIL_MAX_PIXELS))
+      : this.config.maxPixels;
+  }
+
+  plan(width: number, height: number, detail: ImageDetail = 'auto'): ImagePlan {
+    const { patchSize: p, mergeSize: m, minPixels } = this.config;
+    const [h, w] = smartResize(height, width, p * m, minPixels, this.maxPixelsFor(detail));
+    const gridH = h / (p * m), gridW = w / (p * m);
+    return { gridH, gridW, numTokens: gridH * gridW, pixels: h * w };
+  }
+
+  async encoderInput(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<EncoderInput> {
+    const patches = await qwen2VlPatchesAsync(image.rgb, image.width, image.height, this.config, { maxPixels: this.maxPixelsFor(detail) });
+    return { pixelValues: patches.pixelValues, grid: patches.grid };
+  }
+}
+
 export class VisionModel {
   private constructor(
-    readonly preprocessor: Qwen2VlPreprocessorConfig,
-    /** The placeholder token an image's rows replace (config.json image_token_id). */
+    readonly processor: ImageProcessor,
+    /** The placeholder token an image's rows replace (config.json image_token_id / image_token_index). */
     readonly imageTokenId: number,
     private readonly encoder: NativeVisionEncoder,
   ) {}
 
   /**
    * The vision model of `modelDir` when its config.json names a vision-language architecture the
-   * engine serves, else undefined. Throws SluiceError model_file_invalid for a checkpoint whose
-   * vision files do not hold together.
+   * engine serves with its vision tower, else undefined. Throws SluiceError model_file_missing /
+   * model_file_invalid for a checkpoint whose vision files do not hold together.
    */
   static async load(modelDir: string, config: Record<string, unknown>, numThreads: number): Promise<VisionModel | undefined> {
     const architectures = config['architectures'];
-    if (!Array.isArray(architectures) || architectures[0] !== QWEN2_5_VL_ARCHITECTURE) return undefined;
-    const imageTokenId = config['image_token_id'];
+    const architecture = Array.isArray(architectures) ? architectures[0] : undefined;
+    const family = architecture === QWEN2_5_VL_ARCHITECTURE ? 'qwen2_5_vl'
+      // Gemma 3's multimodal checkpoints without a vision tower serve text only.
+      : architecture === GEMMA3_ARCHITECTURE && config['vision_config'] !== undefined ? 'gemma3' : undefined;
+    if (family === undefined) return undefined;
+    const tokenKey = family === 'gemma3' ? 'image_token_index' : 'image_token_id';
+    const imageTokenId = config[tokenKey];
     if (typeof imageTokenId !== 'number' || !Number.isInteger(imageTokenId) || imageTokenId < 0) {
-      throw new SluiceError('model_file_invalid', `${modelDir}/config.json: image_token_id must be a token id, got ${JSON.stringify(imageTokenId)}`);
+      throw new SluiceError('model_file_invalid', `${modelDir}/config.json: ${tokenKey} must be a token id, got ${JSON.stringify(imageTokenId)}`);
     }
-    let preprocessor: Qwen2VlPreprocessorConfig;
+    const source = join(modelDir, 'preprocessor_config.json');
+    let processor: ImageProcessor;
     try {
-      const raw = JSON.parse(await readFile(join(modelDir, 'preprocessor_config.json'), 'utf8')) as unknown;
+      const raw = JSON.parse(await readFile(source, 'utf8')) as unknown;
       if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new Error('expected a JSON object');
-      preprocessor = qwen2VlPreprocessorConfig(raw as Record<string, unknown>, join(modelDir, 'preprocessor_config.json'));
+      processor = family === 'qwen2_5_vl' ? new Qwen2VlProcessor(qwen2VlPreprocessorConfig(raw as Record<string, unknown>, source))
+        : gemma3Processor(raw as Record<string, unknown>, config, source);
     } catch (err) {
       const missing = (err as NodeJS.ErrnoException).code === 'ENOENT';
       throw new SluiceError(missing ? 'model_file_missing' : 'model_file_invalid',
@@ -72,31 +126,21 @@ export class VisionModel {
       throw new SluiceError(typeof code === 'string' ? code.toLowerCase() : 'model_file_invalid',
         `cannot load the vision tower of ${modelDir}: ${(err as Error).message}`, { cause: err });
     }
-    return new VisionModel(preprocessor, imageTokenId, encoder);
+    return new VisionModel(processor, imageTokenId, encoder);
   }
 
-  /** The budget of pixels an image is resized within for `detail`. */
-  maxPixelsFor(detail: ImageDetail = 'auto'): number {
-    return detail === 'low' ? Math.max(this.preprocessor.minPixels, Math.min(this.preprocessor.maxPixels, LOW_DETAIL_MAX_PIXELS))
-      : this.preprocessor.maxPixels;
-  }
-
-  /** Prompt tokens an image of this size becomes (no pixels needed); throws for an aspect ratio the processor refuses. */
-  tokensFor(width: number, height: number, detail: ImageDetail = 'auto'): { gridH: number; gridW: number; numTokens: number } {
-    const { patchSize: p, mergeSize: m, minPixels } = this.preprocessor;
-    const [h, w] = smartResize(height, width, p * m, minPixels, this.maxPixelsFor(detail));
-    const gridH = h / (p * m), gridW = w / (p * m);
-    return { gridH, gridW, numTokens: gridH * gridW };
+  /** Prompt tokens an image of this size becomes, and the pixels it is resized to (no pixels needed). */
+  tokensFor(width: number, height: number, detail: ImageDetail = 'auto'): ImagePlan {
+    return this.processor.plan(width, height, detail);
   }
 
   /** Resizes and lays out `image` as the encoder reads it, and hashes the result. */
   async prepare(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<PreparedImage> {
-    const patches = await qwen2VlPatchesAsync(image.rgb, image.width, image.height, this.preprocessor,
-      { maxPixels: this.maxPixelsFor(detail) });
-    const m = this.preprocessor.mergeSize;
+    const plan = this.processor.plan(image.width, image.height, detail);
+    const patches = await this.processor.encoderInput(image, detail);
     const view = patches.pixelValues;
     const hash = new Uint8Array(await webcrypto.subtle.digest('SHA-256', new Uint8Array(view.buffer, view.byteOffset, view.byteLength)));
-    return { patches, gridH: patches.grid[1] / m, gridW: patches.grid[2] / m, numTokens: patches.numTokens, hash };
+    return { patches, gridH: plan.gridH, gridW: plan.gridW, numTokens: plan.numTokens, hash };
   }
 
   /** The image's rows for the language model: [numTokens * hidden_size] float32. */

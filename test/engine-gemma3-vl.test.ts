@@ -1,0 +1,126 @@
+// Gemma 3 with images on the CPU engine (issue 34): the SigLIP tower and projector in the native
+// engine, each image's rows at its <image_soft_token>s (the processor's "\n\n<start_of_image>...
+// <end_of_image>\n\n" text), and attention that is bidirectional within an image on every layer,
+// sliding ones included, against the float64 reference (test/reference/gemma3-vl.ts)
+// teacher-forced on the engine's greedy output. Prefill chunks smaller than an image are cut
+// before it or stretched over it (an image is never split), and a prefix hit that ends inside an
+// image is completed by the next chunk.
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { makeModel } from '../models/make-model.js';
+import { Engine } from '../src/engine/engine.js';
+import type { GenerateResult } from '../src/engine/request.js';
+import type { ChatMessage } from '../src/text/chat-template.js';
+import type { PreparedImage } from '../src/vision/vision-model.js';
+import { nativeAvailable } from '../src/native/native.js';
+import { type Gemma3VlReference, Gemma3VlSession, loadGemma3VlReference } from './reference/gemma3-vl.js';
+
+const root = mkdtempSync(join(tmpdir(), 'sluice-engine-gemma3-vl-'));
+afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+function pattern(width: number, height: number, seed: number): { rgb: Uint8Array; width: number; height: number } {
+  const rgb = new Uint8Array(width * height * 3);
+  for (let i = 0; i < rgb.length; i++) rgb[i] = (i * 13 + seed * 71 + Math.floor(i / (width * 3)) * 5) & 255;
+  return { rgb, width, height };
+}
+
+function logSoftmax(logits: Float64Array): Float64Array {
+  let max = -Infinity;
+  for (const v of logits) max = Math.max(max, v);
+  let sum = 0;
+  for (const v of logits) sum += Math.exp(v - max);
+  const lse = max + Math.log(sum);
+  return logits.map((v) => v - lse);
+}
+
+// f32 engine against the float64 reference: logprobs within float rounding, the same token unless
+// the reference's best two are within NEAR_TIE.
+const NEAR_TIE = 1e-3;
+const LOGPROB_TOL = 2e-3;
+function expectReference(ref: Gemma3VlReference, result: GenerateResult, images: PreparedImage[]): number {
+  const session = new Gemma3VlSession(ref);
+  let logits = session.prefill(result.promptTokenIds, images.map((im) => ({ pixelValues: im.patches.pixelValues }))).at(-1)!;
+  let maxDiff = 0;
+  result.tokenIds.forEach((token, i) => {
+    const lp = logSoftmax(logits);
+    let best = 0;
+    for (let v = 1; v < lp.length; v++) if (lp[v]! > lp[best]!) best = v;
+    expect(lp[best]! - lp[token]!, `position ${i}: engine ${token}, reference ${best}`).toBeLessThanOrEqual(NEAR_TIE);
+    const diff = Math.abs(result.logprobs![i]!.logprob - lp[token]!);
+    maxDiff = Math.max(maxDiff, diff);
+    expect(diff, `logprob at position ${i}`).toBeLessThan(LOGPROB_TOL);
+    logits = session.step(token);
+  });
+  return maxDiff;
+}
+
+describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () => {
+  const dir = join(root, 'gemma3-vl');
+  let ref: Gemma3VlReference;
+  let images: PreparedImage[];
+  const engines: Engine[] = [];
+  const load = async (maxBatchedTokens: number) => {
+    const e = await Engine.load({ model: dir, backend: 'cpu', kvCacheBytes: 16 << 20, maxBatchedTokens, maxNumSeqs: Math.min(4, maxBatchedTokens), threads: 2 });
+    engines.push(e);
+    return e;
+  };
+
+  beforeAll(async () => {
+    await makeModel({ preset: 'test-gemma3-vl', out: dir, dtype: 'f32' });
+    ref = loadGemma3VlReference(dir);
+    const e = await load(64);
+    images = await Promise.all([pattern(90, 60, 1), pattern(56, 56, 2), pattern(300, 120, 3)].map((im) => e.vision!.prepare(im)));
+  }, 120_000);
+  afterAll(async () => { for (const e of engines) await e.dispose(); });
+
+  const ask = (content: ChatMessage['content']): ChatMessage[] => [{ role: 'user', content }];
+  const run = (engine: Engine, messages: ChatMessage[], imgs: PreparedImage[], maxTokens = 12) =>
+    engine.generate({ messages, images: imgs, maxTokens, temperature: 0, logprobs: 0 });
+
+  it('takes images: a fixed number of tokens each, in the processor\'s text', async () => {
+    const engine = engines[0]!;
+    expect(engine.info.imageInput).toBe(true);
+    expect(images.map((im) => im.numTokens)).toEqual([4, 4, 4]);
+    const result = await run(engine, ask([{ type: 'text', text: 'See:' }, { type: 'image' }]), [images[0]!]);
+    const ids = result.promptTokenIds;
+    const image = ref.imageTokenId;
+    const first = ids.indexOf(image);
+    expect(ids.slice(first, first + 4)).toEqual([image, image, image, image]);
+    expect(ids[first - 1]).toBe(ref.boiTokenId);
+    expect(ids[first + 4]).toBe(ref.eoiTokenId);
+    const diff = expectReference(ref, result, [images[0]!]);
+    console.log(`gemma3-vl one image: ${result.tokenIds.length} tokens, max |logprob diff| ${diff.toExponential(2)}`);
+  });
+
+  it('matches the reference with several images, prefill chunks cut or stretched around them, and batched', async () => {
+    // Chunks of 3 tokens: every image (4 tokens) lies across a chunk boundary.
+    const engine = await load(3);
+    const messages = ask([{ type: 'image' }, { type: 'text', text: 'and' }, { type: 'image' }, { type: 'text', text: 'then' },
+      { type: 'image' }, { type: 'text', text: 'Which differs?' }]);
+    const results = await Promise.all([images, [images[2]!, images[0]!, images[1]!]].map((imgs) => run(engine, messages, imgs)));
+    results.forEach((r, k) => expectReference(ref, r, k === 0 ? images : [images[2]!, images[0]!, images[1]!]));
+    expect(results[0]!.tokenIds).not.toEqual(results[1]!.tokenIds);
+  });
+
+  it('completes an image a prefix hit ended inside of', async () => {
+    // Blocks of 16 tokens: the cached prefix of the second request ends inside its image, whose
+    // rest the next chunk computes attending over all of it.
+    const engine = engines[0]!;
+    // An opening long enough that a 16-token block boundary falls inside the image's 4 tokens.
+    const withOpening = (n: number) => ask([{ type: 'text', text: `Look${' closely'.repeat(n)}:` }, { type: 'image' }, { type: 'text', text: 'Now?' }]);
+    let n = 0;
+    while (n < 40 && engine.promptTokenIds({ messages: withOpening(n) }).indexOf(ref.imageTokenId) % 16 < 13) n++;
+    const messages = withOpening(n);
+    const first = await run(engine, messages, [images[2]!], 4);
+    const again = await run(engine, messages, [images[2]!], 4);
+    const start = again.promptTokenIds.indexOf(ref.imageTokenId);
+    console.log(`gemma3-vl prefix hit: ${again.usage.cachedTokens} cached, image at ${start}..${start + 3}`);
+    expect(again.usage.cachedTokens).toBeGreaterThan(start);
+    expect(again.usage.cachedTokens).toBeLessThan(start + 4);
+    expect(again.tokenIds).toEqual(first.tokenIds);
+    expectReference(ref, again, [images[2]!]);
+  });
+});
