@@ -56,9 +56,15 @@ beforeAll(async () => {
   imageOrigin = `http://127.0.0.1:${(images.address() as { port: number }).port}`;
   server = await startTestServer({
     images: settings,
-    catalog: (tinyDir) => ({ models: [{ id: 'tiny', checkpoint: tinyDir }, { id: 'vl', checkpoint: join(tinyDir, '..', 'vl') }] }),
-    // (startTestServer makes the tiny model; the VL one is made beside it by the hook below.)
-    beforeOpen: async (tinyDir) => { await makeModel({ preset: 'test-qwen2.5-vl', out: join(tinyDir, '..', 'vl'), dtype: 'f32' }); },
+    catalog: (tinyDir) => ({
+      models: [{ id: 'tiny', checkpoint: tinyDir }, { id: 'vl', checkpoint: join(tinyDir, '..', 'vl') },
+        { id: 'gemma', checkpoint: join(tinyDir, '..', 'gemma') }],
+    }),
+    // (startTestServer makes the tiny model; the vision-language ones are made beside it here.)
+    beforeOpen: async (tinyDir) => {
+      await makeModel({ preset: 'test-qwen2.5-vl', out: join(tinyDir, '..', 'vl'), dtype: 'f32' });
+      await makeModel({ preset: 'test-gemma3-vl', out: join(tinyDir, '..', 'gemma'), dtype: 'f32' });
+    },
   });
   openai = new OpenAI({ baseURL: server.baseUrl, apiKey: server.key, maxRetries: 0 });
   anthropic = new Anthropic({ baseURL: server.origin, apiKey: server.key, maxRetries: 0 });
@@ -78,7 +84,7 @@ const respond = (input: ReturnType<typeof ask>, extra: Record<string, unknown> =
 describe('image input', () => {
   it('lists the vision-language model as taking images, the text model not', async () => {
     const models = (await openai.models.list()).data as unknown as { id: string; supports_image_input: boolean }[];
-    expect(Object.fromEntries(models.map((m) => [m.id, m.supports_image_input]))).toEqual({ tiny: false, vl: true });
+    expect(Object.fromEntries(models.map((m) => [m.id, m.supports_image_input]))).toEqual({ tiny: false, vl: true, gemma: true });
   });
 
   it('gives the same output for an image as a URL and as a data URI; another image changes it; usage counts its tokens', async () => {
@@ -95,6 +101,18 @@ describe('image input', () => {
     // detail low resizes within its smaller budget (here the model's own is smaller still).
     const low = await respond(ask(url('cat.png'), 'What is in this image?', 'low'));
     expect(low.usage!.input_tokens).toBe(byUrl.usage!.input_tokens);
+  });
+
+  it('serves Gemma 3 with images: a fixed token count whatever the size, URL and data URI alike', async () => {
+    const ask3 = (image: string) => openai.responses.create({ model: 'gemma', input: ask(image), temperature: 0, max_output_tokens: 8 });
+    const [byUrl, byData, other, small] = await Promise.all([ask3(url('cat.png')), ask3(dataUri('cat.png')), ask3(url('dog.png')), ask3(url('small.png'))]);
+    expect(byData.output_text).toBe(byUrl.output_text);
+    expect(other.output_text).not.toBe(byUrl.output_text);
+    // Every image is resized to the one square size: the same prompt length for 224x224 and 56x56.
+    expect(small.usage!.input_tokens).toBe(byUrl.usage!.input_tokens);
+    const text = await openai.responses.create({ model: 'gemma', input: 'What is in this image?', temperature: 0, max_output_tokens: 8 });
+    // The image adds its 4 tokens and the processor's <start_of_image>, <end_of_image> and newlines.
+    expect(byUrl.usage!.input_tokens - text.usage!.input_tokens).toBeGreaterThanOrEqual(6);
   });
 
   it('renders the same prompt on Chat Completions and Messages, and count_tokens counts the image', async () => {
