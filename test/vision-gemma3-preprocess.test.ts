@@ -8,7 +8,8 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { resizeBilinearRgb } from '../src/vision/pil-resize.js';
-import { GEMMA3_DEFAULTS, gemma3Pixels, gemma3PreprocessorConfig } from '../src/vision/gemma3-preprocess.js';
+import { GEMMA3_DEFAULTS, gemma3Pixels, gemma3PixelsAsync, gemma3PreprocessorConfig } from '../src/vision/gemma3-preprocess.js';
+import { nativeAddon, nativeAvailable } from '../src/native/native.js';
 
 interface Golden {
   pillow: string;
@@ -118,5 +119,31 @@ describe('Gemma 3 pixel values', () => {
     expect(bad({ image_mean: [0.5, 0.5] })).toThrow(/image_mean/);
     expect(bad({ image_std: [0.5, 0, 0.5] })).toThrow(/image_std must be positive/);
     expect(gemma3PreprocessorConfig({ ...PUBLISHED, do_pan_and_scan: false, resample: null }).height).toBe(896);
+  });
+});
+
+describe.skipIf(!nativeAvailable())('Gemma 3 pixel values on the native worker pool', () => {
+  it('equal the TypeScript reference value for value (upscale, downscale, one axis, same size)', async () => {
+    const c = GEMMA3_DEFAULTS;
+    const rgbOf = (w: number, h: number, seed: number) => {
+      const rgb = new Uint8Array(w * h * 3);
+      for (let i = 0; i < rgb.length; i++) rgb[i] = (Math.imul(i + seed, 2654435761) >>> 24) & 255;
+      return rgb;
+    };
+    for (const [w, h] of [[37, 21], [1920, 1080], [896, 300], [896, 896], [640, 1400], [1, 1]] as const) {
+      const rgb = rgbOf(w, h, w + h);
+      const native = await gemma3PixelsAsync(rgb, w, h, c);
+      expect(native.length).toBe(3 * c.width * c.height);
+      expect(Buffer.from(native.buffer, native.byteOffset, native.byteLength)
+        .equals(Buffer.from(gemma3Pixels(rgb, w, h, c).buffer)), `${w}x${h}`).toBe(true);
+    }
+  });
+
+  it('refuses arguments that do not describe the image', async () => {
+    const addon = nativeAddon();
+    const tables = new Float32Array(768);
+    expect(() => addon.gemma3Pixels(new Uint8Array(10), 2, 2, 8, 8, tables)).toThrow(/width \* height \* 3/);
+    expect(() => addon.gemma3Pixels(new Uint8Array(12), 2, 2, 8, 8, new Float32Array(3))).toThrow(/768/);
+    expect(() => addon.gemma3Pixels(new Uint8Array(12), 2, 2, 0, 8, tables)).toThrow(/outWidth/);
   });
 });

@@ -36,6 +36,8 @@ interface NativeAddon {
   /** Pillow's bicubic resize and the Qwen2-VL patch rows on the libuv pool (native/addon/vision_addon.cpp). */
   qwen2VlPatches(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, patch: number,
     merge: number, temporal: number, tables: Float32Array): Promise<Float32Array>;
+  /** Pillow's bilinear resize and Gemma 3's channels-first pixel values on the libuv pool (native/addon/vision_addon.cpp). */
+  gemma3Pixels(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, tables: Float32Array): Promise<Float32Array>;
   /**
    * The vision tower config.json's architecture names, on the CPU (native/addon/vision_addon.cpp):
    * Qwen2.5-VL's, or Gemma 3's SigLIP tower and projector; numThreads 0: all CPUs.

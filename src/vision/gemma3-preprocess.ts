@@ -6,6 +6,7 @@
 // description; checked against Pillow and a numpy transcription (test/vision-gemma3-preprocess.test.ts,
 // fixtures from scripts/vision-golden.py --gemma3).
 
+import { nativeAddon } from '../native/native.js';
 import { resizeBilinearRgb } from './pil-resize.js';
 
 /** The fields of preprocessor_config.json this processor reads. */
@@ -91,4 +92,18 @@ export function gemma3Pixels(rgb: Uint8Array, width: number, height: number, c: 
     for (let i = 0; i < plane; i++) out[o + i] = tables[t + img[i * 3 + ch]!]!;
   }
   return out;
+}
+
+/**
+ * gemma3Pixels on the native addon's worker pool (the resize and the layout in C++, off the event
+ * loop; the same values, tested), or on this thread where the addon is not built.
+ */
+export async function gemma3PixelsAsync(rgb: Uint8Array, width: number, height: number, c: Gemma3PreprocessorConfig): Promise<Float32Array> {
+  let addon;
+  try {
+    addon = nativeAddon();
+  } catch {
+    return gemma3Pixels(rgb, width, height, c);
+  }
+  return addon.gemma3Pixels(rgb, width, height, c.width, c.height, normalizeTables(c));
 }

@@ -2,7 +2,7 @@
 // (896 x 896 as published, bilinear, aspect not kept), rescaled and normalised, channels first;
 // it becomes mm_tokens_per_image prompt tokens (256) whatever its size. `detail` changes nothing.
 
-import { gemma3Pixels, gemma3PreprocessorConfig, type Gemma3PreprocessorConfig } from './gemma3-preprocess.js';
+import { gemma3PixelsAsync, gemma3PreprocessorConfig, type Gemma3PreprocessorConfig } from './gemma3-preprocess.js';
 import type { DecodedImage } from './image-decode.js';
 import type { EncoderInput, ImagePlan, ImageProcessor } from './vision-model.js';
 
@@ -18,7 +18,7 @@ export class Gemma3Processor implements ImageProcessor {
   }
 
   async encoderInput(image: DecodedImage): Promise<EncoderInput> {
-    const pixelValues = gemma3Pixels(image.rgb, image.width, image.height, this.config);
+    const pixelValues = await gemma3PixelsAsync(image.rgb, image.width, image.height, this.config);
     return { pixelValues, grid: [1, this.config.height / this.patchSize, this.config.width / this.patchSize] };
   }
 }

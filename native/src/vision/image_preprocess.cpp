@@ -14,7 +14,10 @@ namespace detail {
 
 namespace {
 
-constexpr double kSupport = 2.0;  // bicubic
+double bilinear(double x) {
+  if (x < 0) x = -x;
+  return x < 1 ? 1 - x : 0;
+}
 
 double bicubic(double x) {
   constexpr double a = -0.5;
@@ -34,11 +37,14 @@ constexpr int32_t kHalf = int32_t(1) << (kPrecisionBits - 1);
 
 }  // namespace
 
-Coefficients bicubic_coefficients(int in_size, int out_size) {
+Coefficients bicubic_coefficients(int in_size, int out_size) { return resize_coefficients(ResizeFilter::kBicubic, in_size, out_size); }
+
+Coefficients resize_coefficients(ResizeFilter filter, int in_size, int out_size) {
   Coefficients c;
+  const bool cubic = filter == ResizeFilter::kBicubic;
   const double scale = double(in_size) / out_size;
   const double filter_scale = std::max(scale, 1.0);
-  const double support = kSupport * filter_scale;
+  const double support = (cubic ? 2.0 : 1.0) * filter_scale;
   c.taps = int(std::ceil(support)) * 2 + 1;
   c.first.resize(size_t(out_size));
   c.count.resize(size_t(out_size));
@@ -52,7 +58,8 @@ Coefficients bicubic_coefficients(int in_size, int out_size) {
     const int xmax = std::min(in_size, int(center + support + 0.5)) - xmin;
     double ww = 0;
     for (int x = 0; x < xmax; x++) {
-      k[size_t(x)] = bicubic((x + xmin - center + 0.5) * ss);
+      const double at = (x + xmin - center + 0.5) * ss;
+      k[size_t(x)] = cubic ? bicubic(at) : bilinear(at);
       ww += k[size_t(x)];
     }
     for (int x = 0; x < xmax; x++) {
@@ -102,6 +109,10 @@ void vertical_row_scalar(const uint8_t* const* rows, const int32_t* k, int n, si
 // and windows only move down), each made when the vertical pass first needs it. Nothing
 // image-sized is allocated, and a row is still in cache when the vertical pass reads it.
 void resize_bicubic_rgb(const uint8_t* rgb, int width, int height, uint8_t* out, int out_width, int out_height) {
+  resize_rgb(ResizeFilter::kBicubic, rgb, width, height, out, out_width, out_height);
+}
+
+void resize_rgb(ResizeFilter filter, const uint8_t* rgb, int width, int height, uint8_t* out, int out_width, int out_height) {
   using namespace detail;
   const bool horizontal = out_width != width, vertical = out_height != height;
   const size_t in_row_bytes = size_t(width) * 3, row_bytes = size_t(out_width) * 3;
@@ -119,7 +130,7 @@ void resize_bicubic_rgb(const uint8_t* rgb, int width, int height, uint8_t* out,
   Coefficients h;
   std::vector<int16_t> h_weights;
   if (horizontal) {
-    h = bicubic_coefficients(width, out_width);
+    h = resize_coefficients(filter, width, out_width);
     if (avx2) h_weights = horizontal_weights_avx2(h);
   }
   const size_t in_bytes = in_row_bytes * size_t(height);
@@ -140,7 +151,7 @@ void resize_bicubic_rgb(const uint8_t* rgb, int width, int height, uint8_t* out,
     }
     return;
   }
-  const Coefficients v = bicubic_coefficients(height, out_height);
+  const Coefficients v = resize_coefficients(filter, height, out_height);
   const size_t ring_rows = size_t(v.taps);
   std::vector<uint8_t> ring(horizontal ? ring_rows * stride : 0);
   std::vector<const uint8_t*> rows(ring_rows);
@@ -192,6 +203,15 @@ void qwen2vl_patches(const uint8_t* rgb, int width, int height, int patch, int m
               std::memcpy(first + size_t(f) * size_t(patch) * size_t(patch), first, sizeof(float) * size_t(patch) * size_t(patch));
           }
         }
+}
+
+void channels_first(const uint8_t* rgb, int width, int height, const float* tables, float* out) {
+  const size_t plane = size_t(width) * size_t(height);
+  for (int ch = 0; ch < 3; ch++) {
+    const float* t = tables + ch * 256;
+    float* dst = out + size_t(ch) * plane;
+    for (size_t i = 0; i < plane; i++) dst[i] = t[rgb[i * 3 + size_t(ch)]];
+  }
 }
 
 }  // namespace sluice::vision

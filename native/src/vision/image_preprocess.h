@@ -13,6 +13,16 @@ namespace sluice::vision {
 // output the rounded fixed-point sum clipped to 0..255. Same size: a copy.
 void resize_bicubic_rgb(const uint8_t* rgb, int width, int height, uint8_t* out, int out_width, int out_height);
 
+// The same resampling with Pillow's other filters: BICUBIC as above, or BILINEAR (a triangle of
+// support 1, widened with the downscale factor as bicubic's is) as Gemma 3's processor uses.
+enum class ResizeFilter { kBicubic, kBilinear };
+void resize_rgb(ResizeFilter filter, const uint8_t* rgb, int width, int height, uint8_t* out, int out_width,
+                int out_height);
+
+// rgb [height, width, 3] as channels-first floats [3, height, width], a value being
+// tables[channel * 256 + byte] (Gemma 3's processor: rescaled and normalised).
+void channels_first(const uint8_t* rgb, int width, int height, const float* tables, float* out);
+
 // The Qwen2-VL processor's patch rows of an already resized image rgb [height, width, 3]:
 // [(height / patch) * (width / patch), 3 * temporal * patch * patch] floats, rows ordered by merge
 // group (group row, group column, row in group, column in group), each row channel-major, then

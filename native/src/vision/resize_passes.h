@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "vision/image_preprocess.h"
+
 // Whether this build has the AVX2 kernels (x86-64 with GCC or Clang); the caller also asks the
 // CPU (cpu::simd_level()).
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -27,6 +29,7 @@ struct Coefficients {
 };
 
 Coefficients bicubic_coefficients(int in_size, int out_size);
+Coefficients resize_coefficients(ResizeFilter filter, int in_size, int out_size);
 
 // Horizontal pass of one row: in_row [in_width, 3] -> out_row [out_width, 3]. The AVX2 kernel
 // reads a little past a pixel's last tap (never changing a result) where `in_readable`, the bytes
