@@ -95,6 +95,14 @@ describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () 
     console.log(`gemma3-vl one image: ${result.tokenIds.length} tokens, max |logprob diff| ${diff.toExponential(2)}`);
   });
 
+  it('spells images the same on the prompt workers (long inputs) as inline', async () => {
+    const engine = engines[0]!;
+    const messages = ask([{ type: 'text', text: 'word '.repeat(600) }, { type: 'image' }, { type: 'text', text: 'Now?' }]);
+    const inline = engine.promptTokenIds({ messages });
+    expect(inline.filter((t) => t === ref.imageTokenId)).toHaveLength(4);
+    expect(await engine.preparePrompt({ messages })).toEqual(inline);
+  });
+
   it('matches the reference with several images, prefill chunks cut or stretched around them, and batched', async () => {
     // Chunks of 3 tokens: every image (4 tokens) lies across a chunk boundary.
     const engine = await load(3);

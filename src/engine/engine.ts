@@ -28,7 +28,7 @@ import { loadOnnxHandle, servesOnnxByDefault } from '../native/onnx/onnx-backend
 import type { NativeSequenceImage } from '../native/native-types.js';
 import type { ChatMessage } from '../text/chat-template.js';
 import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-model.js';
-import { imageTextExpansion, type ImageTextExpansion } from '../vision/image-prompt.js';
+import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */

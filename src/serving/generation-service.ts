@@ -89,7 +89,8 @@ export class GenerationService {
       }
       : { prompt: request.input.text }, { contextLength: model.contextLength, tenant: request.caller.orgId });
     // An image's placeholder becomes its tokens (counted and billed as input).
-    const promptTokenIds = model.engine.placeImages(renderedTokenIds, images ?? []).tokenIds;
+    const promptTokenIds = images !== undefined || model.supportsImageInput
+      ? model.engine.placeImages(renderedTokenIds, images ?? []).tokenIds : renderedTokenIds;
     return { assistant, promptTokenIds, ...(images && { images }) };
   }
 

@@ -4,7 +4,7 @@
 
 import { compileChatTemplate, type ChatMessage, type ChatTemplate, type ChatTool } from './chat-template.js';
 import type { SluiceTokenizer } from './tokenizer.js';
-import type { ImageTextExpansion } from '../vision/image-prompt.js';
+import type { ImageTextExpansion } from './image-prompt.js';
 
 /** The text a prompt is made of: exactly one of the two. */
 export interface PromptText {
@@ -19,7 +19,7 @@ export interface PromptText {
 export class PromptEncoder {
   private chatTemplate: ChatTemplate | undefined;
 
-  /** imageText: how the model's processor spells an image in the rendered text (vision/image-prompt.ts). */
+  /** imageText: how the model's processor spells an image in the rendered text (image-prompt.ts). */
   constructor(private readonly tokenizer: SluiceTokenizer, private readonly modelName: string,
     private readonly imageText?: ImageTextExpansion) {}
 

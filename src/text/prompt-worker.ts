@@ -7,7 +7,7 @@ import { parentPort } from 'node:worker_threads';
 import { isSluiceError } from '../errors.js';
 import { PromptEncoder, type PromptText } from './prompt-encoder.js';
 import { readJsonFile, SluiceTokenizer } from './tokenizer.js';
-import { imageTextExpansion } from '../vision/image-prompt.js';
+import { imageTextExpansion } from './image-prompt.js';
 
 export interface PromptJob {
   id: number;

@@ -4,7 +4,7 @@
 
 import { gemma3PixelsAsync, gemma3PreprocessorConfig, type Gemma3PreprocessorConfig } from './gemma3-preprocess.js';
 import type { DecodedImage } from './image-decode.js';
-import type { EncoderInput, ImagePlan, ImageProcessor } from './vision-model.js';
+import type { EncoderInput, ImagePlan, ImageProcessor } from './image-processor.js';
 
 export class Gemma3Processor implements ImageProcessor {
   private readonly side: number;

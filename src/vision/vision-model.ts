@@ -10,26 +10,14 @@ import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { nativeAddon, type NativeVisionEncoder } from '../native/native.js';
 import type { DecodedImage } from './image-decode.js';
-import { qwen2VlPatchesAsync, qwen2VlPreprocessorConfig, smartResize, type Qwen2VlPreprocessorConfig } from './qwen2-vl-preprocess.js';
+import { qwen2VlPreprocessorConfig } from './qwen2-vl-preprocess.js';
 import { gemma3Processor } from './gemma3-processor.js';
+import { Qwen2VlProcessor, type EncoderInput, type ImageDetail, type ImagePlan, type ImageProcessor } from './image-processor.js';
 
 export const QWEN2_5_VL_ARCHITECTURE = 'Qwen2_5_VLForConditionalGeneration';
 export const GEMMA3_ARCHITECTURE = 'Gemma3ForConditionalGeneration';
 
-/** How closely to look at an image: the OpenAI `detail` field. */
-export type ImageDetail = 'auto' | 'low' | 'high';
-
-/**
- * `detail: low`: the image is resized within this many pixels (OpenAI's low detail looks at a
- * 512 x 512 rendition), or the model's own max_pixels when that is smaller.
- */
-export const LOW_DETAIL_MAX_PIXELS = 512 * 512;
-
-/** What the vision tower reads of one image, and its shape in patches ([frames, rows, columns]). */
-export interface EncoderInput {
-  pixelValues: Float32Array;
-  grid: [number, number, number];
-}
+export { LOW_DETAIL_MAX_PIXELS, type ImageDetail } from './image-processor.js';
 
 /** An image ready for a prompt: the encoder's input and what it adds to the prompt. */
 export interface PreparedImage {
@@ -40,45 +28,6 @@ export interface PreparedImage {
   numTokens: number;
   /** SHA-256 of the pixel values fed to the encoder (their float32 bytes): keys the prefix cache. */
   hash: Uint8Array;
-}
-
-/** What an image of some size becomes: prompt tokens (rows x columns) and the pixels it is resized to. */
-export interface ImagePlan {
-  gridH: number;
-  gridW: number;
-  numTokens: number;
-  pixels: number;
-}
-
-/** A family's published image processor. */
-export interface ImageProcessor {
-  /** Without the pixels; throws for a size the processor refuses (an extreme aspect ratio). */
-  plan(width: number, height: number, detail: ImageDetail): ImagePlan;
-  /** The encoder's input, computed off the event loop where the addon is built. */
-  encoderInput(image: DecodedImage, detail: ImageDetail): Promise<EncoderInput>;
-}
-
-/** Qwen2-VL / Qwen2.5-VL: dynamic resolution within min/max pixels, patch 14, 2x2 merge. */
-export class Qwen2VlProcessor implements ImageProcessor {
-  constructor(readonly config: Qwen2VlPreprocessorConfig) {}
-
-  /** The budget of pixels an image is resized within for `detail`. */
-  maxPixelsFor(detail: ImageDetail = 'auto'): number {
-    return detail === 'low' ? Math.max(this.config.minPixels, Math.min(this.config.maxPixels, LOW_DETAIL_MAX_PIXELS))
-      : this.config.maxPixels;
-  }
-
-  plan(width: number, height: number, detail: ImageDetail = 'auto'): ImagePlan {
-    const { patchSize: p, mergeSize: m, minPixels } = this.config;
-    const [h, w] = smartResize(height, width, p * m, minPixels, this.maxPixelsFor(detail));
-    const gridH = h / (p * m), gridW = w / (p * m);
-    return { gridH, gridW, numTokens: gridH * gridW, pixels: h * w };
-  }
-
-  async encoderInput(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<EncoderInput> {
-    const patches = await qwen2VlPatchesAsync(image.rgb, image.width, image.height, this.config, { maxPixels: this.maxPixelsFor(detail) });
-    return { pixelValues: patches.pixelValues, grid: patches.grid };
-  }
 }
 
 export class VisionModel {

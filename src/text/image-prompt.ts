@@ -1,10 +1,10 @@
 // How a vision-language model's rendered prompt spells its images before tokenizing, where the
 // published processor rewrites the text (Gemma 3: each <start_of_image> the template wrote becomes
 // "\n\n<start_of_image>" + mm_tokens_per_image x <image_soft_token> + "<end_of_image>\n\n").
-// Qwen2-VL expands its placeholder token after tokenizing instead (vision-model.ts placeImages),
+// Qwen2-VL expands its placeholder token after tokenizing instead (vision/vision-model.ts placeImages),
 // so it has none. No native code here: the prompt workers import it.
 
-import type { SluiceTokenizer } from '../text/tokenizer.js';
+import type { SluiceTokenizer } from './tokenizer.js';
 
 export interface ImageTextExpansion {
   /** What the chat template writes for an image. */
