@@ -16,25 +16,11 @@ import type { GenerateResult } from '../src/engine/request.js';
 import type { ChatMessage } from '../src/text/chat-template.js';
 import type { PreparedImage } from '../src/vision/vision-model.js';
 import { nativeAvailable } from '../src/native/native.js';
+import { expectTeacherForced, patternImage } from './helpers/vision.js';
 import { type Gemma3VlReference, Gemma3VlSession, loadGemma3VlReference } from './reference/gemma3-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-engine-gemma3-vl-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
-
-function pattern(width: number, height: number, seed: number): { rgb: Uint8Array; width: number; height: number } {
-  const rgb = new Uint8Array(width * height * 3);
-  for (let i = 0; i < rgb.length; i++) rgb[i] = (i * 13 + seed * 71 + Math.floor(i / (width * 3)) * 5) & 255;
-  return { rgb, width, height };
-}
-
-function logSoftmax(logits: Float64Array): Float64Array {
-  let max = -Infinity;
-  for (const v of logits) max = Math.max(max, v);
-  let sum = 0;
-  for (const v of logits) sum += Math.exp(v - max);
-  const lse = max + Math.log(sum);
-  return logits.map((v) => v - lse);
-}
 
 // f32 engine against the float64 reference: logprobs within float rounding, the same token unless
 // the reference's best two are within NEAR_TIE.
@@ -42,19 +28,8 @@ const NEAR_TIE = 1e-3;
 const LOGPROB_TOL = 2e-3;
 function expectReference(ref: Gemma3VlReference, result: GenerateResult, images: PreparedImage[]): number {
   const session = new Gemma3VlSession(ref);
-  let logits = session.prefill(result.promptTokenIds, images.map((im) => ({ pixelValues: im.patches.pixelValues }))).at(-1)!;
-  let maxDiff = 0;
-  result.tokenIds.forEach((token, i) => {
-    const lp = logSoftmax(logits);
-    let best = 0;
-    for (let v = 1; v < lp.length; v++) if (lp[v]! > lp[best]!) best = v;
-    expect(lp[best]! - lp[token]!, `position ${i}: engine ${token}, reference ${best}`).toBeLessThanOrEqual(NEAR_TIE);
-    const diff = Math.abs(result.logprobs![i]!.logprob - lp[token]!);
-    maxDiff = Math.max(maxDiff, diff);
-    expect(diff, `logprob at position ${i}`).toBeLessThan(LOGPROB_TOL);
-    logits = session.step(token);
-  });
-  return maxDiff;
+  const prefill = session.prefill(result.promptTokenIds, images.map((im) => ({ pixelValues: im.patches.pixelValues })));
+  return expectTeacherForced(prefill.at(-1)!, (token) => session.step(token), result, { nearTie: NEAR_TIE, logprobTol: LOGPROB_TOL });
 }
 
 describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () => {
@@ -72,7 +47,7 @@ describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () 
     await makeModel({ preset: 'test-gemma3-vl', out: dir, dtype: 'f32' });
     ref = loadGemma3VlReference(dir);
     const e = await load(64);
-    images = await Promise.all([pattern(90, 60, 1), pattern(56, 56, 2), pattern(300, 120, 3)].map((im) => e.vision!.prepare(im)));
+    images = await Promise.all([patternImage(90, 60, 1), patternImage(56, 56, 2), patternImage(300, 120, 3)].map((im) => e.vision!.prepare(im)));
   }, 120_000);
   afterAll(async () => { for (const e of engines) await e.dispose(); });
 

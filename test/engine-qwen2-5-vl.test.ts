@@ -15,33 +15,11 @@ import type { GenerateResult } from '../src/engine/request.js';
 import type { ChatMessage } from '../src/text/chat-template.js';
 import { placeImages, type PreparedImage } from '../src/vision/vision-model.js';
 import { nativeAvailable } from '../src/native/native.js';
+import { expectTeacherForced, patternImage } from './helpers/vision.js';
 import { type Qwen25VlReference, Qwen25VlSession, loadQwen25VlReference } from './reference/qwen2-5-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-engine-vl-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
-
-/** A deterministic RGB pattern [height, width, 3]. */
-function pattern(width: number, height: number, seed: number): { rgb: Uint8Array; width: number; height: number } {
-  const rgb = new Uint8Array(width * height * 3);
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const o = (y * width + x) * 3;
-      rgb[o] = (x * 7 + y * 3 + seed * 31) & 255;
-      rgb[o + 1] = ((x ^ y) * 5 + seed * 17) & 255;
-      rgb[o + 2] = Math.round(127.5 + 127.5 * Math.sin((x + 2 * y + seed) / 9));
-    }
-  }
-  return { rgb, width, height };
-}
-
-function logSoftmax(logits: Float64Array): Float64Array {
-  let max = -Infinity;
-  for (const v of logits) max = Math.max(max, v);
-  let sum = 0;
-  for (const v of logits) sum += Math.exp(v - max);
-  const lse = max + Math.log(sum);
-  return logits.map((v) => v - lse);
-}
 
 /**
  * The engine's greedy tokens against the reference fed the same tokens: at each position the
@@ -54,19 +32,7 @@ const LOGPROB_TOL = 2e-3;
 function expectReference(ref: Qwen25VlReference, result: GenerateResult, images: PreparedImage[]): number {
   const session = new Qwen25VlSession(ref);
   const prefill = session.prefill(result.promptTokenIds, images.map((im) => ({ pixelValues: im.patches.pixelValues, grid: im.patches.grid })));
-  let logits = prefill.at(-1)!;
-  let maxDiff = 0;
-  result.tokenIds.forEach((token, i) => {
-    const lp = logSoftmax(logits);
-    let best = 0;
-    for (let v = 1; v < lp.length; v++) if (lp[v]! > lp[best]!) best = v;
-    expect(lp[best]! - lp[token]!, `position ${i}: engine ${token}, reference ${best}`).toBeLessThanOrEqual(NEAR_TIE);
-    const diff = Math.abs(result.logprobs![i]!.logprob - lp[token]!);
-    maxDiff = Math.max(maxDiff, diff);
-    expect(diff, `logprob at position ${i}`).toBeLessThan(LOGPROB_TOL);
-    logits = session.step(token);
-  });
-  return maxDiff;
+  return expectTeacherForced(prefill.at(-1)!, (token) => session.step(token), result, { nearTie: NEAR_TIE, logprobTol: LOGPROB_TOL });
 }
 
 describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
@@ -81,7 +47,7 @@ describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
     // Small prefill chunks: a prompt's images span several steps.
     engine = await Engine.load({ model: dir, backend: 'cpu', kvCacheBytes: 16 << 20, maxBatchedTokens: 24, maxNumSeqs: 8, threads: 2 });
     // 90x60 -> a 2x3 grid of merged tokens, 60x150 -> 5x2, 224x224 -> 8x8.
-    images = await Promise.all([pattern(90, 60, 1), pattern(60, 150, 2), pattern(224, 224, 3)].map((im) => engine.vision!.prepare(im)));
+    images = await Promise.all([patternImage(90, 60, 1), patternImage(60, 150, 2), patternImage(224, 224, 3)].map((im) => engine.vision!.prepare(im)));
   }, 120_000);
   afterAll(() => engine?.dispose());
 
@@ -132,7 +98,7 @@ describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
     expect(again.usage.cachedTokens).toBeGreaterThanOrEqual(48);
     expect(again.tokenIds).toEqual(first.tokenIds);
     // The same size but other pixels: only the blocks before the image can be shared.
-    const other = await engine.vision!.prepare(pattern(224, 224, 9));
+    const other = await engine.vision!.prepare(patternImage(224, 224, 9));
     expect(other.numTokens).toBe(64);
     expect(Buffer.from(other.hash).equals(Buffer.from(images[2]!.hash))).toBe(false);
     const different = await run(messages, [other], { maxTokens: 4 });

@@ -7,6 +7,7 @@ import { existsSync, readFileSync, rmSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { patternRgb } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
 import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
 import { GEMMA3_DEFAULTS, gemma3Pixels, gemma3PreprocessorConfig } from '../src/vision/gemma3-preprocess.js';
@@ -14,20 +15,6 @@ import { type Gemma3VlReference, loadGemma3VlReference, siglipEncode } from './r
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-vision-encoder-gemma3-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
-
-/** A deterministic RGB pattern [height, width, 3] with edges and gradients. */
-function pattern(width: number, height: number, seed: number): Uint8Array {
-  const rgb = new Uint8Array(width * height * 3);
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const o = (y * width + x) * 3;
-      rgb[o] = (x * 7 + y * 3 + seed * 31) & 255;
-      rgb[o + 1] = ((x ^ y) * 5 + seed * 17) & 255;
-      rgb[o + 2] = Math.round(127.5 + 127.5 * Math.sin((x + 2 * y + seed) / 9));
-    }
-  }
-  return rgb;
-}
 
 /** Pixel values [3, S, S] in [-1, 1] without the processor: a smooth field plus a checkerboard. */
 function syntheticPixels(side: number): Float32Array {
@@ -79,7 +66,7 @@ describe.each([
       ? gemma3PreprocessorConfig(JSON.parse(readFileSync(preFile, 'utf8')) as Record<string, unknown>)
       : { ...GEMMA3_DEFAULTS, height: side, width: side };
     images = [
-      { name: 'processed 90x60', pixels: gemma3Pixels(pattern(90, 60, 1), 90, 60, pre) },
+      { name: 'processed 90x60', pixels: gemma3Pixels(patternRgb(90, 60, 1), 90, 60, pre) },
       { name: 'synthetic', pixels: syntheticPixels(side) },
     ];
   }, 60_000);

@@ -7,6 +7,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { patternRgb } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
 import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
 import { type VisionPatches, qwen2VlPatches, qwen2VlPreprocessorConfig } from '../src/vision/qwen2-vl-preprocess.js';
@@ -14,20 +15,6 @@ import { type Qwen25VlReference, loadQwen25VlReference, visionEncode, visionWind
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-vision-encoder-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
-
-/** A deterministic RGB pattern [height, width, 3] with edges and gradients. */
-function pattern(width: number, height: number, seed: number): Uint8Array {
-  const rgb = new Uint8Array(width * height * 3);
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const o = (y * width + x) * 3;
-      rgb[o] = (x * 7 + y * 3 + seed * 31) & 255;
-      rgb[o + 1] = ((x ^ y) * 5 + seed * 17) & 255;
-      rgb[o + 2] = Math.round(127.5 + 127.5 * Math.sin((x + 2 * y + seed) / 9));
-    }
-  }
-  return rgb;
-}
 
 /**
  * The largest |native - reference| relative to the reference output's largest |value|. f32 against
@@ -66,7 +53,7 @@ describe.each([
     ref = loadQwen25VlReference(dir);
     enc = await nativeAddon().loadVisionEncoder(dir, 2);
     const pre = qwen2VlPreprocessorConfig(JSON.parse(readFileSync(join(dir, 'preprocessor_config.json'), 'utf8')) as Record<string, unknown>);
-    patches = IMAGES.map(([w, h], i) => qwen2VlPatches(pattern(w, h, i), w, h, pre));
+    patches = IMAGES.map(([w, h], i) => qwen2VlPatches(patternRgb(w, h, i), w, h, pre));
   }, 60_000);
   afterAll(() => enc?.dispose());
 

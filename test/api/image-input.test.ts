@@ -15,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { makeModel } from '../../models/make-model.js';
 import type { ImageInputSettings } from '../../src/serving/request-images.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
+import { patternRgb } from '../helpers/vision.js';
 import { createBatch, readResults, waitForBatch } from '../helpers/batches.js';
 
 let server: TestServer;
@@ -25,18 +26,8 @@ let imageOrigin: string;
 const settings: ImageInputSettings = { allowPrivateAddresses: true, maxImagesPerRequest: 3 };
 
 /** A PNG of a deterministic pattern. */
-async function png(width: number, height: number, seed: number): Promise<Buffer> {
-  const rgb = Buffer.alloc(width * height * 3);
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const o = (y * width + x) * 3;
-      rgb[o] = (x * 7 + y * 3 + seed * 31) & 255;
-      rgb[o + 1] = ((x ^ y) * 5 + seed * 17) & 255;
-      rgb[o + 2] = Math.round(127.5 + 127.5 * Math.sin((x + 2 * y + seed) / 9));
-    }
-  }
-  return sharp(rgb, { raw: { width, height, channels: 3 } }).png().toBuffer();
-}
+const png = (width: number, height: number, seed: number): Promise<Buffer> =>
+  sharp(patternRgb(width, height, seed), { raw: { width, height, channels: 3 } }).png().toBuffer();
 
 const files = new Map<string, Buffer>();
 const dataUri = (name: string) => `data:image/png;base64,${files.get(name)!.toString('base64')}`;
@@ -104,7 +95,7 @@ describe('image input', () => {
   });
 
   it('serves Gemma 3 with images: a fixed token count whatever the size, URL and data URI alike', async () => {
-    const ask3 = (image: string) => openai.responses.create({ model: 'gemma', input: ask(image), temperature: 0, max_output_tokens: 8 });
+    const ask3 = (image: string) => openai.responses.create({ model: 'gemma', input: ask(image), temperature: 0, max_output_tokens: 8 } as never) as Promise<OpenAI.Responses.Response>;
     const [byUrl, byData, other, small] = await Promise.all([ask3(url('cat.png')), ask3(dataUri('cat.png')), ask3(url('dog.png')), ask3(url('small.png'))]);
     expect(byData.output_text).toBe(byUrl.output_text);
     expect(other.output_text).not.toBe(byUrl.output_text);
