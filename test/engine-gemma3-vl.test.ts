@@ -9,7 +9,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { makeModel } from '../models/make-model.js';
 import { Engine } from '../src/engine/engine.js';
 import type { GenerateResult } from '../src/engine/request.js';
@@ -76,6 +76,25 @@ describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () 
     const inline = engine.promptTokenIds({ messages });
     expect(inline.filter((t) => t === ref.imageTokenId)).toHaveLength(4);
     expect(await engine.preparePrompt({ messages })).toEqual(inline);
+  });
+
+  it('encodes an image once per tenant while it is cached', async () => {
+    const engine = engines[0]!;
+    const encode = vi.spyOn(engine.vision!, 'encode');
+    try {
+      const image = await engine.vision!.prepare(patternImage(40, 70, 11));
+      const messages = ask([{ type: 'image' }, { type: 'text', text: 'Again?' }]);
+      const ask1 = (tenant: string) => engine.generate({ messages, images: [image], maxTokens: 3, temperature: 0, tenant });
+      const first = await ask1('org-a');
+      expect(encode).toHaveBeenCalledTimes(1);
+      expect((await ask1('org-a')).tokenIds).toEqual(first.tokenIds);
+      expect(encode).toHaveBeenCalledTimes(1);
+      // Another organization's request encodes it for itself.
+      expect((await ask1('org-b')).tokenIds).toEqual(first.tokenIds);
+      expect(encode).toHaveBeenCalledTimes(2);
+    } finally {
+      encode.mockRestore();
+    }
   });
 
   it('matches the reference with several images, prefill chunks cut or stretched around them, and batched', async () => {

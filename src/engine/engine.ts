@@ -28,6 +28,7 @@ import { loadOnnxHandle, servesOnnxByDefault } from '../native/onnx/onnx-backend
 import type { NativeSequenceImage } from '../native/native-types.js';
 import type { ChatMessage } from '../text/chat-template.js';
 import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-model.js';
+import { EncodingCache } from '../vision/encoding-cache.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
 
 export interface EngineLoadOptions {
@@ -90,6 +91,11 @@ export interface EngineLoadOptions {
    * the same kvCacheBytes hold twice the blocks of a bf16 cache. Native backends only.
    */
   kvCacheDtype?: KvCacheDtype;
+  /**
+   * Vision-language models: bytes of recently encoded images kept per engine, so the same image
+   * sent again by the same tenant is not encoded again (default 128 MiB; 0 turns it off).
+   */
+  imageCacheBytes?: number;
   /**
    * Prefix caching (default true): full KV blocks stay cached after their sequences end and a new
    * request starts after its longest cached prompt prefix (usage.cachedTokens); false computes
@@ -192,6 +198,7 @@ const BATCH_LIMITS = {
 const DEFAULT_FLEX_DEFERRAL = {
   cpu: { rowsPerStep: 8, holdMs: 1000 }, cuda: { rowsPerStep: 32, holdMs: 1000 }, onnx: { rowsPerStep: 8, holdMs: 1000 },
 } as const;
+const DEFAULT_IMAGE_CACHE_BYTES = 128 * 1024 * 1024;
 const DEFAULT_TENANT_DEFERRAL = { rowsPerStep: 16, holdMs: 1000 };
 
 /**
@@ -203,6 +210,8 @@ export const INLINE_PROMPT_CHARS = 2048;
 export class Engine {
   readonly info: EngineInfo;
   private readonly encoder: PromptEncoder;
+  /** Images this engine encoded lately, per tenant (vision-language models). */
+  private readonly encodings: EncodingCache;
   private disposed = false;
 
   private constructor(
@@ -214,7 +223,9 @@ export class Engine {
     /** The vision tower and preprocessor of a vision-language model. */
     readonly vision: VisionModel | undefined,
     imageText?: ImageTextExpansion,
+    imageCacheBytes = DEFAULT_IMAGE_CACHE_BYTES,
   ) {
+    this.encodings = new EncodingCache(imageCacheBytes);
     this.info = {
       ...handle.info(),
       imageInput: vision !== undefined,
@@ -291,6 +302,9 @@ export class Engine {
     }
     checkPositiveInteger(base.kvCacheBytes, 'kvCacheBytes');
     checkPositiveInteger(base.blockSize, 'blockSize');
+    if (opts.imageCacheBytes !== undefined && !(Number.isSafeInteger(opts.imageCacheBytes) && opts.imageCacheBytes >= 0)) {
+      throw new SluiceError('invalid_argument', `imageCacheBytes must be an integer >= 0, got ${String(opts.imageCacheBytes)}`, { param: 'imageCacheBytes' });
+    }
     if (!Number.isInteger(base.numThreads) || base.numThreads < 0) {
       throw new SluiceError('invalid_argument', `threads must be an integer >= 0, got ${base.numThreads}`, { param: 'threads' });
     }
@@ -351,7 +365,8 @@ export class Engine {
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
-      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer));
+      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer),
+        opts.imageCacheBytes);
       if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
       return engine;
     } catch (err) {
@@ -515,11 +530,17 @@ export class Engine {
   }
 
   /** Runs the vision tower over a request's images, one after another; rejects once `signal` aborts. */
-  private async encodeImages(images: readonly PreparedImage[], offsets: readonly number[], signal: AbortSignal): Promise<NativeSequenceImage[]> {
+  private async encodeImages(images: readonly PreparedImage[], offsets: readonly number[], tenant: string,
+    signal: AbortSignal): Promise<NativeSequenceImage[]> {
     const out: NativeSequenceImage[] = [];
     for (const [k, image] of images.entries()) {
       if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new SluiceError('cancelled', 'the request was cancelled');
-      const embeds = await this.vision!.encode(image);
+      const key = EncodingCache.key(tenant, image.hash, image.gridH, image.gridW);
+      let embeds = this.encodings.get(key);
+      if (embeds === undefined) {
+        embeds = await this.vision!.encode(image);
+        this.encodings.set(key, embeds);
+      }
       out.push({ offset: offsets[k]!, gridH: image.gridH, gridW: image.gridW, embeds, hash: image.hash });
     }
     return out;
@@ -594,7 +615,7 @@ export class Engine {
     // Structured outputs (compiled or taken from the cache, checked before anything runs) and the
     // thinking budget.
     // (No await without either: the request reaches the scheduler in this same tick.)
-    const images = imageOffsets.length === 0 ? undefined : await this.encodeImages(req.images!, imageOffsets, controller.signal);
+    const images = imageOffsets.length === 0 ? undefined : await this.encodeImages(req.images!, imageOffsets, tenant, controller.signal);
     const constraint = req.responseFormat === undefined && (req.thinking === undefined || req.thinking === false)
       ? undefined : await this.outputConstraint(req, promptTokenIds);
     const generation = new Generation({
