@@ -130,7 +130,10 @@ export class BackgroundResponses {
   async start(orgId: string, running: ResponseBody, prepared: PreparedGeneration, inputItems?: Record<string, unknown>[]): Promise<void> {
     const createdAt = running['created_at'] as number;
     const deadlineAt = this.deadlineFor(prepared.window, createdAt);
-    await this.queue.add({ orgId, running, prepared, deadlineAt }, (term) => this.opts.store.insertBackgroundResponse(running, {
+    // A queued run holds no image pixels (up to hundreds of MB a request, for as long as a flex run
+    // waits): its images are prepared again when it starts (execute).
+    const { images, ...held } = prepared;
+    await this.queue.add({ orgId, running, prepared: held, deadlineAt }, (term) => this.opts.store.insertBackgroundResponse(running, {
       responseId: running.id,
       orgId,
       deadlineAt,
@@ -241,7 +244,17 @@ export class BackgroundResponses {
 
   /** The queue's worker: runs one response to its end, stopped at its window's deadline (TIMEOUT) or by cancel(). */
   private async execute(run: BackgroundRun, signal: AbortSignal): Promise<void> {
-    const { orgId, running, prepared } = run;
+    const { orgId, running } = run;
+    let { prepared } = run;
+    if (prepared.images === undefined && (prepared.request.images?.length ?? 0) > 0) {
+      try {
+        prepared = await this.opts.lifecycle.prepare(prepared.request, prepared.model);
+      } catch (err) {
+        const code = isSluiceError(err) ? err.code : 'server_error';
+        await this.finish(orgId, prepared.request.metadata, failedResponse(running, code, `the request's images could not be prepared: ${(err as Error).message}`));
+        return;
+      }
+    }
     const timer = setTimeout(() => void this.queue.stop(running.id, TIMEOUT), Math.max(0, run.deadlineAt * 1000 - Date.now()));
     timer.unref();
     const rendering = responseRendering(running, prepared, this.opts.lifecycle.service.reasoningSeal);
