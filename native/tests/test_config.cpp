@@ -247,6 +247,14 @@ TEST_CASE(qwen2_5_vl_reads_mrope_and_the_image_token) {
   bad.replace(bad.find("151655"), 6, "999999");
   CHECK_THROWS_CODE(parse_model_config(bad + R"("rope_scaling":{"type":"mrope","mrope_section":[16,24,24]}})", "vl"),
                     ErrorCode::kModelFileInvalid);
+  // Gemma 3 spells it image_token_index, and takes images (bidirectionally) only with a vision tower.
+  const std::string gemma = R"({"architectures":["Gemma3ForConditionalGeneration"],"image_token_index":262144,
+      "mm_tokens_per_image":256,"text_config":{"hidden_size":2560,"intermediate_size":10240,"num_hidden_layers":34,
+      "num_attention_heads":8,"num_key_value_heads":4,"head_dim":256,"vocab_size":262208})";
+  ModelConfig g = parse_model_config(gemma + R"(,"vision_config":{"hidden_size":1152}})", "g");
+  CHECK(g.image_token_id == 262144 && g.image_attention_bidirectional && !g.mrope());
+  ModelConfig text_only = parse_model_config(gemma + "}", "g");
+  CHECK(text_only.image_token_id == -1 && !text_only.image_attention_bidirectional);
   // Text models have neither.
   ModelConfig q2 = parse_model_config(
       R"({"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":128,"num_hidden_layers":1,
