@@ -18,6 +18,7 @@ import type { Linear } from './reference/math.js';
 import { type ReferenceModel, loadReferenceModel } from './reference/reference-model.js';
 import { Qwen25VlSession, loadQwen25VlReference } from './reference/qwen2-5-vl.js';
 import { Engine } from '../src/engine/engine.js';
+import { prepareForReference, referenceInput } from './helpers/vision.js';
 
 const cudaReady = nativeAddon().cudaCompiled && cudaUnavailableReason() === undefined;
 
@@ -302,14 +303,14 @@ describe.skipIf(!cudaReady)('CUDA: test-qwen2.5-vl with images', () => {
         for (let i = 0; i < rgb.length; i++) rgb[i] = (i * 7 + seed * 31 + Math.floor(i / (w * 3)) * 3) & 255;
         return { rgb, width: w, height: h };
       };
-      const images = await Promise.all([pattern(90, 60, 1), pattern(224, 224, 2), pattern(60, 150, 3)].map((im) => engine.vision!.prepare(im)));
+      const images = await Promise.all([pattern(90, 60, 1), pattern(224, 224, 2), pattern(60, 150, 3)].map((im) => prepareForReference(engine.vision!, im)));
       const results = await Promise.all(images.map((im) => engine.generate({
         messages: [{ role: 'user', content: [{ type: 'text', text: 'Look:' }, { type: 'image' }, { type: 'text', text: 'What is it?' }] }],
         images: [im], maxTokens: 16, temperature: 0, logprobs: 0,
       })));
       results.forEach((r, k) => {
         const session = new Qwen25VlSession(ref);
-        let logits = session.prefill(r.promptTokenIds, [{ pixelValues: images[k]!.patches.pixelValues, grid: images[k]!.patches.grid }]).at(-1)!;
+        let logits = session.prefill(r.promptTokenIds, [referenceInput(images[k]!)]).at(-1)!;
         for (const [i, token] of r.tokenIds.entries()) {
           const max = Math.max(...logits);
           const lse = max + Math.log(logits.reduce((a, v) => a + Math.exp(v - max), 0));

@@ -16,7 +16,7 @@ import type { GenerateResult } from '../src/engine/request.js';
 import type { ChatMessage } from '../src/text/chat-template.js';
 import type { PreparedImage } from '../src/vision/vision-model.js';
 import { nativeAvailable } from '../src/native/native.js';
-import { expectTeacherForced, patternImage } from './helpers/vision.js';
+import { expectTeacherForced, patternImage, prepareForReference, referenceInput } from './helpers/vision.js';
 import { type Gemma3VlReference, Gemma3VlSession, loadGemma3VlReference } from './reference/gemma3-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-engine-gemma3-vl-'));
@@ -28,7 +28,7 @@ const NEAR_TIE = 1e-3;
 const LOGPROB_TOL = 2e-3;
 function expectReference(ref: Gemma3VlReference, result: GenerateResult, images: PreparedImage[]): number {
   const session = new Gemma3VlSession(ref);
-  const prefill = session.prefill(result.promptTokenIds, images.map((im) => ({ pixelValues: im.patches.pixelValues })));
+  const prefill = session.prefill(result.promptTokenIds, images.map(referenceInput));
   return expectTeacherForced(prefill.at(-1)!, (token) => session.step(token), result, { nearTie: NEAR_TIE, logprobTol: LOGPROB_TOL });
 }
 
@@ -47,7 +47,7 @@ describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () 
     await makeModel({ preset: 'test-gemma3-vl', out: dir, dtype: 'f32' });
     ref = loadGemma3VlReference(dir);
     const e = await load(64);
-    images = await Promise.all([patternImage(90, 60, 1), patternImage(56, 56, 2), patternImage(300, 120, 3)].map((im) => e.vision!.prepare(im)));
+    images = await Promise.all([patternImage(90, 60, 1), patternImage(56, 56, 2), patternImage(300, 120, 3)].map((im) => prepareForReference(e.vision!, im)));
   }, 120_000);
   afterAll(async () => { for (const e of engines) await e.dispose(); });
 

@@ -15,7 +15,7 @@ import type { GenerateResult } from '../src/engine/request.js';
 import type { ChatMessage } from '../src/text/chat-template.js';
 import { placeImages, type PreparedImage } from '../src/vision/vision-model.js';
 import { nativeAvailable } from '../src/native/native.js';
-import { expectTeacherForced, patternImage } from './helpers/vision.js';
+import { expectTeacherForced, patternImage, prepareForReference, referenceInput } from './helpers/vision.js';
 import { type Qwen25VlReference, Qwen25VlSession, loadQwen25VlReference } from './reference/qwen2-5-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-engine-vl-'));
@@ -31,7 +31,7 @@ const NEAR_TIE = 1e-3;
 const LOGPROB_TOL = 2e-3;
 function expectReference(ref: Qwen25VlReference, result: GenerateResult, images: PreparedImage[]): number {
   const session = new Qwen25VlSession(ref);
-  const prefill = session.prefill(result.promptTokenIds, images.map((im) => ({ pixelValues: im.patches.pixelValues, grid: im.patches.grid })));
+  const prefill = session.prefill(result.promptTokenIds, images.map(referenceInput));
   return expectTeacherForced(prefill.at(-1)!, (token) => session.step(token), result, { nearTie: NEAR_TIE, logprobTol: LOGPROB_TOL });
 }
 
@@ -47,7 +47,7 @@ describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
     // Small prefill chunks: a prompt's images span several steps.
     engine = await Engine.load({ model: dir, backend: 'cpu', kvCacheBytes: 16 << 20, maxBatchedTokens: 24, maxNumSeqs: 8, threads: 2 });
     // 90x60 -> a 2x3 grid of merged tokens, 60x150 -> 5x2, 224x224 -> 8x8.
-    images = await Promise.all([patternImage(90, 60, 1), patternImage(60, 150, 2), patternImage(224, 224, 3)].map((im) => engine.vision!.prepare(im)));
+    images = await Promise.all([patternImage(90, 60, 1), patternImage(60, 150, 2), patternImage(224, 224, 3)].map((im) => prepareForReference(engine.vision!, im)));
   }, 120_000);
   afterAll(() => engine?.dispose());
 
@@ -98,7 +98,7 @@ describe.skipIf(!nativeAvailable())('Qwen2.5-VL on the CPU engine', () => {
     expect(again.usage.cachedTokens).toBeGreaterThanOrEqual(48);
     expect(again.tokenIds).toEqual(first.tokenIds);
     // The same size but other pixels: only the blocks before the image can be shared.
-    const other = await engine.vision!.prepare(patternImage(224, 224, 9));
+    const other = await prepareForReference(engine.vision!, patternImage(224, 224, 9));
     expect(other.numTokens).toBe(64);
     expect(Buffer.from(other.hash).equals(Buffer.from(images[2]!.hash))).toBe(false);
     const different = await run(messages, [other], { maxTokens: 4 });

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { patternRgb } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
 import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
-import { type VisionPatches, qwen2VlPatches, qwen2VlPreprocessorConfig } from '../src/vision/qwen2-vl-preprocess.js';
+import { type Qwen2VlPreprocessorConfig, type VisionPatches, qwen2VlPatches, qwen2VlPatchesOfResized, qwen2VlPreprocessorConfig, qwen2VlTables } from '../src/vision/qwen2-vl-preprocess.js';
 import { type Qwen25VlReference, loadQwen25VlReference, visionEncode, visionWindowIndex } from './reference/qwen2-5-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-vision-encoder-'));
@@ -47,12 +47,13 @@ describe.each([
   let ref: Qwen25VlReference;
   let enc: NativeVisionEncoder;
   let patches: VisionPatches[];
+  let pre: Qwen2VlPreprocessorConfig;
 
   beforeAll(async () => {
     await makeModel({ preset: 'test-qwen2.5-vl', out: dir, dtype });
     ref = loadQwen25VlReference(dir);
     enc = await nativeAddon().loadVisionEncoder(dir, 2);
-    const pre = qwen2VlPreprocessorConfig(JSON.parse(readFileSync(join(dir, 'preprocessor_config.json'), 'utf8')) as Record<string, unknown>);
+    pre = qwen2VlPreprocessorConfig(JSON.parse(readFileSync(join(dir, 'preprocessor_config.json'), 'utf8')) as Record<string, unknown>);
     patches = IMAGES.map(([w, h], i) => qwen2VlPatches(patternRgb(w, h, i), w, h, pre));
   }, 60_000);
   afterAll(() => enc?.dispose());
@@ -83,6 +84,22 @@ describe.each([
     expect(b).toEqual(a);
     expect(await enc.encode(p.pixelValues, p.grid)).toEqual(a);
     expect(c!.length).toBe(patches[0]!.numTokens * enc.outHidden);
+  });
+
+  it('encodes a native image as the patch rows TypeScript lays out of it, value for value', async () => {
+    for (const [k, [w, h]] of IMAGES.entries()) {
+      const p = patches[k]!;
+      const [, gh, gw] = p.grid;
+      const image = await nativeAddon().resizeImage(patternRgb(w, h, k), w, h, gw * 14, gh * 14, 'bicubic');
+      const rows = qwen2VlPatchesOfResized(image.pixels(), image.width, image.height, pre);
+      expect(rows.pixelValues).toEqual(p.pixelValues);
+      expect(await enc.encodeImage(image, qwen2VlTables(pre))).toEqual(await enc.encode(p.pixelValues, p.grid));
+    }
+    const image = await nativeAddon().resizeImage(patternRgb(30, 30, 0), 30, 30, 30, 28, 'bicubic');
+    expect(() => enc.encodeImage(image, qwen2VlTables(pre))).toThrow(/multiples of patch \* merge \(28\)/);
+    expect(() => enc.encodeImage({ width: 28, height: 28 } as never, qwen2VlTables(pre))).toThrow(/image from resizeImage/);
+    expect(() => enc.encodeImage(enc as never, qwen2VlTables(pre))).toThrow(/image from resizeImage/);
+    expect(() => enc.encodeImage(image, new Float32Array(3))).toThrow(/768 values/);
   });
 
   it('rejects rows that do not fit the grid with INVALID_ARGUMENT', async () => {

@@ -5,7 +5,8 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
-import { resizeBicubicRgb } from '../src/vision/pil-resize.js';
+import { createHash } from 'node:crypto';
+import { resizeBicubicRgb, resizeBilinearRgb } from '../src/vision/pil-resize.js';
 import { QWEN2_VL_DEFAULTS, qwen2VlPatches, qwen2VlPatchesAsync, qwen2VlPreprocessorConfig, smartResize } from '../src/vision/qwen2-vl-preprocess.js';
 import { nativeAddon } from '../src/native/native.js';
 
@@ -129,6 +130,45 @@ describe('the native path (resize and layout in C++, on the libuv pool)', () => 
     expect(() => addon.qwen2VlPatches(new Uint8Array(12), 2, 2, 30, 28, 14, 2, 2, tables)).toThrow(/multiples of patch \* merge/);
     expect(() => addon.qwen2VlPatches(new Uint8Array(12), 2, 2, 28, 28, 14, 2, 2, new Float32Array(10))).toThrow(/768 values/);
     expect(() => addon.qwen2VlPatches(new Uint8Array(12), 2.5, 2, 28, 28, 14, 2, 2, tables)).toThrow(/width must be an integer/);
+  });
+});
+
+describe('native images (resizeImage: the pixels kept in C++, hashed there)', () => {
+  /** SHA-256 of width and height (u32 little-endian) and the pixels, by node:crypto. */
+  const hashOf = (rgb: Uint8Array, width: number, height: number) => {
+    const dims = Buffer.alloc(8);
+    dims.writeUInt32LE(width, 0);
+    dims.writeUInt32LE(height, 4);
+    return createHash('sha256').update(dims).update(rgb).digest('hex');
+  };
+
+  it("holds Pillow's resize byte for byte, bicubic and bilinear, with node:crypto's SHA-256 of it", async () => {
+    let seed = 5;
+    const rand = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    for (const [w, h, ow, oh] of [[45, 30, 56, 28], [640, 480, 644, 476], [97, 300, 28, 84], [300, 300, 300, 300], [1, 1, 3, 2]] as const) {
+      const rgb = new Uint8Array(w * h * 3);
+      for (let i = 0; i < rgb.length; i++) rgb[i] = (rand() * 256) | 0;
+      for (const filter of ['bicubic', 'bilinear'] as const) {
+        const image = await nativeAddon().resizeImage(rgb, w, h, ow, oh, filter);
+        const want = (filter === 'bicubic' ? resizeBicubicRgb : resizeBilinearRgb)(rgb, w, h, ow, oh);
+        expect([image.width, image.height, image.byteLength]).toEqual([ow, oh, ow * oh * 3]);
+        expect(Buffer.from(image.pixels()).equals(Buffer.from(want)), `${w}x${h} -> ${ow}x${oh} ${filter}`).toBe(true);
+        expect(Buffer.from(image.hash).toString('hex')).toBe(hashOf(want, ow, oh));
+      }
+    }
+    // Same bytes, other shape: another hash.
+    const a = await nativeAddon().resizeImage(new Uint8Array(12), 2, 2, 4, 1, 'bilinear');
+    const b = await nativeAddon().resizeImage(new Uint8Array(12), 2, 2, 1, 4, 'bilinear');
+    expect(Buffer.from(a.pixels()).equals(Buffer.from(b.pixels()))).toBe(true);
+    expect(Buffer.from(a.hash).equals(Buffer.from(b.hash))).toBe(false);
+  });
+
+  it('refuses arguments that do not describe the image', () => {
+    const addon = nativeAddon();
+    expect(() => addon.resizeImage(new Uint8Array(11), 2, 2, 4, 4, 'bicubic')).toThrow(/width \* height \* 3 bytes/);
+    expect(() => addon.resizeImage(new Uint8Array(12), 2, 2, 0, 4, 'bicubic')).toThrow(/outWidth must be an integer/);
+    expect(() => addon.resizeImage(new Uint8Array(12), 2, 2, 4, 4, 'lanczos' as never)).toThrow(/filter must be/);
+    expect(() => addon.resizeImage([1, 2, 3] as never, 1, 1, 4, 4, 'bicubic')).toThrow(/Uint8Array/);
   });
 });
 

@@ -27,6 +27,7 @@
 #include "promise_worker.h"
 #include "vision/image_preprocess.h"
 #include "vision/qwen2_vl_encoder.h"
+#include "vision/resized_image.h"
 #include "vision/siglip_encoder.h"
 
 namespace sluice_addon {
@@ -160,6 +161,100 @@ Napi::Value Qwen2VlPatches(const Napi::CallbackInfo& info) {
   return p;
 }
 
+using sluice::vision::ResizedImage;
+
+// A resized image held natively (vision/resized_image.h): JS sees its size and hash, never its
+// pixels, so preparing images makes no large JS allocations (their collection held the event
+// loop). Its bytes are reported to V8 as external memory, so a forgotten image still gets
+// collected in time.
+class NativeImageWrap : public Napi::ObjectWrap<NativeImageWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env) {
+    return DefineClass(env, "NativeImage",
+                       {InstanceAccessor<&NativeImageWrap::Width>("width"),
+                        InstanceAccessor<&NativeImageWrap::Height>("height"),
+                        InstanceAccessor<&NativeImageWrap::Hash>("hash"),
+                        InstanceAccessor<&NativeImageWrap::ByteLength>("byteLength"),
+                        InstanceMethod<&NativeImageWrap::Pixels>("pixels")});
+  }
+
+  // Constructed only by resizeImage(): new NativeImage(external)
+  explicit NativeImageWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeImageWrap>(info) {
+    if (info.Length() != 1 || !info[0].IsExternal())
+      throw Napi::TypeError::New(info.Env(), "use resizeImage() to create a native image");
+    auto* holder = info[0].As<Napi::External<std::shared_ptr<const ResizedImage>>>().Data();
+    image_ = std::move(*holder);
+    delete holder;
+    Napi::MemoryManagement::AdjustExternalMemory(info.Env(), int64_t(image_->bytes()));
+    NAPI_THROW_IF_FAILED_VOID(info.Env(), napi_type_tag_object(info.Env(), info.This(), &kTag));
+  }
+
+  ~NativeImageWrap() override {
+    if (image_) Napi::MemoryManagement::AdjustExternalMemory(Env(), -int64_t(image_->bytes()));
+  }
+
+  // The image of a JS value, or a TypeError naming `what`.
+  static std::shared_ptr<const ResizedImage> unwrap(Napi::Env env, Napi::Value v, const char* what) {
+    bool tagged = false;
+    if (v.IsObject() && napi_check_object_type_tag(env, v, &kTag, &tagged) == napi_ok && tagged)
+      return Unwrap(v.As<Napi::Object>())->image_;
+    throw Napi::TypeError::New(env, std::string(what) + " must be an image from resizeImage()");
+  }
+
+ private:
+  Napi::Value Width(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), image_->width); }
+  Napi::Value Height(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), image_->height); }
+  Napi::Value ByteLength(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(image_->bytes())); }
+  Napi::Value Hash(const Napi::CallbackInfo& info) {
+    return Napi::Buffer<uint8_t>::Copy(info.Env(), image_->sha256.data(), image_->sha256.size());
+  }
+  // A copy of the pixels [height, width, 3] (tests and references; the serving path never asks).
+  Napi::Value Pixels(const Napi::CallbackInfo& info) {
+    return Napi::Buffer<uint8_t>::Copy(info.Env(), image_->rgb.get(), image_->bytes());
+  }
+
+  // Marks NativeImage objects, so that unwrap() never reads another class's native pointer.
+  static constexpr napi_type_tag kTag = {0x5a1c3e0f9b7d4c21ULL, 0x8e6a2b4d0c9f1e37ULL};
+
+  std::shared_ptr<const ResizedImage> image_;
+};
+
+//   resizeImage(rgb: Uint8Array, width, height, outWidth, outHeight, filter: 'bicubic' | 'bilinear')
+//     -> Promise<NativeImage>
+// Pillow's resize and the SHA-256 of the result, on the libuv pool.
+Napi::Value ResizeImage(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    throw Napi::TypeError::New(env, "rgb must be a Uint8Array");
+  constexpr int kMaxSide = 1 << 16;
+  const int width = int_arg(info, 1, "width", 1, kMaxSide), height = int_arg(info, 2, "height", 1, kMaxSide);
+  const int out_width = int_arg(info, 3, "outWidth", 1, kMaxSide), out_height = int_arg(info, 4, "outHeight", 1, kMaxSide);
+  Napi::Uint8Array rgb = info[0].As<Napi::Uint8Array>();
+  if (rgb.ByteLength() != size_t(width) * size_t(height) * 3) throw Napi::RangeError::New(env, "rgb must hold width * height * 3 bytes");
+  if (size_t(out_width) * size_t(out_height) > (size_t(1) << 28)) throw Napi::RangeError::New(env, "output image too large");
+  const std::string name = info[5].IsString() ? info[5].As<Napi::String>().Utf8Value() : "";
+  if (name != "bicubic" && name != "bilinear") throw Napi::TypeError::New(env, "filter must be 'bicubic' or 'bilinear'");
+  const auto filter = name == "bicubic" ? sluice::vision::ResizeFilter::kBicubic : sluice::vision::ResizeFilter::kBilinear;
+  const uint8_t* src = rgb.Data();
+  auto input = std::make_shared<Napi::ObjectReference>(Napi::Persistent(rgb.As<Napi::Object>()));
+  auto* worker = new PromiseWorker<std::shared_ptr<const ResizedImage>>(
+      env,
+      [=]() { return sluice::vision::resize_for_encoder(filter, src, width, height, out_width, out_height); },
+      [input, ctor = static_cast<Napi::FunctionReference*>(info.Data())](Napi::Env e, std::shared_ptr<const ResizedImage>& out) -> Napi::Value {
+        input->Reset();
+        auto* holder = new std::shared_ptr<const ResizedImage>(std::move(out));
+        try {
+          return ctor->New({Napi::External<std::shared_ptr<const ResizedImage>>::New(e, holder)});
+        } catch (...) {
+          delete holder;
+          throw;
+        }
+      });
+  Napi::Promise p = worker->promise();
+  worker->Queue();
+  return p;
+}
+
 using sluice::vision::SiglipEncoder;
 using sluice::vision::VisionEncoder;
 
@@ -178,6 +273,7 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
   static Napi::Function Init(Napi::Env env) {
     return DefineClass(env, "VisionEncoder",
                        {InstanceMethod<&VisionEncoderWrap::Encode>("encode"),
+                        InstanceMethod<&VisionEncoderWrap::EncodeImage>("encodeImage"),
                         InstanceMethod<&VisionEncoderWrap::Dispose>("dispose"),
                         InstanceAccessor<&VisionEncoderWrap::OutHidden>("outHidden")});
   }
@@ -263,6 +359,49 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
         });
   }
 
+  // encodeImage(image: NativeImage, tables: Float32Array [3 * 256]) -> Promise<Float32Array>: the
+  // image's float input laid out (Qwen2-VL's patch rows, or channels first for SigLIP, a value
+  // being tables[channel * 256 + byte]) and encoded, both on the vision thread.
+  Napi::Value EncodeImage(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const AnyEncoder any = encoder(env);
+    std::shared_ptr<const ResizedImage> image = NativeImageWrap::unwrap(env, info[0], "image");
+    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        info[1].As<Napi::Float32Array>().ElementLength() != 3 * 256)
+      throw Napi::TypeError::New(env, "tables must be a Float32Array of 768 values");
+    Napi::Float32Array t = info[1].As<Napi::Float32Array>();
+    auto tables = std::make_shared<std::vector<float>>(t.Data(), t.Data() + 3 * 256);
+    const auto to_js = [](Napi::Env e, std::vector<float>& out) -> Napi::Value {
+      Napi::Float32Array r = Napi::Float32Array::New(e, out.size());
+      std::copy(out.begin(), out.end(), r.Data());
+      return r;
+    };
+    if (any.siglip) {
+      const int patch = int(any.siglip->config().patch);
+      return DedicatedThreads::vision().run<std::vector<float>>(
+          env,
+          [enc = any.siglip, image, tables, patch]() {
+            const std::vector<float> values = sluice::vision::channels_first_values(*image, tables->data());
+            return enc->encode(values.data(), int64_t(values.size()), 1, image->height / patch, image->width / patch);
+          },
+          to_js);
+    }
+    const sluice::vision::VisionConfig& c = any.qwen->config();
+    const int64_t unit = c.patch * c.merge;
+    if (image->width % unit != 0 || image->height % unit != 0)
+      throw Napi::RangeError::New(env, "the image's sides must be multiples of patch * merge (" + std::to_string(unit) + ")");
+    return DedicatedThreads::vision().run<std::vector<float>>(
+        env,
+        [enc = any.qwen, image, tables]() {
+          const sluice::vision::VisionConfig& c = enc->config();
+          const std::vector<float> rows =
+              sluice::vision::qwen2vl_patch_rows(*image, int(c.patch), int(c.merge), int(c.temporal), tables->data());
+          const int h = int(image->height / c.patch), w = int(image->width / c.patch);
+          return enc->encode(rows.data(), int64_t(h) * w, c.patch_dim(), 1, h, w);
+        },
+        to_js);
+  }
+
   AnyEncoder encoder_;
   int64_t out_hidden_ = 0;
 };
@@ -306,6 +445,9 @@ void init_vision(Napi::Env env, Napi::Object exports) {
   auto* ctor = new Napi::FunctionReference(Napi::Persistent(VisionEncoderWrap::Init(env)));
   env.AddCleanupHook([ctor]() { delete ctor; });
   exports.Set("loadVisionEncoder", Napi::Function::New(env, LoadVisionEncoder, "loadVisionEncoder", ctor));
+  auto* image_ctor = new Napi::FunctionReference(Napi::Persistent(NativeImageWrap::Init(env)));
+  env.AddCleanupHook([image_ctor]() { delete image_ctor; });
+  exports.Set("resizeImage", Napi::Function::New(env, ResizeImage, "resizeImage", image_ctor));
 }
 
 }  // namespace sluice_addon

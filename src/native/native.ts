@@ -39,6 +39,12 @@ interface NativeAddon {
   /** Pillow's bilinear resize and Gemma 3's channels-first pixel values on the libuv pool (native/addon/vision_addon.cpp). */
   gemma3Pixels(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number, tables: Float32Array): Promise<Float32Array>;
   /**
+   * Pillow's resize (bicubic or bilinear) of an RGB image and the SHA-256 of the result, on the
+   * libuv pool; the pixels stay native (native/src/vision/resized_image.h).
+   */
+  resizeImage(rgb: Uint8Array, width: number, height: number, outWidth: number, outHeight: number,
+    filter: 'bicubic' | 'bilinear'): Promise<NativeImage>;
+  /**
    * The vision tower config.json's architecture names, on the CPU (native/addon/vision_addon.cpp):
    * Qwen2.5-VL's, or Gemma 3's SigLIP tower and projector; numThreads 0: all CPUs.
    */
@@ -53,7 +59,27 @@ interface NativeAddon {
 export interface NativeVisionEncoder {
   readonly outHidden: number;
   encode(pixelValues: Float32Array, grid: readonly [t: number, h: number, w: number]): Promise<Float32Array>;
+  /**
+   * A resized image laid out as the tower reads it (Qwen2.5-VL's patch rows with the tower's own
+   * patch, merge and temporal sizes; SigLIP's channels first), a value being tables[channel * 256 +
+   * byte], and encoded; the layout is made on the vision thread, never as a JS array.
+   */
+  encodeImage(image: NativeImage, tables: Float32Array): Promise<Float32Array>;
   dispose(): void;
+}
+
+/**
+ * An image resized for a vision tower, held natively: 8-bit RGB, [height, width, 3]. Its memory is
+ * reported to V8 and freed with the object.
+ */
+export interface NativeImage {
+  readonly width: number;
+  readonly height: number;
+  /** SHA-256 of width and height (u32 little-endian each) and the pixels. */
+  readonly hash: Uint8Array;
+  readonly byteLength: number;
+  /** A copy of the pixels (references and tests). */
+  pixels(): Uint8Array;
 }
 
 let addon: NativeAddon | undefined;

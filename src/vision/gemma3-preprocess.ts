@@ -68,7 +68,7 @@ export function gemma3PreprocessorConfig(raw: Record<string, unknown>, source = 
 }
 
 /** rescale + normalise of each 8-bit value, per channel: [3 * 256] float32, as numpy computes it. */
-function normalizeTables(c: Gemma3PreprocessorConfig): Float32Array {
+export function gemma3Tables(c: Gemma3PreprocessorConfig): Float32Array {
   const tables = new Float32Array(3 * 256);
   for (let ch = 0; ch < 3; ch++) {
     const mean = Math.fround(c.imageMean[ch]!), std = Math.fround(c.imageStd[ch]!);
@@ -83,8 +83,12 @@ function normalizeTables(c: Gemma3PreprocessorConfig): Float32Array {
  * float32, channels first, rows then columns.
  */
 export function gemma3Pixels(rgb: Uint8Array, width: number, height: number, c: Gemma3PreprocessorConfig): Float32Array {
-  const img = resizeBilinearRgb(rgb, width, height, c.width, c.height);
-  const tables = normalizeTables(c);
+  return gemma3PixelsOfResized(resizeBilinearRgb(rgb, width, height, c.width, c.height), c);
+}
+
+/** The pixel_values of an image already resized to [c.height, c.width, 3]. */
+export function gemma3PixelsOfResized(img: Uint8Array, c: Gemma3PreprocessorConfig): Float32Array {
+  const tables = gemma3Tables(c);
   const plane = c.width * c.height;
   const out = new Float32Array(3 * plane);
   for (let ch = 0; ch < 3; ch++) {
@@ -105,5 +109,5 @@ export async function gemma3PixelsAsync(rgb: Uint8Array, width: number, height: 
   } catch {
     return gemma3Pixels(rgb, width, height, c);
   }
-  return addon.gemma3Pixels(rgb, width, height, c.width, c.height, normalizeTables(c));
+  return addon.gemma3Pixels(rgb, width, height, c.width, c.height, gemma3Tables(c));
 }

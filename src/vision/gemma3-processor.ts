@@ -2,24 +2,30 @@
 // (896 x 896 as published, bilinear, aspect not kept), rescaled and normalised, channels first;
 // it becomes mm_tokens_per_image prompt tokens (256) whatever its size. `detail` changes nothing.
 
-import { gemma3PixelsAsync, gemma3PreprocessorConfig, type Gemma3PreprocessorConfig } from './gemma3-preprocess.js';
+import { nativeAddon, type NativeImage } from '../native/native.js';
+import { gemma3PixelsOfResized, gemma3PreprocessorConfig, gemma3Tables, type Gemma3PreprocessorConfig } from './gemma3-preprocess.js';
 import type { DecodedImage } from './image-decode.js';
 import type { EncoderInput, ImagePlan, ImageProcessor } from './image-processor.js';
 
 export class Gemma3Processor implements ImageProcessor {
   private readonly side: number;
+  readonly tables: Float32Array;
 
   constructor(readonly config: Gemma3PreprocessorConfig, readonly tokensPerImage: number, readonly patchSize: number) {
     this.side = Math.round(Math.sqrt(tokensPerImage));
+    this.tables = gemma3Tables(config);
   }
 
   plan(): ImagePlan {
     return { gridH: this.side, gridW: this.side, numTokens: this.tokensPerImage, pixels: this.config.height * this.config.width };
   }
 
-  async encoderInput(image: DecodedImage): Promise<EncoderInput> {
-    const pixelValues = await gemma3PixelsAsync(image.rgb, image.width, image.height, this.config);
-    return { pixelValues, grid: [1, this.config.height / this.patchSize, this.config.width / this.patchSize] };
+  resize(image: DecodedImage): Promise<NativeImage> {
+    return nativeAddon().resizeImage(image.rgb, image.width, image.height, this.config.width, this.config.height, 'bilinear');
+  }
+
+  encoderInput(resized: NativeImage): EncoderInput {
+    return { pixelValues: gemma3PixelsOfResized(resized.pixels(), this.config), grid: [1, this.config.height / this.patchSize, this.config.width / this.patchSize] };
   }
 }
 

@@ -1,8 +1,9 @@
 // A family's published image processor, as the vision model uses it: what an image of some size
 // becomes in the prompt, and the encoder's input. Qwen2-VL's here; Gemma 3's in gemma3-processor.ts.
 
+import { nativeAddon, type NativeImage } from '../native/native.js';
 import type { DecodedImage } from './image-decode.js';
-import { qwen2VlPatchesAsync, smartResize, type Qwen2VlPreprocessorConfig } from './qwen2-vl-preprocess.js';
+import { qwen2VlPatchesOfResized, qwen2VlTables, smartResize, type Qwen2VlPreprocessorConfig } from './qwen2-vl-preprocess.js';
 
 /** How closely to look at an image: the OpenAI `detail` field. */
 export type ImageDetail = 'auto' | 'low' | 'high';
@@ -13,7 +14,7 @@ export type ImageDetail = 'auto' | 'low' | 'high';
  */
 export const LOW_DETAIL_MAX_PIXELS = 512 * 512;
 
-/** What the vision tower reads of one image, and its shape in patches ([frames, rows, columns]). */
+/** What the vision tower reads of one image, as floats, and its shape in patches ([frames, rows, columns]). */
 export interface EncoderInput {
   pixelValues: Float32Array;
   grid: [number, number, number];
@@ -31,13 +32,21 @@ export interface ImagePlan {
 export interface ImageProcessor {
   /** Without the pixels; throws for a size the processor refuses (an extreme aspect ratio). */
   plan(width: number, height: number, detail: ImageDetail): ImagePlan;
-  /** The encoder's input, computed off the event loop where the addon is built. */
-  encoderInput(image: DecodedImage, detail: ImageDetail): Promise<EncoderInput>;
+  /** The image resized as the processor does it, held natively and hashed (on the libuv pool). */
+  resize(image: DecodedImage, detail: ImageDetail): Promise<NativeImage>;
+  /** Each 8-bit value rescaled and normalised, per channel: [3 * 256] float32 (the tower's input values). */
+  readonly tables: Float32Array;
+  /** The tower's float input of a resized image, computed here in TypeScript: references and tests. */
+  encoderInput(resized: NativeImage): EncoderInput;
 }
 
 /** Qwen2-VL / Qwen2.5-VL: dynamic resolution within min/max pixels, patch 14, 2x2 merge. */
 export class Qwen2VlProcessor implements ImageProcessor {
-  constructor(readonly config: Qwen2VlPreprocessorConfig) {}
+  readonly tables: Float32Array;
+
+  constructor(readonly config: Qwen2VlPreprocessorConfig) {
+    this.tables = qwen2VlTables(config);
+  }
 
   /** The budget of pixels an image is resized within for `detail`. */
   maxPixelsFor(detail: ImageDetail = 'auto'): number {
@@ -52,8 +61,14 @@ export class Qwen2VlProcessor implements ImageProcessor {
     return { gridH, gridW, numTokens: gridH * gridW, pixels: h * w };
   }
 
-  async encoderInput(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<EncoderInput> {
-    const patches = await qwen2VlPatchesAsync(image.rgb, image.width, image.height, this.config, { maxPixels: this.maxPixelsFor(detail) });
+  resize(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<NativeImage> {
+    const { patchSize: p, mergeSize: m } = this.config;
+    const { gridH, gridW } = this.plan(image.width, image.height, detail);
+    return nativeAddon().resizeImage(image.rgb, image.width, image.height, gridW * p * m, gridH * p * m, 'bicubic');
+  }
+
+  encoderInput(resized: NativeImage): EncoderInput {
+    const patches = qwen2VlPatchesOfResized(resized.pixels(), resized.width, resized.height, this.config);
     return { pixelValues: patches.pixelValues, grid: patches.grid };
   }
 }

@@ -121,27 +121,30 @@ export interface VisionPatches {
   numTokens: number;
 }
 
-interface PatchPlan {
-  resized: { width: number; height: number };
-  grid: [number, number, number];
-  patchDim: number;
-  numTokens: number;
-  /** rescale + normalise of each 8-bit value, per channel: [3 * 256] float32. */
-  tables: Float32Array;
-}
-
-function patchPlan(width: number, height: number, c: Qwen2VlPreprocessorConfig, maxPixelsOverride: number | undefined): PatchPlan {
-  const { patchSize: p, mergeSize: m, temporalPatchSize: tp } = c;
-  const maxPixels = Math.max(c.minPixels, Math.min(c.maxPixels, maxPixelsOverride ?? c.maxPixels));
-  const [rh, rw] = smartResize(height, width, p * m, c.minPixels, maxPixels);
+/** rescale + normalise of each 8-bit value, per channel: [3 * 256] float32, as numpy computes it. */
+export function qwen2VlTables(c: Qwen2VlPreprocessorConfig): Float32Array {
   // Rescale (in double, then to float32) and normalise in float32, as numpy does.
   const tables = new Float32Array(3 * 256);
   for (let ch = 0; ch < 3; ch++) {
     const mean = Math.fround(c.imageMean[ch]!), std = Math.fround(c.imageStd[ch]!);
     for (let v = 0; v < 256; v++) tables[ch * 256 + v] = Math.fround(Math.fround(Math.fround(v * (1 / 255)) - mean) / std);
   }
+  return tables;
+}
+
+interface PatchPlan {
+  resized: { width: number; height: number };
+  grid: [number, number, number];
+  patchDim: number;
+  numTokens: number;
+}
+
+function patchPlan(width: number, height: number, c: Qwen2VlPreprocessorConfig, maxPixelsOverride: number | undefined): PatchPlan {
+  const { patchSize: p, mergeSize: m, temporalPatchSize: tp } = c;
+  const maxPixels = Math.max(c.minPixels, Math.min(c.maxPixels, maxPixelsOverride ?? c.maxPixels));
+  const [rh, rw] = smartResize(height, width, p * m, c.minPixels, maxPixels);
   const gh = rh / p, gw = rw / p;
-  return { resized: { width: rw, height: rh }, grid: [1, gh, gw], patchDim: 3 * tp * p * p, numTokens: (gh * gw) / (m * m), tables };
+  return { resized: { width: rw, height: rh }, grid: [1, gh, gw], patchDim: 3 * tp * p * p, numTokens: (gh * gw) / (m * m) };
 }
 
 /**
@@ -151,12 +154,17 @@ function patchPlan(width: number, height: number, c: Qwen2VlPreprocessorConfig, 
  */
 export function qwen2VlPatches(rgb: Uint8Array, width: number, height: number, c: Qwen2VlPreprocessorConfig,
   opts: { maxPixels?: number } = {}): VisionPatches {
-  const { patchSize: p, mergeSize: m, temporalPatchSize: tp } = c;
   const plan = patchPlan(width, height, c, opts.maxPixels);
   const { width: rw, height: rh } = plan.resized;
-  const img = resizeBicubicRgb(rgb, width, height, rw, rh);
-  const [, gh, gw] = plan.grid;
-  const pixelValues = new Float32Array(gh * gw * plan.patchDim);
+  return qwen2VlPatchesOfResized(resizeBicubicRgb(rgb, width, height, rw, rh), rw, rh, c);
+}
+
+/** The patch rows of an image already resized (to multiples of patch * merge on both sides). */
+export function qwen2VlPatchesOfResized(img: Uint8Array, rw: number, rh: number, c: Qwen2VlPreprocessorConfig): VisionPatches {
+  const { patchSize: p, mergeSize: m, temporalPatchSize: tp } = c;
+  const tables = qwen2VlTables(c);
+  const gh = rh / p, gw = rw / p, patchDim = 3 * tp * p * p;
+  const pixelValues = new Float32Array(gh * gw * patchDim);
   // Row order: merge-group row, merge-group column, row within the group, column within it; each
   // row holds channel, then frame (identical here), then the patch's pixels row-major.
   let row = 0;
@@ -165,13 +173,13 @@ export function qwen2VlPatches(rgb: Uint8Array, width: number, height: number, c
       for (let ih = 0; ih < m; ih++) {
         for (let iw = 0; iw < m; iw++) {
           const y0 = (bh * m + ih) * p, x0 = (bw * m + iw) * p;
-          const base = row * plan.patchDim;
+          const base = row * patchDim;
           for (let ch = 0; ch < 3; ch++) {
             for (let f = 0; f < tp; f++) {
               const o = base + (ch * tp + f) * p * p;
               for (let y = 0; y < p; y++) {
                 const src = ((y0 + y) * rw + x0) * 3 + ch;
-                for (let x = 0; x < p; x++) pixelValues[o + y * p + x] = plan.tables[ch * 256 + img[src + x * 3]!]!;
+                for (let x = 0; x < p; x++) pixelValues[o + y * p + x] = tables[ch * 256 + img[src + x * 3]!]!;
               }
             }
           }
@@ -180,7 +188,7 @@ export function qwen2VlPatches(rgb: Uint8Array, width: number, height: number, c
       }
     }
   }
-  return { pixelValues, patchDim: plan.patchDim, grid: plan.grid, resized: plan.resized, numTokens: plan.numTokens };
+  return { pixelValues, patchDim, grid: [1, gh, gw], resized: { width: rw, height: rh }, numTokens: (gh * gw) / (m * m) };
 }
 
 /**
@@ -197,6 +205,6 @@ export async function qwen2VlPatchesAsync(rgb: Uint8Array, width: number, height
   }
   const plan = patchPlan(width, height, c, opts.maxPixels);
   const pixelValues = await addon.qwen2VlPatches(rgb, width, height, plan.resized.width, plan.resized.height, c.patchSize,
-    c.mergeSize, c.temporalPatchSize, plan.tables);
+    c.mergeSize, c.temporalPatchSize, qwen2VlTables(c));
   return { pixelValues, patchDim: plan.patchDim, grid: plan.grid, resized: plan.resized, numTokens: plan.numTokens };
 }

@@ -1,14 +1,14 @@
-// The vision side of a vision-language checkpoint (Qwen2.5-VL): its published preprocessor and the
-// native vision tower. prepare() turns a decoded image into the encoder's input and the number of
-// prompt tokens it becomes (what count_tokens and billing need, without running the encoder);
-// encode() runs the tower. Both stay off the event loop: the resize on the addon's pool, the
-// SHA-256 of the pixels on WebCrypto's worker threads, the tower on its dedicated thread.
+// The vision side of a vision-language checkpoint (Qwen2.5-VL, Gemma 3): its published preprocessor
+// and the native vision tower. prepare() resizes a decoded image as the processor does and says how
+// many prompt tokens it becomes (what count_tokens and billing need, without running the encoder);
+// encode() runs the tower. Both stay off the event loop: the resize and the SHA-256 of its pixels
+// on the libuv pool, the layout and the tower on the vision thread. The resized pixels stay native
+// until then (3 bytes a pixel, never a JS array: large arrays cost the event loop their collection).
 
-import { webcrypto } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
-import { nativeAddon, type NativeVisionEncoder } from '../native/native.js';
+import { nativeAddon, type NativeImage, type NativeVisionEncoder } from '../native/native.js';
 import type { DecodedImage } from './image-decode.js';
 import { qwen2VlPreprocessorConfig } from './qwen2-vl-preprocess.js';
 import { gemma3Processor } from './gemma3-processor.js';
@@ -21,12 +21,13 @@ export { LOW_DETAIL_MAX_PIXELS, type ImageDetail } from './image-processor.js';
 
 /** An image ready for a prompt: the encoder's input and what it adds to the prompt. */
 export interface PreparedImage {
-  patches: EncoderInput;
+  /** The image resized as the processor does it (the tower's input before its fixed normalisation). */
+  resized: NativeImage;
   /** The image's prompt tokens as rows and columns (gridH * gridW = numTokens). */
   gridH: number;
   gridW: number;
   numTokens: number;
-  /** SHA-256 of the pixel values fed to the encoder (their float32 bytes): keys the prefix cache. */
+  /** SHA-256 of the resized pixels and their size (NativeImage.hash): keys the prefix and encoder caches. */
   hash: Uint8Array;
 }
 
@@ -60,7 +61,7 @@ export class VisionModel {
     try {
       const raw = JSON.parse(await readFile(source, 'utf8')) as unknown;
       if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new Error('expected a JSON object');
-      processor = family === 'qwen2_5_vl' ? new Qwen2VlProcessor(qwen2VlPreprocessorConfig(raw as Record<string, unknown>, source))
+      processor = family === 'qwen2_5_vl' ? qwen2VlProcessor(raw as Record<string, unknown>, config, source)
         : gemma3Processor(raw as Record<string, unknown>, config, source);
     } catch (err) {
       const missing = (err as NodeJS.ErrnoException).code === 'ENOENT';
@@ -83,23 +84,42 @@ export class VisionModel {
     return this.processor.plan(width, height, detail);
   }
 
-  /** Resizes and lays out `image` as the encoder reads it, and hashes the result. */
+  /** Resizes `image` as the processor does and hashes the result. */
   async prepare(image: DecodedImage, detail: ImageDetail = 'auto'): Promise<PreparedImage> {
     const plan = this.processor.plan(image.width, image.height, detail);
-    const patches = await this.processor.encoderInput(image, detail);
-    const view = patches.pixelValues;
-    const hash = new Uint8Array(await webcrypto.subtle.digest('SHA-256', new Uint8Array(view.buffer, view.byteOffset, view.byteLength)));
-    return { patches, gridH: plan.gridH, gridW: plan.gridW, numTokens: plan.numTokens, hash };
+    const resized = await this.processor.resize(image, detail);
+    return { resized, gridH: plan.gridH, gridW: plan.gridW, numTokens: plan.numTokens, hash: resized.hash };
   }
 
   /** The image's rows for the language model: [numTokens * hidden_size] float32. */
   encode(image: PreparedImage): Promise<Float32Array> {
-    return this.encoder.encode(image.patches.pixelValues, image.patches.grid);
+    return this.encoder.encodeImage(image.resized, this.processor.tables);
+  }
+
+  /** The float input the tower reads for `image`, computed in TypeScript (references and tests). */
+  encoderInput(image: PreparedImage): EncoderInput {
+    return this.processor.encoderInput(image.resized);
   }
 
   dispose(): void {
     this.encoder.dispose();
   }
+}
+
+/**
+ * The processor of a Qwen2.5-VL checkpoint. The tower lays its input out with vision_config's patch,
+ * merge and temporal sizes, so the processor's must be the same.
+ */
+function qwen2VlProcessor(raw: Record<string, unknown>, config: Record<string, unknown>, source: string): Qwen2VlProcessor {
+  const pre = qwen2VlPreprocessorConfig(raw, source);
+  const vision = (config['vision_config'] ?? {}) as Record<string, unknown>;
+  // Qwen2_5_VLVisionConfig's defaults.
+  const sizes = [['patch_size', 'patchSize', 14], ['spatial_merge_size', 'mergeSize', 2], ['temporal_patch_size', 'temporalPatchSize', 2]] as const;
+  for (const [field, key, fallback] of sizes) {
+    const tower = vision[field] ?? fallback;
+    if (tower !== pre[key]) throw new Error(`${source}: ${key === 'mergeSize' ? 'merge_size' : field} ${pre[key]} differs from config.json vision_config.${field} ${JSON.stringify(tower)}`);
+  }
+  return new Qwen2VlProcessor(pre);
 }
 
 /**

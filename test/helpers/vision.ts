@@ -1,8 +1,15 @@
-// What the vision tests share: a deterministic test image, and the teacher-forced comparison of an
+// What the vision tests share: a deterministic test image, the encoder input a reference reads
+// (computed in TypeScript from the original pixels), and the teacher-forced comparison of an
 // engine's greedy output with a float64 reference session.
 
 import { expect } from 'vitest';
 import type { GenerateResult } from '../../src/engine/request.js';
+import { Gemma3Processor } from '../../src/vision/gemma3-processor.js';
+import { gemma3Pixels } from '../../src/vision/gemma3-preprocess.js';
+import type { DecodedImage } from '../../src/vision/image-decode.js';
+import { Qwen2VlProcessor, type EncoderInput, type ImageDetail } from '../../src/vision/image-processor.js';
+import { qwen2VlPatches } from '../../src/vision/qwen2-vl-preprocess.js';
+import type { PreparedImage, VisionModel } from '../../src/vision/vision-model.js';
 
 /** A deterministic RGB pattern [height, width, 3] with edges and gradients. */
 export function patternRgb(width: number, height: number, seed: number): Uint8Array {
@@ -20,6 +27,36 @@ export function patternRgb(width: number, height: number, seed: number): Uint8Ar
 
 /** patternRgb as a decoded image. */
 export const patternImage = (width: number, height: number, seed: number) => ({ rgb: patternRgb(width, height, seed), width, height });
+
+const referenceInputs = new WeakMap<PreparedImage, EncoderInput>();
+
+/**
+ * `image` prepared by `vision` (the native resize), remembering the float input the TypeScript
+ * processor computes from the original pixels: what referenceInput() gives the reference, so that
+ * the reference never reads the engine's own preprocessing.
+ */
+export async function prepareForReference(vision: VisionModel, image: DecodedImage, detail: ImageDetail = 'auto'): Promise<PreparedImage> {
+  const prepared = await vision.prepare(image, detail);
+  const p = vision.processor;
+  let input: EncoderInput;
+  if (p instanceof Qwen2VlProcessor) {
+    const patches = qwen2VlPatches(image.rgb, image.width, image.height, p.config, { maxPixels: p.maxPixelsFor(detail) });
+    input = { pixelValues: patches.pixelValues, grid: patches.grid };
+  } else if (p instanceof Gemma3Processor) {
+    input = { pixelValues: gemma3Pixels(image.rgb, image.width, image.height, p.config), grid: [1, p.config.height / p.patchSize, p.config.width / p.patchSize] };
+  } else {
+    throw new Error('unknown image processor');
+  }
+  referenceInputs.set(prepared, input);
+  return prepared;
+}
+
+/** The TypeScript processor's encoder input of an image from prepareForReference. */
+export function referenceInput(image: PreparedImage): EncoderInput {
+  const input = referenceInputs.get(image);
+  if (input === undefined) throw new Error('the image was not prepared with prepareForReference');
+  return input;
+}
 
 export function logSoftmax(logits: Float64Array): Float64Array {
   let max = -Infinity;
