@@ -3,9 +3,9 @@
 //   npm run bench:vision -- [--images 1000] [--concurrency 16] [--out bench/results/vision-preprocess.json]
 // Each image is a JPEG (or PNG, one in five) in a data URI, of a size drawn from a fixed mix of
 // photo and screenshot sizes; it goes through what a request's image goes through before the
-// engine: loadImageBytes (data URI checks), decodeImage (sharp, off the event loop) and
-// qwen2VlPatchesAsync (Pillow's resize and the patch rows, in C++ on the addon's pool), with
-// Qwen2.5-VL's published preprocessor_config.json. Meanwhile an HTTP server on this process answers
+// engine: loadImageBytes (data URI checks), decodeImage (sharp, off the event loop) and the
+// processor's resize (Pillow's bicubic and the SHA-256 that keys the caches, in C++ on the libuv
+// pool; the pixels stay native), with Qwen2.5-VL's published preprocessor_config.json. Meanwhile an HTTP server on this process answers
 // GET /health, polled every 20 ms: its latency is what a health check sees while images are
 // prepared. The images are made before the clock starts; each one's data URI string when its turn
 // comes (timed: a request body brings one).
@@ -19,7 +19,8 @@ import { chartsBesideResult } from './charts.js';
 import { machineInfo } from './machine.js';
 import { decodeImage } from '../src/vision/image-decode.js';
 import { loadImageBytes } from '../src/vision/image-source.js';
-import { QWEN2_VL_DEFAULTS, qwen2VlPatchesAsync } from '../src/vision/qwen2-vl-preprocess.js';
+import { Qwen2VlProcessor } from '../src/vision/image-processor.js';
+import { QWEN2_VL_DEFAULTS } from '../src/vision/qwen2-vl-preprocess.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -87,6 +88,7 @@ async function main(): Promise<void> {
     agent.destroy();
   })();
 
+  const processor = new Qwen2VlProcessor(QWEN2_VL_DEFAULTS);
   let tokens = 0, next = 0;
   const perImage: number[] = [];
   const t0 = performance.now();
@@ -97,8 +99,9 @@ async function main(): Promise<void> {
       const uri = `data:${im.mediaType};base64,${im.bytes.toString('base64')}`;
       const bytes = await loadImageBytes(uri, { param: 'image', allowPrivateAddresses: false });
       const decoded = await decodeImage(bytes);
-      const patches = await qwen2VlPatchesAsync(decoded.rgb, decoded.width, decoded.height, QWEN2_VL_DEFAULTS);
-      tokens += patches.numTokens;
+      const resized = await processor.resize(decoded);
+      tokens += processor.plan(decoded.width, decoded.height).numTokens;
+      if (resized.hash.length !== 32) throw new Error('no hash');
       perImage.push(performance.now() - s);
     }
   }));

@@ -17,7 +17,7 @@
 
 import type { Sharp, SharpOptions } from 'sharp';
 import { SluiceError } from '../errors.js';
-import { DEFAULT_IMAGE_LIMITS, type ImageBytes, type ImageLimits, type ImageMediaType } from './image-source.js';
+import { DEFAULT_IMAGE_LIMITS, sniffImageType, type ImageBytes, type ImageLimits, type ImageMediaType } from './image-source.js';
 
 export interface DecodedImage {
   width: number;
@@ -50,7 +50,7 @@ export async function decodeImage(img: ImageBytes, limits: Partial<ImageLimits> 
   const maxPixels = limits.maxPixels ?? DEFAULT_IMAGE_LIMITS.maxPixels;
   const sharp = await loadSharp();
   const options: SharpOptions = {
-    // libvips refuses to decode past this many pixels even if the header below lied.
+    // libvips refuses, from its header, an image over this many pixels.
     limitInputPixels: maxPixels,
     pages: 1,
     page: 0,
@@ -59,25 +59,11 @@ export async function decodeImage(img: ImageBytes, limits: Partial<ImageLimits> 
     // Corrupt or truncated data is an error, not a best-effort image (PIL raises on truncation too).
     failOn: 'error',
   };
-  let width: number;
-  let height: number;
-  try {
-    // The header alone, without the pixel limit, so that an oversized image gets the message below.
-    const meta = await sharp(img.bytes, { ...options, limitInputPixels: false }).metadata();
-    if (meta.format !== SHARP_FORMAT[img.mediaType]) {
-      throw invalid(param, `the image says ${img.mediaType} but its data is ${meta.format ?? 'of an unknown format'}`);
-    }
-    // With pages: 1, height is the first frame's height.
-    width = meta.width;
-    height = meta.height;
-  } catch (err) {
-    if (err instanceof SluiceError) throw err;
-    throw invalid(param, `the image could not be decoded (${errorText(err)})`, err);
-  }
-  if (!(width > 0 && height > 0)) throw invalid(param, 'the image has no pixels');
-  if (width * height > maxPixels) {
-    throw invalid(param, `the image is ${width} x ${height} = ${width * height} pixels, over the ${maxPixels}-pixel limit`);
-  }
+  // The format from the data's signature (libvips picks its loader the same way), so that one
+  // pipeline, with no separate header read, decodes the image.
+  const actual = sniffImageType(img.bytes);
+  if (actual === undefined) throw invalid(param, 'the image could not be decoded (its data is not a JPEG, PNG, WebP or GIF image)');
+  if (actual !== img.mediaType) throw invalid(param, `the image says ${img.mediaType} but its data is ${SHARP_FORMAT[actual]}`);
   let raw: { data: Buffer; info: { width: number; height: number; channels: number } };
   try {
     raw = await sharp(img.bytes, options)
@@ -86,6 +72,8 @@ export async function decodeImage(img: ImageBytes, limits: Partial<ImageLimits> 
       .raw({ depth: 'uchar' })
       .toBuffer({ resolveWithObject: true });
   } catch (err) {
+    // libvips refused the header's size: say what it was (the header alone, without the limit).
+    if (/pixel limit/i.test(errorText(err))) await refuseSize(sharp, img, options, maxPixels, param);
     throw invalid(param, `the image could not be decoded (${errorText(err)})`, err);
   }
   const { data, info } = raw;
@@ -95,6 +83,18 @@ export async function decodeImage(img: ImageBytes, limits: Partial<ImageLimits> 
     throw new Error(`sharp produced ${info.channels} channels of ${data.length} bytes for ${info.width} x ${info.height}`);
   }
   return { width: info.width, height: info.height, rgb: new Uint8Array(data.buffer, data.byteOffset, data.length) };
+}
+
+/** Throws the pixel-limit refusal naming the image's size (read from its header). */
+async function refuseSize(sharp: SharpFactory, img: ImageBytes, options: SharpOptions, maxPixels: number, param: string): Promise<void> {
+  let meta;
+  try {
+    meta = await sharp(img.bytes, { ...options, limitInputPixels: false }).metadata();
+  } catch {
+    return;  // the caller reports the decoder's own message
+  }
+  const { width, height } = meta;
+  throw invalid(param, `the image is ${width} x ${height} = ${width * height} pixels, over the ${maxPixels}-pixel limit`);
 }
 
 /** The first line of a libvips message, bounded: it can run to several lines of loader detail. */
