@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "cpu/kernels.h"
 #include "sluice/error.h"
@@ -173,8 +174,8 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& model_dir,
   return enc;
 }
 
-void VisionEncoder::validate(int64_t rows, int64_t patch_dim, int t, int h, int w) const {
-  auto bad = [](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + msg); };
+void VisionEncoder::validate(int64_t rows, int64_t patch_dim, int t, int h, int w, const std::string& where) const {
+  auto bad = [&](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + where + msg); };
   if (t < 1 || h < 1 || w < 1) bad("grid (" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(w) + ") must be positive");
   if (h % cfg_.merge != 0 || w % cfg_.merge != 0)
     bad("grid " + std::to_string(h) + "x" + std::to_string(w) + " is not a multiple of spatial_merge_size " + std::to_string(cfg_.merge));
@@ -192,23 +193,64 @@ void VisionEncoder::linear(const float* x, int64_t T, int64_t K, const Linear& l
 
 std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows, int64_t patch_dim, int t, int h, int w) const {
   validate(rows, patch_dim, t, h, w);
+  std::vector<std::vector<float>> out = encode_batch({EncoderImage{pixel_values, rows * patch_dim, t, h, w}});
+  return std::move(out[0]);
+}
+
+std::vector<std::vector<float>> VisionEncoder::encode_batch(const std::vector<EncoderImage>& images) const {
+  const int64_t patch_dim = cfg_.patch_dim();
+  const size_t n_img = images.size();
+  // Every image checked before anything is computed.
+  for (size_t i = 0; i < n_img; i++) {
+    const EncoderImage& im = images[i];
+    const std::string where = n_img > 1 ? "image " + std::to_string(i) + ": " : "";
+    if (im.num_values < 0 || im.num_values % patch_dim != 0)
+      throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + where + std::to_string(im.num_values) +
+                                                   " pixel values are not whole patch rows of " + std::to_string(patch_dim) +
+                                                   " values (in_chans x temporal_patch_size x patch_size^2)");
+    validate(im.num_values / patch_dim, patch_dim, im.t, im.h, im.w, where);
+    if (!im.pixel_values) throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + where + "no pixel values");
+  }
+  std::vector<std::vector<float>> outs(n_img);
+  if (n_img == 0) return outs;
+
   std::lock_guard<std::mutex> lock(mu_);
   cpu::ThreadPool& pool = *pool_;
   const int64_t H = cfg_.hidden, I = cfg_.intermediate, nh = cfg_.num_heads, d = cfg_.head_dim(), half = d / 2;
-  const int64_t unit = cfg_.unit(), tokens = rows / unit, merged = H * unit, out_h = cfg_.out_hidden;
+  const int64_t unit = cfg_.unit(), merged = H * unit, out_h = cfg_.out_hidden;
   const int64_t ws = cfg_.window_size / cfg_.merge / cfg_.patch;
 
-  std::vector<int32_t> prow, pcol;
-  patch_positions(t, h, w, cfg_.merge, prow, pcol);
-  std::vector<int64_t> win, cu_window;
-  window_index(t, h, w, cfg_.merge, ws, win, cu_window);
-  std::vector<int64_t> cu_frames;
-  for (int f = 0; f <= t; f++) cu_frames.push_back(int64_t(f) * h * w);
-
-  // Rows in window order (whole merged tokens move): order[i] = the processor's row at block row i.
-  std::vector<int64_t> order(static_cast<size_t>(rows));
-  for (int64_t k = 0; k < tokens; k++)
-    for (int64_t r = 0; r < unit; r++) order[size_t(k * unit + r)] = win[size_t(k)] * unit + r;
+  // The images' rows concatenated, each image's in its own window order: image i owns block rows
+  // [row0[i], row0[i + 1]) and merged tokens [row0[i] / unit, row0[i + 1] / unit). Attention
+  // segments (windows, frames) never cross an image.
+  std::vector<int64_t> row0(n_img + 1, 0);
+  for (size_t i = 0; i < n_img; i++) row0[i + 1] = row0[i] + images[i].num_values / patch_dim;
+  const int64_t rows = row0[n_img], tokens = rows / unit;
+  std::vector<std::vector<int64_t>> wins(n_img);      // per image: get_window_index's merged tokens
+  std::vector<const float*> src(static_cast<size_t>(rows));  // block row -> its patch row's values
+  std::vector<int32_t> grow(static_cast<size_t>(rows)), gcol(static_cast<size_t>(rows));  // its (row, col)
+  std::vector<int64_t> cu_window(1, 0), cu_frames(1, 0);
+  {
+    std::vector<int32_t> prow, pcol;
+    std::vector<int64_t> cu;
+    for (size_t i = 0; i < n_img; i++) {
+      const EncoderImage& im = images[i];
+      const int64_t base = row0[i], img_tokens = (row0[i + 1] - row0[i]) / unit;
+      patch_positions(im.t, im.h, im.w, cfg_.merge, prow, pcol);
+      window_index(im.t, im.h, im.w, cfg_.merge, ws, wins[i], cu);
+      for (size_t s = 1; s < cu.size(); s++) cu_window.push_back(base + cu[s]);
+      for (int f = 1; f <= im.t; f++) cu_frames.push_back(base + int64_t(f) * im.h * im.w);
+      // Rows in window order (whole merged tokens move).
+      const std::vector<int64_t>& win = wins[i];
+      for (int64_t k = 0; k < img_tokens; k++)
+        for (int64_t r = 0; r < unit; r++) {
+          const int64_t from = win[size_t(k)] * unit + r, to = base + k * unit + r;
+          src[size_t(to)] = im.pixel_values + from * patch_dim;
+          grow[size_t(to)] = prow[size_t(from)];
+          gcol[size_t(to)] = pcol[size_t(from)];
+        }
+    }
+  }
 
   // Rotary cos/sin per block row: [rows, head_dim / 2]; pair i turns by row * inv[i] for the first
   // quarter of the head, col * inv[i - head_dim / 4] for the second (angles in double).
@@ -216,10 +258,9 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
   std::vector<float> cosv(static_cast<size_t>(rows * half)), sinv(static_cast<size_t>(rows * half));
   pool.parallel_for(rows, 64, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) {
-      const int64_t src = order[size_t(i)];
       for (int64_t j = 0; j < half; j++) {
-        const double a = j < q4 ? double(prow[size_t(src)]) * double(inv_freq_[size_t(j)])
-                                : double(pcol[size_t(src)]) * double(inv_freq_[size_t(j - q4)]);
+        const double a = j < q4 ? double(grow[size_t(i)]) * double(inv_freq_[size_t(j)])
+                                : double(gcol[size_t(i)]) * double(inv_freq_[size_t(j - q4)]);
         cosv[size_t(i * half + j)] = float(std::cos(a));
         sinv[size_t(i * half + j)] = float(std::sin(a));
       }
@@ -231,8 +272,7 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
   {
     std::vector<float> px(static_cast<size_t>(rows * patch_dim));  // [rows, patch_dim] gathered in window order
     pool.parallel_for(rows, 64, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; i++)
-        std::memcpy(&px[size_t(i * patch_dim)], pixel_values + order[size_t(i)] * patch_dim, size_t(patch_dim) * sizeof(float));
+      for (int64_t i = b; i < e; i++) std::memcpy(&px[size_t(i * patch_dim)], src[size_t(i)], size_t(patch_dim) * sizeof(float));
     });
     cpu::matmul(pool, px.data(), rows, patch_dim, patch_embed_->data, patch_embed_->dtype, H, nullptr, DType::F32, x.data());
   }
@@ -243,10 +283,24 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
   std::vector<float> gate(static_cast<size_t>(rows * I)), up(static_cast<size_t>(rows * I));  // [rows, I]
   const float scale = float(1.0 / std::sqrt(double(d)));
 
+  // Attention tasks of (segment, head, chunk of kQueryChunk queries), windowed and full.
+  struct Task {
+    int64_t lo, hi, q0, q1, head;
+  };
+  auto make_tasks = [&](const std::vector<int64_t>& cu) {
+    std::vector<Task> tasks;
+    for (size_t s = 0; s + 1 < cu.size(); s++)
+      for (int64_t hd = 0; hd < nh; hd++)
+        for (int64_t q0 = cu[s]; q0 < cu[s + 1]; q0 += kQueryChunk)
+          tasks.push_back({cu[s], cu[s + 1], q0, std::min(cu[s + 1], q0 + kQueryChunk), hd});
+    return tasks;
+  };
+  const std::vector<Task> window_tasks = make_tasks(cu_window), frame_tasks = make_tasks(cu_frames);
+
   for (int64_t l = 0; l < int64_t(blocks_.size()); l++) {
     const Block& b = blocks_[size_t(l)];
     const bool full = std::find(cfg_.fullatt_blocks.begin(), cfg_.fullatt_blocks.end(), l) != cfg_.fullatt_blocks.end();
-    const std::vector<int64_t>& cu = full ? cu_frames : cu_window;
+    const std::vector<Task>& tasks = full ? frame_tasks : window_tasks;
 
     cpu::rmsnorm(pool, x.data(), rows, H, b.norm1->data, b.norm1->dtype, kNormEps, hn.data());
     linear(hn.data(), rows, H, b.qkv, 3 * H, qkv.data());
@@ -268,16 +322,7 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
         }
       }
     });
-    // Bidirectional attention within each segment [cu[s], cu[s+1]): tasks of (segment, head,
-    // chunk of kQueryChunk queries), each writing its own slice of attn.
-    struct Task {
-      int64_t lo, hi, q0, q1, head;
-    };
-    std::vector<Task> tasks;
-    for (size_t s = 0; s + 1 < cu.size(); s++)
-      for (int64_t hd = 0; hd < nh; hd++)
-        for (int64_t q0 = cu[s]; q0 < cu[s + 1]; q0 += kQueryChunk)
-          tasks.push_back({cu[s], cu[s + 1], q0, std::min(cu[s + 1], q0 + kQueryChunk), hd});
+    // Bidirectional attention within each segment [lo, hi), each task writing its own slice of attn.
     pool.parallel_for(int64_t(tasks.size()), 1, [&](int64_t beg, int64_t end) {
       std::vector<float> p, acc(static_cast<size_t>(d));
       for (int64_t ti = beg; ti < end; ti++) {
@@ -321,8 +366,8 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
     cpu::add_inplace(pool, x.data(), hn.data(), rows * H);
   }
 
-  // Merger: RMSNorm, unit consecutive rows joined ([tokens, H * unit] is the same memory), Linear,
-  // exact GELU, Linear.
+  // Merger: RMSNorm, unit consecutive rows joined ([tokens, H * unit] is the same memory; an
+  // image's rows are whole merged tokens), Linear, exact GELU, Linear.
   cpu::rmsnorm(pool, x.data(), rows, H, ln_q_->data, ln_q_->dtype, kNormEps, hn.data());
   std::vector<float> z(static_cast<size_t>(tokens * merged));  // [tokens, H * unit]
   linear(hn.data(), tokens, merged, fc1_, merged, z.data());
@@ -334,11 +379,16 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
   });
   std::vector<float> y(static_cast<size_t>(tokens * out_h));  // [tokens, out_hidden] in window order
   linear(z.data(), tokens, merged, fc2_, out_h, y.data());
-  // Undo the window order.
-  std::vector<float> out(static_cast<size_t>(tokens * out_h));
-  for (int64_t k = 0; k < tokens; k++)
-    std::memcpy(&out[size_t(win[size_t(k)] * out_h)], &y[size_t(k * out_h)], size_t(out_h) * sizeof(float));
-  return out;
+  // Split per image, undoing its window order.
+  for (size_t i = 0; i < n_img; i++) {
+    const int64_t tok0 = row0[i] / unit, img_tokens = (row0[i + 1] - row0[i]) / unit;
+    std::vector<float>& out = outs[i];
+    out.resize(static_cast<size_t>(img_tokens * out_h));
+    const std::vector<int64_t>& win = wins[i];
+    for (int64_t k = 0; k < img_tokens; k++)
+      std::memcpy(&out[size_t(win[size_t(k)] * out_h)], &y[size_t((tok0 + k) * out_h)], size_t(out_h) * sizeof(float));
+  }
+  return outs;
 }
 
 }  // namespace sluice::vision

@@ -12,6 +12,7 @@
 
 #include "cpu/thread_pool.h"
 #include "model/safetensors.h"
+#include "vision/encoder_image.h"
 
 namespace sluice::vision {
 
@@ -47,6 +48,13 @@ class VisionEncoder {
   // pool runs one parallel region at a time).
   std::vector<float> encode(const float* pixel_values, int64_t rows, int64_t patch_dim, int t, int h, int w) const;
 
+  // Several images in one pass: each image's num_values = rows * config().patch_dim() values,
+  // checked as encode checks them (every image before anything is computed; with more than one
+  // image the message names it, "image i: ..."). The linear layers run once over all images'
+  // rows; attention, rotary positions and windows stay per image. One output per image, in order,
+  // each what encode() gives that image alone (bit for bit: the kernels are batch invariant).
+  std::vector<std::vector<float>> encode_batch(const std::vector<EncoderImage>& images) const;
+
   int64_t out_hidden() const { return cfg_.out_hidden; }
   int64_t tokens_for(int t, int h, int w) const { return int64_t(t) * h * w / cfg_.unit(); }
   const VisionConfig& config() const { return cfg_; }
@@ -63,7 +71,7 @@ class VisionEncoder {
   };
 
   VisionEncoder() = default;
-  void validate(int64_t rows, int64_t patch_dim, int t, int h, int w) const;
+  void validate(int64_t rows, int64_t patch_dim, int t, int h, int w, const std::string& where = "") const;
   void linear(const float* x, int64_t T, int64_t K, const Linear& l, int64_t N, float* y) const;
 
   VisionConfig cfg_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "cpu/kernels.h"
 #include "sluice/error.h"
@@ -259,79 +260,103 @@ void SiglipEncoder::attention(const float* q, const float* k, const float* v, in
   }
 }
 
-std::vector<float> SiglipEncoder::encode(const float* pixel_values, int64_t num_values, int t, int h, int w) const {
+void SiglipEncoder::validate(const EncoderImage& image, const std::string& where) const {
   const SiglipConfig& c = cfg_;
-  const int64_t side = c.side(), N = c.num_patches(), D = c.hidden, I = c.intermediate, P = c.patch, S = c.image_size;
-  auto bad = [](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + msg); };
+  const int64_t side = c.side(), S = c.image_size;
+  auto bad = [&](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + where + msg); };
+  const int t = image.t, h = image.h, w = image.w;
   if (t != 1 || h != side || w != side)
     bad("grid (" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(w) + ") is not one image of (1, " +
         std::to_string(side) + ", " + std::to_string(side) + ") patches");
-  if (num_values != c.pixel_values())
-    bad(std::to_string(num_values) + " pixel values, the model takes " + std::to_string(c.pixel_values()) + " (" +
+  if (image.num_values != c.pixel_values())
+    bad(std::to_string(image.num_values) + " pixel values, the model takes " + std::to_string(c.pixel_values()) + " (" +
         std::to_string(c.num_channels) + " x " + std::to_string(S) + " x " + std::to_string(S) + ")");
+  if (!image.pixel_values) bad("no pixel values");
+}
+
+std::vector<float> SiglipEncoder::encode(const float* pixel_values, int64_t num_values, int t, int h, int w) const {
+  std::vector<std::vector<float>> out = encode_batch({EncoderImage{pixel_values, num_values, t, h, w}});
+  return std::move(out[0]);
+}
+
+std::vector<std::vector<float>> SiglipEncoder::encode_batch(const std::vector<EncoderImage>& images) const {
+  const size_t n_img = images.size();
+  for (size_t i = 0; i < n_img; i++) validate(images[i], n_img > 1 ? "image " + std::to_string(i) + ": " : "");
+  std::vector<std::vector<float>> outs(n_img);
+  if (n_img == 0) return outs;
+
+  const SiglipConfig& c = cfg_;
+  const int64_t side = c.side(), N = c.num_patches(), D = c.hidden, I = c.intermediate, P = c.patch, S = c.image_size;
+  const int64_t B = int64_t(n_img), R = B * N;  // image i owns patch rows [i * N, (i + 1) * N)
   std::lock_guard<std::mutex> lock(mu_);
   cpu::ThreadPool& pool = *pool_;
   const int64_t pd = c.patch_dim();
 
   // Patch embedding: the Conv2d (stride = kernel) as a matmul over each patch's [channel, y, x].
-  std::vector<float> x(size_t(N * D));  // [N, D] the residual stream, patches row-major
+  std::vector<float> x(size_t(R * D));  // [R, D] the residual stream, each image's patches row-major
   {
-    std::vector<float> px(size_t(N * pd));  // [N, patch_dim]
-    pool.parallel_for(N, 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; i++) {
-        const int64_t r = i / side, col = i % side;
-        float* dst = &px[size_t(i * pd)];
+    std::vector<float> px(size_t(R * pd));  // [R, patch_dim]
+    pool.parallel_for(R, 16, [&](int64_t b, int64_t e) {
+      for (int64_t gi = b; gi < e; gi++) {
+        const float* pixel_values = images[size_t(gi / N)].pixel_values;
+        const int64_t i = gi % N, r = i / side, col = i % side;
+        float* dst = &px[size_t(gi * pd)];
         for (int64_t ch = 0; ch < c.num_channels; ch++)
           for (int64_t y = 0; y < P; y++)
             std::memcpy(dst + (ch * P + y) * P, pixel_values + (ch * S + r * P + y) * S + col * P, size_t(P) * sizeof(float));
       }
     });
-    cpu::matmul(pool, px.data(), N, pd, patch_w_->data, patch_w_->dtype, D, patch_b_->data, patch_b_->dtype, x.data());
-    cpu::add_inplace(pool, x.data(), pos_.data(), N * D);
+    cpu::matmul(pool, px.data(), R, pd, patch_w_->data, patch_w_->dtype, D, patch_b_->data, patch_b_->dtype, x.data());
+    for (int64_t i = 0; i < B; i++) cpu::add_inplace(pool, x.data() + i * N * D, pos_.data(), N * D);
   }
 
-  std::vector<float> hn(size_t(N * D));  // [N, D] normed input of a sub-layer, then its output
-  std::vector<float> q(size_t(N * D)), k(size_t(N * D)), v(size_t(N * D));  // [N, D] heads side by side
-  std::vector<float> attn(size_t(N * D));  // [N, D]
-  std::vector<float> mid(size_t(N * I));   // [N, I] fc1's output
+  std::vector<float> hn(size_t(R * D));  // [R, D] normed input of a sub-layer, then its output
+  std::vector<float> q(size_t(R * D)), k(size_t(R * D)), v(size_t(R * D));  // [R, D] heads side by side
+  std::vector<float> attn(size_t(R * D));  // [R, D]
+  std::vector<float> mid(size_t(R * I));   // [R, I] fc1's output
   for (const Block& b : blocks_) {
-    layer_norm(x.data(), N, b.norm1, hn.data());
+    layer_norm(x.data(), R, b.norm1, hn.data());
     const cpu::LinearOut qkv[3] = {
         {b.q.w->data, b.q.w->dtype, D, b.q.b->data, b.q.b->dtype, q.data()},
         {b.k.w->data, b.k.w->dtype, D, b.k.b->data, b.k.b->dtype, k.data()},
         {b.v.w->data, b.v.w->dtype, D, b.v.b->data, b.v.b->dtype, v.data()},
     };
-    cpu::matmul_multi(pool, hn.data(), N, D, qkv, 3);
-    attention(q.data(), k.data(), v.data(), N, attn.data());
-    linear(attn.data(), N, D, b.out, D, hn.data());
-    cpu::add_inplace(pool, x.data(), hn.data(), N * D);
+    cpu::matmul_multi(pool, hn.data(), R, D, qkv, 3);
+    for (int64_t i = 0; i < B; i++) {
+      const int64_t o = i * N * D;
+      attention(q.data() + o, k.data() + o, v.data() + o, N, attn.data() + o);
+    }
+    linear(attn.data(), R, D, b.out, D, hn.data());
+    cpu::add_inplace(pool, x.data(), hn.data(), R * D);
 
-    layer_norm(x.data(), N, b.norm2, hn.data());
-    linear(hn.data(), N, D, b.fc1, I, mid.data());
-    pool.parallel_for(N * I, 16384, [&](int64_t beg, int64_t end) {
+    layer_norm(x.data(), R, b.norm2, hn.data());
+    linear(hn.data(), R, D, b.fc1, I, mid.data());
+    pool.parallel_for(R * I, 16384, [&](int64_t beg, int64_t end) {
       const float s2pi = 0.7978845608028654f;  // sqrt(2 / pi)
       for (int64_t i = beg; i < end; i++) {
         const float g = mid[size_t(i)];
         mid[size_t(i)] = 0.5f * g * (1.f + std::tanh(s2pi * (g + 0.044715f * g * g * g)));
       }
     });
-    linear(mid.data(), N, I, b.fc2, D, hn.data());
-    cpu::add_inplace(pool, x.data(), hn.data(), N * D);
+    linear(mid.data(), R, I, b.fc2, D, hn.data());
+    cpu::add_inplace(pool, x.data(), hn.data(), R * D);
   }
-  layer_norm(x.data(), N, post_norm_, hn.data());
+  layer_norm(x.data(), R, post_norm_, hn.data());
 
-  // Projector: average pools of k x k patches (tokens row-major over the pooled grid), Gemma's
-  // RMSNorm (x / rms(x) * (1 + w)), then @ mm_input_projection_weight.
+  // Projector: per image, average pools of k x k patches (tokens row-major over the pooled grid),
+  // Gemma's RMSNorm (x / rms(x) * (1 + w)); then every image's tokens @ mm_input_projection_weight.
   const int64_t kp = c.pool(), out_side = side / kp, T = c.mm_tokens;
-  std::vector<float> pooled(size_t(T * D));  // [mm_tokens, D]
-  pool.parallel_for(T, 1, [&](int64_t beg, int64_t end) {
+  std::vector<float> pooled(size_t(B * T * D));  // [B * mm_tokens, D]
+  pool.parallel_for(B * T, 1, [&](int64_t beg, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(D));
-    for (int64_t tok = beg; tok < end; tok++) {
+    for (int64_t gt = beg; gt < end; gt++) {
+      const int64_t img = gt / T, tok = gt % T;
+      const float* xs = &hn[size_t(img * N * D)];
       const int64_t r0 = (tok / out_side) * kp, c0 = (tok % out_side) * kp;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t r = r0; r < r0 + kp; r++)
         for (int64_t cc = c0; cc < c0 + kp; cc++) {
-          const float* src = &hn[size_t((r * side + cc) * D)];
+          const float* src = xs + (r * side + cc) * D;
           for (int64_t j = 0; j < D; j++) acc[size_t(j)] += src[j];
         }
       double ss = 0;
@@ -340,13 +365,15 @@ std::vector<float> SiglipEncoder::encode(const float* pixel_values, int64_t num_
         ss += acc[size_t(j)] * acc[size_t(j)];
       }
       const double inv = 1.0 / std::sqrt(ss / double(D) + double(c.eps));
-      float* o = &pooled[size_t(tok * D)];
+      float* o = &pooled[size_t(gt * D)];
       for (int64_t j = 0; j < D; j++) o[j] = float(acc[size_t(j)] * inv) * soft_norm_[size_t(j)];
     }
   });
-  std::vector<float> out(size_t(T * c.text_hidden));  // [mm_tokens, text_hidden]
-  cpu::matmul(pool, pooled.data(), T, D, proj_t_.data(), DType::F32, c.text_hidden, nullptr, DType::F32, out.data());
-  return out;
+  std::vector<float> proj(size_t(B * T * c.text_hidden));  // [B * mm_tokens, text_hidden]
+  cpu::matmul(pool, pooled.data(), B * T, D, proj_t_.data(), DType::F32, c.text_hidden, nullptr, DType::F32, proj.data());
+  for (int64_t i = 0; i < B; i++)
+    outs[size_t(i)].assign(proj.begin() + i * T * c.text_hidden, proj.begin() + (i + 1) * T * c.text_hidden);
+  return outs;
 }
 
 }  // namespace sluice::vision

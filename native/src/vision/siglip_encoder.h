@@ -12,6 +12,7 @@
 
 #include "cpu/thread_pool.h"
 #include "model/safetensors.h"
+#include "vision/encoder_image.h"
 
 namespace sluice::vision {
 
@@ -59,6 +60,13 @@ class SiglipEncoder {
   // other (the pool runs one parallel region at a time).
   std::vector<float> encode(const float* pixel_values, int64_t num_values, int t, int h, int w) const;
 
+  // Several images in one pass, each checked as encode checks it (every image before anything is
+  // computed; with more than one image the message names it, "image i: ..."). The linear layers
+  // and the projection run once over all images' patches; attention and pooling stay per image.
+  // One output per image, in order, each what encode() gives that image alone (bit for bit: the
+  // kernels are batch invariant).
+  std::vector<std::vector<float>> encode_batch(const std::vector<EncoderImage>& images) const;
+
   int64_t out_hidden() const { return cfg_.text_hidden; }
   const SiglipConfig& config() const { return cfg_; }
 
@@ -76,6 +84,7 @@ class SiglipEncoder {
   };
 
   SiglipEncoder() = default;
+  void validate(const EncoderImage& image, const std::string& where) const;
   void linear(const float* x, int64_t T, int64_t K, const Linear& l, int64_t N, float* y) const;
   void layer_norm(const float* x, int64_t T, const Norm& n, float* out) const;
   // attn[N, hidden] = softmax(q k^T * head_dim^-0.5) v per head, every patch attending to all.
