@@ -80,7 +80,7 @@ describe.skipIf(!nativeAvailable())('Gemma 3 with images on the CPU engine', () 
 
   it('encodes an image once per tenant while it is cached', async () => {
     const engine = engines[0]!;
-    const encode = vi.spyOn(engine.vision!, 'encode');
+    const encode = vi.spyOn(engine.vision!, 'encodeMany');
     try {
       const image = await engine.vision!.prepare(patternImage(40, 70, 11));
       const messages = ask([{ type: 'image' }, { type: 'text', text: 'Again?' }]);

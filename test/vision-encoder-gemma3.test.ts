@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { patternRgb } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
 import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
-import { GEMMA3_DEFAULTS, gemma3Pixels, gemma3PreprocessorConfig } from '../src/vision/gemma3-preprocess.js';
+import { GEMMA3_DEFAULTS, type Gemma3PreprocessorConfig, gemma3Pixels, gemma3PreprocessorConfig, gemma3Tables } from '../src/vision/gemma3-preprocess.js';
 import { type Gemma3VlReference, loadGemma3VlReference, siglipEncode } from './reference/gemma3-vl.js';
 
 const root = mkdtempSync(join(tmpdir(), 'sluice-vision-encoder-gemma3-'));
@@ -53,6 +53,7 @@ describe.each([
   let images: { name: string; pixels: Float32Array }[];
   let side: number;
   let grid: [number, number, number];
+  let pre: Gemma3PreprocessorConfig;
 
   beforeAll(async () => {
     await makeModel({ preset: 'test-gemma3-vl', out: dir, dtype });
@@ -62,7 +63,7 @@ describe.each([
     side = vc.imageSize;
     grid = [1, side / vc.patchSize, side / vc.patchSize];
     const preFile = join(dir, 'preprocessor_config.json');
-    const pre = existsSync(preFile)
+    pre = existsSync(preFile)
       ? gemma3PreprocessorConfig(JSON.parse(readFileSync(preFile, 'utf8')) as Record<string, unknown>)
       : { ...GEMMA3_DEFAULTS, height: side, width: side };
     images = [
@@ -95,6 +96,14 @@ describe.each([
     expect(await enc.encode(p, grid)).toEqual(a);
     expect(c).not.toEqual(a);
     expect(c!.length).toBe(ref.mmTokensPerImage * enc.outHidden);
+  });
+
+  it('encodes native images (bilinear resize in C++) as their TypeScript pixel values, in one pass or one at a time', async () => {
+    const sizes = [[90, 60], [56, 56], [300, 120]] as const;
+    const natives = await Promise.all(sizes.map(([w, h], k) => nativeAddon().resizeImage(patternRgb(w, h, k), w, h, side, side, 'bilinear')));
+    const alone = await Promise.all(sizes.map(([w, h], k) => enc.encode(gemma3Pixels(patternRgb(w, h, k), w, h, pre), grid)));
+    expect(await enc.encodeImages(natives, gemma3Tables(pre))).toEqual(alone);
+    expect(await enc.encodeImage(natives[1]!, gemma3Tables(pre))).toEqual(alone[1]);
   });
 
   it('rejects values or a grid that are not one whole image with INVALID_ARGUMENT', async () => {

@@ -95,6 +95,13 @@ describe.each([
       expect(rows.pixelValues).toEqual(p.pixelValues);
       expect(await enc.encodeImage(image, qwen2VlTables(pre))).toEqual(await enc.encode(p.pixelValues, p.grid));
     }
+    // Every image in one pass: the same values as one at a time.
+    const all = await Promise.all(IMAGES.map(([w, h], k) =>
+      nativeAddon().resizeImage(patternRgb(w, h, k), w, h, patches[k]!.grid[2] * 14, patches[k]!.grid[1] * 14, 'bicubic')));
+    const batched = await enc.encodeImages([...all, all[0]!], qwen2VlTables(pre));
+    expect(batched).toEqual(await Promise.all([...all, all[0]!].map((im) => enc.encodeImage(im, qwen2VlTables(pre)))));
+    expect(() => enc.encodeImages([], qwen2VlTables(pre))).toThrow(/1 to 256 images/);
+    expect(() => enc.encodeImages([all[0]!, {} as never], qwen2VlTables(pre))).toThrow(/each image must be an image from resizeImage/);
     const image = await nativeAddon().resizeImage(patternRgb(30, 30, 0), 30, 30, 30, 28, 'bicubic');
     expect(() => enc.encodeImage(image, qwen2VlTables(pre))).toThrow(/multiples of patch \* merge \(28\)/);
     expect(() => enc.encodeImage({ width: 28, height: 28 } as never, qwen2VlTables(pre))).toThrow(/image from resizeImage/);

@@ -274,6 +274,7 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
     return DefineClass(env, "VisionEncoder",
                        {InstanceMethod<&VisionEncoderWrap::Encode>("encode"),
                         InstanceMethod<&VisionEncoderWrap::EncodeImage>("encodeImage"),
+                        InstanceMethod<&VisionEncoderWrap::EncodeImages>("encodeImages"),
                         InstanceMethod<&VisionEncoderWrap::Dispose>("dispose"),
                         InstanceAccessor<&VisionEncoderWrap::OutHidden>("outHidden")});
   }
@@ -364,42 +365,76 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
   // being tables[channel * 256 + byte]) and encoded, both on the vision thread.
   Napi::Value EncodeImage(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    const AnyEncoder any = encoder(env);
-    std::shared_ptr<const ResizedImage> image = NativeImageWrap::unwrap(env, info[0], "image");
-    if (!info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
-        info[1].As<Napi::Float32Array>().ElementLength() != 3 * 256)
-      throw Napi::TypeError::New(env, "tables must be a Float32Array of 768 values");
-    Napi::Float32Array t = info[1].As<Napi::Float32Array>();
-    auto tables = std::make_shared<std::vector<float>>(t.Data(), t.Data() + 3 * 256);
-    const auto to_js = [](Napi::Env e, std::vector<float>& out) -> Napi::Value {
-      Napi::Float32Array r = Napi::Float32Array::New(e, out.size());
-      std::copy(out.begin(), out.end(), r.Data());
+    std::vector<std::shared_ptr<const ResizedImage>> images{NativeImageWrap::unwrap(env, info[0], "image")};
+    return encode_images(env, std::move(images), info[1], [](Napi::Env e, std::vector<std::vector<float>>& out) -> Napi::Value {
+      return float_array(e, out[0]);
+    });
+  }
+
+  // encodeImages(images: NativeImage[], tables) -> Promise<Float32Array[]>: encodeImage of each,
+  // in one pass of the tower (its matrix products over every image's rows; the same values as
+  // one at a time).
+  Napi::Value EncodeImages(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (!info[0].IsArray()) throw Napi::TypeError::New(env, "images must be an array");
+    Napi::Array list = info[0].As<Napi::Array>();
+    constexpr uint32_t kMaxImages = 256;
+    if (list.Length() < 1 || list.Length() > kMaxImages)
+      throw Napi::RangeError::New(env, "images must hold 1 to " + std::to_string(kMaxImages) + " images");
+    std::vector<std::shared_ptr<const ResizedImage>> images;
+    for (uint32_t i = 0; i < list.Length(); i++) images.push_back(NativeImageWrap::unwrap(env, list.Get(i), "each image"));
+    return encode_images(env, std::move(images), info[1], [](Napi::Env e, std::vector<std::vector<float>>& out) -> Napi::Value {
+      Napi::Array r = Napi::Array::New(e, out.size());
+      for (uint32_t i = 0; i < out.size(); i++) r.Set(i, float_array(e, out[i]));
       return r;
-    };
-    if (any.siglip) {
-      const int patch = int(any.siglip->config().patch);
-      return DedicatedThreads::vision().run<std::vector<float>>(
-          env,
-          [enc = any.siglip, image, tables, patch]() {
-            const std::vector<float> values = sluice::vision::channels_first_values(*image, tables->data());
-            return enc->encode(values.data(), int64_t(values.size()), 1, image->height / patch, image->width / patch);
-          },
-          to_js);
+    });
+  }
+
+  static Napi::Float32Array float_array(Napi::Env env, const std::vector<float>& v) {
+    Napi::Float32Array r = Napi::Float32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), r.Data());
+    return r;
+  }
+
+  template <typename Convert>
+  Napi::Value encode_images(Napi::Env env, std::vector<std::shared_ptr<const ResizedImage>> images, Napi::Value tables_arg,
+                            Convert convert) {
+    const AnyEncoder any = encoder(env);
+    if (!tables_arg.IsTypedArray() || tables_arg.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        tables_arg.As<Napi::Float32Array>().ElementLength() != 3 * 256)
+      throw Napi::TypeError::New(env, "tables must be a Float32Array of 768 values");
+    Napi::Float32Array t = tables_arg.As<Napi::Float32Array>();
+    auto tables = std::make_shared<std::vector<float>>(t.Data(), t.Data() + 3 * 256);
+    if (any.qwen) {
+      const int64_t unit = any.qwen->config().patch * any.qwen->config().merge;
+      for (const auto& image : images)
+        if (image->width % unit != 0 || image->height % unit != 0)
+          throw Napi::RangeError::New(env, "the image's sides must be multiples of patch * merge (" + std::to_string(unit) + ")");
     }
-    const sluice::vision::VisionConfig& c = any.qwen->config();
-    const int64_t unit = c.patch * c.merge;
-    if (image->width % unit != 0 || image->height % unit != 0)
-      throw Napi::RangeError::New(env, "the image's sides must be multiples of patch * merge (" + std::to_string(unit) + ")");
-    return DedicatedThreads::vision().run<std::vector<float>>(
+    // On the vision thread, not libuv's pool: an encode takes seconds, and encodes queued on the
+    // pool would hold the threads that engine steps, file reads and image decoding need.
+    return DedicatedThreads::vision().run<std::vector<std::vector<float>>>(
         env,
-        [enc = any.qwen, image, tables]() {
-          const sluice::vision::VisionConfig& c = enc->config();
-          const std::vector<float> rows =
-              sluice::vision::qwen2vl_patch_rows(*image, int(c.patch), int(c.merge), int(c.temporal), tables->data());
-          const int h = int(image->height / c.patch), w = int(image->width / c.patch);
-          return enc->encode(rows.data(), int64_t(h) * w, c.patch_dim(), 1, h, w);
+        [any, images = std::move(images), tables]() {
+          // Each image's float input, made here and freed with the batch.
+          std::vector<std::vector<float>> values;
+          std::vector<sluice::vision::EncoderImage> batch;
+          values.reserve(images.size());
+          for (const auto& image : images) {
+            if (any.siglip) {
+              const int patch = int(any.siglip->config().patch);
+              values.push_back(sluice::vision::channels_first_values(*image, tables->data()));
+              batch.push_back({nullptr, int64_t(values.back().size()), 1, image->height / patch, image->width / patch});
+            } else {
+              const sluice::vision::VisionConfig& c = any.qwen->config();
+              values.push_back(sluice::vision::qwen2vl_patch_rows(*image, int(c.patch), int(c.merge), int(c.temporal), tables->data()));
+              batch.push_back({nullptr, int64_t(values.back().size()), 1, int(image->height / c.patch), int(image->width / c.patch)});
+            }
+            batch.back().pixel_values = values.back().data();
+          }
+          return any.siglip ? any.siglip->encode_batch(batch) : any.qwen->encode_batch(batch);
         },
-        to_js);
+        convert);
   }
 
   AnyEncoder encoder_;

@@ -29,6 +29,7 @@ import type { NativeSequenceImage } from '../native/native-types.js';
 import type { ChatMessage } from '../text/chat-template.js';
 import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-model.js';
 import { EncodingCache } from '../vision/encoding-cache.js';
+import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
 
 export interface EngineLoadOptions {
@@ -210,8 +211,8 @@ export const INLINE_PROMPT_CHARS = 2048;
 export class Engine {
   readonly info: EngineInfo;
   private readonly encoder: PromptEncoder;
-  /** Images this engine encoded lately, per tenant (vision-language models). */
-  private readonly encodings: EncodingCache;
+  /** The vision tower's queue: batches filled fairly across tenants, with recent encodings cached. */
+  private readonly imageEncoder: EncodeQueue | undefined;
   private disposed = false;
 
   private constructor(
@@ -225,7 +226,7 @@ export class Engine {
     imageText?: ImageTextExpansion,
     imageCacheBytes = DEFAULT_IMAGE_CACHE_BYTES,
   ) {
-    this.encodings = new EncodingCache(imageCacheBytes);
+    this.imageEncoder = vision && new EncodeQueue((images) => vision.encodeMany(images), new EncodingCache(imageCacheBytes));
     this.info = {
       ...handle.info(),
       imageInput: vision !== undefined,
@@ -529,21 +530,11 @@ export class Engine {
     }
   }
 
-  /** Runs the vision tower over a request's images, one after another; rejects once `signal` aborts. */
+  /** Runs the vision tower over a request's images (queued together, so batched); rejects once `signal` aborts. */
   private async encodeImages(images: readonly PreparedImage[], offsets: readonly number[], tenant: string,
     signal: AbortSignal): Promise<NativeSequenceImage[]> {
-    const out: NativeSequenceImage[] = [];
-    for (const [k, image] of images.entries()) {
-      if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new SluiceError('cancelled', 'the request was cancelled');
-      const key = EncodingCache.key(tenant, image.hash, image.gridH, image.gridW);
-      let embeds = this.encodings.get(key);
-      if (embeds === undefined) {
-        embeds = await this.vision!.encode(image);
-        this.encodings.set(key, embeds);
-      }
-      out.push({ offset: offsets[k]!, gridH: image.gridH, gridW: image.gridW, embeds, hash: image.hash });
-    }
-    return out;
+    const embeds = await Promise.all(images.map((image) => this.imageEncoder!.encode(tenant, image, signal)));
+    return images.map((image, k) => ({ offset: offsets[k]!, gridH: image.gridH, gridW: image.gridW, embeds: embeds[k]!, hash: image.hash }));
   }
 
   private async outputConstraint(req: GenerateRequest, promptTokenIds: readonly number[]): Promise<TokenConstraint | undefined> {

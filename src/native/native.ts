@@ -65,6 +65,8 @@ export interface NativeVisionEncoder {
    * byte], and encoded; the layout is made on the vision thread, never as a JS array.
    */
   encodeImage(image: NativeImage, tables: Float32Array): Promise<Float32Array>;
+  /** encodeImage of 1 to 256 images in one pass of the tower (the same values as one at a time). */
+  encodeImages(images: readonly NativeImage[], tables: Float32Array): Promise<Float32Array[]>;
   dispose(): void;
 }
 

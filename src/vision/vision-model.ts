@@ -1,7 +1,7 @@
 // The vision side of a vision-language checkpoint (Qwen2.5-VL, Gemma 3): its published preprocessor
 // and the native vision tower. prepare() resizes a decoded image as the processor does and says how
 // many prompt tokens it becomes (what count_tokens and billing need, without running the encoder);
-// encode() runs the tower. Both stay off the event loop: the resize and the SHA-256 of its pixels
+// encodeMany() runs the tower. Both stay off the event loop: the resize and the SHA-256 of its pixels
 // on the libuv pool, the layout and the tower on the vision thread. The resized pixels stay native
 // until then (3 bytes a pixel, never a JS array: large arrays cost the event loop their collection).
 
@@ -91,9 +91,12 @@ export class VisionModel {
     return { resized, gridH: plan.gridH, gridW: plan.gridW, numTokens: plan.numTokens, hash: resized.hash };
   }
 
-  /** The image's rows for the language model: [numTokens * hidden_size] float32. */
-  encode(image: PreparedImage): Promise<Float32Array> {
-    return this.encoder.encodeImage(image.resized, this.processor.tables);
+  /**
+   * Each image's rows for the language model ([numTokens * hidden_size] float32), in one pass of
+   * the tower (engines queue their images through encode-queue.ts).
+   */
+  encodeMany(images: readonly PreparedImage[]): Promise<Float32Array[]> {
+    return this.encoder.encodeImages(images.map((im) => im.resized), this.processor.tables);
   }
 
   /** The float input the tower reads for `image`, computed in TypeScript (references and tests). */
