@@ -16,11 +16,16 @@ export type EncodeBatch = (images: readonly PreparedImage[]) => Promise<Float32A
 export interface EncodeQueueLimits {
   /** Images in one batch (default 16). */
   maxImages: number;
-  /** Resized pixels in one batch (default 2 Mi); an image larger than this goes alone. */
+  /**
+   * Resized pixels in one batch (default 512 Ki, about ten 224x224 images); an image larger than
+   * this goes alone. Every image of a batch waits for the whole batch, and on the CPU a batch is no
+   * faster than its images one at a time (the matrix products are compute-bound already), so the
+   * bound keeps a batch about as long as one large image.
+   */
   maxPixels: number;
 }
 
-export const DEFAULT_ENCODE_QUEUE_LIMITS: EncodeQueueLimits = { maxImages: 16, maxPixels: 2 * 1024 * 1024 };
+export const DEFAULT_ENCODE_QUEUE_LIMITS: EncodeQueueLimits = { maxImages: 16, maxPixels: 512 * 1024 };
 
 interface Waiter {
   resolve(embeds: Float32Array): void;
