@@ -3,8 +3,8 @@
 //   npm run bench:vision -- [--images 1000] [--concurrency 16] [--out bench/results/vision-preprocess.json]
 // Each image is a JPEG (or PNG, one in five) in a data URI, of a size drawn from a fixed mix of
 // photo and screenshot sizes; it goes through what a request's image goes through before the
-// engine: loadImageBytes (data URI checks), decodeImage (sharp, off the event loop) and the
-// processor's resize (Pillow's bicubic and the SHA-256 that keys the caches, in C++ on the libuv
+// engine: loadImageBytes (data URI checks), then within the process's preparation slots
+// (src/vision/preparation-slots.ts) decodeImage (sharp, off the event loop) and the processor's resize (Pillow's bicubic and the SHA-256 that keys the caches, in C++ on the libuv
 // pool; the pixels stay native), with Qwen2.5-VL's published preprocessor_config.json. Meanwhile an HTTP server on this process answers
 // GET /health, polled every 20 ms: its latency is what a health check sees while images are
 // prepared. The images are made before the clock starts; each one's data URI string when its turn
@@ -20,6 +20,7 @@ import { machineInfo } from './machine.js';
 import { decodeImage } from '../src/vision/image-decode.js';
 import { loadImageBytes } from '../src/vision/image-source.js';
 import { Qwen2VlProcessor } from '../src/vision/image-processor.js';
+import { sharedPreparationSlots } from '../src/vision/preparation-slots.js';
 import { QWEN2_VL_DEFAULTS } from '../src/vision/qwen2-vl-preprocess.js';
 
 const { values: args } = parseArgs({
@@ -98,10 +99,13 @@ async function main(): Promise<void> {
       const s = performance.now();
       const uri = `data:${im.mediaType};base64,${im.bytes.toString('base64')}`;
       const bytes = await loadImageBytes(uri, { param: 'image', allowPrivateAddresses: false });
-      const decoded = await decodeImage(bytes);
-      const resized = await processor.resize(decoded);
-      tokens += processor.plan(decoded.width, decoded.height).numTokens;
-      if (resized.hash.length !== 32) throw new Error('no hash');
+      // As a request's image: decoded and resized within the process's preparation slots.
+      await sharedPreparationSlots().run(async () => {
+        const decoded = await decodeImage(bytes);
+        const resized = await processor.resize(decoded);
+        tokens += processor.plan(decoded.width, decoded.height).numTokens;
+        if (resized.hash.length !== 32) throw new Error('no hash');
+      });
       perImage.push(performance.now() - s);
     }
   }));
@@ -112,7 +116,7 @@ async function main(): Promise<void> {
 
   const result = {
     bench: 'vision-preprocess', machine: machineInfo(), date: new Date().toISOString(),
-    settings: { images: numImages, concurrency, sizes: SIZES, formats: '4 JPEG (quality 85) : 1 PNG', preprocessor: 'Qwen2.5-VL published' },
+    settings: { images: numImages, concurrency, preparationSlots: sharedPreparationSlots().limit, sizes: SIZES, formats: '4 JPEG (quality 85) : 1 PNG', preprocessor: 'Qwen2.5-VL published' },
     imagesPerS: numImages / seconds, seconds, imageTokens: tokens,
     perImageMs: { p50: quantile(perImage, 0.5), p99: quantile(perImage, 0.99) },
     healthMs: { n: health.length, p50: quantile(health, 0.5), p99: quantile(health, 0.99), max: Math.max(...health) },

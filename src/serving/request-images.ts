@@ -7,6 +7,7 @@ import { SluiceError } from '../errors.js';
 import type { ResolveAll } from '../webhooks/callback-sender.js';
 import { decodeImage } from '../vision/image-decode.js';
 import { DEFAULT_IMAGE_LIMITS, loadImageBytes, type ImageBytes, type ImageLimits } from '../vision/image-source.js';
+import { sharedPreparationSlots } from '../vision/preparation-slots.js';
 import type { PreparedImage, VisionModel } from '../vision/vision-model.js';
 import type { RequestImage } from './generation-request.js';
 
@@ -55,19 +56,22 @@ export async function prepareRequestImages(vision: VisionModel, images: readonly
   const out: PreparedImage[] = [];
   for (const [k, image] of images.entries()) {
     const bytes = (settled[k] as PromiseFulfilledResult<ImageBytes>).value;
-    const decoded = await decodeImage(bytes, limits, image.param);
-    try {
-      pixels += vision.tokensFor(decoded.width, decoded.height, image.detail).pixels;
-    } catch (err) {
-      throw new SluiceError('invalid_request', `${image.param}: ${(err as Error).message}`, { param: image.param, cause: err });
-    }
-    if (pixels > budget) {
-      throw new SluiceError('invalid_request',
-        `the request's images need more than ${budget} pixels after resizing (the limit per request): send fewer or smaller images, or detail "low"`,
-        { param: image.param });
-    }
-    if (signal?.aborted) throw new SluiceError('cancelled', 'the request was cancelled');
-    out.push(await vision.prepare(decoded, image.detail));
+    // Decode and resize within the process's preparation slots (preparation-slots.ts).
+    out.push(await sharedPreparationSlots().run(async () => {
+      const decoded = await decodeImage(bytes, limits, image.param);
+      try {
+        pixels += vision.tokensFor(decoded.width, decoded.height, image.detail).pixels;
+      } catch (err) {
+        throw new SluiceError('invalid_request', `${image.param}: ${(err as Error).message}`, { param: image.param, cause: err });
+      }
+      if (pixels > budget) {
+        throw new SluiceError('invalid_request',
+          `the request's images need more than ${budget} pixels after resizing (the limit per request): send fewer or smaller images, or detail "low"`,
+          { param: image.param });
+      }
+      if (signal?.aborted) throw new SluiceError('cancelled', 'the request was cancelled');
+      return vision.prepare(decoded, image.detail);
+    }, signal));
   }
   return out;
 }
