@@ -7,7 +7,7 @@ import { existsSync, readFileSync, rmSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { patternRgb } from './helpers/vision.js';
+import { patternRgb, relMaxDiff } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
 import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
 import { GEMMA3_DEFAULTS, type Gemma3PreprocessorConfig, gemma3Pixels, gemma3PreprocessorConfig, gemma3Tables } from '../src/vision/gemma3-preprocess.js';
@@ -27,19 +27,6 @@ function syntheticPixels(side: number): Float32Array {
     }
   }
   return px;
-}
-
-/** The largest |native - reference| relative to the reference output's largest |value|. */
-function relMaxDiff(native: Float32Array, ref: Float64Array): { rel: number; scale: number } {
-  expect(native.length).toBe(ref.length);
-  let scale = 0;
-  let diff = 0;
-  for (let i = 0; i < ref.length; i++) {
-    expect(Number.isFinite(native[i]!), `value ${i}`).toBe(true);
-    scale = Math.max(scale, Math.abs(ref[i]!));
-    diff = Math.max(diff, Math.abs(native[i]! - ref[i]!));
-  }
-  return { rel: diff / scale, scale };
 }
 
 describe.each([

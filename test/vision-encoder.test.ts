@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { patternRgb } from './helpers/vision.js';
+import { patternRgb, relMaxDiff } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
 import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
 import { type Qwen2VlPreprocessorConfig, type VisionPatches, qwen2VlPatches, qwen2VlPatchesOfResized, qwen2VlPreprocessorConfig, qwen2VlTables } from '../src/vision/qwen2-vl-preprocess.js';
@@ -16,28 +16,13 @@ import { type Qwen25VlReference, loadQwen25VlReference, visionEncode, visionWind
 const root = mkdtempSync(join(tmpdir(), 'sluice-vision-encoder-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
 
-/**
- * The largest |native - reference| relative to the reference output's largest |value|. f32 against
- * f64 through 4 blocks (the reference reads the same rounded weights): the tiny model measures
- * about 5e-7 with f32 or f16 weights and 1e-5 with bf16 ones (bf16 products on AVX512-BF16 hardware
- * carry activations in ~16 bits); the bounds leave a wide margin.
- */
-function relMaxDiff(native: Float32Array, ref: Float64Array): { rel: number; scale: number } {
-  expect(native.length).toBe(ref.length);
-  let scale = 0;
-  let diff = 0;
-  for (let i = 0; i < ref.length; i++) {
-    expect(Number.isFinite(native[i]!), `value ${i}`).toBe(true);
-    scale = Math.max(scale, Math.abs(ref[i]!));
-    diff = Math.max(diff, Math.abs(native[i]! - ref[i]!));
-  }
-  return { rel: diff / scale, scale };
-}
-
 // [width, height]: 90x60 resizes to a 4x6 patch grid (2x3 merged tokens: windows of 2x2 leave a
 // 2x1 column), 60x150 to 10x4 (5x2: a 1x2 row left), 112x112 to 8x8 (4x4: windows divide evenly).
 const IMAGES: [number, number][] = [[90, 60], [60, 150], [112, 112]];
 
+// Tolerances on relMaxDiff: f32 against f64 through 4 blocks (the reference reads the same rounded
+// weights) measures about 5e-7 with f32 or f16 weights and 1e-5 with bf16 ones (bf16 products on
+// AVX512-BF16 hardware carry activations in ~16 bits); the bounds leave a wide margin.
 describe.each([
   ['f32', 1e-4],
   ['bf16', 1e-3],

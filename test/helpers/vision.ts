@@ -58,6 +58,19 @@ export function referenceInput(image: PreparedImage): EncoderInput {
   return input;
 }
 
+/** The largest difference of a native output from its float64 reference, relative to the reference's largest magnitude. */
+export function relMaxDiff(native: Float32Array, ref: Float64Array): { rel: number; scale: number } {
+  expect(native.length).toBe(ref.length);
+  let scale = 0;
+  let diff = 0;
+  for (let i = 0; i < ref.length; i++) {
+    expect(Number.isFinite(native[i]!), `value ${i}`).toBe(true);
+    scale = Math.max(scale, Math.abs(ref[i]!));
+    diff = Math.max(diff, Math.abs(native[i]! - ref[i]!));
+  }
+  return { rel: diff / scale, scale };
+}
+
 export function logSoftmax(logits: Float64Array): Float64Array {
   let max = -Infinity;
   for (const v of logits) max = Math.max(max, v);
