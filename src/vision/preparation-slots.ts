@@ -2,8 +2,9 @@
 // libuv's pool busy for milliseconds (sharp's decode, then the resize and hash); with more of them
 // running than there are cores, the event loop's thread waits its turn for a core behind them, and
 // every request's latency (a health check's too) grows with the queue. Preparations past the limit
-// wait here, in arrival order, holding no thread. Measured on 2 cores (bench:vision): 16 at once,
-// /health p99 42 ms; 3 at once, 12 ms, at 234 instead of 267 images/s.
+// wait here, in arrival order, holding no thread. Measured on 2 cores (bench:vision, 16 requests at
+// once, runs vary by 15%): unbounded, 220-280 images/s with /health p99 34-69 ms; 4 at a time,
+// 180-230 images/s with p99 21-25 ms; 3 at a time, 190-207 images/s with p99 18-20 ms.
 
 import { availableParallelism } from 'node:os';
 import { SluiceError } from '../errors.js';
@@ -52,8 +53,8 @@ function cancelled(signal: AbortSignal): Error {
   return signal.reason instanceof Error ? signal.reason : new SluiceError('cancelled', 'the request was cancelled');
 }
 
-/** One more than the cores: the cores stay busy while the event loop keeps its turn. */
-export const DEFAULT_PREPARATION_LIMIT = availableParallelism() + 1;
+/** Two per core: the cores stay busy across each preparation's hops to the event loop, which keeps its turn. */
+export const DEFAULT_PREPARATION_LIMIT = 2 * availableParallelism();
 
 let shared: PreparationSlots | undefined;
 
