@@ -197,4 +197,86 @@ TEST_CASE(same_seed_same_draw) {
   }
 }
 
+namespace {
+
+// Draws verify_draft_token verdicts for one draft over many seeds: the tokens it returns, and how
+// often it accepted.
+Draws verify_draws(const std::vector<float>& logits, const SamplingParams& p, int32_t draft, int n, double& accept_rate) {
+  std::vector<float> probs;
+  std::vector<int32_t> order;
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); i++)
+    if (logits[i] > logits[size_t(best)]) best = int32_t(i);
+  double z = 0;
+  for (float l : logits) z += l == -INFINITY ? 0.0 : std::exp(double(l) - logits[size_t(best)]);
+  const float lse = float(logits[size_t(best)] + std::log(z));
+  Draws d;
+  int accepted = 0;
+  for (int i = 0; i < n; i++) {
+    Rng rng(p.seed + uint64_t(i) * 7919);
+    int32_t top_ids[2];
+    float top_lp[2];
+    DraftVerdict v = verify_draft_token(logits.data(), int64_t(logits.size()), best, lse, p, rng, draft, 2, top_ids, top_lp, probs, order);
+    CHECK(v.accepted == (v.token.token == draft) || (!v.accepted && v.token.token != draft));
+    CHECK(std::fabs(v.token.logprob - (logits[size_t(v.token.token)] - lse)) < 1e-5);
+    CHECK(top_ids[0] == best);
+    accepted += v.accepted;
+    d.counts[v.token.token]++;
+    d.n++;
+  }
+  accept_rate = double(accepted) / n;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE(a_verified_draft_leaves_the_sampled_distribution_unchanged) {
+  // Speculative decoding: whatever the proposer guessed, the token a row yields follows the
+  // distribution sample_token draws from, and a draft is accepted with exactly its probability.
+  const float masked = -INFINITY;
+  std::vector<float> logits{2.0f, 1.0f, 0.5f, 0.0f, masked, -1.0f, -3.0f};
+  const std::vector<int32_t> unmasked{0, 1, 2, 3, 5, 6};
+  const int n = 40000;
+  struct Case {
+    SamplingParams p;
+    std::vector<int32_t> kept;
+  };
+  const Case cases[] = {
+      {{1.0f, 1.f, 0, 31, 0}, unmasked},
+      {{0.7f, 1.f, 0, 32, 0}, unmasked},
+      {{1.0f, 1.f, 3, 33, 0}, {0, 1, 2}},
+      {{1.0f, 0.8f, 0, 34, 0}, {0, 1, 2}},
+      {{1.0f, 1.f, 0, 35, 0, 0.2f}, {0, 1, 2}},  // min_p 0.2: p / p_max = 1, 0.37, 0.22, 0.14, ...
+  };
+  for (const Case& c : cases) {
+    const std::map<int32_t, double> want = expected(logits, c.p.temperature, c.kept);
+    // The likeliest token, a middling one, one the filters drop, the masked one.
+    for (int32_t draft : {0, 2, 6, 4}) {
+      double rate = 0;
+      check_frequencies(verify_draws(logits, c.p, draft, n, rate), want);
+      const double p_draft = want.count(draft) ? want.at(draft) : 0.0;
+      const double sigma = std::sqrt(std::max(p_draft * (1 - p_draft), 1e-12) / n);
+      if (!(std::fabs(rate - p_draft) <= 5 * sigma + 1e-3)) {
+        std::printf("  draft %d: accepted %.4f of the time, p = %.4f\n", draft, rate, p_draft);
+        CHECK(false);
+      }
+    }
+  }
+  // Greedy: accepted exactly when the draft is the argmax; the token is the argmax either way.
+  for (int32_t draft : {0, 1, 4}) {
+    double rate = 0;
+    Draws d = verify_draws(logits, {0.f, 1.f, 0, 36, 0}, draft, 50, rate);
+    CHECK(d.counts.size() == 1 && d.counts.count(0) == 1);
+    CHECK(rate == (draft == 0 ? 1.0 : 0.0));
+  }
+}
+
+TEST_CASE(sampling_never_falls_back_to_a_token_of_no_weight) {
+  // Masked tokens at the end of the kept set: whatever the draw, never one of them.
+  std::vector<float> logits(64, 0.f);
+  for (size_t i = 40; i < logits.size(); i++) logits[i] = -INFINITY;
+  Draws d = draw(logits, {1.0f, 1.f, 0, 41, 0}, 20000);
+  for (auto& [id, c] : d.counts) CHECK(id < 40);
+}
+
 int main() { return sluice_test::run_all("sampler"); }

@@ -32,4 +32,18 @@ SampledToken sample_token(const float* logits, int64_t vocab, int32_t argmax, fl
                           const SamplingParams& params, Rng& rng, int top_n, int32_t* top_ids, float* top_logprobs,
                           std::vector<float>& scratch, std::vector<int32_t>& index_scratch);
 
+// Speculative decoding's check of one proposed token `draft` against this row, for a proposer that
+// put all its mass on it (prompt lookup, a greedy draft model): accepted with probability p(draft)
+// under sample_token's distribution for (logits, params); rejected, the token is drawn from that
+// distribution with the draft removed and renormalised. Either way the token returned follows
+// sample_token's distribution exactly. Greedy (temperature 0 or top_k 1): accepted when the draft
+// is the argmax; the token is the argmax. logprob and the top_n alternatives as sample_token's.
+struct DraftVerdict {
+  bool accepted = false;
+  SampledToken token;
+};
+DraftVerdict verify_draft_token(const float* logits, int64_t vocab, int32_t argmax, float log_sum_exp,
+                                const SamplingParams& params, Rng& rng, int32_t draft, int top_n, int32_t* top_ids,
+                                float* top_logprobs, std::vector<float>& scratch, std::vector<int32_t>& index_scratch);
+
 }  // namespace sluice
