@@ -1,7 +1,7 @@
 // The Qwen2.5-VL vision tower on the CPU (native/src/vision/qwen2_vl_encoder.cpp), or with
 // --model gemma-3-4b-vl Gemma 3's SigLIP tower and projector (native/src/vision/siglip_encoder.cpp):
 //   npm run bench:vision:encoder -- [--model qwen2.5-vl-3b|gemma-3-4b-vl] [--sizes 224x224,448x448,672x504]
-//     [--threads 0] [--runs 2] [--out bench/results/vision-encoder.json]
+//     [--threads 0] [--runs 2] [--batch 1] [--out bench/results/vision-encoder.json]
 // Gemma 3 resizes every image to 896x896 (4096 patches, 256 tokens; written to
 // bench/results/vision-encoder-gemma3.json unless --out says otherwise), its text model cut to
 // one layer likewise.
@@ -9,7 +9,9 @@
 // one decoder layer beside it (the encoder reads only visual.*), made once in the model cache.
 // Per image size: the patch rows (Qwen2.5-VL's published preprocessing), then the best and median
 // encode time over --runs runs after one warm-up, patches/s, image tokens/s and the arithmetic
-// rate the tower's matmuls reach (2 flops a multiply-add, attention included).
+// rate the tower's matmuls reach (2 flops a multiply-add, attention included). With --batch N > 1,
+// also N images of each size as the engine's queue hands them over, in one pass (encodeImages)
+// against one at a time (encodeImage), best of --runs each.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -19,7 +21,9 @@ import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { nativeAddon } from '../src/native/native.js';
 import { QWEN2_VL_DEFAULTS, qwen2VlPatchesAsync } from '../src/vision/qwen2-vl-preprocess.js';
-import { GEMMA3_DEFAULTS, gemma3Pixels } from '../src/vision/gemma3-preprocess.js';
+import { GEMMA3_DEFAULTS, gemma3Pixels, gemma3Tables } from '../src/vision/gemma3-preprocess.js';
+import { qwen2VlTables } from '../src/vision/qwen2-vl-preprocess.js';
+import type { NativeImage, NativeVisionEncoder } from '../src/native/native.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -27,6 +31,7 @@ const { values: args } = parseArgs({
     sizes: { type: 'string', default: '224x224,448x448,672x504' },
     threads: { type: 'string', default: '0' },
     runs: { type: 'string', default: '2' },
+    batch: { type: 'string', default: '1' },
     out: { type: 'string' },
   },
 });
@@ -35,7 +40,8 @@ const sizes = args.sizes!.split(',').map((s) => {
   if (!m) throw new Error(`--sizes takes WxH,WxH..., got ${s}`);
   return [Number(m[1]), Number(m[2])] as const;
 });
-const runs = Number(args.runs), threads = Number(args.threads);
+const runs = Number(args.runs), threads = Number(args.threads), batch = Number(args.batch);
+if (!(Number.isInteger(batch) && batch >= 1 && batch <= 64)) throw new Error('--batch must be an integer in [1, 64]');
 if (!(Number.isInteger(runs) && runs > 0)) throw new Error('--runs must be a positive integer');
 const gemma = args.model === 'gemma-3-4b-vl';
 if (!gemma && args.model !== 'qwen2.5-vl-3b') throw new Error(`--model is qwen2.5-vl-3b or gemma-3-4b-vl, got ${args.model}`);
@@ -65,8 +71,10 @@ function gemmaMultiplyAdds(n: number): number {
 
 interface Input { pixelValues: Float32Array; grid: [number, number, number]; patches: number; tokens: number }
 
+const testRgb = (w: number, h: number, seed = 0) => Uint8Array.from({ length: w * h * 3 }, (_, i) => (i * 31 + (i >> 9) + seed * 97) & 255);
+
 async function input(w: number, h: number): Promise<Input> {
-  const rgb = Uint8Array.from({ length: w * h * 3 }, (_, i) => (i * 31 + (i >> 9)) & 255);
+  const rgb = testRgb(w, h);
   if (gemma) {
     const pixelValues = gemma3Pixels(rgb, w, h, { ...GEMMA3_DEFAULTS, width: 896, height: 896 });
     return { pixelValues, grid: [1, 64, 64], patches: 4096, tokens: G.tokens };
@@ -76,6 +84,28 @@ async function input(w: number, h: number): Promise<Input> {
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+/** Best of `runs` times of `work`, in seconds. */
+async function bestOf(work: () => Promise<unknown>): Promise<number> {
+  let best = Infinity;
+  for (let r = 0; r < runs; r++) {
+    const t0 = performance.now();
+    await work();
+    best = Math.min(best, (performance.now() - t0) / 1000);
+  }
+  return best;
+}
+
+/** `batch` different images of one size: one pass against one at a time. */
+async function batchTimes(encoder: NativeVisionEncoder, w: number, h: number, grid: [number, number, number]): Promise<{ oneAtATimeS: number; oneBatchS: number }> {
+  const [outW, outH, filter, tables] = gemma ? [896, 896, 'bilinear' as const, gemma3Tables({ ...GEMMA3_DEFAULTS, width: 896, height: 896 })]
+    : [grid[2] * 14, grid[1] * 14, 'bicubic' as const, qwen2VlTables(QWEN2_VL_DEFAULTS)];
+  const images: NativeImage[] = [];
+  for (let k = 0; k < batch; k++) images.push(await nativeAddon().resizeImage(testRgb(w, h, k + 1), w, h, outW, outH, filter));
+  const oneAtATimeS = await bestOf(async () => { for (const im of images) await encoder.encodeImage(im, tables); });
+  const oneBatchS = await bestOf(() => encoder.encodeImages(images, tables));
+  return { oneAtATimeS, oneBatchS };
+}
 
 async function main(): Promise<void> {
   const dir = await ensureBenchModel(args.model!, 'bf16', undefined, { numLayers: 1 });
@@ -96,7 +126,8 @@ async function main(): Promise<void> {
       const best = Math.min(...times);
       const madds = gemma ? gemmaMultiplyAdds(patches) : multiplyAdds(patches);
       rows.push({ width: w, height: h, patches, tokens: p.tokens, bestS: best, medianS: median(times),
-        patchesPerS: patches / best, tokensPerS: p.tokens / best, gflopsPerS: (2 * madds) / best / 1e9 });
+        patchesPerS: patches / best, tokensPerS: p.tokens / best, gflopsPerS: (2 * madds) / best / 1e9,
+        ...(batch > 1 && { batch, ...await batchTimes(encoder, w, h, p.grid) }) });
     }
   } finally {
     encoder.dispose();
@@ -107,9 +138,15 @@ async function main(): Promise<void> {
       `${r.bestS.toFixed(2).padStart(6)}  ${r.medianS.toFixed(2).padStart(8)}  ${r.patchesPerS.toFixed(0).padStart(9)}  ` +
       `${r.tokensPerS.toFixed(0).padStart(8)}  ${r.gflopsPerS.toFixed(0).padStart(7)}`);
   }
+  if (batch > 1) {
+    console.log(`\n${batch} images    one at a time s  one pass s  speed-up`);
+    for (const r of rows) {
+      console.log(`${`${r.width}x${r.height}`.padEnd(9)}  ${r.oneAtATimeS!.toFixed(2).padStart(15)}  ${r.oneBatchS!.toFixed(2).padStart(10)}  ${(r.oneAtATimeS! / r.oneBatchS!).toFixed(2).padStart(8)}`);
+    }
+  }
   const result = { bench: 'vision-encoder', machine: machineInfo(), date: new Date().toISOString(), backend: 'cpu',
     model: gemma ? 'gemma-3-4b-vl SigLIP tower and projector (bf16, published shapes)' : 'qwen2.5-vl-3b vision tower (bf16, published shapes)',
-    threads, runs, rows };
+    threads, runs, batch, rows };
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, JSON.stringify(result, null, 2) + '\n');
   await chartsBesideResult(resolve(out));
