@@ -6,6 +6,7 @@
 // description; checked against Pillow and a numpy transcription (test/vision-gemma3-preprocess.test.ts,
 // fixtures from scripts/vision-golden.py --gemma3).
 
+import { normalizeTables } from './normalize-tables.js';
 import { nativeAddon } from '../native/native.js';
 import { resizeBilinearRgb } from './pil-resize.js';
 
@@ -69,13 +70,7 @@ export function gemma3PreprocessorConfig(raw: Record<string, unknown>, source = 
 
 /** rescale + normalise of each 8-bit value, per channel: [3 * 256] float32, as numpy computes it. */
 export function gemma3Tables(c: Gemma3PreprocessorConfig): Float32Array {
-  const tables = new Float32Array(3 * 256);
-  for (let ch = 0; ch < 3; ch++) {
-    const mean = Math.fround(c.imageMean[ch]!), std = Math.fround(c.imageStd[ch]!);
-    // Rescale in double then to float32 (transformers' rescale), normalise in float32.
-    for (let v = 0; v < 256; v++) tables[ch * 256 + v] = Math.fround(Math.fround(Math.fround(v * (1 / 255)) - mean) / std);
-  }
-  return tables;
+  return normalizeTables(c.imageMean, c.imageStd);
 }
 
 /**

@@ -9,6 +9,7 @@
 // language-model token). Written from the processor's description; checked against Pillow and a
 // numpy transcription (test/vision-preprocess.test.ts).
 
+import { normalizeTables } from './normalize-tables.js';
 import { nativeAddon } from '../native/native.js';
 import { resizeBicubicRgb } from './pil-resize.js';
 
@@ -123,13 +124,7 @@ export interface VisionPatches {
 
 /** rescale + normalise of each 8-bit value, per channel: [3 * 256] float32, as numpy computes it. */
 export function qwen2VlTables(c: Qwen2VlPreprocessorConfig): Float32Array {
-  // Rescale (in double, then to float32) and normalise in float32, as numpy does.
-  const tables = new Float32Array(3 * 256);
-  for (let ch = 0; ch < 3; ch++) {
-    const mean = Math.fround(c.imageMean[ch]!), std = Math.fround(c.imageStd[ch]!);
-    for (let v = 0; v < 256; v++) tables[ch * 256 + v] = Math.fround(Math.fround(Math.fround(v * (1 / 255)) - mean) / std);
-  }
-  return tables;
+  return normalizeTables(c.imageMean, c.imageStd);
 }
 
 interface PatchPlan {
