@@ -18,7 +18,8 @@ import type { Linear } from './reference/math.js';
 import { type ReferenceModel, loadReferenceModel } from './reference/reference-model.js';
 import { Qwen25VlSession, loadQwen25VlReference } from './reference/qwen2-5-vl.js';
 import { Engine } from '../src/engine/engine.js';
-import { prepareForReference, referenceInput } from './helpers/vision.js';
+import { expectTeacherForced, patternImage, prepareForReference, referenceInput } from './helpers/vision.js';
+import { Gemma3VlSession, loadGemma3VlReference } from './reference/gemma3-vl.js';
 
 const cudaReady = nativeAddon().cudaCompiled && cudaUnavailableReason() === undefined;
 
@@ -288,9 +289,10 @@ describe.skipIf(!cudaReady)('CUDA: sliding-window KV blocks (gemma3, window 8, b
   });
 });
 
-// Qwen2.5-VL (issue 34): images encoded on the CPU, their rows scattered over the embeddings on the
-// device, M-RoPE positions through the rope table, prefill in chunks and batched; against the
-// float64 reference teacher-forced on the CUDA engine's greedy output, at the bf16 tolerances above.
+// Qwen2.5-VL (issue 34): images encoded by the CUDA vision tower (cuda/vision_tower.h), their rows
+// scattered over the embeddings on the device, M-RoPE positions through the rope table, prefill in
+// chunks and batched; against the float64 reference teacher-forced on the CUDA engine's greedy
+// output, at the bf16 tolerances above.
 describe.skipIf(!cudaReady)('CUDA: test-qwen2.5-vl with images', () => {
   it('tracks the float64 reference with images in chunked prefill, alone and batched', async () => {
     const dir = join(root, 'qwen2.5-vl');
@@ -298,6 +300,7 @@ describe.skipIf(!cudaReady)('CUDA: test-qwen2.5-vl with images', () => {
     const ref = loadQwen25VlReference(dir);
     const engine = await Engine.load({ model: dir, backend: 'cuda', maxBatchedTokens: 32, maxNumSeqs: 8, gpuMemoryUtilization: 0.2 });
     try {
+      expect(engine.vision!.device).toBe('cuda');
       const pattern = (w: number, h: number, seed: number) => {
         const rgb = new Uint8Array(w * h * 3);
         for (let i = 0; i < rgb.length; i++) rgb[i] = (i * 7 + seed * 31 + Math.floor(i / (w * 3)) * 3) & 255;
@@ -320,6 +323,33 @@ describe.skipIf(!cudaReady)('CUDA: test-qwen2.5-vl with images', () => {
           expect(logits[token], `image ${k} position ${i}`).toBe(max);
           logits = session.step(token);
         }
+      });
+    } finally {
+      await engine.dispose();
+    }
+  });
+});
+
+// Gemma 3 (issue 34): the SigLIP tower and projector on the device, attention bidirectional within
+// each image in the decoder; against the float64 reference teacher-forced on the engine's output.
+describe.skipIf(!cudaReady)('CUDA: test-gemma3-vl with images', () => {
+  it('tracks the float64 reference with images, alone and batched', async () => {
+    const dir = join(root, 'gemma3-vl');
+    await makeModel({ preset: 'test-gemma3-vl', out: dir, dtype: 'bf16' });
+    const ref = loadGemma3VlReference(dir);
+    const engine = await Engine.load({ model: dir, backend: 'cuda', maxBatchedTokens: 64, maxNumSeqs: 4, gpuMemoryUtilization: 0.2 });
+    try {
+      expect(engine.vision!.device).toBe('cuda');
+      const images = await Promise.all([patternImage(90, 60, 1), patternImage(56, 56, 2), patternImage(300, 120, 3)]
+        .map((im) => prepareForReference(engine.vision!, im)));
+      const results = await Promise.all(images.map((im) => engine.generate({
+        messages: [{ role: 'user', content: [{ type: 'text', text: 'See:' }, { type: 'image' }, { type: 'text', text: 'Now?' }] }],
+        images: [im], maxTokens: 12, temperature: 0, logprobs: 0,
+      })));
+      results.forEach((r, k) => {
+        const session = new Gemma3VlSession(ref);
+        const prefill = session.prefill(r.promptTokenIds, [referenceInput(images[k]!)]);
+        expectTeacherForced(prefill.at(-1)!, (token) => session.step(token), r, { nearTie: NEAR_TIE_GAP, logprobTol: LOGPROB_TOL.bf16 });
       });
     } finally {
       await engine.dispose();

@@ -9,7 +9,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { patternRgb, relMaxDiff } from './helpers/vision.js';
 import { makeModel } from '../models/make-model.js';
-import { type NativeVisionEncoder, nativeAddon } from '../src/native/native.js';
+import { type NativeVisionEncoder, cudaUnavailableReason, nativeAddon } from '../src/native/native.js';
+import { VisionModel } from '../src/vision/vision-model.js';
 import { type Qwen2VlPreprocessorConfig, type VisionPatches, qwen2VlPatches, qwen2VlPatchesOfResized, qwen2VlPreprocessorConfig, qwen2VlTables } from '../src/vision/qwen2-vl-preprocess.js';
 import { type Qwen25VlReference, loadQwen25VlReference, visionEncode, visionWindowIndex } from './reference/qwen2-5-vl.js';
 
@@ -122,6 +123,32 @@ describe('loading the vision encoder', () => {
 
   it('rejects a missing directory with MODEL_FILE_MISSING', async () => {
     await expect(nativeAddon().loadVisionEncoder(join(root, 'absent'), 1)).rejects.toMatchObject({ code: 'MODEL_FILE_MISSING' });
+  });
+
+  it('runs the tower on a CUDA device when asked, as the CPU tower does (a host without one: BACKEND_UNAVAILABLE)', async () => {
+    const dir = join(root, 'vl-device');
+    await makeModel({ preset: 'test-qwen2.5-vl', out: dir, dtype: 'bf16' });
+    const config = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
+    const cpu = (await VisionModel.load(dir, config, 1, 'cpu'))!;
+    try {
+      expect(cpu.device).toBe('cpu');
+      if (!(nativeAddon().cudaCompiled && cudaUnavailableReason() === undefined)) {
+        await expect(nativeAddon().loadVisionEncoder(dir, 1, 0)).rejects.toMatchObject({ code: 'BACKEND_UNAVAILABLE', message: /CUDA/ });
+        return;
+      }
+      const gpu = (await VisionModel.load(dir, config, 1, 'cuda'))!;
+      try {
+        expect(gpu.device).toBe('cuda');
+        const images = await Promise.all(IMAGES.map(([w, h], i) => cpu.prepare({ rgb: patternRgb(w, h, i), width: w, height: h })));
+        const [want, got] = await Promise.all([cpu.encodeMany(images), gpu.encodeMany(images)]);
+        // bf16 activations on the device (native/tests/cuda/test_cuda_vision_tower.cpp's bound).
+        got.forEach((g, i) => expect(relMaxDiff(g, Float64Array.from(want[i]!)).rel, `image ${i}`).toBeLessThan(0.03));
+      } finally {
+        gpu.dispose();
+      }
+    } finally {
+      cpu.dispose();
+    }
   });
 
   it('disposed: encode throws DISPOSED', async () => {

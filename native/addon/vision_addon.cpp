@@ -8,15 +8,19 @@
 //                -> Promise<Float32Array [3 * outHeight * outWidth]>
 // resizes with Pillow's bilinear and lays the image out channels first (Gemma 3's processor;
 // src/vision/gemma3-preprocess.ts is its reference).
-//   loadVisionEncoder(modelDir, numThreads) -> Promise<VisionEncoder>
+//   loadVisionEncoder(modelDir, numThreads, cudaDevice = -1) -> Promise<VisionEncoder>
 //   encoder.encode(pixelValues: Float32Array, grid: [t, h, w]) -> Promise<Float32Array [tokens * outHidden]>
-//   encoder.outHidden, encoder.dispose()
+//   encoder.encodeImage(image, tables), encoder.encodeImages(images, tables)
+//   encoder.outHidden, encoder.device ('cpu' | 'cuda'), encoder.dispose()
 // the vision tower config.json's architecture names: Gemma3ForConditionalGeneration's SigLIP
 // tower and projector (vision/siglip_encoder.h: pixelValues [3, S, S] of one image, grid
 // [1, S / patch, S / patch]), else the Qwen2.5-VL tower (vision/qwen2_vl_encoder.h: the patch
 // rows, grid in patches; it refuses every other architecture). Encodes run on a dedicated thread
 // (DedicatedThreads::vision), one at a time across every encoder: each one already spreads over
 // its encoder's own compute threads, and queued encodes wait without holding libuv's pool.
+// With cudaDevice >= 0 (a CUDA build) encodeImage / encodeImages run the tower on that device
+// (cuda/vision_tower.h), uploaded from the CPU tower at load; encode() (the float input given by
+// JS, for the reference tests) always runs the CPU tower.
 #include <napi.h>
 
 #include <atomic>
@@ -29,6 +33,9 @@
 #include "vision/qwen2_vl_encoder.h"
 #include "vision/resized_image.h"
 #include "vision/siglip_encoder.h"
+#ifdef SLUICE_WITH_CUDA
+#include "cuda/vision_tower.h"
+#endif
 
 namespace sluice_addon {
 
@@ -258,12 +265,29 @@ Napi::Value ResizeImage(const Napi::CallbackInfo& info) {
 using sluice::vision::SiglipEncoder;
 using sluice::vision::VisionEncoder;
 
-// A loaded encoder: exactly one of the two is set.
+// A loaded encoder: exactly one of the two CPU towers is set, and the CUDA tower built from it when
+// the encoder runs on a device.
 struct AnyEncoder {
   std::shared_ptr<const VisionEncoder> qwen;
   std::shared_ptr<const SiglipEncoder> siglip;
+#ifdef SLUICE_WITH_CUDA
+  std::shared_ptr<sluice::cuda::VisionTower> gpu;
+#endif
   explicit operator bool() const { return qwen || siglip; }
   int64_t out_hidden() const { return qwen ? qwen->out_hidden() : siglip->out_hidden(); }
+  bool on_device() const {
+#ifdef SLUICE_WITH_CUDA
+    return gpu != nullptr;
+#else
+    return false;
+#endif
+  }
+  std::vector<std::vector<float>> encode_batch(const std::vector<sluice::vision::EncoderImage>& batch) const {
+#ifdef SLUICE_WITH_CUDA
+    if (gpu) return gpu->encode_batch(batch);
+#endif
+    return siglip ? siglip->encode_batch(batch) : qwen->encode_batch(batch);
+  }
 };
 
 // One JS VisionEncoder per native encoder. The encoder is shared with each worker using it, so
@@ -276,7 +300,8 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
                         InstanceMethod<&VisionEncoderWrap::EncodeImage>("encodeImage"),
                         InstanceMethod<&VisionEncoderWrap::EncodeImages>("encodeImages"),
                         InstanceMethod<&VisionEncoderWrap::Dispose>("dispose"),
-                        InstanceAccessor<&VisionEncoderWrap::OutHidden>("outHidden")});
+                        InstanceAccessor<&VisionEncoderWrap::OutHidden>("outHidden"),
+                        InstanceAccessor<&VisionEncoderWrap::Device>("device")});
   }
 
   // Constructed only by loadVisionEncoder(): new VisionEncoder(external)
@@ -287,6 +312,7 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
     encoder_ = std::move(*holder);
     delete holder;
     out_hidden_ = encoder_.out_hidden();
+    on_device_ = encoder_.on_device();
   }
 
  private:
@@ -296,6 +322,7 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
   }
 
   Napi::Value OutHidden(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(out_hidden_)); }
+  Napi::Value Device(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), on_device_ ? "cuda" : "cpu"); }
 
   Napi::Value Dispose(const Napi::CallbackInfo& info) {
     encoder_ = AnyEncoder{};
@@ -432,13 +459,14 @@ class VisionEncoderWrap : public Napi::ObjectWrap<VisionEncoderWrap> {
             }
             batch.back().pixel_values = values.back().data();
           }
-          return any.siglip ? any.siglip->encode_batch(batch) : any.qwen->encode_batch(batch);
+          return any.encode_batch(batch);
         },
         convert);
   }
 
   AnyEncoder encoder_;
   int64_t out_hidden_ = 0;
+  bool on_device_ = false;
 };
 
 Napi::Value LoadVisionEncoder(const Napi::CallbackInfo& info) {
@@ -446,15 +474,24 @@ Napi::Value LoadVisionEncoder(const Napi::CallbackInfo& info) {
   if (!info[0].IsString()) throw Napi::TypeError::New(env, "modelDir must be a string");
   const std::string dir = info[0].As<Napi::String>().Utf8Value();
   const int threads = info[1].IsUndefined() ? 0 : int_arg(info, 1, "numThreads", 0, 1024);
+  const int device = info.Length() < 3 || info[2].IsUndefined() ? -1 : int_arg(info, 2, "cudaDevice", -1, 1023);
   auto* ctor = static_cast<Napi::FunctionReference*>(info.Data());
   auto* worker = new PromiseWorker<AnyEncoder>(
       env,
-      [dir, threads]() {
+      [dir, threads, device]() {
         AnyEncoder enc;
         if (sluice::vision::model_architecture(dir) == "Gemma3ForConditionalGeneration")
           enc.siglip = SiglipEncoder::load(dir, threads);
         else
           enc.qwen = VisionEncoder::load(dir, threads);
+        if (device >= 0) {
+#ifdef SLUICE_WITH_CUDA
+          enc.gpu = enc.siglip ? sluice::cuda::VisionTower::siglip(enc.siglip, device)
+                               : sluice::cuda::VisionTower::qwen2vl(enc.qwen, device);
+#else
+          throw sluice::Error(sluice::ErrorCode::kBackendUnavailable, "this build has no CUDA backend for the vision tower");
+#endif
+        }
         return enc;
       },
       [ctor](Napi::Env e, AnyEncoder& enc) -> Napi::Value {

@@ -353,8 +353,10 @@ export class Engine {
 
     let vision: VisionModel | undefined;
     try {
-      // Images are encoded on the CPU whatever backend runs the decoder.
-      if (requested !== 'onnx') vision = await VisionModel.load(modelDir, config, base.numThreads);
+      // The vision tower runs where the decoder does: a CUDA engine's on its device.
+      if (requested !== 'onnx') {
+        vision = await VisionModel.load(modelDir, config, base.numThreads, handle.info().backend === 'cuda' ? 'cuda' : 'cpu');
+      }
       const flex = opts.flexDeferral === undefined ? DEFAULT_FLEX_DEFERRAL[handle.info().backend] : opts.flexDeferral;
       const tenants = opts.tenantDeferral === undefined ? DEFAULT_TENANT_DEFERRAL : opts.tenantDeferral;
       const observers = new EngineObservers();

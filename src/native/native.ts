@@ -48,7 +48,8 @@ interface NativeAddon {
    * The vision tower config.json's architecture names, on the CPU (native/addon/vision_addon.cpp):
    * Qwen2.5-VL's, or Gemma 3's SigLIP tower and projector; numThreads 0: all CPUs.
    */
-  loadVisionEncoder(modelDir: string, numThreads: number): Promise<NativeVisionEncoder>;
+  /** cudaDevice >= 0 (a CUDA build): encodeImage(s) run the tower on that device; encode() stays on the CPU. */
+  loadVisionEncoder(modelDir: string, numThreads: number, cudaDevice?: number): Promise<NativeVisionEncoder>;
 }
 
 /**
@@ -58,6 +59,8 @@ interface NativeAddon {
  */
 export interface NativeVisionEncoder {
   readonly outHidden: number;
+  /** Where encodeImage(s) run the tower. */
+  readonly device: 'cpu' | 'cuda';
   encode(pixelValues: Float32Array, grid: readonly [t: number, h: number, w: number]): Promise<Float32Array>;
   /**
    * A resized image laid out as the tower reads it (Qwen2.5-VL's patch rows with the tower's own

@@ -17,6 +17,9 @@ import { Qwen2VlProcessor, type EncoderInput, type ImageDetail, type ImagePlan, 
 export const QWEN2_5_VL_ARCHITECTURE = 'Qwen2_5_VLForConditionalGeneration';
 export const GEMMA3_ARCHITECTURE = 'Gemma3ForConditionalGeneration';
 
+/** Where a vision tower runs: the CPU, or the CUDA device the engine decodes on (device 0). */
+export type VisionDevice = 'cpu' | 'cuda';
+
 export { LOW_DETAIL_MAX_PIXELS, type ImageDetail } from './image-processor.js';
 
 /** An image ready for a prompt: the encoder's input and what it adds to the prompt. */
@@ -44,7 +47,8 @@ export class VisionModel {
    * engine serves with its vision tower, else undefined. Throws SluiceError model_file_missing /
    * model_file_invalid for a checkpoint whose vision files do not hold together.
    */
-  static async load(modelDir: string, config: Record<string, unknown>, numThreads: number): Promise<VisionModel | undefined> {
+  static async load(modelDir: string, config: Record<string, unknown>, numThreads: number,
+    device: VisionDevice = 'cpu'): Promise<VisionModel | undefined> {
     const architectures = config['architectures'];
     const architecture = Array.isArray(architectures) ? architectures[0] : undefined;
     const family = architecture === QWEN2_5_VL_ARCHITECTURE ? 'qwen2_5_vl'
@@ -70,13 +74,18 @@ export class VisionModel {
     }
     let encoder: NativeVisionEncoder;
     try {
-      encoder = await nativeAddon().loadVisionEncoder(modelDir, numThreads);
+      encoder = await nativeAddon().loadVisionEncoder(modelDir, numThreads, device === 'cuda' ? 0 : -1);
     } catch (err) {
       const code = (err as { code?: unknown }).code;
       throw new SluiceError(typeof code === 'string' ? code.toLowerCase() : 'model_file_invalid',
         `cannot load the vision tower of ${modelDir}: ${(err as Error).message}`, { cause: err });
     }
     return new VisionModel(processor, imageTokenId, encoder);
+  }
+
+  /** Where the tower runs (the CUDA engine's device, or the CPU). */
+  get device(): VisionDevice {
+    return this.encoder.device;
   }
 
   /** Prompt tokens an image of this size becomes, and the pixels it is resized to (no pixels needed). */

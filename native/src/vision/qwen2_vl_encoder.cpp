@@ -8,6 +8,7 @@
 #include "cpu/kernels.h"
 #include "sluice/error.h"
 #include "util/json.h"
+#include "vision/qwen2_vl_layout.h"
 
 namespace sluice::vision {
 
@@ -47,38 +48,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
-}
-
-// The processor's (row, col) of each patch row: per frame, merge-group row, merge-group column,
-// row in the group, column in the group (visionPatchPositions).
-void patch_positions(int t, int h, int w, int64_t m, std::vector<int32_t>& row, std::vector<int32_t>& col) {
-  row.clear();
-  col.clear();
-  for (int f = 0; f < t; f++)
-    for (int64_t br = 0; br < h / m; br++)
-      for (int64_t bc = 0; bc < w / m; bc++)
-        for (int64_t r = 0; r < m; r++)
-          for (int64_t c = 0; c < m; c++) {
-            row.push_back(int32_t(br * m + r));
-            col.push_back(int32_t(bc * m + c));
-          }
-}
-
-// get_window_index: merged tokens listed window by window (windows of `ws` merged tokens per side,
-// anchored top left, per frame), and the boundaries of each non-empty window's patch rows.
-void window_index(int t, int h, int w, int64_t m, int64_t ws, std::vector<int64_t>& index, std::vector<int64_t>& cu) {
-  const int64_t gh = h / m, gw = w / m;
-  index.clear();
-  cu.assign(1, 0);
-  const int64_t wh = (gh + ws - 1) / ws, ww = (gw + ws - 1) / ws;
-  for (int64_t f = 0; f < t; f++)
-    for (int64_t wr = 0; wr < wh; wr++)
-      for (int64_t wc = 0; wc < ww; wc++) {
-        int64_t n = 0;
-        for (int64_t r = wr * ws; r < std::min(gh, (wr + 1) * ws); r++)
-          for (int64_t c = wc * ws; c < std::min(gw, (wc + 1) * ws); c++, n++) index.push_back((f * gh + r) * gw + c);
-        if (n > 0) cu.push_back(cu.back() + n * m * m);
-      }
 }
 
 }  // namespace
@@ -197,10 +166,9 @@ std::vector<float> VisionEncoder::encode(const float* pixel_values, int64_t rows
   return std::move(out[0]);
 }
 
-std::vector<std::vector<float>> VisionEncoder::encode_batch(const std::vector<EncoderImage>& images) const {
+void VisionEncoder::check_batch(const std::vector<EncoderImage>& images) const {
   const int64_t patch_dim = cfg_.patch_dim();
   const size_t n_img = images.size();
-  // Every image checked before anything is computed.
   for (size_t i = 0; i < n_img; i++) {
     const EncoderImage& im = images[i];
     const std::string where = n_img > 1 ? "image " + std::to_string(i) + ": " : "";
@@ -211,46 +179,27 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(const std::vector<En
     validate(im.num_values / patch_dim, patch_dim, im.t, im.h, im.w, where);
     if (!im.pixel_values) throw Error(ErrorCode::kInvalidArgument, "vision encoder: " + where + "no pixel values");
   }
-  std::vector<std::vector<float>> outs(n_img);
-  if (n_img == 0) return outs;
+}
+
+std::vector<std::vector<float>> VisionEncoder::encode_batch(const std::vector<EncoderImage>& images) const {
+  const int64_t patch_dim = cfg_.patch_dim();
+  const size_t n_img = images.size();
+  check_batch(images);  // every image before anything is computed
+  if (n_img == 0) return {};
 
   std::lock_guard<std::mutex> lock(mu_);
   cpu::ThreadPool& pool = *pool_;
   const int64_t H = cfg_.hidden, I = cfg_.intermediate, nh = cfg_.num_heads, d = cfg_.head_dim(), half = d / 2;
   const int64_t unit = cfg_.unit(), merged = H * unit, out_h = cfg_.out_hidden;
-  const int64_t ws = cfg_.window_size / cfg_.merge / cfg_.patch;
 
-  // The images' rows concatenated, each image's in its own window order: image i owns block rows
-  // [row0[i], row0[i + 1]) and merged tokens [row0[i] / unit, row0[i + 1] / unit). Attention
-  // segments (windows, frames) never cross an image.
-  std::vector<int64_t> row0(n_img + 1, 0);
-  for (size_t i = 0; i < n_img; i++) row0[i + 1] = row0[i] + images[i].num_values / patch_dim;
-  const int64_t rows = row0[n_img], tokens = rows / unit;
-  std::vector<std::vector<int64_t>> wins(n_img);      // per image: get_window_index's merged tokens
-  std::vector<const float*> src(static_cast<size_t>(rows));  // block row -> its patch row's values
-  std::vector<int32_t> grow(static_cast<size_t>(rows)), gcol(static_cast<size_t>(rows));  // its (row, col)
-  std::vector<int64_t> cu_window(1, 0), cu_frames(1, 0);
-  {
-    std::vector<int32_t> prow, pcol;
-    std::vector<int64_t> cu;
-    for (size_t i = 0; i < n_img; i++) {
-      const EncoderImage& im = images[i];
-      const int64_t base = row0[i], img_tokens = (row0[i + 1] - row0[i]) / unit;
-      patch_positions(im.t, im.h, im.w, cfg_.merge, prow, pcol);
-      window_index(im.t, im.h, im.w, cfg_.merge, ws, wins[i], cu);
-      for (size_t s = 1; s < cu.size(); s++) cu_window.push_back(base + cu[s]);
-      for (int f = 1; f <= im.t; f++) cu_frames.push_back(base + int64_t(f) * im.h * im.w);
-      // Rows in window order (whole merged tokens move).
-      const std::vector<int64_t>& win = wins[i];
-      for (int64_t k = 0; k < img_tokens; k++)
-        for (int64_t r = 0; r < unit; r++) {
-          const int64_t from = win[size_t(k)] * unit + r, to = base + k * unit + r;
-          src[size_t(to)] = im.pixel_values + from * patch_dim;
-          grow[size_t(to)] = prow[size_t(from)];
-          gcol[size_t(to)] = pcol[size_t(from)];
-        }
-    }
-  }
+  // The images' rows concatenated, each image's in its own window order (qwen2_vl_layout.h).
+  const Qwen2VlBatchLayout layout = qwen2vl_batch_layout(images, patch_dim, cfg_.merge, cfg_.window_merged());
+  const int64_t rows = layout.rows(), tokens = rows / unit;
+  const std::vector<const float*>& src = layout.src;
+  const std::vector<int32_t>& grow = layout.row;
+  const std::vector<int32_t>& gcol = layout.col;
+  const std::vector<int64_t>& cu_window = layout.cu_window;
+  const std::vector<int64_t>& cu_frames = layout.cu_frames;
 
   // Rotary cos/sin per block row: [rows, head_dim / 2]; pair i turns by row * inv[i] for the first
   // quarter of the head, col * inv[i - head_dim / 4] for the second (angles in double).
@@ -379,16 +328,7 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(const std::vector<En
   });
   std::vector<float> y(static_cast<size_t>(tokens * out_h));  // [tokens, out_hidden] in window order
   linear(z.data(), tokens, merged, fc2_, out_h, y.data());
-  // Split per image, undoing its window order.
-  for (size_t i = 0; i < n_img; i++) {
-    const int64_t tok0 = row0[i] / unit, img_tokens = (row0[i + 1] - row0[i]) / unit;
-    std::vector<float>& out = outs[i];
-    out.resize(static_cast<size_t>(img_tokens * out_h));
-    const std::vector<int64_t>& win = wins[i];
-    for (int64_t k = 0; k < img_tokens; k++)
-      std::memcpy(&out[size_t(win[size_t(k)] * out_h)], &y[size_t((tok0 + k) * out_h)], size_t(out_h) * sizeof(float));
-  }
-  return outs;
+  return qwen2vl_unwindow(layout, y.data(), unit, out_h);
 }
 
 }  // namespace sluice::vision

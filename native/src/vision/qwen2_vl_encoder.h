@@ -33,6 +33,7 @@ struct VisionConfig {
   int64_t head_dim() const { return hidden / num_heads; }
   int64_t patch_dim() const { return in_chans * temporal * patch * patch; }
   int64_t unit() const { return merge * merge; }  // patch rows per merged token
+  int64_t window_merged() const { return window_size / merge / patch; }  // a window's side in merged tokens
 };
 
 class VisionEncoder {
@@ -55,11 +56,15 @@ class VisionEncoder {
   // each what encode() gives that image alone (bit for bit: the kernels are batch invariant).
   std::vector<std::vector<float>> encode_batch(const std::vector<EncoderImage>& images) const;
 
+  // Throws what encode_batch throws for `images` (kInvalidArgument naming the image), computing nothing.
+  void check_batch(const std::vector<EncoderImage>& images) const;
+
   int64_t out_hidden() const { return cfg_.out_hidden; }
   int64_t tokens_for(int t, int h, int w) const { return int64_t(t) * h * w / cfg_.unit(); }
   const VisionConfig& config() const { return cfg_; }
 
- private:
+  // The checkpoint's tensors as bound at load (memory-mapped; valid while the encoder lives), for
+  // the CUDA tower's upload (cuda/vision_tower.h).
   struct Linear {
     const TensorView* w = nullptr;  // [out, in]
     const TensorView* b = nullptr;  // [out]
@@ -69,7 +74,14 @@ class VisionEncoder {
     const TensorView* norm2 = nullptr;
     Linear qkv, proj, gate, up, down;
   };
+  const TensorView& patch_embed() const { return *patch_embed_; }
+  const std::vector<Block>& blocks() const { return blocks_; }
+  const TensorView& merger_norm() const { return *ln_q_; }
+  const Linear& merger_fc1() const { return fc1_; }
+  const Linear& merger_fc2() const { return fc2_; }
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }  // [head_dim / 4]
 
+ private:
   VisionEncoder() = default;
   void validate(int64_t rows, int64_t patch_dim, int t, int h, int w, const std::string& where = "") const;
   void linear(const float* x, int64_t T, int64_t K, const Linear& l, int64_t N, float* y) const;

@@ -279,9 +279,14 @@ std::vector<float> SiglipEncoder::encode(const float* pixel_values, int64_t num_
   return std::move(out[0]);
 }
 
-std::vector<std::vector<float>> SiglipEncoder::encode_batch(const std::vector<EncoderImage>& images) const {
+void SiglipEncoder::check_batch(const std::vector<EncoderImage>& images) const {
   const size_t n_img = images.size();
   for (size_t i = 0; i < n_img; i++) validate(images[i], n_img > 1 ? "image " + std::to_string(i) + ": " : "");
+}
+
+std::vector<std::vector<float>> SiglipEncoder::encode_batch(const std::vector<EncoderImage>& images) const {
+  const size_t n_img = images.size();
+  check_batch(images);
   std::vector<std::vector<float>> outs(n_img);
   if (n_img == 0) return outs;
 

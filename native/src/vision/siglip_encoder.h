@@ -67,10 +67,14 @@ class SiglipEncoder {
   // kernels are batch invariant).
   std::vector<std::vector<float>> encode_batch(const std::vector<EncoderImage>& images) const;
 
+  // Throws what encode_batch throws for `images` (kInvalidArgument naming the image), computing nothing.
+  void check_batch(const std::vector<EncoderImage>& images) const;
+
   int64_t out_hidden() const { return cfg_.text_hidden; }
   const SiglipConfig& config() const { return cfg_; }
 
- private:
+  // The weights as bound at load (tensors memory-mapped, valid while the encoder lives; norms,
+  // position embeddings and the projection in f32), for the CUDA tower's upload (cuda/vision_tower.h).
   struct Linear {
     const TensorView* w = nullptr;  // [out, in]
     const TensorView* b = nullptr;  // [out]
@@ -82,7 +86,15 @@ class SiglipEncoder {
     Norm norm1, norm2;
     Linear q, k, v, out, fc1, fc2;
   };
+  const TensorView& patch_weight() const { return *patch_w_; }  // [hidden, num_channels, patch, patch]
+  const TensorView& patch_bias() const { return *patch_b_; }
+  const std::vector<float>& position_embedding() const { return pos_; }  // [num_patches, hidden]
+  const std::vector<Block>& blocks() const { return blocks_; }
+  const Norm& post_norm() const { return post_norm_; }
+  const std::vector<float>& soft_norm() const { return soft_norm_; }   // [hidden]: 1 + mm_soft_emb_norm.weight
+  const std::vector<float>& projection_t() const { return proj_t_; }   // [text_hidden, hidden]
 
+ private:
   SiglipEncoder() = default;
   void validate(const EncoderImage& image, const std::string& where) const;
   void linear(const float* x, int64_t T, int64_t K, const Linear& l, int64_t N, float* y) const;
