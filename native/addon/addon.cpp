@@ -100,6 +100,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("matmulPrecision", i.matmul_precision);
   o.Set("deviceBytes", double(i.device_bytes));
   o.Set("prefixCaching", i.prefix_caching);
+  o.Set("draftVerification", i.draft_verification);
   if (i.window > 0) {
     o.Set("window", double(i.window));
     o.Set("numWindowBlocks", double(i.num_window_blocks));
@@ -304,6 +305,17 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     if (!frees.IsEmpty()) plan.frees.assign(frees.Data(), frees.Data() + frees.ElementLength());
     Napi::Uint32Array constrained = uint32_field(env, o, "constrained", true);
     if (!constrained.IsEmpty()) plan.constrained.assign(constrained.Data(), constrained.Data() + constrained.ElementLength());
+    // Speculative decoding: numDrafts [n] and the drafts, flat (StepPlan::drafts).
+    Napi::Uint32Array num_drafts = uint32_field(env, o, "numDrafts", true);
+    if (!num_drafts.IsEmpty()) {
+      plan.num_drafts.assign(num_drafts.Data(), num_drafts.Data() + num_drafts.ElementLength());
+      Napi::Value d = o.Get("drafts");
+      if (!d.IsTypedArray() || d.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+        throw Napi::TypeError::New(env, "plan.drafts must be an Int32Array with plan.numDrafts");
+      Napi::Int32Array drafts = d.As<Napi::Int32Array>();
+      if (drafts.ElementLength() > kMaxPlanEntries) throw make_error(env, "INVALID_ARGUMENT", "plan.drafts is too long");
+      plan.drafts.assign(drafts.Data(), drafts.Data() + drafts.ElementLength());
+    }
     Napi::Value adds_v = o.Get("adds");
     if (adds_v.IsUndefined()) return plan;
     if (!adds_v.IsArray()) throw Napi::TypeError::New(env, "plan.adds must be an array");
@@ -407,6 +419,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     o.Set("rowComputed", copy_u32(r.row_computed));
     o.Set("rowPending", copy_u32(r.row_pending));
     o.Set("rowBlocks", copy_u32(r.row_blocks));
+    o.Set("rowDrafted", copy_u32(r.row_drafted));
+    o.Set("rowAccepted", copy_u32(r.row_accepted));
     o.Set("addStatus", copy_u8(r.add_status));
     auto add_cached = Napi::Int32Array::New(env, r.add_cached.size());
     std::copy(r.add_cached.begin(), r.add_cached.end(), add_cached.Data());

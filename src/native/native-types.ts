@@ -82,6 +82,8 @@ export interface NativeModelInfo {
   matmulPrecision: MatmulPrecision;
   deviceBytes: number;         // accelerator memory held (CUDA: weights + activations + KV), 0 on CPU
   prefixCaching?: boolean;     // whether the engine reuses cached prefix blocks
+  /** Whether steps verify NativeStepPlan.drafts (the CPU engine); otherwise drafts are ignored. */
+  draftVerification?: boolean;
   /**
    * Models with sliding-window layers on the CPU: the widest window (tokens), and the blocks of
    * those layers' KV, kept apart from numBlocks (the full-attention layers'): a sequence holds
@@ -153,6 +155,15 @@ export interface NativeStepPlan {
    */
   constrained?: Uint32Array;
   maskSlot?: number;
+  /**
+   * Speculative decoding: row i proposes numDrafts[i] tokens to follow its pending token, drafts
+   * flat in row order. A decode row of an unconstrained sequence computes them with its pending
+   * token (numTokens[i] must allow 1 + drafts; they are cut to it and to the context) and gains the
+   * accepted ones plus one sampled token, each from the distribution a token-by-token run samples
+   * (greedy: the same tokens). Other rows, and engines without draftVerification, ignore them.
+   */
+  numDrafts?: Uint32Array;
+  drafts?: Int32Array;
 }
 
 /** rowStatus values. */
@@ -177,7 +188,7 @@ export type NativeFaultPoint = 'prepare' | 'sample' | 'device';
 
 /** What one step did: sampled tokens per sampling row, and every per-row and per-add outcome as a value. */
 export interface NativeStepResult {
-  seqIds: Uint32Array;         // [m] sequences that sampled, plan order
+  seqIds: Uint32Array;         // [m] sequences that sampled, plan order (a verifying row's tokens in position order)
   tokens: Int32Array;          // [m]
   logprobs: Float32Array;      // [m] log-softmax of the raw logits at the sampled token
   topN: number;                // width of the top arrays
@@ -189,6 +200,8 @@ export interface NativeStepResult {
   rowComputed: Uint32Array;    // [n] tokens computed by this step
   rowPending: Uint32Array;     // [n] known but uncomputed tokens after it (1 after a sample)
   rowBlocks: Uint32Array;      // [n] KV blocks the sequence holds after it
+  rowDrafted?: Uint32Array;    // [n] drafts the row verified (absent: an engine that verifies none)
+  rowAccepted?: Uint32Array;   // [n] of those, accepted (rowComputed = 1 + accepted)
   addStatus: Uint8Array;       // [a] ADD_*
   addCached: Int32Array;       // [a] prompt tokens served from the prefix cache (-1 unless admitted)
   /** The pool after the step: blocks an allocation can get (free + evictable). */

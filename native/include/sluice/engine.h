@@ -159,6 +159,16 @@ struct StepPlan {
   // fails its row.
   std::vector<uint32_t> constrained;
   std::shared_ptr<TokenMaskSource> masks;
+  // Speculative decoding: row i proposes num_drafts[i] tokens (empty: none) to follow its
+  // pending token, drafts[sum of num_drafts[0..i) ..] in order. A decode row (one uncomputed
+  // token) of an unconstrained sequence computes its pending token and the drafts in one chunk
+  // (num_tokens[i] must allow 1 + drafts; the drafts are cut to it and to the context) and
+  // verifies each draft with verify_draft_token (sample/sampler.h): it gains the accepted drafts
+  // and one more sampled token, each following the distribution a token-by-token run samples from
+  // (for greedy, the same tokens). Drafts of other rows, and of every row of an engine whose
+  // info().draft_verification is false, are ignored. A draft outside the vocabulary fails its row.
+  std::vector<uint32_t> num_drafts;
+  std::vector<int32_t> drafts;
 };
 
 enum class RowStatus : uint8_t {
@@ -189,6 +199,8 @@ enum class FaultPoint {
 };
 
 struct StepResult {
+  // A row that verified drafts gains 1 + row_accepted tokens: its entries follow each other in
+  // position order.
   std::vector<uint32_t> seq_ids;      // [m] sequences that sampled a token
   std::vector<int32_t> tokens;        // [m]
   std::vector<float> logprobs;        // [m] log-softmax of the raw logits at the sampled token
@@ -201,6 +213,8 @@ struct StepResult {
   std::vector<uint32_t> row_computed; // [n] tokens computed by this step
   std::vector<uint32_t> row_pending;  // [n] known but uncomputed tokens after the step (1 after a sample)
   std::vector<uint32_t> row_blocks;   // [n] KV blocks the sequence holds after the step
+  std::vector<uint32_t> row_drafted;  // [n] drafts the row verified (0: none, or ignored)
+  std::vector<uint32_t> row_accepted; // [n] of those, accepted (row_computed = 1 + accepted)
   // Per add (plan order):
   std::vector<uint8_t> add_status;    // [a] AddStatus
   std::vector<int32_t> add_cached;    // [a] prompt tokens served from the prefix cache; -1 unless admitted
@@ -233,6 +247,8 @@ struct EngineInfo {
   int64_t window_blocks_in_use = 0;  // held by sequences now (not free, not evictable)
   size_t window_kv_bytes = 0;
   std::string broken_reason;      // non-empty once a device fault put the engine out of service
+  // Whether step() verifies StepPlan::drafts (the CPU backend, serial steps); else it ignores them.
+  bool draft_verification = false;
 };
 
 class Engine {

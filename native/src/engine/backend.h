@@ -60,6 +60,10 @@ struct SampleRow {
   // the other tokens become -inf before sampling (so logprobs are those of the constrained
   // distribution). nullptr: unconstrained.
   const uint32_t* allow = nullptr;
+  // Speculative decoding: >= 0, the proposed token this row verifies (verify_draft_token: kept
+  // with its probability, else a token drawn without it; SampleOutput::accepted says which).
+  // Only backends whose verifies_drafts() is true get such rows.
+  int32_t draft = -1;
 };
 
 // A row whose sampling failed on its own; its token is -1 and the other rows are unaffected.
@@ -78,6 +82,7 @@ struct SampleOutput {
   int32_t* top_ids = nullptr;
   float* top_logprobs = nullptr;
   std::vector<SampleRowError>* row_errors = nullptr;  // appended to for each failed row
+  uint8_t* accepted = nullptr;  // [R] rows with a draft: 1 when it was kept (may be null without drafts)
 };
 
 class Backend {
@@ -113,6 +118,8 @@ class Backend {
   virtual void read_logits(float* out) = 0;
   // Accelerator memory the backend holds (weights, activations, KV); 0 for the CPU.
   virtual size_t device_bytes() const { return 0; }
+  // Whether sample() verifies SampleRow::draft (speculative decoding).
+  virtual bool verifies_drafts() const { return false; }
 
   // Pipelined steps (EngineOptions::cuda_device_tokens). sample() split in two: sample_launch()
   // starts sampling the last forward()'s rows into output slot `slot` (0 or 1: the engine keeps

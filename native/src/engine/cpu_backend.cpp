@@ -91,6 +91,7 @@ class CpuBackend final : public Backend, private DecoderOps {
 
   void forward(const ForwardBatch& b) override;
   void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) override;
+  bool verifies_drafts() const override { return true; }
   void read_logits(float* out) override { std::memcpy(out, logits_.data(), logits_.size() * sizeof(float)); }
 
  private:
@@ -467,10 +468,19 @@ void CpuBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& ou
         if (!row_allows_any_[size_t(r)])
           throw Error(ErrorCode::kInvalidArgument, "the output grammar allows no token at this point");
         Rng rng(rows[r].stream_seed);
-        const SampledToken tok =
-            sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
-                         out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, scratch.probs,
-                         scratch.order);
+        SampledToken tok;
+        if (rows[r].draft >= 0) {
+          const DraftVerdict v = verify_draft_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)],
+                                                    rows[r].params, rng, rows[r].draft, out.top_n,
+                                                    out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n,
+                                                    scratch.probs, scratch.order);
+          tok = v.token;
+          if (out.accepted) out.accepted[r] = v.accepted ? 1 : 0;
+        } else {
+          tok = sample_token(logits_.data() + r * V, V, row_argmax_[size_t(r)], row_lse_[size_t(r)], rows[r].params, rng,
+                             out.top_n, out.top_ids + r * out.top_n, out.top_logprobs + r * out.top_n, scratch.probs,
+                             scratch.order);
+        }
         out.tokens[r] = tok.token;
         out.logprobs[r] = tok.logprob;
       } catch (const Error& e) {

@@ -169,6 +169,7 @@ class EngineImpl final : public Engine {
     i.simd = backend_->kernel_info();
     i.device_bytes = backend_->device_bytes();
     i.num_threads = backend_->num_threads();
+    i.draft_verification = backend_->verifies_drafts() && !pipelined_;
     i.matmul_precision = opts_.matmul_precision;
     i.prefix_caching = opts_.prefix_caching;
     i.num_cached_blocks = blocks_->num_cached();
@@ -263,6 +264,12 @@ class EngineImpl final : public Engine {
   // Validates one plan row and returns its token count (the bound clamped to what is left); throws
   // (with the row's message) when the row cannot run.
   int64_t check_row(uint32_t seq_id, int64_t bound);
+  // The drafts plan row i verifies (none when they do not apply; see StepPlan::drafts), cut to
+  // what the row's bound and the context allow; throws for a draft outside the vocabulary.
+  int64_t row_drafts(const StepPlan& plan, size_t i, const Sequence& s, int64_t bound, const int32_t** drafts) const;
+  // After a verification: gives back the blocks past the kept tokens (never hashed: hashing
+  // follows num_computed, which already excludes them).
+  void release_unkept_blocks(Sequence& s);
   // Validates plan row i and claims its blocks (status kNoKvBlocks when they are not there).
   void claim_row(const StepPlan& plan, size_t i, StepResult& result);
   void attach_token_masks(const StepPlan& plan);
@@ -522,8 +529,12 @@ class EngineImpl final : public Engine {
   struct PlanRow {
     Sequence* seq;
     uint32_t seq_id;
-    int64_t count;
-    size_t index;  // in the plan
+    int64_t count;  // tokens computed; after a verification, those kept (1 + accepted)
+    size_t index;   // in the plan
+    // Speculative decoding: drafts verified after the pending token (count = 1 + num_drafts).
+    int64_t num_drafts = 0;
+    const int32_t* drafts = nullptr;
+    int64_t accepted = 0;
   };
   std::vector<PlanRow> plan_rows_;          // the plan's valid rows, in plan order
   int64_t claimed_blocks_ = 0;              // blocks the step's rows will allocate (not yet taken)
@@ -531,10 +542,13 @@ class EngineImpl final : public Engine {
   std::vector<uint8_t> row_deferred_;       // [n] row of a sequence added by this step
   std::vector<SampleRow> sample_rows_;      // [m] one per sequence that samples this step
   std::vector<const PlanRow*> sampling_rows_;  // [m]
+  std::vector<size_t> sample_plan_row_;        // [m] index in plan_rows_ of sampling row r
+  std::vector<size_t> draft_offsets_;          // [n] each plan row's first draft in StepPlan::drafts
+  std::vector<uint8_t> sample_accepted_;       // [m] verified drafts: kept or not
+  std::vector<uint8_t> plan_row_failed_;       // [plan_rows_] a sampling row of it failed
   std::vector<SampleRowError> sample_errors_;
   std::vector<int32_t> sample_tokens_, sample_top_ids_;  // [m], [m * top_n]
   std::vector<float> sample_logprobs_, sample_top_lps_;  // [m], [m * top_n]
-  std::vector<uint8_t> sample_failed_;                   // [m]
 };
 
 int64_t EngineImpl::check_row(uint32_t seq_id, int64_t bound) {
@@ -558,11 +572,46 @@ int64_t EngineImpl::check_row(uint32_t seq_id, int64_t bound) {
   return count;
 }
 
+int64_t EngineImpl::row_drafts(const StepPlan& plan, size_t i, const Sequence& s, int64_t bound, const int32_t** drafts) const {
+  if (plan.num_drafts.empty() || plan.num_drafts[i] == 0) return 0;
+  // Only a decode row of an unconstrained sequence, on a backend that verifies, in serial steps.
+  if (pipelined_ || !backend_->verifies_drafts() || int64_t(s.tokens.size()) - s.num_computed != 1) return 0;
+  if (std::find(plan.constrained.begin(), plan.constrained.end(), plan.seq_ids[i]) != plan.constrained.end()) return 0;
+  const int64_t room = config_.max_position_embeddings - (s.num_computed + 1);
+  const int64_t k = std::max<int64_t>(0, std::min({int64_t(plan.num_drafts[i]), bound - 1, room}));
+  const int32_t* d = plan.drafts.data() + draft_offsets_[i];
+  for (int64_t j = 0; j < k; j++)
+    if (d[j] < 0 || d[j] >= config_.vocab_size)
+      throw Error(ErrorCode::kInvalidArgument, "step plan drafts token " + std::to_string(d[j]) + " for sequence " +
+                                                   std::to_string(plan.seq_ids[i]) + ", outside the vocabulary");
+  *drafts = d;
+  return k;
+}
+
+void EngineImpl::release_unkept_blocks(Sequence& s) {
+  const int64_t bs = opts_.block_size;
+  const size_t keep = size_t((s.num_computed + bs - 1) / bs);
+  if (s.blocks.size() > keep) {
+    blocks_->release(std::vector<int32_t>(s.blocks.rbegin(), s.blocks.rend() - long(keep)), s.keyed);
+    s.blocks.resize(keep);
+  }
+  if (window_pool_ && s.window_blocks.size() > keep) {
+    std::vector<int32_t> held;
+    for (size_t b = s.window_blocks.size(); b-- > keep;)
+      if (s.window_blocks[b] >= 0) held.push_back(s.window_blocks[b]);
+    window_pool_->release(held, s.keyed);
+    s.window_blocks.resize(keep);
+  }
+}
+
 void EngineImpl::claim_row(const StepPlan& plan, size_t i, StepResult& result) {
   const uint32_t seq_id = plan.seq_ids[i];
   try {
-    const int64_t count = check_row(seq_id, plan.num_tokens[i]);
+    int64_t count = check_row(seq_id, plan.num_tokens[i]);
     Sequence& s = seqs_.at(seq_id);
+    const int32_t* drafts = nullptr;
+    const int64_t num_drafts = row_drafts(plan, i, s, plan.num_tokens[i], &drafts);
+    count += num_drafts;
     const int64_t bs = opts_.block_size;
     const int64_t need = std::max<int64_t>(0, (s.num_computed + count + bs - 1) / bs - int64_t(s.blocks.size()));
     const int64_t window = window_need(s, s.num_computed + count);
@@ -573,7 +622,7 @@ void EngineImpl::claim_row(const StepPlan& plan, size_t i, StepResult& result) {
     }
     claimed_blocks_ += need;
     claimed_window_blocks_ += window;
-    plan_rows_.push_back({&s, seq_id, count, i});
+    plan_rows_.push_back({&s, seq_id, count, i, num_drafts, drafts, 0});
   } catch (const Error& e) {
     result.errors.push_back({seq_id, e.code(), e.what()});
   } catch (const std::exception& e) {
@@ -640,6 +689,16 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
   result.row_computed.assign(n, 0);
   result.row_pending.assign(n, 0);
   result.row_blocks.assign(n, 0);
+  result.row_drafted.assign(n, 0);
+  result.row_accepted.assign(n, 0);
+  if (!plan.num_drafts.empty() && plan.num_drafts.size() != n)
+    throw Error(ErrorCode::kInvalidArgument, "plan num_drafts and seq_ids differ in length");
+  draft_offsets_.assign(n, 0);
+  for (size_t i = 0, off = 0; i < plan.num_drafts.size(); i++) {
+    draft_offsets_[i] = off;
+    off += plan.num_drafts[i];
+    if (off > plan.drafts.size()) throw Error(ErrorCode::kInvalidArgument, "plan num_drafts add up to more than its drafts");
+  }
   result.add_status.assign(plan.adds.size(), uint8_t(AddStatus::kFailed));
   result.add_cached.assign(plan.adds.size(), -1);
 
@@ -697,9 +756,9 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
         window_pool_->allocate(window_need(s, end), &s.window_blocks);
         window_tables_[i] = s.window_blocks.data();
       }
-      const int64_t base = int64_t(token_ids_.size());
+      const int64_t base = int64_t(token_ids_.size()), known = int64_t(s.tokens.size());
       for (int64_t pos = s.num_computed; pos < end; pos++) {
-        token_ids_.push_back(s.tokens[size_t(pos)]);
+        token_ids_.push_back(pos < known ? s.tokens[size_t(pos)] : plan_rows_[i].drafts[pos - known]);
         positions_.push_back(int32_t(pos));
         if (config_.image_attention_bidirectional) attn_last_.push_back(int32_t(pos));
         token_seq_.push_back(int32_t(i));
@@ -707,7 +766,10 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
         if (window_pool_) window_slots_.push_back(int32_t(int64_t(s.window_blocks[size_t(pos / bs)]) * bs + pos % bs));
       }
       if (config_.mrope() || !s.images.empty()) add_image_rows(s, s.num_computed, end, base);
-      if (end == int64_t(s.tokens.size())) logit_rows_.push_back(int32_t(token_ids_.size() - 1));
+      // A verifying row wants the logits of its pending token and of every draft.
+      const int64_t num_drafts = plan_rows_[i].num_drafts;
+      if (end == known + num_drafts)
+        for (int64_t r = num_drafts; r >= 0; r--) logit_rows_.push_back(int32_t(token_ids_.size()) - 1 - int32_t(r));
     }
     for (const PlanRow& row : plan_rows_) result.row_status[row.index] = uint8_t(RowStatus::kRan);
   }
@@ -764,14 +826,22 @@ int EngineImpl::collect_sampling_rows() {
   int top_n = 0;
   sample_rows_.clear();
   sampling_rows_.clear();
-  for (const PlanRow& row : plan_rows_) {
+  sample_plan_row_.clear();
+  for (size_t p = 0; p < plan_rows_.size(); p++) {
+    const PlanRow& row = plan_rows_[p];
     const Sequence& s = *row.seq;
-    if (s.num_computed + row.count != int64_t(s.tokens.size())) continue;
-    sampling_rows_.push_back(&row);
+    if (s.num_computed + row.count != int64_t(s.tokens.size()) + row.num_drafts) continue;
     top_n = std::max(top_n, s.params.logprobs);
+    const bool fault = take_fault(row.seq_id, FaultPoint::kSampleRow);
     // A fresh stream per (seed, position): a preempted and recomputed sequence draws the same.
-    sample_rows_.push_back({s.params, s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(s.tokens.size())),
-                            take_fault(row.seq_id, FaultPoint::kSampleRow)});
+    // A verifying row's j-th logit row draws the token at position tokens.size() + j.
+    for (int64_t j = 0; j <= row.num_drafts; j++) {
+      sampling_rows_.push_back(&row);
+      sample_plan_row_.push_back(p);
+      SampleRow sr{s.params, s.params.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(int64_t(s.tokens.size()) + j)), fault && j == 0};
+      if (j < row.num_drafts) sr.draft = row.drafts[j];
+      sample_rows_.push_back(sr);
+    }
   }
   return top_n;
 }
@@ -806,55 +876,73 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
   logprobs.assign(m, 0.f);
   top_ids.assign(m * size_t(top_n), -1);
   top_lps.assign(m * size_t(top_n), -INFINITY);
+  sample_accepted_.assign(m, 0);
   sample_errors_.clear();
   forward_and_sample(plan, fb, [&] {
-    SampleOutput out{tokens.data(), logprobs.data(), top_n, top_ids.data(), top_lps.data(), &sample_errors_};
+    SampleOutput out{tokens.data(), logprobs.data(), top_n, top_ids.data(), top_lps.data(), &sample_errors_,
+                     sample_accepted_.data()};
     backend_->sample(sample_rows_.data(), int64_t(m), out);
   });
 
-  for (const PlanRow& row : plan_rows_) {
+  // Failures are a plan row's: a verifying row whose any logit row failed gains no token.
+  std::vector<uint8_t>& row_failed = plan_row_failed_;
+  row_failed.assign(plan_rows_.size(), 0);
+  auto fail = [&](size_t r, ErrorCode code, const std::string& message) {
+    const size_t p = sample_plan_row_[r];
+    if (row_failed[p]) return;
+    row_failed[p] = 1;
+    result.errors.push_back({plan_rows_[p].seq_id, code, message});
+    result.row_status[plan_rows_[p].index] = uint8_t(RowStatus::kFailed);
+  };
+  for (size_t r = 0; r < m; r++)
+    if (mask_missing_[r]) fail(r, ErrorCode::kInvalidArgument, "the token mask of this constrained row was not provided");
+  for (const SampleRowError& e : sample_errors_)
+    if (e.row >= 0 && size_t(e.row) < m) fail(size_t(e.row), e.code, e.message);
+  // A backend must fail a row it could not sample; a token outside the vocabulary that slipped
+  // through anyway would be appended and embedded by the next step (an out-of-bounds read).
+  for (size_t r = 0; r < m; r++)
+    if (tokens[r] < 0 || tokens[r] >= config_.vocab_size)
+      fail(r, ErrorCode::kInternal,
+           "the " + backend_->name() + " sampler returned token " + std::to_string(tokens[r]) + " outside the vocabulary");
+
+  // Each verifying row keeps its pending token and the drafts accepted before the first rejected
+  // one; the K/V of the rest is dropped before any block holding it is hashed.
+  for (size_t r = 0; r < m;) {
+    PlanRow& row = plan_rows_[sample_plan_row_[r]];
+    if (row.num_drafts > 0) {
+      int64_t a = 0;
+      if (!row_failed[sample_plan_row_[r]])
+        while (a < row.num_drafts && sample_accepted_[r + size_t(a)] && tokens[r + size_t(a)] == row.drafts[a]) a++;
+      row.accepted = a;
+      row.count = 1 + a;
+      result.row_drafted[row.index] = uint32_t(row.num_drafts);
+      result.row_accepted[row.index] = uint32_t(a);
+    }
+    r += size_t(row.num_drafts) + 1;
+  }
+  for (PlanRow& row : plan_rows_) {
     Sequence& s = *row.seq;
     s.num_computed += row.count;
+    if (row.num_drafts > 0) release_unkept_blocks(s);
     if (opts_.prefix_caching) cache_full_blocks(s);
     drop_out_of_window(s);
   }
-  std::vector<uint8_t>& failed = sample_failed_;
-  failed.assign(m, 0);
-  for (size_t r = 0; r < m; r++) {
-    if (!mask_missing_[r]) continue;
-    failed[r] = 1;
-    result.errors.push_back({sampling_rows_[r]->seq_id, ErrorCode::kInvalidArgument,
-                             "the token mask of this constrained row was not provided"});
-    result.row_status[sampling_rows_[r]->index] = uint8_t(RowStatus::kFailed);
-  }
-  for (const SampleRowError& e : sample_errors_) {
-    if (e.row < 0 || size_t(e.row) >= m || failed[size_t(e.row)]) continue;
-    failed[size_t(e.row)] = 1;
-    result.errors.push_back({sampling_rows_[size_t(e.row)]->seq_id, e.code, e.message});
-    result.row_status[sampling_rows_[size_t(e.row)]->index] = uint8_t(RowStatus::kFailed);
-  }
-  // A backend must fail a row it could not sample; a token outside the vocabulary that slipped
-  // through anyway would be appended and embedded by the next step (an out-of-bounds read).
-  for (size_t r = 0; r < m; r++) {
-    if (failed[r] || (tokens[r] >= 0 && tokens[r] < config_.vocab_size)) continue;
-    failed[r] = 1;
-    result.errors.push_back({sampling_rows_[r]->seq_id, ErrorCode::kInternal,
-                             "the " + backend_->name() + " sampler returned token " + std::to_string(tokens[r]) +
-                                 " outside the vocabulary"});
-    result.row_status[sampling_rows_[r]->index] = uint8_t(RowStatus::kFailed);
-  }
   result.top_n = top_n;
-  for (size_t r = 0; r < m; r++) {
-    if (failed[r]) continue;
-    Sequence& s = *sampling_rows_[r]->seq;
-    s.tokens.push_back(tokens[r]);
-    result.seq_ids.push_back(sampling_rows_[r]->seq_id);
-    result.tokens.push_back(tokens[r]);
-    result.logprobs.push_back(logprobs[r]);
-    result.top_ids.insert(result.top_ids.end(), top_ids.begin() + long(r * size_t(top_n)),
-                          top_ids.begin() + long((r + 1) * size_t(top_n)));
-    result.top_logprobs.insert(result.top_logprobs.end(), top_lps.begin() + long(r * size_t(top_n)),
-                               top_lps.begin() + long((r + 1) * size_t(top_n)));
+  for (size_t r = 0; r < m;) {
+    const size_t p = sample_plan_row_[r];
+    const PlanRow& row = plan_rows_[p];
+    const size_t emitted = row_failed[p] ? 0 : size_t(row.num_drafts > 0 ? row.accepted + 1 : 1);
+    for (size_t j = r; j < r + emitted; j++) {
+      row.seq->tokens.push_back(tokens[j]);
+      result.seq_ids.push_back(row.seq_id);
+      result.tokens.push_back(tokens[j]);
+      result.logprobs.push_back(logprobs[j]);
+      result.top_ids.insert(result.top_ids.end(), top_ids.begin() + long(j * size_t(top_n)),
+                            top_ids.begin() + long((j + 1) * size_t(top_n)));
+      result.top_logprobs.insert(result.top_logprobs.end(), top_lps.begin() + long(j * size_t(top_n)),
+                                 top_lps.begin() + long((j + 1) * size_t(top_n)));
+    }
+    r += size_t(row.num_drafts) + 1;
   }
 }
 

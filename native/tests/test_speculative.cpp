@@ -1,0 +1,353 @@
+// Speculative decoding in the engine (StepPlan::drafts, issue 35): a decode row computes its
+// pending token and the proposed drafts in one chunk and verifies them. Greedy rows gain exactly
+// the tokens, logprobs and top alternatives a token-by-token run gives (the CPU kernels are chunk
+// invariant), whatever the drafts; rejected drafts leave nothing behind (blocks given back, no
+// block hashed with a rejected token: a later prefix hit matches a plain run's); sampled rows
+// follow the plain run's distribution (two-sample chi-square over seeds); a failing row gains
+// nothing; drafts that do not apply are ignored and bad ones fail their row. (Sliding-window
+// families, whose window blocks are given back too, are covered through the addon:
+// test/speculative-engine.test.ts, since the tiny writer here makes Llama-family models only.)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/engine.h"
+#include "sluice/error.h"
+#include "test_util.h"
+#include "tiny_model_writer.h"
+
+using namespace sluice;
+using sluice_test::temp_dir;
+using sluice_test::TinyModelSpec;
+using sluice_test::write_tiny_model;
+
+namespace {
+
+constexpr size_t kBlockBytes = 2048;  // the tiny model's KV block of 4 tokens
+
+std::string model_dir(const std::string& name, const TinyModelSpec& spec) {
+  const std::string d = temp_dir(name);
+  write_tiny_model(d, spec);
+  return d;
+}
+
+const std::string& llama_dir() {
+  static const std::string d = model_dir("llama", TinyModelSpec{});
+  return d;
+}
+
+std::unique_ptr<Engine> load(const std::string& dir, bool prefix_caching = false, int64_t num_blocks = 512) {
+  EngineOptions o;
+  o.model_dir = dir;
+  o.kv_cache_bytes = kBlockBytes * size_t(num_blocks);
+  o.block_size = 4;
+  o.num_threads = 2;
+  o.prefix_caching = prefix_caching;
+  return Engine::load(o);
+}
+
+struct Emitted {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<int32_t> top_ids;
+  int steps = 0;
+  int drafted = 0, accepted = 0;
+  int64_t generated = 0;  // before the cut to n
+};
+
+// The drafts to propose for a sequence whose tokens so far are `known` (the pending one last).
+using Proposer = std::function<std::vector<int32_t>(const std::vector<int32_t>& known)>;
+
+// Runs sequence `id` from `prompt` until it has n generated tokens (the last step may overshoot:
+// the result is cut to n), proposing drafts at every decode step; the sequence is left in the
+// engine.
+Emitted generate(Engine& e, uint32_t id, const std::vector<int32_t>& prompt, int n, const SamplingParams& params,
+                 const Proposer& propose, int max_drafts = 4) {
+  Emitted out;
+  std::vector<int32_t> known = prompt;
+  const int64_t cached = e.add_sequence(id, prompt, params);
+  int64_t remaining = int64_t(prompt.size()) - cached;
+  while (int(out.tokens.size()) < n) {
+    StepPlan plan;
+    plan.seq_ids = {id};
+    if (remaining > 0) {
+      plan.num_tokens = {uint32_t(remaining)};
+      remaining = 0;
+    } else {
+      std::vector<int32_t> d = propose ? propose(known) : std::vector<int32_t>{};
+      if (int(d.size()) > max_drafts) d.resize(size_t(max_drafts));
+      plan.num_tokens = {uint32_t(1 + d.size())};
+      plan.num_drafts = {uint32_t(d.size())};
+      plan.drafts = d;
+    }
+    const StepResult r = e.step(plan);
+    out.steps++;
+    if (r.row_status[0] != uint8_t(RowStatus::kRan) || r.seq_ids.empty()) {
+      std::printf("  step %d: row status %d, %zu errors\n", out.steps, int(r.row_status[0]), r.errors.size());
+      return out;
+    }
+    out.drafted += int(r.row_drafted[0]);
+    out.accepted += int(r.row_accepted[0]);
+    for (size_t j = 0; j < r.seq_ids.size(); j++) {
+      known.push_back(r.tokens[j]);
+      out.tokens.push_back(r.tokens[j]);
+      out.logprobs.push_back(r.logprobs[j]);
+      for (int k = 0; k < r.top_n; k++) out.top_ids.push_back(r.top_ids[j * size_t(r.top_n) + size_t(k)]);
+    }
+  }
+  out.generated = int64_t(out.tokens.size());
+  const size_t top_n = out.tokens.empty() ? 0 : out.top_ids.size() / out.tokens.size();
+  out.tokens.resize(size_t(n));
+  out.logprobs.resize(size_t(n));
+  out.top_ids.resize(size_t(n) * top_n);
+  return out;
+}
+
+const SamplingParams kGreedy{0.f, 1.f, 0, 0, 2};
+
+bool same(const Emitted& a, const Emitted& b) {
+  return a.tokens == b.tokens && a.top_ids == b.top_ids && a.logprobs.size() == b.logprobs.size() &&
+         std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)) == 0;
+}
+
+std::vector<int32_t> prompt_of(int len, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; i++) p.push_back((i * 7 + salt * 13 + 3) % 96);
+  return p;
+}
+
+// Proposers against a reference continuation `ref` of `prompt`: the next k tokens of it, those
+// tokens each shifted (always wrong), or right for `right` tokens then wrong.
+Proposer from_reference(const std::vector<int32_t>& prompt, const std::vector<int32_t>& ref, int k, int right, int vocab) {
+  return [=](const std::vector<int32_t>& known) {
+    std::vector<int32_t> d;
+    const size_t at = known.size() - prompt.size();  // generated so far (the pending token included)
+    for (int j = 0; j < k && at + size_t(j) < ref.size(); j++) {
+      const int32_t t = ref[at + size_t(j)];
+      d.push_back(j < right ? t : (t + 1 + j) % vocab);
+    }
+    return d;
+  };
+}
+
+TEST_CASE(cpu_engine_verifies_drafts) {
+  auto e = load(llama_dir());
+  CHECK(e->info().draft_verification);
+}
+
+TEST_CASE(greedy_rows_gain_what_a_plain_run_gains_whatever_the_drafts) {
+  auto e = load(llama_dir());
+  const std::vector<int32_t> prompt = prompt_of(11, 1);
+  const int n = 30;
+  const Emitted plain = generate(*e, 0, prompt, n, kGreedy, nullptr);
+  e->free_sequence(0);
+  CHECK(int(plain.tokens.size()) == n);
+  const int64_t free_after_plain = e->num_free_blocks();
+  struct Case {
+    const char* name;
+    int k, right;
+  };
+  for (const Case c : {Case{"all right", 4, 4}, Case{"all wrong", 4, 0}, Case{"right then wrong", 4, 2}, Case{"one right", 1, 1},
+                       Case{"seven, three right", 7, 3}}) {
+    const Emitted spec = generate(*e, 1, prompt, n, kGreedy, from_reference(prompt, plain.tokens, c.k, c.right, 96), c.k);
+    std::printf("  %s: %d steps (plain %d), %d drafted, %d accepted\n", c.name, spec.steps, plain.steps, spec.drafted,
+                spec.accepted);
+    CHECK(same(spec, plain));
+    CHECK(spec.drafted > 0);
+    if (c.right == c.k) CHECK(spec.accepted == spec.drafted && spec.steps <= plain.steps / (1 + c.k) + 2);
+    if (c.right == 0) CHECK(spec.accepted == 0 && spec.steps == plain.steps);
+    if (c.right > 0 && c.right < c.k) CHECK(spec.accepted > 0 && spec.accepted < spec.drafted);
+    // The sequence holds only its computed tokens' blocks (all but the pending one); freed, the
+    // pool is whole again.
+    CHECK(e->num_sequence_blocks(1) == (int64_t(prompt.size()) + spec.generated - 1 + 3) / 4);
+    e->free_sequence(1);
+    CHECK(e->num_free_blocks() == free_after_plain);
+  }
+}
+
+TEST_CASE(rejected_drafts_are_never_hashed_into_the_prefix_cache) {
+  const std::vector<int32_t> prompt = prompt_of(9, 2);
+  const int n = 26;
+  // The plain run, then a prompt that extends its tokens: the cached prefix a plain engine serves.
+  auto plain_engine = load(llama_dir(), true);
+  const Emitted plain = generate(*plain_engine, 0, prompt, n, kGreedy, nullptr);
+  plain_engine->free_sequence(0);
+  std::vector<int32_t> longer = prompt;
+  longer.insert(longer.end(), plain.tokens.begin(), plain.tokens.end());
+  longer.push_back(5);
+  const int64_t plain_hit = plain_engine->add_sequence(9, longer, kGreedy);
+  // Every draft wrong, so every step computes rejected tokens into blocks it then gives back.
+  auto spec_engine = load(llama_dir(), true);
+  const Emitted spec = generate(*spec_engine, 0, prompt, n, kGreedy, from_reference(prompt, plain.tokens, 5, 1, 96), 5);
+  CHECK(same(spec, plain));
+  spec_engine->free_sequence(0);
+  const int64_t spec_hit = spec_engine->add_sequence(9, longer, kGreedy);
+  std::printf("  prefix hit: plain %lld, speculative %lld tokens\n", (long long)plain_hit, (long long)spec_hit);
+  CHECK(plain_hit > int64_t(prompt.size()));
+  CHECK(spec_hit == plain_hit);
+  // And a prompt that follows a rejected draft hits no more than its true prefix.
+  std::vector<int32_t> wrong = prompt;
+  wrong.insert(wrong.end(), plain.tokens.begin(), plain.tokens.begin() + 8);
+  wrong.push_back((plain.tokens[8] + 2) % 96);
+  for (int i = 0; i < 6; i++) wrong.push_back(1);
+  CHECK(spec_engine->add_sequence(10, wrong, kGreedy) <= int64_t(prompt.size()) + 8);
+}
+
+// Upper 0.1% point of chi-square with df degrees of freedom (Wilson-Hilferty).
+double chi2_critical(int df) {
+  const double z = 3.09, a = 2.0 / (9.0 * df);
+  return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+
+// Two-sample chi-square of two histograms of equal totals, bins with fewer than 10 expected
+// counts pooled; returns (statistic, df).
+std::pair<double, int> chi2_two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+  std::map<int32_t, std::pair<int, int>> bins;
+  for (auto [k, v] : a) bins[k].first += v;
+  for (auto [k, v] : b) bins[k].second += v;
+  std::vector<std::pair<int, int>> merged;
+  std::pair<int, int> pool{0, 0};
+  for (auto& [k, v] : bins) {
+    if (v.first + v.second < 20) {
+      pool.first += v.first;
+      pool.second += v.second;
+    } else {
+      merged.push_back(v);
+    }
+  }
+  if (pool.first + pool.second > 0) merged.push_back(pool);
+  double stat = 0;
+  for (auto [x, y] : merged) stat += double(x - y) * double(x - y) / double(x + y);
+  return {stat, int(merged.size()) - 1};
+}
+
+TEST_CASE(sampled_rows_follow_the_plain_distribution) {
+  auto e = load(llama_dir());
+  const std::vector<int32_t> prompt = prompt_of(7, 4);
+  // The draft after the first sampled token t: the greedy token that follows prompt + t (likely,
+  // so drafts are accepted and rejected both).
+  std::vector<int32_t> greedy_next(96);
+  for (int32_t t = 0; t < 96; t++) {
+    std::vector<int32_t> p = prompt;
+    p.push_back(t);
+    greedy_next[size_t(t)] = generate(*e, 0, p, 1, kGreedy, nullptr).tokens[0];
+    e->free_sequence(0);
+  }
+  const Proposer propose = [&](const std::vector<int32_t>& known) {
+    return std::vector<int32_t>{greedy_next[size_t(known.back())]};
+  };
+  const int runs = 3000;
+  std::map<int32_t, int> plain2, plain3, spec2, spec3;
+  int accepted = 0, drafted = 0;
+  for (int seed = 0; seed < runs; seed++) {
+    // Independent seeds for the two runs (the same seed would correlate them).
+    const SamplingParams p{0.4f, 0.95f, 8, uint64_t(seed) * 7919 + 1, 0, 0.01f};
+    SamplingParams q = p;
+    q.seed += 1000003;
+    const Emitted a = generate(*e, 0, prompt, 3, p, nullptr);
+    e->free_sequence(0);
+    // The first token comes from the prefill; the second is the first verified one.
+    const Emitted b = generate(*e, 0, prompt, 3, q, propose, 1);
+    e->free_sequence(0);
+    plain2[a.tokens[1]]++;
+    plain3[a.tokens[2]]++;
+    spec2[b.tokens[1]]++;
+    spec3[b.tokens[2]]++;
+    accepted += b.accepted;
+    drafted += b.drafted;
+  }
+  std::printf("  %d of %d drafts accepted\n", accepted, drafted);
+  CHECK(accepted > drafted / 10 && accepted < drafted * 9 / 10);
+  for (auto [name, x, y] : {std::make_tuple("second token", &plain2, &spec2), std::make_tuple("third token", &plain3, &spec3)}) {
+    const auto [stat, df] = chi2_two_sample(*x, *y);
+    std::printf("  %s: chi-square %.1f, df %d, critical %.1f\n", name, stat, df, chi2_critical(df));
+    CHECK(df >= 3);
+    CHECK(stat < chi2_critical(df));
+  }
+}
+
+TEST_CASE(a_failing_verifying_row_gains_nothing) {
+  auto e = load(llama_dir());
+  const std::vector<int32_t> prompt = prompt_of(10, 5);
+  const Emitted plain = generate(*e, 0, prompt, 3, kGreedy, nullptr);
+  e->inject_fault(0, FaultPoint::kSampleRow);
+  StepPlan plan;
+  plan.seq_ids = {0};
+  plan.num_tokens = {7};
+  plan.num_drafts = {6};
+  plan.drafts = {1, 2, 3, 4, 5, 6};
+  const StepResult r = e->step(plan);
+  CHECK(r.row_status[0] == uint8_t(RowStatus::kFailed));
+  CHECK(r.seq_ids.empty() && r.errors.size() == 1);
+  CHECK(r.row_computed[0] == 1 && r.row_pending[0] == 0);
+  // Blocks for the computed tokens only (10 prompt + 3 generated, all computed), not the 5 the
+  // drafts' positions took.
+  CHECK(e->num_sequence_blocks(0) == 4);
+  (void)plain;
+}
+
+TEST_CASE(drafts_that_do_not_apply_are_ignored_and_bad_ones_fail_their_row) {
+  auto e = load(llama_dir());
+  const std::vector<int32_t> prompt = prompt_of(10, 6);
+  e->add_sequence(0, prompt, kGreedy);
+  e->add_sequence(1, prompt, kGreedy);
+  // A prefill row ignores its drafts.
+  StepPlan plan;
+  plan.seq_ids = {0, 1};
+  plan.num_tokens = {10, 10};
+  plan.num_drafts = {2, 0};
+  plan.drafts = {1, 2};
+  StepResult r = e->step(plan);
+  CHECK(r.row_drafted[0] == 0 && r.seq_ids.size() == 2 && r.row_computed[0] == 10);
+  // The bound cuts them (1 + 1 here), a constrained row ignores them, a draft outside the
+  // vocabulary fails its row alone.
+  plan.num_tokens = {2, 4};
+  plan.num_drafts = {3, 1};
+  plan.drafts = {5, 6, 7, 96};
+  r = e->step(plan);
+  CHECK(r.row_drafted[0] == 1);
+  CHECK(r.row_status[1] == uint8_t(RowStatus::kFailed) && r.errors.size() == 1);
+  if (!r.errors.empty()) CHECK(r.errors[0].code == ErrorCode::kInvalidArgument && r.errors[0].seq_id == 1);
+  // Drafts whose counts do not match the plan fail the step.
+  plan.seq_ids = {0};
+  plan.num_tokens = {3};
+  plan.num_drafts = {3};
+  plan.drafts = {1, 2};
+  CHECK_THROWS_CODE(e->step(plan), ErrorCode::kInvalidArgument);
+  plan.num_drafts = {1, 1};
+  CHECK_THROWS_CODE(e->step(plan), ErrorCode::kInvalidArgument);
+}
+
+struct AllowAll : TokenMaskSource {
+  std::vector<uint32_t> bits = std::vector<uint32_t>(3, 0xffffffffu);
+  const uint32_t* wait() override { return bits.data(); }
+};
+
+TEST_CASE(constrained_rows_ignore_drafts) {
+  auto e = load(llama_dir());
+  const std::vector<int32_t> prompt = prompt_of(6, 7);
+  const Emitted plain = generate(*e, 0, prompt, 2, kGreedy, nullptr);
+  StepPlan plan;
+  plan.seq_ids = {0};
+  plan.num_tokens = {3};
+  plan.num_drafts = {2};
+  plan.drafts = {plain.tokens[0], plain.tokens[1]};
+  plan.constrained = {0};
+  plan.masks = std::make_shared<AllowAll>();
+  const StepResult r = e->step(plan);
+  CHECK(r.row_drafted[0] == 0 && r.seq_ids.size() == 1 && r.row_computed[0] == 1);
+}
+
+}  // namespace
+
+int main() {
+  const int rc = sluice_test::run_all("speculative");
+  std::system(("rm -rf '" + temp_dir("") + "'").c_str());
+  return rc;
+}
