@@ -1,7 +1,10 @@
 // The Qwen2.5-VL vision tower on the CPU (native/src/vision/qwen2_vl_encoder.cpp), or with
 // --model gemma-3-4b-vl Gemma 3's SigLIP tower and projector (native/src/vision/siglip_encoder.cpp):
 //   npm run bench:vision:encoder -- [--model qwen2.5-vl-3b|gemma-3-4b-vl] [--sizes 224x224,448x448,672x504]
-//     [--threads 0] [--runs 2] [--batch 1] [--out bench/results/vision-encoder.json]
+//     [--threads 0] [--runs 2] [--batch 1] [--device cpu|cuda] [--out bench/results/vision-encoder.json]
+// --device cuda runs the CUDA tower (native/src/cuda/vision_tower.cpp) on device 0, timed through
+// encodeImage (the serving path: the float layout on the vision thread, the tower on the device);
+// its results go to vision-encoder[-gemma3]-cuda.json unless --out says otherwise.
 // Gemma 3 resizes every image to 896x896 (4096 patches, 256 tokens; written to
 // bench/results/vision-encoder-gemma3.json unless --out says otherwise), its text model cut to
 // one layer likewise.
@@ -12,6 +15,7 @@
 // rate the tower's matmuls reach (2 flops a multiply-add, attention included). With --batch N > 1,
 // also N images of each size as the engine's queue hands them over, in one pass (encodeImages)
 // against one at a time (encodeImage), best of --runs each.
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -32,6 +36,7 @@ const { values: args } = parseArgs({
     threads: { type: 'string', default: '0' },
     runs: { type: 'string', default: '2' },
     batch: { type: 'string', default: '1' },
+    device: { type: 'string', default: 'cpu' },
     out: { type: 'string' },
   },
 });
@@ -45,7 +50,9 @@ if (!(Number.isInteger(batch) && batch >= 1 && batch <= 64)) throw new Error('--
 if (!(Number.isInteger(runs) && runs > 0)) throw new Error('--runs must be a positive integer');
 const gemma = args.model === 'gemma-3-4b-vl';
 if (!gemma && args.model !== 'qwen2.5-vl-3b') throw new Error(`--model is qwen2.5-vl-3b or gemma-3-4b-vl, got ${args.model}`);
-const out = args.out ?? (gemma ? 'bench/results/vision-encoder-gemma3.json' : 'bench/results/vision-encoder.json');
+const device = args.device!;
+if (device !== 'cpu' && device !== 'cuda') throw new Error(`--device is cpu or cuda, got ${device}`);
+const out = args.out ?? `bench/results/vision-encoder${gemma ? '-gemma3' : ''}${device === 'cuda' ? '-cuda' : ''}.json`;
 
 // Qwen2.5-VL-3B's vision_config.
 const V = { depth: 32, hidden: 1280, inter: 3420, heads: 16, patchDim: 1176, windowPatches: 8, fullBlocks: 4 };
@@ -83,6 +90,15 @@ async function input(w: number, h: number): Promise<Input> {
   return { pixelValues: p.pixelValues, grid: p.grid, patches: p.grid[1] * p.grid[2], tokens: p.numTokens };
 }
 
+/** The first GPU's name as nvidia-smi gives it, if it does. */
+function gpuName(): string | undefined {
+  try {
+    return execFileSync('nvidia-smi', ['--query-gpu=name', '--format=csv,noheader'], { encoding: 'utf8' }).split('\n')[0]?.trim() || undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Best of `runs` times of `work`, in seconds. */
@@ -96,12 +112,18 @@ async function bestOf(work: () => Promise<unknown>): Promise<number> {
   return best;
 }
 
-/** `batch` different images of one size: one pass against one at a time. */
-async function batchTimes(encoder: NativeVisionEncoder, w: number, h: number, grid: [number, number, number]): Promise<{ oneAtATimeS: number; oneBatchS: number }> {
+/** `count` different images of one size resized as the processor does, and the tower's tables. */
+async function nativeImages(w: number, h: number, grid: [number, number, number], count: number): Promise<{ images: NativeImage[]; tables: Float32Array }> {
   const [outW, outH, filter, tables] = gemma ? [896, 896, 'bilinear' as const, gemma3Tables({ ...GEMMA3_DEFAULTS, width: 896, height: 896 })]
     : [grid[2] * 14, grid[1] * 14, 'bicubic' as const, qwen2VlTables(QWEN2_VL_DEFAULTS)];
   const images: NativeImage[] = [];
-  for (let k = 0; k < batch; k++) images.push(await nativeAddon().resizeImage(testRgb(w, h, k + 1), w, h, outW, outH, filter));
+  for (let k = 0; k < count; k++) images.push(await nativeAddon().resizeImage(testRgb(w, h, k + 1), w, h, outW, outH, filter));
+  return { images, tables };
+}
+
+/** `batch` different images of one size: one pass against one at a time. */
+async function batchTimes(encoder: NativeVisionEncoder, w: number, h: number, grid: [number, number, number]): Promise<{ oneAtATimeS: number; oneBatchS: number }> {
+  const { images, tables } = await nativeImages(w, h, grid, batch);
   const oneAtATimeS = await bestOf(async () => { for (const im of images) await encoder.encodeImage(im, tables); });
   const oneBatchS = await bestOf(() => encoder.encodeImages(images, tables));
   return { oneAtATimeS, oneBatchS };
@@ -109,18 +131,21 @@ async function batchTimes(encoder: NativeVisionEncoder, w: number, h: number, gr
 
 async function main(): Promise<void> {
   const dir = await ensureBenchModel(args.model!, 'bf16', undefined, { numLayers: 1 });
-  const encoder = await nativeAddon().loadVisionEncoder(dir, threads);
+  const encoder = await nativeAddon().loadVisionEncoder(dir, threads, device === 'cuda' ? 0 : -1);
   const rows = [];
   try {
     for (const [w, h] of sizes) {
       const p = await input(w, h);
       const patches = p.patches;
       process.stderr.write(`${w}x${h}: ${patches} patches, ${p.tokens} tokens...\n`);
-      await encoder.encode(p.pixelValues, p.grid);  // warm-up
+      // encode() (the float input) always runs the CPU tower; the device's through encodeImage.
+      const { images: [image], tables } = await nativeImages(w, h, p.grid, 1);
+      const once = () => (device === 'cuda' ? encoder.encodeImage(image!, tables) : encoder.encode(p.pixelValues, p.grid));
+      await once();  // warm-up
       const times: number[] = [];
       for (let r = 0; r < runs; r++) {
         const t0 = performance.now();
-        await encoder.encode(p.pixelValues, p.grid);
+        await once();
         times.push((performance.now() - t0) / 1000);
       }
       const best = Math.min(...times);
@@ -144,7 +169,8 @@ async function main(): Promise<void> {
       console.log(`${`${r.width}x${r.height}`.padEnd(9)}  ${r.oneAtATimeS!.toFixed(2).padStart(15)}  ${r.oneBatchS!.toFixed(2).padStart(10)}  ${(r.oneAtATimeS! / r.oneBatchS!).toFixed(2).padStart(8)}`);
     }
   }
-  const result = { bench: 'vision-encoder', machine: machineInfo(), date: new Date().toISOString(), backend: 'cpu',
+  const gpu = device === 'cuda' ? gpuName() : undefined;
+  const result = { bench: 'vision-encoder', machine: machineInfo(), ...(gpu && { gpu }), date: new Date().toISOString(), backend: device,
     model: gemma ? 'gemma-3-4b-vl SigLIP tower and projector (bf16, published shapes)' : 'qwen2.5-vl-3b vision tower (bf16, published shapes)',
     threads, runs, batch, rows };
   mkdirSync(dirname(out), { recursive: true });

@@ -21,6 +21,8 @@
 #   kernels     sluice_cuda_kernel_bench (GEMMs, decode and prefill attention, sampling) beside torch.matmul
 #               and torch SDPA (flash) on the 8B shapes
 #   engine-small  bench:engine on qwen2.5-0.5b beside transformers
+#   vision      bench:vision:encoder --device cuda: the CUDA vision towers (Qwen2.5-VL-3B's, Gemma 3's
+#               SigLIP) at three image sizes, one image and four in one pass
 #   engine-8b   bench:engine on llama-3.1-8b beside transformers (makes the 16 GB model once; no CPU
 #               f32 reference: 32 GB of f32 weights on the host cost a minute, and the 0.5b has one)
 #   engine-8b-lt  the same with --cuda-gemm cublaslt (the default, auto, takes cuBLASLt where it loads;
@@ -390,6 +392,17 @@ phase_serve() {
     --preset llama-3.1-8b --scenarios tiers --out "$out_dir/serve-llama-3.1-8b.json"
 }
 
+phase_vision() {
+  if ((dry)); then
+    skip_step 'bench:vision:encoder cuda' 'no GPU in a dry run (the CPU towers have their own bench)'
+    return
+  fi
+  step 'bench:vision:encoder qwen2.5-vl-3b cuda' "$(left_in_phase)" node dist/bench/vision-encoder.js --device cuda \
+    --runs 3 --batch 4 --out "$out_dir/vision-encoder-cuda.json"
+  step 'bench:vision:encoder gemma-3-4b-vl cuda' "$(left_in_phase)" node dist/bench/vision-encoder.js --device cuda \
+    --model gemma-3-4b-vl --sizes 896x896 --runs 3 --batch 4 --out "$out_dir/vision-encoder-gemma3-cuda.json"
+}
+
 phase_prefix() {
   if ((dry)); then
     step 'bench:prefix cpu tiny' "$(left_in_phase)" node dist/bench/prefix.js --requests 4 --prefix-tokens 200 \
@@ -416,6 +429,7 @@ run_phase build          60  300  phase_build
 run_phase tests          60  360  phase_tests
 run_phase kernels        60  240  phase_kernels
 run_phase engine-small   60  240  phase_engine_small
+run_phase vision         60  180  phase_vision
 run_phase engine-8b     200  420  phase_engine_8b
 run_phase engine-8b-lt  100  240  phase_engine_8b_lt
 run_phase engine-8b-fp8 120  300  phase_engine_8b_fp8
