@@ -122,7 +122,7 @@ function fakeEngine() {
     observe(o: EngineObserver) { observers.add(o); return () => { observers.delete(o); }; },
     schedulerStats() { return { numRunning: engine.running, numWaiting: engine.waiting } as never; },
     step(numSampledTokens: number) {
-      for (const o of observers) o.onStep?.({ durationMs: 1, numRows: numSampledTokens, numComputedTokens: numSampledTokens, numPrefillTokens: 0, numSampledTokens, preempted: [], ok: true });
+      for (const o of observers) o.onStep?.({ durationMs: 1, numRows: numSampledTokens, numComputedTokens: numSampledTokens, numPrefillTokens: 0, numSampledTokens, numVerifyingRows: 0, numDraftTokens: 0, numAcceptedTokens: 0, preempted: [], ok: true });
     },
     end() { for (const o of observers) o.onRequestEnd?.({} as never); },
     get numObservers() { return observers.size; },

@@ -193,8 +193,9 @@ describe('the periodic engine line', () => {
     const log = new EngineStatsLog({ info: (obj) => lines.push(obj as Record<string, unknown>) }, () => nowMs);
     log.start({ models: [{ id: 'm', engine }] } as unknown as Pick<ModelRegistry, 'models'>, 3_600_000);
     try {
-      const step = (numRows: number, numPrefillTokens: number, numSampledTokens: number): StepReport => ({
+      const step = (numRows: number, numPrefillTokens: number, numSampledTokens: number, spec = [0, 0, 0]): StepReport => ({
         durationMs: 1, numRows, numComputedTokens: numPrefillTokens + numSampledTokens, numPrefillTokens, numSampledTokens, preempted: [], ok: true,
+        numVerifyingRows: spec[0]!, numDraftTokens: spec[1]!, numAcceptedTokens: spec[2]!,
       });
       observer!.onStep!(step(0, 0, 0));
       nowMs = 1000;
@@ -205,6 +206,12 @@ describe('the periodic engine line', () => {
       nowMs = 3000;
       log.tick();
       expect(lines).toMatchObject([{ model: 'm', steps: 2, prompt_tokens_per_s: 15, generation_tokens_per_s: 2 }]);
+      expect(lines[0]).not.toHaveProperty('speculative');
+      // Speculative decoding: 2 rows verified 8 drafts, 5 accepted, so a row gained 3.5 tokens.
+      observer!.onStep!(step(2, 0, 7, [2, 8, 5]));
+      nowMs = 4000;
+      log.tick();
+      expect(lines[1]).toMatchObject({ generation_tokens_per_s: 7, speculative: { acceptance: 0.625, tokens_per_step: 3.5 } });
     } finally {
       log.stop();
     }

@@ -3,6 +3,7 @@
 
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { SluiceError } from '../errors.js';
+import { DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, type SpeculativeOptions } from '../speculative/speculator.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 type Parsed<O extends Options> = ReturnType<typeof parseArgs<{ args: string[]; options: O; strict: true; allowPositionals: false }>>;
@@ -74,6 +75,25 @@ export function requiredFlag(raw: string | undefined, flag: string, command: str
 }
 
 /**
+ * --speculative METHOD and --num-speculative-tokens K: the engine's speculative option, or undefined
+ * without --speculative. ngram is served; draft:DIR and eagle3:DIR are recognised and refused.
+ */
+export function speculativeFlags(method: string | undefined, k: string | undefined): SpeculativeOptions | undefined {
+  if (method === undefined) {
+    if (k !== undefined) {
+      throw new SluiceError('invalid_argument', '--num-speculative-tokens needs --speculative', { param: 'num-speculative-tokens' });
+    }
+    return undefined;
+  }
+  if (/^(draft|eagle3):./.test(method)) {
+    throw new SluiceError('invalid_argument',
+      `--speculative ${method.split(':')[0]}:DIR is not served yet (draft models and EAGLE-3 heads are planned); use ngram`, { param: 'speculative' });
+  }
+  if (method !== 'ngram') throw bad('speculative', 'ngram (or draft:DIR / eagle3:DIR, not served yet)', method);
+  return { method, numSpeculativeTokens: intFlag(k, 'num-speculative-tokens', 1, MAX_SPECULATIVE_TOKENS) ?? DEFAULT_SPECULATIVE_TOKENS };
+}
+
+/**
  * Library option names (Engine.load, Engine.generate) -> the flag that sets them. The engine's
  * errors name what it was given (`maxTokens is 100000`); on the command line the user gave a flag.
  */
@@ -91,6 +111,7 @@ const FLAG_OF_OPTION: Record<string, string> = {
   maxBatchedTokens: '--max-batched-tokens',
   flexDeferral: '--flex-deferral',
   tenantDeferral: '--tenant-deferral',
+  numSpeculativeTokens: '--num-speculative-tokens',
 };
 // A name already written as a flag (`--quantization`, `'--top-k'`) is left alone: where the
 // option and the flag share a name, a plain word boundary would make it `----quantization`.

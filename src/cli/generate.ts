@@ -3,7 +3,7 @@
 import { SluiceError } from '../errors.js';
 import { Engine } from '../engine/engine.js';
 import type { GenerateRequest, GenerateResult, TokenLogprob } from '../engine/request.js';
-import { choiceFlag, commandFlags, intFlag, numberFlag, requiredFlag, u64Flag } from './args.js';
+import { choiceFlag, commandFlags, intFlag, numberFlag, requiredFlag, speculativeFlags, u64Flag } from './args.js';
 import { ensureDemoModel } from './demo-model.js';
 import { stderrProgress } from '../progress.js';
 
@@ -35,6 +35,10 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
                        checkpoint at load into 8-bit blocks (Q8_0); CPU backend only |
                        fp8: into e4m3 with per-row scales, for FP8 GEMMs; CUDA backend only
   --kv-cache-dtype D   auto (default) | fp8: K/V stored as e4m3 with per-layer scales
+  --speculative M      ngram: prompt-lookup drafts verified in each step (greedy output
+                       unchanged); CPU backend only
+  --num-speculative-tokens K
+                       drafts a step verifies at most (1..16, default 4)
 `;
 
 const DEFAULT_MAX_TOKENS = 256;
@@ -60,6 +64,8 @@ export const GENERATE_OPTIONS = {
   precision: { type: 'string' },
   quantization: { type: 'string' },
   'kv-cache-dtype': { type: 'string' },
+  speculative: { type: 'string' },
+  'num-speculative-tokens': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -85,6 +91,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const kvCacheDtype = choiceFlag(values['kv-cache-dtype'], 'kv-cache-dtype', ['auto', 'fp8', 'fp8_e4m3'] as const);
   const cudaGemm = choiceFlag(values['cuda-gemm'], 'cuda-gemm', ['native', 'cublaslt', 'auto'] as const);
   const gpuMemoryUtilization = numberFlag(values['gpu-memory-utilization'], 'gpu-memory-utilization', Number.MIN_VALUE, 1);
+  const speculative = speculativeFlags(values.speculative, values['num-speculative-tokens']);
   if (request.logprobs !== undefined && !values.json) {
     throw new SluiceError('invalid_argument', '--logprobs needs --json', { param: 'logprobs' });
   }
@@ -93,6 +100,7 @@ export async function runGenerate(args: string[]): Promise<void> {
   const model = values.model ?? await ensureDemoModel(log);
   const engine = await Engine.load({
     model, backend, threads, matmulPrecision, quantization, kvCacheDtype, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
+    ...(speculative && { speculative }),
     onLoadProgress: stderrProgress('reading weights'),
   });
 

@@ -7,7 +7,7 @@ import { SluiceError } from '../errors.js';
 import { DEFAULT_TRANSPORT_LIMITS } from '../api/transport.js';
 import { openService } from '../service.js';
 import { MAX_MAX_ORGANIZATIONS } from '../metrics/service-metrics.js';
-import { choiceFlag, commandFlags, intFlag, numberFlag } from './args.js';
+import { choiceFlag, commandFlags, intFlag, numberFlag, speculativeFlags } from './args.js';
 import { servedCatalog } from './served-catalog.js';
 import { DATABASE_URL_HELP, databaseUrlFlag } from './database-flag.js';
 import { redactDatabaseUrl } from '../store/database-url.js';
@@ -49,6 +49,12 @@ ${DATABASE_URL_HELP}
   --max-num-seqs N     sequences running at once (default: CPU 64, CUDA 256)
   --max-batched-tokens N
                        tokens per engine step (default: CPU 512, CUDA 8192)
+  --speculative M      speculative decoding: ngram (prompt lookup: drafts from the prompt and
+                       the output so far, verified in the row's step; greedy output unchanged,
+                       sampled output keeps its distribution). CPU backend only; draft:DIR and
+                       eagle3:DIR are not served yet. A catalog sets it per model
+  --num-speculative-tokens K
+                       drafts a decode row verifies at most (1..16, default 4)
   --flex-deferral R[,H] | off
                        while asap or standard work runs (or did in the last H ms), flex gets at
                        most R tokens per step and none in steps that prefill urgent work
@@ -132,6 +138,8 @@ export const SERVE_OPTIONS = {
   'kv-cache-bytes': { type: 'string' },
   'max-num-seqs': { type: 'string' },
   'max-batched-tokens': { type: 'string' },
+  speculative: { type: 'string' },
+  'num-speculative-tokens': { type: 'string' },
   'log-level': { type: 'string' },
   'metrics-public': { type: 'boolean' },
   'metrics-max-organizations': { type: 'string' },
@@ -184,6 +192,7 @@ export async function runServe(args: string[]): Promise<void> {
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),
     flexDeferral: deferralFlag(values['flex-deferral'], 'flex-deferral'),
     tenantDeferral: deferralFlag(values['tenant-deferral'], 'tenant-deferral'),
+    speculative: speculativeFlags(values.speculative, values['num-speculative-tokens']),
   };
   const orgLimits = Object.fromEntries(Object.entries({
     maxInflightRequests: intFlag(values['org-max-inflight'], 'org-max-inflight', 0),

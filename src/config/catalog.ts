@@ -57,6 +57,14 @@ const EngineSettingsSchema = Type.Object({
   matmul_precision: Type.Optional(Type.Enum(['f32', 'bf16'])),
   max_num_seqs: Type.Optional(Type.Integer({ minimum: 1 })),
   max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
+  /**
+   * Speculative decoding (serve --speculative, --num-speculative-tokens): the proposer ('ngram':
+   * prompt lookup) and the drafts a decode row verifies at most (default 4). CPU backend only.
+   */
+  speculative: Type.Optional(Type.Object({
+    method: Type.Literal('ngram'),
+    num_speculative_tokens: Type.Optional(Type.Integer({ minimum: 1, maximum: 16 })),
+  }, { additionalProperties: false })),
 }, { additionalProperties: false });
 export type EngineSettings = Static<typeof EngineSettingsSchema>;
 

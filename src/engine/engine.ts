@@ -31,6 +31,7 @@ import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-m
 import { EncodingCache } from '../vision/encoding-cache.js';
 import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
+import type { SpeculationStats, SpeculativeOptions } from '../speculative/speculator.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -134,6 +135,13 @@ export interface EngineLoadOptions {
    * step more than the ~1% of planning it hides. Same outputs either way.
    */
   overlapSteps?: boolean;
+  /**
+   * Speculative decoding (src/speculative/speculator.ts): `{ method: 'ngram', numSpeculativeTokens: K }`
+   * proposes up to K tokens per decode row by prompt lookup and verifies them in the row's step;
+   * greedy output is unchanged, sampled output keeps its distribution. CPU backend only for now
+   * (invalid_argument on CUDA). Default: off.
+   */
+  speculative?: SpeculativeOptions;
   /** Notices such as an engine put out of service. Default: written to stderr. */
   onMessage?: (message: string) => void;
   /**
@@ -171,6 +179,8 @@ export interface SchedulerStats {
   numSteps: number;
   /** Milliseconds the step loop spent on this thread (planning, applying results) since load. */
   loopMs: number;
+  /** Speculative decoding: drafts verified and accepted since load (absent without it). */
+  speculation?: SpeculationStats;
   /** Sequences running and waiting per completion window. */
   byWindow: Record<SchedulingWindow, { numRunning: number; numWaiting: number }>;
   /** The KV pool as the last step reported it. */
@@ -364,6 +374,7 @@ export class Engine {
         onStep: (report) => observers.step(report),
         ...limitsFor(handle.info().backend), policy: new WindowPriorityPolicy(),
         overlap: opts.overlapSteps ?? handle.info().backend === 'cuda',
+        ...(opts.speculative && { speculative: opts.speculative }),
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),

@@ -27,6 +27,10 @@ interface Interval {
   numSteps: number;
   numPrefillTokens: number;
   numSampledTokens: number;
+  /** Speculative decoding: rows that verified drafts, the drafts, and those accepted. */
+  numVerifyingRows: number;
+  numDraftTokens: number;
+  numAcceptedTokens: number;
   sinceMs: number;
 }
 
@@ -53,7 +57,7 @@ export class EngineStatsLog {
     if (intervalMs === 0 || this.timer !== undefined) return;
     for (const served of models.models) {
       if (this.intervals.has(served.engine)) continue;
-      const interval: Interval = { model: served.id, numSteps: 0, numPrefillTokens: 0, numSampledTokens: 0, sinceMs: this.now() };
+      const interval: Interval = { model: served.id, ...EMPTY, sinceMs: this.now() };
       this.intervals.set(served.engine, interval);
       this.unsubscribe.push(served.engine.observe({ onStep: (report) => count(interval, report) }));
     }
@@ -75,10 +79,12 @@ export class EngineStatsLog {
       const stats = engine.schedulerStats();
       const busy = interval.numSteps > 0 || stats.numRunning > 0 || stats.numWaiting > 0;
       if (busy) this.log.info(...engineLine(interval, stats, (nowMs - interval.sinceMs) / 1000));
-      Object.assign(interval, { numSteps: 0, numPrefillTokens: 0, numSampledTokens: 0, sinceMs: nowMs });
+      Object.assign(interval, { ...EMPTY, sinceMs: nowMs });
     }
   }
 }
+
+const EMPTY = { numSteps: 0, numPrefillTokens: 0, numSampledTokens: 0, numVerifyingRows: 0, numDraftTokens: 0, numAcceptedTokens: 0 };
 
 function count(interval: Interval, report: StepReport): void {
   // A step that only frees ended sequences computes nothing: it does not make an interval busy.
@@ -86,6 +92,9 @@ function count(interval: Interval, report: StepReport): void {
   interval.numSteps += 1;
   interval.numPrefillTokens += report.numPrefillTokens;
   interval.numSampledTokens += report.numSampledTokens;
+  interval.numDraftTokens += report.numDraftTokens;
+  interval.numAcceptedTokens += report.numAcceptedTokens;
+  interval.numVerifyingRows += report.numVerifyingRows;
 }
 
 /** The structured fields and the readable message of one engine's line. */
@@ -108,6 +117,13 @@ function engineLine(interval: Interval, stats: ReturnType<Engine['schedulerStats
     running, waiting,
     kv_usage_pct: kvPct,
     kv_blocks: { used: usedBlocks, cached: pool.numEvictableBlocks, free: pool.numFreeBlocks - pool.numEvictableBlocks },
+    ...(interval.numDraftTokens > 0 && {
+      speculative: {
+        acceptance: Math.round((interval.numAcceptedTokens / interval.numDraftTokens) * 1000) / 1000,
+        // Tokens a verifying row gained on average: its own and the accepted drafts.
+        tokens_per_step: Math.round((1 + interval.numAcceptedTokens / interval.numVerifyingRows) * 100) / 100,
+      },
+    }),
   };
   const perWindow = (counts: Record<string, number>) => Object.entries(counts).map(([w, n]) => `${w} ${n}`).join(', ');
   const msg = `engine ${interval.model}: prompt ${fields.prompt_tokens_per_s} tokens/s, generation ${fields.generation_tokens_per_s} tokens/s, `

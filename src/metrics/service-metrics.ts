@@ -75,6 +75,8 @@ export class ServiceMetrics {
   private readonly preemptions: Counter<ModelWindow>;
   private readonly stepDuration: Histogram<'model'>;
   private readonly stepTokens: Histogram<'model'>;
+  private readonly specDraftTokens: Counter<'model'>;
+  private readonly specAcceptedTokens: Counter<'model'>;
   private readonly batchLines: Counter<'outcome'>;
   private readonly webhookDeliveries: Counter<'outcome'>;
   private readonly webhookRetries: Counter;
@@ -113,6 +115,10 @@ export class ServiceMetrics {
       ['model'], STEP_BUCKETS);
     this.stepTokens = histogram('sluice_engine_step_tokens', 'Tokens computed by one engine step (prefill chunks and decodes)',
       ['model'], STEP_TOKEN_BUCKETS);
+    this.specDraftTokens = counter('sluice_spec_draft_tokens_total',
+      'Speculative decoding: draft tokens the engine verified', ['model']);
+    this.specAcceptedTokens = counter('sluice_spec_accepted_tokens_total',
+      'Speculative decoding: verified draft tokens accepted (acceptance rate: this over the drafts)', ['model']);
     this.batchLines = counter('sluice_batch_lines_total', 'Batch lines done (their result row stored), by outcome', ['outcome']);
     this.webhookDeliveries = counter('sluice_webhook_deliveries_total',
       'Completion webhook deliveries that ended: delivered, failed (attempts used up), refused (destination not allowed)', ['outcome']);
@@ -225,6 +231,10 @@ export class ServiceMetrics {
   private observeStep(model: string, report: StepReport): void {
     this.stepDuration.observe({ model }, report.durationMs / 1000);
     if (report.ok) this.stepTokens.observe({ model }, report.numComputedTokens);
+    if (report.numDraftTokens > 0) {
+      this.specDraftTokens.inc({ model }, report.numDraftTokens);
+      this.specAcceptedTokens.inc({ model }, report.numAcceptedTokens);
+    }
     for (const priority of report.preempted) {
       const window = SCHEDULING_WINDOWS[priority];
       if (window !== undefined) this.preemptions.inc({ model, window });

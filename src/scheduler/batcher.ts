@@ -33,6 +33,7 @@ import { FcfsPolicy, type SchedulingPolicy } from './policy.js';
 import { Roster } from './roster.js';
 import { Sequence, type SampledToken, type SequenceOutcome, type SequenceRequest } from './sequence.js';
 import type { TenantDeferral } from './tenant-share.js';
+import { Speculator, type SpeculativeOptions, type SpeculationStats } from '../speculative/speculator.js';
 
 export { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './policy.js';
 export type { DeferralGuard } from './planner.js';
@@ -60,6 +61,13 @@ export interface BatcherOptions {
   /** Plan step N+1 while step N runs (default true); false: plan only after each step's result. */
   overlap?: boolean;
   /**
+   * Speculative decoding (speculator.ts): decode rows carry drafts the engine verifies. The engine
+   * must verify drafts (info().draftVerification), else invalid_argument. Default: off.
+   */
+  speculative?: SpeculativeOptions;
+  /** Speculative decoding with this speculator (its proposals), instead of one made from `speculative`. */
+  speculator?: Speculator;
+  /**
    * Told after each step's result is applied (metrics, the engine's periodic log line). Called on
    * this thread between steps; it must be cheap, and what it throws is ignored.
    */
@@ -79,8 +87,12 @@ export interface StepReport {
   numComputedTokens: number;
   /** Of those, the tokens of rows that were prefilling (a prompt, or a recompute after a preemption). */
   numPrefillTokens: number;
-  /** Tokens sampled. */
+  /** Tokens sampled (a verifying row's accepted drafts and its own token included). */
   numSampledTokens: number;
+  /** Speculative decoding: rows that verified drafts, the drafts, and of those, accepted. */
+  numVerifyingRows: number;
+  numDraftTokens: number;
+  numAcceptedTokens: number;
   /** [p] priority of each running sequence the step's plan preempted. */
   preempted: readonly number[];
   /** False when the step failed as a whole (its token counts are then 0). */
@@ -104,6 +116,8 @@ export interface LoopStats {
   numSteps: number;
   /** Milliseconds this thread spent planning, submitting and applying results (not waiting for steps). */
   loopMs: number;
+  /** Speculative decoding: drafts verified and accepted so far (absent without it). */
+  speculation?: SpeculationStats;
 }
 
 /** A submitted step and its outcome once it settles. */
@@ -151,6 +165,7 @@ export class Batcher {
   private readonly masksOwed = new Set<number>();
   /** Words of one token-mask row: ceil(vocab / 32). */
   private readonly maskWords: number;
+  private readonly speculator: Speculator | undefined;
 
   constructor(private readonly handle: NativeEngineHandle, options: BatcherOptions = {}) {
     this.maxBatchedTokens = options.maxBatchedTokens ?? 512;
@@ -175,9 +190,17 @@ export class Batcher {
     this.pool = { numTotalBlocks: this.numTotalBlocks, numFreeBlocks: this.numTotalBlocks, numEvictableBlocks: 0, numCachedBlocks: 0 };
     this.overlap = options.overlap ?? true;
     this.roster = new Roster(options.policy ?? new FcfsPolicy(), this.blockSize);
+    if (options.speculative !== undefined || options.speculator !== undefined) {
+      if (!info.draftVerification) {
+        throw new SluiceError('invalid_argument',
+          `speculative decoding needs an engine that verifies drafts (the CPU backend); the ${info.backend} backend does not yet`,
+          { param: 'speculative' });
+      }
+      this.speculator = options.speculator ?? new Speculator(options.speculative!);
+    }
     this.planner = new Planner(this.roster, {
       maxBatchedTokens: this.maxBatchedTokens, maxNumSeqs: this.maxNumSeqs, deferral: options.deferral,
-      tenantDeferral: options.tenantDeferral, windowFloorShare: options.windowFloorShare, now: this.now,
+      tenantDeferral: options.tenantDeferral, windowFloorShare: options.windowFloorShare, speculator: this.speculator, now: this.now,
     }, this.numTotalBlocks);
   }
 
@@ -188,7 +211,7 @@ export class Batcher {
     return this.roster.waiting().length;
   }
   get stats(): LoopStats {
-    return { numSteps: this.numSteps, loopMs: this.loopMs };
+    return { numSteps: this.numSteps, loopMs: this.loopMs, ...(this.speculator && { speculation: { ...this.speculator.stats } }) };
   }
 
   /** The KV pool after the last step that reported (all blocks free before the first). */
@@ -403,7 +426,8 @@ export class Batcher {
     this.lastStepEndMs = outcome.atMs;
     const report: StepReport = {
       durationMs: Math.max(0, outcome.atMs - startMs), numRows: step.planned.rows.length, numComputedTokens: 0,
-      numPrefillTokens: 0, numSampledTokens: 0, preempted: step.planned.preempted, ok: !('error' in outcome),
+      numPrefillTokens: 0, numSampledTokens: 0, numVerifyingRows: 0, numDraftTokens: 0, numAcceptedTokens: 0, preempted: step.planned.preempted,
+      ok: !('error' in outcome),
     };
     if ('error' in outcome) {
       this.onStepError(step.planned, outcome.error);
@@ -432,9 +456,12 @@ export class Batcher {
 
   /** Applies a step's result: admissions, rows, then samples. Returns the tokens its rows computed. */
   private applyStep(planned: PlannedStep, result: NativeStepResult, submittedAtMs: number):
-    { numComputedTokens: number; numPrefillTokens: number } {
+    { numComputedTokens: number; numPrefillTokens: number; numVerifyingRows: number; numDraftTokens: number; numAcceptedTokens: number } {
     let numComputedTokens = 0;
     let numPrefillTokens = 0;
+    let numVerifyingRows = 0;
+    let numDraftTokens = 0;
+    let numAcceptedTokens = 0;
     const { plan } = planned;
     const errors = new Map<number, { code: string; message: string }>();
     for (const e of result.errors) if (!errors.has(e.seqId)) errors.set(e.seqId, e);
@@ -469,6 +496,11 @@ export class Batcher {
       const seq = row.seq;
       const status = result.rowStatus[i];
       if (status === ROW_RAN) numComputedTokens += result.rowComputed[i]!;
+      const drafted = result.rowDrafted?.[i] ?? 0, accepted = result.rowAccepted?.[i] ?? 0;
+      if (drafted > 0) numVerifyingRows++;
+      numDraftTokens += drafted;
+      numAcceptedTokens += accepted;
+      this.speculator?.record(seq, drafted, accepted);
       if (!this.owns(seq, plan.seqIds[i]!)) return;
       if (status === ROW_RAN) {
         // More than the one sampled token left to compute: the row was prefilling.
@@ -506,7 +538,7 @@ export class Batcher {
       if (!this.callSink(seq, () => { stop = seq.request.sink.onToken(token); })) continue;
       if (stop || seq.numGeneratedTokens >= seq.request.maxTokens) this.roster.end(seq, { kind: 'finished' });
     }
-    return { numComputedTokens, numPrefillTokens };
+    return { numComputedTokens, numPrefillTokens, numVerifyingRows, numDraftTokens, numAcceptedTokens };
   }
 
   private onStepError(planned: PlannedStep, err: unknown): void {

@@ -25,6 +25,7 @@
 
 import { SluiceError } from '../errors.js';
 import type { NativeStepPlan } from '../native/native-types.js';
+import type { Speculator } from '../speculative/speculator.js';
 import type { Roster } from './roster.js';
 import type { Sequence } from './sequence.js';
 import { runningByTenant, TenantShare, tenantKey, WindowFloor, type TenantDeferral } from './tenant-share.js';
@@ -53,6 +54,8 @@ export interface PlannerOptions {
   tenantDeferral?: TenantDeferral | undefined;
   /** TenantShareOptions.floorShare (default DEFAULT_WINDOW_FLOOR_SHARE; 0: windows strict between tenants). */
   windowFloorShare?: number | undefined;
+  /** Speculative decoding: decode rows may carry drafts (speculator.ts); the engine must verify them. */
+  speculator?: Speculator | undefined;
   now: () => number;
 }
 
@@ -63,6 +66,8 @@ export interface PlannedRow {
   numTokens: number;
   /** Estimated new KV blocks the row takes. */
   numNewBlocks: number;
+  /** Speculative decoding: tokens proposed to follow the pending one (numTokens = 1 + drafts). */
+  drafts?: number[];
 }
 
 /** A planned step, ready to submit. */
@@ -104,6 +109,13 @@ interface StepDraft {
   preempted: number[];
   /** The window floor of this step (tenant-share.ts). */
   floor: WindowFloor;
+  /** Draft tokens the step's rows may still carry (0: no speculation this step). */
+  numDraftTokens: number;
+}
+
+/** Whether a planned row prefills (computes more than its one pending token and its drafts). */
+function isPrefill(row: PlannedRow | undefined): boolean {
+  return row !== undefined && row.numTokens - (row.drafts?.length ?? 0) > 1;
 }
 
 export class Planner {
@@ -148,6 +160,7 @@ export class Planner {
       numDeferredTokens: this.opts.deferral?.rowsPerStep ?? 0,
       heavy: this.tenantShare.heavyThisStep(roster.running, roster.waiting()), lightPrefill: false, heavyTokens: new Map(), preempted: [],
       floor: this.tenantShare.floorThisStep(roster.running, roster.waiting()),
+      numDraftTokens: this.opts.speculator?.active(roster.running.length) ? this.opts.speculator.options.maxDraftTokensPerStep : 0,
     };
     const isHeavy = (s: Sequence) => step.heavy.size > 0 && step.heavy.has(tenantKey(s));
     // Tenants below their window floor first: their admissions, then their rows.
@@ -162,8 +175,8 @@ export class Planner {
         this.withDeferredCap(step, () => this.planRunning(step, seq));
         continue;
       }
-      this.planRunning(step, seq);
-      if ((step.rows.get(seq)?.numTokens ?? 0) > 1) step.urgentPrefill = step.lightPrefill = true;
+      this.planRunning(step, seq, true);
+      if (isPrefill(step.rows.get(seq))) step.urgentPrefill = step.lightPrefill = true;
     }
     // Stable sort: with equal priorities this is admission order; a window's light tenants first.
     const byPriority = [...roster.running].sort((a, b) => a.priority - b.priority ||
@@ -186,8 +199,8 @@ export class Planner {
         this.withTenantCap(step, seq, () => this.planRunning(step, seq));
         continue;
       }
-      this.planRunning(step, seq);
-      if ((step.rows.get(seq)?.numTokens ?? 0) > 1) step.urgentPrefill = step.lightPrefill = true;
+      this.planRunning(step, seq, true);
+      if (isPrefill(step.rows.get(seq))) step.urgentPrefill = step.lightPrefill = true;
     }
     this.admitWaiting(step, Infinity);
 
@@ -203,6 +216,10 @@ export class Planner {
       numTokens: Uint32Array.from(rows, (r) => r.numTokens),
     };
     if (frees.length > 0) plan.frees = Uint32Array.from(frees);
+    if (rows.some((r) => r.drafts !== undefined)) {
+      plan.numDrafts = Uint32Array.from(rows, (r) => r.drafts?.length ?? 0);
+      plan.drafts = Int32Array.from(rows.flatMap((r) => r.drafts ?? []));
+    }
     if (adds.length > 0) {
       plan.adds = adds.map((seq) => ({
         seqId: seq.seqId, promptTokens: roster.promptOf(seq), sampling: seq.request.sampling,
@@ -249,17 +266,31 @@ export class Planner {
     return step.deferring && seq.priority >= this.opts.deferral!.fromPriority;
   }
 
-  /** Plans a running sequence's next tokens; preempts the policy's victim while not even one token fits. */
-  private planRunning(step: StepDraft, seq: Sequence): void {
+  /**
+   * Plans a running sequence's next tokens; preempts the policy's victim while not even one token
+   * fits. mayDraft: a decode row may carry drafts (speculative decoding) within what the step's
+   * budget and blocks leave after its own token.
+   */
+  private planRunning(step: StepDraft, seq: Sequence, mayDraft = false): void {
     const roster = this.roster;
     while (seq.state === 'running') {
       const { computed, pending } = seq.predicted();
       const numHeldBlocks = roster.predictedBlocks(seq);
       const numTokensByBlocks = (numHeldBlocks + this.numFreeBlocks(step)) * this.roster.blockSize - computed;
-      const numTokens = Math.min(pending, step.numBudgetTokens, numTokensByBlocks);
+      let numTokens = Math.min(pending, step.numBudgetTokens, numTokensByBlocks);
       if (numTokens >= 1) {
+        let drafts: number[] | undefined;
+        if (mayDraft && pending === 1 && step.numDraftTokens > 0) {
+          const room = Math.min(step.numDraftTokens, step.numBudgetTokens - 1, numTokensByBlocks - 1);
+          const proposed = room > 0 ? this.opts.speculator!.propose(seq, room) : [];
+          if (proposed.length > 0) {
+            drafts = proposed;
+            numTokens += drafts.length;
+            step.numDraftTokens -= drafts.length;
+          }
+        }
         const numNewBlocks = Math.max(0, roster.blocksFor(computed + numTokens) - numHeldBlocks);
-        step.rows.set(seq, { seq, numTokens, numNewBlocks });
+        step.rows.set(seq, { seq, numTokens, numNewBlocks, ...(drafts && { drafts }) });
         step.numBudgetTokens -= numTokens;
         step.numPlannedBlocks += numNewBlocks;
         return;

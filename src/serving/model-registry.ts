@@ -5,6 +5,7 @@
 import { SluiceError } from '../errors.js';
 import { percentSteps } from '../progress.js';
 import { Engine, type EngineLoadOptions } from '../engine/engine.js';
+import { DEFAULT_SPECULATIVE_TOKENS } from '../speculative/speculator.js';
 import { toolCallFormat } from '../text/tool-calls.js';
 import {
   COMPLETION_WINDOWS, pricingFor, visibleTo, type Catalog, type CatalogModel, type CompletionWindow, type EngineSettings,
@@ -102,6 +103,9 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   if (settings.matmul_precision !== undefined) out.matmulPrecision = settings.matmul_precision;
   if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
   if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;
+  if (settings.speculative !== undefined) {
+    out.speculative = { method: settings.speculative.method, numSpeculativeTokens: settings.speculative.num_speculative_tokens ?? DEFAULT_SPECULATIVE_TOKENS };
+  }
   return out;
 }
 

@@ -1,0 +1,135 @@
+// Speculative decoding on the scheduler's side (issue 35): which decode rows carry drafts, and the
+// drafts themselves. The engine verifies them (NativeStepPlan.drafts): greedy rows gain exactly
+// the tokens they would have sampled one by one, sampled rows tokens from the same distribution.
+//
+// Proposer: prompt lookup (ngram-proposer.ts) over the sequence's prompt and generated tokens, fed
+// incrementally. Drafts go only where they are known to be right to verify: a decode row (its one
+// pending token is the last generated one) with no step of it in flight (under overlap the plan
+// would guess from tokens not yet known), no output grammar (its masks are one per row), and at
+// most maxTokens - generated - 1 of them (never past max_tokens).
+//
+// Load: a verification computes K + 1 tokens to gain 1 + accepted, so it pays at low load, where a
+// step is bound by reading the weights, and costs at high load, where it is bound by compute. Rows
+// draft only while at most maxSpeculativeSeqs sequences run, and a step carries at most
+// maxDraftTokensPerStep drafts; a sequence whose drafts keep failing (acceptance under
+// MIN_ACCEPTANCE over its last drafts) drafts one token at a time until they agree again. Prompt
+// lookup proposes nothing without a match, and then costs nothing.
+
+import { SluiceError } from '../errors.js';
+import type { Sequence } from '../scheduler/sequence.js';
+import { DEFAULT_NGRAM, NgramProposer } from './ngram-proposer.js';
+
+export type SpeculativeMethod = 'ngram';
+
+export interface SpeculativeOptions {
+  method: SpeculativeMethod;
+  /** Drafts a decode row verifies at most (K), 1..MAX_SPECULATIVE_TOKENS. */
+  numSpeculativeTokens: number;
+  /** Rows draft only while at most this many sequences run (default DEFAULT_MAX_SPECULATIVE_SEQS). */
+  maxSpeculativeSeqs?: number;
+  /** Draft tokens one step carries at most, all rows together (default DEFAULT_MAX_DRAFT_TOKENS_PER_STEP). */
+  maxDraftTokensPerStep?: number;
+}
+
+export const MAX_SPECULATIVE_TOKENS = 16;
+/** K when a catalog or the command line names a method alone. */
+export const DEFAULT_SPECULATIVE_TOKENS = 4;
+export const DEFAULT_MAX_SPECULATIVE_SEQS = 8;
+export const DEFAULT_MAX_DRAFT_TOKENS_PER_STEP = 32;
+/** Below this acceptance over a sequence's recent drafts, it drafts one token at a time. */
+export const MIN_ACCEPTANCE = 0.2;
+/** Drafts a sequence's acceptance is averaged over (an exponential moving average's span). */
+const ACCEPTANCE_SPAN = 16;
+
+/** Checks and completes the options (invalid_argument naming the field). */
+export function speculativeOptions(o: SpeculativeOptions, param = 'speculative'): Required<SpeculativeOptions> {
+  if (o.method !== 'ngram') {
+    throw new SluiceError('invalid_argument',
+      `${param}.method must be 'ngram' (draft models and EAGLE-3 heads are not served yet), got ${JSON.stringify(o.method)}`, { param: `${param}.method` });
+  }
+  const int = (v: unknown, name: string, lo: number, hi: number): number => {
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) {
+      throw new SluiceError('invalid_argument', `${param}.${name} must be an integer in [${lo}, ${hi}], got ${JSON.stringify(v)}`, { param: `${param}.${name}` });
+    }
+    return v;
+  };
+  return {
+    method: o.method,
+    numSpeculativeTokens: int(o.numSpeculativeTokens, 'numSpeculativeTokens', 1, MAX_SPECULATIVE_TOKENS),
+    maxSpeculativeSeqs: int(o.maxSpeculativeSeqs ?? DEFAULT_MAX_SPECULATIVE_SEQS, 'maxSpeculativeSeqs', 1, 4096),
+    maxDraftTokensPerStep: int(o.maxDraftTokensPerStep ?? DEFAULT_MAX_DRAFT_TOKENS_PER_STEP, 'maxDraftTokensPerStep', 1, 1 << 16),
+  };
+}
+
+/** One sequence's proposer and how its drafts have fared. */
+interface SequenceState {
+  proposer: NgramProposer;
+  /** Exponential moving average of accepted / drafted, per draft. */
+  acceptance: number;
+}
+
+/** Draft and acceptance counts since the speculator was made. */
+export interface SpeculationStats {
+  numDraftTokens: number;
+  numAcceptedTokens: number;
+}
+
+export class Speculator {
+  readonly options: Required<SpeculativeOptions>;
+  private readonly states = new WeakMap<Sequence, SequenceState>();
+  readonly stats: SpeculationStats = { numDraftTokens: 0, numAcceptedTokens: 0 };
+
+  constructor(options: SpeculativeOptions) {
+    this.options = speculativeOptions(options);
+  }
+
+  /** Whether rows may draft in a step planned while `numRunning` sequences run. */
+  active(numRunning: number): boolean {
+    return numRunning <= this.options.maxSpeculativeSeqs;
+  }
+
+  /**
+   * Up to `limit` drafts to follow seq's pending token (its last generated one), or none when the
+   * row must not draft (see the file comment). Call only for a decode row.
+   */
+  propose(seq: Sequence, limit: number): number[] {
+    if (seq.inFlight.length > 0 || seq.request.constraint !== undefined || seq.numGeneratedTokens === 0) return [];
+    const k = Math.min(limit, this.options.numSpeculativeTokens, seq.request.maxTokens - seq.numGeneratedTokens - 1);
+    if (k < 1) return [];
+    return this.lookup(seq, this.sync(seq).acceptance < MIN_ACCEPTANCE ? 1 : k);
+  }
+
+  /**
+   * At most k tokens to follow seq's known tokens (its prompt and generated tokens, the pending
+   * one last): prompt lookup. A subclass may propose otherwise (tests propose known continuations).
+   */
+  protected lookup(seq: Sequence, k: number): number[] {
+    return this.sync(seq).proposer.propose(k);
+  }
+
+  /** A row's verification: `drafted` drafts, `accepted` of them kept. */
+  record(seq: Sequence, drafted: number, accepted: number): void {
+    if (drafted === 0) return;
+    this.stats.numDraftTokens += drafted;
+    this.stats.numAcceptedTokens += accepted;
+    const state = this.states.get(seq);
+    if (state === undefined) return;
+    const w = Math.min(1, drafted / ACCEPTANCE_SPAN);
+    state.acceptance += w * (accepted / drafted - state.acceptance);
+  }
+
+  /** seq's state with its proposer holding the prompt and every generated token. */
+  private sync(seq: Sequence): SequenceState {
+    let state = this.states.get(seq);
+    if (state === undefined) {
+      state = { proposer: new NgramProposer(DEFAULT_NGRAM), acceptance: 1 };
+      state.proposer.append(seq.request.promptTokenIds);
+      this.states.set(seq, state);
+    }
+    const { proposer } = state;
+    const known = seq.numPromptTokens + seq.numGeneratedTokens;
+    // Generated tokens only grow (a preempted sequence keeps them), so the proposer only appends.
+    if (proposer.length < known) proposer.append(seq.generatedTokenIds.slice(proposer.length - seq.numPromptTokens));
+    return state;
+  }
+}
