@@ -194,3 +194,19 @@ export function engineQ4Charts(r: Json, file: string): Chart[] {
     categoryTitle: 'engine and weights', seriesTitle: 'across passes', valueTitle: 'decode tokens/s',
     data })];
 }
+
+/** bench:speculative: tokens/s of each run (batch-1 decode, or batch throughput), by batch. */
+export function speculativeCharts(r: Json, file: string): Chart[] {
+  const rows = arr(r.rows, 'rows').map((x, i) => obj(x, `rows[${i}]`));
+  const h = header('speculative', r, file, str(r.backend, 'backend'), [
+    `${str(r.model, 'model')} · ${count(r.tokens, 'token')} a run · up to ${count(r.k, 'draft')} a step`,
+  ]);
+  return [barChart({ header: h, name: 'speed', what: 'tokens/s with and without verified drafts (acceptance in the label)',
+    categoryTitle: 'run', seriesTitle: 'batch', valueTitle: 'tokens/s',
+    data: rows.map((o, i) => {
+      const acceptance = o.acceptance === undefined ? '' : ` (${num(o.acceptance, `rows[${i}].acceptance`).toFixed(2)})`;
+      const rate = o.decodeTokensPerS ?? o.throughputTokensPerS;
+      return datum(`${str(o.run, `rows[${i}].run`).replace(/ \(random weights.*\)$/, '')}${acceptance}`,
+        `batch ${num(o.batch, `rows[${i}].batch`)}`, num(rate, `rows[${i}].tokens/s`));
+    }) })];
+}

@@ -11,7 +11,7 @@ import { pathToFileURL } from 'node:url';
 
 import type { TopLevelSpec } from 'vega-lite';
 
-import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineQ4Charts, engineTsPathCharts, moeCharts } from './chart-families-engine.js';
+import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineQ4Charts, engineTsPathCharts, moeCharts, speculativeCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import { deviceCheckCharts, gemmVsTorchCharts, torchMatmulCharts } from './chart-families-device.js';
 import { kvCacheDtypeCharts, visionEncoderCharts, visionPreprocessCharts } from './chart-families-vision.js';
@@ -42,6 +42,7 @@ const FAMILIES: Record<string, Family> = {
   'kv-cache-dtype': kvCacheDtypeCharts,
   'vision-preprocess': visionPreprocessCharts,
   'vision-encoder': visionEncoderCharts,
+  'speculative': speculativeCharts,
 };
 
 /** The charts of one result, or why it has none. */

@@ -16,16 +16,17 @@
 // Decode speed counts from each sequence's first token (prefill excluded); batch throughput is
 // every generated token over the wall time.
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
+import { chartsBesideResult } from './charts.js';
 import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import type { Sequence } from '../src/scheduler/sequence.js';
-import { Speculator, type SpeculativeOptions } from '../src/speculative/speculator.js';
+import { Speculator, type SpeculativeOptions } from '../src/scheduler/speculator.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -146,6 +147,7 @@ async function main(): Promise<void> {
     model: `${args.preset} (${dtype}, published shapes, random weights)`, tokens: numTokens, k: K, rows };
   mkdirSync(dirname(args.out!), { recursive: true });
   writeFileSync(args.out!, JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(args.out!));
 }
 
 main().catch((err: unknown) => {

@@ -1,5 +1,5 @@
 // Speculative decoding end to end (issue 35): drafts planned by the scheduler
-// (src/speculative/speculator.ts) and verified by the engine.
+// (src/scheduler/speculator.ts) and verified by the engine.
 //   - The Engine facade with prompt lookup: greedy output is the same text, tokens and logprobs with
 //     and without speculation, alone, batched, under preemption, with stop strings and max_tokens,
 //     and beside a structured-output request (which never drafts). The project's random models
@@ -17,7 +17,7 @@ import { makeModel } from '../models/make-model.js';
 import { Engine } from '../src/engine/engine.js';
 import type { GenerateResult } from '../src/engine/request.js';
 import { nativeAvailable } from '../src/native/native.js';
-import { Speculator, speculativeOptions } from '../src/speculative/speculator.js';
+import { Speculator, speculativeOptions } from '../src/scheduler/speculator.js';
 import { Sequence } from '../src/scheduler/sequence.js';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import { loadNativeEngine } from '../src/native/native.js';

@@ -3,7 +3,7 @@
 
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { SluiceError } from '../errors.js';
-import { DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, type SpeculativeOptions } from '../speculative/speculator.js';
+import { DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, type SpeculativeOptions } from '../scheduler/speculator.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 type Parsed<O extends Options> = ReturnType<typeof parseArgs<{ args: string[]; options: O; strict: true; allowPositionals: false }>>;

@@ -31,7 +31,7 @@ import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-m
 import { EncodingCache } from '../vision/encoding-cache.js';
 import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
-import type { SpeculationStats, SpeculativeOptions } from '../speculative/speculator.js';
+import type { SpeculationStats, SpeculativeOptions } from '../scheduler/speculator.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -136,7 +136,7 @@ export interface EngineLoadOptions {
    */
   overlapSteps?: boolean;
   /**
-   * Speculative decoding (src/speculative/speculator.ts): `{ method: 'ngram', numSpeculativeTokens: K }`
+   * Speculative decoding (src/scheduler/speculator.ts): `{ method: 'ngram', numSpeculativeTokens: K }`
    * proposes up to K tokens per decode row by prompt lookup and verifies them in the row's step;
    * greedy output is unchanged, sampled output keeps its distribution. CPU backend only for now
    * (invalid_argument on CUDA). Default: off.

@@ -33,7 +33,7 @@ import { FcfsPolicy, type SchedulingPolicy } from './policy.js';
 import { Roster } from './roster.js';
 import { Sequence, type SampledToken, type SequenceOutcome, type SequenceRequest } from './sequence.js';
 import type { TenantDeferral } from './tenant-share.js';
-import { Speculator, type SpeculativeOptions, type SpeculationStats } from '../speculative/speculator.js';
+import { Speculator, type SpeculativeOptions, type SpeculationStats } from './speculator.js';
 
 export { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './policy.js';
 export type { DeferralGuard } from './planner.js';

@@ -25,7 +25,7 @@
 
 import { SluiceError } from '../errors.js';
 import type { NativeStepPlan } from '../native/native-types.js';
-import type { Speculator } from '../speculative/speculator.js';
+import type { Speculator } from './speculator.js';
 import type { Roster } from './roster.js';
 import type { Sequence } from './sequence.js';
 import { runningByTenant, TenantShare, tenantKey, WindowFloor, type TenantDeferral } from './tenant-share.js';

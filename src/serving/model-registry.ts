@@ -5,7 +5,7 @@
 import { SluiceError } from '../errors.js';
 import { percentSteps } from '../progress.js';
 import { Engine, type EngineLoadOptions } from '../engine/engine.js';
-import { DEFAULT_SPECULATIVE_TOKENS } from '../speculative/speculator.js';
+import { DEFAULT_SPECULATIVE_TOKENS } from '../scheduler/speculator.js';
 import { toolCallFormat } from '../text/tool-calls.js';
 import {
   COMPLETION_WINDOWS, pricingFor, visibleTo, type Catalog, type CatalogModel, type CompletionWindow, type EngineSettings,

@@ -16,8 +16,8 @@
 // lookup proposes nothing without a match, and then costs nothing.
 
 import { SluiceError } from '../errors.js';
-import type { Sequence } from '../scheduler/sequence.js';
-import { DEFAULT_NGRAM, NgramProposer } from './ngram-proposer.js';
+import type { Sequence } from './sequence.js';
+import { DEFAULT_NGRAM, NgramProposer } from '../speculative/ngram-proposer.js';
 
 export type SpeculativeMethod = 'ngram';
 
