@@ -9,14 +9,17 @@
 //      every K tokens proposed (r = K, K - 1, K / 2, 0): what verification costs and gains at the
 //      acceptance it reaches, whatever proposes the drafts (no proposer's cost is included: a draft
 //      model's must be added; prompt lookup's is a hash lookup);
-//   3. prompt lookup (--speculative ngram) at batch 1 on an echo prompt (a text repeated); with
+//   3. a draft model (--speculative draft:DIR) at batch 1: the target with its weights perturbed
+//      (models/draft-checkpoint.ts, --draft-scale of each tensor's spread), whole and cut to its
+//      first --draft-layers layers: the acceptance a draft reaches and what its own steps cost;
+//   4. prompt lookup (--speculative ngram) at batch 1 on an echo prompt (a text repeated); with
 //      random weights the model does not echo it, so this measures lookup's cost when it rarely
 //      matches, not the speed-up on a trained model;
-//   4. --batch sequences at once, with and without prompt lookup: the load guard's effect.
+//   5. --batch sequences at once, with and without prompt lookup: the load guard's effect.
 // Decode speed counts from each sequence's first token (prefill excluded); batch throughput is
 // every generated token over the wall time.
-import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { chartsBesideResult } from './charts.js';
@@ -27,6 +30,8 @@ import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import type { Sequence } from '../src/scheduler/sequence.js';
 import { Speculator, type SpeculativeOptions } from '../src/scheduler/speculator.js';
+import { DraftModelSpeculator } from '../src/scheduler/draft-speculator.js';
+import { writePerturbedDraft } from '../models/draft-checkpoint.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -37,6 +42,8 @@ const { values: args } = parseArgs({
     batch: { type: 'string', default: '64' },
     'batch-tokens': { type: 'string', default: '24' },
     threads: { type: 'string', default: '0' },
+    'draft-layers': { type: 'string', default: '4' },
+    'draft-scale': { type: 'string', default: '0.002' },
     out: { type: 'string', default: 'bench/results/speculative.json' },
   },
 });
@@ -105,6 +112,20 @@ async function main(): Promise<void> {
       rows.push({ run: `oracle drafts, ${right} of ${K} right`, batch: 1, k: K, drafted: r.drafted, acceptance: r.accepted / Math.max(1, r.drafted),
         decodeTokensPerS: rate, speedup: rate / baseRate });
       process.stderr.write(`oracle ${right}/${K}: ${rate.toFixed(2)} tokens/s, acceptance ${(r.accepted / Math.max(1, r.drafted)).toFixed(2)}\n`);
+    }
+
+    for (const layers of [undefined, Number(args['draft-layers'])]) {
+      const scale = Number(args['draft-scale']);
+      const draftDir = `${dir}-draft-perturbed-${scale}${layers === undefined ? '' : `-${layers}l`}`;
+      if (!existsSync(join(draftDir, 'config.json'))) writePerturbedDraft(dir, draftDir, { scale, seed: 3, ...(layers !== undefined && { layers }) });
+      const draft = await loadNativeEngine({ modelDir: draftDir, backend: 'cpu', kvCacheBytes: 256 << 20, blockSize: 16, numThreads: Number(args.threads) });
+      const speculator = new DraftModelSpeculator(draft, { method: 'draft', draftModel: draftDir, numSpeculativeTokens: K });
+      const r = await run(handle, [prompt], numTokens, { speculator });  // the batcher disposes the draft engine
+      if (r.runs[0]!.tokens.some((t, i) => t !== reference[i])) throw new Error('the draft model changed the greedy output');
+      const rate = decodeRate(r.runs[0]!);
+      rows.push({ run: `draft model: the target perturbed by ${scale}${layers === undefined ? '' : `, first ${layers} layers`}`, batch: 1, k: K,
+        drafted: r.drafted, acceptance: r.accepted / Math.max(1, r.drafted), decodeTokensPerS: rate, speedup: rate / baseRate });
+      process.stderr.write(`draft ${layers ?? 'all'} layers: ${rate.toFixed(2)} tokens/s, acceptance ${(r.accepted / Math.max(1, r.drafted)).toFixed(2)}\n`);
     }
 
     const text = Array.from({ length: 24 }, (_, i) => (i * 131 + 7) % vocab);

@@ -89,17 +89,30 @@ export function checkpointShapes(dir: string): Array<{ name: string; shape: numb
 
 /**
  * Rewrites every tensor of the f32 checkpoint in `dir` as `convert` maps it (values: its f32
- * values), one file at a time, and the index's weight map with the new names.
+ * values), one file at a time, and the index's weight map with the new names. `inputs`: the
+ * stored dtypes accepted (BF16 ones are widened to their exact f32 values).
  */
-export function rewriteF32Checkpoint(dir: string, writer: string, convert: (t: StoredTensor, values: Float32Array) => StoredTensor[]): void {
+export function rewriteF32Checkpoint(dir: string, writer: string, convert: (t: StoredTensor, values: Float32Array) => StoredTensor[],
+  inputs: readonly ('F32' | 'BF16')[] = ['F32']): void {
   const { files, indexPath, sharded } = checkpointFiles(dir);
   const weightMap: Record<string, string> = {};
   let total = 0;
   for (const file of files) {
     const out: StoredTensor[] = [];
     for (const t of readStoredSafetensors(join(dir, file))) {
-      if (t.dtype !== 'F32') throw new Error(`${writer}: ${t.name} is ${t.dtype}, expected the F32 it was written in`);
-      out.push(...convert(t, new Float32Array(t.bytes.buffer, t.bytes.byteOffset, t.bytes.length / 4)));
+      if (!(inputs as readonly string[]).includes(t.dtype)) {
+        throw new Error(`${writer}: ${t.name} is ${t.dtype}, expected ${inputs.join(' or ')}`);
+      }
+      let values: Float32Array;
+      if (t.dtype === 'F32') {
+        values = new Float32Array(t.bytes.buffer, t.bytes.byteOffset, t.bytes.length / 4);
+      } else {
+        const bits = new Uint16Array(t.bytes.buffer.slice(t.bytes.byteOffset, t.bytes.byteOffset + t.bytes.length));
+        const wide = new Uint32Array(bits.length);
+        for (let i = 0; i < bits.length; i++) wide[i] = bits[i]! << 16;
+        values = new Float32Array(wide.buffer);
+      }
+      out.push(...convert(t, values));
     }
     total += writeStoredSafetensors(join(dir, file), out);
     for (const t of out) weightMap[t.name] = file;

@@ -21,6 +21,15 @@ describe('parseCatalog', () => {
     expect(catalog.models.map((m) => m.checkpoint)).toEqual(['/etc/sluice/ckpt', '/models/x']);
   });
 
+  it('resolves a speculative draft model against the catalog directory too', () => {
+    const catalog = parseCatalog({
+      engine: { speculative: { method: 'ngram', num_speculative_tokens: 3 } },
+      models: [model({ engine: { speculative: { method: 'draft', draft_model: 'drafts/small' } } })],
+    }, 'c.json', '/etc/sluice');
+    expect(catalog.models[0]!.engine!.speculative).toEqual({ method: 'draft', draft_model: '/etc/sluice/drafts/small' });
+    expect(catalog.engine!.speculative).toEqual({ method: 'ngram', num_speculative_tokens: 3 });
+  });
+
   it.each([
     ['no models', { models: [] }, /models must NOT have fewer than 1 items/],
     ['unknown field', { models: [model({ colour: 'red' })] }, /models\.0 has an unknown field "colour"/],
@@ -38,6 +47,10 @@ describe('parseCatalog', () => {
     ['created (removed)', { models: [model({ created: 1726444800 })] }, /catalog\.json: models\.0\.created: model objects no longer carry created .*remove it/],
     ['unknown default effort', { models: [model({ default_reasoning_effort: 'max' })] }, /models\.0\.default_reasoning_effort must be equal to one of/],
     ['unknown matmul precision', { models: [model({ engine: { matmul_precision: 'f16' } })] }, /models\.0\.engine\.matmul_precision must be equal to one of/],
+    ['speculative method', { models: [model({ engine: { speculative: { method: 'eagle3' } } })] }, /engine\.speculative\.method must be equal to one of/],
+    ['too many speculative tokens', { models: [model({ engine: { speculative: { method: 'ngram', num_speculative_tokens: 17 } } })] }, /num_speculative_tokens must be <= 16/],
+    ['draft without its model', { models: [model({ engine: { speculative: { method: 'draft' } } })] }, /draft_model goes with method "draft"/],
+    ['a draft model for prompt lookup', { engine: { speculative: { method: 'ngram', draft_model: 'd' } }, models: [model()] }, /engine\.speculative: draft_model goes with method "draft"/],
     ['bad effective_from', { models: [model({ long_context_pricing: { above_input_tokens: 10, input_multiplier: 2, output_multiplier: 2, effective_from: '2026-13-01' } })] }, /effective_from must match format "date"/],
   ])('refuses %s', (_name, value, message) => {
     expect(() => parseCatalog(value, 'catalog.json', '/')).toThrow(message);

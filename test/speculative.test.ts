@@ -8,7 +8,7 @@
 //     (right, or right then wrong) on four families: many drafts accepted, the same tokens alone,
 //     batched and preempted, and a sink's stop and max_tokens cutting inside an accepted run.
 // Sampled rows' distribution: native/tests/test_speculative.cpp.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -21,6 +21,8 @@ import { Speculator, speculativeOptions } from '../src/scheduler/speculator.js';
 import { Sequence } from '../src/scheduler/sequence.js';
 import { Batcher, type SequenceOutcome } from '../src/scheduler/batcher.js';
 import { loadNativeEngine } from '../src/native/native.js';
+import { writePerturbedDraft } from '../models/draft-checkpoint.js';
+import { speculativeFlags } from '../src/cli/args.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
 
 let root: string;
@@ -202,6 +204,62 @@ describe.skipIf(!nativeAvailable()).each(['test-llama', 'test-qwen3', 'test-gemm
   });
 });
 
+describe.skipIf(!nativeAvailable())('speculative decoding with a draft model', () => {
+  let target: string;
+  let plain: Engine;
+  beforeAll(async () => {
+    target = join(root, 'draft-target');
+    await makeModel({ preset: 'test-qwen2', out: target, dtype: 'f32' });
+    plain = await Engine.load({ model: target, backend: 'cpu', threads: 2, kvCacheBytes: 8 << 20, blockSize: 4 });
+  }, 120_000);
+  afterAll(async () => plain?.dispose());
+
+  it('gives the same greedy output alone and batched, the draft agreeing often, and frees its engine', async () => {
+    const draftDir = join(root, 'draft-perturbed');
+    writePerturbedDraft(target, draftDir, { scale: 0.02, seed: 5 });
+    const spec = await Engine.load({ model: target, backend: 'cpu', threads: 2, kvCacheBytes: 8 << 20, blockSize: 4,
+      speculative: { method: 'draft', draftModel: draftDir, numSpeculativeTokens: 4 } });
+    try {
+      const ask = (engine: Engine, prompt: string) => engine.generate({ prompt, maxTokens: 48, temperature: 0, logprobs: 0 });
+      for (const prompt of PROMPTS) same(await ask(spec, prompt), await ask(plain, prompt));
+      const [a, b] = await Promise.all([Promise.all(PROMPTS.map((p) => ask(spec, p))), Promise.all(PROMPTS.map((p) => ask(plain, p)))]);
+      a.forEach((r, i) => same(r, b[i]!));
+      const stats = spec.schedulerStats().speculation!;
+      console.log(`perturbed draft (scale 0.02): ${stats.numAcceptedTokens} of ${stats.numDraftTokens} drafts accepted`);
+      expect(stats.numAcceptedTokens).toBeGreaterThan(stats.numDraftTokens * 0.3);
+    } finally {
+      await spec.dispose();
+    }
+  });
+
+  it('refuses a draft with another tokenizer, and a draft with no tokenizer.json', async () => {
+    // The target's own files but a tokenizer.json that differs (a token renamed).
+    const other = join(root, 'draft-other');
+    writePerturbedDraft(target, other, { scale: 0 });
+    const tok = JSON.parse(readFileSync(join(other, 'tokenizer.json'), 'utf8')) as { model: { vocab: Record<string, number> } };
+    const [first] = Object.keys(tok.model.vocab);
+    tok.model.vocab[`${first!}x`] = tok.model.vocab[first!]!;
+    delete tok.model.vocab[first!];
+    writeFileSync(join(other, 'tokenizer.json'), JSON.stringify(tok));
+    await expect(Engine.load({ model: target, backend: 'cpu', threads: 2, kvCacheBytes: 8 << 20,
+      speculative: { method: 'draft', draftModel: other, numSpeculativeTokens: 4 } })).rejects.toThrow(/another tokenizer/);
+    await expect(Engine.load({ model: target, backend: 'cpu', threads: 2, kvCacheBytes: 8 << 20,
+      speculative: { method: 'draft', draftModel: join(root, 'absent'), numSpeculativeTokens: 4 } })).rejects.toThrow(/no tokenizer.json/);
+    await expect(Engine.load({ model: target, backend: 'cpu', threads: 2, kvCacheBytes: 8 << 20,
+      speculative: { method: 'draft', numSpeculativeTokens: 4 } })).rejects.toThrow(/draftModel/);
+  });
+
+  it('reads --speculative and --num-speculative-tokens', () => {
+    expect(speculativeFlags(undefined, undefined)).toBeUndefined();
+    expect(speculativeFlags('ngram', undefined)).toEqual({ method: 'ngram', numSpeculativeTokens: 4 });
+    expect(speculativeFlags('draft:/m/d', '6')).toEqual({ method: 'draft', draftModel: '/m/d', numSpeculativeTokens: 6 });
+    expect(() => speculativeFlags('eagle3:/m/e', undefined)).toThrow(/not served yet/);
+    expect(() => speculativeFlags('medusa', undefined)).toThrow(/--speculative/);
+    expect(() => speculativeFlags(undefined, '4')).toThrow(/needs --speculative/);
+    expect(() => speculativeFlags('ngram', '17')).toThrow(/--num-speculative-tokens/);
+  });
+});
+
 describe('the speculator', () => {
   const request = (maxTokens: number) => ({
     promptTokenIds: [1, 2, 3, 4, 1, 2, 3], maxTokens, sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, logprobs: 0 },
@@ -244,7 +302,8 @@ describe('the speculator', () => {
   });
 
   it('checks its options', () => {
-    expect(() => speculativeOptions({ method: 'draft' as never, numSpeculativeTokens: 4 })).toThrow(/not served yet/);
+    expect(() => speculativeOptions({ method: 'eagle3' as never, numSpeculativeTokens: 4 })).toThrow(/not served yet/);
+    expect(() => speculativeOptions({ method: 'draft', numSpeculativeTokens: 4 })).toThrow(/draftModel/);
     expect(() => speculativeOptions({ method: 'ngram', numSpeculativeTokens: 0 })).toThrow(/numSpeculativeTokens/);
     expect(() => speculativeOptions({ method: 'ngram', numSpeculativeTokens: 17 })).toThrow(/numSpeculativeTokens/);
     expect(speculativeOptions({ method: 'ngram', numSpeculativeTokens: 2 })).toMatchObject({ maxSpeculativeSeqs: 8, maxDraftTokensPerStep: 32 });

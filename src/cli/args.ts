@@ -76,7 +76,8 @@ export function requiredFlag(raw: string | undefined, flag: string, command: str
 
 /**
  * --speculative METHOD and --num-speculative-tokens K: the engine's speculative option, or undefined
- * without --speculative. ngram is served; draft:DIR and eagle3:DIR are recognised and refused.
+ * without --speculative. ngram (prompt lookup) and draft:DIR (a draft model) are served;
+ * eagle3:DIR is recognised and refused.
  */
 export function speculativeFlags(method: string | undefined, k: string | undefined): SpeculativeOptions | undefined {
   if (method === undefined) {
@@ -85,12 +86,16 @@ export function speculativeFlags(method: string | undefined, k: string | undefin
     }
     return undefined;
   }
-  if (/^(draft|eagle3):./.test(method)) {
-    throw new SluiceError('invalid_argument',
-      `--speculative ${method.split(':')[0]}:DIR is not served yet (draft models and EAGLE-3 heads are planned); use ngram`, { param: 'speculative' });
+  const numSpeculativeTokens = intFlag(k, 'num-speculative-tokens', 1, MAX_SPECULATIVE_TOKENS) ?? DEFAULT_SPECULATIVE_TOKENS;
+  if (method.startsWith('draft:') && method.length > 'draft:'.length) {
+    return { method: 'draft', draftModel: method.slice('draft:'.length), numSpeculativeTokens };
   }
-  if (method !== 'ngram') throw bad('speculative', 'ngram (or draft:DIR / eagle3:DIR, not served yet)', method);
-  return { method, numSpeculativeTokens: intFlag(k, 'num-speculative-tokens', 1, MAX_SPECULATIVE_TOKENS) ?? DEFAULT_SPECULATIVE_TOKENS };
+  if (/^eagle3:./.test(method)) {
+    throw new SluiceError('invalid_argument', '--speculative eagle3:DIR is not served yet (EAGLE-3 heads are planned); use ngram or draft:DIR',
+      { param: 'speculative' });
+  }
+  if (method !== 'ngram') throw bad('speculative', 'ngram or draft:DIR (eagle3:DIR is not served yet)', method);
+  return { method, numSpeculativeTokens };
 }
 
 /**

@@ -59,10 +59,12 @@ const EngineSettingsSchema = Type.Object({
   max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
   /**
    * Speculative decoding (serve --speculative, --num-speculative-tokens): the proposer ('ngram':
-   * prompt lookup) and the drafts a decode row verifies at most (default 4). CPU backend only.
+   * prompt lookup; 'draft': the checkpoint at draft_model, with the target's tokenizer) and the
+   * drafts a decode row verifies at most (default 4). CPU backend only.
    */
   speculative: Type.Optional(Type.Object({
-    method: Type.Literal('ngram'),
+    method: Type.Enum(['ngram', 'draft']),
+    draft_model: Type.Optional(Type.String({ minLength: 1 })),
     num_speculative_tokens: Type.Optional(Type.Integer({ minimum: 1, maximum: 16 })),
   }, { additionalProperties: false })),
 }, { additionalProperties: false });
@@ -159,6 +161,16 @@ export function parseCatalog(value: unknown, source: string, baseDir: string): C
         `${source}: models.${i} grants organizations but is not restricted (set "restricted": true)`);
     }
     model.checkpoint = resolve(baseDir, model.checkpoint);
+    const spec = model.engine?.speculative;
+    if (spec?.draft_model !== undefined) spec.draft_model = resolve(baseDir, spec.draft_model);
+    if (spec && (spec.method === 'draft') !== (spec.draft_model !== undefined)) {
+      throw new SluiceError('invalid_argument', `${source}: models.${i}.engine.speculative: draft_model goes with method "draft", and only with it`);
+    }
+  }
+  const spec = value.engine?.speculative;
+  if (spec?.draft_model !== undefined) spec.draft_model = resolve(baseDir, spec.draft_model);
+  if (spec && (spec.method === 'draft') !== (spec.draft_model !== undefined)) {
+    throw new SluiceError('invalid_argument', `${source}: engine.speculative: draft_model goes with method "draft", and only with it`);
   }
   return value;
 }

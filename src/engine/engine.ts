@@ -1,9 +1,9 @@
 // The engine facade: load a model directory, turn requests into prompt tokens, run them through
 // the continuous-batching loop, and return text. Library users and the API layer see only this.
 
-import { randomBytes } from 'node:crypto';
-import { stat } from 'node:fs/promises';
-import { resolve } from 'node:path';
+import { createHash, randomBytes } from 'node:crypto';
+import { readFile, stat } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 import { isSluiceError, SluiceError } from '../errors.js';
 import { Batcher } from '../scheduler/batcher.js';
 import { SCHEDULING_WINDOWS, WindowPriorityPolicy, windowPriority, type SchedulingWindow } from '../scheduler/window-policy.js';
@@ -31,7 +31,8 @@ import { placeImages, VisionModel, type PreparedImage } from '../vision/vision-m
 import { EncodingCache } from '../vision/encoding-cache.js';
 import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
-import type { SpeculationStats, SpeculativeOptions } from '../scheduler/speculator.js';
+import { type SpeculationStats, type SpeculativeOptions, Speculator, speculativeOptions } from '../scheduler/speculator.js';
+import { DraftModelSpeculator } from '../scheduler/draft-speculator.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -362,7 +363,11 @@ export class Engine {
     }
 
     let vision: VisionModel | undefined;
+    let speculator: Speculator | undefined;
     try {
+      if (opts.speculative?.method === 'draft') {
+        speculator = await loadDraftSpeculator(opts.speculative, modelDir, handle, { ...cpuBase, prefixHashKey: base.prefixHashKey });
+      }
       // The vision tower runs where the decoder does: a CUDA engine's on its device.
       if (requested !== 'onnx') {
         vision = await VisionModel.load(modelDir, config, base.numThreads, handle.info().backend === 'cuda' ? 'cuda' : 'cpu');
@@ -374,7 +379,7 @@ export class Engine {
         onStep: (report) => observers.step(report),
         ...limitsFor(handle.info().backend), policy: new WindowPriorityPolicy(),
         overlap: opts.overlapSteps ?? handle.info().backend === 'cuda',
-        ...(opts.speculative && { speculative: opts.speculative }),
+        ...(opts.speculative && (speculator ? { speculator } : { speculative: opts.speculative })),
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
@@ -385,6 +390,7 @@ export class Engine {
       return engine;
     } catch (err) {
       vision?.dispose();
+      speculator?.dispose();
       handle.dispose();
       throw err;
     }
@@ -708,6 +714,43 @@ function checkPositiveInteger(value: number, param: string): void {
 }
 
 /** loadNativeEngine with native error codes (MODEL_FILE_MISSING) mapped to SluiceError codes. */
+/** The draft model engine's KV pool at most (it holds at most maxSpeculativeSeqs sequences). */
+const DRAFT_KV_CACHE_BYTES = 512 << 20;
+
+/**
+ * The draft model's engine (CPU, the target's block size, threads and prefix-hash key) and its
+ * speculator, for speculative: {method: 'draft', draftModel}. The draft must have the target's
+ * tokenizer (the same tokenizer.json bytes) and no larger a vocabulary (its tokens are the
+ * target's ids).
+ */
+async function loadDraftSpeculator(spec: SpeculativeOptions, targetDir: string, target: NativeEngineHandle,
+  base: Omit<Parameters<typeof loadNativeEngine>[0], 'modelDir'>): Promise<Speculator> {
+  const options = speculativeOptions(spec);
+  const draftDir = options.draftModel!;
+  const hash = async (dir: string) => {
+    try {
+      return createHash('sha256').update(await readFile(join(dir, 'tokenizer.json'))).digest('hex');
+    } catch (err) {
+      throw new SluiceError('invalid_argument', `speculative draft model ${dir}: no tokenizer.json to compare with the target's (${(err as Error).message})`,
+        { param: 'speculative.draftModel', cause: err });
+    }
+  };
+  if (await hash(draftDir) !== await hash(targetDir)) {
+    throw new SluiceError('invalid_argument', `speculative draft model ${draftDir} has another tokenizer than ${targetDir}: a draft must share the target's`,
+      { param: 'speculative.draftModel' });
+  }
+  // At most maxSpeculativeSeqs sequences draft at once: a pool of the target's size would be idle.
+  const kvCacheBytes = Math.min(base.kvCacheBytes ?? DRAFT_KV_CACHE_BYTES, DRAFT_KV_CACHE_BYTES);
+  const draft = await loadHandle({ ...base, modelDir: draftDir, prefixCaching: true, kvCacheBytes });
+  if (draft.info().vocabSize > target.info().vocabSize) {
+    const n = draft.info().vocabSize;
+    draft.dispose();
+    throw new SluiceError('invalid_argument', `speculative draft model ${draftDir} has ${n} tokens, more than the target's ${target.info().vocabSize}`,
+      { param: 'speculative.draftModel' });
+  }
+  return new DraftModelSpeculator(draft, options);
+}
+
 async function loadHandle(options: Parameters<typeof loadNativeEngine>[0]): Promise<NativeEngineHandle> {
   try {
     return await loadNativeEngine(options);

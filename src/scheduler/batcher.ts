@@ -65,7 +65,10 @@ export interface BatcherOptions {
    * must verify drafts (info().draftVerification), else invalid_argument. Default: off.
    */
   speculative?: SpeculativeOptions;
-  /** Speculative decoding with this speculator (its proposals), instead of one made from `speculative`. */
+  /**
+   * Speculative decoding with this speculator (its proposals), instead of one made from
+   * `speculative` (a draft model's: draft-speculator.ts). The batcher disposes it.
+   */
   speculator?: Speculator;
   /**
    * Told after each step's result is applied (metrics, the engine's periodic log line). Called on
@@ -196,6 +199,10 @@ export class Batcher {
           `speculative decoding needs an engine that verifies drafts (the CPU backend); the ${info.backend} backend does not yet`,
           { param: 'speculative' });
       }
+      if (options.speculator === undefined && options.speculative?.method === 'draft') {
+        throw new SluiceError('invalid_argument', 'a draft model speculates through Engine.load (or a DraftModelSpeculator given as speculator)',
+          { param: 'speculative' });
+      }
       this.speculator = options.speculator ?? new Speculator(options.speculative!);
     }
     this.planner = new Planner(this.roster, {
@@ -278,6 +285,7 @@ export class Batcher {
   async dispose(): Promise<void> {
     this.disposed = true;
     await this.loop;
+    this.speculator?.dispose();
     const error = new SluiceError('engine_disposed', 'the engine was disposed before the request finished');
     for (const seq of this.roster.all()) this.roster.end(seq, { kind: 'failed', error });
     // Leave no native sequence behind (an embedder may keep the handle).
@@ -327,6 +335,8 @@ export class Batcher {
       for (;;) {
         let next: Submitted | undefined;
         if (this.hasWork() && (this.overlap || inFlight === undefined)) {
+          // A draft model proposes before the plan, from the tokens every step so far has given.
+          if (inFlight === undefined && this.speculator?.prepare) await this.speculator.prepare(this.roster.running);
           const t0 = this.now();
           this.reapCancelled();
           const planned = this.planner.plan();

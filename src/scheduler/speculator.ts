@@ -2,8 +2,8 @@
 // drafts themselves. The engine verifies them (NativeStepPlan.drafts): greedy rows gain exactly
 // the tokens they would have sampled one by one, sampled rows tokens from the same distribution.
 //
-// Proposer: prompt lookup (ngram-proposer.ts) over the sequence's prompt and generated tokens, fed
-// incrementally. Drafts go only where they are known to be right to verify: a decode row (its one
+// Proposers: prompt lookup (ngram-proposer.ts) over the sequence's prompt and generated tokens, fed
+// incrementally; or a draft model (draft-speculator.ts), run before each plan. Drafts go only where they are known to be right to verify: a decode row (its one
 // pending token is the last generated one) with no step of it in flight (under overlap the plan
 // would guess from tokens not yet known), no output grammar (its masks are one per row), and at
 // most maxTokens - generated - 1 of them (never past max_tokens).
@@ -19,10 +19,12 @@ import { SluiceError } from '../errors.js';
 import type { Sequence } from './sequence.js';
 import { DEFAULT_NGRAM, NgramProposer } from '../speculative/ngram-proposer.js';
 
-export type SpeculativeMethod = 'ngram';
+export type SpeculativeMethod = 'ngram' | 'draft';
 
 export interface SpeculativeOptions {
   method: SpeculativeMethod;
+  /** method 'draft': the draft model's checkpoint directory (the target's tokenizer). */
+  draftModel?: string;
   /** Drafts a decode row verifies at most (K), 1..MAX_SPECULATIVE_TOKENS. */
   numSpeculativeTokens: number;
   /** Rows draft only while at most this many sequences run (default DEFAULT_MAX_SPECULATIVE_SEQS). */
@@ -42,10 +44,13 @@ export const MIN_ACCEPTANCE = 0.2;
 const ACCEPTANCE_SPAN = 16;
 
 /** Checks and completes the options (invalid_argument naming the field). */
-export function speculativeOptions(o: SpeculativeOptions, param = 'speculative'): Required<SpeculativeOptions> {
-  if (o.method !== 'ngram') {
+export function speculativeOptions(o: SpeculativeOptions, param = 'speculative'): Required<Omit<SpeculativeOptions, 'draftModel'>> & Pick<SpeculativeOptions, 'draftModel'> {
+  if (o.method !== 'ngram' && o.method !== 'draft') {
     throw new SluiceError('invalid_argument',
-      `${param}.method must be 'ngram' (draft models and EAGLE-3 heads are not served yet), got ${JSON.stringify(o.method)}`, { param: `${param}.method` });
+      `${param}.method must be 'ngram' or 'draft' (EAGLE-3 heads are not served yet), got ${JSON.stringify(o.method)}`, { param: `${param}.method` });
+  }
+  if (o.method === 'draft' && (typeof o.draftModel !== 'string' || o.draftModel === '')) {
+    throw new SluiceError('invalid_argument', `${param}.draftModel must name the draft model's directory`, { param: `${param}.draftModel` });
   }
   const int = (v: unknown, name: string, lo: number, hi: number): number => {
     if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) {
@@ -55,17 +60,18 @@ export function speculativeOptions(o: SpeculativeOptions, param = 'speculative')
   };
   return {
     method: o.method,
+    ...(o.draftModel !== undefined && { draftModel: o.draftModel }),
     numSpeculativeTokens: int(o.numSpeculativeTokens, 'numSpeculativeTokens', 1, MAX_SPECULATIVE_TOKENS),
     maxSpeculativeSeqs: int(o.maxSpeculativeSeqs ?? DEFAULT_MAX_SPECULATIVE_SEQS, 'maxSpeculativeSeqs', 1, 4096),
     maxDraftTokensPerStep: int(o.maxDraftTokensPerStep ?? DEFAULT_MAX_DRAFT_TOKENS_PER_STEP, 'maxDraftTokensPerStep', 1, 1 << 16),
   };
 }
 
-/** One sequence's proposer and how its drafts have fared. */
+/** How one sequence's drafts have fared, and its prompt-lookup index once it has one. */
 interface SequenceState {
-  proposer: NgramProposer;
   /** Exponential moving average of accepted / drafted, per draft. */
   acceptance: number;
+  proposer?: NgramProposer;
 }
 
 /** Draft and acceptance counts since the speculator was made. */
@@ -75,7 +81,7 @@ export interface SpeculationStats {
 }
 
 export class Speculator {
-  readonly options: Required<SpeculativeOptions>;
+  readonly options: ReturnType<typeof speculativeOptions>;
   private readonly states = new WeakMap<Sequence, SequenceState>();
   readonly stats: SpeculationStats = { numDraftTokens: 0, numAcceptedTokens: 0 };
 
@@ -96,15 +102,37 @@ export class Speculator {
     if (seq.inFlight.length > 0 || seq.request.constraint !== undefined || seq.numGeneratedTokens === 0) return [];
     const k = Math.min(limit, this.options.numSpeculativeTokens, seq.request.maxTokens - seq.numGeneratedTokens - 1);
     if (k < 1) return [];
-    return this.lookup(seq, this.sync(seq).acceptance < MIN_ACCEPTANCE ? 1 : k);
+    return this.lookup(seq, this.state(seq).acceptance < MIN_ACCEPTANCE ? 1 : k);
   }
+
+  /** Whether propose() would consider seq's next row at all (a decode row it may draft for). */
+  mayDraft(seq: Sequence): boolean {
+    return seq.state === 'running' && seq.inFlight.length === 0 && seq.request.constraint === undefined &&
+      seq.numGeneratedTokens > 0 && seq.numGeneratedTokens < seq.request.maxTokens - 1 && seq.reportedPending === 1;
+  }
+
+  /**
+   * Work to do before the next plan (a draft model proposes then); the batcher awaits it when no
+   * step is in flight. Prompt lookup has none.
+   */
+  prepare?(running: readonly Sequence[]): Promise<void>;
+
+  /** Frees what the speculator holds (a draft model's engine). The batcher calls it on dispose. */
+  dispose(): void {}
 
   /**
    * At most k tokens to follow seq's known tokens (its prompt and generated tokens, the pending
    * one last): prompt lookup. A subclass may propose otherwise (tests propose known continuations).
    */
   protected lookup(seq: Sequence, k: number): number[] {
-    return this.sync(seq).proposer.propose(k);
+    const state = this.state(seq);
+    state.proposer ??= new NgramProposer(DEFAULT_NGRAM);
+    const proposer = state.proposer;
+    if (proposer.length === 0) proposer.append(seq.request.promptTokenIds);
+    const known = seq.numPromptTokens + seq.numGeneratedTokens;
+    // Generated tokens only grow (a preempted sequence keeps them), so the proposer only appends.
+    if (proposer.length < known) proposer.append(seq.generatedTokenIds.slice(proposer.length - seq.numPromptTokens));
+    return proposer.propose(k);
   }
 
   /** A row's verification: `drafted` drafts, `accepted` of them kept. */
@@ -112,24 +140,17 @@ export class Speculator {
     if (drafted === 0) return;
     this.stats.numDraftTokens += drafted;
     this.stats.numAcceptedTokens += accepted;
-    const state = this.states.get(seq);
-    if (state === undefined) return;
+    const state = this.state(seq);
     const w = Math.min(1, drafted / ACCEPTANCE_SPAN);
     state.acceptance += w * (accepted / drafted - state.acceptance);
   }
 
-  /** seq's state with its proposer holding the prompt and every generated token. */
-  private sync(seq: Sequence): SequenceState {
+  private state(seq: Sequence): SequenceState {
     let state = this.states.get(seq);
     if (state === undefined) {
-      state = { proposer: new NgramProposer(DEFAULT_NGRAM), acceptance: 1 };
-      state.proposer.append(seq.request.promptTokenIds);
+      state = { acceptance: 1 };
       this.states.set(seq, state);
     }
-    const { proposer } = state;
-    const known = seq.numPromptTokens + seq.numGeneratedTokens;
-    // Generated tokens only grow (a preempted sequence keeps them), so the proposer only appends.
-    if (proposer.length < known) proposer.append(seq.generatedTokenIds.slice(proposer.length - seq.numPromptTokens));
     return state;
   }
 }

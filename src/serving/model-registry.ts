@@ -104,7 +104,8 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
   if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;
   if (settings.speculative !== undefined) {
-    out.speculative = { method: settings.speculative.method, numSpeculativeTokens: settings.speculative.num_speculative_tokens ?? DEFAULT_SPECULATIVE_TOKENS };
+    const { method, draft_model: draftModel, num_speculative_tokens: k } = settings.speculative;
+    out.speculative = { method, numSpeculativeTokens: k ?? DEFAULT_SPECULATIVE_TOKENS, ...(draftModel !== undefined && { draftModel }) };
   }
   return out;
 }
