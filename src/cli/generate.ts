@@ -35,8 +35,9 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
                        checkpoint at load into 8-bit blocks (Q8_0); CPU backend only |
                        fp8: into e4m3 with per-row scales, for FP8 GEMMs; CUDA backend only
   --kv-cache-dtype D   auto (default) | fp8: K/V stored as e4m3 with per-layer scales
-  --speculative M      ngram: prompt-lookup drafts verified in each step (greedy output
-                       unchanged); CPU backend only
+  --speculative M      ngram (prompt lookup) | draft:DIR (a draft model with the target's
+                       tokenizer): drafts verified in each step (greedy output unchanged);
+                       CPU backend only
   --num-speculative-tokens K
                        drafts a step verifies at most (1..16, default 4)
 `;
