@@ -110,13 +110,6 @@ class Packer {
   std::vector<uint16_t> host_;
 };
 
-// A host f32 vector (biases, norm weights, RoPE frequencies) as a device buffer.
-DeviceBuffer upload_f32(const std::vector<float>& host, size_t* total) {
-  DeviceBuffer b(host.size() * sizeof(float));
-  SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  *total += b.bytes();
-  return b;
-}
 
 std::vector<float> to_f32(const TensorView& t) {
   std::vector<float> out(size_t(t.numel()));
@@ -235,6 +228,13 @@ void upload_experts(const ModelConfig& c, const LayerWeights& lw, const DeviceWe
 }
 
 }  // namespace
+
+DeviceBuffer upload_f32(const std::vector<float>& host, size_t* total) {
+  DeviceBuffer b(host.size() * sizeof(float));
+  SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  *total += b.bytes();
+  return b;
+}
 
 DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& stored) {
   // FP8 projections the device cannot run as stored (or that are not kept whole per layer) become

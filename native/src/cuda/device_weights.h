@@ -123,6 +123,10 @@ struct DeviceWeights {
   const void* lm_head_ptr() const { return lm_head.bytes() ? lm_head.get() : embed.get(); }
 };
 
+// A host f32 vector (biases, norm weights, RoPE frequencies) as a device buffer, uploaded
+// synchronously; its bytes are added to *total.
+DeviceBuffer upload_f32(const std::vector<float>& host, size_t* total);
+
 // Uploads (synchronously) everything the forward pass reads. Throws sluice::Error on failure
 // (kModelFileInvalid at a NaN e4m3 code of a projection kept FP8).
 DeviceWeights upload_weights(const ModelConfig& c, const ModelWeights& w);

@@ -73,13 +73,6 @@ class HostMatrix {
   std::vector<uint16_t> h_;
 };
 
-DeviceBuffer upload_f32(const std::vector<float>& v, size_t* total) {
-  DeviceBuffer b(v.size() * sizeof(float));
-  SLUICE_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
-  *total += b.bytes();
-  return b;
-}
-
 // A pass's host array on the device (the host copy stays alive until the pass synchronises).
 template <typename T>
 void upload_async(DeviceBuffer& dst, const std::vector<T>& src, cudaStream_t stream) {
