@@ -15,7 +15,12 @@
 //   4. prompt lookup (--speculative ngram) at batch 1 on an echo prompt (a text repeated); with
 //      random weights the model does not echo it, so this measures lookup's cost when it rarely
 //      matches, not the speed-up on a trained model;
-//   5. --batch sequences at once, with and without prompt lookup: the load guard's effect.
+//   5. --batch sequences at once, with and without prompt lookup: the load guard's effect;
+//   6. an EAGLE-3 head (--speculative eagle3:DIR; models/eagle3-checkpoint.ts, random weights, a
+//      32000-token draft vocabulary) in an engine of its own: at batch 1 what its drafting costs
+//      (a random head agrees with nothing), and at --batch what keeping its context costs once
+//      drafting is turned down.
+// --only oracle,draft,ngram,batch,eagle3 runs those sections (the baseline always runs).
 // Decode speed counts from each sequence's first token (prefill excluded); batch throughput is
 // every generated token over the wall time.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
@@ -32,6 +37,7 @@ import type { Sequence } from '../src/scheduler/sequence.js';
 import { Speculator, type SpeculativeOptions } from '../src/scheduler/speculator.js';
 import { DraftModelSpeculator } from '../src/scheduler/draft-speculator.js';
 import { writePerturbedDraft } from '../models/draft-checkpoint.js';
+import { writeEagle3Head } from '../models/eagle3-checkpoint.js';
 
 const { values: args } = parseArgs({
   options: {
@@ -45,8 +51,10 @@ const { values: args } = parseArgs({
     'draft-layers': { type: 'string', default: '4' },
     'draft-scale': { type: 'string', default: '0.002' },
     out: { type: 'string', default: 'bench/results/speculative.json' },
+    only: { type: 'string', default: 'oracle,draft,ngram,batch,eagle3' },
   },
 });
+const sections = new Set(args.only!.split(','));
 const numTokens = Number(args.tokens), K = Number(args.k), batch = Number(args.batch), batchTokens = Number(args['batch-tokens']);
 const dtype = args.dtype as 'f32' | 'bf16';
 
@@ -104,7 +112,7 @@ async function main(): Promise<void> {
     rows.push({ run: 'token by token', batch: 1, decodeTokensPerS: baseRate, speedup: 1 });
     process.stderr.write(`token by token: ${baseRate.toFixed(2)} tokens/s\n`);
 
-    for (const right of [K, K - 1, Math.floor(K / 2), 0]) {
+    for (const right of sections.has('oracle') ? [K, K - 1, Math.floor(K / 2), 0] : []) {
       const r = await run(handle, [prompt], numTokens, { speculator: new OracleSpeculator(reference, right, vocab) });
       const same = r.runs[0]!.tokens.every((t, i) => t === reference[i]);
       if (!same) throw new Error(`oracle ${right}/${K}: the output differs from the token-by-token run`);
@@ -114,7 +122,7 @@ async function main(): Promise<void> {
       process.stderr.write(`oracle ${right}/${K}: ${rate.toFixed(2)} tokens/s, acceptance ${(r.accepted / Math.max(1, r.drafted)).toFixed(2)}\n`);
     }
 
-    for (const layers of [undefined, Number(args['draft-layers'])]) {
+    for (const layers of sections.has('draft') ? [undefined, Number(args['draft-layers'])] : []) {
       const scale = Number(args['draft-scale']);
       const draftDir = `${dir}-draft-perturbed-${scale}${layers === undefined ? '' : `-${layers}l`}`;
       if (!existsSync(join(draftDir, 'config.json'))) writePerturbedDraft(dir, draftDir, { scale, seed: 3, ...(layers !== undefined && { layers }) });
@@ -128,31 +136,59 @@ async function main(): Promise<void> {
       process.stderr.write(`draft ${layers ?? 'all'} layers: ${rate.toFixed(2)} tokens/s, acceptance ${(r.accepted / Math.max(1, r.drafted)).toFixed(2)}\n`);
     }
 
-    const text = Array.from({ length: 24 }, (_, i) => (i * 131 + 7) % vocab);
-    const echo = [...text, ...text, ...text];
-    const echoBase = await run(handle, [echo], numTokens);
-    const echoSpec = await run(handle, [echo], numTokens, { speculative: { method: 'ngram', numSpeculativeTokens: K } });
-    if (echoSpec.runs[0]!.tokens.some((t, i) => t !== echoBase.runs[0]!.tokens[i])) throw new Error('prompt lookup changed the greedy output');
-    const echoRate = decodeRate(echoSpec.runs[0]!), echoBaseRate = decodeRate(echoBase.runs[0]!);
-    rows.push({ run: 'prompt lookup, echo prompt (random weights: the model does not echo)', batch: 1, k: K,
-      drafted: echoSpec.drafted, acceptance: echoSpec.accepted / Math.max(1, echoSpec.drafted),
-      decodeTokensPerS: echoRate, speedup: echoRate / echoBaseRate });
+    if (sections.has('ngram')) {
+      const text = Array.from({ length: 24 }, (_, i) => (i * 131 + 7) % vocab);
+      const echo = [...text, ...text, ...text];
+      const echoBase = await run(handle, [echo], numTokens);
+      const echoSpec = await run(handle, [echo], numTokens, { speculative: { method: 'ngram', numSpeculativeTokens: K } });
+      if (echoSpec.runs[0]!.tokens.some((t, i) => t !== echoBase.runs[0]!.tokens[i])) throw new Error('prompt lookup changed the greedy output');
+      const echoRate = decodeRate(echoSpec.runs[0]!), echoBaseRate = decodeRate(echoBase.runs[0]!);
+      rows.push({ run: 'prompt lookup, echo prompt (random weights: the model does not echo)', batch: 1, k: K,
+        drafted: echoSpec.drafted, acceptance: echoSpec.accepted / Math.max(1, echoSpec.drafted),
+        decodeTokensPerS: echoRate, speedup: echoRate / echoBaseRate });
+    }
 
     const prompts = Array.from({ length: batch }, (_, s) => Array.from({ length: 32 }, (_, i) => (i * 7919 + s * 104729 + 5) % vocab));
-    // A warm-up first (the KV pool's pages are touched for the first time), then each way twice,
-    // alternating, the faster of each kept: this VM's runs vary by 10-15%.
-    await run(handle, prompts, batchTokens);
     const throughput = (r: Awaited<ReturnType<typeof run>>) => r.runs.reduce((a, x) => a + x.tokens.length, 0) / (r.wallMs / 1000);
     const best = (a: Awaited<ReturnType<typeof run>>, b: Awaited<ReturnType<typeof run>>) => (throughput(a) >= throughput(b) ? a : b);
-    const ngram = { speculative: { method: 'ngram' as const, numSpeculativeTokens: K } };
-    const many1 = await run(handle, prompts, batchTokens);
-    const spec1 = await run(handle, prompts, batchTokens, ngram);
-    const many = best(many1, await run(handle, prompts, batchTokens));
-    const manySpec = best(spec1, await run(handle, prompts, batchTokens, ngram));
-    rows.push({ run: `${batch} sequences, token by token`, batch, throughputTokensPerS: throughput(many), speedup: 1 });
-    rows.push({ run: `${batch} sequences, prompt lookup`, batch, k: K, drafted: manySpec.drafted,
-      acceptance: manySpec.accepted / Math.max(1, manySpec.drafted), throughputTokensPerS: throughput(manySpec),
-      speedup: throughput(manySpec) / throughput(many) });
+    if (sections.has('batch') || sections.has('eagle3')) {
+      // A warm-up first (the KV pool's pages are touched for the first time), then each way twice,
+      // alternating, the faster of each kept: this VM's runs vary by 10-15%.
+      await run(handle, prompts, batchTokens);
+      const ngram = { speculative: { method: 'ngram' as const, numSpeculativeTokens: K } };
+      const many1 = await run(handle, prompts, batchTokens);
+      const spec1 = await run(handle, prompts, batchTokens, ngram);
+      const many = best(many1, await run(handle, prompts, batchTokens));
+      const manySpec = best(spec1, await run(handle, prompts, batchTokens, ngram));
+      rows.push({ run: `${batch} sequences, token by token`, batch, throughputTokensPerS: throughput(many), speedup: 1 });
+      rows.push({ run: `${batch} sequences, prompt lookup`, batch, k: K, drafted: manySpec.drafted,
+        acceptance: manySpec.accepted / Math.max(1, manySpec.drafted), throughputTokensPerS: throughput(manySpec),
+        speedup: throughput(manySpec) / throughput(many) });
+
+      if (sections.has('eagle3')) {
+        // The head lives in the engine: an engine of its own, loaded beside the plain one.
+        const headDir = `${dir}-eagle3-random`;
+        if (!existsSync(join(headDir, 'config.json'))) writeEagle3Head(dir, headDir, { seed: 5 });
+        const eagle = await loadNativeEngine({ modelDir: dir, backend: 'cpu', kvCacheBytes: 1 << 30, blockSize: 16,
+          numThreads: Number(args.threads), eagle3Dir: headDir });
+        try {
+          const spec = { speculative: { method: 'eagle3' as const, draftModel: headDir, numSpeculativeTokens: K } };
+          const one = await run(eagle, [prompt], numTokens, spec);
+          if (one.runs[0]!.tokens.some((t, i) => t !== reference[i])) throw new Error('the EAGLE-3 head changed the greedy output');
+          const rate = decodeRate(one.runs[0]!);
+          rows.push({ run: 'EAGLE-3 head (random weights, 32000-token draft vocabulary)', batch: 1, k: K, drafted: one.drafted,
+            acceptance: one.accepted / Math.max(1, one.drafted), decodeTokensPerS: rate, speedup: rate / baseRate });
+          process.stderr.write(`eagle3: ${rate.toFixed(2)} tokens/s, acceptance ${(one.accepted / Math.max(1, one.drafted)).toFixed(2)}\n`);
+          await run(eagle, prompts, batchTokens, spec);
+          const manyEagle = best(await run(eagle, prompts, batchTokens, spec), await run(eagle, prompts, batchTokens, spec));
+          rows.push({ run: `${batch} sequences, EAGLE-3 head (turned down: no drafts, no head)`, batch, k: K, drafted: manyEagle.drafted,
+            acceptance: manyEagle.accepted / Math.max(1, manyEagle.drafted), throughputTokensPerS: throughput(manyEagle),
+            speedup: throughput(manyEagle) / throughput(many) });
+        } finally {
+          eagle.dispose();
+        }
+      }
+    }
   } finally {
     handle.dispose();
   }

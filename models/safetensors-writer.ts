@@ -2,7 +2,8 @@
 // checkpoint of any size is written with a few MB of memory. Also plans shards the way
 // transformers names them (model-00001-of-0000N.safetensors + model.safetensors.index.json).
 // Float tensors are stored in the checkpoint's dtype; MXFP4 blocks and scales (gpt-oss's experts)
-// as U8 whatever that dtype is.
+// as U8 whatever that dtype is, and explicit integer / boolean tensors (TensorData.stored: an
+// EAGLE-3 head's d2t and t2d) in their own dtype.
 
 import { open, rename, unlink } from 'node:fs/promises';
 import { endianness } from 'node:os';
@@ -28,25 +29,41 @@ export interface TensorSpec {
   mxfp4?: Mxfp4Part;
 }
 
-/** A tensor with explicit values (used by tests to hand-build models). */
+/** Non-float safetensors dtypes a tensor may be stored in whatever the file's float dtype. */
+export type IntegerDtype = 'U8' | 'I64' | 'BOOL';
+
+const INTEGER_BYTES: Record<IntegerDtype, number> = { U8: 1, I64: 8, BOOL: 1 };
+
+/** A tensor with explicit values (used by tests to hand-build models, and for index tensors). */
 export interface TensorData {
   name: string;
   shape: number[];
   data: Float32Array | number[];
-  /** Store as U8 (data: integers 0..255) instead of the file's float dtype. */
+  /** Store as U8 (data: integers 0..255) instead of the file's float dtype (the same as stored: 'U8'). */
   u8?: boolean;
+  /** Store in this dtype instead of the file's float dtype: U8 (integers 0..255), I64 (safe
+   * integers, little-endian int64), BOOL (0 or 1, one byte each). */
+  stored?: IntegerDtype;
 }
 
-/** What the header needs of a tensor. U8: MXFP4 halves and TensorData marked u8. */
-type HeaderTensor = { name: string; shape: number[]; mxfp4?: Mxfp4Part; u8?: boolean };
+/** What the header needs of a tensor. U8: MXFP4 halves and TensorData marked u8; else `stored` if set. */
+type HeaderTensor = { name: string; shape: number[]; mxfp4?: Mxfp4Part; u8?: boolean; stored?: IntegerDtype };
 
 export const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
-const isU8 = (t: HeaderTensor) => t.mxfp4 !== undefined || t.u8 === true;
+/** The non-float dtype a tensor is stored in, or undefined for the file's float dtype. */
+function integerDtype(t: HeaderTensor): IntegerDtype | undefined {
+  if (t.mxfp4 !== undefined || t.u8 === true) {
+    if (t.stored !== undefined && t.stored !== 'U8') throw new Error(`${t.name}: stored ${t.stored} conflicts with U8`);
+    return 'U8';
+  }
+  return t.stored;
+}
 
 /** Bytes a tensor takes in a file whose float tensors are `dtype`. */
 export function storedBytes(t: HeaderTensor, dtype: Dtype): number {
-  return numel(t.shape) * (isU8(t) ? 1 : dtypeBytes(dtype));
+  const int = integerDtype(t);
+  return numel(t.shape) * (int ? INTEGER_BYTES[int] : dtypeBytes(dtype));
 }
 
 /** Values drawn for a tensor: its elements, or for an MXFP4 half the unpacked matrix's (2 a block byte, 32 a scale). */
@@ -92,7 +109,7 @@ export function safetensorsHeader(tensors: HeaderTensor[], dtype: Dtype): Buffer
   let offset = 0;
   for (const t of tensors) {
     const bytes = storedBytes(t, dtype);
-    header[t.name] = { dtype: isU8(t) ? 'U8' : safetensorsDtype(dtype), shape: t.shape, data_offsets: [offset, offset + bytes] };
+    header[t.name] = { dtype: integerDtype(t) ?? safetensorsDtype(dtype), shape: t.shape, data_offsets: [offset, offset + bytes] };
     offset += bytes;
   }
   let json = JSON.stringify(header);
@@ -167,17 +184,31 @@ export async function writeRandomSafetensors(
   await rename(tmp, path);
 }
 
-/** Write explicit tensors (f32 values converted to `dtype`, or bytes where u8) into one safetensors file. */
+/** The stored bytes of an explicit tensor: f32 values converted to `dtype`, or its integer dtype's (checked). */
+export function tensorDataBytes(t: TensorData, dtype: Dtype): Uint8Array {
+  const n = numel(t.shape);
+  if (t.data.length !== n) throw new Error(`${t.name}: ${t.data.length} values for shape [${t.shape}]`);
+  const int = integerDtype(t);
+  if (int === undefined) return toStoredBytes(Float32Array.from(t.data), n, dtype);
+  const values = Array.from(t.data);
+  if (int === 'U8') {
+    if (!values.every((v) => Number.isInteger(v) && v >= 0 && v <= 255)) throw new Error(`${t.name}: U8 data must be integers 0..255`);
+    return Uint8Array.from(values);
+  }
+  if (int === 'BOOL') {
+    if (!values.every((v) => v === 0 || v === 1)) throw new Error(`${t.name}: BOOL data must be 0 or 1`);
+    return Uint8Array.from(values);
+  }
+  if (!values.every((v) => Number.isSafeInteger(v))) throw new Error(`${t.name}: I64 data must be safe integers`);
+  if (endianness() !== 'LE') throw new Error('safetensors writer needs a little-endian host');
+  const out = BigInt64Array.from(values, (v) => BigInt(v));
+  return new Uint8Array(out.buffer, out.byteOffset, out.byteLength);
+}
+
+/** Write explicit tensors (f32 values converted to `dtype`, or their integer dtype's bytes) into one safetensors file. */
 export async function writeSafetensorsData(path: string, tensors: TensorData[], dtype: Dtype): Promise<void> {
   const parts: Uint8Array[] = [safetensorsHeader(tensors, dtype)];
-  for (const t of tensors) {
-    const n = numel(t.shape);
-    if (t.data.length !== n) throw new Error(`${t.name}: ${t.data.length} values for shape [${t.shape}]`);
-    if (t.u8 && !Array.from(t.data).every((v) => Number.isInteger(v) && v >= 0 && v <= 255)) {
-      throw new Error(`${t.name}: U8 data must be integers 0..255`);
-    }
-    parts.push(t.u8 ? Uint8Array.from(t.data) : toStoredBytes(Float32Array.from(t.data), n, dtype));
-  }
+  for (const t of tensors) parts.push(tensorDataBytes(t, dtype));
   const fh = await open(path, 'w');
   try {
     for (const p of parts) await fh.write(p);

@@ -2,7 +2,7 @@
 // (src/scheduler/speculator.ts) and verified by the engine.
 //   - The Engine facade with prompt lookup: greedy output is the same text, tokens and logprobs with
 //     and without speculation, alone, batched, under preemption, with stop strings and max_tokens,
-//     and beside a structured-output request (which never drafts). The project's random models
+//     and for structured-output requests (drafts verified under the grammar's mask after each). The project's random models
 //     rarely repeat themselves, so few drafts are accepted here;
 //   - hence the Batcher with an oracle speculator proposing a token-by-token run's own continuation
 //     (right, or right then wrong) on four families: many drafts accepted, the same tokens alone,
@@ -98,13 +98,30 @@ describe.skipIf(!nativeAvailable()).each(['test-llama', 'test-qwen2'])('speculat
     a.forEach((r, i) => same(r, b[i]!));
   });
 
-  it('never drafts for a structured-output request, whose output stays the same', async () => {
-    const schema = { type: 'object', properties: { a: { type: 'string' } }, required: ['a'], additionalProperties: false };
-    const before = spec.schedulerStats().speculation!.numDraftTokens;
-    const json = (engine: Engine) => engine.generate({ prompt: PROMPTS[0]!, maxTokens: 24, temperature: 0, logprobs: 0,
+  it('drafts for a structured-output request under the mask after each draft, whose output stays the same', async () => {
+    // A schema whose output repeats itself, so prompt lookup finds its drafts in the output so far.
+    const schema = {
+      type: 'object', required: ['words'], additionalProperties: false,
+      properties: {
+        words: {
+          type: 'array', minItems: 4, maxItems: 4,
+          items: { type: 'object', properties: { word: { const: 'sluice gate' } }, required: ['word'], additionalProperties: false },
+        },
+      },
+    };
+    const before = spec.schedulerStats().speculation!;
+    const json = (engine: Engine) => engine.generate({ prompt: PROMPTS[0]!, maxTokens: 400, temperature: 0, logprobs: 0,
       responseFormat: { type: 'json_schema', schema, strict: true } });
-    same(await json(spec), await json(plain));
-    expect(spec.schedulerStats().speculation!.numDraftTokens).toBe(before);
+    const [a, b] = [await json(spec), await json(plain)];
+    same(a, b);
+    expect((JSON.parse(a.text) as { words: unknown[] }).words).toHaveLength(4);
+    const after = spec.schedulerStats().speculation!;
+    console.log(`${preset} structured: ${after.numAcceptedTokens - before.numAcceptedTokens} of ` +
+      `${after.numDraftTokens - before.numDraftTokens} drafts accepted`);
+    expect(after.numAcceptedTokens - before.numAcceptedTokens).toBeGreaterThan(0);
+    // Beside unconstrained requests in the same steps, still the same.
+    const [c, d] = await Promise.all([Promise.all([json(spec), ask(spec, PROMPTS[1]!)]), Promise.all([json(plain), ask(plain, PROMPTS[1]!)])]);
+    c.forEach((r, i) => same(r, d[i]!));
   });
 });
 
@@ -253,7 +270,8 @@ describe.skipIf(!nativeAvailable())('speculative decoding with a draft model', (
     expect(speculativeFlags(undefined, undefined)).toBeUndefined();
     expect(speculativeFlags('ngram', undefined)).toEqual({ method: 'ngram', numSpeculativeTokens: 4 });
     expect(speculativeFlags('draft:/m/d', '6')).toEqual({ method: 'draft', draftModel: '/m/d', numSpeculativeTokens: 6 });
-    expect(() => speculativeFlags('eagle3:/m/e', undefined)).toThrow(/not served yet/);
+    expect(speculativeFlags('eagle3:/m/e', '3')).toEqual({ method: 'eagle3', draftModel: '/m/e', numSpeculativeTokens: 3 });
+    expect(() => speculativeFlags('eagle3:', undefined)).toThrow(/--speculative/);
     expect(() => speculativeFlags('medusa', undefined)).toThrow(/--speculative/);
     expect(() => speculativeFlags(undefined, '4')).toThrow(/needs --speculative/);
     expect(() => speculativeFlags('ngram', '17')).toThrow(/--num-speculative-tokens/);
@@ -301,8 +319,33 @@ describe('the speculator', () => {
     expect(s.active(3)).toBe(false);
   });
 
+  it('drafts once every PROBE_EVERY tokens for a sequence whose drafts almost never agree, and recovers', () => {
+    class Always extends Speculator {
+      protected override lookup(_seq: Sequence, k: number): number[] {
+        return Array.from({ length: k }, () => 9);
+      }
+    }
+    const s = new Always({ method: 'ngram', numSpeculativeTokens: 4 });
+    const seq = new Sequence(request(100), 0);
+    seq.generatedTokenIds.push(1);
+    for (let i = 0; i < 20; i++) s.record(seq, 4, 0);  // acceptance 0.75^20: almost never
+    const counts: number[] = [];
+    for (let g = 2; g <= 17; g++) {
+      seq.generatedTokenIds.push(1);  // g tokens generated
+      counts.push(s.propose(seq, 8).length);
+    }
+    expect(counts.filter((c) => c > 0)).toEqual([1, 1]);  // at 8 and 16 generated tokens
+    expect(counts[6]).toBe(1);
+    // Probes that agree bring it back: one draft at a time, then K.
+    for (let i = 0; i < 2; i++) s.record(seq, 1, 1);
+    expect(s.propose(seq, 8).length).toBe(1);
+    for (let i = 0; i < 8; i++) s.record(seq, 1, 1);
+    expect(s.propose(seq, 8).length).toBe(4);
+  });
+
   it('checks its options', () => {
-    expect(() => speculativeOptions({ method: 'eagle3' as never, numSpeculativeTokens: 4 })).toThrow(/not served yet/);
+    expect(() => speculativeOptions({ method: 'medusa' as never, numSpeculativeTokens: 4 })).toThrow(/'ngram', 'draft' or 'eagle3'/);
+    expect(() => speculativeOptions({ method: 'eagle3', numSpeculativeTokens: 4 })).toThrow(/EAGLE-3 head's directory/);
     expect(() => speculativeOptions({ method: 'draft', numSpeculativeTokens: 4 })).toThrow(/draftModel/);
     expect(() => speculativeOptions({ method: 'ngram', numSpeculativeTokens: 0 })).toThrow(/numSpeculativeTokens/);
     expect(() => speculativeOptions({ method: 'ngram', numSpeculativeTokens: 17 })).toThrow(/numSpeculativeTokens/);

@@ -101,6 +101,16 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("deviceBytes", double(i.device_bytes));
   o.Set("prefixCaching", i.prefix_caching);
   o.Set("draftVerification", i.draft_verification);
+  if (i.eagle3_draft_vocab > 0) {
+    Napi::Object h = Napi::Object::New(env);
+    h.Set("draftVocabSize", double(i.eagle3_draft_vocab));
+    Napi::Array aux = Napi::Array::New(env, i.eagle3_aux_layers.size());
+    for (size_t k = 0; k < i.eagle3_aux_layers.size(); k++) aux.Set(uint32_t(k), double(i.eagle3_aux_layers[k]));
+    h.Set("auxLayers", aux);
+    h.Set("weightBytes", double(i.eagle3_weight_bytes));
+    h.Set("kvBytes", double(i.eagle3_kv_bytes));
+    o.Set("eagle3", h);
+  }
   if (i.window > 0) {
     o.Set("window", double(i.window));
     o.Set("numWindowBlocks", double(i.num_window_blocks));
@@ -183,7 +193,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       if (!plan_js.Get("maskSlot").IsNumber()) throw Napi::TypeError::New(env, "plan.maskSlot must be a number with plan.constrained");
       const uint32_t id = plan_js.Get("maskSlot").As<Napi::Number>().Uint32Value();
       if (mask_slots_.count(id)) throw make_error(env, "INVALID_ARGUMENT", "plan.maskSlot is already waiting for masks");
-      auto slot = std::make_shared<MaskSlot>(plan->constrained.size() * mask_words_);
+      // One mask per constrained row, and one more after each of its drafts.
+      auto slot = std::make_shared<MaskSlot>(size_t(sluice::token_mask_rows(*plan)) * mask_words_);
       mask_slots_.emplace(id, slot);
       plan->masks = slot;
     }
@@ -316,6 +327,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       if (drafts.ElementLength() > kMaxPlanEntries) throw make_error(env, "INVALID_ARGUMENT", "plan.drafts is too long");
       plan.drafts.assign(drafts.Data(), drafts.Data() + drafts.ElementLength());
     }
+    Napi::Uint32Array next_drafts = uint32_field(env, o, "numNextDrafts", true);
+    if (!next_drafts.IsEmpty()) plan.num_next_drafts.assign(next_drafts.Data(), next_drafts.Data() + next_drafts.ElementLength());
     Napi::Value adds_v = o.Get("adds");
     if (adds_v.IsUndefined()) return plan;
     if (!adds_v.IsArray()) throw Napi::TypeError::New(env, "plan.adds must be an array");
@@ -421,6 +434,12 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     o.Set("rowBlocks", copy_u32(r.row_blocks));
     o.Set("rowDrafted", copy_u32(r.row_drafted));
     o.Set("rowAccepted", copy_u32(r.row_accepted));
+    if (!r.row_next_drafts.empty()) {
+      o.Set("rowNextDrafts", copy_u32(r.row_next_drafts));
+      auto nd = Napi::Int32Array::New(env, r.next_drafts.size());
+      std::copy(r.next_drafts.begin(), r.next_drafts.end(), nd.Data());
+      o.Set("nextDrafts", nd);
+    }
     o.Set("addStatus", copy_u8(r.add_status));
     auto add_cached = Napi::Int32Array::New(env, r.add_cached.size());
     std::copy(r.add_cached.begin(), r.add_cached.end(), add_cached.Data());
@@ -549,6 +568,7 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   if (o.Get("cudaGemm").IsString()) opts.cuda_gemm = o.Get("cudaGemm").As<Napi::String>().Utf8Value();
   if (o.Get("cudaAttention").IsString()) opts.cuda_attention = o.Get("cudaAttention").As<Napi::String>().Utf8Value();
   if (o.Get("cudaSampler").IsString()) opts.cuda_sampler = o.Get("cudaSampler").As<Napi::String>().Utf8Value();
+  if (o.Get("eagle3Dir").IsString()) opts.eagle3_dir = o.Get("eagle3Dir").As<Napi::String>().Utf8Value();
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("cudaDeviceTokens").IsBoolean()) opts.cuda_device_tokens = o.Get("cudaDeviceTokens").As<Napi::Boolean>().Value();
   if (o.Get("cudaGraphsAtLoad").IsBoolean()) opts.cuda_graphs_at_load = o.Get("cudaGraphsAtLoad").As<Napi::Boolean>().Value();

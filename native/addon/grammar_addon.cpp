@@ -6,8 +6,12 @@
 //   grammarVocabulary(bytes, offsets, stopIds) -> Promise<External>   (new GrammarVocabulary(ext))
 //   compileGrammar(vocabulary, text, timeoutMs) -> Promise<External>  (new CompiledGrammar(ext))
 //   new GrammarMatcher(compiled): accept(id), canEnd(), ended(), fillMask(out, offset),
-//                                 fillMaskIfUnchanged(out, offset) -> boolean
-//   fillGrammarMasks(matchers[], out, offsets) -> Promise<Int32Array of the rows that failed>
+//                                 fillMaskIfUnchanged(out, offset) -> boolean,
+//                                 countAhead(tokens: Int32Array) -> number (speculative drafts)
+//   fillGrammarMasks(matchers[], out, offsets[, tokens, counts]) -> Promise<Int32Array of the rows
+//     that failed>; with tokens (Int32Array, flat) and counts (Uint32Array, one per matcher), row r
+//     fills 1 + counts[r] masks from offsets[r]: those after each prefix of its drafts
+//     (TokenMatcher::fill_masks_ahead)
 // Grammar errors reject with code INVALID_ARGUMENT.
 #include <napi.h>
 
@@ -87,7 +91,8 @@ class MatcherWrap : public Napi::ObjectWrap<MatcherWrap> {
                        {InstanceMethod<&MatcherWrap::Accept>("accept"), InstanceMethod<&MatcherWrap::CanEnd>("canEnd"),
                         InstanceMethod<&MatcherWrap::FillMaskIfUnchanged>("fillMaskIfUnchanged"),
                         InstanceMethod<&MatcherWrap::FillMaskWithin>("fillMaskWithin"),
-                        InstanceMethod<&MatcherWrap::Ended>("ended"), InstanceMethod<&MatcherWrap::FillMask>("fillMask")});
+                        InstanceMethod<&MatcherWrap::Ended>("ended"), InstanceMethod<&MatcherWrap::FillMask>("fillMask"),
+                        InstanceMethod<&MatcherWrap::CountAhead>("countAhead")});
   }
   explicit MatcherWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<MatcherWrap>(info) {
     if (!info[0].IsObject()) throw Napi::TypeError::New(info.Env(), "expected a CompiledGrammar");
@@ -112,6 +117,19 @@ class MatcherWrap : public Napi::ObjectWrap<MatcherWrap> {
     try {
       return Napi::Boolean::New(info.Env(), matcher->accept(info[0].As<Napi::Number>().Int32Value()));
     } catch (const std::exception& e) {  // a grammar too ambiguous to follow
+      throw make_error(info.Env(), "INVALID_ARGUMENT", e.what());
+    }
+  }
+  /** countAhead(tokens: Int32Array): how many of the tokens the grammar accepts in a row (state unchanged). */
+  Napi::Value CountAhead(const Napi::CallbackInfo& info) {
+    check_idle(info.Env());
+    if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+      throw Napi::TypeError::New(info.Env(), "countAhead(tokens: Int32Array)");
+    auto tokens = info[0].As<Napi::Int32Array>();
+    if (tokens.ElementLength() > 64) throw Napi::RangeError::New(info.Env(), "countAhead takes at most 64 tokens");
+    try {
+      return Napi::Number::New(info.Env(), double(matcher->count_ahead(tokens.Data(), int64_t(tokens.ElementLength()))));
+    } catch (const std::exception& e) {
       throw make_error(info.Env(), "INVALID_ARGUMENT", e.what());
     }
   }
@@ -225,12 +243,32 @@ Napi::Value FillGrammarMasks(const Napi::CallbackInfo& info) {
   if (offsets.ElementLength() != rows) throw Napi::RangeError::New(env, "one offset per matcher");
   std::vector<MatcherWrap*> wraps(rows);
   std::vector<size_t> at(rows);
+  // Speculative drafts: row r's are tokens[first[r], first[r] + counts[r]).
+  std::vector<int32_t> tokens;
+  std::vector<size_t> first(rows, 0), count(rows, 0);
+  if (info.Length() > 3 && !info[3].IsUndefined()) {
+    if (!info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array || !info[4].IsTypedArray() ||
+        info[4].As<Napi::TypedArray>().TypedArrayType() != napi_uint32_array)
+      throw Napi::TypeError::New(env, "fillGrammarMasks(matchers, out, offsets, tokens: Int32Array, counts: Uint32Array)");
+    auto t = info[3].As<Napi::Int32Array>();
+    auto c = info[4].As<Napi::Uint32Array>();
+    if (c.ElementLength() != rows) throw Napi::RangeError::New(env, "one draft count per matcher");
+    tokens.assign(t.Data(), t.Data() + t.ElementLength());
+    size_t sum = 0;
+    for (size_t r = 0; r < rows; r++) {
+      if (c[r] > 64) throw Napi::RangeError::New(env, "at most 64 drafts per matcher");
+      first[r] = sum;
+      count[r] = c[r];
+      sum += c[r];
+    }
+    if (sum != tokens.size()) throw Napi::RangeError::New(env, "the draft counts do not add up to the tokens");
+  }
   for (size_t r = 0; r < rows; r++) {
     Napi::Value v = list[uint32_t(r)];
     wraps[r] = Napi::ObjectWrap<MatcherWrap>::Unwrap(v.As<Napi::Object>());
     at[r] = offsets[r];
     size_t words = wraps[r]->matcher->compiled().vocab().words();
-    if (at[r] + words > out.ElementLength()) throw Napi::RangeError::New(env, "the mask buffer is too small");
+    if (at[r] + (count[r] + 1) * words > out.ElementLength()) throw Napi::RangeError::New(env, "the mask buffer is too small");
     if (wraps[r]->busy.load()) throw Napi::Error::New(env, "a grammar matcher is already filling a mask");
   }
   for (auto* w : wraps) w->busy = true;
@@ -240,12 +278,13 @@ Napi::Value FillGrammarMasks(const Napi::CallbackInfo& info) {
   keep.Set("out", out);
   auto* worker = new PromiseWorker<std::vector<int32_t>>(
       env,
-      [wraps, at, data]() {
+      [wraps, at, data, tokens = std::move(tokens), first, count]() {
         std::vector<int32_t> failed;
         for (size_t r = 0; r < wraps.size(); r++) {
           TokenMatcher& m = *wraps[r]->matcher;
           try {
-            m.fill_mask(data + at[r]);
+            if (count[r] > 0) m.fill_masks_ahead(tokens.data() + first[r], int64_t(count[r]), data + at[r]);
+            else m.fill_mask(data + at[r]);
           } catch (const std::exception&) {
             failed.push_back(int32_t(r));
           }

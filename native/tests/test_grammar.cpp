@@ -222,6 +222,75 @@ TEST_CASE(grammar_matcher_refuses_a_token_and_keeps_its_state) {
   CHECK(m.ended());
 }
 
+// Speculative decoding: the masks after each prefix of some drafts, and how many of them the
+// grammar accepts, equal what accepting them one by one gives; the matcher's state is unchanged
+// (its next mask and accepts are those of a matcher that never looked ahead), on random walks.
+TEST_CASE(grammar_lookahead_masks_equal_accepting_one_by_one) {
+  std::mt19937 rng(23);
+  auto tokens = test_vocabulary(rng);
+  const int32_t stop = int32_t(tokens.size() - 1);
+  auto vocab = std::make_shared<TokenVocabulary>(tokens, std::vector<int32_t>{stop});
+  auto g = std::make_shared<CompiledGrammar>(parse_grammar(kJson), vocab);
+  const size_t words = vocab->words();
+  int checked = 0, refused_midway = 0, stopped = 0;
+  for (int walk = 0; walk < 30; walk++) {
+    TokenMatcher m(g), twin(g);  // twin never looks ahead
+    std::vector<uint32_t> mask(words), twin_mask(words);
+    for (int step = 0; step < 40; step++) {
+      // Drafts: allowed tokens mostly, a refused one now and then, the stop token when allowed.
+      std::vector<int32_t> drafts;
+      {
+        TokenMatcher probe = m;
+        for (int j = 0; j < 5; j++) {
+          std::vector<uint32_t> pm(words);
+          probe.fill_mask(pm.data());
+          std::vector<int32_t> ok;
+          for (size_t id = 0; id < tokens.size(); id++)
+            if (bit(pm, id)) ok.push_back(int32_t(id));
+          int32_t t = ok.empty() || rng() % 6 == 0 ? int32_t(rng() % tokens.size())
+                                                   : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+          drafts.push_back(t);
+          if (!probe.accept(t)) break;
+        }
+      }
+      const int64_t n = int64_t(drafts.size());
+      // Expected: one by one on a copy.
+      TokenMatcher copy = m;
+      int64_t accepted = 0;
+      std::vector<uint32_t> expect(size_t(n + 1) * words, 0xffffffffu);
+      bool live = true;
+      for (int64_t j = 0; j <= n; j++) {
+        if (live && !copy.ended()) copy.fill_mask(expect.data() + size_t(j) * words);
+        if (j < n && live && !copy.ended()) {
+          live = copy.accept(drafts[size_t(j)]);
+          if (live) accepted++;
+        }
+      }
+      if (accepted < n && !copy.ended()) refused_midway++;
+      if (copy.ended()) stopped++;
+      CHECK(m.count_ahead(drafts.data(), n) == accepted);
+      std::vector<uint32_t> got(size_t(n + 1) * words, 0);
+      m.fill_masks_ahead(drafts.data(), n, got.data());
+      CHECK(got == expect);
+      checked++;
+      // Unchanged: the same mask as the twin, then advance both with one allowed token.
+      m.fill_mask(mask.data());
+      twin.fill_mask(twin_mask.data());
+      CHECK(mask == twin_mask);
+      std::vector<int32_t> ok;
+      for (size_t id = 0; id < tokens.size(); id++)
+        if (bit(mask, id) && int32_t(id) != stop) ok.push_back(int32_t(id));
+      if (ok.empty()) break;
+      const int32_t next = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+      CHECK(m.accept(next));
+      CHECK(twin.accept(next));
+    }
+  }
+  std::printf("    %d lookaheads, %d refused midway, %d through a stop token\n", checked, refused_midway, stopped);
+  CHECK(refused_midway > 0);
+  CHECK(stopped > 0);
+}
+
 TEST_CASE(grammar_deep_nesting_keeps_the_arena_bounded) {
   auto vocab = std::make_shared<TokenVocabulary>(std::vector<std::string>{"[", "]", ""}, std::vector<int32_t>{2});
   auto g = std::make_shared<CompiledGrammar>(parse_grammar("root ::= \"[\" root? \"]\""), vocab);

@@ -324,24 +324,84 @@ TEST_CASE(drafts_that_do_not_apply_are_ignored_and_bad_ones_fail_their_row) {
   CHECK_THROWS_CODE(e->step(plan), ErrorCode::kInvalidArgument);
 }
 
-struct AllowAll : TokenMaskSource {
-  std::vector<uint32_t> bits = std::vector<uint32_t>(3, 0xffffffffu);
+// A token mask that depends on the token before (as a grammar's does): t may follow p unless
+// (7t + 3p) % 5 == 0. Rows: the masks after each of `prevs`.
+bool rule_allows(int32_t t, int32_t prev) { return (t * 7 + prev * 3) % 5 != 0; }
+
+struct RuleMasks : TokenMaskSource {
+  std::vector<uint32_t> bits;
+  explicit RuleMasks(const std::vector<int32_t>& prevs) : bits(prevs.size() * 3, 0) {
+    for (size_t r = 0; r < prevs.size(); r++)
+      for (int32_t t = 0; t < 96; t++)
+        if (rule_allows(t, prevs[r])) bits[r * 3 + size_t(t / 32)] |= 1u << (t % 32);
+  }
   const uint32_t* wait() override { return bits.data(); }
 };
 
-TEST_CASE(constrained_rows_ignore_drafts) {
+// Runs constrained sequence `id` to n tokens, each step's drafts from `propose` (masks after the
+// pending token and after each draft, as a grammar that looks ahead gives them).
+Emitted generate_constrained(Engine& e, uint32_t id, const std::vector<int32_t>& prompt, int n, const Proposer& propose) {
+  Emitted out;
+  std::vector<int32_t> known = prompt;
+  e.add_sequence(id, prompt, kGreedy);
+  bool first = true;
+  while (int(out.tokens.size()) < n && out.steps < 4 * n) {
+    StepPlan plan;
+    plan.seq_ids = {id};
+    std::vector<int32_t> d = first || !propose ? std::vector<int32_t>{} : propose(known);
+    plan.num_tokens = {first ? uint32_t(prompt.size()) : uint32_t(1 + d.size())};
+    plan.num_drafts = {uint32_t(d.size())};
+    plan.drafts = d;
+    std::vector<int32_t> prevs = {known.back()};
+    prevs.insert(prevs.end(), d.begin(), d.end());
+    plan.constrained = {id};
+    plan.masks = std::make_shared<RuleMasks>(prevs);
+    first = false;
+    const StepResult r = e.step(plan);
+    out.steps++;
+    if (r.row_status[0] != uint8_t(RowStatus::kRan)) break;
+    out.drafted += int(r.row_drafted[0]);
+    out.accepted += int(r.row_accepted[0]);
+    for (int32_t t : r.tokens) {
+      CHECK(rule_allows(t, known.back()));  // each token under the mask of the token before it
+      known.push_back(t);
+      out.tokens.push_back(t);
+    }
+  }
+  out.tokens.resize(std::min(out.tokens.size(), size_t(n)));
+  e.free_sequence(id);
+  return out;
+}
+
+TEST_CASE(constrained_rows_verify_drafts_under_the_mask_after_each) {
   auto e = load(llama_dir());
   const std::vector<int32_t> prompt = prompt_of(6, 7);
-  const Emitted plain = generate(*e, 0, prompt, 2, kGreedy, nullptr);
-  StepPlan plan;
-  plan.seq_ids = {0};
-  plan.num_tokens = {3};
-  plan.num_drafts = {2};
-  plan.drafts = {plain.tokens[0], plain.tokens[1]};
-  plan.constrained = {0};
-  plan.masks = std::make_shared<AllowAll>();
-  const StepResult r = e->step(plan);
-  CHECK(r.row_drafted[0] == 0 && r.seq_ids.size() == 1 && r.row_computed[0] == 1);
+  const Emitted plain = generate_constrained(*e, 1, prompt, 24, nullptr);
+  CHECK(plain.tokens.size() == 24);
+  // Right drafts (the plain run's own continuation) are all kept...
+  auto right = [&](const std::vector<int32_t>& known) {
+    std::vector<int32_t> d;
+    for (size_t j = known.size() - prompt.size(); j < plain.tokens.size() && d.size() < 3; j++) d.push_back(plain.tokens[j]);
+    return d;
+  };
+  const Emitted spec = generate_constrained(*e, 2, prompt, 24, right);
+  CHECK(spec.tokens == plain.tokens);
+  CHECK(spec.drafted > 0 && spec.accepted == spec.drafted);
+  // ... and a draft the mask refuses is rejected (its probability is 0) whatever its logit.
+  auto refused_second = [&](const std::vector<int32_t>& known) {
+    std::vector<int32_t> d = right(known);
+    if (d.size() >= 2) {
+      for (int32_t t = 0; t < 96; t++)
+        if (!rule_allows(t, d[0])) {
+          d[1] = t;
+          break;
+        }
+    }
+    return d;
+  };
+  const Emitted mixed = generate_constrained(*e, 3, prompt, 24, refused_second);
+  CHECK(mixed.tokens == plain.tokens);
+  CHECK(mixed.drafted > mixed.accepted && mixed.accepted > 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "safetensors_file.h"
 #include "sluice/dtype.h"
 
 namespace sluice_test {
@@ -28,39 +29,27 @@ inline void write_vision_checkpoint(const std::string& dir, const std::vector<Vi
                                     const std::string& config) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const size_t esize = bf16 ? 2 : 4;
-  std::string header = "{";
-  std::vector<uint8_t> data;
+  std::vector<RawTensor> raw;
   for (const VisionTensor& t : tensors) {
     size_t n = 1;
-    std::string shape;
-    for (size_t i = 0; i < t.shape.size(); i++) {
-      n *= size_t(t.shape[i]);
-      shape += (i ? "," : "") + std::to_string(t.shape[i]);
-    }
-    header += "\"" + t.name + "\":{\"dtype\":\"" + (bf16 ? "BF16" : "F32") + "\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(data.size()) + "," + std::to_string(data.size() + n * esize) + "]},";
+    for (int64_t d : t.shape) n *= size_t(d);
+    RawTensor r{t.name, bf16 ? "BF16" : "F32", t.shape, {}};
+    r.bytes.reserve(n * (bf16 ? 2 : 4));
     for (size_t i = 0; i < n; i++) {
       const float v = t.offset + t.scale * normal(rng);
       if (bf16) {
         const uint16_t h = sluice::f32_to_bf16(v);
-        data.push_back(uint8_t(h & 0xff));
-        data.push_back(uint8_t(h >> 8));
+        r.bytes.push_back(uint8_t(h & 0xff));
+        r.bytes.push_back(uint8_t(h >> 8));
       } else {
         uint8_t b[4];
         std::memcpy(b, &v, 4);
-        data.insert(data.end(), b, b + 4);
+        r.bytes.insert(r.bytes.end(), b, b + 4);
       }
     }
+    raw.push_back(std::move(r));
   }
-  header += "\"__metadata__\":{\"format\":\"pt\"}}";
-  while (header.size() % 8) header += ' ';
-  std::system(("mkdir -p '" + dir + "'").c_str());
-  std::ofstream st(dir + "/model.safetensors", std::ios::binary);
-  const uint64_t len = header.size();
-  st.write(reinterpret_cast<const char*>(&len), 8);
-  st.write(header.data(), std::streamsize(header.size()));
-  st.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
+  write_safetensors(dir, raw);
   std::ofstream(dir + "/config.json") << config;
 }
 

@@ -76,8 +76,8 @@ export function requiredFlag(raw: string | undefined, flag: string, command: str
 
 /**
  * --speculative METHOD and --num-speculative-tokens K: the engine's speculative option, or undefined
- * without --speculative. ngram (prompt lookup) and draft:DIR (a draft model) are served;
- * eagle3:DIR is recognised and refused.
+ * without --speculative: ngram (prompt lookup), draft:DIR (a draft model) or eagle3:DIR (an EAGLE-3
+ * head in its published layout).
  */
 export function speculativeFlags(method: string | undefined, k: string | undefined): SpeculativeOptions | undefined {
   if (method === undefined) {
@@ -90,11 +90,10 @@ export function speculativeFlags(method: string | undefined, k: string | undefin
   if (method.startsWith('draft:') && method.length > 'draft:'.length) {
     return { method: 'draft', draftModel: method.slice('draft:'.length), numSpeculativeTokens };
   }
-  if (/^eagle3:./.test(method)) {
-    throw new SluiceError('invalid_argument', '--speculative eagle3:DIR is not served yet (EAGLE-3 heads are planned); use ngram or draft:DIR',
-      { param: 'speculative' });
+  if (method.startsWith('eagle3:') && method.length > 'eagle3:'.length) {
+    return { method: 'eagle3', draftModel: method.slice('eagle3:'.length), numSpeculativeTokens };
   }
-  if (method !== 'ngram') throw bad('speculative', 'ngram or draft:DIR (eagle3:DIR is not served yet)', method);
+  if (method !== 'ngram') throw bad('speculative', 'ngram, draft:DIR or eagle3:DIR', method);
   return { method, numSpeculativeTokens };
 }
 

@@ -36,8 +36,8 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
                        fp8: into e4m3 with per-row scales, for FP8 GEMMs; CUDA backend only
   --kv-cache-dtype D   auto (default) | fp8: K/V stored as e4m3 with per-layer scales
   --speculative M      ngram (prompt lookup) | draft:DIR (a draft model with the target's
-                       tokenizer): drafts verified in each step (greedy output unchanged);
-                       CPU backend only
+                       tokenizer) | eagle3:DIR (an EAGLE-3 head for this model): drafts
+                       verified in each step (greedy output unchanged); CPU backend only
   --num-speculative-tokens K
                        drafts a step verifies at most (1..16, default 4)
 `;

@@ -51,9 +51,10 @@ ${DATABASE_URL_HELP}
                        tokens per engine step (default: CPU 512, CUDA 8192)
   --speculative M      speculative decoding: ngram (prompt lookup: drafts from the prompt and
                        the output so far) | draft:DIR (a draft model with the target's
-                       tokenizer); drafts are verified in the row's step: greedy output is
-                       unchanged, sampled output keeps its distribution. CPU backend only;
-                       eagle3:DIR is not served yet. A catalog sets it per model
+                       tokenizer) | eagle3:DIR (an EAGLE-3 head for this model, in its
+                       published layout); drafts are verified in the row's step: greedy output
+                       is unchanged, sampled output keeps its distribution. CPU backend only.
+                       A catalog sets it per model
   --num-speculative-tokens K
                        drafts a decode row verifies at most (1..16, default 4)
   --flex-deferral R[,H] | off

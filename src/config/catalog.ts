@@ -59,11 +59,12 @@ const EngineSettingsSchema = Type.Object({
   max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
   /**
    * Speculative decoding (serve --speculative, --num-speculative-tokens): the proposer ('ngram':
-   * prompt lookup; 'draft': the checkpoint at draft_model, with the target's tokenizer) and the
+   * prompt lookup; 'draft': the checkpoint at draft_model, with the target's tokenizer; 'eagle3':
+   * the EAGLE-3 head at draft_model, in its published layout) and the
    * drafts a decode row verifies at most (default 4). CPU backend only.
    */
   speculative: Type.Optional(Type.Object({
-    method: Type.Enum(['ngram', 'draft']),
+    method: Type.Enum(['ngram', 'draft', 'eagle3']),
     draft_model: Type.Optional(Type.String({ minLength: 1 })),
     num_speculative_tokens: Type.Optional(Type.Integer({ minimum: 1, maximum: 16 })),
   }, { additionalProperties: false })),
@@ -163,14 +164,14 @@ export function parseCatalog(value: unknown, source: string, baseDir: string): C
     model.checkpoint = resolve(baseDir, model.checkpoint);
     const spec = model.engine?.speculative;
     if (spec?.draft_model !== undefined) spec.draft_model = resolve(baseDir, spec.draft_model);
-    if (spec && (spec.method === 'draft') !== (spec.draft_model !== undefined)) {
-      throw new SluiceError('invalid_argument', `${source}: models.${i}.engine.speculative: draft_model goes with method "draft", and only with it`);
+    if (spec && (spec.method !== 'ngram') !== (spec.draft_model !== undefined)) {
+      throw new SluiceError('invalid_argument', `${source}: models.${i}.engine.speculative: draft_model goes with method "draft" or "eagle3", and only with them`);
     }
   }
   const spec = value.engine?.speculative;
   if (spec?.draft_model !== undefined) spec.draft_model = resolve(baseDir, spec.draft_model);
-  if (spec && (spec.method === 'draft') !== (spec.draft_model !== undefined)) {
-    throw new SluiceError('invalid_argument', `${source}: engine.speculative: draft_model goes with method "draft", and only with it`);
+  if (spec && (spec.method !== 'ngram') !== (spec.draft_model !== undefined)) {
+    throw new SluiceError('invalid_argument', `${source}: engine.speculative: draft_model goes with method "draft" or "eagle3", and only with them`);
   }
   return value;
 }

@@ -139,6 +139,8 @@ export interface EngineLoadOptions {
   /**
    * Speculative decoding (src/scheduler/speculator.ts): `{ method: 'ngram', numSpeculativeTokens: K }`
    * proposes up to K tokens per decode row by prompt lookup and verifies them in the row's step;
+   * `{ method: 'draft', draftModel: DIR }` runs a draft model, `{ method: 'eagle3', draftModel: DIR }`
+   * an EAGLE-3 head (in the published layout) inside the engine;
    * greedy output is unchanged, sampled output keeps its distribution. CPU backend only for now
    * (invalid_argument on CUDA). Default: off.
    */
@@ -278,6 +280,8 @@ export class Engine {
       cudaGemm: opts.cudaGemm ?? 'auto',
       prefixCaching: opts.prefixCaching ?? true,
       prefixHashKey: opts.prefixHashKey ?? randomBytes(16).toString('hex'),
+      // An EAGLE-3 head runs inside the engine, reading its hidden states.
+      ...(opts.speculative?.method === 'eagle3' && { eagle3Dir: await eagle3HeadDir(opts.speculative) }),
     };
     if (!/^[0-9a-f]{32}$/i.test(base.prefixHashKey)) {
       throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
@@ -714,6 +718,16 @@ function checkPositiveInteger(value: number, param: string): void {
 }
 
 /** loadNativeEngine with native error codes (MODEL_FILE_MISSING) mapped to SluiceError codes. */
+/** The EAGLE-3 head's directory of speculative: {method: 'eagle3', draftModel}, checked to exist. */
+async function eagle3HeadDir(spec: SpeculativeOptions): Promise<string> {
+  const dir = speculativeOptions(spec).draftModel!;
+  const s = await stat(dir).catch(() => undefined);
+  if (!s?.isDirectory()) {
+    throw new SluiceError('invalid_argument', `speculative EAGLE-3 head ${dir} is not a directory`, { param: 'speculative.draftModel' });
+  }
+  return dir;
+}
+
 /** The draft model engine's KV pool at most (it holds at most maxSpeculativeSeqs sequences). */
 const DRAFT_KV_CACHE_BYTES = 512 << 20;
 

@@ -57,6 +57,12 @@ export interface NativeLoadOptions {
   cudaGraphsAtLoad?: boolean;
   /** CUDA: steps with prefill chunks under graphs too, captured in pieces around attention (default false). */
   cudaMixedGraphs?: boolean;
+  /**
+   * Speculative decoding with an EAGLE-3 head (its directory, in the published layout): the engine
+   * keeps the head's context from every step's hidden states and drafts for the rows that ask
+   * (NativeStepPlan.numNextDrafts). CPU backend only.
+   */
+  eagle3Dir?: string;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */
@@ -84,6 +90,8 @@ export interface NativeModelInfo {
   prefixCaching?: boolean;     // whether the engine reuses cached prefix blocks
   /** Whether steps verify NativeStepPlan.drafts (the CPU engine); otherwise drafts are ignored. */
   draftVerification?: boolean;
+  /** The EAGLE-3 head loaded with eagle3Dir: its draft vocabulary, the target layers it reads, its bytes. */
+  eagle3?: { draftVocabSize: number; auxLayers: number[]; weightBytes: number; kvBytes: number };
   /**
    * Models with sliding-window layers on the CPU: the widest window (tokens), and the blocks of
    * those layers' KV, kept apart from numBlocks (the full-attention layers'): a sequence holds
@@ -164,6 +172,8 @@ export interface NativeStepPlan {
    */
   numDrafts?: Uint32Array;
   drafts?: Int32Array;
+  /** An engine with an EAGLE-3 head: row i asks for up to numNextDrafts[i] drafts to follow the token it samples. */
+  numNextDrafts?: Uint32Array;
 }
 
 /** rowStatus values. */
@@ -202,6 +212,9 @@ export interface NativeStepResult {
   rowBlocks: Uint32Array;      // [n] KV blocks the sequence holds after it
   rowDrafted?: Uint32Array;    // [n] drafts the row verified (absent: an engine that verifies none)
   rowAccepted?: Uint32Array;   // [n] of those, accepted (rowComputed = 1 + accepted)
+  /** EAGLE-3 (numNextDrafts): row i's drafts to follow its last sampled token, nextDrafts flat in row order. */
+  rowNextDrafts?: Uint32Array;
+  nextDrafts?: Int32Array;
   addStatus: Uint8Array;       // [a] ADD_*
   addCached: Int32Array;       // [a] prompt tokens served from the prefix cache (-1 unless admitted)
   /** The pool after the step: blocks an allocation can get (free + evictable). */

@@ -18,6 +18,8 @@ export interface NativeGrammarMatcher {
   fillMaskIfUnchanged(out: Uint32Array, offset: number): boolean;
   /** Fills the mask here when its work is at most `budget` (see token_matcher.h): the work done, or -1 (nothing written). */
   fillMaskWithin(out: Uint32Array, offset: number, budget: number): number;
+  /** Speculative decoding: how many of `tokens` (at most 64) the grammar accepts in a row; the state is unchanged. */
+  countAhead(tokens: Int32Array): number;
 }
 
 interface NativeAddon {
@@ -26,7 +28,12 @@ interface NativeAddon {
   compileGrammar(vocabulary: NativeGrammarVocabulary, text: string, timeoutMs: number): Promise<unknown>;
   CompiledGrammar: new (handle: unknown) => NativeCompiledGrammar;
   GrammarMatcher: new (grammar: NativeCompiledGrammar) => NativeGrammarMatcher;
-  fillGrammarMasks(matchers: NativeGrammarMatcher[], out: Uint32Array, offsets: Uint32Array): Promise<Int32Array>;
+  /**
+   * The matchers' masks at out[offsets[r]..]; with `tokens` (flat) and `counts`, matcher r fills
+   * 1 + counts[r] masks, those after each prefix of its drafts (speculative decoding).
+   */
+  fillGrammarMasks(matchers: NativeGrammarMatcher[], out: Uint32Array, offsets: Uint32Array, tokens?: Int32Array,
+    counts?: Uint32Array): Promise<Int32Array>;
   load(options: NativeLoadOptions): Promise<NativeEngineHandle>;
   measureMemoryBandwidth(numThreads: number, bytes: number, repeats: number, keepBuffer: boolean): Promise<number>;
   measureDeviceBandwidth(bytes: number, repeats: number): Promise<number>;

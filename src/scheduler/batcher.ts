@@ -34,6 +34,7 @@ import { Roster } from './roster.js';
 import { Sequence, type SampledToken, type SequenceOutcome, type SequenceRequest } from './sequence.js';
 import type { TenantDeferral } from './tenant-share.js';
 import { Speculator, type SpeculativeOptions, type SpeculationStats } from './speculator.js';
+import { Eagle3Speculator } from './eagle3-speculator.js';
 
 export { FcfsPolicy, type SchedulingPolicy, type SequenceView } from './policy.js';
 export type { DeferralGuard } from './planner.js';
@@ -132,7 +133,7 @@ interface Submitted {
   /** atMs: when the outcome reached this thread. */
   settled: Promise<({ result: NativeStepResult } | { error: unknown }) & { atMs: number }>;
   /** Its constrained rows, whose token masks it waits for (provideMasks). */
-  constrained?: { seq: Sequence; seqId: number }[];
+  constrained?: { seq: Sequence; seqId: number; drafts: readonly number[] }[];
 }
 
 const NO_IDS = new Int32Array(0);
@@ -203,7 +204,11 @@ export class Batcher {
         throw new SluiceError('invalid_argument', 'a draft model speculates through Engine.load (or a DraftModelSpeculator given as speculator)',
           { param: 'speculative' });
       }
-      this.speculator = options.speculator ?? new Speculator(options.speculative!);
+      if (options.speculator === undefined && options.speculative?.method === 'eagle3' && info.eagle3 === undefined) {
+        throw new SluiceError('invalid_argument', 'EAGLE-3 speculation needs an engine loaded with its head (eagle3Dir)', { param: 'speculative' });
+      }
+      this.speculator = options.speculator ??
+        (options.speculative!.method === 'eagle3' ? new Eagle3Speculator(options.speculative!) : new Speculator(options.speculative!));
     }
     this.planner = new Planner(this.roster, {
       maxBatchedTokens: this.maxBatchedTokens, maxNumSeqs: this.maxNumSeqs, deferral: options.deferral,
@@ -378,9 +383,9 @@ export class Batcher {
     for (const row of planned.rows) row.seq.inFlight.push({ step: serial, numTokens: row.numTokens });
     this.planner.freeBlocks -= planned.netBlocks;
     this.inFlightNetBlocks += planned.netBlocks;
-    const constrained: { seq: Sequence; seqId: number }[] = [];
+    const constrained: { seq: Sequence; seqId: number; drafts: readonly number[] }[] = [];
     planned.rows.forEach((row, i) => {
-      if (row.seq.request.constraint !== undefined) constrained.push({ seq: row.seq, seqId: planned.plan.seqIds[i]! });
+      if (row.seq.request.constraint !== undefined) constrained.push({ seq: row.seq, seqId: planned.plan.seqIds[i]!, drafts: row.drafts ?? [] });
     });
     if (constrained.length > 0) {
       planned.plan.constrained = Uint32Array.from(constrained, (c) => c.seqId);
@@ -406,12 +411,23 @@ export class Batcher {
     const rows = step.constrained;
     if (rows === undefined || !this.masksOwed.has(step.serial)) return;
     const words = this.maskWords;
-    const masks = new Uint32Array(rows.length * words);
+    // A row verifying drafts takes one mask per logit row: after its pending token and each draft.
+    const offsets: number[] = [];
+    let total = 0;
+    for (const row of rows) {
+      offsets.push(total * words);
+      total += 1 + row.drafts.length;
+    }
+    const masks = new Uint32Array(total * words);
     // All rows asked at once: the grammar engine answers a step's masks in one go.
-    const fill = () => Promise.all(rows.map(({ seq, seqId }, i) => {
-      if (this.owns(seq, seqId) && !seq.cancelRequested) return seq.request.constraint!.fillMask(masks, i * words);
-      masks.fill(0xffffffff, i * words, (i + 1) * words);
-      return undefined;
+    const fill = () => Promise.all(rows.map(({ seq, seqId, drafts }, i) => {
+      const at = offsets[i]!;
+      if (!this.owns(seq, seqId) || seq.cancelRequested) {
+        masks.fill(0xffffffff, at, at + (1 + drafts.length) * words);
+        return undefined;
+      }
+      const constraint = seq.request.constraint!;
+      return drafts.length > 0 ? constraint.fillMasksAhead!(drafts, masks, at) : constraint.fillMask(masks, at);
     }));
     fill().then(() => this.settleMasks(step.serial, masks), () => this.settleMasks(step.serial, null));
   }
@@ -547,6 +563,15 @@ export class Batcher {
       let stop = false;
       if (!this.callSink(seq, () => { stop = seq.request.sink.onToken(token); })) continue;
       if (stop || seq.numGeneratedTokens >= seq.request.maxTokens) this.roster.end(seq, { kind: 'finished' });
+    }
+    // EAGLE-3: the drafts the engine made for each row, to follow the tokens just applied.
+    if (result.rowNextDrafts !== undefined && result.nextDrafts !== undefined && this.speculator?.receive) {
+      let at = 0;
+      planned.rows.forEach((row, i) => {
+        const n = result.rowNextDrafts![i]!;
+        if (n > 0 && this.owns(row.seq, plan.seqIds[i]!)) this.speculator!.receive!(row.seq, Array.from(result.nextDrafts!.subarray(at, at + n)));
+        at += n;
+      });
     }
     return { numComputedTokens, numPrefillTokens, numVerifyingRows, numDraftTokens, numAcceptedTokens };
   }

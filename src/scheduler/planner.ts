@@ -220,6 +220,13 @@ export class Planner {
       plan.numDrafts = Uint32Array.from(rows, (r) => r.drafts?.length ?? 0);
       plan.drafts = Int32Array.from(rows.flatMap((r) => r.drafts ?? []));
     }
+    // An EAGLE-3 head drafts in the engine, during this step, for the next one.
+    // Zeros included: a plan that carries it keeps the head's context; one without (under load)
+    // skips the head altogether.
+    const speculator = this.opts.speculator;
+    if (speculator?.nextDrafts && speculator.active(roster.running.length)) {
+      plan.numNextDrafts = Uint32Array.from(rows, (r) => speculator.nextDrafts!(r.seq));
+    }
     if (adds.length > 0) {
       plan.adds = adds.map((seq) => ({
         seqId: seq.seqId, promptTokens: roster.promptOf(seq), sampling: seq.request.sampling,

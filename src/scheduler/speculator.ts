@@ -3,27 +3,31 @@
 // the tokens they would have sampled one by one, sampled rows tokens from the same distribution.
 //
 // Proposers: prompt lookup (ngram-proposer.ts) over the sequence's prompt and generated tokens, fed
-// incrementally; or a draft model (draft-speculator.ts), run before each plan. Drafts go only where they are known to be right to verify: a decode row (its one
-// pending token is the last generated one) with no step of it in flight (under overlap the plan
-// would guess from tokens not yet known), no output grammar (its masks are one per row), and at
-// most maxTokens - generated - 1 of them (never past max_tokens).
+// incrementally; a draft model (draft-speculator.ts), run before each plan; or an EAGLE-3 head
+// (eagle3-speculator.ts), run in the engine a step ahead. Drafts go only where they are known to be
+// right to verify: a decode row (its one pending token is the last generated one) with no step of
+// it in flight (under overlap the plan would guess from tokens not yet known), at most
+// maxTokens - generated - 1 of them (never past max_tokens), and under an output grammar only
+// where its engine can look ahead (native grammars: the masks after each prefix of the drafts come
+// with the step), cut to the drafts it allows.
 //
 // Load: a verification computes K + 1 tokens to gain 1 + accepted, so it pays at low load, where a
 // step is bound by reading the weights, and costs at high load, where it is bound by compute. Rows
 // draft only while at most maxSpeculativeSeqs sequences run, and a step carries at most
 // maxDraftTokensPerStep drafts; a sequence whose drafts keep failing (acceptance under
-// MIN_ACCEPTANCE over its last drafts) drafts one token at a time until they agree again. Prompt
-// lookup proposes nothing without a match, and then costs nothing.
+// MIN_ACCEPTANCE over its last drafts) drafts one token at a time until they agree again, and one
+// whose drafts almost never agree drafts once every PROBE_EVERY tokens. Prompt lookup proposes
+// nothing without a match, and then costs nothing.
 
 import { SluiceError } from '../errors.js';
 import type { Sequence } from './sequence.js';
 import { DEFAULT_NGRAM, NgramProposer } from '../speculative/ngram-proposer.js';
 
-export type SpeculativeMethod = 'ngram' | 'draft';
+export type SpeculativeMethod = 'ngram' | 'draft' | 'eagle3';
 
 export interface SpeculativeOptions {
   method: SpeculativeMethod;
-  /** method 'draft': the draft model's checkpoint directory (the target's tokenizer). */
+  /** method 'draft': the draft model's checkpoint directory (the target's tokenizer); 'eagle3': the head's. */
   draftModel?: string;
   /** Drafts a decode row verifies at most (K), 1..MAX_SPECULATIVE_TOKENS. */
   numSpeculativeTokens: number;
@@ -40,17 +44,20 @@ export const DEFAULT_MAX_SPECULATIVE_SEQS = 8;
 export const DEFAULT_MAX_DRAFT_TOKENS_PER_STEP = 32;
 /** Below this acceptance over a sequence's recent drafts, it drafts one token at a time. */
 export const MIN_ACCEPTANCE = 0.2;
+/** A sequence whose drafts (almost) never agree drafts once per this many tokens. */
+export const PROBE_EVERY = 8;
 /** Drafts a sequence's acceptance is averaged over (an exponential moving average's span). */
 const ACCEPTANCE_SPAN = 16;
 
 /** Checks and completes the options (invalid_argument naming the field). */
 export function speculativeOptions(o: SpeculativeOptions, param = 'speculative'): Required<Omit<SpeculativeOptions, 'draftModel'>> & Pick<SpeculativeOptions, 'draftModel'> {
-  if (o.method !== 'ngram' && o.method !== 'draft') {
+  if (o.method !== 'ngram' && o.method !== 'draft' && o.method !== 'eagle3') {
     throw new SluiceError('invalid_argument',
-      `${param}.method must be 'ngram' or 'draft' (EAGLE-3 heads are not served yet), got ${JSON.stringify(o.method)}`, { param: `${param}.method` });
+      `${param}.method must be 'ngram', 'draft' or 'eagle3', got ${JSON.stringify(o.method)}`, { param: `${param}.method` });
   }
-  if (o.method === 'draft' && (typeof o.draftModel !== 'string' || o.draftModel === '')) {
-    throw new SluiceError('invalid_argument', `${param}.draftModel must name the draft model's directory`, { param: `${param}.draftModel` });
+  if ((o.method === 'draft' || o.method === 'eagle3') && (typeof o.draftModel !== 'string' || o.draftModel === '')) {
+    throw new SluiceError('invalid_argument',
+      `${param}.draftModel must name the ${o.method === 'draft' ? "draft model's" : "EAGLE-3 head's"} directory`, { param: `${param}.draftModel` });
   }
   const int = (v: unknown, name: string, lo: number, hi: number): number => {
     if (typeof v !== 'number' || !Number.isInteger(v) || v < lo || v > hi) {
@@ -65,6 +72,11 @@ export function speculativeOptions(o: SpeculativeOptions, param = 'speculative')
     maxSpeculativeSeqs: int(o.maxSpeculativeSeqs ?? DEFAULT_MAX_SPECULATIVE_SEQS, 'maxSpeculativeSeqs', 1, 4096),
     maxDraftTokensPerStep: int(o.maxDraftTokensPerStep ?? DEFAULT_MAX_DRAFT_TOKENS_PER_STEP, 'maxDraftTokensPerStep', 1, 1 << 16),
   };
+}
+
+/** Whether seq may draft at all: no output grammar, or one that can look ahead (token-constraint.ts). */
+export function speculatesUnder(seq: Sequence): boolean {
+  return seq.request.constraint === undefined || seq.request.constraint.countAhead !== undefined;
 }
 
 /** How one sequence's drafts have fared, and its prompt-lookup index once it has one. */
@@ -99,15 +111,41 @@ export class Speculator {
    * row must not draft (see the file comment). Call only for a decode row.
    */
   propose(seq: Sequence, limit: number): number[] {
-    if (seq.inFlight.length > 0 || seq.request.constraint !== undefined || seq.numGeneratedTokens === 0) return [];
-    const k = Math.min(limit, this.options.numSpeculativeTokens, seq.request.maxTokens - seq.numGeneratedTokens - 1);
+    const constraint = seq.request.constraint;
+    if (seq.inFlight.length > 0 || (constraint !== undefined && constraint.countAhead === undefined) || seq.numGeneratedTokens === 0) return [];
+    const k = Math.min(limit, this.options.numSpeculativeTokens, seq.request.maxTokens - seq.numGeneratedTokens - 1,
+      this.draftLimit(seq));
     if (k < 1) return [];
-    return this.lookup(seq, this.state(seq).acceptance < MIN_ACCEPTANCE ? 1 : k);
+    const drafts = this.lookup(seq, k);
+    // Under an output grammar, only the drafts it allows in a row (the rest could never be kept).
+    return constraint === undefined || drafts.length === 0 ? drafts : drafts.slice(0, constraint.countAhead!(drafts));
+  }
+
+  /**
+   * Drafts to ask the engine for while seq's row runs, to follow the token it samples (an EAGLE-3
+   * head drafts in the engine, one step ahead); the planner asks only while active(). Undefined:
+   * the proposer drafts on its own.
+   */
+  nextDrafts?(seq: Sequence): number;
+
+  /** The drafts the engine made for seq in the step just applied (to follow its tokens as they are now). */
+  receive?(seq: Sequence, drafts: number[]): void;
+
+  /**
+   * Drafts seq may verify at a time: K; 1 while its drafts keep failing; and once they almost never
+   * agree (under MIN_ACCEPTANCE / 4), one draft every PROBE_EVERY tokens only, so that a proposer
+   * with a cost of its own (a draft model, an EAGLE-3 head) stops paying it. `ahead`: the drafts are
+   * for the row after the next (an EAGLE-3 head drafts one step ahead).
+   */
+  protected draftLimit(seq: Sequence, ahead = 0): number {
+    const acceptance = this.state(seq).acceptance;
+    if (acceptance < MIN_ACCEPTANCE / 4) return (seq.numGeneratedTokens + ahead) % PROBE_EVERY === 0 ? 1 : 0;
+    return acceptance < MIN_ACCEPTANCE ? 1 : this.options.numSpeculativeTokens;
   }
 
   /** Whether propose() would consider seq's next row at all (a decode row it may draft for). */
   mayDraft(seq: Sequence): boolean {
-    return seq.state === 'running' && seq.inFlight.length === 0 && seq.request.constraint === undefined &&
+    return seq.state === 'running' && seq.inFlight.length === 0 && speculatesUnder(seq) &&
       seq.numGeneratedTokens > 0 && seq.numGeneratedTokens < seq.request.maxTokens - 1 && seq.reportedPending === 1;
   }
 

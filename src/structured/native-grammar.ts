@@ -29,7 +29,8 @@ export const SYNC_MASK_WORK_PER_TICK = 4096;
 export class NativeGrammars {
   /** Grammar key -> its compile (in flight: 0 bytes until it settles, then the grammar's size). */
   private readonly compiled: ByteLru<Promise<NativeCompiledGrammar | undefined>>;
-  private pending: { constraint: NativeConstraint; out: Uint32Array; offset: number; resolve(): void }[] = [];
+  /** Masks waiting for the pool; `ahead`: the drafts whose prefixes' masks follow the first. */
+  private pending: { constraint: NativeConstraint; out: Uint32Array; offset: number; ahead?: readonly number[]; resolve(): void }[] = [];
   /** Mask work left for the JS thread in this tick (undefined: none asked yet this tick). */
   private syncWorkLeft: number | undefined;
 
@@ -112,6 +113,17 @@ export class NativeGrammars {
     });
   }
 
+  /**
+   * Speculative decoding: the masks after each prefix of `drafts`, from `offset` (1 + drafts.length
+   * of them), always on the pool with the tick's other masks (a lookahead moves the matcher there
+   * and back, so no mask of it is filled on this thread).
+   */
+  masksAhead(constraint: NativeConstraint, drafts: readonly number[], out: Uint32Array, offset: number): Promise<void> {
+    return new Promise((resolve) => {
+      if (this.pending.push({ constraint, out, offset, ahead: drafts, resolve }) === 1) queueMicrotask(() => this.flush());
+    });
+  }
+
   private flush(): void {
     const batch = this.pending;
     this.pending = [];
@@ -127,13 +139,19 @@ export class NativeGrammars {
         rows.forEach((r, i) => {
           if (why !== undefined || bad.has(i)) {
             r.constraint.fail(new SluiceError('engine_error', `the output grammar could not be followed: ${why?.message ?? 'too many parse stacks'}`));
-            out.fill(0xffffffff, r.offset, r.offset + this.words);  // the sequence is ending: its token is dropped
+            // The sequence is ending: its tokens are dropped.
+            out.fill(0xffffffff, r.offset, r.offset + this.words * (1 + (r.ahead?.length ?? 0)));
           }
           r.resolve();
         });
       };
-      nativeAddon().fillGrammarMasks(rows.map((r) => r.constraint.matcher), out, Uint32Array.from(rows.map((r) => r.offset)))
-        .then((failed) => settle(failed), (err: Error) => settle([], err));
+      const matchers = rows.map((r) => r.constraint.matcher), offsets = Uint32Array.from(rows.map((r) => r.offset));
+      const ahead = rows.some((r) => r.ahead !== undefined && r.ahead.length > 0);
+      const filled = ahead
+        ? nativeAddon().fillGrammarMasks(matchers, out, offsets, Int32Array.from(rows.flatMap((r) => r.ahead ?? [])),
+          Uint32Array.from(rows.map((r) => r.ahead?.length ?? 0)))
+        : nativeAddon().fillGrammarMasks(matchers, out, offsets);
+      filled.then((failed) => settle(failed), (err: Error) => settle([], err));
     }
   }
 }
@@ -154,6 +172,24 @@ class NativeConstraint implements TokenConstraint {
 
   fail(error: Error): void {
     this.failure ??= error;
+  }
+
+  countAhead(tokens: readonly number[]): number {
+    if (this.disposed || this.failure !== undefined || tokens.length === 0) return 0;
+    try {
+      return this.matcher.countAhead(Int32Array.from(tokens.slice(0, 64)));
+    } catch {
+      return 0;  // drafts are optional: the next accept() reports what is wrong
+    }
+  }
+
+  fillMasksAhead(tokens: readonly number[], out: Uint32Array, offset: number): Promise<void> {
+    if (this.disposed || this.failure !== undefined) {
+      out.fill(0xffffffff, offset, offset + this.owner.words * (1 + tokens.length));  // an ended sequence
+      return Promise.resolve();
+    }
+    if (tokens.length === 0) return this.owner.mask(this, out, offset);
+    return this.owner.masksAhead(this, tokens, out, offset);
   }
 
   accept(tokenId: number): boolean {

@@ -13,10 +13,12 @@ namespace sluice {
 // binder dequantizes to bf16 at load (model/fp8.h); no backend ever sees it. Q4: AWQ / GPTQ 4-bit
 // weights repacked at load (cpu/gemm_q4.h has the layout); the CPU matmuls read them as they are,
 // the CUDA upload dequantizes them. I32: packed words as AWQ / GPTQ checkpoints store them
-// (qweight, qzeros, g_idx), which the binder repacks at load; no kernel reads it.
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, U8 = 4, F8E4M3 = 5, Q4 = 6, I32 = 7 };
+// (qweight, qzeros, g_idx), which the binder repacks at load; no kernel reads it. I64: index
+// tables (an EAGLE-3 head's d2t), read at load.
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, U8 = 4, F8E4M3 = 5, Q4 = 6, I32 = 7, I64 = 8 };
 
 inline size_t dtype_size(DType t) {
+  if (t == DType::I64) return 8;
   return t == DType::F32 || t == DType::I32 ? 4 : t == DType::Q8_0 || t == DType::U8 || t == DType::F8E4M3 || t == DType::Q4 ? 1 : 2;
 }
 inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
@@ -30,6 +32,7 @@ inline const char* dtype_name(DType t) {
     case DType::F8E4M3: return "f8_e4m3";
     case DType::Q4: return "q4";
     case DType::I32: return "i32";
+    case DType::I64: return "i64";
   }
   return "?";
 }

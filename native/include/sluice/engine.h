@@ -83,6 +83,10 @@ struct EngineOptions {
   // The secret key of the keyed block hash (SipHash-2-4, see kv/block_hash.h): random per
   // deployment, so callers cannot predict or collide block hashes. All zero is allowed (tests).
   std::array<uint64_t, 2> prefix_hash_key{0, 0};
+  // Speculative decoding with an EAGLE-3 head (the directory of its config.json and weights, in
+  // the published layout): the engine keeps the head's context from the hidden states of the steps
+  // that carry StepPlan::num_next_drafts and drafts for the rows that ask. CPU backend, serial steps.
+  std::string eagle3_dir;
 };
 
 struct SamplingParams {
@@ -140,14 +144,20 @@ struct SequenceAdd {
 class TokenMaskSource {
  public:
   virtual ~TokenMaskSource() = default;
-  // Blocks until the masks are ready: StepPlan::constrained.size() rows of token_mask_words()
-  // words, in that order; bit v % 32 of word v / 32 set = token v may be sampled. nullptr when
-  // they will not come: the constrained rows that would sample fail instead.
+  // Blocks until the masks are ready: token_mask_rows(plan) rows of token_mask_words() words: for
+  // each constrained sequence in StepPlan::constrained order, the mask of its next token and, when
+  // its row carries drafts, one more after each of them (StepPlan::num_drafts as planned, whether
+  // or not the engine cuts them); bit v % 32 of word v / 32 set = token v may be sampled. nullptr
+  // when they will not come: the constrained rows that would sample fail instead.
   virtual const uint32_t* wait() = 0;
 };
 
 // Words of one token mask row: ceil(vocab_size / 32), vocab_size being the logits' width.
 inline int64_t token_mask_words(int64_t vocab_size) { return (vocab_size + 31) / 32; }
+
+struct StepPlan;
+// Mask rows a plan's TokenMaskSource gives (see TokenMaskSource::wait).
+int64_t token_mask_rows(const StepPlan& plan);
 
 struct StepPlan {
   std::vector<uint32_t> seq_ids;     // [n]
@@ -161,14 +171,21 @@ struct StepPlan {
   std::shared_ptr<TokenMaskSource> masks;
   // Speculative decoding: row i proposes num_drafts[i] tokens (empty: none) to follow its
   // pending token, drafts[sum of num_drafts[0..i) ..] in order. A decode row (one uncomputed
-  // token) of an unconstrained sequence computes its pending token and the drafts in one chunk
+  // token) computes its pending token and the drafts in one chunk
   // (num_tokens[i] must allow 1 + drafts; the drafts are cut to it and to the context) and
   // verifies each draft with verify_draft_token (sample/sampler.h): it gains the accepted drafts
   // and one more sampled token, each following the distribution a token-by-token run samples from
-  // (for greedy, the same tokens). Drafts of other rows, and of every row of an engine whose
-  // info().draft_verification is false, are ignored. A draft outside the vocabulary fails its row.
+  // (for greedy, the same tokens). A constrained sequence's drafts are verified under the masks
+  // after each of them (TokenMaskSource::wait). Drafts of other rows, and of every row of an engine
+  // whose info().draft_verification is false, are ignored. A draft outside the vocabulary fails its
+  // row.
   std::vector<uint32_t> num_drafts;
   std::vector<int32_t> drafts;
+  // An engine with an EAGLE-3 head: row i asks for up to num_next_drafts[i] drafts to follow the
+  // token it samples (StepResult::next_drafts), for the next step's plan to verify. Non-empty (zeros
+  // included), the head also adds the positions every row kept to its context; empty, the step
+  // leaves the head alone (under load: those positions stay absent from its context).
+  std::vector<uint32_t> num_next_drafts;
 };
 
 enum class RowStatus : uint8_t {
@@ -215,6 +232,10 @@ struct StepResult {
   std::vector<uint32_t> row_blocks;   // [n] KV blocks the sequence holds after the step
   std::vector<uint32_t> row_drafted;  // [n] drafts the row verified (0: none, or ignored)
   std::vector<uint32_t> row_accepted; // [n] of those, accepted (row_computed = 1 + accepted)
+  // EAGLE-3 drafts per row (StepPlan::num_next_drafts): row i's are next_drafts[sum of
+  // row_next_drafts[0..i) ..], to follow the last token it sampled. Empty without a head.
+  std::vector<uint32_t> row_next_drafts;
+  std::vector<int32_t> next_drafts;
   // Per add (plan order):
   std::vector<uint8_t> add_status;    // [a] AddStatus
   std::vector<int32_t> add_cached;    // [a] prompt tokens served from the prefix cache; -1 unless admitted
@@ -249,6 +270,12 @@ struct EngineInfo {
   std::string broken_reason;      // non-empty once a device fault put the engine out of service
   // Whether step() verifies StepPlan::drafts (the CPU backend, serial steps); else it ignores them.
   bool draft_verification = false;
+  // An EAGLE-3 head is loaded (EngineOptions::eagle3_dir): its draft vocabulary, the target layers
+  // it reads, its weights and K/V pool. eagle3_draft_vocab 0: none.
+  int64_t eagle3_draft_vocab = 0;
+  std::vector<int64_t> eagle3_aux_layers;
+  size_t eagle3_weight_bytes = 0;
+  size_t eagle3_kv_bytes = 0;
 };
 
 class Engine {

@@ -127,6 +127,9 @@ const char* supported_architectures();
 
 // Parses config.json text. `source` names the file in errors. Throws sluice::Error
 // (kModelFileInvalid for malformed or inconsistent fields, kUnsupportedModel otherwise).
-ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+// as_architecture: read the fields as this table architecture's whatever the file names (an
+// EAGLE-3 head's config describes a Llama layer under an architecture of its own).
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source,
+                               const char* as_architecture = nullptr);
 
 }  // namespace sluice

@@ -34,6 +34,7 @@ inline float load_f32(const void* p, DType t, int64_t i) {
     case DType::Q4:
     case DType::U8:
     case DType::I32:
+    case DType::I64:
     case DType::F8E4M3: break;  // quantize_weights_q8 is given float matrices only
   }
   return 0.f;

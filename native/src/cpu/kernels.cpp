@@ -84,6 +84,7 @@ float load_scalar(const void* p, DType t, int64_t i) {
     case DType::Q4: break;  // blocks, not elements: only the Q8_0 and Q4 kernels read them
     case DType::U8:
     case DType::I32:
+    case DType::I64:
     case DType::F8E4M3: break;  // repacked or dequantized at load (model_weights.cpp): never reach a kernel
   }
   return 0.f;

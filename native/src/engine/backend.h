@@ -16,6 +16,9 @@
 #include "sluice/model_config.h"
 
 namespace sluice {
+namespace cpu {
+class ThreadPool;
+}
 
 // One step's tokens, flattened across sequences. Host pointers, valid during forward().
 // Tokens of one sequence are contiguous and in position order.
@@ -120,6 +123,18 @@ class Backend {
   virtual size_t device_bytes() const { return 0; }
   // Whether sample() verifies SampleRow::draft (speculative decoding).
   virtual bool verifies_drafts() const { return false; }
+  // EAGLE-3 heads: from now on forward() keeps, for every token, the residual stream entering each
+  // of `layers` (the embedding output for layer 0), side by side: captured_hidden() is then
+  // [T, layers.size() * hidden_size] f32 on the host, valid until the next forward(). False when
+  // the backend cannot (the engine then refuses the head).
+  virtual bool capture_hidden(const std::vector<int64_t>& layers) {
+    (void)layers;
+    return false;
+  }
+  virtual const float* captured_hidden() const { return nullptr; }
+  // The CPU backend's compute threads, for work the engine runs between steps (an EAGLE-3 head);
+  // nullptr for other backends.
+  virtual cpu::ThreadPool* cpu_threads() { return nullptr; }
 
   // Pipelined steps (EngineOptions::cuda_device_tokens). sample() split in two: sample_launch()
   // starts sampling the last forward()'s rows into output slot `slot` (0 or 1: the engine keeps

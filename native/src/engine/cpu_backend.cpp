@@ -92,10 +92,19 @@ class CpuBackend final : public Backend, private DecoderOps {
   void forward(const ForwardBatch& b) override;
   void sample(const SampleRow* rows, int64_t R, const SampleOutput& out) override;
   bool verifies_drafts() const override { return true; }
+  bool capture_hidden(const std::vector<int64_t>& layers) override {
+    capture_layers_ = layers;
+    return true;
+  }
+  const float* captured_hidden() const override { return captured_.data(); }
+  cpu::ThreadPool* cpu_threads() override { return &pool_; }
   void read_logits(float* out) override { std::memcpy(out, logits_.data(), logits_.size() * sizeof(float)); }
 
  private:
   void ensure_scratch(int64_t T);
+  void layer_input(int64_t layer) override;
+  std::vector<int64_t> capture_layers_;  // EAGLE-3: layers whose input forward() keeps
+  std::vector<float> captured_;          // [T, capture_layers_.size() * H]
 
   // DecoderOps over batch_ (engine/decoder.h).
   void embed() override;
@@ -197,8 +206,18 @@ void CpuBackend::ensure_scratch(int64_t T) {
   }
 }
 
+void CpuBackend::layer_input(int64_t layer) {
+  const int64_t H = c_.hidden_size, n = int64_t(capture_layers_.size());
+  for (int64_t j = 0; j < n; j++) {
+    if (capture_layers_[size_t(j)] != layer) continue;
+    for (int64_t t = 0; t < T_; t++)
+      std::memcpy(captured_.data() + (t * n + j) * H, x_.data() + t * H, size_t(H) * sizeof(float));
+  }
+}
+
 void CpuBackend::forward(const ForwardBatch& b) {
   ensure_scratch(b.num_tokens);
+  if (!capture_layers_.empty()) captured_.resize(size_t(b.num_tokens) * capture_layers_.size() * size_t(c_.hidden_size));
   batch_ = &b;
   T_ = b.num_tokens;
   run_decoder(c_, *this);

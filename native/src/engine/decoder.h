@@ -48,12 +48,15 @@ class DecoderOps {
   virtual void add_normed(int64_t layer, LayerNorm which) = 0;
   // Logits of the sampled rows: final norm, lm_head, the family's soft cap.
   virtual void logits() = 0;
+  // Before each layer, with x its input (EAGLE-3 heads read the residual stream of some layers).
+  virtual void layer_input(int64_t layer) { (void)layer; }
 };
 
 inline void run_decoder(const ModelConfig& c, DecoderOps& ops) {
   const BlockOut out = c.sandwich_norms ? BlockOut::kToY : BlockOut::kAddToResidual;
   ops.embed();
   for (int64_t l = 0; l < c.num_layers; l++) {
+    ops.layer_input(l);
     ops.norm(l, LayerNorm::kAttnIn);
     ops.qkv(l);
     ops.rope_kv_write(l);

@@ -17,6 +17,7 @@
 #include "model/safetensors.h"
 #include "sample/sampler.h"
 #include "sluice/error.h"
+#include "speculative/eagle3_head.h"
 
 namespace sluice {
 
@@ -147,6 +148,7 @@ class EngineImpl final : public Engine {
     backend_->allocate_kv(num_blocks, num_window_blocks, bs);
     blocks_ = std::make_unique<BlockPool>(num_blocks);
     if (num_window_blocks > 0) window_pool_ = std::make_unique<BlockPool>(num_window_blocks);
+    if (!opts.eagle3_dir.empty()) load_eagle3(num_blocks * bs);
   }
 
   EngineInfo info() const override {
@@ -174,6 +176,12 @@ class EngineImpl final : public Engine {
     i.prefix_caching = opts_.prefix_caching;
     i.num_cached_blocks = blocks_->num_cached();
     i.broken_reason = broken_reason_;
+    if (eagle_) {
+      i.eagle3_draft_vocab = eagle_->config().draft_vocab;
+      i.eagle3_aux_layers = eagle_->config().aux_layers;
+      i.eagle3_weight_bytes = eagle_->weight_bytes();
+      i.eagle3_kv_bytes = eagle_->kv_bytes();
+    }
     return i;
   }
 
@@ -223,6 +231,7 @@ class EngineImpl final : public Engine {
       window_pool_->release(held, it->second.keyed);
     }
     seqs_.erase(it);
+    if (eagle_) eagle_->remove(seq_id);
   }
 
   int64_t num_free_blocks() const override { return blocks_->num_free(); }
@@ -284,6 +293,9 @@ class EngineImpl final : public Engine {
   ForwardBatch forward_batch() const;
   // forward() + sample() of the rows in plan_rows_; a device fault breaks the engine.
   void run_backend(const StepPlan& plan, StepResult& result);
+  // EAGLE-3: the head's context gains the positions the step kept; rows that ask get drafts.
+  void load_eagle3(int64_t max_entries);
+  void run_eagle3(const StepPlan& plan, StepResult& result);
   // The forward pass, the plan's token masks, then `sample` (the serial sample or the pipelined
   // launch); a device fault (a real one, or the test hook's) breaks the engine, others fail the step.
   template <typename Sample>
@@ -502,6 +514,8 @@ class EngineImpl final : public Engine {
   std::unique_ptr<SafetensorsModel> st_;
   ModelWeights weights_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Eagle3Head> eagle_;
+  std::vector<std::vector<int32_t>> eagle_drafts_;  // [plan_rows_] scratch
   std::unique_ptr<BlockPool> blocks_;
   // Blocks of the sliding-window layers (their KV apart: Backend::kv_bytes_per_window_block), or
   // null. window_: the widest window of those layers.
@@ -535,6 +549,7 @@ class EngineImpl final : public Engine {
     int64_t num_drafts = 0;
     const int32_t* drafts = nullptr;
     int64_t accepted = 0;
+    int64_t first_token = 0;  // the row's first token in the forward batch
   };
   std::vector<PlanRow> plan_rows_;          // the plan's valid rows, in plan order
   int64_t claimed_blocks_ = 0;              // blocks the step's rows will allocate (not yet taken)
@@ -574,9 +589,8 @@ int64_t EngineImpl::check_row(uint32_t seq_id, int64_t bound) {
 
 int64_t EngineImpl::row_drafts(const StepPlan& plan, size_t i, const Sequence& s, int64_t bound, const int32_t** drafts) const {
   if (plan.num_drafts.empty() || plan.num_drafts[i] == 0) return 0;
-  // Only a decode row of an unconstrained sequence, on a backend that verifies, in serial steps.
+  // Only a decode row, on a backend that verifies, in serial steps.
   if (pipelined_ || !backend_->verifies_drafts() || int64_t(s.tokens.size()) - s.num_computed != 1) return 0;
-  if (std::find(plan.constrained.begin(), plan.constrained.end(), plan.seq_ids[i]) != plan.constrained.end()) return 0;
   const int64_t room = config_.max_position_embeddings - (s.num_computed + 1);
   const int64_t k = std::max<int64_t>(0, std::min({int64_t(plan.num_drafts[i]), bound - 1, room}));
   const int32_t* d = plan.drafts.data() + draft_offsets_[i];
@@ -691,6 +705,9 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
   result.row_blocks.assign(n, 0);
   result.row_drafted.assign(n, 0);
   result.row_accepted.assign(n, 0);
+  if (!plan.num_next_drafts.empty() && plan.num_next_drafts.size() != n)
+    throw Error(ErrorCode::kInvalidArgument, "plan num_next_drafts and seq_ids differ in length");
+  if (eagle_) result.row_next_drafts.assign(n, 0);
   if (!plan.num_drafts.empty() && plan.num_drafts.size() != n)
     throw Error(ErrorCode::kInvalidArgument, "plan num_drafts and seq_ids differ in length");
   draft_offsets_.assign(n, 0);
@@ -757,6 +774,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
         window_tables_[i] = s.window_blocks.data();
       }
       const int64_t base = int64_t(token_ids_.size()), known = int64_t(s.tokens.size());
+      plan_rows_[i].first_token = base;
       for (int64_t pos = s.num_computed; pos < end; pos++) {
         token_ids_.push_back(pos < known ? s.tokens[size_t(pos)] : plan_rows_[i].drafts[pos - known]);
         positions_.push_back(int32_t(pos));
@@ -781,17 +799,30 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
 void EngineImpl::attach_token_masks(const StepPlan& plan) {
   mask_missing_.assign(sample_rows_.size(), 0);
   if (plan.constrained.empty()) return;
-  std::unordered_map<uint32_t, size_t> slot;
-  for (size_t k = 0; k < plan.constrained.size(); k++) slot.emplace(plan.constrained[k], k);
+  // Each constrained sequence's first mask row (TokenMaskSource::wait).
+  std::unordered_map<uint32_t, size_t> first;
+  {
+    std::unordered_map<uint32_t, size_t> planned;  // seq id -> drafts its row planned
+    for (size_t i = 0; i < plan.seq_ids.size() && i < plan.num_drafts.size(); i++) planned[plan.seq_ids[i]] = plan.num_drafts[i];
+    size_t at = 0;
+    for (uint32_t id : plan.constrained) {
+      first.emplace(id, at);
+      auto d = planned.find(id);
+      at += 1 + (d == planned.end() ? 0 : d->second);
+    }
+  }
   bool any = false;
-  for (const PlanRow* row : sampling_rows_) any = any || slot.count(row->seq_id);
+  for (const PlanRow* row : sampling_rows_) any = any || first.count(row->seq_id);
   if (!any) return;
   const uint32_t* masks = plan.masks ? plan.masks->wait() : nullptr;
   const int64_t words = token_mask_words(config_.vocab_size);
+  // A verifying row's logit rows follow each other: the j-th reads the mask after j drafts.
+  size_t j = 0;
   for (size_t r = 0; r < sampling_rows_.size(); r++) {
-    auto it = slot.find(sampling_rows_[r]->seq_id);
-    if (it == slot.end()) continue;
-    if (masks) sample_rows_[r].allow = masks + int64_t(it->second) * words;
+    j = r > 0 && sampling_rows_[r - 1] == sampling_rows_[r] ? j + 1 : 0;
+    auto it = first.find(sampling_rows_[r]->seq_id);
+    if (it == first.end()) continue;
+    if (masks) sample_rows_[r].allow = masks + int64_t(it->second + j) * words;
     else mask_missing_[r] = 1;
   }
 }
@@ -944,6 +975,58 @@ void EngineImpl::run_backend(const StepPlan& plan, StepResult& result) {
     }
     r += size_t(row.num_drafts) + 1;
   }
+  // A plan without num_next_drafts (the scheduler's speculation is off under load) leaves the head
+  // alone: what this step computed is absent from its context, which costs acceptance later, not
+  // correctness, and costs nothing now.
+  if (eagle_ && !plan.num_next_drafts.empty()) run_eagle3(plan, result);
+}
+
+void EngineImpl::load_eagle3(int64_t max_entries) {
+  cpu::ThreadPool* threads = backend_->cpu_threads();
+  if (!threads || pipelined_)
+    throw Error(ErrorCode::kInvalidArgument, "EAGLE-3 heads run on the cpu backend with serial steps (the " + backend_->name() +
+                                                 " backend does not run them yet)");
+  eagle_ = std::make_unique<Eagle3Head>(opts_.eagle3_dir, config_, weights_.embed, *threads, max_entries);
+  if (!backend_->capture_hidden(eagle_->config().aux_layers))
+    throw Error(ErrorCode::kInvalidArgument, "the " + backend_->name() + " backend cannot give an EAGLE-3 head its hidden states");
+}
+
+void EngineImpl::run_eagle3(const StepPlan& plan, StepResult& result) {
+  const float* features = backend_->captured_hidden();
+  const int64_t F = 3 * config_.hidden_size;
+  const int64_t max_pos = config_.max_position_embeddings;
+  std::vector<Eagle3Head::Update> updates;
+  updates.reserve(plan_rows_.size());
+  eagle_drafts_.resize(plan_rows_.size());
+  for (size_t p = 0; p < plan_rows_.size(); p++) {
+    const PlanRow& row = plan_rows_[p];
+    const Sequence& s = *row.seq;
+    eagle_drafts_[p].clear();
+    // The positions the step kept, each with the token after it (known now, unless the row
+    // failed to sample its last one).
+    const int64_t first = s.num_computed - row.count;
+    const int64_t n = std::min<int64_t>(row.count, int64_t(s.tokens.size()) - 1 - first);
+    if (n <= 0) continue;
+    Eagle3Head::Update u;
+    u.seq_id = row.seq_id;
+    u.features = features + row.first_token * F;
+    u.stride = F;
+    u.next_tokens = s.tokens.data() + first + 1;
+    u.first = first;
+    u.n = n;
+    // Drafts follow a token the row just sampled, within the context.
+    const bool sampled = !plan_row_failed_.empty() && !plan_row_failed_[p] && int64_t(s.tokens.size()) == s.num_computed + 1;
+    const int64_t want = plan.num_next_drafts.empty() ? 0 : int64_t(plan.num_next_drafts[row.index]);
+    u.k = sampled ? int(std::clamp<int64_t>(std::min(want, max_pos - int64_t(s.tokens.size())), 0, 64)) : 0;
+    u.drafts = &eagle_drafts_[p];
+    updates.push_back(u);
+  }
+  eagle_->run(updates);
+  for (size_t p = 0; p < plan_rows_.size(); p++) {
+    const std::vector<int32_t>& d = eagle_drafts_[p];
+    result.row_next_drafts[plan_rows_[p].index] = uint32_t(d.size());
+    result.next_drafts.insert(result.next_drafts.end(), d.begin(), d.end());
+  }
 }
 
 // Pipelined steps (cuda_device_tokens). begin_step() applies a step to the sequences as if it
@@ -1090,6 +1173,17 @@ void EngineImpl::finish_pipelined(InFlight& f) {
 }
 
 }  // namespace
+
+int64_t token_mask_rows(const StepPlan& plan) {
+  std::unordered_map<uint32_t, int64_t> planned;
+  for (size_t i = 0; i < plan.seq_ids.size() && i < plan.num_drafts.size(); i++) planned[plan.seq_ids[i]] = plan.num_drafts[i];
+  int64_t rows = 0;
+  for (uint32_t id : plan.constrained) {
+    auto d = planned.find(id);
+    rows += 1 + (d == planned.end() ? 0 : d->second);
+  }
+  return rows;
+}
 
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) { return std::make_unique<EngineImpl>(options); }
 

@@ -919,11 +919,53 @@ bool TokenMatcher::accept(int32_t token) {
     std::swap(cur, next_);
   }
   state_ = std::move(cur);
-  if (arena_.size() > compact_at_) {
+  if (arena_.size() > compact_at_ && !looking_ahead_) {
     compact();
     compact_at_ = std::max<size_t>(65536, 2 * arena_.size());
   }
   return true;
+}
+
+// Lookahead accepts push frames the restored state never reaches; they stay in the arena until
+// the next compaction (frames never change, so the mask cache's equality test still holds).
+template <typename F>
+void TokenMatcher::look_ahead(F&& fn) {
+  const StackSet saved = state_;
+  const bool saved_ended = ended_;
+  looking_ahead_ = true;
+  auto restore = [&] {
+    state_ = saved;
+    ended_ = saved_ended;
+    looking_ahead_ = false;
+  };
+  try {
+    fn();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+int64_t TokenMatcher::count_ahead(const int32_t* tokens, int64_t n) {
+  int64_t k = 0;
+  look_ahead([&] {
+    while (k < n && !ended_ && accept(tokens[k])) k++;
+  });
+  return k;
+}
+
+void TokenMatcher::fill_masks_ahead(const int32_t* tokens, int64_t n, uint32_t* out) {
+  const size_t words = grammar_->vocab().words();
+  look_ahead([&] {
+    bool live = true;
+    for (int64_t j = 0; j <= n; j++) {
+      uint32_t* mask = out + size_t(j) * words;
+      if (live && !ended_) fill_mask(mask);
+      else std::memset(mask, 0xff, words * 4);
+      if (j < n && live && !ended_) live = accept(tokens[j]);
+    }
+  });
 }
 
 void TokenMatcher::compact() {

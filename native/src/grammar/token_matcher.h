@@ -253,6 +253,18 @@ class TokenMatcher {
   size_t masks_computed() const { return masks_computed_; }
   /** Advances with a token; false (state unchanged) if the grammar does not allow it. */
   bool accept(int32_t token);
+  /**
+   * Speculative decoding: how many of tokens[0, n) the grammar accepts one after another from here
+   * (a stop token, once accepted, ends the run). The state is left as it was.
+   */
+  int64_t count_ahead(const int32_t* tokens, int64_t n);
+  /**
+   * Speculative decoding: the masks after tokens[0, j) for j = 0..n, at out + j * words: what
+   * fill_mask would give after accepting them. Past a token the grammar refuses, or after a stop
+   * token, every token is allowed (no row reads such a mask: verification stops at the refused or
+   * final token). The state is left as it was.
+   */
+  void fill_masks_ahead(const int32_t* tokens, int64_t n, uint32_t* out);
   /** Whether the output may end here (a stop token is allowed). */
   bool can_end() const { return state_.accepting; }
   /** Whether a stop token has been accepted. */
@@ -261,12 +273,18 @@ class TokenMatcher {
 
  private:
   void compact();
+  // Runs fn (which may accept tokens) and puts the state back as it was.
+  template <typename F>
+  void look_ahead(F&& fn);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::vector<Frame> arena_;
   FrameIndex frames_;  // frames pushed by accept, by content (see Stepper)
   StackSet state_;
   bool ended_ = false;
+  // Inside count_ahead / fill_masks_ahead: accept() must not compact (the saved state's frames
+  // would be renumbered under it).
+  bool looking_ahead_ = false;
   size_t compact_at_ = 65536;  // arena size that triggers dropping unreachable frames
   // The last mask and the stack set it was computed for. NOTE: a frame, once pushed, is never
   // changed until compact() renumbers the arena (accept and fill_mask only truncate what they

@@ -338,7 +338,7 @@ QuantizationConfig read_quantization(const json::Value& qv, const std::string& s
 
 }  // namespace
 
-ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source, const char* as_architecture) {
   json::Value root;
   try {
     root = json::parse(json_text);
@@ -353,6 +353,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   if (archs && archs->is_array() && !archs->as_array().empty() && archs->as_array()[0].is_string())
     c.architecture = archs->as_array()[0].as_string();
   if (const json::Value* mt = top.get("model_type"); mt && mt->is_string()) c.model_type = mt->as_string();
+  if (as_architecture) {
+    c.architecture = as_architecture;
+    c.model_type.clear();
+  }
 
   const ArchSpec* arch = find_architecture(c.architecture, c.model_type);
   if (!arch) {

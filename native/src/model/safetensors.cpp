@@ -81,6 +81,8 @@ bool parse_dtype(const std::string& s, DType* out) {
   else if (s == "U8") *out = DType::U8;
   else if (s == "F8_E4M3") *out = DType::F8E4M3;
   else if (s == "I32") *out = DType::I32;
+  else if (s == "I64") *out = DType::I64;
+  else if (s == "BOOL") *out = DType::U8;  // one byte each
   else return false;
   return true;
 }
