@@ -356,3 +356,32 @@ describe.skipIf(!cudaReady)('CUDA: test-gemma3-vl with images', () => {
     }
   });
 });
+
+// Speculative decoding on CUDA (issue 35, phase 4): prompt lookup's drafts verified by the block
+// sampler, greedy continuations the same as without them until the first near tie (a verification
+// chunk runs the prefill kernels, a plain decode the decode ones), and structured output too.
+describe.skipIf(!cudaReady)('CUDA: speculative decoding with prompt lookup', () => {
+  it('verifies drafts and keeps greedy continuations until a near tie', async () => {
+    const dir = join(root, 'spec-llama');
+    await makeModel({ preset: 'test-llama', out: dir, dtype: 'bf16' });
+    const base = { model: dir, backend: 'cuda' as const, maxNumSeqs: 8, gpuMemoryUtilization: 0.2 };
+    const plain = await Engine.load(base);
+    const spec = await Engine.load({ ...base, speculative: { method: 'ngram', numSpeculativeTokens: 4 } });
+    try {
+      expect(spec.info.backend).toBe('cuda');
+      for (const prompt of ['a b c d a b c d a b c', 'one two one two one two one']) {
+        const ask = (e: Engine) => e.generate({ prompt, maxTokens: 40, temperature: 0, logprobs: 2 });
+        const [a, b] = [await ask(spec), await ask(plain)];
+        for (let i = 0; i < b.tokenIds.length; i++) {
+          const top = b.logprobs![i]!.top;
+          if (top.length >= 2 && top[0]!.logprob - top[1]!.logprob < 0.1) break;  // a near tie: the runs may part
+          expect(a.tokenIds[i]).toBe(b.tokenIds[i]);
+        }
+      }
+      expect(spec.schedulerStats().speculation!.numDraftTokens).toBeGreaterThan(0);
+    } finally {
+      await spec.dispose();
+      await plain.dispose();
+    }
+  });
+});

@@ -19,6 +19,7 @@
 
 #include "sluice/engine.h"
 #include "sluice/error.h"
+#include "speculative_driver.h"
 #include "test_util.h"
 #include "tiny_model_writer.h"
 
@@ -26,6 +27,7 @@ using namespace sluice;
 using sluice_test::temp_dir;
 using sluice_test::TinyModelSpec;
 using sluice_test::write_tiny_model;
+using namespace sluice_test;
 
 namespace {
 
@@ -52,89 +54,6 @@ std::unique_ptr<Engine> load(const std::string& dir, bool prefix_caching = false
   return Engine::load(o);
 }
 
-struct Emitted {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<int32_t> top_ids;
-  int steps = 0;
-  int drafted = 0, accepted = 0;
-  int64_t generated = 0;  // before the cut to n
-};
-
-// The drafts to propose for a sequence whose tokens so far are `known` (the pending one last).
-using Proposer = std::function<std::vector<int32_t>(const std::vector<int32_t>& known)>;
-
-// Runs sequence `id` from `prompt` until it has n generated tokens (the last step may overshoot:
-// the result is cut to n), proposing drafts at every decode step; the sequence is left in the
-// engine.
-Emitted generate(Engine& e, uint32_t id, const std::vector<int32_t>& prompt, int n, const SamplingParams& params,
-                 const Proposer& propose, int max_drafts = 4) {
-  Emitted out;
-  std::vector<int32_t> known = prompt;
-  const int64_t cached = e.add_sequence(id, prompt, params);
-  int64_t remaining = int64_t(prompt.size()) - cached;
-  while (int(out.tokens.size()) < n) {
-    StepPlan plan;
-    plan.seq_ids = {id};
-    if (remaining > 0) {
-      plan.num_tokens = {uint32_t(remaining)};
-      remaining = 0;
-    } else {
-      std::vector<int32_t> d = propose ? propose(known) : std::vector<int32_t>{};
-      if (int(d.size()) > max_drafts) d.resize(size_t(max_drafts));
-      plan.num_tokens = {uint32_t(1 + d.size())};
-      plan.num_drafts = {uint32_t(d.size())};
-      plan.drafts = d;
-    }
-    const StepResult r = e.step(plan);
-    out.steps++;
-    if (r.row_status[0] != uint8_t(RowStatus::kRan) || r.seq_ids.empty()) {
-      std::printf("  step %d: row status %d, %zu errors\n", out.steps, int(r.row_status[0]), r.errors.size());
-      return out;
-    }
-    out.drafted += int(r.row_drafted[0]);
-    out.accepted += int(r.row_accepted[0]);
-    for (size_t j = 0; j < r.seq_ids.size(); j++) {
-      known.push_back(r.tokens[j]);
-      out.tokens.push_back(r.tokens[j]);
-      out.logprobs.push_back(r.logprobs[j]);
-      for (int k = 0; k < r.top_n; k++) out.top_ids.push_back(r.top_ids[j * size_t(r.top_n) + size_t(k)]);
-    }
-  }
-  out.generated = int64_t(out.tokens.size());
-  const size_t top_n = out.tokens.empty() ? 0 : out.top_ids.size() / out.tokens.size();
-  out.tokens.resize(size_t(n));
-  out.logprobs.resize(size_t(n));
-  out.top_ids.resize(size_t(n) * top_n);
-  return out;
-}
-
-const SamplingParams kGreedy{0.f, 1.f, 0, 0, 2};
-
-bool same(const Emitted& a, const Emitted& b) {
-  return a.tokens == b.tokens && a.top_ids == b.top_ids && a.logprobs.size() == b.logprobs.size() &&
-         std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float)) == 0;
-}
-
-std::vector<int32_t> prompt_of(int len, int salt) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; i++) p.push_back((i * 7 + salt * 13 + 3) % 96);
-  return p;
-}
-
-// Proposers against a reference continuation `ref` of `prompt`: the next k tokens of it, those
-// tokens each shifted (always wrong), or right for `right` tokens then wrong.
-Proposer from_reference(const std::vector<int32_t>& prompt, const std::vector<int32_t>& ref, int k, int right, int vocab) {
-  return [=](const std::vector<int32_t>& known) {
-    std::vector<int32_t> d;
-    const size_t at = known.size() - prompt.size();  // generated so far (the pending token included)
-    for (int j = 0; j < k && at + size_t(j) < ref.size(); j++) {
-      const int32_t t = ref[at + size_t(j)];
-      d.push_back(j < right ? t : (t + 1 + j) % vocab);
-    }
-    return d;
-  };
-}
 
 TEST_CASE(cpu_engine_verifies_drafts) {
   auto e = load(llama_dir());
@@ -199,74 +118,15 @@ TEST_CASE(rejected_drafts_are_never_hashed_into_the_prefix_cache) {
   CHECK(spec_engine->add_sequence(10, wrong, kGreedy) <= int64_t(prompt.size()) + 8);
 }
 
-// Upper 0.1% point of chi-square with df degrees of freedom (Wilson-Hilferty).
-double chi2_critical(int df) {
-  const double z = 3.09, a = 2.0 / (9.0 * df);
-  return df * std::pow(1 - a + z * std::sqrt(a), 3);
-}
-
-// Two-sample chi-square of two histograms of equal totals, bins with fewer than 10 expected
-// counts pooled; returns (statistic, df).
-std::pair<double, int> chi2_two_sample(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
-  std::map<int32_t, std::pair<int, int>> bins;
-  for (auto [k, v] : a) bins[k].first += v;
-  for (auto [k, v] : b) bins[k].second += v;
-  std::vector<std::pair<int, int>> merged;
-  std::pair<int, int> pool{0, 0};
-  for (auto& [k, v] : bins) {
-    if (v.first + v.second < 20) {
-      pool.first += v.first;
-      pool.second += v.second;
-    } else {
-      merged.push_back(v);
-    }
-  }
-  if (pool.first + pool.second > 0) merged.push_back(pool);
-  double stat = 0;
-  for (auto [x, y] : merged) stat += double(x - y) * double(x - y) / double(x + y);
-  return {stat, int(merged.size()) - 1};
-}
 
 TEST_CASE(sampled_rows_follow_the_plain_distribution) {
   auto e = load(llama_dir());
-  const std::vector<int32_t> prompt = prompt_of(7, 4);
-  // The draft after the first sampled token t: the greedy token that follows prompt + t (likely,
-  // so drafts are accepted and rejected both).
-  std::vector<int32_t> greedy_next(96);
-  for (int32_t t = 0; t < 96; t++) {
-    std::vector<int32_t> p = prompt;
-    p.push_back(t);
-    greedy_next[size_t(t)] = generate(*e, 0, p, 1, kGreedy, nullptr).tokens[0];
-    e->free_sequence(0);
-  }
-  const Proposer propose = [&](const std::vector<int32_t>& known) {
-    return std::vector<int32_t>{greedy_next[size_t(known.back())]};
-  };
-  const int runs = 3000;
-  std::map<int32_t, int> plain2, plain3, spec2, spec3;
-  int accepted = 0, drafted = 0;
-  for (int seed = 0; seed < runs; seed++) {
-    // Independent seeds for the two runs (the same seed would correlate them).
-    const SamplingParams p{0.4f, 0.95f, 8, uint64_t(seed) * 7919 + 1, 0, 0.01f};
-    SamplingParams q = p;
-    q.seed += 1000003;
-    const Emitted a = generate(*e, 0, prompt, 3, p, nullptr);
-    e->free_sequence(0);
-    // The first token comes from the prefill; the second is the first verified one.
-    const Emitted b = generate(*e, 0, prompt, 3, q, propose, 1);
-    e->free_sequence(0);
-    plain2[a.tokens[1]]++;
-    plain3[a.tokens[2]]++;
-    spec2[b.tokens[1]]++;
-    spec3[b.tokens[2]]++;
-    accepted += b.accepted;
-    drafted += b.drafted;
-  }
-  std::printf("  %d of %d drafts accepted\n", accepted, drafted);
-  CHECK(accepted > drafted / 10 && accepted < drafted * 9 / 10);
-  for (auto [name, x, y] : {std::make_tuple("second token", &plain2, &spec2), std::make_tuple("third token", &plain3, &spec3)}) {
-    const auto [stat, df] = chi2_two_sample(*x, *y);
-    std::printf("  %s: chi-square %.1f, df %d, critical %.1f\n", name, stat, df, chi2_critical(df));
+  const SampledRuns r = sample_with_and_without_drafts(*e, prompt_of(7, 4), 96, 3000, 3);
+  std::printf("  %d of %d drafts accepted\n", r.accepted, r.drafted);
+  CHECK(r.accepted > r.drafted / 10 && r.accepted < r.drafted * 9 / 10);
+  for (size_t i = 0; i < r.plain.size(); i++) {
+    const auto [stat, df] = chi2_two_sample(r.plain[i], r.spec[i]);
+    std::printf("  token %zu: chi-square %.1f, df %d, critical %.1f\n", i + 1, stat, df, chi2_critical(df));
     CHECK(df >= 3);
     CHECK(stat < chi2_critical(df));
   }

@@ -37,7 +37,8 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --kv-cache-dtype D   auto (default) | fp8: K/V stored as e4m3 with per-layer scales
   --speculative M      ngram (prompt lookup) | draft:DIR (a draft model with the target's
                        tokenizer) | eagle3:DIR (an EAGLE-3 head for this model): drafts
-                       verified in each step (greedy output unchanged); CPU backend only
+                       verified in each step (greedy output unchanged); CPU, or CUDA with
+                       the block sampler (eagle3: CPU only)
   --num-speculative-tokens K
                        drafts a step verifies at most (1..16, default 4)
 `;

@@ -53,7 +53,8 @@ ${DATABASE_URL_HELP}
                        the output so far) | draft:DIR (a draft model with the target's
                        tokenizer) | eagle3:DIR (an EAGLE-3 head for this model, in its
                        published layout); drafts are verified in the row's step: greedy output
-                       is unchanged, sampled output keeps its distribution. CPU backend only.
+                       is unchanged, sampled output keeps its distribution. CPU, or CUDA
+                       with the block sampler (eagle3: CPU only).
                        A catalog sets it per model
   --num-speculative-tokens K
                        drafts a decode row verifies at most (1..16, default 4)

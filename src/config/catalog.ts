@@ -61,7 +61,8 @@ const EngineSettingsSchema = Type.Object({
    * Speculative decoding (serve --speculative, --num-speculative-tokens): the proposer ('ngram':
    * prompt lookup; 'draft': the checkpoint at draft_model, with the target's tokenizer; 'eagle3':
    * the EAGLE-3 head at draft_model, in its published layout) and the
-   * drafts a decode row verifies at most (default 4). CPU backend only.
+   * drafts a decode row verifies at most (default 4). CPU, or CUDA with the block sampler
+   * (eagle3: CPU only).
    */
   speculative: Type.Optional(Type.Object({
     method: Type.Enum(['ngram', 'draft', 'eagle3']),

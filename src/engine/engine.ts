@@ -141,8 +141,8 @@ export interface EngineLoadOptions {
    * proposes up to K tokens per decode row by prompt lookup and verifies them in the row's step;
    * `{ method: 'draft', draftModel: DIR }` runs a draft model, `{ method: 'eagle3', draftModel: DIR }`
    * an EAGLE-3 head (in the published layout) inside the engine;
-   * greedy output is unchanged, sampled output keeps its distribution. CPU backend only for now
-   * (invalid_argument on CUDA). Default: off.
+   * greedy output is unchanged, sampled output keeps its distribution. CPU backend, or CUDA with
+   * the block sampler and serial steps (an EAGLE-3 head: CPU only for now). Default: off.
    */
   speculative?: SpeculativeOptions;
   /** Notices such as an engine put out of service. Default: written to stderr. */
@@ -382,7 +382,8 @@ export class Engine {
       const batcher = new Batcher(handle, {
         onStep: (report) => observers.step(report),
         ...limitsFor(handle.info().backend), policy: new WindowPriorityPolicy(),
-        overlap: opts.overlapSteps ?? handle.info().backend === 'cuda',
+        // Speculation drafts only for rows with no step in flight: serial steps when it is on.
+        overlap: opts.overlapSteps ?? (handle.info().backend === 'cuda' && opts.speculative === undefined),
         ...(opts.speculative && (speculator ? { speculator } : { speculative: opts.speculative })),
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),

@@ -197,7 +197,8 @@ export class Batcher {
     if (options.speculative !== undefined || options.speculator !== undefined) {
       if (!info.draftVerification) {
         throw new SluiceError('invalid_argument',
-          `speculative decoding needs an engine that verifies drafts (the CPU backend); the ${info.backend} backend does not yet`,
+          `speculative decoding needs an engine that verifies drafts (the CPU backend, or CUDA with the block sampler and ` +
+          `serial steps); this ${info.backend} engine does not`,
           { param: 'speculative' });
       }
       if (options.speculator === undefined && options.speculative?.method === 'draft') {

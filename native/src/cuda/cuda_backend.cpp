@@ -197,6 +197,8 @@ class CudaBackend final : public Backend, private DecoderOps {
   size_t device_bytes() const override;
   bool resolves_device_tokens() const override { return device_tokens_; }
   void sample_launch(const SampleRow* rows, int64_t R, int top_n, int slot) override;
+  // Speculative decoding: the block sampler verifies drafts (the wide one does not yet).
+  bool verifies_drafts() const override { return !wide_sampler_; }
   void sample_collect(int slot, const SampleOutput& out) override;
   bool sample_ready(int slot) const override;
 
@@ -471,7 +473,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const Engi
   gemm_tickets_.allocate(sizeof(int) * 65536, stream_);
   gemm_partials_.allocate(sizeof(float) * (size_t(8) << 20), stream_);
   open_cublaslt(opts);
-  sample_out_.allocate(size_t(kMaxGraphBatch) * (2 + 2 * kMaxTopN) * 4, stream_);
+  sample_out_.allocate(size_t(kMaxGraphBatch) * (3 + 2 * kMaxTopN) * 4, stream_);
   // Activations for the largest step the scheduler plans, allocated before the KV pool is sized
   // (kv_budget_bytes), so that they never have to grow into memory the pool took.
   if (opts.max_num_seqs < 0 || opts.max_batched_tokens < 0)
@@ -710,7 +712,7 @@ void CudaBackend::allocate_activations(int64_t tokens, int64_t rows) {
   attn_part_acc_.allocate(split_tokens * nq * kMaxAttnSplits * hd * 4, stream_);
   attn_part_ml_.allocate(split_tokens * nq * kMaxAttnSplits * 2 * 4, stream_);
   sample_params_.allocate(r * sizeof(cuda::SampleRowParams), stream_);
-  sample_out_.allocate(r * (2 + 2 * kMaxTopN) * 4, stream_);
+  sample_out_.allocate(r * (3 + 2 * kMaxTopN) * 4, stream_);
   // The wide sampler's workspace takes the row statistics' place (zeroed here, left zeroed by it).
   const size_t stats_bytes = r * cuda::kSampleStatsFloatsPerRow * 4;
   sample_stats_.allocate(
@@ -1464,13 +1466,17 @@ void CudaBackend::sample_launch(const SampleRow* rows, int64_t R, int top_n, int
     device_token_rows_ = R;
   }
   const size_t params_bytes = size_t(R) * sizeof(cuda::SampleRowParams);
-  const size_t out_bytes = size_t(R) * (2 + 2 * size_t(top_n)) * 4;
+  // [tokens | logprobs | top ids | top logprobs | accepted]
+  const size_t out_bytes = size_t(R) * (3 + 2 * size_t(top_n)) * 4;
   // The slot's last download was collected (the engine ends a step before reusing its slot).
   slot.host.reserve(std::max(params_bytes, out_bytes));
   auto* p = slot.host.get<cuda::SampleRowParams>();
   for (int64_t r = 0; r < R; r++) {
     Rng rng(rows[r].stream_seed);
-    p[r] = {rows[r].params, rng.next_double()};
+    const double u = rng.next_double();
+    // A verifying row's second draw picks the replacement of a rejected draft.
+    const double u2 = rows[r].draft >= 0 ? rng.next_double() : 0.0;
+    p[r] = {rows[r].params, u, u2, rows[r].draft};
   }
   SLUICE_CUDA_CHECK(cudaMemcpyAsync(sample_params_.get(), p, params_bytes, cudaMemcpyHostToDevice, stream_));
   int32_t* d_tokens = sample_out_.get<int32_t>();
@@ -1488,6 +1494,7 @@ void CudaBackend::sample_launch(const SampleRow* rows, int64_t R, int top_n, int
   a.top_ids = d_top_ids;
   a.top_logprobs = d_top_lps;
   a.row_stats = sample_stats_.get<float>();
+  a.accepted = reinterpret_cast<int32_t*>(d_top_lps + R * top_n);
   // Grammar-constrained rows: their masks go up as one [R, words] array (all ones for the
   // others) and disallowed logits become -inf on the device; a row allowing nothing fails.
   slot.allows_nothing.assign(size_t(R), 0);
@@ -1560,6 +1567,10 @@ void CudaBackend::sample_collect(int slot_index, const SampleOutput& out) {
   if (out.top_n > 0) {
     std::memcpy(out.top_ids, h + size_t(R) * 8, size_t(R) * size_t(out.top_n) * 4);
     std::memcpy(out.top_logprobs, h + size_t(R) * (8 + 4 * size_t(out.top_n)), size_t(R) * size_t(out.top_n) * 4);
+  }
+  if (out.accepted) {
+    const int32_t* acc = reinterpret_cast<const int32_t*>(h + size_t(R) * (8 + 8 * size_t(out.top_n)));
+    for (int64_t r = 0; r < R; r++) out.accepted[r] = acc[r] ? 1 : 0;
   }
   // All rows are sampled by one kernel, so nothing fails per row on the device; an injected
   // fault (testing hook) is reported for its row as the CPU backend does.

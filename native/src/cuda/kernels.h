@@ -215,6 +215,10 @@ void moe_combine(const float* y, const int32_t* route_row, const float* weights,
 struct SampleRowParams {
   SamplingParams params;
   double uniform;  // the row's draw in [0, 1), from the sequence's seeded stream
+  // Speculative decoding: >= 0, the draft this row verifies (kept when uniform < its probability,
+  // else a token drawn by uniform2 from the distribution without it); -1: a plain row.
+  double uniform2;
+  int32_t draft;
 };
 struct SampleArgs {
   const float* logits = nullptr;  // [R, V]
@@ -226,6 +230,7 @@ struct SampleArgs {
   int32_t* top_ids = nullptr;       // [R, top_n]
   float* top_logprobs = nullptr;    // [R, top_n]
   float* row_stats = nullptr;       // scratch: [R, kSampleStatsFloatsPerRow]
+  int32_t* accepted = nullptr;      // [R] rows with a draft: 1 when it was kept (may be null without drafts)
 };
 constexpr int kSampleStatsFloatsPerRow = 32 * 3;
 // Structured outputs: logits[r, v] = -inf where bit v of masks[r] (ceil(V / 32) words) is clear.

@@ -1,6 +1,9 @@
 // Sampling on the GPU, one block per logit row, with the CPU sampler's semantics: greedy picks
 // the argmax (lowest id on ties); otherwise min-p and top-k, then top-p over softmax(logits / T),
 // then an inverse-CDF draw, all in (logit desc, id asc) order. Logprobs are the raw log-softmax.
+// A row verifying a speculative draft keeps it with its probability under that distribution, else
+// draws from the distribution without it (sample/sampler.h, verify_draft_token); greedy keeps it
+// when it is the argmax.
 //
 // Nothing is sorted. Every cut ("the first k", "the shortest head holding p of the mass", "the
 // token where the cumulative mass passes u") is the same question: which element ends the
@@ -281,10 +284,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
   const float lse = best + logf(se);
   const bool greedy = !(prm.temperature > 0.f && prm.top_k != 1);
+  const int32_t draft = a.params[row].draft;
   if (greedy && a.top_n == 0) {
     if (threadIdx.x == 0) {
       a.tokens[row] = best_id;
       a.logprobs[row] = logits[best_id] - lse;
+      if (a.accepted) a.accepted[row] = draft >= 0 && draft == best_id;
     }
     return;
   }
@@ -356,13 +361,39 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
       lim = select_prefix(r, lim, true, target, sh);
     }
     const unsigned long long total = kept_total(r, lim, true, sh);
-    unsigned long long u = (unsigned long long)(uniform * double(total));
-    if (u >= total) u = total - 1;
-    token = select_prefix(r, lim, true, u + 1, sh).id;  // the first element whose cumulative mass exceeds u
+    if (draft >= 0 && draft < a.V) {
+      // The draft's mass (0 when a cut left it out) and the kept mass sorted before it.
+      const float ld = logits[draft];
+      const uint32_t kd = desc_key(ld);
+      const unsigned long long md = lim.keeps(kd, draft) ? measure(r, ld, true) : 0;
+      if (md > 0 && uniform * double(total) < double(md)) {
+        token = draft;  // kept: uniform < p(draft)
+      } else {
+        unsigned long long before = 0;
+        for_each_logit(logits, a.V, [&](float l, int i) {
+          const uint32_t k = desc_key(l);
+          if (lim.keeps(k, i) && (k < kd || (k == kd && i < draft))) before += measure(r, l, true);
+        });
+        unsigned long long all;
+        block_exclusive_scan(before, sh, &all);
+        before = all;
+        // A draw over the kept mass without the draft's: u skips the draft's stretch.
+        const unsigned long long rest = total - md;
+        unsigned long long u = rest == 0 ? 0 : (unsigned long long)(a.params[row].uniform2 * double(rest));
+        if (rest > 0 && u >= rest) u = rest - 1;
+        if (md > 0 && u >= before) u += md;
+        token = select_prefix(r, lim, true, u + 1, sh).id;
+      }
+    } else {
+      unsigned long long u = (unsigned long long)(uniform * double(total));
+      if (u >= total) u = total - 1;
+      token = select_prefix(r, lim, true, u + 1, sh).id;  // the first element whose cumulative mass exceeds u
+    }
   }
   if (threadIdx.x == 0) {
     a.tokens[row] = token;
     a.logprobs[row] = logits[token] - lse;
+    if (a.accepted) a.accepted[row] = draft >= 0 && token == draft;
   }
 }
 
