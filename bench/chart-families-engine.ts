@@ -210,3 +210,14 @@ export function speculativeCharts(r: Json, file: string): Chart[] {
         `batch ${num(o.batch, `rows[${i}].batch`)}`, num(rate, `rows[${i}].tokens/s`));
     }) })];
 }
+
+export function loraCharts(r: Json, file: string): Chart[] {
+  const rows = arr(r.rows, 'rows').map((x, i) => obj(x, `rows[${i}]`));
+  const h = header('lora', r, file, str(r.backend, 'backend'), [
+    `${str(r.model, 'model')} · ${count(r.adapters, 'adapter')} of rank ${num(r.rank, 'rank')} · ${count(r.tokens, 'token')} a request`,
+  ]);
+  return [barChart({ header: h, name: 'throughput', what: 'tokens/s of the same requests on the base model and spread over the adapters',
+    categoryTitle: 'run', seriesTitle: 'requests', valueTitle: 'tokens/s',
+    data: rows.map((o, i) => datum(str(o.run, `rows[${i}].run`), `${num(o.requests, `rows[${i}].requests`)} requests`,
+      num(o.throughputTokensPerS, `rows[${i}].tokens/s`))) })];
+}

@@ -5,13 +5,13 @@
 // Vega-Lite specs (chart-kit.ts) rendered to SVG by Vega in Node, with no browser and no canvas:
 // text widths are Vega's estimates. A result whose shape no family recognises is reported and
 // skipped. Each bench that writes a result calls chartsBesideResult() right after.
-import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 import type { TopLevelSpec } from 'vega-lite';
 
-import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineQ4Charts, engineTsPathCharts, moeCharts, speculativeCharts } from './chart-families-engine.js';
+import { cudaKernelCharts, engineAbCharts, engineCharts, engineCudaCharts, engineQ4Charts, engineTsPathCharts, loraCharts, moeCharts, speculativeCharts } from './chart-families-engine.js';
 import { httpCharts, prefixCharts, prefixReplicasCharts, serveCharts, structuredCharts, throughputCharts } from './chart-families-serving.js';
 import { deviceCheckCharts, gemmVsTorchCharts, torchMatmulCharts } from './chart-families-device.js';
 import { kvCacheDtypeCharts, visionEncoderCharts, visionPreprocessCharts } from './chart-families-vision.js';
@@ -43,6 +43,7 @@ const FAMILIES: Record<string, Family> = {
   'vision-preprocess': visionPreprocessCharts,
   'vision-encoder': visionEncoderCharts,
   'speculative': speculativeCharts,
+  'lora': loraCharts,
 };
 
 /** The charts of one result, or why it has none. */
@@ -150,6 +151,21 @@ async function main(): Promise<void> {
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   main().catch((err) => {
     console.error(err instanceof Error ? err.stack ?? err.message : err);
+    process.exit(1);
+  });
+}
+
+/** Writes a bench's result as JSON at `path` (its folder made) and its charts beside it. */
+export async function saveBenchResult(path: string, result: unknown): Promise<void> {
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, JSON.stringify(result, null, 2) + '\n');
+  await chartsBesideResult(resolve(path));
+}
+
+/** Runs a bench's main: an error is printed and the process exits 1. */
+export function runBench(main: () => Promise<void>): void {
+  main().catch((err: unknown) => {
+    console.error(err);
     process.exit(1);
   });
 }

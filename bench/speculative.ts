@@ -23,11 +23,11 @@
 // --only oracle,draft,ngram,batch,eagle3 runs those sections (the baseline always runs).
 // Decode speed counts from each sequence's first token (prefill excluded); batch throughput is
 // every generated token over the wall time.
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 
-import { chartsBesideResult } from './charts.js';
+import { runBench, saveBenchResult } from './charts.js';
 import { machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { loadNativeEngine } from '../src/native/native.js';
@@ -202,12 +202,7 @@ async function main(): Promise<void> {
   }
   const result = { bench: 'speculative', machine: machineInfo(), date: new Date().toISOString(), backend: 'cpu',
     model: `${args.preset} (${dtype}, published shapes, random weights)`, tokens: numTokens, k: K, rows };
-  mkdirSync(dirname(args.out!), { recursive: true });
-  writeFileSync(args.out!, JSON.stringify(result, null, 2) + '\n');
-  await chartsBesideResult(resolve(args.out!));
+  await saveBenchResult(args.out!, result);
 }
 
-main().catch((err: unknown) => {
-  console.error(err);
-  process.exit(1);
-});
+runBench(main);

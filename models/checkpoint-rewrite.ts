@@ -100,19 +100,7 @@ export function rewriteF32Checkpoint(dir: string, writer: string, convert: (t: S
   for (const file of files) {
     const out: StoredTensor[] = [];
     for (const t of readStoredSafetensors(join(dir, file))) {
-      if (!(inputs as readonly string[]).includes(t.dtype)) {
-        throw new Error(`${writer}: ${t.name} is ${t.dtype}, expected ${inputs.join(' or ')}`);
-      }
-      let values: Float32Array;
-      if (t.dtype === 'F32') {
-        values = new Float32Array(t.bytes.buffer, t.bytes.byteOffset, t.bytes.length / 4);
-      } else {
-        const bits = new Uint16Array(t.bytes.buffer.slice(t.bytes.byteOffset, t.bytes.byteOffset + t.bytes.length));
-        const wide = new Uint32Array(bits.length);
-        for (let i = 0; i < bits.length; i++) wide[i] = bits[i]! << 16;
-        values = new Float32Array(wide.buffer);
-      }
-      out.push(...convert(t, values));
+      out.push(...convert(t, f32Values(t, writer, inputs)));
     }
     total += writeStoredSafetensors(join(dir, file), out);
     for (const t of out) weightMap[t.name] = file;
@@ -121,6 +109,23 @@ export function rewriteF32Checkpoint(dir: string, writer: string, convert: (t: S
     const sorted = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
     writeFileSync(indexPath, JSON.stringify({ metadata: { total_size: total }, weight_map: sorted }, null, 2) + '\n');
   }
+}
+
+/** A stored F32 or BF16 tensor's values as f32 (BF16 widened exactly); other dtypes are refused. */
+function f32Values(t: StoredTensor, writer: string, inputs: readonly ('F32' | 'BF16')[]): Float32Array {
+  if (!(inputs as readonly string[]).includes(t.dtype)) {
+    throw new Error(`${writer}: ${t.name} is ${t.dtype}, expected ${inputs.join(' or ')}`);
+  }
+  if (t.dtype === 'F32') return new Float32Array(t.bytes.buffer, t.bytes.byteOffset, t.bytes.length / 4);
+  const bits = new Uint16Array(t.bytes.buffer.slice(t.bytes.byteOffset, t.bytes.byteOffset + t.bytes.length));
+  const wide = new Uint32Array(bits.length);
+  for (let i = 0; i < bits.length; i++) wide[i] = bits[i]! << 16;
+  return new Float32Array(wide.buffer);
+}
+
+/** Every F32 / BF16 tensor of one safetensors file, with its values as f32. */
+export function readF32Tensors(path: string, writer: string): Array<{ tensor: StoredTensor; values: Float32Array }> {
+  return readStoredSafetensors(path).map((t) => ({ tensor: t, values: f32Values(t, writer, ['F32', 'BF16']) }));
 }
 
 /** The bytes of a typed array (sharing its memory). */

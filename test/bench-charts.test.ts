@@ -103,7 +103,7 @@ describe('bench charts', () => {
       }
     }
     expect([...families].sort()).toEqual(['cuda-kernels', 'device-check', 'engine', 'engine-ab', 'engine-cuda', 'engine-q4', 'engine-ts-path',
-      'gemm-vs-torch', 'http', 'kv-cache-dtype', 'moe', 'prefix', 'prefix-replicas', 'serve', 'speculative', 'structured', 'throughput', 'torch-matmul',
+      'gemm-vs-torch', 'http', 'kv-cache-dtype', 'lora', 'moe', 'prefix', 'prefix-replicas', 'serve', 'speculative', 'structured', 'throughput', 'torch-matmul',
       'vision-encoder', 'vision-preprocess']);
   });
 

@@ -101,6 +101,16 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
   o.Set("deviceBytes", double(i.device_bytes));
   o.Set("prefixCaching", i.prefix_caching);
   o.Set("draftVerification", i.draft_verification);
+  if (!i.lora_ranks.empty()) {
+    Napi::Array adapters = Napi::Array::New(env, i.lora_ranks.size());
+    for (size_t k = 0; k < i.lora_ranks.size(); k++) {
+      Napi::Object a = Napi::Object::New(env);
+      a.Set("rank", double(i.lora_ranks[k]));
+      a.Set("bytes", double(i.lora_bytes[k]));
+      adapters.Set(uint32_t(k), a);
+    }
+    o.Set("loraAdapters", adapters);
+  }
   if (i.eagle3_draft_vocab > 0) {
     Napi::Object h = Napi::Object::New(env);
     h.Set("draftVocabSize", double(i.eagle3_draft_vocab));
@@ -351,6 +361,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       add.keyed = a.Get("keyed").IsBoolean() && a.Get("keyed").As<Napi::Boolean>().Value();
       if (a.Get("cacheScope").IsString()) add.cache_scope = a.Get("cacheScope").As<Napi::String>().Utf8Value();
       if (!a.Get("images").IsUndefined()) add.images = parse_images(env, a.Get("images"));
+      add.adapter = get_int32(env, a, "adapter", 0, 0, 1 << 16);
     }
     return plan;
   }
@@ -569,6 +580,15 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
   if (o.Get("cudaAttention").IsString()) opts.cuda_attention = o.Get("cudaAttention").As<Napi::String>().Utf8Value();
   if (o.Get("cudaSampler").IsString()) opts.cuda_sampler = o.Get("cudaSampler").As<Napi::String>().Utf8Value();
   if (o.Get("eagle3Dir").IsString()) opts.eagle3_dir = o.Get("eagle3Dir").As<Napi::String>().Utf8Value();
+  if (!o.Get("loraAdapters").IsUndefined()) {
+    if (!o.Get("loraAdapters").IsArray()) throw Napi::TypeError::New(env, "options.loraAdapters must be an array of directories");
+    Napi::Array dirs = o.Get("loraAdapters").As<Napi::Array>();
+    for (uint32_t i = 0; i < dirs.Length(); i++) {
+      Napi::Value d = dirs[i];
+      if (!d.IsString()) throw Napi::TypeError::New(env, "options.loraAdapters must be an array of directories");
+      opts.lora_adapters.push_back(d.As<Napi::String>().Utf8Value());
+    }
+  }
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("cudaDeviceTokens").IsBoolean()) opts.cuda_device_tokens = o.Get("cudaDeviceTokens").As<Napi::Boolean>().Value();
   if (o.Get("cudaGraphsAtLoad").IsBoolean()) opts.cuda_graphs_at_load = o.Get("cudaGraphsAtLoad").As<Napi::Boolean>().Value();

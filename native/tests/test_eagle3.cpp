@@ -20,6 +20,7 @@
 #include "sluice/error.h"
 #include "sluice/model_config.h"
 #include "speculative/eagle3_head.h"
+#include "llama_reference.h"
 #include "safetensors_file.h"
 #include "test_util.h"
 #include "tiny_model_writer.h"
@@ -122,76 +123,8 @@ const std::string& head_dir() {
 
 // ---- float64 reference ----------------------------------------------------------------------
 
-using Vec = std::vector<double>;
-
-struct Weights {
-  std::unique_ptr<SafetensorsModel> st;
-  explicit Weights(const std::string& dir) : st(SafetensorsModel::open_dir(dir)) {}
-  Vec get(const std::string& name) const {
-    const TensorView* t = st->find(name);
-    if (!t) throw std::runtime_error("no tensor " + name);
-    Vec v(size_t(t->numel()));
-    for (int64_t i = 0; i < t->numel(); i++) v[size_t(i)] = t->float_at(i);
-    return v;
-  }
-};
-
-Vec rms(const Vec& x, const Vec& w) {
-  double ss = 0;
-  for (double v : x) ss += v * v;
-  const double r = 1.0 / std::sqrt(ss / double(x.size()) + 1e-5);
-  Vec out(x.size());
-  for (size_t i = 0; i < x.size(); i++) out[i] = x[i] * r * w[i];
-  return out;
-}
-
-// y = W x, W [N, K] row-major.
-Vec mv(const Vec& W, const Vec& x, size_t N) {
-  const size_t K = x.size();
-  Vec y(N, 0.0);
-  for (size_t n = 0; n < N; n++)
-    for (size_t k = 0; k < K; k++) y[n] += W[n * K + k] * x[k];
-  return y;
-}
-
-void rope(Vec& x, int heads, int64_t pos) {
-  for (int h = 0; h < heads; h++)
-    for (int i = 0; i < kHd / 2; i++) {
-      const double f = std::pow(10000.0, -2.0 * i / kHd) * double(pos);
-      double& a = x[size_t(h * kHd + i)];
-      double& b = x[size_t(h * kHd + i + kHd / 2)];
-      const double a0 = a, b0 = b;
-      a = a0 * std::cos(f) - b0 * std::sin(f);
-      b = b0 * std::cos(f) + a0 * std::sin(f);
-    }
-}
-
-// One causal attention row over cached K/V (GQA).
-Vec attend(const Vec& q, const std::vector<Vec>& K, const std::vector<Vec>& V) {
-  Vec out(size_t(kHeads * kHd), 0.0);
-  for (int h = 0; h < kHeads; h++) {
-    const int g = h / (kHeads / kKv);
-    std::vector<double> s(K.size());
-    double mx = -1e300;
-    for (size_t j = 0; j < K.size(); j++) {
-      double d = 0;
-      for (int i = 0; i < kHd; i++) d += q[size_t(h * kHd + i)] * K[j][size_t(g * kHd + i)];
-      s[j] = d / std::sqrt(double(kHd));
-      mx = std::max(mx, s[j]);
-    }
-    double z = 0;
-    for (double& v : s) z += (v = std::exp(v - mx));
-    for (size_t j = 0; j < K.size(); j++)
-      for (int i = 0; i < kHd; i++) out[size_t(h * kHd + i)] += s[j] / z * V[j][size_t(g * kHd + i)];
-  }
-  return out;
-}
-
-Vec silu_mlp(const Vec& x, const Vec& gate, const Vec& up, const Vec& down, size_t inter) {
-  Vec g = mv(gate, x, inter), u = mv(up, x, inter);
-  for (size_t i = 0; i < inter; i++) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-  return mv(down, g, x.size());
-}
+using sluice_test::CheckpointWeights;
+using sluice_test::Vec;
 
 // The target over `tokens`: per position the features [aux0 | aux1 | aux2] (each layer's input)
 // and the logits of the last position.
@@ -201,40 +134,16 @@ struct TargetRun {
 };
 
 TargetRun run_target(const std::vector<int32_t>& tokens) {
-  static const Weights w(target_dir());
-  const size_t T = tokens.size(), inter = 128;
-  const Vec embed = w.get("model.embed_tokens.weight");
-  std::vector<Vec> x(T);
-  for (size_t t = 0; t < T; t++) x[t] = Vec(embed.begin() + long(tokens[t]) * kH, embed.begin() + long(tokens[t] + 1) * kH);
+  static const CheckpointWeights w(target_dir());
+  sluice_test::RefDims d;
+  d.layers = kLayers;
+  const sluice_test::LlamaRun r = sluice_test::run_llama(d, [&](const std::string& n) { return w.get(n); }, tokens);
   TargetRun run;
-  run.features.assign(T, Vec());
-  for (int l = 0; l < kLayers; l++) {
-    for (size_t t = 0; t < T; t++)
-      if (std::find(kAux.begin(), kAux.end(), l) != kAux.end()) run.features[t].insert(run.features[t].end(), x[t].begin(), x[t].end());
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const Vec wi = w.get(p + "input_layernorm.weight"), wp = w.get(p + "post_attention_layernorm.weight");
-    const Vec wq = w.get(p + "self_attn.q_proj.weight"), wk = w.get(p + "self_attn.k_proj.weight"),
-              wv = w.get(p + "self_attn.v_proj.weight"), wo = w.get(p + "self_attn.o_proj.weight");
-    const Vec wg = w.get(p + "mlp.gate_proj.weight"), wu = w.get(p + "mlp.up_proj.weight"), wd = w.get(p + "mlp.down_proj.weight");
-    std::vector<Vec> K, V;
-    std::vector<Vec> next(T);
-    for (size_t t = 0; t < T; t++) {
-      const Vec xn = rms(x[t], wi);
-      Vec q = mv(wq, xn, kHeads * kHd), k = mv(wk, xn, kKv * kHd);
-      rope(q, kHeads, int64_t(t));
-      rope(k, kKv, int64_t(t));
-      K.push_back(k);
-      V.push_back(mv(wv, xn, kKv * kHd));
-      const Vec o = mv(wo, attend(q, K, V), kH);
-      Vec y = x[t];
-      for (int i = 0; i < kH; i++) y[size_t(i)] += o[size_t(i)];
-      const Vec m = silu_mlp(rms(y, wp), wg, wu, wd, inter);
-      for (int i = 0; i < kH; i++) y[size_t(i)] += m[size_t(i)];
-      next[t] = y;
-    }
-    x = next;
-  }
-  run.last_logits = mv(w.get("lm_head.weight"), rms(x[T - 1], w.get("model.norm.weight")), kVocab);
+  run.features.assign(tokens.size(), Vec());
+  for (int64_t l : kAux)
+    for (size_t t = 0; t < tokens.size(); t++)
+      run.features[t].insert(run.features[t].end(), r.layer_inputs[size_t(l)][t].begin(), r.layer_inputs[size_t(l)][t].end());
+  run.last_logits = r.logits.back();
   return run;
 }
 
@@ -246,8 +155,8 @@ struct HeadRun {
 };
 
 HeadRun run_head(const std::vector<Vec>& features, const std::vector<int32_t>& next_tokens, int k) {
-  static const Weights h(head_dir());
-  static const Weights tw(target_dir());
+  static const CheckpointWeights h(head_dir());
+  static const CheckpointWeights tw(target_dir());
   const Vec embed = tw.get("model.embed_tokens.weight");
   const Vec fc = h.get("fc.weight"), whn = h.get("midlayer.hidden_norm.weight"), win = h.get("midlayer.input_layernorm.weight"),
             wpost = h.get("midlayer.post_attention_layernorm.weight"), wq = h.get("midlayer.self_attn.q_proj.weight"),
@@ -258,27 +167,27 @@ HeadRun run_head(const std::vector<Vec>& features, const std::vector<int32_t>& n
   std::vector<Vec> K, V;
   auto step = [&](const Vec& x, int32_t token, int64_t pos) {
     const Vec e(embed.begin() + long(token) * kH, embed.begin() + long(token + 1) * kH);
-    Vec cat = rms(e, win);
-    const Vec hn = rms(x, whn);
+    Vec cat = sluice_test::ref_rms(e, win);
+    const Vec hn = sluice_test::ref_rms(x, whn);
     cat.insert(cat.end(), hn.begin(), hn.end());
-    Vec q = mv(wq, cat, kHeads * kHd), kk = mv(wk, cat, kKv * kHd);
-    rope(q, kHeads, pos);
-    rope(kk, kKv, pos);
+    Vec q = sluice_test::ref_mv(wq, cat, kHeads * kHd), kk = sluice_test::ref_mv(wk, cat, kKv * kHd);
+    sluice_test::ref_rope(q, kHeads, kHd, pos);
+    sluice_test::ref_rope(kk, kKv, kHd, pos);
     K.push_back(kk);
-    V.push_back(mv(wv, cat, kKv * kHd));
-    const Vec o = mv(wo, attend(q, K, V), kH);
+    V.push_back(sluice_test::ref_mv(wv, cat, kKv * kHd));
+    const Vec o = sluice_test::ref_mv(wo, sluice_test::ref_attend(q, K, V, kHeads, kKv, kHd), kH);
     Vec y = x;
     for (int i = 0; i < kH; i++) y[size_t(i)] += o[size_t(i)];
-    const Vec m = silu_mlp(rms(y, wpost), wg, wu, wd, kInter);
+    const Vec m = sluice_test::ref_silu_mlp(sluice_test::ref_rms(y, wpost), wg, wu, wd, kInter);
     for (int i = 0; i < kH; i++) y[size_t(i)] += m[size_t(i)];
     return y;
   };
   Vec out;
   const int64_t n = int64_t(features.size());
-  for (int64_t t = 0; t < n; t++) out = step(mv(fc, features[size_t(t)], kH), next_tokens[size_t(t)], t);
+  for (int64_t t = 0; t < n; t++) out = step(sluice_test::ref_mv(fc, features[size_t(t)], kH), next_tokens[size_t(t)], t);
   HeadRun run;
   for (int j = 0; j < k; j++) {
-    const Vec logits = mv(lm, rms(out, wn), kDraftVocab);
+    const Vec logits = sluice_test::ref_mv(lm, sluice_test::ref_rms(out, wn), kDraftVocab);
     run.logits.push_back(logits);
     const int64_t best = std::max_element(logits.begin(), logits.end()) - logits.begin();
     run.drafts.push_back(draft_to_target(best));
@@ -340,7 +249,7 @@ TEST_CASE(head_matches_float64_reference) {
   const std::vector<int32_t> next(tokens.begin() + 1, tokens.end());
   const HeadRun ref = run_head(tr.features, next, 4);
 
-  Weights tw(target_dir());
+  CheckpointWeights tw(target_dir());
   cpu::ThreadPool pool(2);
   Eagle3Head head(head_dir(), target_config(), *tw.st->find("model.embed_tokens.weight"), pool, 4096);
   CHECK(head.config().aux_layers == kAux);
@@ -369,7 +278,7 @@ TEST_CASE(head_context_in_pieces_equals_one_pass) {
   const TargetRun tr = run_target(std::vector<int32_t>(tokens.begin(), tokens.end() - 1));
   const std::vector<int32_t> next(tokens.begin() + 1, tokens.end());
   const std::vector<float> feats = as_f32(tr.features);
-  Weights tw(target_dir());
+  CheckpointWeights tw(target_dir());
   cpu::ThreadPool pool(2);
   Eagle3Head head(head_dir(), target_config(), *tw.st->find("model.embed_tokens.weight"), pool, 4096);
   std::vector<std::vector<float>> seen;

@@ -41,6 +41,8 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
                        the block sampler (eagle3: CPU only)
   --num-speculative-tokens K
                        drafts a step verifies at most (1..16, default 4)
+  --lora DIR           run the request with this LoRA adapter (PEFT layout: adapter_config.json,
+                       adapter_model.safetensors) on the model; CPU backend
 `;
 
 const DEFAULT_MAX_TOKENS = 256;
@@ -68,6 +70,7 @@ export const GENERATE_OPTIONS = {
   'kv-cache-dtype': { type: 'string' },
   speculative: { type: 'string' },
   'num-speculative-tokens': { type: 'string' },
+  lora: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -103,8 +106,10 @@ export async function runGenerate(args: string[]): Promise<void> {
   const engine = await Engine.load({
     model, backend, threads, matmulPrecision, quantization, kvCacheDtype, gpuMemoryUtilization, cudaGemm, onMessage: (m) => log(`sluice: ${m}`),
     ...(speculative && { speculative }),
+    ...(values.lora !== undefined && { loraAdapters: { lora: values.lora } }),
     onLoadProgress: stderrProgress('reading weights'),
   });
+  if (values.lora !== undefined) request.adapter = 'lora';
 
   // Ctrl-C cancels the request (a second one kills the process as usual).
   const controller = new AbortController();

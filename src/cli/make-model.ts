@@ -1,16 +1,19 @@
 // `sluice make-model`: write a model directory with random weights in a preset's shape.
 
-import { readdirSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 import { INT_LAYOUTS, makeModel, PRESETS, QUANTIZE_LAYOUTS, weightBytes } from '../../models/make-model.js';
 import type { Dtype, IntLayout, QuantizeOptions } from '../../models/make-model.js';
 import { exportOnnx, ONNX_QUANTIZATIONS, type OnnxQuantization } from '../../models/onnx-export.js';
 import { formatBytes, stderrProgress } from '../progress.js';
+import { MAX_LORA_RANK, writeLoraAdapter } from '../../models/lora-checkpoint.js';
 import { choiceFlag, commandFlags, intFlag, requiredFlag } from './args.js';
 
 export const MAKE_MODEL_HELP = `usage: sluice make-model --preset NAME --out DIR [--dtype f32|f16|bf16] [--seed N]
                           [--quantize fp8-block|fp8-compressed-tensors|fp8-modelopt|awq|gptq|gptq-act-order|gptq-8bit]
                           [--group-size N] [--onnx fp32|int4] [--force]
+       sluice make-model --lora RANK --model DIR --out DIR [--dtype f32|bf16] [--seed N] [--force]
 
 Writes a Hugging Face model directory (config, tokenizer, chat template, safetensors) with
 deterministic random weights in the shape of a preset.
@@ -29,6 +32,10 @@ deterministic random weights in the shape of a preset.
   --onnx Q        also write an ONNX export of the same weights (onnx/model.onnx with past/present
                   KV tensors, as optimum lays it out): fp32, or int4 (MatMulNBits, 32 per scale)
   --force         write into --out even when it is not empty (its model files are replaced)
+  --lora RANK     instead of a model, write a LoRA adapter for the model in --model into --out, in
+                  PEFT's layout (adapter_config.json, adapter_model.safetensors): rank RANK (1..64),
+                  lora_alpha 2 * RANK, every q/k/v/o and gate/up/down projection, random A and B
+  --model DIR     with --lora: the model the adapter is for
 `;
 
 /** The flags make-model accepts (README's CLI synopsis and --help list each; test/readme.test.ts checks). */
@@ -41,12 +48,16 @@ export const MAKE_MODEL_OPTIONS = {
   'group-size': { type: 'string' },
   onnx: { type: 'string' },
   force: { type: 'boolean' },
+  lora: { type: 'string' },
+  model: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
 export async function runMakeModel(args: string[]): Promise<void> {
   const values = commandFlags(args, MAKE_MODEL_OPTIONS, 'make-model', MAKE_MODEL_HELP);
   if (values === undefined) return;
+  if (values.lora !== undefined) return makeLoraAdapter(values);
+  if (values.model !== undefined) throw new SluiceError('invalid_argument', '--model goes with --lora', { param: 'model' });
   const preset = requiredFlag(values.preset, 'preset', 'make-model');
   if (!Object.hasOwn(PRESETS, preset)) {
     throw new SluiceError('invalid_argument',
@@ -101,4 +112,23 @@ function checkOut(out: string, force: boolean): void {
   const what = entries.includes('config.json') ? 'holds a model' : `is not empty (${entries.length} ${entries.length === 1 ? 'entry' : 'entries'})`;
   throw new SluiceError('invalid_argument',
     `make-model: --out ${out} ${what}; give --force to write this model over it, or choose another --out`, { param: 'out' });
+}
+
+/** make-model --lora RANK --model DIR --out DIR: a PEFT adapter for an existing model. */
+async function makeLoraAdapter(values: { lora?: string; model?: string; out?: string; dtype?: string; seed?: string; force?: boolean;
+  preset?: string; quantize?: string; onnx?: string; 'group-size'?: string }): Promise<void> {
+  for (const flag of ['preset', 'quantize', 'onnx', 'group-size'] as const) {
+    if (values[flag] !== undefined) throw new SluiceError('invalid_argument', `--${flag} does not go with --lora`, { param: flag });
+  }
+  const rank = intFlag(values.lora, 'lora', 1, MAX_LORA_RANK)!;
+  const model = requiredFlag(values.model, 'model', 'make-model --lora');
+  const out = requiredFlag(values.out, 'out', 'make-model --lora');
+  const dtype = choiceFlag(values.dtype, 'dtype', ['f32', 'bf16'] as const) ?? 'f32';
+  const seed = intFlag(values.seed, 'seed', 0, 2 ** 32 - 1) ?? 0;
+  if (!existsSync(join(model, 'config.json'))) {
+    throw new SluiceError('model_file_missing', `make-model --lora: ${model} holds no model (no config.json)`, { param: 'model' });
+  }
+  checkOut(out, values.force === true);
+  await writeLoraAdapter(model, out, { rank, dtype: dtype === 'f32' ? 'F32' : 'BF16', seed });
+  process.stderr.write(`wrote a rank-${rank} LoRA adapter for ${model} in ${out}\n`);
 }

@@ -145,6 +145,12 @@ export interface EngineLoadOptions {
    * the block sampler and serial steps (an EAGLE-3 head: CPU only for now). Default: off.
    */
   speculative?: SpeculativeOptions;
+  /**
+   * LoRA adapters in PEFT's layout (issue 36), by name: loaded beside the model (CPU backend) and
+   * chosen per request (GenerateRequest.adapter). Sequences of many adapters and of the base model
+   * share every step; their prefix-cache blocks are never shared. At most 256.
+   */
+  loraAdapters?: Record<string, string>;
   /** Notices such as an engine put out of service. Default: written to stderr. */
   onMessage?: (message: string) => void;
   /**
@@ -223,6 +229,8 @@ export const INLINE_PROMPT_CHARS = 2048;
 
 export class Engine {
   readonly info: EngineInfo;
+  /** LoRA adapter name -> its native index (1-based). */
+  private readonly adapterIndex = new Map<string, number>();
   private readonly encoder: PromptEncoder;
   /** The vision tower's queue: batches filled fairly across tenants, with recent encodings cached. */
   private readonly imageEncoder: EncodeQueue | undefined;
@@ -238,7 +246,10 @@ export class Engine {
     readonly vision: VisionModel | undefined,
     imageText?: ImageTextExpansion,
     imageCacheBytes = DEFAULT_IMAGE_CACHE_BYTES,
+    /** The LoRA adapters' names, in the native engine's order (adapter i + 1). */
+    adapterNames: readonly string[] = [],
   ) {
+    adapterNames.forEach((name, i) => this.adapterIndex.set(name, i + 1));
     this.imageEncoder = vision && new EncodeQueue((images) => vision.encodeMany(images), new EncodingCache(imageCacheBytes));
     this.info = {
       ...handle.info(),
@@ -249,6 +260,9 @@ export class Engine {
       maxBatchedTokens: batcher.maxBatchedTokens,
       maxNumSeqs: batcher.maxNumSeqs,
       maxSequenceTokens: batcher.maxSequenceTokens,
+      ...(adapterNames.length > 0 && {
+        loraAdapters: adapterNames.map((name, i) => ({ name, ...handle.info().loraAdapters![i]! })),
+      }),
     };
     this.encoder = new PromptEncoder(tokenizer, modelDir, imageText);
   }
@@ -267,6 +281,7 @@ export class Engine {
     const tokenizer = await SluiceTokenizer.load(modelDir);
     const onMessage = opts.onMessage ?? ((message: string) => process.stderr.write(`sluice: ${message}\n`));
     const limitsFor = (backend: BackendName) => batchLimits(backend, opts);
+    const adapterNames = loraAdapterNames(opts.loraAdapters);
     const maxNumSeqs = limitsFor('cpu').maxNumSeqs;
     const base = {
       modelDir,
@@ -282,6 +297,7 @@ export class Engine {
       prefixHashKey: opts.prefixHashKey ?? randomBytes(16).toString('hex'),
       // An EAGLE-3 head runs inside the engine, reading its hidden states.
       ...(opts.speculative?.method === 'eagle3' && { eagle3Dir: await eagle3HeadDir(opts.speculative) }),
+      ...(adapterNames.length > 0 && { loraAdapters: adapterNames.map((n) => opts.loraAdapters![n]!) }),
     };
     if (!/^[0-9a-f]{32}$/i.test(base.prefixHashKey)) {
       throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
@@ -390,7 +406,7 @@ export class Engine {
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
       const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer),
-        opts.imageCacheBytes);
+        opts.imageCacheBytes, adapterNames);
       if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
       return engine;
     } catch (err) {
@@ -607,6 +623,10 @@ export class Engine {
         { param: 'topK' });
     }
     const tenant = checkTenant(req.tenant);
+    const adapter = req.adapter === undefined ? undefined : this.adapterIndex.get(req.adapter);
+    if (req.adapter !== undefined && adapter === undefined) {
+      throw new SluiceError('invalid_request', `no LoRA adapter ${JSON.stringify(req.adapter)} is loaded with this engine`, { param: 'adapter' });
+    }
     const source = promptSource(req);
     if (source === 'messages') this.checkImageParts(req.messages!, req.images ?? []);
     const renderedTokenIds = source === 'promptTokenIds' ? this.promptTokenIds(req)
@@ -650,6 +670,7 @@ export class Engine {
         promptTokenIds, maxTokens, sampling: options.sampling, priority: windowPriority(options.completionWindow),
         ...(images !== undefined && { images }),
         keyed: options.promptCacheKey !== undefined, signal: controller.signal, sink: generation, tenant,
+        ...(adapter !== undefined && { adapter }),
         ...(constraint !== undefined && { constraint }),
         // A key groups requests of its own tenant only.
         ...(options.promptCacheKey !== undefined && { promptCacheKey: `${tenant}\u0000${options.promptCacheKey}` }),
@@ -719,6 +740,22 @@ function checkPositiveInteger(value: number, param: string): void {
 }
 
 /** loadNativeEngine with native error codes (MODEL_FILE_MISSING) mapped to SluiceError codes. */
+/** The LoRA adapters' names, checked (at most 256, each naming a directory string). */
+function loraAdapterNames(adapters: Record<string, string> | undefined): string[] {
+  if (adapters === undefined) return [];
+  if (typeof adapters !== 'object' || adapters === null || Array.isArray(adapters)) {
+    throw new SluiceError('invalid_argument', 'loraAdapters must map adapter names to directories', { param: 'loraAdapters' });
+  }
+  const names = Object.keys(adapters);
+  if (names.length > 256) throw new SluiceError('invalid_argument', `at most 256 LoRA adapters, got ${names.length}`, { param: 'loraAdapters' });
+  for (const name of names) {
+    if (name === '' || name.length > 256 || typeof adapters[name] !== 'string' || adapters[name] === '') {
+      throw new SluiceError('invalid_argument', `loraAdapters.${name}: a name of 1..256 characters and a directory`, { param: 'loraAdapters' });
+    }
+  }
+  return names;
+}
+
 /** The EAGLE-3 head's directory of speculative: {method: 'eagle3', draftModel}, checked to exist. */
 async function eagle3HeadDir(spec: SpeculativeOptions): Promise<string> {
   const dir = speculativeOptions(spec).draftModel!;

@@ -63,6 +63,11 @@ export interface GenerateRequest {
    */
   tenant?: string;
   /**
+   * A LoRA adapter loaded with the engine (Engine.load loraAdapters, by name): the request runs on
+   * the base model with that adapter. Default: the base model.
+   */
+  adapter?: string;
+  /**
    * Structured outputs: every sampled token keeps the output a prefix of a JSON value the schema
    * accepts ('json_object': any JSON object), and the value's end ends the output (a cut by
    * maxTokens is finish reason 'length'). A schema the engine cannot enforce is refused

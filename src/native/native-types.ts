@@ -63,6 +63,8 @@ export interface NativeLoadOptions {
    * (NativeStepPlan.numNextDrafts). CPU backend only.
    */
   eagle3Dir?: string;
+  /** LoRA adapters in PEFT's layout (issue 36); NativeSequenceAdd.adapter i + 1 is loraAdapters[i]. CPU backend. */
+  loraAdapters?: string[];
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */
@@ -92,6 +94,8 @@ export interface NativeModelInfo {
   draftVerification?: boolean;
   /** The EAGLE-3 head loaded with eagle3Dir: its draft vocabulary, the target layers it reads, its bytes. */
   eagle3?: { draftVocabSize: number; auxLayers: number[]; weightBytes: number; kvBytes: number };
+  /** The LoRA adapters loaded (NativeLoadOptions.loraAdapters, in order): rank and f32 bytes (and the facade's name). */
+  loraAdapters?: { name?: string; rank: number; bytes: number }[];
   /**
    * Models with sliding-window layers on the CPU: the widest window (tokens), and the blocks of
    * those layers' KV, kept apart from numBlocks (the full-attention layers'): a sequence holds
@@ -125,6 +129,8 @@ export interface NativeSequenceAdd {
   cacheScope?: string;
   /** Vision-language models: the prompt's images, in prompt order (sluice::SequenceImage). */
   images?: readonly NativeSequenceImage[];
+  /** The LoRA adapter (1-based index into NativeLoadOptions.loraAdapters); 0 or absent: the base model. */
+  adapter?: number;
 }
 
 /**

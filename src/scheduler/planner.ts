@@ -232,6 +232,7 @@ export class Planner {
         seqId: seq.seqId, promptTokens: roster.promptOf(seq), sampling: seq.request.sampling,
         keyed: seq.request.keyed ?? false, cacheScope: seq.request.tenant ?? '',
         ...(seq.request.images !== undefined && seq.request.images.length > 0 && { images: seq.request.images }),
+        ...(seq.request.adapter !== undefined && seq.request.adapter > 0 && { adapter: seq.request.adapter }),
       }));
     }
     return { plan, rows, adds, netBlocks, preempted: step.preempted };

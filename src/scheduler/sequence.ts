@@ -62,6 +62,8 @@ export interface SequenceRequest {
    * fairly between tenants.
    */
   tenant?: string;
+  /** The LoRA adapter (1-based, NativeSequenceAdd.adapter); absent: the base model. */
+  adapter?: number;
   signal?: AbortSignal | undefined;
   sink: SequenceSink;
   /** Structured outputs: each sample is restricted to the tokens this allows (the submitter disposes it). */

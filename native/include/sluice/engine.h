@@ -87,6 +87,9 @@ struct EngineOptions {
   // the published layout): the engine keeps the head's context from the hidden states of the steps
   // that carry StepPlan::num_next_drafts and drafts for the rows that ask. CPU backend, serial steps.
   std::string eagle3_dir;
+  // LoRA adapters in PEFT's layout (issue 36), loaded with the model: adapter i + 1 of
+  // SequenceAdd::adapter is lora_adapters[i]. CPU backend.
+  std::vector<std::string> lora_adapters;
 };
 
 struct SamplingParams {
@@ -123,6 +126,7 @@ struct SequenceAdd {
   bool keyed = false;
   std::string cache_scope;
   std::vector<SequenceImage> images;  // in prompt order, not overlapping
+  int32_t adapter = 0;                // 0: the base model; i: EngineOptions::lora_adapters[i - 1]
 };
 
 // One step, the whole boundary between the scheduler and the engine. Applied in this order:
@@ -276,6 +280,9 @@ struct EngineInfo {
   std::vector<int64_t> eagle3_aux_layers;
   size_t eagle3_weight_bytes = 0;
   size_t eagle3_kv_bytes = 0;
+  // The LoRA adapters loaded (EngineOptions::lora_adapters, in order): rank and f32 bytes each.
+  std::vector<int64_t> lora_ranks;
+  std::vector<size_t> lora_bytes;
 };
 
 class Engine {
@@ -297,9 +304,11 @@ class Engine {
   // the sequence's cached blocks (an organization id); sequences of different scopes never share
   // a cached block. images: see SequenceImage (a model without image input refuses any).
   // Throws kInvalidArgument for a bad prompt, image or sampling parameter (nothing added).
+  // adapter: 0 for the base model, i for EngineOptions::lora_adapters[i - 1] (its blocks are cached
+  // apart from every other adapter's and the base model's).
   virtual int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& params,
                                bool keyed = false, const std::string& cache_scope = "",
-                               const std::vector<SequenceImage>& images = {}) = 0;
+                               const std::vector<SequenceImage>& images = {}, int32_t adapter = 0) = 0;
   // Unknown ids are ignored. Its full blocks stay in the prefix cache (evictable once unreferenced).
   virtual void free_sequence(uint32_t seq_id) = 0;
   // Blocks a step can get: free ones plus unreferenced cached ones (evicted on demand).

@@ -19,6 +19,7 @@ namespace sluice {
 namespace cpu {
 class ThreadPool;
 }
+class LoraAdapter;
 
 // One step's tokens, flattened across sequences. Host pointers, valid during forward().
 // Tokens of one sequence are contiguous and in position order.
@@ -50,6 +51,9 @@ struct ForwardBatch {
   int64_t num_input_embeds = 0;
   const int32_t* input_embed_rows = nullptr;
   const float* const* input_embeds = nullptr;
+  // LoRA adapters: [S] the adapter of each sequence (nullptr: the base model), or nullptr when no
+  // sequence of the step has one. The backend adds each adapter's low-rank products to its rows.
+  const LoraAdapter* const* seq_adapters = nullptr;
   int64_t num_logit_rows = 0;               // R
   const int32_t* logit_rows = nullptr;      // [R] indices into the T tokens whose logits are wanted
 };
@@ -135,6 +139,8 @@ class Backend {
   // The CPU backend's compute threads, for work the engine runs between steps (an EAGLE-3 head);
   // nullptr for other backends.
   virtual cpu::ThreadPool* cpu_threads() { return nullptr; }
+  // Whether forward() applies ForwardBatch::seq_adapters (LoRA).
+  virtual bool applies_lora() const { return false; }
 
   // Pipelined steps (EngineOptions::cuda_device_tokens). sample() split in two: sample_launch()
   // starts sampling the last forward()'s rows into output slot `slot` (0 or 1: the engine keeps

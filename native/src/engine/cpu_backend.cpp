@@ -12,6 +12,7 @@
 #include "cpu/kernels.h"
 #include "engine/backend.h"
 #include "engine/decoder.h"
+#include "lora/lora_adapter.h"
 #include "sample/sampler.h"
 #include "sluice/error.h"
 
@@ -98,11 +99,23 @@ class CpuBackend final : public Backend, private DecoderOps {
   }
   const float* captured_hidden() const override { return captured_.data(); }
   cpu::ThreadPool* cpu_threads() override { return &pool_; }
+  bool applies_lora() const override { return true; }
   void read_logits(float* out) override { std::memcpy(out, logits_.data(), logits_.size() * sizeof(float)); }
 
  private:
   void ensure_scratch(int64_t T);
   void layer_input(int64_t layer) override;
+  // LoRA (ForwardBatch::seq_adapters): the step's rows grouped by adapter, and
+  // y[rows of each group, 0:out] += B (A x[rows, 0:in]) for its pair of `target` in `layer`.
+  struct LoraGroup {
+    const LoraAdapter* adapter;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) token rows
+    int64_t rows = 0;
+  };
+  std::vector<LoraGroup> lora_groups_;
+  std::vector<float> lora_x_, lora_t_, lora_u_;
+  void group_lora_rows();
+  void add_lora(int64_t layer, LoraTarget target, const float* x, int64_t in, float* y, int64_t out);
   std::vector<int64_t> capture_layers_;  // EAGLE-3: layers whose input forward() keeps
   std::vector<float> captured_;          // [T, capture_layers_.size() * H]
 
@@ -215,11 +228,54 @@ void CpuBackend::layer_input(int64_t layer) {
   }
 }
 
+void CpuBackend::group_lora_rows() {
+  lora_groups_.clear();
+  if (!batch_->seq_adapters) return;
+  // A sequence's tokens are contiguous: one range per sequence, grouped by adapter.
+  const int64_t T = batch_->num_tokens;
+  for (int64_t t = 0; t < T;) {
+    const int32_t seq = batch_->token_seq[t];
+    int64_t end = t + 1;
+    while (end < T && batch_->token_seq[end] == seq) end++;
+    if (const LoraAdapter* a = batch_->seq_adapters[seq]) {
+      auto g = std::find_if(lora_groups_.begin(), lora_groups_.end(), [&](const LoraGroup& x) { return x.adapter == a; });
+      if (g == lora_groups_.end()) g = lora_groups_.insert(lora_groups_.end(), LoraGroup{a, {}, 0});
+      g->ranges.emplace_back(t, end);
+      g->rows += end - t;
+    }
+    t = end;
+  }
+}
+
+void CpuBackend::add_lora(int64_t layer, LoraTarget target, const float* x, int64_t in, float* y, int64_t out) {
+  for (const LoraGroup& g : lora_groups_) {
+    const LoraPair& p = g.adapter->pair(layer, target);
+    if (!p.present()) continue;
+    const int64_t n = g.rows, r = g.adapter->rank();
+    lora_x_.resize(size_t(n * in));
+    lora_t_.resize(size_t(n * r));
+    lora_u_.resize(size_t(n * out));
+    int64_t at = 0;
+    for (auto [b, e] : g.ranges) {
+      std::memcpy(lora_x_.data() + at * in, x + b * in, size_t((e - b) * in) * sizeof(float));
+      at += e - b;
+    }
+    cpu::matmul(pool_, lora_x_.data(), n, in, p.a.data(), DType::F32, r, nullptr, DType::F32, lora_t_.data());
+    cpu::matmul(pool_, lora_t_.data(), n, r, p.b.data(), DType::F32, out, nullptr, DType::F32, lora_u_.data());
+    at = 0;
+    for (auto [b, e] : g.ranges) {
+      cpu::add_inplace(pool_, y + b * out, lora_u_.data() + at * out, (e - b) * out);
+      at += e - b;
+    }
+  }
+}
+
 void CpuBackend::forward(const ForwardBatch& b) {
   ensure_scratch(b.num_tokens);
   if (!capture_layers_.empty()) captured_.resize(size_t(b.num_tokens) * capture_layers_.size() * size_t(c_.hidden_size));
   batch_ = &b;
   T_ = b.num_tokens;
+  group_lora_rows();
   run_decoder(c_, *this);
   batch_ = nullptr;
 }
@@ -272,6 +328,12 @@ void CpuBackend::qkv(int64_t layer) {
                                  out(lw.k, lw.k_bias, k_.data()),   // [T, nkv*hd]
                                  out(lw.v, lw.v_bias, v_.data())};  // [T, nkv*hd]
   cpu::matmul_multi(pool_, xn_.data(), T_, c_.hidden_size, qkv, 3, precision_);
+  if (!lora_groups_.empty()) {
+    const int64_t H = c_.hidden_size, q = c_.num_heads * c_.head_dim, kv = c_.num_kv_heads * c_.head_dim;
+    add_lora(layer, LoraTarget::kQ, xn_.data(), H, q_.data(), q);
+    add_lora(layer, LoraTarget::kK, xn_.data(), H, k_.data(), kv);
+    add_lora(layer, LoraTarget::kV, xn_.data(), H, v_.data(), kv);
+  }
 }
 
 void CpuBackend::rope_kv_write(int64_t layer) {
@@ -307,6 +369,7 @@ void CpuBackend::attention_out(int64_t layer, BlockOut dest) {
   const LayerWeights& lw = w_.layers[size_t(layer)];
   float* y = dest == BlockOut::kToY ? y_.data() : xn_.data();
   linear(attn_.data(), T_, lw.o, lw.o_bias, y);  // [T, H]
+  if (!lora_groups_.empty()) add_lora(layer, LoraTarget::kO, attn_.data(), c_.num_heads * c_.head_dim, y, c_.hidden_size);
   block_output(y, dest);
 }
 
@@ -316,9 +379,14 @@ void CpuBackend::mlp(int64_t layer, BlockOut dest) {
   const cpu::LinearOut gate_up[2] = {out(lw.gate, lw.gate_bias, gate_.data()),  // [T, I]
                                      out(lw.up, lw.up_bias, up_.data())};       // [T, I]
   cpu::matmul_multi(pool_, xn_.data(), T_, c_.hidden_size, gate_up, 2, precision_);
+  if (!lora_groups_.empty()) {
+    add_lora(layer, LoraTarget::kGate, xn_.data(), c_.hidden_size, gate_.data(), I);
+    add_lora(layer, LoraTarget::kUp, xn_.data(), c_.hidden_size, up_.data(), I);
+  }
   gated_activation(gate_.data(), up_.data(), T_, I);
   float* y = dest == BlockOut::kToY ? y_.data() : xn_.data();
   linear(gate_.data(), T_, lw.down, lw.down_bias, y);  // [T, H]
+  if (!lora_groups_.empty()) add_lora(layer, LoraTarget::kDown, gate_.data(), I, y, c_.hidden_size);
   block_output(y, dest);
 }
 

@@ -17,6 +17,7 @@
 #include "model/safetensors.h"
 #include "sample/sampler.h"
 #include "sluice/error.h"
+#include "lora/lora_adapter.h"
 #include "speculative/eagle3_head.h"
 
 namespace sluice {
@@ -42,6 +43,8 @@ struct Sequence {
   // text after it; text before the first image has offset 0.
   std::vector<SequenceImage> images;
   std::vector<int64_t> image_rope_start, image_rope_after;
+  int32_t adapter = 0;          // LoRA adapter (EngineOptions::lora_adapters[adapter - 1]); 0: none
+  uint64_t model_key = 0;        // the model key its blocks are hashed with (the adapter's, with one)
   // Pipelined steps: which incarnation of seq_id this is (a step in flight may end after its
   // sequence was freed and the id added again), and tokens may hold placeholders
   // (Backend::device_token_ref(r), < 0): row r of the step in flight samples them.
@@ -149,6 +152,18 @@ class EngineImpl final : public Engine {
     blocks_ = std::make_unique<BlockPool>(num_blocks);
     if (num_window_blocks > 0) window_pool_ = std::make_unique<BlockPool>(num_window_blocks);
     if (!opts.eagle3_dir.empty()) load_eagle3(num_blocks * bs);
+    if (!opts.lora_adapters.empty()) {
+      if (!backend_->applies_lora())
+        throw Error(ErrorCode::kInvalidArgument, "LoRA adapters are served by the cpu backend (the " + backend_->name() +
+                                                     " backend does not apply them yet)");
+      if (opts.lora_adapters.size() > kMaxAdapters)
+        throw Error(ErrorCode::kInvalidArgument, "at most " + std::to_string(kMaxAdapters) + " LoRA adapters per engine");
+      for (const std::string& dir : opts.lora_adapters) {
+        adapters_.push_back(std::make_unique<LoraAdapter>(dir, config_));
+        // Its blocks are hashed under a key of its own: never shared with another adapter or the base.
+        adapter_keys_.push_back(fnv1a64(std::to_string(model_key_) + "\nlora " + std::to_string(adapters_.back()->content_key())));
+      }
+    }
   }
 
   EngineInfo info() const override {
@@ -176,6 +191,10 @@ class EngineImpl final : public Engine {
     i.prefix_caching = opts_.prefix_caching;
     i.num_cached_blocks = blocks_->num_cached();
     i.broken_reason = broken_reason_;
+    for (const auto& a : adapters_) {
+      i.lora_ranks.push_back(a->rank());
+      i.lora_bytes.push_back(a->bytes());
+    }
     if (eagle_) {
       i.eagle3_draft_vocab = eagle_->config().draft_vocab;
       i.eagle3_aux_layers = eagle_->config().aux_layers;
@@ -186,7 +205,8 @@ class EngineImpl final : public Engine {
   }
 
   int64_t add_sequence(uint32_t seq_id, const std::vector<int32_t>& prompt, const SamplingParams& p,
-                       bool keyed, const std::string& cache_scope, const std::vector<SequenceImage>& images) override {
+                       bool keyed, const std::string& cache_scope, const std::vector<SequenceImage>& images,
+                       int32_t adapter) override {
     check_in_service();
     if (seqs_.count(seq_id)) throw Error(ErrorCode::kSequenceExists, "sequence " + std::to_string(seq_id) + " already exists");
     if (prompt.empty()) throw Error(ErrorCode::kInvalidArgument, "a sequence needs at least one prompt token");
@@ -204,13 +224,18 @@ class EngineImpl final : public Engine {
       throw Error(ErrorCode::kInvalidArgument,
                   "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= top_k <= vocabulary size " +
                       std::to_string(config_.vocab_size) + ", logprobs 0..20, 0 <= min_p <= 1)");
+    if (adapter < 0 || size_t(adapter) > adapters_.size())
+      throw Error(ErrorCode::kInvalidArgument, "LoRA adapter " + std::to_string(adapter) + " is not loaded (" +
+                                                   std::to_string(adapters_.size()) + " are)");
     Sequence s;
     if (!images.empty()) place_images(s, prompt, images);
     s.tokens = prompt;
     s.params = p;
     s.keyed = keyed;
     s.uid = ++num_seqs_added_;
-    s.root = root_block_hash(opts_.prefix_hash_key, model_key_, cache_scope);
+    s.adapter = adapter;
+    s.model_key = adapter > 0 ? adapter_keys_[size_t(adapter - 1)] : model_key_;
+    s.root = root_block_hash(opts_.prefix_hash_key, s.model_key, cache_scope);
     if (opts_.prefix_caching) map_cached_prefix(s);
     const int64_t num_cached = s.num_computed;
     seqs_.emplace(seq_id, std::move(s));
@@ -335,19 +360,19 @@ class EngineImpl final : public Engine {
   // (whose token ids say nothing of the image) each such image's content hash, grid and place
   // relative to the block, so only the same image at the same place shares the block.
   uint64_t block_extra_key(const Sequence& s, size_t block) const {
-    if (s.images.empty()) return model_key_;
+    if (s.images.empty()) return s.model_key;
     const int64_t bs = opts_.block_size, first = int64_t(block) * bs, last = first + bs;
     SipHasher h(opts_.prefix_hash_key);
     bool any = false;
     for (const SequenceImage& img : s.images) {
       const int64_t end = img.offset + image_tokens(img);
       if (end <= first || img.offset >= last) continue;
-      if (!any) h.bytes("sluice.image", 12).u64(model_key_);
+      if (!any) h.bytes("sluice.image", 12).u64(s.model_key);
       any = true;
       for (uint64_t w : img.content_hash) h.u64(w);
       h.u64(uint64_t(img.offset - first)).u32(uint32_t(img.grid_t)).u32(uint32_t(img.grid_h)).u32(uint32_t(img.grid_w));
     }
-    return any ? h.finish() : model_key_;
+    return any ? h.finish() : s.model_key;
   }
 
   static int64_t image_tokens(const SequenceImage& img) {
@@ -515,6 +540,10 @@ class EngineImpl final : public Engine {
   ModelWeights weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Eagle3Head> eagle_;
+  static constexpr size_t kMaxAdapters = 256;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters_;
+  std::vector<uint64_t> adapter_keys_;              // [adapters] the model key of each one's blocks
+  std::vector<const LoraAdapter*> seq_adapters_;    // per-step scratch: [plan rows]
   std::vector<std::vector<int32_t>> eagle_drafts_;  // [plan_rows_] scratch
   std::unique_ptr<BlockPool> blocks_;
   // Blocks of the sliding-window layers (their KV apart: Backend::kv_bytes_per_window_block), or
@@ -646,7 +675,7 @@ void EngineImpl::claim_row(const StepPlan& plan, size_t i, StepResult& result) {
 
 AddStatus EngineImpl::admit(const SequenceAdd& add, StepResult& result, int32_t* num_cached) {
   try {
-    const int64_t cached = add_sequence(add.seq_id, add.prompt, add.params, add.keyed, add.cache_scope, add.images);
+    const int64_t cached = add_sequence(add.seq_id, add.prompt, add.params, add.keyed, add.cache_scope, add.images, add.adapter);
     const Sequence& s = seqs_.at(add.seq_id);
     const int64_t bs = opts_.block_size;
     // Admission wants the whole prompt's blocks (a running prefill then rarely needs more than it
@@ -761,6 +790,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
     window_slots_.clear();
     logit_rows_.clear();
     tables_.assign(plan_rows_.size(), nullptr);
+    seq_adapters_.assign(adapters_.empty() ? 0 : plan_rows_.size(), nullptr);
     window_tables_.assign(window_pool_ ? plan_rows_.size() : 0, nullptr);
     table_lens_.assign(plan_rows_.size(), 0);
     for (size_t i = 0; i < plan_rows_.size(); i++) {
@@ -768,6 +798,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
       const int64_t end = s.num_computed + plan_rows_[i].count;
       blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
       tables_[i] = s.blocks.data();
+      if (!adapters_.empty()) seq_adapters_[i] = s.adapter > 0 ? adapters_[size_t(s.adapter - 1)].get() : nullptr;
       table_lens_[i] = int32_t(s.blocks.size());
       if (window_pool_) {
         window_pool_->allocate(window_need(s, end), &s.window_blocks);
@@ -846,6 +877,8 @@ ForwardBatch EngineImpl::forward_batch() const {
   fb.num_seqs = int64_t(plan_rows_.size());
   fb.block_tables = tables_.data();
   fb.num_seq_blocks = table_lens_.data();
+  if (std::any_of(seq_adapters_.begin(), seq_adapters_.end(), [](const LoraAdapter* a) { return a != nullptr; }))
+    fb.seq_adapters = seq_adapters_.data();
   fb.num_logit_rows = int64_t(logit_rows_.size());
   fb.logit_rows = logit_rows_.data();
   return fb;
