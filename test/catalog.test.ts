@@ -21,6 +21,12 @@ describe('parseCatalog', () => {
     expect(catalog.models.map((m) => m.checkpoint)).toEqual(['/etc/sluice/ckpt', '/models/x']);
   });
 
+  it('resolves a LoRA adapter against the catalog directory', () => {
+    const catalog = parseCatalog({ models: [model(), model({ id: 'tuned', lora: 'adapters/a' })] }, 'c.json', '/etc/sluice');
+    expect(catalog.models.map((m) => m.lora)).toEqual([undefined, '/etc/sluice/adapters/a']);
+    expect(() => parseCatalog({ models: [model({ lora: '' })] }, 'c.json', '/etc')).toThrow(/models\.0\.lora/);
+  });
+
   it('resolves a speculative draft model against the catalog directory too', () => {
     const catalog = parseCatalog({
       engine: { speculative: { method: 'ngram', num_speculative_tokens: 3 } },

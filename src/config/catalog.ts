@@ -76,6 +76,12 @@ const CatalogModelSchema = Type.Object({
   id: Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:/-]*$', maxLength: 256 }),
   name: Type.Optional(Type.String({ minLength: 1 })),
   checkpoint: Type.String({ minLength: 1 }),
+  /**
+   * A LoRA adapter (PEFT layout) served on `checkpoint`: this entry is the base model with the
+   * adapter, a model of its own (id, prices, grants, usage rows). Entries of one checkpoint, with
+   * adapters or without, share one engine and its batches.
+   */
+  lora: Type.Optional(Type.String({ minLength: 1 })),
   /** Lowers the checkpoint's context window; never raises it. */
   context_length: Type.Optional(Type.Integer({ minimum: 2 })),
   /** Default: true when the checkpoint has a chat template. */
@@ -163,6 +169,7 @@ export function parseCatalog(value: unknown, source: string, baseDir: string): C
         `${source}: models.${i} grants organizations but is not restricted (set "restricted": true)`);
     }
     model.checkpoint = resolve(baseDir, model.checkpoint);
+    if (model.lora !== undefined) model.lora = resolve(baseDir, model.lora);
     const spec = model.engine?.speculative;
     if (spec?.draft_model !== undefined) spec.draft_model = resolve(baseDir, spec.draft_model);
     if (spec && (spec.method !== 'ngram') !== (spec.draft_model !== undefined)) {

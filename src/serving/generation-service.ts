@@ -137,6 +137,8 @@ export class GenerationService {
       completionWindow: prepared.window,
       // The organization owns its cached prefixes and gets its fair share of each window.
       tenant: request.caller.orgId,
+      // A catalog entry of a LoRA adapter runs on its checkpoint's engine with the adapter.
+      ...(model.adapter !== undefined && { adapter: model.adapter }),
       // An empty key is no key.
       ...(request.promptCacheKey && { promptCacheKey: request.promptCacheKey }),
       // The sampling fields are the engine's own (SamplingFields), carried whole.

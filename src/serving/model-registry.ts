@@ -30,7 +30,11 @@ export class ServedModel {
   readonly contextLength: number;
   readonly supportsChat: boolean;
 
+  /** The entry's LoRA adapter, by its name in the engine (the entry's id); undefined: the base model. */
+  readonly adapter: string | undefined;
+
   constructor(readonly entry: CatalogModel, readonly engine: Engine) {
+    this.adapter = entry.lora === undefined ? undefined : entry.id;
     const native = engine.info.contextLength;
     if (entry.context_length !== undefined && entry.context_length > native) {
       throw new SluiceError('invalid_argument',
@@ -122,12 +126,21 @@ export class ModelRegistry {
     const engines = new Map<string, Engine>();
     const models: ServedModel[] = [];
     try {
+      // Every adapter of a checkpoint is loaded with its engine, named by its entry's id.
+      const adapters = new Map<string, Record<string, string>>();
+      for (const entry of catalog.models) {
+        if (entry.lora === undefined) continue;
+        const of = adapters.get(entry.checkpoint) ?? {};
+        of[entry.id] = entry.lora;
+        adapters.set(entry.checkpoint, of);
+      }
       for (const entry of catalog.models) {
         let engine = engines.get(entry.checkpoint);
         if (!engine) {
           opts.onProgress?.(`loading ${entry.id} from ${entry.checkpoint}…`);
           const loadOptions: EngineLoadOptions = {
             ...opts.engineDefaults, ...engineOptions(catalog.engine), ...engineOptions(entry.engine), model: entry.checkpoint,
+            ...(adapters.has(entry.checkpoint) && { loraAdapters: adapters.get(entry.checkpoint)! }),
           };
           if (opts.onMessage) loadOptions.onMessage = opts.onMessage;
           // Large checkpoints are read ahead of the load with a line per 10% (Engine.load's onLoadProgress).
