@@ -64,7 +64,7 @@ describe.skipIf(!nativeAvailable()).each(['test-llama', 'test-qwen2', 'test-gemm
 
   it('serves each adapter as its weights merged into the base model would', async () => {
     expect(served.info.loraAdapters).toEqual([
-      { name: 'all', rank: 8, bytes: expect.any(Number) }, { name: 'attn', rank: 16, bytes: expect.any(Number) }]);
+      { id: 1, name: 'all', rank: 8, bytes: expect.any(Number) }, { id: 2, name: 'attn', rank: 16, bytes: expect.any(Number) }]);
     let compared = 0;
     for (const prompt of PROMPTS) {
       compared += sameUntilNearTie(await ask(served, prompt, 'all'), await ask(merged[0]!, prompt));
@@ -117,5 +117,44 @@ describe.skipIf(!nativeAvailable())('make-model --lora', () => {
       .rejects.toMatchObject({ code: 'model_file_missing' });
     await expect(runMakeModel(['--lora', '4', '--model', dir, '--out', out])).rejects.toThrow(/--force/);
     await expect(runMakeModel(['--preset', 'test-llama', '--model', dir, '--out', join(root, 'w')])).rejects.toThrow(/--model goes with --lora/);
+  });
+});
+
+describe.skipIf(!nativeAvailable())('LoRA adapters loaded and unloaded while serving', () => {
+  it('loses no request: an unload waits for its requests, later ones are refused, a reload serves the same', async () => {
+    const dir = join(root, 'hot-model');
+    await makeModel({ preset: 'test-llama', out: dir, dtype: 'f32' });
+    const adapterDir = join(root, 'hot-adapter');
+    await writeLoraAdapter(dir, adapterDir, { rank: 8, seed: 9 });
+    const base = { model: dir, backend: 'cpu' as const, threads: 2, kvCacheBytes: 8 << 20 };
+    const loadedAtStart = await Engine.load({ ...base, loraAdapters: { x: adapterDir } });
+    const engine = await Engine.load(base);
+    try {
+      const ask = (e: Engine, prompt: string, adapter?: string) =>
+        e.generate({ prompt, maxTokens: 24, temperature: 0, ...(adapter !== undefined && { adapter }) });
+      const want = await Promise.all(PROMPTS.map((p) => ask(loadedAtStart, p, 'x')));
+      // Loaded while base requests run.
+      const baseRuns = Promise.all(PROMPTS.map((p) => ask(engine, p)));
+      expect(await engine.loadAdapter('x', adapterDir)).toMatchObject({ name: 'x', rank: 8 });
+      await baseRuns;
+      expect(engine.info.loraAdapters).toMatchObject([{ name: 'x', rank: 8 }]);
+      // Unloaded while its requests run: they all finish, as the adapter loaded at start gives them.
+      const running = PROMPTS.map((p) => ask(engine, p, 'x'));
+      const unloaded = engine.unloadAdapter('x');
+      await expect(ask(engine, PROMPTS[0]!, 'x')).rejects.toMatchObject({ code: 'invalid_request', param: 'adapter' });
+      const got = await Promise.all(running);
+      await unloaded;
+      got.forEach((r, i) => expect(r.tokenIds).toEqual(want[i]!.tokenIds));
+      expect(engine.info.loraAdapters).toEqual([]);
+      // Loaded again under the same name: the same adapter again.
+      await engine.loadAdapter('x', adapterDir);
+      expect((await ask(engine, PROMPTS[1]!, 'x')).tokenIds).toEqual(want[1]!.tokenIds);
+      await expect(engine.loadAdapter('x', adapterDir)).rejects.toMatchObject({ code: 'invalid_argument' });
+      await expect(engine.loadAdapter('y', join(root, 'absent'))).rejects.toMatchObject({ code: 'model_file_missing' });
+      await expect(engine.unloadAdapter('nope')).rejects.toMatchObject({ code: 'invalid_request' });
+    } finally {
+      await engine.dispose();
+      await loadedAtStart.dispose();
+    }
   });
 });

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "lora/lora_adapter.h"
 #include "promise_worker.h"
 #include "sluice/engine.h"
 #include "sluice/error.h"
@@ -105,6 +106,7 @@ Napi::Object info_to_js(Napi::Env env, const sluice::EngineInfo& i) {
     Napi::Array adapters = Napi::Array::New(env, i.lora_ranks.size());
     for (size_t k = 0; k < i.lora_ranks.size(); k++) {
       Napi::Object a = Napi::Object::New(env);
+      a.Set("id", double(i.lora_ids[k]));
       a.Set("rank", double(i.lora_ranks[k]));
       a.Set("bytes", double(i.lora_bytes[k]));
       adapters.Set(uint32_t(k), a);
@@ -138,6 +140,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                        {InstanceMethod("info", &EngineWrap::Info), InstanceMethod("step", &EngineWrap::Step),
                         InstanceMethod("injectFault", &EngineWrap::InjectFault),
                         InstanceMethod("provideMasks", &EngineWrap::ProvideMasks),
+                        InstanceMethod("loadAdapter", &EngineWrap::LoadAdapter),
+                        InstanceMethod("retireAdapter", &EngineWrap::RetireAdapter),
                         InstanceMethod("dispose", &EngineWrap::Dispose)});
   }
 
@@ -146,8 +150,51 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     if (info.Length() != 1 || !info[0].IsExternal())
       throw Napi::TypeError::New(info.Env(), "use load() to create an engine");
     engine_.reset(info[0].As<Napi::External<Engine>>().Data());
-    mask_words_ = size_t(sluice::token_mask_words(engine_->info().config.vocab_size));
+    config_ = engine_->info().config;
+    mask_words_ = size_t(sluice::token_mask_words(config_.vocab_size));
     pipelined_ = engine_->pipelined();
+  }
+
+  // loadAdapter(dir) -> Promise<{id, rank, bytes}>: a LoRA adapter read on the pool (while steps
+  // run), then installed in its turn among the steps submitted before and after it.
+  Napi::Value LoadAdapter(const Napi::CallbackInfo& info) {
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      Napi::Env env = info.Env();
+      Engine& eng = engine(env);
+      if (!info[0].IsString()) throw Napi::TypeError::New(env, "loadAdapter(dir: string)");
+      std::string dir = info[0].As<Napi::String>().Utf8Value();
+      struct Loaded {
+        int32_t id = 0;
+        int64_t rank = 0;
+        size_t bytes = 0;
+      };
+      return in_turn<Loaded>(env, [&eng, dir, config = config_](Turn& turn) {
+        auto adapter = std::make_shared<const sluice::LoraAdapter>(dir, config);
+        turn.take();
+        return Loaded{eng.install_adapter(adapter), adapter->rank(), adapter->bytes()};
+      }, [](Napi::Env e, Loaded& l) -> Napi::Value {
+        Napi::Object o = Napi::Object::New(e);
+        o.Set("id", double(l.id));
+        o.Set("rank", double(l.rank));
+        o.Set("bytes", double(l.bytes));
+        return o;
+      });
+    });
+  }
+
+  // retireAdapter(id) -> Promise<void>: new sequences may no longer name it (see Engine::retire_adapter).
+  Napi::Value RetireAdapter(const Napi::CallbackInfo& info) {
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      Napi::Env env = info.Env();
+      Engine& eng = engine(env);
+      if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "retireAdapter(id: number)");
+      const int32_t id = info[0].As<Napi::Number>().Int32Value();
+      return in_turn<bool>(env, [&eng, id](Turn& turn) {
+        turn.take();
+        eng.retire_adapter(id);
+        return true;
+      }, [](Napi::Env e, bool&) -> Napi::Value { return e.Undefined(); });
+    });
   }
 
  private:
@@ -501,6 +548,53 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
 
   // Submitted steps run one at a time in submission order (tickets), each holding engine_mu.
+  // A queued call's turn among the steps: take() waits for it and holds the engine; the turn
+  // passes to the next ticket when this goes, taken or not (a call that failed before its turn
+  // still waits for it, so that the queue keeps its order).
+  struct Turn {
+    StepQueue& q;
+    uint64_t ticket;
+    bool taken = false;
+    std::unique_lock<std::mutex> engine;
+    void take() {
+      std::unique_lock<std::mutex> t(q.mu);
+      q.cv.wait(t, [&] { return q.serving == ticket; });
+      t.unlock();
+      taken = true;
+      engine = std::unique_lock<std::mutex>(q.engine_mu);
+    }
+    ~Turn() {
+      if (!taken) take();
+      engine.unlock();
+      std::lock_guard<std::mutex> l(q.mu);
+      q.serving++;
+      q.cv.notify_all();
+    }
+  };
+
+  // Runs work(turn) on the pool as the next ticket of the step queue (serial engines only: a
+  // pipelined engine's workers begin steps ahead of their tickets).
+  template <typename T, typename Work, typename ToJs>
+  Napi::Value in_turn(Napi::Env env, Work work, ToJs to_js) {
+    if (pipelined_) throw make_error(env, "INVALID_ARGUMENT", "adapters are loaded only into engines with serial steps");
+    std::shared_ptr<StepQueue> queue = queue_;
+    const uint64_t ticket = queue->next_ticket++;
+    in_flight_++;
+    auto* worker = new PromiseWorker<T>(
+        env,
+        [queue, ticket, work]() {
+          Turn turn{*queue, ticket};
+          return work(turn);
+        },
+        to_js, Value(),
+        [this]() {
+          if (--in_flight_ == 0 && dispose_pending_) engine_.reset();
+        });
+    Napi::Promise promise = worker->promise();
+    worker->Queue();
+    return promise;
+  }
+
   struct StepQueue {
     std::mutex mu;
     std::condition_variable cv;
@@ -544,6 +638,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   std::unique_ptr<Engine> engine_;
   size_t mask_words_ = 0;
+  sluice::ModelConfig config_;  // the model's, for reading adapters off the engine's turn
   std::unordered_map<uint32_t, std::shared_ptr<MaskSlot>> mask_slots_;  // JS thread only
   std::shared_ptr<StepQueue> queue_ = std::make_shared<StepQueue>();
   int in_flight_ = 0;  // submitted steps not yet settled (JS thread only)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "llama_reference.h"
+#include "lora/lora_adapter.h"
 #include "model/safetensors.h"
 #include "safetensors_file.h"
 #include "sluice/dtype.h"
@@ -294,6 +295,40 @@ TEST_CASE(prefix_cache_blocks_are_never_shared_across_adapters) {
   CHECK(cached_after(1, 2) == 0);
   CHECK(cached_after(2, 0) == 0);
   CHECK(cached_after(0, 3) == 0);
+}
+
+// While serving: an adapter installed after load serves as one loaded with the engine; retired,
+// new sequences may not name it while one that uses it finishes with it; its slot is taken again.
+TEST_CASE(adapters_install_and_retire_while_sequences_run) {
+  auto with = load();  // adapter 1 loaded with the engine
+  const std::vector<int32_t> prompt = prompt_of(9, 8);
+  const Gen ref = run_together(*with, {1}, {prompt}, {1}, 6)[0];
+  auto e = load(false, {});
+  const int32_t id = e->install_adapter(std::make_shared<const LoraAdapter>(adapter_dirs()[0], e->info().config));
+  CHECK(id == 1);
+  CHECK(e->info().lora_ids == std::vector<int32_t>{1});
+  const Gen hot = run_together(*e, {2}, {prompt}, {id}, 6)[0];
+  CHECK(hot.tokens == ref.tokens);
+  CHECK(hot.logprobs == ref.logprobs);
+  // Retired mid-sequence: the sequence finishes with it, exactly.
+  e->add_sequence(3, prompt, SamplingParams{0.f, 1.f, 0, 0, 0}, false, "", {}, id);
+  e->retire_adapter(id);
+  CHECK(e->info().lora_ids.empty());
+  CHECK_THROWS_CODE(e->add_sequence(4, prompt, SamplingParams{}, false, "", {}, id), ErrorCode::kInvalidArgument);
+  CHECK_THROWS_CODE(e->retire_adapter(id), ErrorCode::kInvalidArgument);
+  std::vector<int32_t> tokens;
+  StepPlan plan;
+  plan.seq_ids = {3};
+  plan.num_tokens = {100};
+  for (int step = 0; step < 6; step++) {
+    const StepResult r = e->step(plan);
+    tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+    plan.num_tokens = {1};
+  }
+  CHECK(tokens == ref.tokens);
+  e->free_sequence(3);
+  // Installed again, it takes the free slot.
+  CHECK(e->install_adapter(std::make_shared<const LoraAdapter>(adapter_dirs()[1], e->info().config)) == 1);
 }
 
 TEST_CASE(load_checks) {

@@ -229,8 +229,12 @@ export const INLINE_PROMPT_CHARS = 2048;
 
 export class Engine {
   readonly info: EngineInfo;
-  /** LoRA adapter name -> its native index (1-based). */
+  /** LoRA adapter name -> its native id. */
   private readonly adapterIndex = new Map<string, number>();
+  /** Native adapter id -> requests of it accepted and not ended; and the unloads waiting for 0. */
+  private readonly adapterRequests = new Map<number, number>();
+  private readonly adapterDrained = new Map<number, Array<() => void>>();
+  private readonly adapterLoads = new Set<string>();
   private readonly encoder: PromptEncoder;
   /** The vision tower's queue: batches filled fairly across tenants, with recent encodings cached. */
   private readonly imageEncoder: EncodeQueue | undefined;
@@ -261,7 +265,7 @@ export class Engine {
       maxNumSeqs: batcher.maxNumSeqs,
       maxSequenceTokens: batcher.maxSequenceTokens,
       ...(adapterNames.length > 0 && {
-        loraAdapters: adapterNames.map((name, i) => ({ name, ...handle.info().loraAdapters![i]! })),
+        loraAdapters: adapterNames.map((name, i) => ({ ...handle.info().loraAdapters![i]!, name })),
       }),
     };
     this.encoder = new PromptEncoder(tokenizer, modelDir, imageText);
@@ -623,10 +627,18 @@ export class Engine {
         { param: 'topK' });
     }
     const tenant = checkTenant(req.tenant);
-    const adapter = req.adapter === undefined ? undefined : this.adapterIndex.get(req.adapter);
-    if (req.adapter !== undefined && adapter === undefined) {
-      throw new SluiceError('invalid_request', `no LoRA adapter ${JSON.stringify(req.adapter)} is loaded with this engine`, { param: 'adapter' });
+    // Held to the end: an unload waits for the requests accepted with its adapter.
+    const adapter = this.adapterOf(req.adapter);
+    this.holdAdapter(adapter, +1);
+    try {
+      yield* this.runAccepted(req, onPrompt, options, tenant, adapter);
+    } finally {
+      this.holdAdapter(adapter, -1);
     }
+  }
+
+  private async *runAccepted(req: GenerateRequest, onPrompt: (promptTokenIds: number[]) => void,
+    options: ReturnType<typeof validateOptions>, tenant: string, adapter: number | undefined): AsyncGenerator<GenerateChunk> {
     const source = promptSource(req);
     if (source === 'messages') this.checkImageParts(req.messages!, req.images ?? []);
     const renderedTokenIds = source === 'promptTokenIds' ? this.promptTokenIds(req)
@@ -690,6 +702,72 @@ export class Engine {
       constraint?.dispose();
       if (submitted) this.reportRequest(options.completionWindow, tenant, promptTokenIds.length, generation, outcome, finishReason);
     }
+  }
+
+  /** The native id of a request's adapter (undefined: the base model); invalid_request when none is loaded by that name. */
+  private adapterOf(name: string | undefined): number | undefined {
+    if (name === undefined) return undefined;
+    const id = this.adapterIndex.get(name);
+    if (id === undefined) throw new SluiceError('invalid_request', `no LoRA adapter ${JSON.stringify(name)} is loaded with this engine`, { param: 'adapter' });
+    return id;
+  }
+
+  /** Counts the requests of each adapter; an unload waiting for its adapter's count to reach 0 is woken. */
+  private holdAdapter(id: number | undefined, delta: 1 | -1): void {
+    if (id === undefined) return;
+    const n = (this.adapterRequests.get(id) ?? 0) + delta;
+    if (n > 0) {
+      this.adapterRequests.set(id, n);
+      return;
+    }
+    this.adapterRequests.delete(id);
+    for (const wake of this.adapterDrained.get(id) ?? []) wake();
+    this.adapterDrained.delete(id);
+  }
+
+  /**
+   * Loads a LoRA adapter (PEFT layout) while serving: requests may name it once this resolves.
+   * The files are read off the event loop and the adapter joins the engine between two steps.
+   */
+  async loadAdapter(name: string, dir: string): Promise<{ name: string; rank: number; bytes: number }> {
+    loraAdapterNames({ [name]: dir });
+    if (this.adapterIndex.has(name) || this.adapterLoads.has(name)) {
+      throw new SluiceError('invalid_argument', `a LoRA adapter named ${JSON.stringify(name)} is loaded already`, { param: 'name' });
+    }
+    if (this.handle.loadAdapter === undefined || this.info.backend !== 'cpu') {
+      throw new SluiceError('invalid_argument', `LoRA adapters are served by the cpu backend, not ${this.info.backend}`, { param: 'adapter' });
+    }
+    this.adapterLoads.add(name);
+    try {
+      const loaded = await this.handle.loadAdapter(dir).catch((err: unknown) => { throw nativeToSluiceError(err, 'dir'); });
+      this.adapterIndex.set(name, loaded.id);
+      const entry = { id: loaded.id, name, rank: loaded.rank, bytes: loaded.bytes };
+      this.info.loraAdapters = [...(this.info.loraAdapters ?? []), entry];
+      return { name, rank: loaded.rank, bytes: loaded.bytes };
+    } finally {
+      this.adapterLoads.delete(name);
+    }
+  }
+
+  /**
+   * Unloads a LoRA adapter: requests naming it from now on are refused; those already accepted
+   * finish with it first (this resolves after them), so none is lost.
+   */
+  async unloadAdapter(name: string): Promise<void> {
+    const id = this.adapterOf(name);
+    this.adapterIndex.delete(name);
+    this.info.loraAdapters = (this.info.loraAdapters ?? []).filter((a) => a.name !== name);
+    if (this.adapterRequests.has(id!)) {
+      await new Promise<void>((resolve) => this.adapterDrained.set(id!, [...(this.adapterDrained.get(id!) ?? []), resolve]));
+    }
+    await this.handle.retireAdapter!(id!);
+  }
+
+  /** The adapters' names whose requests are running or waiting, with how many (admin views). */
+  adapterLoad(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [name, id] of this.adapterIndex) out[name] = this.adapterRequests.get(id) ?? 0;
+    return out;
   }
 }
 
@@ -801,6 +879,13 @@ async function loadDraftSpeculator(spec: SpeculativeOptions, targetDir: string, 
       { param: 'speculative.draftModel' });
   }
   return new DraftModelSpeculator(draft, options);
+}
+
+/** A native call's error as a SluiceError with the native code (MODEL_FILE_MISSING -> model_file_missing). */
+function nativeToSluiceError(err: unknown, param: string): SluiceError {
+  const nativeCode = (err as { code?: unknown }).code;
+  const code = typeof nativeCode === 'string' ? nativeCode.toLowerCase() : 'engine_error';
+  return new SluiceError(code, (err as Error).message, { param, cause: err });
 }
 
 async function loadHandle(options: Parameters<typeof loadNativeEngine>[0]): Promise<NativeEngineHandle> {

@@ -94,8 +94,8 @@ export interface NativeModelInfo {
   draftVerification?: boolean;
   /** The EAGLE-3 head loaded with eagle3Dir: its draft vocabulary, the target layers it reads, its bytes. */
   eagle3?: { draftVocabSize: number; auxLayers: number[]; weightBytes: number; kvBytes: number };
-  /** The LoRA adapters loaded (NativeLoadOptions.loraAdapters, in order): rank and f32 bytes (and the facade's name). */
-  loraAdapters?: { name?: string; rank: number; bytes: number }[];
+  /** The LoRA adapters loaded (by id: NativeLoadOptions.loraAdapters 1.., then loadAdapter's): rank and f32 bytes (and the facade's name). */
+  loraAdapters?: { id?: number; name?: string; rank: number; bytes: number }[];
   /**
    * Models with sliding-window layers on the CPU: the widest window (tokens), and the blocks of
    * those layers' KV, kept apart from numBlocks (the full-attention layers'): a sequence holds
@@ -247,6 +247,13 @@ export interface NativeEngineHandle {
   provideMasks(maskSlot: number, masks: Uint32Array | null): void;
   /** Testing hook: the next step holding seqId fails that row at `point` ('device': the next step, whole). */
   injectFault?(seqId: number, point: NativeFaultPoint): void;
+  /**
+   * LoRA adapters while serving (native engines with serial steps): loadAdapter reads one (on the
+   * pool) and installs it in its turn among the steps; retireAdapter takes it from new sequences
+   * (those using it finish with it). Ids are NativeSequenceAdd.adapter values.
+   */
+  loadAdapter?(dir: string): Promise<{ id: number; rank: number; bytes: number }>;
+  retireAdapter?(id: number): Promise<void>;
   /** Releases weights and the KV pool; safe to call twice. */
   dispose(): void;
 }

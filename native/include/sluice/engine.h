@@ -22,6 +22,8 @@
 
 namespace sluice {
 
+class LoraAdapter;  // native/src/lora/lora_adapter.h
+
 struct EngineOptions {
   std::string model_dir;
   std::string backend = "cpu";        // "cpu" | "cuda"
@@ -280,7 +282,9 @@ struct EngineInfo {
   std::vector<int64_t> eagle3_aux_layers;
   size_t eagle3_weight_bytes = 0;
   size_t eagle3_kv_bytes = 0;
-  // The LoRA adapters loaded (EngineOptions::lora_adapters, in order): rank and f32 bytes each.
+  // The LoRA adapters loaded (EngineOptions::lora_adapters and install_adapter, by id): id, rank
+  // and f32 bytes each.
+  std::vector<int32_t> lora_ids;
   std::vector<int64_t> lora_ranks;
   std::vector<size_t> lora_bytes;
 };
@@ -332,6 +336,13 @@ class Engine {
   virtual StepResult end_step() = 0;
   // Whether end_step() would return without waiting for the device (true with nothing in flight).
   virtual bool step_ready() const = 0;
+  // LoRA adapters while serving (LoraAdapter is read from its files anywhere, without the engine):
+  // install_adapter() makes one available to sequences added from now on and returns its id (> 0,
+  // a retired one's taken again); retire_adapter(id) takes it back from new sequences, while those
+  // using it finish with it (they hold it). kInvalidArgument for an unknown id, a backend that does
+  // not apply adapters, or more than 256 at once.
+  virtual int32_t install_adapter(std::shared_ptr<const LoraAdapter> adapter) = 0;
+  virtual void retire_adapter(int32_t id) = 0;
   // Testing hook: the next step that holds seq_id fails that row at `point` (kDevice: the next
   // step fails as a device fault whatever it holds; seq_id is ignored). One fault per sequence.
   virtual void inject_fault(uint32_t seq_id, FaultPoint point) = 0;

@@ -43,7 +43,8 @@ struct Sequence {
   // text after it; text before the first image has offset 0.
   std::vector<SequenceImage> images;
   std::vector<int64_t> image_rope_start, image_rope_after;
-  int32_t adapter = 0;          // LoRA adapter (EngineOptions::lora_adapters[adapter - 1]); 0: none
+  // Its LoRA adapter (held: a retired adapter stays with the sequences that use it); null: none.
+  std::shared_ptr<const LoraAdapter> adapter;
   uint64_t model_key = 0;        // the model key its blocks are hashed with (the adapter's, with one)
   // Pipelined steps: which incarnation of seq_id this is (a step in flight may end after its
   // sequence was freed and the id added again), and tokens may hold placeholders
@@ -158,12 +159,37 @@ class EngineImpl final : public Engine {
                                                      " backend does not apply them yet)");
       if (opts.lora_adapters.size() > kMaxAdapters)
         throw Error(ErrorCode::kInvalidArgument, "at most " + std::to_string(kMaxAdapters) + " LoRA adapters per engine");
-      for (const std::string& dir : opts.lora_adapters) {
-        adapters_.push_back(std::make_unique<LoraAdapter>(dir, config_));
-        // Its blocks are hashed under a key of its own: never shared with another adapter or the base.
-        adapter_keys_.push_back(fnv1a64(std::to_string(model_key_) + "\nlora " + std::to_string(adapters_.back()->content_key())));
-      }
+      for (const std::string& dir : opts.lora_adapters) install_adapter(std::make_shared<const LoraAdapter>(dir, config_));
     }
+  }
+
+  int32_t install_adapter(std::shared_ptr<const LoraAdapter> adapter) override {
+    check_in_service();
+    if (!adapter) throw Error(ErrorCode::kInvalidArgument, "install_adapter: no adapter");
+    if (!backend_->applies_lora())
+      throw Error(ErrorCode::kInvalidArgument, "LoRA adapters are served by the cpu backend (the " + backend_->name() +
+                                                   " backend does not apply them yet)");
+    // Its blocks are hashed under a key of its own: never shared with another adapter or the base.
+    const uint64_t key = fnv1a64(std::to_string(model_key_) + "\nlora " + std::to_string(adapter->content_key()));
+    // A retired slot is taken again (its sequences hold their adapter themselves).
+    auto free = std::find(adapters_.begin(), adapters_.end(), nullptr);
+    if (free == adapters_.end()) {
+      if (adapters_.size() >= kMaxAdapters)
+        throw Error(ErrorCode::kInvalidArgument, "at most " + std::to_string(kMaxAdapters) + " LoRA adapters per engine");
+      adapters_.push_back(std::move(adapter));
+      adapter_keys_.push_back(key);
+      return int32_t(adapters_.size());
+    }
+    *free = std::move(adapter);
+    const size_t slot = size_t(free - adapters_.begin());
+    adapter_keys_[slot] = key;
+    return int32_t(slot + 1);
+  }
+
+  void retire_adapter(int32_t id) override {
+    if (id < 1 || size_t(id) > adapters_.size() || !adapters_[size_t(id - 1)])
+      throw Error(ErrorCode::kInvalidArgument, "LoRA adapter " + std::to_string(id) + " is not loaded");
+    adapters_[size_t(id - 1)].reset();
   }
 
   EngineInfo info() const override {
@@ -191,9 +217,11 @@ class EngineImpl final : public Engine {
     i.prefix_caching = opts_.prefix_caching;
     i.num_cached_blocks = blocks_->num_cached();
     i.broken_reason = broken_reason_;
-    for (const auto& a : adapters_) {
-      i.lora_ranks.push_back(a->rank());
-      i.lora_bytes.push_back(a->bytes());
+    for (size_t k = 0; k < adapters_.size(); k++) {
+      if (!adapters_[k]) continue;
+      i.lora_ids.push_back(int32_t(k + 1));
+      i.lora_ranks.push_back(adapters_[k]->rank());
+      i.lora_bytes.push_back(adapters_[k]->bytes());
     }
     if (eagle_) {
       i.eagle3_draft_vocab = eagle_->config().draft_vocab;
@@ -224,16 +252,15 @@ class EngineImpl final : public Engine {
       throw Error(ErrorCode::kInvalidArgument,
                   "sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= top_k <= vocabulary size " +
                       std::to_string(config_.vocab_size) + ", logprobs 0..20, 0 <= min_p <= 1)");
-    if (adapter < 0 || size_t(adapter) > adapters_.size())
-      throw Error(ErrorCode::kInvalidArgument, "LoRA adapter " + std::to_string(adapter) + " is not loaded (" +
-                                                   std::to_string(adapters_.size()) + " are)");
+    if (adapter < 0 || size_t(adapter) > adapters_.size() || (adapter > 0 && !adapters_[size_t(adapter - 1)]))
+      throw Error(ErrorCode::kInvalidArgument, "LoRA adapter " + std::to_string(adapter) + " is not loaded");
     Sequence s;
     if (!images.empty()) place_images(s, prompt, images);
     s.tokens = prompt;
     s.params = p;
     s.keyed = keyed;
     s.uid = ++num_seqs_added_;
-    s.adapter = adapter;
+    if (adapter > 0) s.adapter = adapters_[size_t(adapter - 1)];
     s.model_key = adapter > 0 ? adapter_keys_[size_t(adapter - 1)] : model_key_;
     s.root = root_block_hash(opts_.prefix_hash_key, s.model_key, cache_scope);
     if (opts_.prefix_caching) map_cached_prefix(s);
@@ -541,7 +568,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Eagle3Head> eagle_;
   static constexpr size_t kMaxAdapters = 256;
-  std::vector<std::unique_ptr<LoraAdapter>> adapters_;
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;  // by id - 1; null: retired
   std::vector<uint64_t> adapter_keys_;              // [adapters] the model key of each one's blocks
   std::vector<const LoraAdapter*> seq_adapters_;    // per-step scratch: [plan rows]
   std::vector<std::vector<int32_t>> eagle_drafts_;  // [plan_rows_] scratch
@@ -790,7 +817,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
     window_slots_.clear();
     logit_rows_.clear();
     tables_.assign(plan_rows_.size(), nullptr);
-    seq_adapters_.assign(adapters_.empty() ? 0 : plan_rows_.size(), nullptr);
+    seq_adapters_.assign(plan_rows_.size(), nullptr);
     window_tables_.assign(window_pool_ ? plan_rows_.size() : 0, nullptr);
     table_lens_.assign(plan_rows_.size(), 0);
     for (size_t i = 0; i < plan_rows_.size(); i++) {
@@ -798,7 +825,7 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
       const int64_t end = s.num_computed + plan_rows_[i].count;
       blocks_->allocate((end + bs - 1) / bs - int64_t(s.blocks.size()), &s.blocks);
       tables_[i] = s.blocks.data();
-      if (!adapters_.empty()) seq_adapters_[i] = s.adapter > 0 ? adapters_[size_t(s.adapter - 1)].get() : nullptr;
+      seq_adapters_[i] = s.adapter.get();
       table_lens_[i] = int32_t(s.blocks.size());
       if (window_pool_) {
         window_pool_->allocate(window_need(s, end), &s.window_blocks);
