@@ -22,6 +22,7 @@ import { registerResponseRoutes } from './routes/responses.js';
 import { validatorCompiler } from '../surfaces/validation.js';
 import { jsonBodyParser } from '../surfaces/json-body.js';
 import { registerUsageRoutes } from './routes/usage.js';
+import { registerAdapterRoutes } from './routes/adapters.js';
 import { echoRequestId } from './request-log.js';
 
 export const API_VERSION = '2026-08-14';
@@ -96,6 +97,7 @@ export const sluiceApi: FastifyPluginAsync<SluiceApiOptions> = async (app: Fasti
   await registerFileRoutes(app, runtime);
   await registerBatchRoutes(app, runtime);
   registerUsageRoutes(app, runtime);
+  registerAdapterRoutes(app, runtime);
   // Messages is a scope of its own: whatever fails there (auth, parsing, validation, the route, an
   // unknown sub-path), its errors carry Anthropic's name for the status inside the spec's envelope,
   // which Anthropic's clients read; they also read the request-id header.

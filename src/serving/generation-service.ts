@@ -2,7 +2,7 @@
 // the model is called (model access, completion window, image input, context window) and
 // tokenizes; run() generates. Failures are SluiceErrors with codes the API maps to statuses.
 
-import { SluiceError } from '../errors.js';
+import { isSluiceError, SluiceError } from '../errors.js';
 import { MAX_PROMPT_CACHE_KEY_LENGTH, resolveMaxTokens, type GenerateResult } from '../engine/request.js';
 import type { CompletionWindow } from '../config/catalog.js';
 import type { GenerationRequest, OutputFormat, PreparedGeneration } from './generation-request.js';
@@ -130,6 +130,18 @@ export class GenerationService {
 
   private generate(prepared: PreparedGeneration, signal: AbortSignal | undefined): Promise<GenerateResult> {
     const { request, model } = prepared;
+    return this.generateOn(model, prepared, signal).catch((err: unknown) => {
+      // An adapter unloaded after this request found its model and before it reached the engine:
+      // answered as a request arriving after the unload is (nothing of it ran).
+      if (model.adapter !== undefined && isSluiceError(err) && err.code === 'invalid_request' && err.param === 'adapter') {
+        throw new SluiceError('model_not_found', `the model "${model.id}" does not exist; GET /v1/models lists the available ones`, { param: 'model' });
+      }
+      throw err;
+    });
+  }
+
+  private generateOn(model: ServedModel, prepared: PreparedGeneration, signal: AbortSignal | undefined): Promise<GenerateResult> {
+    const { request } = prepared;
     return model.engine.generate({
       promptTokenIds: prepared.promptTokenIds,
       ...(prepared.images !== undefined && { images: prepared.images }),

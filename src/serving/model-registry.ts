@@ -114,11 +114,74 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   return out;
 }
 
+/** A LoRA adapter served as a model, as GET /v1/admin/adapters lists it. */
+export interface AdapterObject {
+  id: string;
+  object: 'adapter';
+  base: string;
+  rank: number;
+  bytes: number;
+  /** Requests of it accepted and not ended. */
+  requests: number;
+}
+
 export class ModelRegistry {
   private readonly byId = new Map<string, ServedModel>();
+  private served: ServedModel[];
 
-  private constructor(readonly models: readonly ServedModel[], private readonly engines: readonly Engine[]) {
+  private constructor(models: readonly ServedModel[], private readonly engines: readonly Engine[]) {
+    this.served = [...models];
     for (const m of models) this.byId.set(m.id, m);
+  }
+
+  /** The served models, in catalog order (adapters loaded while serving last). */
+  get models(): readonly ServedModel[] {
+    return this.served;
+  }
+
+  /** The adapters served as models, with their base model (the first entry of their checkpoint without one). */
+  adapters(): AdapterObject[] {
+    return this.served.filter((m) => m.adapter !== undefined).map((m) => {
+      const info = m.engine.info.loraAdapters?.find((a) => a.name === m.adapter);
+      return {
+        id: m.id, object: 'adapter' as const, base: this.baseOf(m.engine)?.id ?? m.entry.checkpoint,
+        rank: info?.rank ?? 0, bytes: info?.bytes ?? 0, requests: m.engine.adapterLoad()[m.adapter!] ?? 0,
+      };
+    });
+  }
+
+  private baseOf(engine: Engine): ServedModel | undefined {
+    return this.served.find((m) => m.engine === engine && m.adapter === undefined);
+  }
+
+  /**
+   * Serves a LoRA adapter on a base model while running: `entry` (its id, rates and grants; lora: its
+   * directory) joins the catalog once the adapter is loaded into the base model's engine.
+   */
+  async addAdapter(entry: CatalogModel, baseId: string): Promise<ServedModel> {
+    const base = this.byId.get(baseId);
+    if (!base || base.adapter !== undefined) {
+      throw new SluiceError('invalid_request', `"${baseId}" is not a base model of this server`, { param: 'base' });
+    }
+    if (this.byId.has(entry.id)) throw new SluiceError('invalid_request', `a model "${entry.id}" is served already`, { param: 'id' });
+    if (entry.lora === undefined) throw new SluiceError('invalid_request', 'an adapter needs its directory', { param: 'dir' });
+    await base.engine.loadAdapter(entry.id, entry.lora);
+    const model = new ServedModel({ ...entry, checkpoint: base.entry.checkpoint }, base.engine);
+    this.served = [...this.served, model];
+    this.byId.set(model.id, model);
+    return model;
+  }
+
+  /**
+   * Stops serving an adapter: requests naming it are refused from now on (404, as an unknown model);
+   * those already accepted finish first (this resolves after them).
+   */
+  async removeAdapter(id: string): Promise<void> {
+    const model = this.byId.get(id);
+    if (!model || model.adapter === undefined) throw new SluiceError('model_not_found', `no adapter "${id}" is served`, { param: 'id' });
+    this.byId.delete(id);
+    this.served = this.served.filter((m) => m !== model);
+    await model.engine.unloadAdapter(model.adapter);
   }
 
   /** Loads every checkpoint of the catalog (each once). On failure, what was loaded is freed. */

@@ -2,13 +2,15 @@
 // official clients: an entry with `lora` is the base checkpoint with that adapter, a model of its
 // own (its id in /v1/models, its rates, its grants: an organization without the grant gets 404 as
 // for an unknown model, and its usage rows name it), served from the base model's engine (one
-// engine, adapters and base batched together) and answering as the adapter does.
+// engine, adapters and base batched together) and answering as the adapter does. Adapters loaded
+// and unloaded on the running server through /v1/admin/adapters (admin keys only), under load.
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 
 import { writeLoraAdapter } from '../../models/lora-checkpoint.js';
+import { createApiKey } from '../../src/store/api-keys.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 
 let server: TestServer;
@@ -79,5 +81,58 @@ describe('LoRA adapters as catalog models', () => {
     const acmeAnthropic = new Anthropic({ baseURL: server.origin, apiKey: await server.keyFor('acme'), maxRetries: 0 });
     const m = await acmeAnthropic.messages.create({ model: 'tiny-acme-tuned', max_tokens: 4, messages: [{ role: 'user', content: 'Hi' }] });
     expect(m.model).toBe('tiny-acme-tuned');
+  });
+});
+
+describe('LoRA adapters through /v1/admin/adapters', () => {
+  const admin = async (method: string, path: string, key: string, body?: unknown) => {
+    const res = await fetch(`${server.baseUrl}/admin/adapters${path}`, {
+      method, headers: { authorization: `Bearer ${key}`, ...(body !== undefined && { 'content-type': 'application/json' }) },
+      ...(body !== undefined && { body: JSON.stringify(body) }),
+    });
+    return { status: res.status, json: await res.json() as any };
+  };
+
+  it('loads, lists and unloads adapters on the running server, losing no request, for admin keys only', async () => {
+    const opsAdmin = (await createApiKey(server.service.store, 'ops', { admin: true })).key;
+    const dir = join(server.modelDir, '..', 'lora-hot');
+    await writeLoraAdapter(server.modelDir, dir, { rank: 8, seed: 11 });
+
+    // Other keys: 403, for every verb.
+    expect((await admin('GET', '', server.key)).status).toBe(403);
+    expect((await admin('POST', '', server.key, { id: 'x', base: 'tiny', dir })).status).toBe(403);
+    expect((await admin('DELETE', '/tiny-support', server.key)).status).toBe(403);
+
+    // Loaded while base requests run.
+    const baseRuns = Promise.all([ask(client, 'tiny'), ask(client, 'tiny')]);
+    const created = await admin('POST', '', opsAdmin, { id: 'tiny-hot', base: 'tiny', dir, pricing: ADAPTER_RATE });
+    expect(created.status).toBe(201);
+    expect(created.json).toMatchObject({ id: 'tiny-hot', object: 'adapter', base: 'tiny', rank: 8 });
+    await baseRuns;
+    expect((await client.models.list()).data.map((m) => m.id)).toContain('tiny-hot');
+    const listed = await admin('GET', '', opsAdmin);
+    expect(listed.json.data.map((a: { id: string }) => a.id)).toEqual(['tiny-support', 'tiny-acme-tuned', 'tiny-hot']);
+    const hot = await ask(client, 'tiny-hot');
+    expect(hot.model).toBe('tiny-hot');
+
+    // Unloaded while its requests run: they finish; later ones are 404.
+    const running = [ask(client, 'tiny-hot'), ask(client, 'tiny-hot'), ask(client, 'tiny-hot')];
+    const engine = server.service.registry.models[0]!.engine;
+    await vi.waitFor(() => expect(engine.adapterLoad()['tiny-hot']).toBe(3), { interval: 1 });
+    const deleted = admin('DELETE', '/tiny-hot', opsAdmin);
+    const done = await Promise.all(running);
+    done.forEach((c) => expect(c.choices[0]!.message.content).toBe(hot.choices[0]!.message.content));
+    expect((await deleted).json).toEqual({ id: 'tiny-hot', object: 'adapter', deleted: true });
+    await expect(ask(client, 'tiny-hot')).rejects.toMatchObject({ status: 404 });
+    expect((await client.models.list()).data.map((m) => m.id)).not.toContain('tiny-hot');
+
+    // Bad requests: said as such.
+    expect((await admin('POST', '', opsAdmin, { id: 'tiny', base: 'tiny', dir })).json.error.param).toBe('id');
+    expect((await admin('POST', '', opsAdmin, { id: 'y', base: 'tiny-support', dir })).json.error.param).toBe('base');
+    const missing = await admin('POST', '', opsAdmin, { id: 'z', base: 'tiny', dir: join(dir, 'absent') });
+    expect(missing.status).toBe(400);
+    expect(missing.json.error.param).toBe('dir');
+    expect((await admin('POST', '', opsAdmin, { id: 'w', base: 'tiny' })).status).toBe(400);
+    expect((await admin('DELETE', '/tiny', opsAdmin)).status).toBe(404);
   });
 });
