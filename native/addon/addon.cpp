@@ -267,19 +267,9 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     auto* worker = new PromiseWorker<sluice::StepResult>(
         env,
         [&eng, plan, queue, ticket, pipelined = pipelined_]() {
-          std::unique_lock<std::mutex> turn(queue->mu);
-          queue->cv.wait(turn, [&] { return queue->serving == ticket; });
-          turn.unlock();
           // The next ticket is served whatever happens to this one.
-          struct Next {
-            StepQueue& q;
-            ~Next() {
-              std::lock_guard<std::mutex> l(q.mu);
-              q.serving++;
-              q.cv.notify_all();
-            }
-          } next{*queue};
-          std::lock_guard<std::mutex> lock(queue->engine_mu);
+          Turn turn{*queue, ticket};
+          turn.take();
           if (!pipelined) return eng.step(*plan);
           return run_pipelined(eng, *queue, ticket, *plan);
         },

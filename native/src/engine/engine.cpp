@@ -52,6 +52,20 @@ struct Sequence {
   uint64_t uid = 0;
 };
 
+// The mask rows of a plan's TokenMaskSource (see its wait()): each constrained sequence's first
+// row into *first (when given), and the count of all of them.
+size_t mask_row_layout(const StepPlan& plan, std::unordered_map<uint32_t, size_t>* first) {
+  std::unordered_map<uint32_t, size_t> planned;  // seq id -> drafts its row planned
+  for (size_t i = 0; i < plan.seq_ids.size() && i < plan.num_drafts.size(); i++) planned[plan.seq_ids[i]] = plan.num_drafts[i];
+  size_t at = 0;
+  for (uint32_t id : plan.constrained) {
+    if (first) first->emplace(id, at);
+    auto d = planned.find(id);
+    at += 1 + (d == planned.end() ? 0 : d->second);
+  }
+  return at;
+}
+
 std::string join_path(const std::string& dir, const char* name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
 }
@@ -857,18 +871,8 @@ bool EngineImpl::prepare_step(const StepPlan& plan, StepResult& result) {
 void EngineImpl::attach_token_masks(const StepPlan& plan) {
   mask_missing_.assign(sample_rows_.size(), 0);
   if (plan.constrained.empty()) return;
-  // Each constrained sequence's first mask row (TokenMaskSource::wait).
   std::unordered_map<uint32_t, size_t> first;
-  {
-    std::unordered_map<uint32_t, size_t> planned;  // seq id -> drafts its row planned
-    for (size_t i = 0; i < plan.seq_ids.size() && i < plan.num_drafts.size(); i++) planned[plan.seq_ids[i]] = plan.num_drafts[i];
-    size_t at = 0;
-    for (uint32_t id : plan.constrained) {
-      first.emplace(id, at);
-      auto d = planned.find(id);
-      at += 1 + (d == planned.end() ? 0 : d->second);
-    }
-  }
+  mask_row_layout(plan, &first);
   bool any = false;
   for (const PlanRow* row : sampling_rows_) any = any || first.count(row->seq_id);
   if (!any) return;
@@ -1234,16 +1238,7 @@ void EngineImpl::finish_pipelined(InFlight& f) {
 
 }  // namespace
 
-int64_t token_mask_rows(const StepPlan& plan) {
-  std::unordered_map<uint32_t, int64_t> planned;
-  for (size_t i = 0; i < plan.seq_ids.size() && i < plan.num_drafts.size(); i++) planned[plan.seq_ids[i]] = plan.num_drafts[i];
-  int64_t rows = 0;
-  for (uint32_t id : plan.constrained) {
-    auto d = planned.find(id);
-    rows += 1 + (d == planned.end() ? 0 : d->second);
-  }
-  return rows;
-}
+int64_t token_mask_rows(const StepPlan& plan) { return int64_t(mask_row_layout(plan, nullptr)); }
 
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) { return std::make_unique<EngineImpl>(options); }
 
