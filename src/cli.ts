@@ -3,6 +3,7 @@
 
 import './cli/threadpool.js';  // first: before anything uses the thread pool
 import { isSluiceError } from './errors.js';
+import { ADAPTERS_HELP, runAdapters } from './cli/adapters.js';
 import { GENERATE_HELP, runGenerate } from './cli/generate.js';
 import { KEYS_HELP, runKeys } from './cli/keys.js';
 import { MAKE_MODEL_HELP, runMakeModel } from './cli/make-model.js';
@@ -19,6 +20,7 @@ commands:
   models       the models serve would serve, with context length and prices (sluice models --help)
   keys         create, list and revoke API keys (sluice keys --help)
   usage        usage and cost totals from the ledger (sluice usage --help)
+  adapters     list, load and unload LoRA adapters on a running server (sluice adapters --help)
   generate     generate text with a model (sluice generate --help)
   make-model   write a demo / benchmark model with random weights (sluice make-model --help)
 
@@ -32,6 +34,7 @@ const COMMANDS: Record<string, { run: (args: string[]) => Promise<void>; help: s
   models: { run: runModels, help: MODELS_HELP },
   keys: { run: runKeys, help: KEYS_HELP },
   usage: { run: runUsage, help: USAGE_HELP },
+  adapters: { run: runAdapters, help: ADAPTERS_HELP },
   generate: { run: runGenerate, help: GENERATE_HELP },
   'make-model': { run: runMakeModel, help: MAKE_MODEL_HELP },
 };

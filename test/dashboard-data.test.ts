@@ -92,6 +92,7 @@ describe('reading the registry', () => {
     let onRequestEnd: ((r: object) => void) | undefined;
     const engine = {
       schedulerStats: () => ({ byWindow, kvPool: { numTotalBlocks: 100, numFreeBlocks: 70, numEvictableBlocks: 20 } }),
+      adapterStats: () => ({ known: 0, resident: 0, residentBytes: 0, budgetBytes: Infinity, loads: 0, evictions: 0 }),
       observe: (o: { onRequestEnd: (r: object) => void }) => { onRequestEnd = o.onRequestEnd; return () => {}; },
     };
     metrics.watchModels({ models: [{ id: 'tiny', engine }] } as never);

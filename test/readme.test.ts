@@ -14,6 +14,7 @@ import { MAKE_MODEL_HELP, MAKE_MODEL_OPTIONS } from '../src/cli/make-model.js';
 import { MODELS_HELP, MODELS_OPTIONS } from '../src/cli/models.js';
 import { SERVE_HELP, SERVE_OPTIONS } from '../src/cli/serve.js';
 import { USAGE_HELP, USAGE_OPTIONS } from '../src/cli/usage.js';
+import { ADAPTERS_HELP, ADAPTERS_OPTIONS } from '../src/cli/adapters.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const readme = readFileSync(join(root, 'README.md'), 'utf8');
@@ -172,6 +173,7 @@ describe('README CLI synopsis', () => {
     models: { options: MODELS_OPTIONS, help: MODELS_HELP },
     keys: { options: KEYS_OPTIONS, help: KEYS_HELP },
     usage: { options: USAGE_OPTIONS, help: USAGE_HELP },
+    adapters: { options: ADAPTERS_OPTIONS, help: ADAPTERS_HELP },
     generate: { options: GENERATE_OPTIONS, help: GENERATE_HELP },
     'make-model': { options: MAKE_MODEL_OPTIONS, help: MAKE_MODEL_HELP },
   };

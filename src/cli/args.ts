@@ -113,6 +113,7 @@ const FLAG_OF_OPTION: Record<string, string> = {
   kvCacheDtype: '--kv-cache-dtype',
   maxNumSeqs: '--max-num-seqs',
   maxBatchedTokens: '--max-batched-tokens',
+  loraMemoryBytes: '--lora-memory-bytes',
   flexDeferral: '--flex-deferral',
   tenantDeferral: '--tenant-deferral',
   numSpeculativeTokens: '--num-speculative-tokens',

@@ -49,6 +49,10 @@ ${DATABASE_URL_HELP}
   --max-num-seqs N     sequences running at once (default: CPU 64, CUDA 256)
   --max-batched-tokens N
                        tokens per engine step (default: CPU 512, CUDA 8192)
+  --lora-memory-bytes N
+                       budget for the LoRA adapters' weights per model (f32 bytes): beyond it,
+                       idle adapters are retired least recently used first and loaded again on
+                       demand (default: no budget). A catalog sets it per model
   --speculative M      speculative decoding: ngram (prompt lookup: drafts from the prompt and
                        the output so far) | draft:DIR (a draft model with the target's
                        tokenizer) | eagle3:DIR (an EAGLE-3 head for this model, in its
@@ -140,6 +144,7 @@ export const SERVE_OPTIONS = {
   precision: { type: 'string' },
   'kv-cache-bytes': { type: 'string' },
   'max-num-seqs': { type: 'string' },
+  'lora-memory-bytes': { type: 'string' },
   'max-batched-tokens': { type: 'string' },
   speculative: { type: 'string' },
   'num-speculative-tokens': { type: 'string' },
@@ -193,6 +198,7 @@ export async function runServe(args: string[]): Promise<void> {
     kvCacheBytes: intFlag(values['kv-cache-bytes'], 'kv-cache-bytes', 1),
     maxNumSeqs: intFlag(values['max-num-seqs'], 'max-num-seqs', 1),
     maxBatchedTokens: intFlag(values['max-batched-tokens'], 'max-batched-tokens', 1),
+    loraMemoryBytes: intFlag(values['lora-memory-bytes'], 'lora-memory-bytes', 1),
     flexDeferral: deferralFlag(values['flex-deferral'], 'flex-deferral'),
     tenantDeferral: deferralFlag(values['tenant-deferral'], 'tenant-deferral'),
     speculative: speculativeFlags(values.speculative, values['num-speculative-tokens']),

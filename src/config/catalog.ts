@@ -58,6 +58,12 @@ const EngineSettingsSchema = Type.Object({
   max_num_seqs: Type.Optional(Type.Integer({ minimum: 1 })),
   max_batched_tokens: Type.Optional(Type.Integer({ minimum: 1 })),
   /**
+   * A memory budget for the LoRA adapters served on this checkpoint (f32 bytes of their weights;
+   * serve --lora-memory-bytes): beyond it, idle adapters are retired least recently used first and
+   * loaded again when a request names them. Default: no budget, all resident.
+   */
+  lora_memory_bytes: Type.Optional(Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER })),
+  /**
    * Speculative decoding (serve --speculative, --num-speculative-tokens): the proposer ('ngram':
    * prompt lookup; 'draft': the checkpoint at draft_model, with the target's tokenizer; 'eagle3':
    * the EAGLE-3 head at draft_model, in its published layout) and the

@@ -33,6 +33,7 @@ import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
 import { type SpeculationStats, type SpeculativeOptions, Speculator, speculativeOptions } from '../scheduler/speculator.js';
 import { DraftModelSpeculator } from '../scheduler/draft-speculator.js';
+import { AdapterSet, type AdapterSetStats, type AdapterStatus } from './adapter-set.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -151,6 +152,13 @@ export interface EngineLoadOptions {
    * share every step; their prefix-cache blocks are never shared. At most 256.
    */
   loraAdapters?: Record<string, string>;
+  /**
+   * A memory budget for the adapters' weights in the engine (f32 bytes): with it, adapters are
+   * known by name and resident on demand; a request for one that is not resident loads it, first
+   * retiring the least recently used idle adapters (src/engine/adapter-set.ts). Needs serial steps
+   * (overlap is off with it). Default: no budget, every adapter resident.
+   */
+  loraMemoryBytes?: number;
   /** Notices such as an engine put out of service. Default: written to stderr. */
   onMessage?: (message: string) => void;
   /**
@@ -229,12 +237,8 @@ export const INLINE_PROMPT_CHARS = 2048;
 
 export class Engine {
   readonly info: EngineInfo;
-  /** LoRA adapter name -> its native id. */
-  private readonly adapterIndex = new Map<string, number>();
-  /** Native adapter id -> requests of it accepted and not ended; and the unloads waiting for 0. */
-  private readonly adapterRequests = new Map<number, number>();
-  private readonly adapterDrained = new Map<number, Array<() => void>>();
-  private readonly adapterLoads = new Set<string>();
+  /** The LoRA adapters: known by name, resident within the budget. */
+  private readonly adapterSet: AdapterSet;
   private readonly encoder: PromptEncoder;
   /** The vision tower's queue: batches filled fairly across tenants, with recent encodings cached. */
   private readonly imageEncoder: EncodeQueue | undefined;
@@ -250,10 +254,15 @@ export class Engine {
     readonly vision: VisionModel | undefined,
     imageText?: ImageTextExpansion,
     imageCacheBytes = DEFAULT_IMAGE_CACHE_BYTES,
-    /** The LoRA adapters' names, in the native engine's order (adapter i + 1). */
-    adapterNames: readonly string[] = [],
+    /** The LoRA adapters loaded with the native engine, in its order (adapter i + 1), by name. */
+    adapterDirs: readonly (readonly [string, string])[] = [],
+    loraMemoryBytes?: number,
   ) {
-    adapterNames.forEach((name, i) => this.adapterIndex.set(name, i + 1));
+    this.adapterSet = new AdapterSet(handle.loadAdapter && handle.retireAdapter && {
+      load: (dir) => handle.loadAdapter!(dir).catch((err: unknown) => { throw nativeToSluiceError(err, 'dir'); }),
+      retire: (id) => handle.retireAdapter!(id),
+    }, loraMemoryBytes);
+    adapterDirs.forEach(([name, dir], i) => this.adapterSet.adopt(name, dir, { id: i + 1, ...handle.info().loraAdapters![i]! }));
     this.imageEncoder = vision && new EncodeQueue((images) => vision.encodeMany(images), new EncodingCache(imageCacheBytes));
     this.info = {
       ...handle.info(),
@@ -264,10 +273,13 @@ export class Engine {
       maxBatchedTokens: batcher.maxBatchedTokens,
       maxNumSeqs: batcher.maxNumSeqs,
       maxSequenceTokens: batcher.maxSequenceTokens,
-      ...(adapterNames.length > 0 && {
-        loraAdapters: adapterNames.map((name, i) => ({ ...handle.info().loraAdapters![i]!, name })),
-      }),
     };
+    // The adapters known now (resident or not), by name.
+    const adapterSet = this.adapterSet;
+    Object.defineProperty(this.info, 'loraAdapters', {
+      enumerable: true,
+      get: () => (adapterSet.stats().loads === 0 ? undefined : adapterSet.list().map(({ name, rank, bytes }) => ({ name, rank, bytes }))),
+    });
     this.encoder = new PromptEncoder(tokenizer, modelDir, imageText);
   }
 
@@ -286,6 +298,9 @@ export class Engine {
     const onMessage = opts.onMessage ?? ((message: string) => process.stderr.write(`sluice: ${message}\n`));
     const limitsFor = (backend: BackendName) => batchLimits(backend, opts);
     const adapterNames = loraAdapterNames(opts.loraAdapters);
+    const loraMemoryBytes = loraBudget(opts);
+    // With a budget, adapters are added after the load, each within it; without, loaded with the engine.
+    const adaptersAtLoad = loraMemoryBytes === undefined ? adapterNames : [];
     const maxNumSeqs = limitsFor('cpu').maxNumSeqs;
     const base = {
       modelDir,
@@ -301,7 +316,7 @@ export class Engine {
       prefixHashKey: opts.prefixHashKey ?? randomBytes(16).toString('hex'),
       // An EAGLE-3 head runs inside the engine, reading its hidden states.
       ...(opts.speculative?.method === 'eagle3' && { eagle3Dir: await eagle3HeadDir(opts.speculative) }),
-      ...(adapterNames.length > 0 && { loraAdapters: adapterNames.map((n) => opts.loraAdapters![n]!) }),
+      ...(adaptersAtLoad.length > 0 && { loraAdapters: adaptersAtLoad.map((n) => opts.loraAdapters![n]!) }),
     };
     if (!/^[0-9a-f]{32}$/i.test(base.prefixHashKey)) {
       throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
@@ -403,15 +418,24 @@ export class Engine {
         onStep: (report) => observers.step(report),
         ...limitsFor(handle.info().backend), policy: new WindowPriorityPolicy(),
         // Speculation drafts only for rows with no step in flight: serial steps when it is on.
-        overlap: opts.overlapSteps ?? (handle.info().backend === 'cuda' && opts.speculative === undefined),
+        // Adapters loaded on demand (a LoRA budget) are installed between serial steps.
+        overlap: opts.overlapSteps ?? (handle.info().backend === 'cuda' && opts.speculative === undefined && loraMemoryBytes === undefined),
         ...(opts.speculative && (speculator ? { speculator } : { speculative: opts.speculative })),
         ...(flex && { deferral: { fromPriority: windowPriority('flex'), ...flex } }),
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
       const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer),
-        opts.imageCacheBytes, adapterNames);
+        opts.imageCacheBytes, adaptersAtLoad.map((n) => [n, opts.loraAdapters![n]!] as const), loraMemoryBytes);
       if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
+      if (adaptersAtLoad.length === 0 && adapterNames.length > 0) {
+        try {
+          for (const name of adapterNames) await engine.loadAdapter(name, opts.loraAdapters![name]!);
+        } catch (err) {
+          await engine.dispose();
+          throw err;
+        }
+      }
       return engine;
     } catch (err) {
       vision?.dispose();
@@ -627,13 +651,14 @@ export class Engine {
         { param: 'topK' });
     }
     const tenant = checkTenant(req.tenant);
-    // Held to the end: an unload waits for the requests accepted with its adapter.
-    const adapter = this.adapterOf(req.adapter);
-    this.holdAdapter(adapter, +1);
+    // Held to the end: an unload waits for the requests accepted with its adapter, and it is not
+    // retired to make room for another meanwhile. One not resident is loaded first.
+    const lease = req.adapter === undefined ? undefined
+      : this.adapterSet.tryAcquire(req.adapter) ?? await this.adapterSet.acquire(req.adapter, req.signal);
     try {
-      yield* this.runAccepted(req, onPrompt, options, tenant, adapter);
+      yield* this.runAccepted(req, onPrompt, options, tenant, lease?.id);
     } finally {
-      this.holdAdapter(adapter, -1);
+      lease?.release();
     }
   }
 
@@ -704,49 +729,17 @@ export class Engine {
     }
   }
 
-  /** The native id of a request's adapter (undefined: the base model); invalid_request when none is loaded by that name. */
-  private adapterOf(name: string | undefined): number | undefined {
-    if (name === undefined) return undefined;
-    const id = this.adapterIndex.get(name);
-    if (id === undefined) throw new SluiceError('invalid_request', `no LoRA adapter ${JSON.stringify(name)} is loaded with this engine`, { param: 'adapter' });
-    return id;
-  }
-
-  /** Counts the requests of each adapter; an unload waiting for its adapter's count to reach 0 is woken. */
-  private holdAdapter(id: number | undefined, delta: 1 | -1): void {
-    if (id === undefined) return;
-    const n = (this.adapterRequests.get(id) ?? 0) + delta;
-    if (n > 0) {
-      this.adapterRequests.set(id, n);
-      return;
-    }
-    this.adapterRequests.delete(id);
-    for (const wake of this.adapterDrained.get(id) ?? []) wake();
-    this.adapterDrained.delete(id);
-  }
-
   /**
    * Loads a LoRA adapter (PEFT layout) while serving: requests may name it once this resolves.
-   * The files are read off the event loop and the adapter joins the engine between two steps.
+   * The files are read off the event loop and the adapter joins the engine between two steps
+   * (with a budget, after idle adapters are retired to make room; it may be retired later and is
+   * then loaded again on demand).
    */
   async loadAdapter(name: string, dir: string): Promise<{ name: string; rank: number; bytes: number }> {
     loraAdapterNames({ [name]: dir });
-    if (this.adapterIndex.has(name) || this.adapterLoads.has(name)) {
-      throw new SluiceError('invalid_argument', `a LoRA adapter named ${JSON.stringify(name)} is loaded already`, { param: 'name' });
-    }
-    if (this.handle.loadAdapter === undefined || this.info.backend !== 'cpu') {
-      throw new SluiceError('invalid_argument', `LoRA adapters are served by the cpu backend, not ${this.info.backend}`, { param: 'adapter' });
-    }
-    this.adapterLoads.add(name);
-    try {
-      const loaded = await this.handle.loadAdapter(dir).catch((err: unknown) => { throw nativeToSluiceError(err, 'dir'); });
-      this.adapterIndex.set(name, loaded.id);
-      const entry = { id: loaded.id, name, rank: loaded.rank, bytes: loaded.bytes };
-      this.info.loraAdapters = [...(this.info.loraAdapters ?? []), entry];
-      return { name, rank: loaded.rank, bytes: loaded.bytes };
-    } finally {
-      this.adapterLoads.delete(name);
-    }
+    if (this.disposed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
+    const { rank, bytes } = await this.adapterSet.add(name, dir);
+    return { name, rank, bytes };
   }
 
   /**
@@ -754,20 +747,17 @@ export class Engine {
    * finish with it first (this resolves after them), so none is lost.
    */
   async unloadAdapter(name: string): Promise<void> {
-    const id = this.adapterOf(name);
-    this.adapterIndex.delete(name);
-    this.info.loraAdapters = (this.info.loraAdapters ?? []).filter((a) => a.name !== name);
-    if (this.adapterRequests.has(id!)) {
-      await new Promise<void>((resolve) => this.adapterDrained.set(id!, [...(this.adapterDrained.get(id!) ?? []), resolve]));
-    }
-    await this.handle.retireAdapter!(id!);
+    await this.adapterSet.remove(name);
   }
 
-  /** The adapters' names whose requests are running or waiting, with how many (admin views). */
-  adapterLoad(): Record<string, number> {
-    const out: Record<string, number> = {};
-    for (const [name, id] of this.adapterIndex) out[name] = this.adapterRequests.get(id) ?? 0;
-    return out;
+  /** The adapters known to the engine: resident or not, with their requests accepted and not ended. */
+  adapters(): AdapterStatus[] {
+    return this.adapterSet.list();
+  }
+
+  /** Adapter residency: how many are known and resident, their bytes, the budget, loads and evictions. */
+  adapterStats(): AdapterSetStats {
+    return this.adapterSet.stats();
   }
 }
 
@@ -818,6 +808,20 @@ function checkPositiveInteger(value: number, param: string): void {
 }
 
 /** loadNativeEngine with native error codes (MODEL_FILE_MISSING) mapped to SluiceError codes. */
+/** The LoRA memory budget (loraMemoryBytes), checked; it needs serial steps. */
+function loraBudget(opts: EngineLoadOptions): number | undefined {
+  const budget = opts.loraMemoryBytes;
+  if (budget === undefined) return undefined;
+  if (!Number.isSafeInteger(budget) || budget < 1) {
+    throw new SluiceError('invalid_argument', `loraMemoryBytes must be a positive integer, got ${String(budget)}`, { param: 'loraMemoryBytes' });
+  }
+  if (opts.overlapSteps === true) {
+    throw new SluiceError('invalid_argument', 'loraMemoryBytes loads adapters between serial steps: it cannot be used with overlapSteps',
+      { param: 'loraMemoryBytes' });
+  }
+  return budget;
+}
+
 /** The LoRA adapters' names, checked (at most 256, each naming a directory string). */
 function loraAdapterNames(adapters: Record<string, string> | undefined): string[] {
   if (adapters === undefined) return [];

@@ -172,6 +172,42 @@ export class ServiceMetrics {
         }
       },
     });
+    // LoRA adapters per engine: residency under its budget (src/engine/adapter-set.ts).
+    new Gauge({
+      name: 'sluice_lora_adapters', help: 'LoRA adapters known to the engine, by state: resident (weights loaded) or retired (loaded again on demand)',
+      labelNames: ['model', 'state'], registers,
+      collect() {
+        this.reset();
+        for (const [engine, model] of engines) {
+          const a = engine.adapterStats();
+          if (a.loads === 0) continue;
+          this.set({ model, state: 'resident' }, a.resident);
+          this.set({ model, state: 'retired' }, a.known - a.resident);
+        }
+      },
+    });
+    new Gauge({
+      name: 'sluice_lora_resident_bytes', help: 'Bytes of the LoRA adapters resident in the engine (f32 weights)', labelNames: ['model'], registers,
+      collect() {
+        this.reset();
+        for (const [engine, model] of engines) if (engine.adapterStats().loads > 0) this.set({ model }, engine.adapterStats().residentBytes);
+      },
+    });
+    for (const [name, help, field] of [
+      ['sluice_lora_loads_total', 'LoRA adapter loads into the engine (at start, by the admin endpoint, and again on demand)', 'loads'],
+      ['sluice_lora_evictions_total', 'Idle LoRA adapters retired to make room under the memory budget', 'evictions'],
+    ] as const) {
+      new Counter({
+        name, help, labelNames: ['model'], registers,
+        collect() {
+          this.reset();
+          for (const [engine, model] of engines) {
+            const a = engine.adapterStats();
+            if (a.loads > 0) this.inc({ model }, a[field]);
+          }
+        },
+      });
+    }
     if (opts.processMetrics) collectDefaultMetrics({ register: this.registry });
   }
 

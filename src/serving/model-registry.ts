@@ -107,6 +107,7 @@ function engineOptions(settings: EngineSettings | undefined): Omit<EngineLoadOpt
   if (settings.matmul_precision !== undefined) out.matmulPrecision = settings.matmul_precision;
   if (settings.max_num_seqs !== undefined) out.maxNumSeqs = settings.max_num_seqs;
   if (settings.max_batched_tokens !== undefined) out.maxBatchedTokens = settings.max_batched_tokens;
+  if (settings.lora_memory_bytes !== undefined) out.loraMemoryBytes = settings.lora_memory_bytes;
   if (settings.speculative !== undefined) {
     const { method, draft_model: draftModel, num_speculative_tokens: k } = settings.speculative;
     out.speculative = { method, numSpeculativeTokens: k ?? DEFAULT_SPECULATIVE_TOKENS, ...(draftModel !== undefined && { draftModel }) };
@@ -121,6 +122,8 @@ export interface AdapterObject {
   base: string;
   rank: number;
   bytes: number;
+  /** Whether its weights are in the engine now (with a LoRA memory budget, idle adapters may not be). */
+  resident: boolean;
   /** Requests of it accepted and not ended. */
   requests: number;
 }
@@ -142,10 +145,10 @@ export class ModelRegistry {
   /** The adapters served as models, with their base model (the first entry of their checkpoint without one). */
   adapters(): AdapterObject[] {
     return this.served.filter((m) => m.adapter !== undefined).map((m) => {
-      const info = m.engine.info.loraAdapters?.find((a) => a.name === m.adapter);
+      const status = m.engine.adapters().find((a) => a.name === m.adapter);
       return {
         id: m.id, object: 'adapter' as const, base: this.baseOf(m.engine)?.id ?? m.entry.checkpoint,
-        rank: info?.rank ?? 0, bytes: info?.bytes ?? 0, requests: m.engine.adapterLoad()[m.adapter!] ?? 0,
+        rank: status?.rank ?? 0, bytes: status?.bytes ?? 0, resident: status?.resident ?? false, requests: status?.requests ?? 0,
       };
     });
   }

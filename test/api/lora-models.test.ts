@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 
 import { writeLoraAdapter } from '../../models/lora-checkpoint.js';
 import { createApiKey } from '../../src/store/api-keys.js';
+import { runAdapters } from '../../src/cli/adapters.js';
 import { startTestServer, type TestServer } from '../helpers/api-server.js';
 
 let server: TestServer;
@@ -52,6 +53,14 @@ describe('LoRA adapters as catalog models', () => {
     const engines = new Set(server.service.registry.models.map((m) => m.engine));
     expect(engines.size).toBe(1);
     expect([...engines][0]!.info.loraAdapters!.map((a) => a.name)).toEqual(['tiny-support', 'tiny-acme-tuned']);
+    // Residency in /metrics: both resident (no budget), loaded once each.
+    const ops = (await createApiKey(server.service.store, 'ops-metrics', { admin: true })).key;
+    const metrics = await (await fetch(`${server.origin}/metrics`, { headers: { authorization: `Bearer ${ops}` } })).text();
+    expect(metrics).toContain('sluice_lora_adapters{model="tiny",state="resident"} 2\n');
+    expect(metrics).toContain('sluice_lora_adapters{model="tiny",state="retired"} 0\n');
+    expect(metrics).toContain('sluice_lora_loads_total{model="tiny"} 2\n');
+    expect(metrics).toContain('sluice_lora_evictions_total{model="tiny"} 0\n');
+    expect(metrics).toMatch(/sluice_lora_resident_bytes\{model="tiny"\} [1-9]\d*\n/);
   });
 
   it('answers as the adapter, batched beside the base model, and writes usage rows naming it', async () => {
@@ -118,7 +127,7 @@ describe('LoRA adapters through /v1/admin/adapters', () => {
     // Unloaded while its requests run: they finish; later ones are 404.
     const running = [ask(client, 'tiny-hot'), ask(client, 'tiny-hot'), ask(client, 'tiny-hot')];
     const engine = server.service.registry.models[0]!.engine;
-    await vi.waitFor(() => expect(engine.adapterLoad()['tiny-hot']).toBe(3), { interval: 1 });
+    await vi.waitFor(() => expect(engine.adapters().find((a) => a.name === 'tiny-hot')?.requests).toBe(3), { interval: 1 });
     const deleted = admin('DELETE', '/tiny-hot', opsAdmin);
     const done = await Promise.all(running);
     done.forEach((c) => expect(c.choices[0]!.message.content).toBe(hot.choices[0]!.message.content));
@@ -134,5 +143,56 @@ describe('LoRA adapters through /v1/admin/adapters', () => {
     expect(missing.json.error.param).toBe('dir');
     expect((await admin('POST', '', opsAdmin, { id: 'w', base: 'tiny' })).status).toBe(400);
     expect((await admin('DELETE', '/tiny', opsAdmin)).status).toBe(404);
+  });
+});
+
+describe('sluice adapters (the CLI of /v1/admin/adapters)', () => {
+  /** Runs the command, returning what it printed. */
+  const cli = async (...args: string[]) => {
+    let out = '';
+    const write = vi.spyOn(process.stdout, 'write').mockImplementation((chunk) => { out += String(chunk); return true; });
+    try {
+      await runAdapters([...args, '--url', server.origin]);
+    } finally {
+      write.mockRestore();
+    }
+    return out;
+  };
+
+  it('lists, loads and unloads adapters on the running server with an admin key', async () => {
+    const key = (await createApiKey(server.service.store, 'ops-cli', { admin: true })).key;
+    const dir = join(server.modelDir, '..', 'lora-cli');
+    await writeLoraAdapter(server.modelDir, dir, { rank: 4, seed: 12 });
+    expect(await cli('load', '--api-key', key, '--id', 'tiny-cli', '--base', 'tiny', '--dir', dir, '--restricted', '--grant', 'acme',
+      '--pricing', JSON.stringify(ADAPTER_RATE))).toMatch(/^loaded tiny-cli on tiny: rank 4, \d+ bytes\n$/);
+    // Restricted to acme, at its rates.
+    await expect(ask(client, 'tiny-cli')).rejects.toMatchObject({ status: 404 });
+    expect((await ask(acme, 'tiny-cli')).model).toBe('tiny-cli');
+    const listed = await cli('list', '--api-key', key);
+    expect(listed.split('\n')[0]).toBe('id\tbase\trank\tbytes\tresident\trequests');
+    expect(listed).toMatch(/\ntiny-cli\ttiny\t4\t\d+\ttrue\t0\n/);
+    const json = JSON.parse(await cli('list', '--api-key', key, '--json'));
+    expect(json.data.map((a: { id: string }) => a.id)).toContain('tiny-cli');
+    expect(await cli('unload', 'tiny-cli', '--api-key', key)).toBe('unloaded tiny-cli\n');
+    await expect(ask(acme, 'tiny-cli')).rejects.toMatchObject({ status: 404 });
+
+    // The server's refusals, and the command's own.
+    await expect(cli('list', '--api-key', server.key)).rejects.toThrow(/403: adapters are managed with an admin API key/);
+    await expect(cli('unload', 'nope', '--api-key', key)).rejects.toThrow(/404 \(id\)/);
+    await expect(cli('load', '--api-key', key, '--id', 'x', '--base', 'tiny', '--dir', join(dir, 'absent'))).rejects.toThrow(/400 \(dir\)/);
+    await expect(cli('load', '--api-key', key, '--id', 'x', '--base', 'tiny')).rejects.toThrow(/load needs --dir/);
+    await expect(cli('load', '--api-key', key, '--id', 'x', '--base', 'tiny', '--dir', dir, '--pricing', '[{"tier":"soon"}]'))
+      .rejects.toMatchObject({ param: 'pricing' });
+    await expect(cli('list', '--api-key', key, '--id', 'x')).rejects.toThrow(/--id goes with load/);
+    await expect(cli('unload', '--api-key', key)).rejects.toThrow(/unload takes the adapter id/);
+    await expect(cli('drop', '--api-key', key)).rejects.toThrow(/list, load or unload/);
+    const saved = process.env['SLUICE_API_KEY'];
+    delete process.env['SLUICE_API_KEY'];
+    try {
+      await expect(cli('list')).rejects.toThrow(/admin API key is needed/);
+    } finally {
+      if (saved !== undefined) process.env['SLUICE_API_KEY'] = saved;
+    }
+    await expect(runAdapters(['list', '--api-key', key, '--url', 'http://127.0.0.1:1'])).rejects.toThrow(/cannot reach/);
   });
 });

@@ -1,6 +1,6 @@
 // LoRA adapters on a running server (issue 36), operators only (an admin API key, as for
 // /v1/admin/usage; any other key is 403):
-//   GET    /v1/admin/adapters       the adapters served as models: id, base model, rank, bytes, requests
+//   GET    /v1/admin/adapters       the adapters served as models: id, base model, rank, bytes, resident, requests
 //   POST   /v1/admin/adapters       {id, base, dir, name?, pricing?, restricted?, granted_organizations?,
 //                                    negotiated_pricing?}: loads the adapter in `dir` (PEFT layout, a path
 //                                    on the server) into the base model's engine and serves it as model `id`
