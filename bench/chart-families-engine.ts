@@ -216,8 +216,15 @@ export function loraCharts(r: Json, file: string): Chart[] {
   const h = header('lora', r, file, str(r.backend, 'backend'), [
     `${str(r.model, 'model')} · ${count(r.adapters, 'adapter')} of rank ${num(r.rank, 'rank')} · ${count(r.tokens, 'token')} a request`,
   ]);
-  return [barChart({ header: h, name: 'throughput', what: 'tokens/s of the same requests on the base model and spread over the adapters',
+  const charts = [barChart({ header: h, name: 'throughput', what: 'tokens/s of the same requests on the base model and spread over the adapters',
     categoryTitle: 'run', seriesTitle: 'requests', valueTitle: 'tokens/s',
     data: rows.map((o, i) => datum(str(o.run, `rows[${i}].run`), `${num(o.requests, `rows[${i}].requests`)} requests`,
       num(o.throughputTokensPerS, `rows[${i}].tokens/s`))) })];
+  if (r.budget === undefined) return charts;
+  const budget = arr(obj(r.budget, 'budget').rows, 'budget.rows').map((x, k) => obj(x, `budget.rows[${k}]`));
+  charts.push(barChart({ header: h, name: 'budget', what: 'tokens/s over twice the adapters, all resident and with room for half',
+    categoryTitle: 'run', seriesTitle: 'adapters resident at most', valueTitle: 'tokens/s',
+    data: budget.map((o, k) => datum(str(o.run, `budget.rows[${k}].run`), `${num(o.residentAtMost, `budget.rows[${k}].residentAtMost`)} resident`,
+      num(o.throughputTokensPerS, `budget.rows[${k}].tokens/s`))) }));
+  return charts;
 }
