@@ -8,6 +8,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { makeModel, type QuantizeOptions } from '../models/make-model.js';
+import { writeLoraAdapter } from '../models/lora-checkpoint.js';
+import { declaredAdapterBytes } from '../src/engine/adapter-set.js';
 import { cudaUnavailableReason, loadNativeEngine, nativeAddon } from '../src/native/native.js';
 import type { NativeEngineHandle } from '../src/native/native-types.js';
 import { GREEDY, runNative } from './helpers/native-run.js';
@@ -382,6 +384,61 @@ describe.skipIf(!cudaReady)('CUDA: speculative decoding with prompt lookup', () 
     } finally {
       await spec.dispose();
       await plain.dispose();
+    }
+  });
+});
+
+describe.skipIf(!cudaReady).each(['test-llama', 'test-qwen2', 'test-gemma3'])('CUDA: %s with LoRA adapters', (preset) => {
+  it('agrees with the CPU backend per adapter, batched with the base model, and under a memory budget', async () => {
+    const dir = join(root, `lora-${preset}`);
+    await makeModel({ preset, out: dir, dtype: 'bf16' });
+    const adapters = { all: join(root, `lora-${preset}-all`), attn: join(root, `lora-${preset}-attn`) };
+    await writeLoraAdapter(dir, adapters.all, { rank: 8, seed: 1 });
+    await writeLoraAdapter(dir, adapters.attn, { rank: 16, alpha: 8, rslora: true, dtype: 'BF16', modules: ['q_proj', 'k_proj', 'v_proj', 'o_proj'], seed: 2 });
+    const cuda = await Engine.load({ model: dir, backend: 'cuda', maxNumSeqs: 16, gpuMemoryUtilization: 0.2, loraAdapters: adapters });
+    const cpu = await Engine.load({ model: dir, backend: 'cpu', threads: 4, kvCacheBytes: 32 << 20, loraAdapters: adapters });
+    try {
+      expect(cuda.info.backend).toBe('cuda');
+      const jobs = ['the cat sat on the mat', 'one two three four five'].flatMap((p) => [[p, 'all'], [p, 'attn'], [p, undefined]] as const);
+      const ask = (e: Engine, prompt: string, adapter: string | undefined) =>
+        e.generate({ prompt, maxTokens: 16, temperature: 0, logprobs: 2, ...(adapter !== undefined && { adapter }) });
+      const want = await Promise.all(jobs.map(([p, a]) => ask(cpu, p, a)));
+      const alone: Awaited<ReturnType<typeof ask>>[] = [];
+      for (const [p, a] of jobs) alone.push(await ask(cuda, p, a));
+      const together = await Promise.all(jobs.map(([p, a]) => ask(cuda, p, a)));
+      let compared = 0;
+      for (const got of [alone, together]) {
+        got.forEach((r, j) => {
+          for (let i = 0; i < want[j]!.tokenIds.length; i++) {
+            const top = want[j]!.logprobs![i]!.top;
+            if (top.length >= 2 && top[0]!.logprob - top[1]!.logprob < NEAR_TIE_GAP) break;
+            expect(r.tokenIds[i]).toBe(want[j]!.tokenIds[i]);
+            expect(Math.abs(r.logprobs![i]!.logprob - want[j]!.logprobs![i]!.logprob)).toBeLessThan(LOGPROB_TOL.bf16);
+            compared++;
+          }
+        });
+      }
+      expect(compared).toBeGreaterThan(jobs.length * 2 * 2);
+      // The adapters change the output on the GPU too.
+      expect(alone[0]!.tokenIds).not.toEqual(alone[2]!.tokenIds);
+    } finally {
+      await cuda.dispose();
+      await cpu.dispose();
+    }
+    // Under a budget for one adapter (serial steps): each request loads its adapter on demand, the
+    // answers those of the engine with both resident.
+    const budgeted = await Engine.load({ model: dir, backend: 'cuda', maxNumSeqs: 16, gpuMemoryUtilization: 0.2, loraAdapters: adapters,
+      loraMemoryBytes: Math.max(...(await Promise.all(Object.values(adapters).map((d) => declaredAdapterBytes(d))))) });
+    try {
+      const a = await budgeted.generate({ prompt: 'the cat sat on the mat', maxTokens: 16, temperature: 0, adapter: 'all' });
+      const b = await budgeted.generate({ prompt: 'the cat sat on the mat', maxTokens: 16, temperature: 0, adapter: 'attn' });
+      const a2 = await budgeted.generate({ prompt: 'the cat sat on the mat', maxTokens: 16, temperature: 0, adapter: 'all' });
+      expect(a2.tokenIds).toEqual(a.tokenIds);
+      expect(b.tokenIds).not.toEqual(a.tokenIds);
+      expect(budgeted.adapterStats()).toMatchObject({ resident: 1 });
+      expect(budgeted.adapterStats().evictions).toBeGreaterThanOrEqual(2);
+    } finally {
+      await budgeted.dispose();
     }
   });
 });
