@@ -5,16 +5,14 @@
 // prefix-cache blocks are never shared across adapters or with the base; and the checks at load.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "llama_reference.h"
+#include "lora_writer.h"
 #include "lora/lora_adapter.h"
 #include "model/safetensors.h"
-#include "safetensors_file.h"
 #include "sluice/dtype.h"
 #include "sluice/engine.h"
 #include "sluice/error.h"
@@ -25,68 +23,6 @@ using namespace sluice;
 using namespace sluice_test;
 
 namespace {
-
-const char* const kProj[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
-
-struct AdapterSpec {
-  int rank = 8;
-  double alpha = 16;
-  bool rslora = false;
-  bool bf16 = false;
-  std::vector<int> targets = {0, 1, 2, 3, 4, 5, 6};
-  std::vector<int> layers = {0, 1};
-  uint32_t seed = 1;
-  std::string extra_config;  // appended JSON members
-  std::string extra_tensor;  // a tensor name added as is (load checks)
-  int b_rows_off = 0;        // lora_B rows off by this (load checks)
-};
-
-// [out, in] of projection p of the tiny model.
-std::pair<int64_t, int64_t> shape_of(int p) {
-  const RefDims d;
-  const int64_t H = d.hidden, q = d.heads * d.head_dim, kv = d.kv_heads * d.head_dim, I = d.inter;
-  const std::pair<int64_t, int64_t> shapes[7] = {{q, H}, {kv, H}, {kv, H}, {H, q}, {I, H}, {I, H}, {H, I}};
-  return shapes[p];
-}
-
-void write_adapter(const std::string& dir, const AdapterSpec& s) {
-  std::mt19937 rng(s.seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<RawTensor> ts;
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, float scale) {
-    RawTensor t{name, s.bf16 ? "BF16" : "F32", {rows, cols}, {}};
-    for (int64_t i = 0; i < rows * cols; i++) {
-      const float v = scale * normal(rng);
-      if (s.bf16) {
-        const uint16_t h = f32_to_bf16(v);
-        t.bytes.push_back(uint8_t(h & 0xff));
-        t.bytes.push_back(uint8_t(h >> 8));
-      } else {
-        const uint8_t* b = reinterpret_cast<const uint8_t*>(&v);
-        t.bytes.insert(t.bytes.end(), b, b + 4);
-      }
-    }
-    ts.push_back(std::move(t));
-  };
-  for (int l : s.layers)
-    for (int p : s.targets) {
-      const auto [out, in] = shape_of(p);
-      const std::string base = "base_model.model.model.layers." + std::to_string(l) + "." + kProj[p];
-      matrix(base + ".lora_A.weight", s.rank, in, 1.f / std::sqrt(float(in)));
-      // B is random (PEFT starts it at zero; a trained adapter's is not).
-      matrix(base + ".lora_B.weight", out + s.b_rows_off, s.rank, 0.6f / std::sqrt(float(s.rank)));
-    }
-  if (!s.extra_tensor.empty()) matrix(s.extra_tensor, 4, 4, 1.f);
-  write_safetensors(dir, ts);
-  std::rename((dir + "/model.safetensors").c_str(), (dir + "/adapter_model.safetensors").c_str());
-  std::ofstream(dir + "/adapter_config.json")
-      << "{\"peft_type\":\"LORA\",\"r\":" << s.rank << ",\"lora_alpha\":" << s.alpha
-      << ",\"use_rslora\":" << (s.rslora ? "true" : "false")
-      << ",\"target_modules\":[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\",\"down_proj\"],"
-         "\"bias\":\"none\",\"lora_dropout\":0.0"
-      << s.extra_config << "}";
-}
 
 const std::string& target_dir() {
   static const std::string d = [] {

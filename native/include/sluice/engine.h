@@ -90,7 +90,7 @@ struct EngineOptions {
   // that carry StepPlan::num_next_drafts and drafts for the rows that ask. CPU backend, serial steps.
   std::string eagle3_dir;
   // LoRA adapters in PEFT's layout (issue 36), loaded with the model: adapter i + 1 of
-  // SequenceAdd::adapter is lora_adapters[i]. CPU backend.
+  // SequenceAdd::adapter is lora_adapters[i]. CPU and CUDA backends.
   std::vector<std::string> lora_adapters;
 };
 

@@ -10,7 +10,9 @@
 // step before; with cuda_graphs_at_load every decode bucket up to max_num_seqs is captured at load.
 // Vision-language models (Qwen2-VL's M-RoPE): the rope table reads each token's (t, h, w) rope
 // position from the step inputs (so graphs replay it), and a step's given input rows (images)
-// replace their embeddings; such a step always runs without graphs.
+// replace their embeddings; such a step always runs without graphs. LoRA adapters (lora.h): after
+// each base projection, one shrink/expand pair of launches adds every adapter's low-rank product
+// to its sequences' rows; a step with adapters runs without graphs too (its tables change).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include "cuda/sampling_wide.h"
 #include "cuda/kernels.h"
 #include "cuda/fp8_gemm.h"
+#include "cuda/lora.h"
 #include "cuda/q4_gemm.h"
 #include "engine/backend.h"
 #include "engine/decoder.h"
@@ -51,6 +54,7 @@ constexpr int kMixedBuckets[] = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 constexpr int kMaxAttnSplits = 16;
 constexpr int kMaxQ4GemvTokens = 8;  // q4_gemv's limit
 constexpr int kFp8GateUpChunk = 1024;  // tokens per FP8 gate/up GEMM (the f32 pre-activations' scratch)
+constexpr int kLoraGateUpChunk = 256;  // tokens per gate/up GEMM of a step with LoRA adapters (lora_gu_)
 
 // Engines of this process per device and the fraction of its memory each was given
 // (gpu_memory_utilization): one device is shared only by explicit fractions adding up to <= 1.
@@ -94,6 +98,18 @@ class DeviceShareLease {
   int device_;
   double fraction_;
 };
+
+// Runs f; when it throws kOutOfMemory, the failed allocation's error is cleared first: the CUDA
+// runtime keeps it as the last error (not sticky), which a later launch check must not report.
+template <typename F>
+void clearing_oom(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kOutOfMemory) cudaGetLastError();
+    throw;
+  }
+}
 
 int graph_bucket(int64_t n) {
   for (int b : kGraphBuckets)
@@ -201,6 +217,7 @@ class CudaBackend final : public Backend, private DecoderOps {
   bool verifies_drafts() const override { return !wide_sampler_; }
   void sample_collect(int slot, const SampleOutput& out) override;
   bool sample_ready(int slot) const override;
+  bool applies_lora() const override { return true; }
 
  private:
   // Step inputs live at fixed device offsets so that captured graphs can replay them.
@@ -246,6 +263,17 @@ class CudaBackend final : public Backend, private DecoderOps {
   void experts(int64_t layer, BlockOut out) override;
   void add_normed(int64_t layer, LayerNorm which) override;
   void logits() override;
+  // The base projections of qkv(), attention_out() and mlp(), which add the adapters after them.
+  void project_qkv(int64_t layer);
+  void project_o(int64_t layer, BlockOut out);
+  void project_mlp(int64_t layer, BlockOut out);
+  // LoRA (step_lora_): the launch of `target` in `layer` over the step's rows t0 .. t0 + T - 1
+  // (T < 0: to the end), x and y pointing at row t0's input (E, ld_x) and output (f32, ld_y).
+  cuda::LoraArgs lora_args(int64_t layer, LoraTarget target, const void* x, int64_t ld_x, float* y, int64_t ld_y,
+                           int t0 = 0, int T = -1) const;
+  // Gate and up of rows t0 .. t0 + T - 1 into g: [T, ld_g] f32 interleaved as gate_up_w's rows.
+  void lora_gate_up(int64_t layer, int t0, int T, float* g, int64_t ld_g);
+  void ensure_lora_scratch(int64_t T);
   size_t layer_block_bytes(int64_t block_size) const {
     return 2 * size_t(block_size) * size_t(c_.num_kv_heads * c_.head_dim) * kv_esz_;
   }
@@ -333,6 +361,14 @@ class CudaBackend final : public Backend, private DecoderOps {
   DeviceBuffer fp8_gu_;   // [kFp8GateUpChunk, 2 * inter_pad] f32, gate/up interleaved as gate_up_w
   int64_t fp8_ld_ = 0;          // max over the FP8 projections' K, rounded up to 32
   int64_t fp8_scale_cols_ = 1;  // ceil(that K / 128) with block scales, else 1
+  // LoRA: the step's slots and tables (set by forward() for an eager step whose rows use some
+  // adapter), the shrink's output and, for dense MLPs not in FP8, gate/up before the activation
+  // (the fused GEMM epilogue cannot take the adapters' additions); allocated on first use.
+  cuda::LoraSteps lora_;
+  bool step_lora_ = false;
+  DeviceBuffer lora_tmp_;  // [lora_tmp_rows_, kMaxLoraRank] f32
+  int64_t lora_tmp_rows_ = 0;
+  DeviceBuffer lora_gu_;   // [kLoraGateUpChunk, 2 * inter_pad] f32, gate/up interleaved as gate_up_w
   std::unique_ptr<cuda::CublasLt> lt_;  // when options.cuda_gemm picked cuBLASLt
   DeviceBuffer lt_workspace_, lt_scratch_;
   size_t attn_part_capacity_ = 0;  // floats of attn_part_acc_
@@ -530,7 +566,8 @@ size_t CudaBackend::device_bytes() const {
   size_t n = w_.bytes + kv_.bytes() + gemm_partials_.bytes() + gemm_tickets_.bytes() + step_dev_.bytes() +
              lt_workspace_.bytes() + lt_scratch_.bytes() + device_token_buf_.bytes() + q4_qkv_w_.bytes() +
              q4_o_w_.bytes() + q4_gate_up_w_.bytes() + q4_down_w_.bytes() + q4_gate_.bytes() + q4_up_.bytes() +
-             fp8_x_.bytes() + fp8_xs_.bytes() + fp8_gu_.bytes();
+             fp8_x_.bytes() + fp8_xs_.bytes() + fp8_gu_.bytes() + lora_tmp_.bytes() + lora_gu_.bytes() +
+             lora_.device_bytes();
   for (const DeviceBuffer* b :
        {&x_, &xn_, &qkv_, &q_, &attn_, &h_, &cos_sin_, &last_, &logits_, &attn_part_acc_, &attn_part_ml_, &sample_params_,
         &sample_out_, &sample_stats_, &token_masks_, &y_, &cos_sin_local_, &router_logits_, &route_ids_, &route_w_,
@@ -965,9 +1002,20 @@ void CudaBackend::fp8_project(const cuda::DeviceFp8& w, int t0, int T, int64_t N
   cuda::fp8_gemm(a, stream_);
 }
 
+// The adapters add to qkv_'s q | k | v columns after the base projection.
+void CudaBackend::qkv(int64_t layer) {
+  project_qkv(layer);
+  if (!step_lora_) return;
+  const int64_t q = c_.num_heads * c_.head_dim, kv = c_.num_kv_heads * c_.head_dim;
+  float* y = qkv_.get<float>();
+  cuda::lora_add(lora_args(layer, LoraTarget::kQ, xn_.get(), w_.ld_h, y, w_.qkv_rows), e_, stream_);
+  cuda::lora_add(lora_args(layer, LoraTarget::kK, xn_.get(), w_.ld_h, y + q, w_.qkv_rows), e_, stream_);
+  cuda::lora_add(lora_args(layer, LoraTarget::kV, xn_.get(), w_.ld_h, y + q + kv, w_.qkv_rows), e_, stream_);
+}
+
 // Q4 layers: three GEMVs into qkv_'s q | k | v columns (1..8 tokens), else q, k and v dequantized
 // into the fused matrix's rows and the GEMM. FP8 layers: x quantized, one FP8 GEMM.
-void CudaBackend::qkv(int64_t layer) {
+void CudaBackend::project_qkv(int64_t layer) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
   if (L.fp8_attn) {
     fp8_quantize(xn_.get(), w_.ld_h, c_.hidden_size);
@@ -1068,9 +1116,17 @@ void CudaBackend::attention_now(int64_t layer) {
   else cuda::paged_attention(aa, e_, stream_);
 }
 
+// The adapters add into the same output as the base projection (their sum is the block's output).
+void CudaBackend::attention_out(int64_t layer, BlockOut out) {
+  project_o(layer, out);
+  if (!step_lora_) return;
+  float* y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
+  cuda::lora_add(lora_args(layer, LoraTarget::kO, attn_.get(), w_.ld_attn, y, c_.hidden_size), e_, stream_);
+}
+
 // The o projection's GEMM adds into the residual stream in its epilogue (or stores into y for a
 // sandwich norm).
-void CudaBackend::attention_out(int64_t layer, BlockOut out) {
+void CudaBackend::project_o(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
   if (L.fp8_attn) {
     const bool to_y = out == BlockOut::kToY;
@@ -1099,12 +1155,23 @@ void CudaBackend::attention_out(int64_t layer, BlockOut out) {
   cuda::gemm(g, e_, step_ws_, stream_);
 }
 
+// The adapters of gate and up add to their f32 outputs before the gated activation (project_mlp),
+// down's into the block's output after the base projection.
+void CudaBackend::mlp(int64_t layer, BlockOut out) {
+  project_mlp(layer, out);
+  if (!step_lora_) return;
+  float* y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
+  cuda::lora_add(lora_args(layer, LoraTarget::kDown, h_.get(), w_.inter_pad, y, c_.hidden_size), e_, stream_);
+}
+
 // gate/up in one GEMM whose epilogue applies the family's gated activation; down adds into the
 // residual stream (or stores into y). Q4 layers: for 1..8 tokens a GEMV each for gate and up, the
 // gated activation, and a GEMV for down; else the matrices dequantized and the same GEMMs. FP8
 // layers: x quantized, the gate/up FP8 GEMM into f32 and the gated activation (in chunks of
-// kFp8GateUpChunk tokens), h quantized and the down FP8 GEMM.
-void CudaBackend::mlp(int64_t layer, BlockOut out) {
+// kFp8GateUpChunk tokens), h quantized and the down FP8 GEMM. A step with adapters stores gate/up
+// in f32 (the FP8 path's, the Q4 GEMVs', else lora_gu_ in chunks of kLoraGateUpChunk tokens), adds
+// theirs, then runs the gated activation.
+void CudaBackend::project_mlp(int64_t layer, BlockOut out) {
   const cuda::DeviceLayer& L = w_.layers[size_t(layer)];
   if (L.fp8_mlp) {
     const bool to_y = out == BlockOut::kToY;
@@ -1113,6 +1180,7 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
     for (int t0 = 0; t0 < step_T_; t0 += kFp8GateUpChunk) {
       const int T = std::min(kFp8GateUpChunk, step_T_ - t0);
       fp8_project(L.fp8_gate_up, t0, T, N, H, nullptr, fp8_gu_.get<float>(), N, false);
+      if (step_lora_) lora_gate_up(layer, t0, T, fp8_gu_.get<float>(), N);
       cuda::gated_mul_interleaved(fp8_gu_.get<float>(), T, int(N), L.gate_up_b.get<float>(), gate_act(c_.activation),
                                   float(c_.swiglu_limit), h_.get<uint8_t>() + size_t(t0) * size_t(w_.inter_pad) * esz_,
                                   int(w_.inter_pad), e_, stream_);
@@ -1130,6 +1198,12 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
       q4_project(L.q4_gate, xn_.get(), w_.ld_h, L.gate_b.get<float>(), q4_gate_.get(), w_.inter_pad,
                  cuda::Q4Out::kStoreF32);
       q4_project(L.q4_up, xn_.get(), w_.ld_h, L.up_b.get<float>(), q4_up_.get(), w_.inter_pad, cuda::Q4Out::kStoreF32);
+      if (step_lora_) {
+        cuda::lora_add(lora_args(layer, LoraTarget::kGate, xn_.get(), w_.ld_h, q4_gate_.get<float>(), w_.inter_pad), e_,
+                       stream_);
+        cuda::lora_add(lora_args(layer, LoraTarget::kUp, xn_.get(), w_.ld_h, q4_up_.get<float>(), w_.inter_pad), e_,
+                       stream_);
+      }
       cuda::gated_mul(q4_gate_.get<float>(), q4_up_.get<float>(), step_T_, int(c_.intermediate_size), int(w_.inter_pad),
                       gate_act(c_.activation), float(c_.swiglu_limit), h_.get(), int(w_.inter_pad), e_, stream_);
       q4_project(L.q4_down, h_.get(), w_.inter_pad, L.down_b.get<float>(), to_y ? y_.get<float>() : x_.get<float>(),
@@ -1144,12 +1218,29 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
   }
   cuda::GemmArgs g = projection(xn_.get(), w_.ld_h, gate_up_w, w_.ld_h, L.gate_up_b.get<float>(),
                                 step_T_, 2 * w_.inter_pad, c_.hidden_size);
-  g.epilogue = cuda::Epilogue::kGatedMul;
-  g.act = gate_act(c_.activation);
-  g.act_limit = float(c_.swiglu_limit);
-  g.h = h_.get();
-  g.ld_h = int(w_.inter_pad);
-  cuda::gemm(g, e_, step_ws_, stream_);
+  if (step_lora_) {
+    const int64_t N = 2 * w_.inter_pad;
+    for (int t0 = 0; t0 < step_T_; t0 += kLoraGateUpChunk) {
+      const int T = std::min(kLoraGateUpChunk, step_T_ - t0);
+      cuda::GemmArgs chunk = projection(xn_.get<uint8_t>() + size_t(t0) * size_t(w_.ld_h) * esz_, w_.ld_h, gate_up_w,
+                                        w_.ld_h, nullptr, T, N, c_.hidden_size);
+      chunk.epilogue = cuda::Epilogue::kStore;
+      chunk.y = lora_gu_.get<float>();
+      chunk.ld_y = int(N);
+      cuda::gemm(chunk, e_, step_ws_, stream_);
+      lora_gate_up(layer, t0, T, lora_gu_.get<float>(), N);
+      cuda::gated_mul_interleaved(lora_gu_.get<float>(), T, int(N), L.gate_up_b.get<float>(), gate_act(c_.activation),
+                                  float(c_.swiglu_limit), h_.get<uint8_t>() + size_t(t0) * size_t(w_.inter_pad) * esz_,
+                                  int(w_.inter_pad), e_, stream_);
+    }
+  } else {
+    g.epilogue = cuda::Epilogue::kGatedMul;
+    g.act = gate_act(c_.activation);
+    g.act_limit = float(c_.swiglu_limit);
+    g.h = h_.get();
+    g.ld_h = int(w_.inter_pad);
+    cuda::gemm(g, e_, step_ws_, stream_);
+  }
 
   g.x = h_.get();
   g.ld_x = int(w_.inter_pad);
@@ -1162,6 +1253,60 @@ void CudaBackend::mlp(int64_t layer, BlockOut out) {
   g.y = out == BlockOut::kToY ? y_.get<float>() : x_.get<float>();
   g.ld_y = int(c_.hidden_size);
   cuda::gemm(g, e_, step_ws_, stream_);
+}
+
+cuda::LoraArgs CudaBackend::lora_args(int64_t layer, LoraTarget target, const void* x, int64_t ld_x, float* y,
+                                      int64_t ld_y, int t0, int T) const {
+  const int64_t H = c_.hidden_size, q = c_.num_heads * c_.head_dim, kv = c_.num_kv_heads * c_.head_dim,
+                I = c_.intermediate_size;
+  int64_t in = H, out = H;  // as LoraAdapter's shapes: [out, r] x [r, in]
+  switch (target) {
+    case LoraTarget::kQ: out = q; break;
+    case LoraTarget::kK:
+    case LoraTarget::kV: out = kv; break;
+    case LoraTarget::kO: in = q; break;
+    case LoraTarget::kGate:
+    case LoraTarget::kUp: out = I; break;
+    case LoraTarget::kDown: in = I; break;
+  }
+  cuda::LoraArgs a;
+  a.slots = lora_.slots() + t0;
+  a.tables = lora_.tables();
+  a.entry = int(layer * kNumLoraTargets + int64_t(target));
+  a.T = T < 0 ? step_T_ - t0 : T;
+  a.x = x;
+  a.ld_x = int(ld_x);
+  a.in = int(in);
+  a.tmp = lora_tmp_.get<float>();
+  a.y = y;
+  a.ld_y = int(ld_y);
+  a.out = int(out);
+  return a;
+}
+
+void CudaBackend::lora_gate_up(int64_t layer, int t0, int T, float* g, int64_t ld_g) {
+  const void* x = xn_.get<uint8_t>() + size_t(t0) * size_t(w_.ld_h) * esz_;
+  for (const LoraTarget target : {LoraTarget::kGate, LoraTarget::kUp}) {
+    cuda::LoraArgs a = lora_args(layer, target, x, w_.ld_h, g, ld_g, t0, T);
+    a.col0 = target == LoraTarget::kGate ? 0 : 8;  // 16-column groups [gate 8 | up 8]
+    a.group = 8;
+    a.group_stride = 16;
+    cuda::lora_add(a, e_, stream_);
+  }
+}
+
+// The scratch of an eager step of T <= cap_tokens_ tokens with adapters.
+void CudaBackend::ensure_lora_scratch(int64_t T) {
+  if (lora_tmp_rows_ < T) {
+    lora_tmp_rows_ = 0;
+    lora_tmp_.allocate(size_t(cap_tokens_) * size_t(kMaxLoraRank) * 4, stream_);
+    lora_tmp_rows_ = cap_tokens_;
+  }
+  bool fused_gate_up = false;  // some dense layer's gate/up GEMM would fuse the activation
+  for (int64_t l = 0; l < c_.num_layers; l++)
+    fused_gate_up = fused_gate_up || (!c_.is_sparse(l) && !w_.layers[size_t(l)].fp8_mlp);
+  if (fused_gate_up && !lora_gu_.bytes())
+    lora_gu_.allocate(size_t(kLoraGateUpChunk) * size_t(2 * w_.inter_pad) * 4, stream_);
 }
 
 // Router GEMM, top-k routing, the routes grouped by expert on the device (moe_plan), the grouped
@@ -1394,9 +1539,14 @@ void CudaBackend::forward(const ForwardBatch& b) {
     }
   }
 
+  // LoRA: the step's row slots and adapter tables (lora_), read by the step's launches; such a step
+  // runs eagerly: a graph would hold the launches of one step's adapters.
+  step_lora_ = false;
+  if (b.seq_adapters) clearing_oom([&] { step_lora_ = lora_.prepare(b, device_, stream_); });
+
   // A pure decode step (one token per sequence, every one sampling) replays a graph; not one whose
   // tokens attend past their positions (its attention differs from the captured one).
-  const int bucket = graphs_enabled_ && !embeds && !step_last_ && T == S && R == T ? graph_bucket(T) : 0;
+  const int bucket = graphs_enabled_ && !embeds && !step_lora_ && !step_last_ && T == S && R == T ? graph_bucket(T) : 0;
   if (bucket) {
     ensure_capacity(bucket, bucket, bucket + 1, width);
     upload_step(b, bucket, bucket, width);
@@ -1418,7 +1568,7 @@ void CudaBackend::forward(const ForwardBatch& b) {
   // A step with prefill chunks, with cuda_mixed_graphs: padded to its token bucket (within the
   // activations sized at load, so that no step reallocates and drops the graphs), its pieces
   // replayed around eager attention; the first step of a bucket captures them as it computes.
-  const int mixed = mixed_graphs_enabled_ && !embeds && T > S ? mixed_bucket(T) : 0;
+  const int mixed = mixed_graphs_enabled_ && !embeds && !step_lora_ && T > S ? mixed_bucket(T) : 0;
   if (mixed && mixed <= cap_tokens_) {
     ensure_capacity(mixed, R, S + 1, width);
     upload_step(b, mixed, R, width);
@@ -1438,10 +1588,12 @@ void CudaBackend::forward(const ForwardBatch& b) {
     return;
   }
   ensure_capacity(T, R, S, width);
+  if (step_lora_) clearing_oom([&] { ensure_lora_scratch(T); });
   upload_step(b, T, R, width);
   if (embeds) upload_embeds(b);
   run_layers(T, R, choose_attn_splits(T, max_ctx));
   step_embeds_ = 0;
+  step_lora_ = false;
 }
 
 void CudaBackend::sample(const SampleRow* rows, int64_t R, const SampleOutput& out) {

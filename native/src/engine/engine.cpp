@@ -169,8 +169,8 @@ class EngineImpl final : public Engine {
     if (!opts.eagle3_dir.empty()) load_eagle3(num_blocks * bs);
     if (!opts.lora_adapters.empty()) {
       if (!backend_->applies_lora())
-        throw Error(ErrorCode::kInvalidArgument, "LoRA adapters are served by the cpu backend (the " + backend_->name() +
-                                                     " backend does not apply them yet)");
+        throw Error(ErrorCode::kInvalidArgument,
+                    "the " + backend_->name() + " backend does not apply LoRA adapters (the cpu and cuda backends do)");
       if (opts.lora_adapters.size() > kMaxAdapters)
         throw Error(ErrorCode::kInvalidArgument, "at most " + std::to_string(kMaxAdapters) + " LoRA adapters per engine");
       for (const std::string& dir : opts.lora_adapters) install_adapter(std::make_shared<const LoraAdapter>(dir, config_));
@@ -181,8 +181,8 @@ class EngineImpl final : public Engine {
     check_in_service();
     if (!adapter) throw Error(ErrorCode::kInvalidArgument, "install_adapter: no adapter");
     if (!backend_->applies_lora())
-      throw Error(ErrorCode::kInvalidArgument, "LoRA adapters are served by the cpu backend (the " + backend_->name() +
-                                                   " backend does not apply them yet)");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the " + backend_->name() + " backend does not apply LoRA adapters (the cpu and cuda backends do)");
     // Its blocks are hashed under a key of its own: never shared with another adapter or the base.
     const uint64_t key = fnv1a64(std::to_string(model_key_) + "\nlora " + std::to_string(adapter->content_key()));
     // A retired slot is taken again (its sequences hold their adapter themselves).

@@ -154,4 +154,13 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& c) {
   content_key_ = hash;
 }
 
+std::shared_ptr<void> LoraAdapter::device_copy(int device, const std::function<std::shared_ptr<void>()>& make) const {
+  std::lock_guard<std::mutex> lock(copies_mu_);
+  for (const auto& [d, copy] : copies_)
+    if (d == device) return copy;
+  std::shared_ptr<void> copy = make();
+  copies_.emplace_back(device, copy);
+  return copy;
+}
+
 }  // namespace sluice

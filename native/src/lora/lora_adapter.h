@@ -7,7 +7,11 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sluice/model_config.h"
@@ -38,6 +42,13 @@ class LoraAdapter {
   uint64_t content_key() const { return content_key_; }
   size_t bytes() const { return bytes_; }
   const LoraPair& pair(int64_t layer, LoraTarget t) const { return layers_[size_t(layer)][size_t(t)]; }
+  int64_t num_layers() const { return int64_t(layers_.size()); }
+
+  // The CUDA backend's copy of the matrices on CUDA device `device`: made by `make` on the first
+  // step that uses the adapter there, then shared by every engine on that device, and released
+  // with the adapter, when its last holder lets go (the engine's table, the sequences using it).
+  // Thread-safe. The adapter never looks inside: the deleter `make` gave frees the memory.
+  std::shared_ptr<void> device_copy(int device, const std::function<std::shared_ptr<void>()>& make) const;
 
  private:
   int64_t rank_ = 0;
@@ -45,6 +56,8 @@ class LoraAdapter {
   uint64_t content_key_ = 0;
   size_t bytes_ = 0;
   std::vector<std::array<LoraPair, kNumLoraTargets>> layers_;
+  mutable std::mutex copies_mu_;
+  mutable std::vector<std::pair<int, std::shared_ptr<void>>> copies_;  // (device, copy)
 };
 
 }  // namespace sluice
