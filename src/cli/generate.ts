@@ -42,7 +42,7 @@ demo model in $SLUICE_HOME/models/tiny (default ~/.cache/sluice), making it on f
   --num-speculative-tokens K
                        drafts a step verifies at most (1..16, default 4)
   --lora DIR           run the request with this LoRA adapter (PEFT layout: adapter_config.json,
-                       adapter_model.safetensors) on the model; CPU backend
+                       adapter_model.safetensors) on the model; CPU or CUDA backend
 `;
 
 const DEFAULT_MAX_TOKENS = 256;

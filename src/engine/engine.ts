@@ -147,7 +147,7 @@ export interface EngineLoadOptions {
    */
   speculative?: SpeculativeOptions;
   /**
-   * LoRA adapters in PEFT's layout (issue 36), by name: loaded beside the model (CPU backend) and
+   * LoRA adapters in PEFT's layout (issue 36), by name: loaded beside the model (CPU and CUDA backends) and
    * chosen per request (GenerateRequest.adapter). Sequences of many adapters and of the base model
    * share every step; their prefix-cache blocks are never shared. At most 256.
    */

@@ -63,7 +63,7 @@ export interface NativeLoadOptions {
    * (NativeStepPlan.numNextDrafts). CPU backend only.
    */
   eagle3Dir?: string;
-  /** LoRA adapters in PEFT's layout (issue 36); NativeSequenceAdd.adapter i + 1 is loraAdapters[i]. CPU backend. */
+  /** LoRA adapters in PEFT's layout (issue 36); NativeSequenceAdd.adapter i + 1 is loraAdapters[i]. CPU and CUDA backends. */
   loraAdapters?: string[];
 }
 
