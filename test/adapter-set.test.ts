@@ -119,6 +119,38 @@ describe('AdapterSet under a memory budget', () => {
     lease.release();
   });
 
+  it('drains the least held busy adapter while a load waits: requests kept coming cannot keep another adapter out', async () => {
+    const native = new RecordingNative();
+    const set = new AdapterSet(native, 700);
+    await set.add('a', adapterDir('a-r4', 4));
+    await set.add('b', adapterDir('b-r4', 4));
+    await set.add('c', adapterDir('c-r4', 4));  // a retired
+    // b has one request, c two: a load of a waits, and b (the fewest) takes no new request meanwhile.
+    const b1 = set.tryAcquire('b')!;
+    const c1 = set.tryAcquire('c')!, c2 = set.tryAcquire('c')!;
+    const loadA = set.acquire('a');
+    await new Promise((r) => setTimeout(r, 10));
+    expect(set.tryAcquire('b')).toBeUndefined();
+    const c3 = set.tryAcquire('c')!;  // c is not draining
+    expect(c3).toBeDefined();
+    // A request for b queues behind a's load; b's own request ending lets a in.
+    const laterB = set.acquire('b');
+    b1.release();
+    const a = await loadA;
+    expect(native.resident.get(a.id)).toMatch(/a-r4$/);
+    expect(native.log.slice(-2)).toEqual(['retire b-r4', 'load a-r4']);
+    // b's queued request now waits for room in turn (a and c busy) and drains the least held of them.
+    await new Promise((r) => setTimeout(r, 10));
+    expect(set.tryAcquire('a')).toBeUndefined();
+    a.release();
+    const b = await laterB;
+    expect(native.resident.get(b.id)).toMatch(/b-r4$/);
+    for (const l of [b, c1, c2, c3]) l.release();
+    // Nothing is left draining.
+    set.tryAcquire('c')!.release();
+    set.tryAcquire('b')!.release();
+  });
+
   it('refuses an adapter larger than the whole budget', async () => {
     const set = new AdapterSet(new RecordingNative(), 700);
     await expect(set.add('big', adapterDir('big-r16', 16))).rejects.toMatchObject({ code: 'invalid_argument', param: 'dir' });

@@ -2,7 +2,9 @@
 // in the native engine, whose f32 weights stay within a memory budget. A request naming an adapter
 // that is not resident loads it, first retiring the least recently used idle adapters (no request
 // of theirs accepted and not ended) until it fits; while every resident adapter is busy it waits
-// for one to go idle. Loads and retirements run one at a time, in the engine's turn among steps.
+// for one to go idle, and the busy one with the fewest requests drains meanwhile: new requests for it
+// queue behind the load instead of joining it, so that no tenant keeping its adapters busy can keep
+// another's out forever. Loads and retirements run one at a time, in the engine's turn among steps.
 
 import { open } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -51,6 +53,8 @@ interface Entry {
   holds: number;
   lastUsed: number;
   removed: boolean;
+  /** A load waits for it to go idle: new requests wait for the lock instead of holding it. */
+  draining: boolean;
 }
 
 export class AdapterSet {
@@ -71,7 +75,7 @@ export class AdapterSet {
 
   /** An adapter the engine loaded with itself (resident from the start). */
   adopt(name: string, dir: string, loaded: { id: number; rank: number; bytes: number }): void {
-    this.entries.set(name, { name, dir, rank: loaded.rank, bytes: loaded.bytes, id: loaded.id, holds: 0, lastUsed: ++this.clock, removed: false });
+    this.entries.set(name, { name, dir, rank: loaded.rank, bytes: loaded.bytes, id: loaded.id, holds: 0, lastUsed: ++this.clock, removed: false, draining: false });
     this.residentBytes += loaded.bytes;
     this.loads++;
   }
@@ -91,7 +95,7 @@ export class AdapterSet {
     const native = this.requireNative();
     const declared = await declaredAdapterBytes(dir);
     if (declared > this.budgetBytes) throw this.tooLarge(declared);
-    const entry: Entry = { name, dir, rank: 0, bytes: declared, id: undefined, holds: 0, lastUsed: ++this.clock, removed: false };
+    const entry: Entry = { name, dir, rank: 0, bytes: declared, id: undefined, holds: 0, lastUsed: ++this.clock, removed: false, draining: false };
     this.entries.set(name, entry);
     try {
       await this.exclusive(async () => {
@@ -115,14 +119,14 @@ export class AdapterSet {
    */
   tryAcquire(name: string): AdapterLease | undefined {
     const entry = this.known(name);
-    return entry.id === undefined ? undefined : this.hold(entry);
+    return entry.id === undefined || entry.draining ? undefined : this.hold(entry);
   }
 
   /** Holds an adapter for a request, loading it when it is not resident (see the module comment). */
   async acquire(name: string, signal?: AbortSignal): Promise<AdapterLease> {
     for (;;) {
       const entry = this.known(name);
-      if (entry.id !== undefined) return this.hold(entry);
+      if (entry.id !== undefined && !entry.draining) return this.hold(entry);
       const native = this.requireNative();
       const lease = await this.exclusive(async () => {
         if (entry.removed) return undefined;
@@ -220,6 +224,7 @@ export class AdapterSet {
     const id = entry.id!;
     // Not resident from here on: a request finds it missing and waits for the lock to load it again.
     entry.id = undefined;
+    entry.draining = false;
     try {
       await this.native!.retire(id);
     } finally {
@@ -227,28 +232,40 @@ export class AdapterSet {
     }
   }
 
-  /** Retires idle adapters, least recently used first, until `bytes` more fit (called holding the lock). */
+  /**
+   * Retires idle adapters, least recently used first, until `bytes` more fit (called holding the
+   * lock). While none is idle, the busy one with the fewest requests drains until it is.
+   */
   private async makeRoom(bytes: number, signal: AbortSignal | undefined): Promise<void> {
-    while (this.residentBytes + bytes > this.budgetBytes) {
-      signal?.throwIfAborted();
-      let victim: Entry | undefined;
-      for (const e of this.entries.values()) {
-        if (e.id !== undefined && e.holds === 0 && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
-      }
-      if (victim) {
-        await this.retire(victim);
-        this.evictions++;
-        continue;
-      }
-      // Every resident adapter has requests running: wait for one to finish.
-      await new Promise<void>((resolve, reject) => {
-        const onAbort = () => reject(signal!.reason);
-        signal?.addEventListener('abort', onAbort, { once: true });
-        this.idleWaiters.push(() => {
-          signal?.removeEventListener('abort', onAbort);
-          resolve();
+    try {
+      while (this.residentBytes + bytes > this.budgetBytes) {
+        signal?.throwIfAborted();
+        let victim: Entry | undefined;
+        for (const e of this.entries.values()) {
+          if (e.id !== undefined && e.holds === 0 && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
+        }
+        if (victim) {
+          await this.retire(victim);
+          this.evictions++;
+          continue;
+        }
+        let drain: Entry | undefined;
+        for (const e of this.entries.values()) {
+          if (e.id !== undefined && (!drain || e.holds < drain.holds || (e.holds === drain.holds && e.lastUsed < drain.lastUsed))) drain = e;
+        }
+        if (drain) drain.draining = true;
+        // Every resident adapter has requests running: wait for one to finish.
+        await new Promise<void>((resolve, reject) => {
+          const onAbort = () => reject(signal!.reason);
+          signal?.addEventListener('abort', onAbort, { once: true });
+          this.idleWaiters.push(() => {
+            signal?.removeEventListener('abort', onAbort);
+            resolve();
+          });
         });
-      });
+      }
+    } finally {
+      for (const e of this.entries.values()) e.draining = false;
     }
   }
 
