@@ -151,6 +151,19 @@ describe('AdapterSet under a memory budget', () => {
     set.tryAcquire('b')!.release();
   });
 
+  it('keeps at most 256 adapters resident (the engine\'s slots), budget or not, and knows at most 4096', async () => {
+    const native = new RecordingNative();
+    const set = new AdapterSet(native);
+    const dir = adapterDir('same-r1', 1);
+    for (let i = 0; i < 257; i++) await set.add(`n${i}`, dir);
+    expect(set.stats()).toMatchObject({ known: 257, resident: 256, evictions: 1 });
+    expect(native.resident.size).toBe(256);
+    expect(set.list()[0]).toMatchObject({ name: 'n0', resident: false });
+    for (let i = 257; i < 4096; i++) await set.add(`n${i}`, dir);
+    await expect(set.add('one-more', dir)).rejects.toThrow(/at most 4096/);
+    expect(native.resident.size).toBe(256);
+  }, 30_000);
+
   it('refuses an adapter larger than the whole budget', async () => {
     const set = new AdapterSet(new RecordingNative(), 700);
     await expect(set.add('big', adapterDir('big-r16', 16))).rejects.toMatchObject({ code: 'invalid_argument', param: 'dir' });

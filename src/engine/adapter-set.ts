@@ -57,9 +57,16 @@ interface Entry {
   draining: boolean;
 }
 
+/** The native engine holds at most this many adapters at once (engine.cpp kMaxAdapters). */
+export const MAX_RESIDENT_ADAPTERS = 256;
+/** Adapters one engine knows (resident or not). */
+export const MAX_KNOWN_ADAPTERS = 4096;
+
 export class AdapterSet {
   private readonly entries = new Map<string, Entry>();
   private residentBytes = 0;
+  /** Adapters in the native engine, removed ones still draining included (as in residentBytes). */
+  private residentCount = 0;
   private clock = 0;
   private loads = 0;
   private evictions = 0;
@@ -77,6 +84,7 @@ export class AdapterSet {
   adopt(name: string, dir: string, loaded: { id: number; rank: number; bytes: number }): void {
     this.entries.set(name, { name, dir, rank: loaded.rank, bytes: loaded.bytes, id: loaded.id, holds: 0, lastUsed: ++this.clock, removed: false, draining: false });
     this.residentBytes += loaded.bytes;
+    this.residentCount++;
     this.loads++;
   }
 
@@ -91,6 +99,9 @@ export class AdapterSet {
   async add(name: string, dir: string): Promise<AdapterStatus> {
     if (this.entries.has(name)) {
       throw new SluiceError('invalid_argument', `a LoRA adapter named ${JSON.stringify(name)} is loaded already`, { param: 'name' });
+    }
+    if (this.entries.size >= MAX_KNOWN_ADAPTERS) {
+      throw new SluiceError('invalid_argument', `an engine serves at most ${MAX_KNOWN_ADAPTERS} LoRA adapters`, { param: 'name' });
     }
     const native = this.requireNative();
     const declared = await declaredAdapterBytes(dir);
@@ -162,10 +173,8 @@ export class AdapterSet {
   }
 
   stats(): AdapterSetStats {
-    let resident = 0;
-    for (const e of this.entries.values()) if (e.id !== undefined) resident++;
     return {
-      known: this.entries.size, resident, residentBytes: this.residentBytes, budgetBytes: this.budgetBytes,
+      known: this.entries.size, resident: this.residentCount, residentBytes: this.residentBytes, budgetBytes: this.budgetBytes,
       loads: this.loads, evictions: this.evictions,
     };
   }
@@ -217,6 +226,7 @@ export class AdapterSet {
     entry.rank = loaded.rank;
     entry.bytes = loaded.bytes;
     this.residentBytes += loaded.bytes;
+    this.residentCount++;
     this.loads++;
   }
 
@@ -229,6 +239,7 @@ export class AdapterSet {
       await this.native!.retire(id);
     } finally {
       this.residentBytes -= entry.bytes;
+      this.residentCount--;
     }
   }
 
@@ -238,7 +249,7 @@ export class AdapterSet {
    */
   private async makeRoom(bytes: number, signal: AbortSignal | undefined): Promise<void> {
     try {
-      while (this.residentBytes + bytes > this.budgetBytes) {
+      while (this.residentBytes + bytes > this.budgetBytes || this.residentCount >= MAX_RESIDENT_ADAPTERS) {
         signal?.throwIfAborted();
         let victim: Entry | undefined;
         for (const e of this.entries.values()) {

@@ -33,7 +33,7 @@ import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
 import { type SpeculationStats, type SpeculativeOptions, Speculator, speculativeOptions } from '../scheduler/speculator.js';
 import { DraftModelSpeculator } from '../scheduler/draft-speculator.js';
-import { AdapterSet, type AdapterSetStats, type AdapterStatus } from './adapter-set.js';
+import { AdapterSet, MAX_KNOWN_ADAPTERS, MAX_RESIDENT_ADAPTERS, type AdapterSetStats, type AdapterStatus } from './adapter-set.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -149,7 +149,8 @@ export interface EngineLoadOptions {
   /**
    * LoRA adapters in PEFT's layout (issue 36), by name: loaded beside the model (CPU and CUDA backends) and
    * chosen per request (GenerateRequest.adapter). Sequences of many adapters and of the base model
-   * share every step; their prefix-cache blocks are never shared. At most 256.
+   * share every step; their prefix-cache blocks are never shared. At most 256 (4096 with
+   * loraMemoryBytes, at most 256 of them resident at once).
    */
   loraAdapters?: Record<string, string>;
   /**
@@ -297,8 +298,9 @@ export class Engine {
     const tokenizer = await SluiceTokenizer.load(modelDir);
     const onMessage = opts.onMessage ?? ((message: string) => process.stderr.write(`sluice: ${message}\n`));
     const limitsFor = (backend: BackendName) => batchLimits(backend, opts);
-    const adapterNames = loraAdapterNames(opts.loraAdapters);
     const loraMemoryBytes = loraBudget(opts);
+    // Without a budget every adapter is resident: at most the engine's slots.
+    const adapterNames = loraAdapterNames(opts.loraAdapters, loraMemoryBytes === undefined ? MAX_RESIDENT_ADAPTERS : MAX_KNOWN_ADAPTERS);
     // With a budget, adapters are added after the load, each within it; without, loaded with the engine.
     const adaptersAtLoad = loraMemoryBytes === undefined ? adapterNames : [];
     const maxNumSeqs = limitsFor('cpu').maxNumSeqs;
@@ -822,14 +824,17 @@ function loraBudget(opts: EngineLoadOptions): number | undefined {
   return budget;
 }
 
-/** The LoRA adapters' names, checked (at most 256, each naming a directory string). */
-function loraAdapterNames(adapters: Record<string, string> | undefined): string[] {
+/** The LoRA adapters' names, checked (at most `max`, each naming a directory string). */
+function loraAdapterNames(adapters: Record<string, string> | undefined, max = MAX_KNOWN_ADAPTERS): string[] {
   if (adapters === undefined) return [];
   if (typeof adapters !== 'object' || adapters === null || Array.isArray(adapters)) {
     throw new SluiceError('invalid_argument', 'loraAdapters must map adapter names to directories', { param: 'loraAdapters' });
   }
   const names = Object.keys(adapters);
-  if (names.length > 256) throw new SluiceError('invalid_argument', `at most 256 LoRA adapters, got ${names.length}`, { param: 'loraAdapters' });
+  if (names.length > max) {
+    throw new SluiceError('invalid_argument', `at most ${max} LoRA adapters${max === MAX_RESIDENT_ADAPTERS ? ' without loraMemoryBytes' : ''}, got ${names.length}`,
+      { param: 'loraAdapters' });
+  }
   for (const name of names) {
     if (name === '' || name.length > 256 || typeof adapters[name] !== 'string' || adapters[name] === '') {
       throw new SluiceError('invalid_argument', `loraAdapters.${name}: a name of 1..256 characters and a directory`, { param: 'loraAdapters' });
