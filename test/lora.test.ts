@@ -158,3 +158,28 @@ describe.skipIf(!nativeAvailable())('LoRA adapters loaded and unloaded while ser
     }
   });
 });
+
+describe.skipIf(!nativeAvailable())('LoRA adapters with a draft model', () => {
+  it('leaves the adapters to the target: a draft of other shapes drafts as its base model, output unchanged', async () => {
+    const dir = join(root, 'spec-target');
+    const draftDir = join(root, 'spec-draft');
+    await makeModel({ preset: 'test-llama', out: dir, dtype: 'f32' });
+    // One layer fewer: the target's adapter names a layer the draft does not have.
+    await makeModel({ preset: 'test-llama', out: draftDir, dtype: 'f32', overrides: { numLayers: 1 }, seed: 5 });
+    const adapterDir = join(root, 'spec-adapter');
+    await writeLoraAdapter(dir, adapterDir, { rank: 8, seed: 13 });
+    const base = { model: dir, backend: 'cpu' as const, threads: 2, kvCacheBytes: 8 << 20, loraAdapters: { x: adapterDir } };
+    const plain = await Engine.load(base);
+    const spec = await Engine.load({ ...base, speculative: { method: 'draft', draftModel: draftDir, numSpeculativeTokens: 3 } });
+    try {
+      for (const prompt of PROMPTS) {
+        const ask = (e: Engine) => e.generate({ prompt, maxTokens: 16, temperature: 0, adapter: 'x' });
+        expect((await ask(spec)).tokenIds).toEqual((await ask(plain)).tokenIds);
+      }
+      expect(spec.schedulerStats().speculation!.numDraftTokens).toBeGreaterThan(0);
+    } finally {
+      await spec.dispose();
+      await plain.dispose();
+    }
+  });
+});

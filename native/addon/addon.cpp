@@ -674,6 +674,11 @@ Napi::Value LoadImpl(const Napi::CallbackInfo& info) {
       opts.lora_adapters.push_back(d.As<Napi::String>().Utf8Value());
     }
   }
+  if (o.Get("loraReserveBytes").IsNumber()) {
+    const double v = o.Get("loraReserveBytes").As<Napi::Number>().DoubleValue();
+    if (!(v >= 0 && v <= 9007199254740991.0)) throw Napi::RangeError::New(env, "options.loraReserveBytes must be a byte count");
+    opts.lora_reserve_bytes = size_t(v);
+  }
   if (o.Get("prefixCaching").IsBoolean()) opts.prefix_caching = o.Get("prefixCaching").As<Napi::Boolean>().Value();
   if (o.Get("cudaDeviceTokens").IsBoolean()) opts.cuda_device_tokens = o.Get("cudaDeviceTokens").As<Napi::Boolean>().Value();
   if (o.Get("cudaGraphsAtLoad").IsBoolean()) opts.cuda_graphs_at_load = o.Get("cudaGraphsAtLoad").As<Napi::Boolean>().Value();

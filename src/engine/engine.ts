@@ -33,7 +33,7 @@ import { EncodeQueue } from '../vision/encode-queue.js';
 import { imageTextExpansion, type ImageTextExpansion } from '../text/image-prompt.js';
 import { type SpeculationStats, type SpeculativeOptions, Speculator, speculativeOptions } from '../scheduler/speculator.js';
 import { DraftModelSpeculator } from '../scheduler/draft-speculator.js';
-import { AdapterSet, MAX_KNOWN_ADAPTERS, MAX_RESIDENT_ADAPTERS, type AdapterSetStats, type AdapterStatus } from './adapter-set.js';
+import { AdapterSet, declaredAdapterBytes, MAX_KNOWN_ADAPTERS, MAX_RESIDENT_ADAPTERS, type AdapterSetStats, type AdapterStatus } from './adapter-set.js';
 
 export interface EngineLoadOptions {
   /** Hugging Face model directory. */
@@ -319,6 +319,11 @@ export class Engine {
       // An EAGLE-3 head runs inside the engine, reading its hidden states.
       ...(opts.speculative?.method === 'eagle3' && { eagle3Dir: await eagle3HeadDir(opts.speculative) }),
       ...(adaptersAtLoad.length > 0 && { loraAdapters: adaptersAtLoad.map((n) => opts.loraAdapters![n]!) }),
+      // CUDA keeps the adapters' device copies out of the KV pool: the budget, else those loaded now.
+      ...((loraMemoryBytes !== undefined || adaptersAtLoad.length > 0) && {
+        loraReserveBytes: loraMemoryBytes ?? (await Promise.all(adaptersAtLoad.map((n) => declaredAdapterBytes(opts.loraAdapters![n]!))))
+          .reduce((a, b) => a + b, 0),
+      }),
     };
     if (!/^[0-9a-f]{32}$/i.test(base.prefixHashKey)) {
       throw new SluiceError('invalid_argument', 'prefixHashKey must be 32 hexadecimal digits (16 bytes)', { param: 'prefixHashKey' });
@@ -880,7 +885,9 @@ async function loadDraftSpeculator(spec: SpeculativeOptions, targetDir: string, 
   }
   // At most maxSpeculativeSeqs sequences draft at once: a pool of the target's size would be idle.
   const kvCacheBytes = Math.min(base.kvCacheBytes ?? DRAFT_KV_CACHE_BYTES, DRAFT_KV_CACHE_BYTES);
-  const draft = await loadHandle({ ...base, modelDir: draftDir, prefixCaching: true, kvCacheBytes });
+  // The target's LoRA adapters are not the draft's (its shapes differ): it drafts as the base model.
+  const { loraAdapters: _adapters, loraReserveBytes: _reserve, ...draftBase } = base;
+  const draft = await loadHandle({ ...draftBase, modelDir: draftDir, prefixCaching: true, kvCacheBytes });
   if (draft.info().vocabSize > target.info().vocabSize) {
     const n = draft.info().vocabSize;
     draft.dispose();

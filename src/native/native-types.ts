@@ -65,6 +65,8 @@ export interface NativeLoadOptions {
   eagle3Dir?: string;
   /** LoRA adapters in PEFT's layout (issue 36); NativeSequenceAdd.adapter i + 1 is loraAdapters[i]. CPU and CUDA backends. */
   loraAdapters?: string[];
+  /** Device bytes kept out of the KV pool for the adapters' device copies (CUDA; the CPU ignores it). */
+  loraReserveBytes?: number;
 }
 
 /** What the native engine reports about the loaded model and its KV pool. */

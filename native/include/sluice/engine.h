@@ -92,6 +92,10 @@ struct EngineOptions {
   // LoRA adapters in PEFT's layout (issue 36), loaded with the model: adapter i + 1 of
   // SequenceAdd::adapter is lora_adapters[i]. CPU and CUDA backends.
   std::vector<std::string> lora_adapters;
+  // Device memory kept out of the KV pool for the LoRA adapters' device copies (CUDA: the pool
+  // sized from gpu_memory_utilization is this much smaller; the facade passes the adapters' memory
+  // budget, or the bytes of those loaded with the engine). 0: none; the CPU backend ignores it.
+  size_t lora_reserve_bytes = 0;
 };
 
 struct SamplingParams {

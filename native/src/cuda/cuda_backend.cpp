@@ -315,6 +315,9 @@ class CudaBackend final : public Backend, private DecoderOps {
   int num_sms_ = 0;
   size_t total_mem_ = 0;
   double mem_util_;
+  // Kept out of the KV pool for the LoRA adapters' device copies (EngineOptions::lora_reserve_bytes,
+  // plus a sixteenth for the copies' alignment and tables).
+  size_t lora_reserve_;
   std::string device_desc_;
   cudaStream_t stream_ = nullptr;
   cuda::DeviceWeights w_;
@@ -431,7 +434,7 @@ class CudaBackend final : public Backend, private DecoderOps {
 };
 
 CudaBackend::CudaBackend(const ModelConfig& c, const ModelWeights& w, const EngineOptions& opts)
-    : c_(c), mem_util_(opts.gpu_memory_utilization) {
+    : c_(c), mem_util_(opts.gpu_memory_utilization), lora_reserve_(opts.lora_reserve_bytes) {
   if (!(mem_util_ > 0.0 && mem_util_ <= 1.0))
     throw Error(ErrorCode::kInvalidArgument, "gpu_memory_utilization must be in (0, 1]");
   if (opts.cuda_attention != "paged" && opts.cuda_attention != "flash")
@@ -581,7 +584,7 @@ size_t CudaBackend::kv_budget_bytes(size_t requested) const {
   size_t free_mem = 0, total = 0;
   SLUICE_CUDA_CHECK(cudaMemGetInfo(&free_mem, &total));
   // Headroom for graphs, the CUDA context and steps beyond the planned limits.
-  const size_t reserve = size_t(512) << 20;
+  const size_t reserve = (size_t(512) << 20) + lora_reserve_ + lora_reserve_ / 16;
   // This engine's share of the device, less what it holds already (weights, activations): other
   // engines on the device hold their own shares (DeviceShares).
   const double own = double(free_at_start_) - double(free_mem);
