@@ -1,6 +1,6 @@
 // The residency rules of LoRA adapters under a memory budget (src/engine/adapter-set.ts), over a
 // recording stand-in for the native engine's load/retire (the real engine under a budget:
-// test/lora-budget.test.ts). Adapter files are real PEFT headers: their declared size is read.
+// test/lora-budget.test.ts). The adapter directories carry real safetensors headers (declaredAdapterBytes).
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
@@ -29,7 +29,7 @@ function adapterDir(name: string, rank: number): string {
   return dir;
 }
 
-/** Records what the engine holds; loads and retirements resolve when `gate` lets them (immediately by default). */
+/** Records what the engine holds; loads and retirements resolve when `gate` lets them (immediately by default). Checks are logged too. */
 class RecordingNative implements NativeAdapters {
   readonly resident = new Map<number, string>();
   readonly log: string[] = [];
@@ -43,6 +43,11 @@ class RecordingNative implements NativeAdapters {
     this.log.push(`load ${dir.slice(root.length + 1)}`);
     return { id, rank, bytes: 80 * rank };
   }
+  async check(dir: string) {
+    const rank = Number(/r(\d+)$/.exec(dir)![1]);
+    this.log.push(`check ${dir.slice(root.length + 1)}`);
+    return { rank, bytes: 80 * rank };
+  }
   async retire(id: number) {
     await this.gate;
     this.log.push(`retire ${this.resident.get(id)!.slice(root.length + 1)}`);
@@ -51,6 +56,9 @@ class RecordingNative implements NativeAdapters {
 }
 
 describe('AdapterSet under a memory budget', () => {
+  /** The log without the checks. */
+  const moves = (native: RecordingNative) => native.log.filter((l) => !l.startsWith('check'));
+
   it('reads the size an adapter will take from its header', async () => {
     expect(await declaredAdapterBytes(adapterDir('a-r4', 4))).toBe(320);
     await expect(declaredAdapterBytes(join(root, 'absent'))).rejects.toMatchObject({ code: 'model_file_missing', param: 'dir' });
@@ -60,25 +68,28 @@ describe('AdapterSet under a memory budget', () => {
     await expect(declaredAdapterBytes(bad)).rejects.toMatchObject({ code: 'model_file_invalid', param: 'dir' });
   });
 
-  it('retires the least recently used idle adapter to make room, and loads a retired one again on demand', async () => {
+  it('checks every adapter it adds, loads those that fit, and the rest on demand in place of the least recently used idle one', async () => {
     const native = new RecordingNative();
     // Room for two rank-4 adapters (320 bytes each).
     const set = new AdapterSet(native, 700);
     for (const n of ['a', 'b', 'c']) await set.add(n, adapterDir(`${n}-r4`, 4));
-    // Adding c retired a, the least recently used.
-    expect(native.log).toEqual(['load a-r4', 'load b-r4', 'retire a-r4', 'load c-r4']);
-    expect(set.stats()).toMatchObject({ known: 3, resident: 2, residentBytes: 640, loads: 3, evictions: 1 });
+    expect(native.log).toEqual(['check a-r4', 'load a-r4', 'check b-r4', 'load b-r4', 'check c-r4']);
+    expect(set.list().map((s) => [s.name, s.resident, s.bytes])).toEqual([['a', true, 320], ['b', true, 320], ['c', false, 320]]);
+    expect(set.stats()).toMatchObject({ known: 3, resident: 2, residentBytes: 640, loads: 2, evictions: 0 });
+    // c on demand: a, the least recently used, makes room.
+    expect(set.tryAcquire('c')).toBeUndefined();
+    (await set.acquire('c')).release();
+    expect(moves(native).slice(2)).toEqual(['retire a-r4', 'load c-r4']);
     // b is used: a comes back in place of c, now the least recently used.
     set.tryAcquire('b')!.release();
-    expect(set.tryAcquire('a')).toBeUndefined();
     const lease = await set.acquire('a');
     expect(native.resident.get(lease.id)).toMatch(/a-r4$/);
-    expect(native.log.slice(4)).toEqual(['retire c-r4', 'load a-r4']);
+    expect(moves(native).slice(4)).toEqual(['retire c-r4', 'load a-r4']);
     expect(set.list().map((s) => [s.name, s.resident, s.requests])).toEqual([['a', true, 1], ['b', true, 0], ['c', false, 0]]);
     lease.release();
     lease.release();  // releasing twice counts once
     expect(set.list()[0]!.requests).toBe(0);
-    expect(set.stats().residentBytes).toBeLessThanOrEqual(700);
+    expect(set.stats()).toMatchObject({ residentBytes: 640, evictions: 2, loads: 4 });
   });
 
   it('never retires an adapter with requests: a load waits until one finishes, and its signal can end the wait', async () => {
@@ -88,66 +99,55 @@ describe('AdapterSet under a memory budget', () => {
     await set.add('b', adapterDir('b-r4', 4));
     const holdA = set.tryAcquire('a')!;
     const holdB = set.tryAcquire('b')!;
-    // Both busy: adding c waits for one of them to go idle.
-    let added = false;
-    const adding = set.add('c', adapterDir('c-r4', 4)).then(() => { added = true; });
-    await new Promise((r) => setTimeout(r, 10));
-    expect(added).toBe(false);
-    expect(native.log).toEqual(['load a-r4', 'load b-r4']);
-    holdB.release();
-    await adding;
-    expect(native.log.slice(2)).toEqual(['retire b-r4', 'load c-r4']);
+    // Adding c while both are busy does not wait: it is checked, and loaded when asked for.
+    expect(await set.add('c', adapterDir('c-r4', 4))).toMatchObject({ name: 'c', resident: false });
 
-    // Now a and c are busy; a request for b waits, and its signal ends the wait.
-    const holdC = set.tryAcquire('c')!;
     const abort = new AbortController();
-    const cancelled = set.acquire('b', abort.signal);
+    const cancelled = set.acquire('c', abort.signal);
     await new Promise((r) => setTimeout(r, 10));
     abort.abort(new Error('client went away'));
     await expect(cancelled).rejects.toThrow('client went away');
 
     let got = false;
-    const waiting = set.acquire('b').then((l) => { got = true; return l; });
+    const waiting = set.acquire('c').then((l) => { got = true; return l; });
     await new Promise((r) => setTimeout(r, 10));
     expect(got).toBe(false);
-    holdA.release();
+    holdB.release();
     const lease = await waiting;
-    expect(native.resident.get(lease.id)).toMatch(/b-r4$/);
-    expect(set.list().map((s) => [s.name, s.resident])).toEqual([['a', false], ['b', true], ['c', true]]);
-    expect(set.stats()).toMatchObject({ residentBytes: 640, evictions: 2 });
-    holdC.release();
+    expect(native.resident.get(lease.id)).toMatch(/c-r4$/);
+    expect(set.list().map((s) => [s.name, s.resident])).toEqual([['a', true], ['b', false], ['c', true]]);
+    expect(set.stats()).toMatchObject({ residentBytes: 640, evictions: 1 });
+    holdA.release();
     lease.release();
   });
 
   it('drains the least held busy adapter while a load waits: requests kept coming cannot keep another adapter out', async () => {
     const native = new RecordingNative();
     const set = new AdapterSet(native, 700);
-    await set.add('a', adapterDir('a-r4', 4));
-    await set.add('b', adapterDir('b-r4', 4));
-    await set.add('c', adapterDir('c-r4', 4));  // a retired
-    // b has one request, c two: a load of a waits, and b (the fewest) takes no new request meanwhile.
-    const b1 = set.tryAcquire('b')!;
-    const c1 = set.tryAcquire('c')!, c2 = set.tryAcquire('c')!;
-    const loadA = set.acquire('a');
-    await new Promise((r) => setTimeout(r, 10));
-    expect(set.tryAcquire('b')).toBeUndefined();
-    const c3 = set.tryAcquire('c')!;  // c is not draining
-    expect(c3).toBeDefined();
-    // A request for b queues behind a's load; b's own request ending lets a in.
-    const laterB = set.acquire('b');
-    b1.release();
-    const a = await loadA;
-    expect(native.resident.get(a.id)).toMatch(/a-r4$/);
-    expect(native.log.slice(-2)).toEqual(['retire b-r4', 'load a-r4']);
-    // b's queued request now waits for room in turn (a and c busy) and drains the least held of them.
+    for (const n of ['a', 'b', 'c']) await set.add(n, adapterDir(`${n}-r4`, 4));  // a, b resident
+    // a has one request, b two: a load of c waits, and a (the fewest) takes no new request meanwhile.
+    const a1 = set.tryAcquire('a')!;
+    const b1 = set.tryAcquire('b')!, b2 = set.tryAcquire('b')!;
+    const loadC = set.acquire('c');
     await new Promise((r) => setTimeout(r, 10));
     expect(set.tryAcquire('a')).toBeUndefined();
-    a.release();
-    const b = await laterB;
-    expect(native.resident.get(b.id)).toMatch(/b-r4$/);
-    for (const l of [b, c1, c2, c3]) l.release();
+    const b3 = set.tryAcquire('b')!;  // b is not draining
+    expect(b3).toBeDefined();
+    // A request for a queues behind c's load; a's own request ending lets c in.
+    const laterA = set.acquire('a');
+    a1.release();
+    const c = await loadC;
+    expect(native.resident.get(c.id)).toMatch(/c-r4$/);
+    expect(moves(native).slice(-2)).toEqual(['retire a-r4', 'load c-r4']);
+    // a's queued request now waits for room in turn (b and c busy) and drains the least held: c.
+    await new Promise((r) => setTimeout(r, 10));
+    expect(set.tryAcquire('c')).toBeUndefined();
+    c.release();
+    const a = await laterA;
+    expect(native.resident.get(a.id)).toMatch(/a-r4$/);
+    for (const l of [a, b1, b2, b3]) l.release();
     // Nothing is left draining.
-    set.tryAcquire('c')!.release();
+    set.tryAcquire('a')!.release();
     set.tryAcquire('b')!.release();
   });
 
@@ -156,18 +156,23 @@ describe('AdapterSet under a memory budget', () => {
     const set = new AdapterSet(native);
     const dir = adapterDir('same-r1', 1);
     for (let i = 0; i < 257; i++) await set.add(`n${i}`, dir);
-    expect(set.stats()).toMatchObject({ known: 257, resident: 256, evictions: 1 });
-    expect(native.resident.size).toBe(256);
+    expect(set.stats()).toMatchObject({ known: 257, resident: 256, evictions: 0 });
+    expect(set.list()[256]).toMatchObject({ name: 'n256', resident: false });
+    (await set.acquire('n256')).release();
+    expect(set.stats()).toMatchObject({ resident: 256, evictions: 1 });
     expect(set.list()[0]).toMatchObject({ name: 'n0', resident: false });
+    expect(native.resident.size).toBe(256);
     for (let i = 257; i < 4096; i++) await set.add(`n${i}`, dir);
     await expect(set.add('one-more', dir)).rejects.toThrow(/at most 4096/);
     expect(native.resident.size).toBe(256);
   }, 30_000);
 
-  it('refuses an adapter larger than the whole budget', async () => {
+  it('refuses an adapter larger than the whole budget, and a name taken', async () => {
     const set = new AdapterSet(new RecordingNative(), 700);
     await expect(set.add('big', adapterDir('big-r16', 16))).rejects.toMatchObject({ code: 'invalid_argument', param: 'dir' });
     expect(set.has('big')).toBe(false);
+    await set.add('a', adapterDir('a-r4', 4));
+    await expect(set.add('a', adapterDir('a-r4', 4))).rejects.toMatchObject({ code: 'invalid_argument', param: 'name' });
     expect(() => new AdapterSet(new RecordingNative(), 0)).toThrow(/positive/);
   });
 
@@ -191,17 +196,15 @@ describe('AdapterSet under a memory budget', () => {
   it('loads an adapter asked for by many requests once', async () => {
     const native = new RecordingNative();
     const set = new AdapterSet(native, 700);
-    await set.add('a', adapterDir('a-r4', 4));
-    await set.add('b', adapterDir('b-r4', 4));
-    await set.add('c', adapterDir('c-r4', 4));
+    for (const n of ['a', 'b', 'c']) await set.add(n, adapterDir(`${n}-r4`, 4));
     let open!: () => void;
     native.gate = new Promise((r) => (open = r));
-    const leases = Promise.all([1, 2, 3, 4].map(() => set.acquire('a')));
+    const leases = Promise.all([1, 2, 3, 4].map(() => set.acquire('c')));
     open();
     const got = await leases;
     expect(new Set(got.map((l) => l.id)).size).toBe(1);
-    expect(native.log.filter((l) => l === 'load a-r4')).toHaveLength(2);  // at add, and once again now
-    expect(set.list().find((s) => s.name === 'a')!.requests).toBe(4);
+    expect(native.log.filter((l) => l === 'load c-r4')).toHaveLength(1);
+    expect(set.list().find((s) => s.name === 'c')!.requests).toBe(4);
     for (const l of got) l.release();
   });
 });

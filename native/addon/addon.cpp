@@ -141,6 +141,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                         InstanceMethod("injectFault", &EngineWrap::InjectFault),
                         InstanceMethod("provideMasks", &EngineWrap::ProvideMasks),
                         InstanceMethod("loadAdapter", &EngineWrap::LoadAdapter),
+                        InstanceMethod("checkAdapter", &EngineWrap::CheckAdapter),
                         InstanceMethod("retireAdapter", &EngineWrap::RetireAdapter),
                         InstanceMethod("dispose", &EngineWrap::Dispose)});
   }
@@ -179,6 +180,29 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
         o.Set("bytes", double(l.bytes));
         return o;
       });
+    });
+  }
+
+  // checkAdapter(dir) -> Promise<{rank, bytes}>: what loadAdapter would check, on the pool, without
+  // reading the matrices or touching the engine (LoraAdapter::inspect).
+  Napi::Value CheckAdapter(const Napi::CallbackInfo& info) {
+    return guarded(info.Env(), [&]() -> Napi::Value {
+      Napi::Env env = info.Env();
+      engine(env);  // not disposed
+      if (!info[0].IsString()) throw Napi::TypeError::New(env, "checkAdapter(dir: string)");
+      std::string dir = info[0].As<Napi::String>().Utf8Value();
+      auto* worker = new PromiseWorker<sluice::LoraAdapter::Summary>(
+          env, [dir, config = config_]() { return sluice::LoraAdapter::inspect(dir, config); },
+          [](Napi::Env e, sluice::LoraAdapter::Summary& s) -> Napi::Value {
+            Napi::Object o = Napi::Object::New(e);
+            o.Set("rank", double(s.rank));
+            o.Set("bytes", double(s.bytes));
+            return o;
+          },
+          Value());
+      Napi::Promise p = worker->promise();
+      worker->Queue();
+      return p;
     });
   }
 

@@ -335,6 +335,19 @@ TEST_CASE(load_checks) {
   dora.extra_config = ",\"use_dora\":true";
   CHECK_THROWS_CODE(load(false, with("lora-dora", dora)), ErrorCode::kUnsupportedModel);
   CHECK_THROWS_CODE(load(false, {temp_dir("lora-missing")}), ErrorCode::kModelFileMissing);
+  // inspect() refuses what loading refuses, without reading the matrices, and sizes what it accepts.
+  const ModelConfig config = load(false, {})->info().config;
+  CHECK_THROWS_CODE(LoraAdapter::inspect(with("lora-big2", big)[0], config), ErrorCode::kUnsupportedModel);
+  CHECK_THROWS_CODE(LoraAdapter::inspect(with("lora-off2", off)[0], config), ErrorCode::kInvalidArgument);
+  CHECK_THROWS_CODE(LoraAdapter::inspect(with("lora-embed2", embed)[0], config), ErrorCode::kUnsupportedModel);
+  CHECK_THROWS_CODE(LoraAdapter::inspect(with("lora-dora2", dora)[0], config), ErrorCode::kUnsupportedModel);
+  CHECK_THROWS_CODE(LoraAdapter::inspect(temp_dir("lora-missing2"), config), ErrorCode::kModelFileMissing);
+  for (const std::string& dir : adapter_dirs()) {
+    const LoraAdapter loaded(dir, config);
+    const LoraAdapter::Summary s = LoraAdapter::inspect(dir, config);
+    CHECK(s.rank == loaded.rank());
+    CHECK(s.bytes == loaded.bytes());
+  }
   auto e = load();
   CHECK_THROWS_CODE(e->add_sequence(1, prompt_of(4, 1), SamplingParams{}, false, "", {}, 4), ErrorCode::kInvalidArgument);
   CHECK_THROWS_CODE(e->add_sequence(1, prompt_of(4, 1), SamplingParams{}, false, "", {}, -1), ErrorCode::kInvalidArgument);

@@ -10,10 +10,12 @@ import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SluiceError } from '../errors.js';
 
-/** The native engine's side: read and install an adapter; take one from new sequences. */
+/** The native engine's side: read and install an adapter; take one from new sequences; check one. */
 export interface NativeAdapters {
   load(dir: string): Promise<{ id: number; rank: number; bytes: number }>;
   retire(id: number): Promise<void>;
+  /** What load checks, without reading the matrices. */
+  check(dir: string): Promise<{ rank: number; bytes: number }>;
 }
 
 export interface AdapterStatus {
@@ -93,35 +95,36 @@ export class AdapterSet {
   }
 
   /**
-   * Adds an adapter: read and checked by loading it (room made first, from the size its file
-   * declares); it stays resident while the budget allows. Errors name `dir`.
+   * Adds an adapter, checked (its config, tensor names, dtypes and shapes) and loaded when it fits
+   * beside the resident ones without retiring any; otherwise loaded on demand. Errors name `dir`.
    */
   async add(name: string, dir: string): Promise<AdapterStatus> {
+    const native = this.requireNative();
+    this.checkAddable(name);
+    const checked = await native.check(dir);
+    if (checked.bytes > this.budgetBytes) throw this.tooLarge(checked.bytes);
+    this.checkAddable(name);
+    const entry: Entry = { name, dir, rank: checked.rank, bytes: checked.bytes, id: undefined, holds: 0, lastUsed: ++this.clock, removed: false, draining: false };
+    this.entries.set(name, entry);
+    await this.exclusive(async () => {
+      if (entry.removed || this.residentBytes + entry.bytes > this.budgetBytes || this.residentCount >= MAX_RESIDENT_ADAPTERS) return;
+      try {
+        await this.install(entry, native);
+      } catch (err) {
+        if (this.entries.get(name) === entry) this.entries.delete(name);
+        throw err;
+      }
+    });
+    return this.status(entry);
+  }
+
+  private checkAddable(name: string): void {
     if (this.entries.has(name)) {
       throw new SluiceError('invalid_argument', `a LoRA adapter named ${JSON.stringify(name)} is loaded already`, { param: 'name' });
     }
     if (this.entries.size >= MAX_KNOWN_ADAPTERS) {
       throw new SluiceError('invalid_argument', `an engine serves at most ${MAX_KNOWN_ADAPTERS} LoRA adapters`, { param: 'name' });
     }
-    const native = this.requireNative();
-    const declared = await declaredAdapterBytes(dir);
-    if (declared > this.budgetBytes) throw this.tooLarge(declared);
-    const entry: Entry = { name, dir, rank: 0, bytes: declared, id: undefined, holds: 0, lastUsed: ++this.clock, removed: false, draining: false };
-    this.entries.set(name, entry);
-    try {
-      await this.exclusive(async () => {
-        await this.makeRoom(declared, undefined);
-        await this.install(entry, native);
-      });
-    } catch (err) {
-      this.entries.delete(name);
-      throw err;
-    }
-    if (entry.bytes > this.budgetBytes) {
-      await this.remove(name);
-      throw this.tooLarge(entry.bytes);
-    }
-    return this.status(entry);
   }
 
   /**

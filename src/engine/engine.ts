@@ -259,9 +259,10 @@ export class Engine {
     adapterDirs: readonly (readonly [string, string])[] = [],
     loraMemoryBytes?: number,
   ) {
-    this.adapterSet = new AdapterSet(handle.loadAdapter && handle.retireAdapter && {
+    this.adapterSet = new AdapterSet(handle.loadAdapter && handle.retireAdapter && handle.checkAdapter && {
       load: (dir) => handle.loadAdapter!(dir).catch((err: unknown) => { throw nativeToSluiceError(err, 'dir'); }),
       retire: (id) => handle.retireAdapter!(id),
+      check: (dir) => handle.checkAdapter!(dir).catch((err: unknown) => { throw nativeToSluiceError(err, 'dir'); }),
     }, loraMemoryBytes);
     adapterDirs.forEach(([name, dir], i) => this.adapterSet.adopt(name, dir, { id: i + 1, ...handle.info().loraAdapters![i]! }));
     this.imageEncoder = vision && new EncodeQueue((images) => vision.encodeMany(images), new EncodingCache(imageCacheBytes));

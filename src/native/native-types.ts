@@ -256,6 +256,8 @@ export interface NativeEngineHandle {
    */
   loadAdapter?(dir: string): Promise<{ id: number; rank: number; bytes: number }>;
   retireAdapter?(id: number): Promise<void>;
+  /** What loadAdapter checks (config, tensor names, dtypes, shapes), without reading the matrices. */
+  checkAdapter?(dir: string): Promise<{ rank: number; bytes: number }>;
   /** Releases weights and the KV pool; safe to call twice. */
   dispose(): void;
 }

@@ -69,7 +69,12 @@ std::pair<int64_t, int64_t> target_shape(const ModelConfig& c, int t) {
 
 }  // namespace
 
-LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& c) {
+LoraAdapter::Summary LoraAdapter::inspect(const std::string& dir, const ModelConfig& c) {
+  const LoraAdapter checked(dir, c, false);
+  return Summary{checked.rank_, checked.bytes_};
+}
+
+LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& c, bool read_matrices) {
   const std::string base = dir.empty() || dir.back() == '/' ? dir : dir + "/";
   const std::string config_path = base + "adapter_config.json";
   const std::string text = read_text_file(config_path);
@@ -109,6 +114,8 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& c) {
   SafetensorsModel st;
   st.add_file(weights_path);
   layers_.resize(size_t(c.num_layers));
+  // Which of lora_A (1) and lora_B (2) each projection has.
+  std::vector<std::array<uint8_t, kNumLoraTargets>> seen(size_t(c.num_layers));
   // FNV-1a over every tensor's name and bytes.
   uint64_t hash = 1469598103934665603ull;
   auto mix = [&](const void* data, size_t n) {
@@ -133,21 +140,23 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& c) {
       throw Error(ErrorCode::kInvalidArgument, weights_path + ": tensor " + name + " has shape " + t.shape_string() + ", the model needs " +
                                                    w.shape_string() + " (rank " + std::to_string(rank_) + ")");
     }
+    seen[size_t(layer)][size_t(target)] |= is_b ? 2 : 1;
+    bytes_ += size_t(t.numel()) * sizeof(float);
+    if (!read_matrices) continue;
     LoraPair& pair = layers_[size_t(layer)][size_t(target)];
     std::vector<float>& dst = is_b ? pair.b : pair.a;
     dst.resize(size_t(t.numel()));
     for (int64_t i = 0; i < t.numel(); i++) dst[size_t(i)] = t.float_at(i) * (is_b ? scale_ : 1.f);
-    bytes_ += dst.size() * sizeof(float);
     mix(name.data(), name.size());
     mix(t.data, t.nbytes);
   }
   bool any = false;
   for (size_t l = 0; l < layers_.size(); l++)
     for (int t = 0; t < kNumLoraTargets; t++) {
-      const LoraPair& p = layers_[l][size_t(t)];
-      if (p.a.empty() != p.b.empty())
+      const uint8_t has = seen[l][size_t(t)];
+      if (has == 1 || has == 2)
         invalid(weights_path, std::string("layer ") + std::to_string(l) + " " + kTargetNames[t] + " has only one of lora_A and lora_B");
-      any = any || p.present();
+      any = any || has == 3;
     }
   if (!any) invalid(weights_path, "no LoRA matrices");
   mix(&scale_, sizeof scale_);

@@ -34,7 +34,15 @@ class LoraAdapter {
   // Reads `dir` for a model with config `c`. Throws kModelFileMissing / kModelFileInvalid naming
   // the file or tensor, kUnsupportedModel for what the engine does not adapt (experts, DoRA,
   // ranks over kMaxLoraRank), kInvalidArgument for an adapter of other shapes.
-  LoraAdapter(const std::string& dir, const ModelConfig& c);
+  LoraAdapter(const std::string& dir, const ModelConfig& c) : LoraAdapter(dir, c, true) {}
+
+  // What the constructor checks (the config, every tensor's name, dtype and shape), without reading
+  // the matrices: the rank and the bytes the adapter would hold. Throws as the constructor does.
+  struct Summary {
+    int64_t rank = 0;
+    size_t bytes = 0;
+  };
+  static Summary inspect(const std::string& dir, const ModelConfig& c);
 
   int64_t rank() const { return rank_; }
   float scale() const { return scale_; }
@@ -51,6 +59,8 @@ class LoraAdapter {
   std::shared_ptr<void> device_copy(int device, const std::function<std::shared_ptr<void>()>& make) const;
 
  private:
+  LoraAdapter(const std::string& dir, const ModelConfig& c, bool read_matrices);
+
   int64_t rank_ = 0;
   float scale_ = 1.f;
   uint64_t content_key_ = 0;
