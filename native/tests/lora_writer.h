@@ -28,6 +28,7 @@ struct AdapterSpec {
   std::vector<int> targets = {0, 1, 2, 3, 4, 5, 6};
   std::vector<int> layers = {0, 1};
   uint32_t seed = 1;
+  std::string peft_type = "LORA";
   std::string extra_config;  // appended JSON members
   std::string extra_tensor;  // a tensor name added as is (load checks)
   int b_rows_off = 0;        // lora_B rows off by this (load checks)
@@ -71,7 +72,7 @@ inline void write_adapter(const std::string& dir, const AdapterSpec& s, const Ti
   write_safetensors(dir, ts);
   std::rename((dir + "/model.safetensors").c_str(), (dir + "/adapter_model.safetensors").c_str());
   std::ofstream(dir + "/adapter_config.json")
-      << "{\"peft_type\":\"LORA\",\"r\":" << s.rank << ",\"lora_alpha\":" << s.alpha
+      << "{\"peft_type\":\"" << s.peft_type << "\",\"r\":" << s.rank << ",\"lora_alpha\":" << s.alpha
       << ",\"use_rslora\":" << (s.rslora ? "true" : "false")
       << ",\"target_modules\":[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\",\"down_proj\"],"
          "\"bias\":\"none\",\"lora_dropout\":0.0"

@@ -335,6 +335,12 @@ TEST_CASE(load_checks) {
   dora.extra_config = ",\"use_dora\":true";
   CHECK_THROWS_CODE(load(false, with("lora-dora", dora)), ErrorCode::kUnsupportedModel);
   CHECK_THROWS_CODE(load(false, {temp_dir("lora-missing")}), ErrorCode::kModelFileMissing);
+  AdapterSpec adalora;
+  adalora.peft_type = "ADALORA";
+  CHECK_THROWS_CODE(load(false, with("lora-adalora", adalora)), ErrorCode::kUnsupportedModel);
+  AdapterSpec replicated;
+  replicated.extra_config = ",\"layer_replication\":[[0,2],[1,2]]";
+  CHECK_THROWS_CODE(load(false, with("lora-replicated", replicated)), ErrorCode::kUnsupportedModel);
   // inspect() refuses what loading refuses, without reading the matrices, and sizes what it accepts.
   const ModelConfig config = load(false, {})->info().config;
   CHECK_THROWS_CODE(LoraAdapter::inspect(with("lora-big2", big)[0], config), ErrorCode::kUnsupportedModel);

@@ -103,7 +103,12 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& c, bool read
                            (v->is_array() && !v->as_array().empty()) || (v->is_object() && !v->as_object().empty()));
     if (set) throw Error(ErrorCode::kUnsupportedModel, config_path + ": " + what + " is not supported");
   };
+  // Other PEFT methods (AdaLoRA, IA3, LoHa, ...) share the directory layout, not the math.
+  if (const json::Value* type = cfg.find("peft_type"); type && type->is_string() && type->as_string() != "LORA")
+    throw Error(ErrorCode::kUnsupportedModel, config_path + ": peft_type " + type->as_string() + " is not served (LORA only)");
   refuse_if("use_dora", "DoRA (use_dora)");
+  refuse_if("lora_bias", "LoRA B biases (lora_bias)");
+  refuse_if("layer_replication", "layer replication (layer_replication)");
   refuse_if("fan_in_fan_out", "fan_in_fan_out");
   refuse_if("bias", "LoRA biases (bias)");
   refuse_if("modules_to_save", "modules_to_save");
