@@ -335,6 +335,9 @@ TEST_CASE(load_checks) {
   dora.extra_config = ",\"use_dora\":true";
   CHECK_THROWS_CODE(load(false, with("lora-dora", dora)), ErrorCode::kUnsupportedModel);
   CHECK_THROWS_CODE(load(false, {temp_dir("lora-missing")}), ErrorCode::kModelFileMissing);
+  AdapterSpec tower;
+  tower.extra_tensor = "base_model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight";
+  CHECK_THROWS_CODE(load(false, with("lora-tower", tower)), ErrorCode::kUnsupportedModel);
   AdapterSpec adalora;
   adalora.peft_type = "ADALORA";
   CHECK_THROWS_CODE(load(false, with("lora-adalora", adalora)), ErrorCode::kUnsupportedModel);

@@ -22,6 +22,11 @@ const char* const kTargetNames[kNumLoraTargets] = {"q_proj", "k_proj", "v_proj",
 bool parse_name(const std::string& name, int64_t* layer, int* target, bool* is_b) {
   const size_t at = name.rfind("layers.");
   if (at == std::string::npos) return false;
+  // A vision tower's layers (SigLIP's "vision_tower.vision_model.encoder.layers.N...") are not the
+  // decoder's, whatever their names share.
+  const std::string path = name.substr(0, at);
+  for (const char* tower : {"vision", "visual", "encoder.", "multi_modal_projector"})
+    if (path.find(tower) != std::string::npos) return false;
   size_t p = at + 7;
   int64_t n = 0;
   const size_t digits = p;
