@@ -93,14 +93,16 @@ export function checkpointShapes(dir: string): Array<{ name: string; shape: numb
  * stored dtypes accepted (BF16 ones are widened to their exact f32 values).
  */
 export function rewriteF32Checkpoint(dir: string, writer: string, convert: (t: StoredTensor, values: Float32Array) => StoredTensor[],
-  inputs: readonly ('F32' | 'BF16')[] = ['F32']): void {
+  inputs: readonly ('F32' | 'BF16')[] = ['F32'], keepOthers = false): void {
   const { files, indexPath, sharded } = checkpointFiles(dir);
   const weightMap: Record<string, string> = {};
   let total = 0;
   for (const file of files) {
     const out: StoredTensor[] = [];
     for (const t of readStoredSafetensors(join(dir, file))) {
-      out.push(...convert(t, f32Values(t, writer, inputs)));
+      // keepOthers: tensors of other dtypes (packed MXFP4 experts, their scales) are copied as they are.
+      if (keepOthers && !(inputs as readonly string[]).includes(t.dtype)) out.push(t);
+      else out.push(...convert(t, f32Values(t, writer, inputs)));
     }
     total += writeStoredSafetensors(join(dir, file), out);
     for (const t of out) weightMap[t.name] = file;

@@ -106,5 +106,5 @@ export function mergeLoraAdapter(targetDir: string, adapterDir: string, outDir: 
       }
     }
     return [{ ...t, bytes: bytesOf(merged) } satisfies StoredTensor];
-  });
+  }, ['F32'], true);
 }

@@ -1,10 +1,10 @@
 // LoRA adapters through the engine facade (issue 36): adapters written in PEFT's layout
 // (models/lora-checkpoint.ts) and served beside the base model give what the base model with the
-// adapter merged into its weights gives (mergeLoraAdapter: W + scale * B A in float64), on three
+// adapter merged into its weights gives (mergeLoraAdapter: W + scale * B A in float64), on six
 // families; requests of several adapters and of the base model batched together gain exactly what
 // they gain alone. The float64 reference of the merged weights, adapters the engine did not write
 // and the prefix cache's separation: native/tests/test_lora.cpp.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -37,7 +37,7 @@ function sameUntilNearTie(got: GenerateResult, ref: GenerateResult): number {
   return compared;
 }
 
-describe.skipIf(!nativeAvailable()).each(['test-llama', 'test-qwen2', 'test-gemma3'])('LoRA adapters: %s', (preset) => {
+describe.skipIf(!nativeAvailable()).each(['test-llama', 'test-qwen2', 'test-gemma3', 'test-qwen2.5-vl', 'test-gpt-oss', 'test-mistral'])('LoRA adapters: %s', (preset) => {
   let served: Engine;
   const merged: Engine[] = [];
   let plain: Engine;
@@ -180,6 +180,44 @@ describe.skipIf(!nativeAvailable())('LoRA adapters with a draft model', () => {
     } finally {
       await spec.dispose();
       await plain.dispose();
+    }
+  });
+});
+
+describe.skipIf(!nativeAvailable())('LoRA adapters on a mixture-of-experts model (test-qwen3-moe)', () => {
+  it('serves adapters of attention and of the dense MLP layers as their merged weights would, and refuses expert MLPs', async () => {
+    const dir = join(root, 'moe');
+    await makeModel({ preset: 'test-qwen3-moe', out: dir, dtype: 'f32' });
+    // Every projection the checkpoint has as a plain matrix: attention in all layers, the MLP of
+    // its dense layer (mlp_only_layers).
+    const adapter = join(root, 'moe-adapter');
+    await writeLoraAdapter(dir, adapter, { rank: 8, seed: 21 });
+    mergeLoraAdapter(dir, adapter, join(root, 'moe-merged'));
+    const base = { backend: 'cpu' as const, threads: 2, kvCacheBytes: 8 << 20 };
+    const served = await Engine.load({ ...base, model: dir, loraAdapters: { x: adapter } });
+    const merged = await Engine.load({ ...base, model: join(root, 'moe-merged') });
+    try {
+      let compared = 0;
+      for (const prompt of PROMPTS) {
+        const ask = (e: Engine, adapter?: string) =>
+          e.generate({ prompt, maxTokens: 12, temperature: 0, logprobs: 2, ...(adapter !== undefined && { adapter }) });
+        compared += sameUntilNearTie(await ask(served, 'x'), await ask(merged));
+      }
+      expect(compared).toBeGreaterThan(PROMPTS.length * 6);
+      // The same adapter with its dense layer's MLP matrices renamed to layer 0, a layer of experts.
+      const experts = join(root, 'moe-experts');
+      mkdirSync(experts);
+      copyFileSync(join(adapter, 'adapter_config.json'), join(experts, 'adapter_config.json'));
+      const file = readFileSync(join(adapter, 'adapter_model.safetensors'));
+      const headerEnd = 8 + Number(file.readBigUInt64LE(0));
+      const header = file.subarray(8, headerEnd).toString('latin1')
+        .replace(/layers\.1\.mlp\.(gate|up|down)_proj\.lora_A\.weight/g, 'layers.0.mlp.$1_proj.lora_A.weight')
+        .replace(/layers\.1\.mlp\.(gate|up|down)_proj\.lora_B\.weight/g, 'layers.0.mlp.$1_proj.lora_B.weight');
+      writeFileSync(join(experts, 'adapter_model.safetensors'), Buffer.concat([file.subarray(0, 8), Buffer.from(header, 'latin1'), file.subarray(headerEnd)]));
+      await expect(served.loadAdapter('experts', experts)).rejects.toMatchObject({ code: 'unsupported_model', param: 'dir' });
+    } finally {
+      await served.dispose();
+      await merged.dispose();
     }
   });
 });
