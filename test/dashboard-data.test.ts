@@ -92,7 +92,7 @@ describe('reading the registry', () => {
     let onRequestEnd: ((r: object) => void) | undefined;
     const engine = {
       schedulerStats: () => ({ byWindow, kvPool: { numTotalBlocks: 100, numFreeBlocks: 70, numEvictableBlocks: 20 } }),
-      adapterStats: () => ({ known: 0, resident: 0, residentBytes: 0, budgetBytes: Infinity, loads: 0, evictions: 0 }),
+      adapterStats: () => ({ known: 5, resident: 2, residentBytes: 3 << 20, budgetBytes: 4 << 20, loads: 9, evictions: 4 }),
       observe: (o: { onRequestEnd: (r: object) => void }) => { onRequestEnd = o.onRequestEnd; return () => {}; },
     };
     metrics.watchModels({ models: [{ id: 'tiny', engine }] } as never);
@@ -110,6 +110,7 @@ describe('reading the registry', () => {
       windows: [{ window: 'asap', running: 2, waiting: 1 }, { window: 'standard', running: 0, waiting: 4 }, { window: 'flex', running: 1, waiting: 0 }],
       kv_blocks: { used: 30, cached: 20, free: 50 },
       kv_usage_ratio: 0.3,
+      lora: { resident: 2, retired: 3, resident_bytes: 3 << 20, loads: 9, evictions: 4 },
     }]);
   });
 });

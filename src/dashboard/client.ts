@@ -175,6 +175,13 @@ export function dashboardClient(): void {
       legend.textContent = `KV cache: ${(m.kv_usage_ratio * 100).toFixed(1)}% used · ${integer(kv.used)} used, `
         + `${integer(kv.cached)} cached, ${integer(kv.free)} free of ${integer(all)} blocks`;
       box.append(title, table, bar, legend);
+      if (m.lora) {
+        const lora = document.createElement('p');
+        lora.className = 'kv-legend';
+        lora.textContent = `LoRA adapters: ${integer(m.lora.resident)} resident (${integer(Math.round(m.lora.resident_bytes / 2 ** 20))} MiB), `
+          + `${integer(m.lora.retired)} retired · ${integer(m.lora.loads)} loads, ${integer(m.lora.evictions)} evictions`;
+        box.append(lora);
+      }
       return box;
     }));
 

@@ -43,6 +43,8 @@ export interface DashboardModel {
   windows: { window: string; running: number; waiting: number }[];
   kv_blocks: { used: number; cached: number; free: number };
   kv_usage_ratio: number;
+  /** LoRA adapters of the engine (only when it has had any): resident or retired, resident bytes, loads, evictions. */
+  lora?: { resident: number; retired: number; resident_bytes: number; loads: number; evictions: number };
 }
 
 export interface OrganizationUsage extends UsageTotals {
@@ -113,6 +115,14 @@ export function readModels(metrics: MetricsJson): DashboardModel[] {
   for (const v of valuesOf(metrics, 'sluice_kv_cache_usage_ratio')) model(String(v.labels.model)).kv_usage_ratio = v.value;
   for (const v of valuesOf(metrics, 'sluice_requests_running')) windowOf(model(String(v.labels.model)), String(v.labels.window)).running = v.value;
   for (const v of valuesOf(metrics, 'sluice_requests_waiting')) windowOf(model(String(v.labels.model)), String(v.labels.window)).waiting = v.value;
+  const lora = (m: DashboardModel) => (m.lora ??= { resident: 0, retired: 0, resident_bytes: 0, loads: 0, evictions: 0 });
+  for (const v of valuesOf(metrics, 'sluice_lora_adapters')) {
+    const state = String(v.labels.state);
+    if (state === 'resident' || state === 'retired') lora(model(String(v.labels.model)))[state] = v.value;
+  }
+  for (const v of valuesOf(metrics, 'sluice_lora_resident_bytes')) lora(model(String(v.labels.model))).resident_bytes = v.value;
+  for (const v of valuesOf(metrics, 'sluice_lora_loads_total')) lora(model(String(v.labels.model))).loads = v.value;
+  for (const v of valuesOf(metrics, 'sluice_lora_evictions_total')) lora(model(String(v.labels.model))).evictions = v.value;
   return [...byModel.values()];
 }
 
