@@ -109,6 +109,27 @@ describe.skipIf(!nativeAvailable())('LoRA adapters under a memory budget', () =>
     }
   }, 60_000);
 
+  it('finds a retired adapter\'s prefix blocks again when it is loaded again (same content, same key), never another\'s', async () => {
+    const engine = await Engine.load({ model, backend: 'cpu', threads: 2, kvCacheBytes: 8 << 20, blockSize: 4, loraAdapters: adapters,
+      loraMemoryBytes: adapterBytes + 1 });
+    try {
+      const prompt = 'the quick brown fox jumps over the lazy dog and then runs far away into the woods';
+      const ask = (adapter: string) => engine.generate({ prompt, maxTokens: 4, temperature: 0, adapter });
+      const first = await ask('t1');
+      expect(first.usage.cachedTokens).toBe(0);
+      // t2 takes t1's place (room for one), and its blocks are its own.
+      expect((await ask('t2')).usage.cachedTokens).toBe(0);
+      expect(engine.adapters().find((a) => a.name === 't1')!.resident).toBe(false);
+      // t1 again: loaded anew, its blocks found.
+      const again = await ask('t1');
+      expect(engine.adapters().find((a) => a.name === 't1')!.resident).toBe(true);
+      expect(again.usage.cachedTokens).toBeGreaterThan(0);
+      expect(again.tokenIds).toEqual(first.tokenIds);
+    } finally {
+      await engine.dispose();
+    }
+  });
+
   it('checks the budget option', async () => {
     await expect(Engine.load({ model, backend: 'cpu', loraMemoryBytes: 0 })).rejects.toMatchObject({ code: 'invalid_argument', param: 'loraMemoryBytes' });
     await expect(Engine.load({ model, backend: 'cpu', loraMemoryBytes: 1.5 })).rejects.toMatchObject({ code: 'invalid_argument' });
