@@ -193,6 +193,20 @@ describe('AdapterSet under a memory budget', () => {
     expect(set.stats()).toMatchObject({ known: 0, resident: 0, residentBytes: 0 });
   });
 
+  it('fails the requests waiting for room when the engine is disposed', async () => {
+    const native = new RecordingNative();
+    const set = new AdapterSet(native, 400);
+    await set.add('a', adapterDir('a-r4', 4));
+    await set.add('b', adapterDir('b-r4', 4));
+    const hold = set.tryAcquire('a')!;
+    const waiting = set.acquire('b');
+    await new Promise((r) => setTimeout(r, 10));
+    set.close();
+    await expect(waiting).rejects.toMatchObject({ code: 'engine_disposed' });
+    await expect(set.acquire('b')).rejects.toMatchObject({ code: 'engine_disposed' });
+    hold.release();
+  });
+
   it('loads an adapter asked for by many requests once', async () => {
     const native = new RecordingNative();
     const set = new AdapterSet(native, 700);

@@ -77,6 +77,7 @@ export class AdapterSet {
   /** Woken when an adapter goes idle or is removed (room may be made). */
   private idleWaiters: Array<() => void> = [];
   private readonly drainWaiters = new Map<Entry, Array<() => void>>();
+  private closed = false;
 
   constructor(private readonly native: NativeAdapters | undefined, readonly budgetBytes = Infinity) {
     if (!(budgetBytes > 0)) throw new SluiceError('invalid_argument', 'loraMemoryBytes must be positive', { param: 'loraMemoryBytes' });
@@ -139,6 +140,7 @@ export class AdapterSet {
   /** Holds an adapter for a request, loading it when it is not resident (see the module comment). */
   async acquire(name: string, signal?: AbortSignal): Promise<AdapterLease> {
     for (;;) {
+      this.throwIfClosed();
       const entry = this.known(name);
       if (entry.id !== undefined && !entry.draining) return this.hold(entry);
       const native = this.requireNative();
@@ -254,6 +256,7 @@ export class AdapterSet {
     try {
       while (this.residentBytes + bytes > this.budgetBytes || this.residentCount >= MAX_RESIDENT_ADAPTERS) {
         signal?.throwIfAborted();
+        this.throwIfClosed();
         let victim: Entry | undefined;
         for (const e of this.entries.values()) {
           if (e.id !== undefined && e.holds === 0 && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
@@ -281,6 +284,16 @@ export class AdapterSet {
     } finally {
       for (const e of this.entries.values()) e.draining = false;
     }
+  }
+
+  /** The engine is disposed: requests waiting for room (and later ones) fail with engine_disposed. */
+  close(): void {
+    this.closed = true;
+    this.wakeIdle();
+  }
+
+  private throwIfClosed(): void {
+    if (this.closed) throw new SluiceError('engine_disposed', 'the engine has been disposed');
   }
 
   private wakeIdle(): void {

@@ -632,6 +632,7 @@ export class Engine {
   async dispose(): Promise<void> {
     if (this.disposed) return;
     this.disposed = true;
+    this.adapterSet.close();
     await this.batcher.dispose();
     await this.structured?.dispose();
     this.vision?.dispose();
