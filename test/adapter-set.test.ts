@@ -193,6 +193,23 @@ describe('AdapterSet under a memory budget', () => {
     expect(set.stats()).toMatchObject({ known: 0, resident: 0, residentBytes: 0 });
   });
 
+  it('a removal while a request loads the adapter refuses that request and retires the adapter', async () => {
+    const native = new RecordingNative();
+    const set = new AdapterSet(native, 400);
+    await set.add('a', adapterDir('a-r4', 4));
+    await set.add('b', adapterDir('b-r4', 4));  // not resident: no room
+    let open!: () => void;
+    native.gate = new Promise((r) => (open = r));
+    const loading = set.acquire('b');
+    await new Promise((r) => setTimeout(r, 10));
+    const removal = set.remove('b');
+    open();
+    await expect(loading).rejects.toMatchObject({ code: 'invalid_request', param: 'adapter' });
+    await removal;
+    expect([...native.resident.values()].some((d) => d.endsWith('b-r4'))).toBe(false);
+    expect(set.stats()).toMatchObject({ known: 1, resident: 0, residentBytes: 0 });
+  });
+
   it('fails the requests waiting for room when the engine is disposed', async () => {
     const native = new RecordingNative();
     const set = new AdapterSet(native, 400);

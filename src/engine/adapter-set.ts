@@ -150,6 +150,8 @@ export class AdapterSet {
           await this.makeRoom(entry.bytes, signal);
           if (entry.removed) return undefined;
           await this.install(entry, native);
+          // Removed while it loaded: the removal (queued behind this lock) retires it; never held.
+          if (entry.removed) return undefined;
         }
         // Held before the lock is let go, so that the next load cannot take it back.
         return this.hold(entry);
