@@ -210,6 +210,23 @@ describe('AdapterSet under a memory budget', () => {
     expect(set.stats()).toMatchObject({ known: 1, resident: 0, residentBytes: 0 });
   });
 
+  it('a load waiting for room takes that of an adapter removed under its requests once they finish', async () => {
+    const native = new RecordingNative();
+    const set = new AdapterSet(native, 700);
+    for (const n of ['a', 'b', 'c']) await set.add(n, adapterDir(`${n}-r4`, 4));  // a, b resident
+    const holdA = set.tryAcquire('a')!, holdB = set.tryAcquire('b')!;
+    const loadC = set.acquire('c');  // waits for room, holding the lock
+    await new Promise((r) => setTimeout(r, 10));
+    const removal = set.remove('a');  // waits for a's request, then for the lock
+    holdA.release();
+    const c = await loadC;
+    await removal;
+    expect(moves(native).slice(-2)).toEqual(['retire a-r4', 'load c-r4']);
+    expect(set.stats()).toMatchObject({ known: 2, resident: 2, residentBytes: 640, evictions: 0 });
+    c.release();
+    holdB.release();
+  });
+
   it('fails the requests waiting for room when the engine is disposed', async () => {
     const native = new RecordingNative();
     const set = new AdapterSet(native, 400);

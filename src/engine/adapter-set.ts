@@ -77,6 +77,8 @@ export class AdapterSet {
   /** Woken when an adapter goes idle or is removed (room may be made). */
   private idleWaiters: Array<() => void> = [];
   private readonly drainWaiters = new Map<Entry, Array<() => void>>();
+  /** Removed adapters still resident (their requests finishing): retired by remove(), or by a load needing room. */
+  private readonly leaving = new Set<Entry>();
   private closed = false;
 
   constructor(private readonly native: NativeAdapters | undefined, readonly budgetBytes = Infinity) {
@@ -168,8 +170,10 @@ export class AdapterSet {
     const entry = this.known(name);
     entry.removed = true;
     this.entries.delete(name);
+    if (entry.id !== undefined) this.leaving.add(entry);
     this.wakeIdle();
     if (entry.holds > 0) await new Promise<void>((resolve) => this.drainWaiters.set(entry, [...(this.drainWaiters.get(entry) ?? []), resolve]));
+    // (A load waiting for room holds the lock meanwhile and may have retired it already.)
     await this.exclusive(async () => {
       if (entry.id !== undefined) await this.retire(entry);
     });
@@ -239,6 +243,7 @@ export class AdapterSet {
 
   private async retire(entry: Entry): Promise<void> {
     const id = entry.id!;
+    this.leaving.delete(entry);
     // Not resident from here on: a request finds it missing and waits for the lock to load it again.
     entry.id = undefined;
     entry.draining = false;
@@ -259,6 +264,12 @@ export class AdapterSet {
       while (this.residentBytes + bytes > this.budgetBytes || this.residentCount >= MAX_RESIDENT_ADAPTERS) {
         signal?.throwIfAborted();
         this.throwIfClosed();
+        // A removed adapter whose requests have finished goes first (its removal is waiting for the lock).
+        const gone = [...this.leaving].find((e) => e.holds === 0);
+        if (gone) {
+          await this.retire(gone);
+          continue;
+        }
         let victim: Entry | undefined;
         for (const e of this.entries.values()) {
           if (e.id !== undefined && e.holds === 0 && (!victim || e.lastUsed < victim.lastUsed)) victim = e;
