@@ -256,3 +256,70 @@ describe('AdapterSet under a memory budget', () => {
     for (const l of got) l.release();
   });
 });
+
+describe('AdapterSet under random concurrent use', () => {
+  it('never exceeds the budget, never retires a held adapter, and settles every request', async () => {
+    let seed = 12345;
+    const rand = (n: number) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+    const budget = 3 * 320 + 100;
+    const held = new Map<number, number>();  // native id -> leases the test holds
+    let residentBytes = 0;
+    const violations: string[] = [];
+    const sizes = new Map<number, number>();
+    let nextId = 1;
+    const native: NativeAdapters = {
+      check: async (dir) => ({ rank: 4, bytes: dir.endsWith('big-r8') ? 640 : 320 }),
+      load: async (dir) => {
+        await new Promise((r) => setTimeout(r, rand(3)));
+        const bytes = dir.endsWith('big-r8') ? 640 : 320;
+        const id = nextId++;
+        sizes.set(id, bytes);
+        residentBytes += bytes;
+        if (residentBytes > budget) violations.push(`over budget: ${residentBytes}`);
+        return { id, rank: 4, bytes };
+      },
+      retire: async (id) => {
+        if ((held.get(id) ?? 0) > 0) violations.push(`retired ${id} while held`);
+        await new Promise((r) => setTimeout(r, rand(3)));
+        residentBytes -= sizes.get(id)!;
+      },
+    };
+    const set = new AdapterSet(native, budget);
+    const dirs = ['p-r4', 'q-r4', 'big-r8'].map((d) => adapterDir(d, 4));
+    const names: string[] = [];
+    const pending: Promise<unknown>[] = [];
+    for (let i = 0; i < 8; i++) {
+      names.push(`x${i}`);
+      await set.add(`x${i}`, dirs[i % 3]!);
+    }
+    for (let op = 0; op < 400; op++) {
+      const name = names[rand(names.length)]!;
+      const r = rand(20);
+      if (r < 15) {
+        // A request: hold for a few ms, then release.
+        pending.push((async () => {
+          const lease = set.tryAcquire(name) ?? await set.acquire(name);
+          held.set(lease.id, (held.get(lease.id) ?? 0) + 1);
+          await new Promise((res) => setTimeout(res, rand(5)));
+          held.set(lease.id, held.get(lease.id)! - 1);
+          lease.release();
+        })().catch((err: { code?: string }) => {
+          if (err.code !== 'invalid_request') violations.push(`request failed: ${String(err)}`);
+        }));
+      } else if (r < 17 && names.length > 2) {
+        names.splice(names.indexOf(name), 1);
+        pending.push(set.remove(name));
+      } else if (r < 19) {
+        const fresh = `y${op}`;
+        pending.push(set.add(fresh, dirs[rand(3)]!).then(() => { names.push(fresh); }));
+      }
+      if (rand(4) === 0) await new Promise((res) => setTimeout(res, rand(2)));
+    }
+    await Promise.all(pending);
+    expect(violations).toEqual([]);
+    expect(set.stats().residentBytes).toBe(residentBytes);
+    expect(residentBytes).toBeLessThanOrEqual(budget);
+    expect(set.list().every((a) => a.requests === 0)).toBe(true);
+    expect(set.stats().evictions).toBeGreaterThan(10);
+  }, 30_000);
+});
