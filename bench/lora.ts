@@ -1,6 +1,6 @@
 // LoRA adapters on the CPU (issue 36), one run on one machine:
 //   npm run bench:lora -- [--preset qwen2.5-0.5b] [--dtype bf16] [--adapters 8] [--rank 16]
-//     [--requests 64] [--tokens 24] [--threads 0] [--budget] [--out bench/results/lora.json]
+//     [--requests 64] [--tokens 24] [--threads 0] [--budget] [--backend cpu|cuda] [--out bench/results/lora.json]
 // On the preset's published shapes (random weights, made once in the model cache) with --adapters
 // random rank --rank adapters on every q/k/v/o and gate/up/down projection (models/lora-checkpoint.ts),
 // through the Batcher and the native engine as the service runs them: --requests requests at once
@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { runBench, saveBenchResult } from './charts.js';
-import { machineInfo } from './machine.js';
+import { gpuName, machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { writeLoraAdapter } from '../models/lora-checkpoint.js';
 import { loadNativeEngine } from '../src/native/native.js';
@@ -36,8 +36,11 @@ const { values: args } = parseArgs({
     threads: { type: 'string', default: '0' },
     out: { type: 'string', default: 'bench/results/lora.json' },
     budget: { type: 'boolean', default: false },
+    backend: { type: 'string', default: 'cpu' },
   },
 });
+if (args.backend !== 'cpu' && args.backend !== 'cuda') throw new Error(`--backend must be cpu or cuda, got ${args.backend}`);
+const backend: 'cpu' | 'cuda' = args.backend;
 const numAdapters = Number(args.adapters), rank = Number(args.rank), numRequests = Number(args.requests), numTokens = Number(args.tokens);
 
 /** Runs the prompts at once through a fresh Batcher (adapter i of prompt i; 0: the base); tokens/s and the tokens. */
@@ -74,7 +77,7 @@ interface BudgetRow { run: string; requests: number; adapters: number; residentA
 async function measureBudget(dir: string, adapterDirs: string[], prompts: number[][]): Promise<{ rows: BudgetRow[]; loadMs: number[] }> {
   const named = Object.fromEntries(adapterDirs.map((d, i) => [`a${i}`, d]));
   const names = Object.keys(named);
-  const common = { model: dir, backend: 'cpu' as const, kvCacheBytes: 1 << 30, blockSize: 16, threads: Number(args.threads), maxNumSeqs: 64 };
+  const common = { model: dir, backend, kvCacheBytes: 1 << 30, blockSize: 16, threads: Number(args.threads), maxNumSeqs: 64 };
   const rows: BudgetRow[] = [];
   const all = await Engine.load({ ...common, loraAdapters: named });
   const bytes = all.adapters()[0]!.bytes;
@@ -124,7 +127,7 @@ async function main(): Promise<void> {
     if (!existsSync(join(out, 'adapter_config.json'))) await writeLoraAdapter(dir, out, { rank, dtype: 'BF16', seed: 100 + a });
     adapterDirs.push(out);
   }
-  const handle = await loadNativeEngine({ modelDir: dir, backend: 'cpu', kvCacheBytes: 1 << 30, blockSize: 16,
+  const handle = await loadNativeEngine({ modelDir: dir, backend, kvCacheBytes: 1 << 30, blockSize: 16,
     numThreads: Number(args.threads), loraAdapters: adapterDirs.slice(0, numAdapters) });
   const vocab = handle.info().vocabSize;
   const prompts = Array.from({ length: numRequests }, (_, s) => Array.from({ length: 32 }, (_, i) => (i * 7919 + s * 104729 + 5) % vocab));
@@ -166,7 +169,8 @@ async function main(): Promise<void> {
     }
     console.log(`one adapter loaded on demand: ${budget.loadMs[2]!.toFixed(1)} ms (median of ${budget.loadMs.length})`);
   }
-  const result = { bench: 'lora', machine: machineInfo(), date: new Date().toISOString(), backend: 'cpu',
+  const result = { bench: 'lora', machine: machineInfo(), date: new Date().toISOString(), backend,
+    ...(backend === 'cuda' && { gpu: gpuName() ?? 'unknown' }),
     model: `${args.preset} (${args.dtype}, published shapes, random weights)`, adapters: numAdapters, rank, tokens: numTokens, rows, rounds,
     ...(budget && { budget: { rows: budget.rows, loadOnDemandMs: budget.loadMs, loadOnDemandMedianMs: budget.loadMs[2] } }) };
   await saveBenchResult(args.out!, result);

@@ -1,6 +1,7 @@
 // What every bench result records about the machine it ran on: the CPU as /proc/cpuinfo names it
 // (vendor, family / model numbers, the SIMD extensions the kernels dispatch on), since a virtual
 // machine's model string ("AMD EPYC") alone does not say which generation ran the numbers.
+import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 
@@ -45,4 +46,13 @@ export function machineInfo(): MachineInfo {
   const cpus = os.cpus();
   const { generation, flags } = cpuinfo();
   return { cpu: cpus[0]?.model, cpuGeneration: generation, simdFlags: flags, cores: cpus.length, memoryBytes: os.totalmem(), platform: `${os.platform()} ${os.release()}`, node: process.version };
+}
+
+/** The first GPU's name as nvidia-smi gives it, if it does. */
+export function gpuName(): string | undefined {
+  try {
+    return execFileSync('nvidia-smi', ['--query-gpu=name', '--format=csv,noheader'], { encoding: 'utf8' }).split('\n')[0]?.trim() || undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -15,13 +15,12 @@
 // rate the tower's matmuls reach (2 flops a multiply-add, attention included). With --batch N > 1,
 // also N images of each size as the engine's queue hands them over, in one pass (encodeImages)
 // against one at a time (encodeImage), best of --runs each.
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { chartsBesideResult } from './charts.js';
-import { machineInfo } from './machine.js';
+import { gpuName, machineInfo } from './machine.js';
 import { ensureBenchModel } from './bench-model.js';
 import { nativeAddon } from '../src/native/native.js';
 import { QWEN2_VL_DEFAULTS, qwen2VlPatchesAsync } from '../src/vision/qwen2-vl-preprocess.js';
@@ -88,15 +87,6 @@ async function input(w: number, h: number): Promise<Input> {
   }
   const p = await qwen2VlPatchesAsync(rgb, w, h, QWEN2_VL_DEFAULTS);
   return { pixelValues: p.pixelValues, grid: p.grid, patches: p.grid[1] * p.grid[2], tokens: p.numTokens };
-}
-
-/** The first GPU's name as nvidia-smi gives it, if it does. */
-function gpuName(): string | undefined {
-  try {
-    return execFileSync('nvidia-smi', ['--query-gpu=name', '--format=csv,noheader'], { encoding: 'utf8' }).split('\n')[0]?.trim() || undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;

@@ -41,6 +41,8 @@
 #   poisson     bench:throughput's Poisson arrivals on the 8B at fixed rates
 #   serve       bench:serve tiers (asap TTFT under a flex backlog) on the 8B
 #   prefix      bench:prefix on the 8B
+#   lora        bench:lora --budget on qwen2.5-0.5b: 8 rank-16 adapters against the base model, and the
+#               memory budget (issue 36)
 # A phase starts only when the remaining --budget holds its minimum; else it is 'deferred'.
 # At the end DIR is packed into $OUT/device-check.tar.gz (when $OUT is set) and a summary printed.
 #
@@ -413,6 +415,16 @@ phase_prefix() {
     --out "$out_dir/prefix-llama-3.1-8b.json"
 }
 
+phase_lora() {
+  if ((dry)); then
+    step 'bench:lora cpu tiny' "$(left_in_phase)" node dist/bench/lora.js --preset tiny --dtype f32 --adapters 2 --rank 4 \
+      --requests 8 --tokens 4 --budget --out "$out_dir/lora-cpu-tiny.json"
+    return
+  fi
+  step 'bench:lora qwen2.5-0.5b cuda' "$(left_in_phase)" node dist/bench/lora.js --backend cuda --preset qwen2.5-0.5b \
+    --budget --out "$out_dir/lora-cuda-qwen2.5-0.5b.json"
+}
+
 # ---- run -----------------------------------------------------------------------------------------
 
 if ((!dry)); then
@@ -440,6 +452,7 @@ run_phase throughput-fp8 200 420  phase_throughput_fp8
 run_phase poisson       120  300  phase_poisson
 run_phase serve         150  300  phase_serve
 run_phase prefix        100  240  phase_prefix
+run_phase lora           60  180  phase_lora
 
 echo
 echo "device-check summary ($device, $(elapsed)s):"
