@@ -113,6 +113,7 @@ mkdir -p "$out_dir"
 started=$(date +%s)
 device='cpu (dry run)'
 declare -A phase_status
+phase_order=()  # the phases in the order run_phase met them, for the summary
 
 elapsed() { echo $(($(date +%s) - started)); }
 
@@ -163,6 +164,7 @@ run_phase() {
   local name=$1 min=$2 cap=$3 fn=$4 var="DC_CAP_${1//-/_}"
   cap=${!var:-$cap}
   if [[ -n $phases_wanted && ",$phases_wanted," != *",$name,"* ]]; then return; fi
+  phase_order+=("$name")
   local json=$out_dir/$name.json
   if [[ ",$redo," != *",$name,"* && -f $json ]] && grep -qE '"status":"(passed|failed)"' "$json"; then
     phase_status[$name]="$(grep -oE '"status":"[a-z]+"' "$json" | head -1 | cut -d'"' -f4) (earlier call)"
@@ -457,8 +459,7 @@ run_phase lora           60  180  phase_lora
 echo
 echo "device-check summary ($device, $(elapsed)s):"
 bad=0
-for p in env build tests kernels engine-small engine-8b engine-8b-lt engine-8b-fp8 engine-moe ts-path throughput throughput-fp8 \
-  poisson serve prefix; do
+for p in "${phase_order[@]}"; do
   [[ -n ${phase_status[$p]:-} ]] || continue
   printf '  %-15s %s\n' "$p" "${phase_status[$p]}"
   [[ ${phase_status[$p]} == failed* || ${phase_status[$p]} == timeout* ]] && bad=1
