@@ -411,6 +411,7 @@ export class Engine {
 
     let vision: VisionModel | undefined;
     let speculator: Speculator | undefined;
+    let engine: Engine;
     try {
       if (opts.speculative?.method === 'draft') {
         speculator = await loadDraftSpeculator(opts.speculative, modelDir, handle, { ...cpuBase, prefixHashKey: base.prefixHashKey });
@@ -433,24 +434,23 @@ export class Engine {
         ...(tenants && { tenantDeferral: tenants }),
         onBroken: (reason) => onMessage(`the engine of ${modelDir} is out of service and fails every request: ${reason}`),
       });
-      const engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer),
+      engine = new Engine(tokenizer, handle, batcher, modelDir, observers, vision, vision && imageTextExpansion(config, tokenizer),
         opts.imageCacheBytes, adaptersAtLoad.map((n) => [n, opts.loraAdapters![n]!] as const), loraMemoryBytes);
       if (noCudaReason !== undefined) engine.info.cudaUnavailableReason = noCudaReason;
-      if (adaptersAtLoad.length === 0 && adapterNames.length > 0) {
-        try {
-          for (const name of adapterNames) await engine.loadAdapter(name, opts.loraAdapters![name]!);
-        } catch (err) {
-          await engine.dispose();
-          throw err;
-        }
-      }
-      return engine;
     } catch (err) {
       vision?.dispose();
       speculator?.dispose();
       handle.dispose();
       throw err;
     }
+    // With a budget, each adapter is checked and added now (the engine owns every resource from here).
+    try {
+      for (const name of adaptersAtLoad.length === 0 ? adapterNames : []) await engine.loadAdapter(name, opts.loraAdapters![name]!);
+    } catch (err) {
+      await engine.dispose();
+      throw err;
+    }
+    return engine;
   }
 
   /** Runs a request to completion. Rejects with SluiceError (invalid_request, cancelled, ...). */
